@@ -1,0 +1,298 @@
+/*
+** ums.h: the public C API of ums, a user-mode scheduler.
+**
+** A runtime owns N cooperative schedulers (default: one per CPU). Each
+** scheduler is run by one OS thread and carries tasks on C fibers
+** ("workers"). Tasks yield cooperatively; every wait can carry a deadline
+** and can be cancelled. See DESIGN.md for the architecture.
+**
+** Conventions:
+**   - Functions return 0 or a negative UMS_E* code (see ums_strerror).
+**   - Time is absolute CLOCK_MONOTONIC nanoseconds (ums_now()); a deadline
+**     of UMS_FOREVER never expires. ums_deadline(ns) is "ns from now",
+**     read from a fresh clock.
+**   - Waits ("may park") may be called from a task, where they park only
+**     that task, or from any other thread (a "host thread"), where they
+**     block that OS thread. Waits return UMS_ETIMEDOUT at the deadline and
+**     UMS_ECANCELED once the calling task has been cancelled.
+*/
+#ifndef UMS_H
+#define UMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && __GNUC__ >= 4
+#define UMS_API __attribute__((visibility("default")))
+#else
+#define UMS_API
+#endif
+
+#define UMS_VERSION_MAJOR 0
+#define UMS_VERSION_MINOR 1
+#define UMS_VERSION_PATCH 0
+
+/* ====================================================================== */
+/* Errors                                                                  */
+/* ====================================================================== */
+
+/* Error codes are negative errno values where one fits, so that code that
+** already speaks errno reads them naturally. */
+#define UMS_ERRNO_MAP(X)                                                     \
+  X(EINVAL, -22, "invalid argument")                                         \
+  X(ENOMEM, -12, "out of memory")                                            \
+  X(EAGAIN, -11, "resource temporarily unavailable")                         \
+  X(ETIMEDOUT, -110, "timed out")                                            \
+  X(ECANCELED, -125, "task cancelled")                                       \
+  X(ESRCH, -3, "no such task")                                               \
+  X(EPERM, -1, "operation not permitted")                                    \
+  X(EDEADLK, -35, "operation would deadlock")                                \
+  X(EBUSY, -16, "resource busy")                                             \
+  X(EPIPE, -32, "channel closed")                                            \
+  X(ESHUTDOWN, -108, "runtime is shutting down")                             \
+  X(ENOTSUP, -95, "operation not supported")                                 \
+  X(EMFILE, -24, "too many tasks")                                           \
+  X(ERANGE, -34, "value out of range")
+
+enum {
+#define UMS__ERR_ENUM(name, value, text) UMS_##name = (value),
+  UMS_ERRNO_MAP(UMS__ERR_ENUM)
+#undef UMS__ERR_ENUM
+};
+
+/* Alias: a send to or a receive from a closed, drained channel. */
+#define UMS_ECLOSED UMS_EPIPE
+
+/* A readable message for an error code; never NULL. */
+UMS_API const char *ums_strerror(int err);
+/* The code's name ("UMS_ETIMEDOUT"); "UMS_E?" for unknown codes. */
+UMS_API const char *ums_err_name(int err);
+
+/* ====================================================================== */
+/* Time                                                                    */
+/* ====================================================================== */
+
+#define UMS_FOREVER INT64_MAX
+#define UMS_NSEC_PER_SEC INT64_C(1000000000)
+#define UMS_NSEC_PER_MSEC INT64_C(1000000)
+#define UMS_NSEC_PER_USEC INT64_C(1000)
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+UMS_API int64_t ums_now(void);
+/* A deadline ns nanoseconds from now; UMS_FOREVER when ns < 0 or the sum
+** overflows. */
+UMS_API int64_t ums_deadline(int64_t ns);
+
+/* ====================================================================== */
+/* Runtime                                                                 */
+/* ====================================================================== */
+
+typedef struct ums_runtime ums_runtime_t;
+
+/* Configuration; zero-initialise and set what you need. Zero means the
+** default shown. */
+typedef struct ums_config {
+  int schedulers;               /* schedulers (OS threads); default: CPUs */
+  int max_workers;              /* active tasks per scheduler; 0: unbounded */
+  size_t stack_size;            /* bytes per C task stack; default 256 KiB */
+  int64_t worker_idle_timeout;  /* ns before an idle worker is trimmed;
+                                   default 10 s; negative: never trim */
+  int idle_workers_kept;        /* idle workers never trimmed per scheduler;
+                                   default 16 */
+} ums_config_t;
+
+/* Starts the schedulers. cfg may be NULL. On failure returns NULL and, if
+** err is not NULL, stores the reason (UMS_EAGAIN when a thread could not be
+** created, UMS_ENOMEM, UMS_EINVAL for a bad configuration); no thread is
+** left running. */
+UMS_API ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err);
+
+/* Stops accepting work (spawns fail with UMS_ESHUTDOWN), waits until every
+** task has finished or the deadline passes, then cancels the tasks left
+** (they see UMS_ECANCELED at their next wait point, and every wait after
+** that fails the same way) and waits for them to end; finally joins every
+** thread and frees the runtime and everything it owns. Joinable tasks that
+** were never joined are released. Must not be called from a task of this
+** runtime (returns UMS_EDEADLK and does nothing). Returns 0, or
+** UMS_ETIMEDOUT when tasks had to be cancelled at the deadline; in both
+** cases rt is freed. */
+UMS_API int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline);
+
+/* Number of schedulers. */
+UMS_API int ums_runtime_schedulers(const ums_runtime_t *rt);
+
+/* The configuration in force (defaults filled in). */
+UMS_API void ums_runtime_config(const ums_runtime_t *rt, ums_config_t *out);
+
+/* ====================================================================== */
+/* Tasks                                                                   */
+/* ====================================================================== */
+
+/* A task handle: an id with a generation, never reused while the runtime
+** lives, so a handle to a finished and recycled task is detected
+** (UMS_ESRCH) rather than reaching another task. 0 is never a task. */
+typedef uint64_t ums_task_t;
+
+typedef void *(*ums_task_fn)(void *arg);
+
+#define UMS_ANY_SCHED (-1)
+
+/* Spawn options; zero-initialise. */
+typedef struct ums_spawn_opts {
+  int sched;        /* scheduler index, or UMS_ANY_SCHED (least loaded) */
+  int detached;     /* nonzero: nobody joins; the task is released when it
+                       ends */
+  const char *name; /* copied (up to 31 bytes); may be NULL */
+} ums_spawn_opts_t;
+
+/* Starts fn(arg) as a new task on a C fiber. opts may be NULL (joinable,
+** least-loaded scheduler). Callable from any thread. A joinable task keeps
+** its result until ums_task_join or ums_task_detach; the runtime releases
+** it at shutdown otherwise. When the scheduler already runs max_workers
+** tasks, the new one waits (FIFO) and starts as a worker frees up. Returns
+** 0 and stores the handle in *out (may be NULL), or UMS_ESHUTDOWN,
+** UMS_EINVAL (bad scheduler index), UMS_ENOMEM. */
+UMS_API int ums_task_spawn(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
+                           ums_task_fn fn, void *arg, ums_task_t *out);
+
+/* Waits until the task ends, then stores its result (the return value of
+** fn, or what ums_exit passed) and its status (0; UMS_ECANCELED if it was
+** cancelled before it started; or what ums_exit passed), and releases the
+** handle. May park. Returns 0, UMS_ETIMEDOUT (the task keeps running and
+** stays joinable), UMS_ECANCELED (the caller was cancelled), UMS_ESRCH
+** (no such task: already joined, detached or recycled), UMS_EBUSY
+** (somebody else is joining it), UMS_EDEADLK (joining oneself). result and
+** status may be NULL. */
+UMS_API int ums_task_join(ums_runtime_t *rt, ums_task_t t, int64_t deadline,
+                          void **result, int *status);
+
+/* Gives up the right to join; the task is released when it ends. */
+UMS_API int ums_task_detach(ums_runtime_t *rt, ums_task_t t);
+
+/* Requests cancellation. The task sees UMS_ECANCELED at its next wait point
+** (at once if it is waiting now, in which case it is unlinked from what it
+** waited on), and every wait after that fails the same way. A task that has
+** not started never runs. Callable from any thread. Returns 0 or
+** UMS_ESRCH. Cancelling a finished task is harmless. */
+UMS_API int ums_task_cancel(ums_runtime_t *rt, ums_task_t t);
+
+/* The calling task's handle; 0 outside a task. */
+UMS_API ums_task_t ums_self(void);
+/* The runtime of the calling task; NULL outside a task. */
+UMS_API ums_runtime_t *ums_current_runtime(void);
+/* The index of the scheduler running the calling task; -1 outside one. */
+UMS_API int ums_current_sched(void);
+/* Nonzero when the calling task has been cancelled. */
+UMS_API int ums_cancelled(void);
+
+/* Lets other runnable tasks run; the caller stays runnable. Returns 0 or
+** UMS_ECANCELED. Outside a task: sched_yield(), returns 0. */
+UMS_API int ums_yield(void);
+/* Parks the caller for ns nanoseconds (from a fresh clock reading). Returns
+** 0 or UMS_ECANCELED. Outside a task, sleeps the thread. */
+UMS_API int ums_sleep(int64_t ns);
+UMS_API int ums_sleep_until(int64_t deadline);
+/* Ends the calling task now with this result and status; never returns.
+** The fiber's stack is abandoned, so only call it where nothing on the
+** stack needs cleaning up. Aborts the process outside a C task. */
+UMS_API void ums_exit(void *result, int status) __attribute__((noreturn));
+
+/* ====================================================================== */
+/* Synchronisation                                                          */
+/* ====================================================================== */
+/*
+** All primitives work across schedulers and from host threads. Each has
+** its own FIFO wait queue; a wait ends with exactly one of "granted",
+** "timed out" (UMS_ETIMEDOUT) and "cancelled" (UMS_ECANCELED). Objects are
+** created with _new and freed with _delete; deleting an object that still
+** has waiters is a programming error (UMS_EBUSY, nothing freed).
+*/
+
+typedef struct ums_mutex ums_mutex_t;
+typedef struct ums_sem ums_sem_t;
+typedef struct ums_event ums_event_t;
+typedef struct ums_cond ums_cond_t;
+typedef struct ums_chan ums_chan_t;
+
+/* Mutex: FIFO, not recursive, ownership handed directly to the next
+** waiter on unlock (no barging, so no waiter starves). */
+UMS_API ums_mutex_t *ums_mutex_new(void);
+UMS_API int ums_mutex_delete(ums_mutex_t *m);
+UMS_API int ums_mutex_lock(ums_mutex_t *m, int64_t deadline);
+UMS_API int ums_mutex_trylock(ums_mutex_t *m);  /* 0 or UMS_EBUSY */
+UMS_API int ums_mutex_unlock(ums_mutex_t *m);   /* UMS_EPERM: not owner */
+
+/* Counting semaphore. */
+UMS_API ums_sem_t *ums_sem_new(int64_t initial);
+UMS_API int ums_sem_delete(ums_sem_t *s);
+UMS_API int ums_sem_acquire(ums_sem_t *s, int64_t deadline);
+UMS_API int ums_sem_tryacquire(ums_sem_t *s);   /* 0 or UMS_EAGAIN */
+UMS_API int ums_sem_release(ums_sem_t *s, int64_t n);
+UMS_API int64_t ums_sem_value(ums_sem_t *s);
+
+/* Event: manual reset (set wakes every waiter and stays set until reset)
+** or auto reset (set wakes one waiter, or stays set until one waiter
+** consumes it). */
+UMS_API ums_event_t *ums_event_new(int manual_reset, int initially_set);
+UMS_API int ums_event_delete(ums_event_t *e);
+UMS_API int ums_event_set(ums_event_t *e);
+UMS_API int ums_event_reset(ums_event_t *e);
+UMS_API int ums_event_wait(ums_event_t *e, int64_t deadline);
+UMS_API int ums_event_is_set(ums_event_t *e);
+
+/* Condition variable over a ums mutex. ums_cond_wait always returns with
+** the mutex held again, also on timeout and cancellation. */
+UMS_API ums_cond_t *ums_cond_new(void);
+UMS_API int ums_cond_delete(ums_cond_t *c);
+UMS_API int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline);
+UMS_API int ums_cond_signal(ums_cond_t *c);
+UMS_API int ums_cond_broadcast(ums_cond_t *c);
+
+/* Channel of fixed-size elements. capacity 0 is unbuffered (a send
+** completes when a receiver takes the value). After close, sends fail with
+** UMS_ECLOSED, receives drain the buffer and then fail with UMS_ECLOSED.
+** Values are copied (elem_size bytes) from/to the caller's memory. */
+UMS_API ums_chan_t *ums_chan_new(size_t elem_size, size_t capacity);
+UMS_API int ums_chan_delete(ums_chan_t *ch);
+UMS_API int ums_chan_send(ums_chan_t *ch, const void *elem, int64_t deadline);
+UMS_API int ums_chan_recv(ums_chan_t *ch, void *elem, int64_t deadline);
+UMS_API int ums_chan_try_send(ums_chan_t *ch, const void *elem); /* EAGAIN */
+UMS_API int ums_chan_try_recv(ums_chan_t *ch, void *elem);       /* EAGAIN */
+UMS_API int ums_chan_close(ums_chan_t *ch);
+UMS_API size_t ums_chan_len(ums_chan_t *ch);
+UMS_API size_t ums_chan_cap(ums_chan_t *ch);
+
+/* ====================================================================== */
+/* Counters                                                                */
+/* ====================================================================== */
+
+/* Per-scheduler counters; cheap plain counters read without stopping the
+** scheduler, so a row is a near-consistent snapshot, not an atomic one. */
+typedef struct ums_sched_stats {
+  int id;
+  int idle;                     /* nonzero while in the idle wait */
+  uint64_t context_switches;    /* fiber switches */
+  uint64_t yields;              /* ums_yield calls */
+  uint64_t idle_waits;          /* times the scheduler blocked idle */
+  uint64_t tasks_spawned;       /* tasks started here, total */
+  uint64_t tasks;               /* live tasks (pending + active) */
+  uint64_t runnable;            /* tasks in the runnable queue */
+  uint64_t workers_active;      /* workers carrying a task */
+  uint64_t workers_idle;        /* pooled idle workers */
+  uint64_t pending;             /* spawns waiting for a worker */
+  uint64_t timers;              /* armed timers */
+} ums_sched_stats_t;
+
+/* Fills up to n rows (one per scheduler) and returns the number of
+** schedulers. */
+UMS_API int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows,
+                              int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* UMS_H */

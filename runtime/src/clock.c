@@ -1,0 +1,69 @@
+/*
+** clock.c: the monotonic clock, futex waits and the spinlock's slow path.
+** Everything here is a thin layer over the kernel; it exists so the rest
+** of the runtime speaks in absolute monotonic nanoseconds.
+*/
+#include "internal.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t ums__clock_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * UMS_NSEC_PER_SEC + ts.tv_nsec;
+}
+
+int64_t ums_now(void) { return ums__clock_now(); }
+
+int64_t ums_deadline(int64_t ns) {
+  if (ns < 0) return UMS_FOREVER;
+  int64_t now = ums__clock_now();
+  if (ns > UMS_FOREVER - now) return UMS_FOREVER;
+  return now + ns;
+}
+
+/* FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC timeout, which is
+** what every caller has; FUTEX_WAIT would need a fresh relative one. */
+int ums__futex_wait(_Atomic uint32_t *addr, uint32_t expected,
+                    int64_t deadline) {
+  struct timespec ts, *tsp = NULL;
+  if (deadline != UMS_FOREVER) {
+    if (deadline < 0) deadline = 0;
+    ts.tv_sec = deadline / UMS_NSEC_PER_SEC;
+    ts.tv_nsec = deadline % UMS_NSEC_PER_SEC;
+    tsp = &ts;
+  }
+  long r = syscall(SYS_futex, (uint32_t *)addr,
+                   FUTEX_WAIT_BITSET | FUTEX_PRIVATE_FLAG, expected, tsp,
+                   NULL, FUTEX_BITSET_MATCH_ANY);
+  return r == 0 ? 0 : -errno;
+}
+
+void ums__futex_wake(_Atomic uint32_t *addr, int n) {
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, n,
+          NULL, NULL, 0);
+}
+
+void ums__lock_slow(ums__lock_t *l) {
+  for (unsigned spins = 0;; spins++) {
+    while (atomic_load_explicit(&l->locked, memory_order_relaxed)) {
+      if (spins++ < 128) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+      } else {
+        /* The holder is probably preempted; let it run. */
+        sched_yield();
+      }
+    }
+    if (!atomic_exchange_explicit(&l->locked, 1, memory_order_acquire))
+      return;
+  }
+}

@@ -1,0 +1,473 @@
+/*
+** internal.h: the runtime's internal vocabulary, shared by the files of
+** runtime/src. Names with the ums__ prefix cross files; statics inside a
+** file have bare names. Every struct member says which thread may touch
+** it:
+**   [owner]  only the thread currently running the owning scheduler;
+**   [lock]   under the named lock;
+**   [atomic] any thread, through atomics;
+**   [const]  written before the object is shared, read-only after.
+*/
+#ifndef UMS_INTERNAL_H
+#define UMS_INTERNAL_H
+
+#include "ums.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define UMS__CACHELINE 64
+#define UMS__ALIGNED __attribute__((aligned(UMS__CACHELINE)))
+#define UMS__LIKELY(x) __builtin_expect(!!(x), 1)
+#define UMS__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define UMS__CONTAINER_OF(p, type, member) \
+  ((type *)((char *)(p) - offsetof(type, member)))
+
+typedef struct ums__sched ums__sched_t;
+typedef struct ums__task ums__task_t;
+typedef struct ums__worker ums__worker_t;
+typedef struct ums__waiter ums__waiter_t;
+
+/* ====================================================================== */
+/* Spinlock (lock.h is small enough to live here)                          */
+/* ====================================================================== */
+
+/* A test-and-test-and-set lock for the short critical sections of wait
+** queues. Holders never block or make system calls while holding one;
+** a spinner that waits long gives its CPU away with sched_yield, because
+** on an oversubscribed VM the holder may have been preempted. */
+typedef struct { _Atomic int locked; } ums__lock_t;
+
+void ums__lock_slow(ums__lock_t *l);
+
+static inline void ums__lock(ums__lock_t *l) {
+  if (UMS__LIKELY(!atomic_exchange_explicit(&l->locked, 1,
+                                            memory_order_acquire)))
+    return;
+  ums__lock_slow(l);
+}
+static inline bool ums__trylock(ums__lock_t *l) {
+  return !atomic_load_explicit(&l->locked, memory_order_relaxed) &&
+         !atomic_exchange_explicit(&l->locked, 1, memory_order_acquire);
+}
+static inline void ums__unlock(ums__lock_t *l) {
+  atomic_store_explicit(&l->locked, 0, memory_order_release);
+}
+
+/* ====================================================================== */
+/* Clock and futex (clock.c)                                               */
+/* ====================================================================== */
+
+int64_t ums__clock_now(void);
+/* Blocks while *addr == expected, until woken or the absolute monotonic
+** deadline (UMS_FOREVER: none). Returns 0, or -ETIMEDOUT, -EAGAIN, -EINTR
+** as the kernel says; callers always re-check their condition. */
+int ums__futex_wait(_Atomic uint32_t *addr, uint32_t expected,
+                    int64_t deadline);
+void ums__futex_wake(_Atomic uint32_t *addr, int n);
+
+/* ====================================================================== */
+/* Context switch (ctx-x86_64.S, ctx-aarch64.S, ctx-ucontext.c)            */
+/* ====================================================================== */
+
+/* An execution context. The layout is private to the ctx-* file in the
+** build; only the members named here are shared. */
+typedef struct ums__ctx {
+  void *sp;              /* asm backends: saved stack pointer */
+  void *uc;              /* ucontext backend: its ucontext_t (heap) */
+  void *tsan_fiber;      /* TSan builds: the fiber handle */
+  const void *stack_lo;  /* sanitizer annotations: stack bounds */
+  size_t stack_size;
+  void *asan_fake;       /* ASan: fake stack saved across a switch */
+  void (*fn)(void *);    /* entry point and argument of a fresh context */
+  void *arg;
+} ums__ctx_t;
+
+/* Describes the calling thread's own context (the scheduler thread's
+** stack), so that it can be switched away from and back to. */
+int ums__ctx_init_main(ums__ctx_t *ctx);
+/* Prepares ctx to start fn(arg) on [stack_lo, stack_lo + size) at the next
+** switch to it. fn must never return (it switches away for good). May be
+** called again on the same memory to restart the context. */
+int ums__ctx_make(ums__ctx_t *ctx, void *stack_lo, size_t size,
+                  void (*fn)(void *), void *arg);
+/* Saves the current context into from and resumes to. Returns when some
+** context switches back to from. */
+void ums__ctx_switch(ums__ctx_t *from, ums__ctx_t *to);
+/* Releases what ctx_make or ctx_init_main allocated (ucontext, TSan). */
+void ums__ctx_destroy(ums__ctx_t *ctx);
+/* "asm-x86_64", "asm-aarch64" or "ucontext". */
+const char *ums__ctx_kind(void);
+
+/* ====================================================================== */
+/* Stacks (stack.c)                                                        */
+/* ====================================================================== */
+
+/* A fiber stack with a guard page below it. Stacks are carved from large
+** slab mappings; guard pages are installed with MADV_GUARD_INSTALL where
+** the kernel has it (Linux 6.13+), which does not split the mapping, so
+** 100,000 stacks cost a handful of VMAs instead of 200,000 (the default
+** vm.max_map_count is 65,530). Older kernels fall back to mprotect guard
+** pages, two VMAs per stack. */
+typedef struct ums__stack {
+  void *lo;                  /* lowest usable byte (just above the guard) */
+  size_t size;               /* usable bytes */
+  struct ums__slab *slab;    /* the slab it was carved from */
+  uint32_t index;            /* its slot in the slab */
+} ums__stack_t;
+
+/* Per-scheduler stack allocator. [owner] */
+typedef struct ums__stack_pool {
+  size_t stack_size;         /* usable size, page multiple */
+  size_t slot_size;          /* stack_size + guard */
+  struct ums__slab *slabs;   /* slabs with at least one free slot first */
+  size_t nslabs;
+  size_t in_use;             /* stacks handed out */
+  int guard_mode;            /* 0 unknown, 1 madvise guard, 2 mprotect */
+} ums__stack_pool_t;
+
+int ums__stack_pool_init(ums__stack_pool_t *p, size_t stack_size);
+/* Frees every slab; every stack must have been freed. */
+void ums__stack_pool_destroy(ums__stack_pool_t *p);
+int ums__stack_alloc(ums__stack_pool_t *p, ums__stack_t *out);
+/* Returns the stack; its memory is given back to the kernel
+** (MADV_DONTNEED), and a slab left empty is unmapped. */
+void ums__stack_free(ums__stack_pool_t *p, ums__stack_t *st);
+/* The guard method in use: "madvise", "mprotect" or "unknown". */
+const char *ums__stack_guard_kind(const ums__stack_pool_t *p);
+
+/* ====================================================================== */
+/* Timers (timer.c)                                                        */
+/* ====================================================================== */
+
+typedef struct ums__timer ums__timer_t;
+typedef void (*ums__timer_cb)(ums__sched_t *s, ums__timer_t *t);
+
+/* A timer node embedded in its owner (a task), so arming never allocates
+** beyond the heap array, which is reserved ahead (one slot per task). */
+struct ums__timer {
+  int64_t deadline;          /* [owner] absolute monotonic ns */
+  uint32_t index;            /* [owner] heap slot + 1; 0 when not armed */
+  ums__timer_cb cb;          /* [owner] run by the scheduler pass */
+};
+
+/* A binary min-heap of timer pointers ordered by (deadline, arm order). */
+typedef struct ums__timer_heap {
+  ums__timer_t **nodes;      /* [owner] */
+  uint32_t n, cap;           /* [owner] */
+} ums__timer_heap_t;
+
+void ums__timer_heap_init(ums__timer_heap_t *h);
+void ums__timer_heap_destroy(ums__timer_heap_t *h);
+/* Makes room for at least n armed timers. */
+int ums__timer_heap_reserve(ums__timer_heap_t *h, uint32_t n);
+void ums__timer_arm(ums__timer_heap_t *h, ums__timer_t *t, int64_t deadline);
+void ums__timer_disarm(ums__timer_heap_t *h, ums__timer_t *t);
+static inline bool ums__timer_armed(const ums__timer_t *t) {
+  return t->index != 0;
+}
+/* The earliest deadline, or UMS_FOREVER. */
+static inline int64_t ums__timer_next(const ums__timer_heap_t *h) {
+  return h->n ? h->nodes[0]->deadline : UMS_FOREVER;
+}
+/* Pops every timer due at now and runs its callback. Returns how many. */
+int ums__timer_expire(ums__sched_t *s, ums__timer_heap_t *h, int64_t now);
+
+/* ====================================================================== */
+/* Waits (wait.c)                                                          */
+/* ====================================================================== */
+
+/* Outcome values of a waiter's state. 0 means granted; negative values are
+** UMS_E* codes (UMS_ETIMEDOUT, UMS_ECANCELED, UMS_ECLOSED, ...). */
+#define UMS__WAITING 1
+
+/* A FIFO of waiters, guarded by the lock of the object that owns it. */
+typedef struct ums__wq {
+  ums__waiter_t *head, *tail;  /* [lock] */
+  size_t n;                    /* [lock] */
+} ums__wq_t;
+
+/* One wait of one task (or host thread) on one queue. It lives on the
+** waiting stack (the task's fiber stack or the host thread's stack), so
+** waiting never allocates.
+**
+** Exactly one outcome wins: every state change from UMS__WAITING is a CAS
+** made while holding *lock (when the wait is on a queue), and the winner
+** unlinks the waiter. The waker captures what it needs to wake (task or
+** futex address) before the CAS, because a host thread may return and pop
+** its stack frame as soon as it sees the new state. */
+struct ums__waiter {
+  ums__waiter_t *prev, *next;  /* [lock] links in wq */
+  ums__wq_t *wq;               /* [const during the wait] NULL: no queue */
+  ums__lock_t *lock;           /* [const] the lock guarding wq, or NULL */
+  _Atomic uint32_t state;      /* [atomic] UMS__WAITING or the outcome as
+                                  (uint32_t)code */
+  ums__task_t *task;           /* [const] the waiting task; NULL: a host
+                                  thread blocked on a futex on &state */
+  void *data;                  /* [lock] primitive-specific payload */
+  int64_t aux;                 /* [lock] primitive-specific */
+  bool linked;                 /* [lock] on wq now */
+  bool nocancel;               /* [const] cancellation waits for the end of
+                                  this wait (a condition variable's
+                                  relock) */
+};
+
+void ums__wq_push(ums__wq_t *q, ums__waiter_t *w);
+void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w);
+static inline ums__waiter_t *ums__wq_first(const ums__wq_t *q) {
+  return q->head;
+}
+
+/* What a waker needs after the lock is released. */
+typedef struct ums__wake {
+  ums__task_t *task;
+  _Atomic uint32_t *futex;
+} ums__wake_t;
+
+/* Prepares a wait by the caller (the current task, or the host thread).
+** Returns 0, or UMS_ECANCELED when the current task has been cancelled,
+** in which case nothing was set up. Call with *lock held (lock may be NULL
+** for a wait on no queue, such as a sleep). */
+int ums__waiter_init(ums__waiter_t *w, ums__wq_t *wq, ums__lock_t *lock);
+/* The same for a wait that cancellation must not interrupt. */
+void ums__waiter_init_nocancel(ums__waiter_t *w, ums__wq_t *wq,
+                               ums__lock_t *lock);
+
+/* Parks the caller until an outcome wins or the deadline passes (then
+** UMS_ETIMEDOUT). Call with *w->lock held and w already pushed on its wq;
+** the lock is released. Returns the outcome (0 or a UMS_E* code). */
+int ums__wait(ums__waiter_t *w, int64_t deadline);
+
+/* Tries to end the wait with outcome (0 = granted). Call with *w->lock
+** held. On success unlinks w, fills *wk, returns true; the caller must call
+** ums__wake(wk) after releasing the lock. */
+bool ums__waiter_finish(ums__waiter_t *w, int outcome, ums__wake_t *wk);
+
+/* Pops waiters from q until one can be granted; returns it (unlinked,
+** outcome set, *wk filled) or NULL. Call with the lock held. */
+ums__waiter_t *ums__wq_grant_first(ums__wq_t *q, int outcome,
+                                   ums__wake_t *wk);
+
+/* Wakes what ums__waiter_finish captured. Call without locks held. */
+void ums__wake(const ums__wake_t *wk);
+
+/* Ends a wait from the outside (timeout or cancel): takes w->lock if any,
+** tries the outcome, wakes. Called by the owner scheduler. */
+void ums__waiter_abort(ums__waiter_t *w, int outcome);
+
+/* ====================================================================== */
+/* Tasks (task.c)                                                          */
+/* ====================================================================== */
+
+enum ums__task_state {
+  UMS__T_FREE = 0,    /* on a free list */
+  UMS__T_NEW,         /* spawned, on its way to its scheduler's inbox */
+  UMS__T_PENDING,     /* waiting for a worker slot (max_workers) */
+  UMS__T_RUNNABLE,    /* in the runnable queue or the completion list */
+  UMS__T_RUNNING,
+  UMS__T_PARKED,      /* waiting */
+  UMS__T_DONE         /* finished; result kept for the joiner */
+};
+
+#define UMS__TASK_NAME_MAX 32
+
+struct ums__task {
+  /* Identity and joining: any thread. */
+  _Atomic uint64_t id;         /* [atomic, written under lock] handle; 0
+                                  while free */
+  ums__lock_t lock;            /* guards joiners, done, joined */
+  _Atomic int refs;            /* [atomic] alive + handle + queued cancel */
+  _Atomic int cancelled;       /* [atomic] cancel requested (sticky) */
+  _Atomic int cancel_queued;   /* [atomic] on the sched's cancel list */
+  bool done;                   /* [lock] finished */
+  bool joining;                /* [lock] a joiner is waiting */
+  bool detached;               /* [lock] no handle reference */
+  ums__wq_t joiners;           /* [lock] */
+
+  /* Links. */
+  ums__task_t *next;           /* [owner] run queue, pending queue, free
+                                  list */
+  ums__task_t *prev;           /* [owner] pending queue (cancel unlinks) */
+  ums__task_t *inbox_next;     /* [atomic via the inbox push] */
+  ums__task_t *cancel_next;    /* [atomic via the cancel list push] */
+
+  /* Execution: the owner scheduler. */
+  ums__sched_t *sched;         /* [const after placement] */
+  ums__worker_t *worker;       /* [owner] NULL until started */
+  int state;                   /* [owner] enum ums__task_state */
+  ums__waiter_t *wait;         /* [owner] the current wait, or NULL */
+  ums__timer_t timer;          /* [owner] deadline of the current wait */
+  ums_task_fn fn;              /* [const] */
+  void *arg;                   /* [const] */
+  void *result;                /* [owner, then lock once done] */
+  int status;                  /* [owner, then lock once done] */
+  uint32_t slot;               /* [const] index in the runtime's table */
+  uint32_t gen;                /* [lock] generation of the current id */
+  char name[UMS__TASK_NAME_MAX]; /* [const] */
+};
+
+/* The task table: chunks of tasks that are never freed while the runtime
+** lives (type-stable memory), so any thread can look a handle up and
+** compare its generation without a lock. */
+#define UMS__TASK_CHUNK 1024
+#define UMS__TASK_MAX_CHUNKS 16384   /* 16 M tasks */
+
+/* Handle layout: generation in the high 32 bits (never 0), slot low. */
+static inline uint32_t ums__id_slot(uint64_t id) { return (uint32_t)id; }
+
+ums__task_t *ums__task_alloc(ums_runtime_t *rt);
+/* Drops one reference; the last one recycles the task. */
+void ums__task_unref(ums_runtime_t *rt, ums__task_t *t);
+/* Finds a live task by handle, or NULL. The pointer is type-stable; the
+** caller re-checks t->id under t->lock before trusting it. */
+ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id);
+/* Marks t finished (result and status set), wakes its joiner. [owner] */
+void ums__task_finish(ums__task_t *t);
+/* Makes a parked or new task runnable from any thread. */
+void ums__task_ready(ums__task_t *t);
+/* Delivers a pending cancellation to a parked task. [owner] */
+void ums__task_deliver_cancel(ums__task_t *t);
+
+/* ====================================================================== */
+/* Workers (worker.c)                                                      */
+/* ====================================================================== */
+
+/* A C fiber. A worker either carries a task (bound) or sits in its
+** scheduler's idle pool. An idle worker has no live context: it is
+** restarted from the top when it gets work, so a finished task's frames
+** never matter. */
+struct ums__worker {
+  ums__ctx_t ctx;              /* [owner] */
+  ums__stack_t stack;          /* [owner] */
+  ums__task_t *task;           /* [owner] the task it carries, or NULL */
+  ums__worker_t *idle_prev, *idle_next; /* [owner] idle pool links */
+  uint64_t idle_epoch;         /* [owner] trim epoch when it went idle */
+  ums__sched_t *sched;         /* [const] */
+  sigjmp_buf exit_jb;          /* [owner] where ums_exit unwinds to */
+};
+
+/* An idle worker from the pool, or a new one; NULL if out of memory. */
+ums__worker_t *ums__worker_get(ums__sched_t *s);
+/* Puts w in the idle pool. */
+void ums__worker_put(ums__sched_t *s, ums__worker_t *w);
+/* Frees idle workers that went idle before epoch `before`, keeping the
+** `keep` most recently used. Returns how many were freed. */
+int ums__worker_trim(ums__sched_t *s, uint64_t before, int keep);
+/* Frees every idle worker (at teardown). */
+void ums__worker_free_all(ums__sched_t *s);
+/* The fiber entry point: runs w->task, then the next unstarted task, and
+** so on; never returns. */
+void ums__worker_main(void *arg);
+
+/* ====================================================================== */
+/* Schedulers and the runtime (sched.c)                                    */
+/* ====================================================================== */
+
+/* Counters written by the owner with relaxed stores (plain moves on the
+** common CPUs), read by any thread. */
+typedef struct ums__counters {
+  _Atomic uint64_t context_switches;
+  _Atomic uint64_t yields;
+  _Atomic uint64_t idle_waits;
+  _Atomic uint64_t tasks_spawned;
+} ums__counters_t;
+
+#define UMS__COUNT(s, field)                                              \
+  atomic_store_explicit(&(s)->counters.field,                             \
+      atomic_load_explicit(&(s)->counters.field, memory_order_relaxed) + 1, \
+      memory_order_relaxed)
+
+struct ums__sched {
+  /* Shared with other threads. */
+  _Atomic(ums__task_t *) inbox UMS__ALIGNED; /* [atomic] completion list:
+                                  a LIFO stack pushed with CAS, drained
+                                  whole and reversed by the owner */
+  _Atomic(ums__task_t *) cancels; /* [atomic] tasks with a cancel to deliver */
+  _Atomic uint32_t idle_state; /* [atomic] 0 running, 1 idle, 2 woken */
+  _Atomic int64_t ntasks;      /* [atomic] live tasks placed here */
+  _Atomic uint32_t nrunnable;  /* [atomic, owner writes] for stats */
+  _Atomic uint32_t nactive;    /* [atomic, owner writes] started tasks */
+  _Atomic uint32_t npending;   /* [atomic, owner writes] waiting spawns */
+  _Atomic uint32_t nidle_workers; /* [atomic, owner writes] */
+  _Atomic uint32_t nworkers_all;  /* [atomic, owner writes] */
+  _Atomic uint32_t ntimers;       /* [atomic, owner writes] */
+  _Atomic int is_idle;            /* [atomic, owner writes] */
+  ums__counters_t counters;
+
+  /* Owner only. */
+  ums__task_t *runq_head UMS__ALIGNED, *runq_tail; /* [owner] */
+  ums__task_t *pend_head, *pend_tail; /* [owner] FIFO beyond max_workers */
+  ums__timer_heap_t timers;    /* [owner] */
+  ums__worker_t *cur;          /* [owner] running worker; NULL: the thread's
+                                  own context */
+  ums__task_t *cur_task;       /* [owner] running task or NULL */
+  ums__ctx_t main_ctx;         /* [owner] the scheduler thread's context */
+  ums__worker_t *idle_head, *idle_tail; /* [owner] idle pool: head is the
+                                  most recently used */
+  ums__stack_pool_t stacks;    /* [owner] */
+  ums__task_t *free_tasks;     /* [owner] local task free list */
+  uint32_t nfree_tasks;        /* [owner] */
+  uint32_t nlocal;             /* [owner] tasks admitted, not ended */
+  uint32_t runq_n;             /* [owner] */
+  uint32_t nworkers;           /* [owner] workers in existence */
+  uint32_t nidle;              /* [owner] workers in the idle pool */
+  uint64_t trim_epoch;         /* [owner] advanced every idle timeout */
+  int64_t next_trim;           /* [owner] when the epoch advances next */
+
+  /* Constant. */
+  int id;
+  ums_runtime_t *rt;
+  pthread_t thread;
+  bool thread_started;
+};
+
+struct ums_runtime {
+  ums_config_t cfg;            /* [const] defaults filled in */
+  int nsched;                  /* [const] */
+  ums__sched_t *scheds;        /* [const] array of nsched */
+
+  _Atomic int stopping;        /* [atomic] no new spawns */
+  _Atomic int exiting;         /* [atomic] schedulers leave their loops */
+  _Atomic uint32_t live;       /* [atomic] unfinished tasks; futex word */
+
+  /* Task table. */
+  _Atomic(ums__task_t *) chunks[UMS__TASK_MAX_CHUNKS]; /* [atomic] */
+  _Atomic uint32_t nslots;     /* [atomic, written under table_lock] */
+  pthread_mutex_t table_lock;  /* guards chunk creation and free_tasks */
+  ums__task_t *free_tasks;     /* [table_lock] shared free list */
+};
+
+/* The scheduler the calling thread runs, or NULL. */
+extern _Thread_local ums__sched_t *ums__tls_sched;
+
+static inline ums__sched_t *ums__sched_current(void) { return ums__tls_sched; }
+static inline ums__task_t *ums__task_current(void) {
+  ums__sched_t *s = ums__tls_sched;
+  return s ? s->cur_task : NULL;
+}
+
+/* Queues a runnable task. [owner] */
+void ums__sched_push_runnable(ums__sched_t *s, ums__task_t *t);
+/* Hands a task to s from another thread: completion list, plus a wake-up
+** that costs a system call only when s is idle. */
+void ums__sched_post(ums__sched_t *s, ums__task_t *t);
+/* Queues a cancel request for delivery by s's next pass. */
+void ums__sched_post_cancel(ums__sched_t *s, ums__task_t *t);
+/* Wakes s if it is in its idle wait. */
+void ums__sched_wake(ums__sched_t *s);
+/* Gives a new task to s (called on s's thread or via its inbox). [owner] */
+void ums__sched_admit(ums__sched_t *s, ums__task_t *t);
+/* The scheduler pass, run by the current context when it has nothing to
+** do: the current task parked (state PARKED), yielded (already queued as
+** RUNNABLE) or finished (its worker is free). Returns when the current
+** context has work again: its own task was picked, or (free worker) a new
+** task was bound to it. */
+void ums__sched_schedule(ums__sched_t *s);
+/* A started task ended: account for it and start a pending spawn. */
+void ums__sched_task_ended(ums__sched_t *s);
+
+#endif /* UMS_INTERNAL_H */

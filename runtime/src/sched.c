@@ -1,0 +1,475 @@
+/*
+** sched.c: schedulers, the scheduler pass and the runtime's life cycle.
+**
+** There is no scheduler thread to wake: whichever context runs out of
+** work (a task that parks or yields, a worker whose task ended) runs the
+** pass itself and switches straight to the next task (seed 000, "a worker
+** actually performs UMS's work for it"). The scheduler thread's own
+** context only starts the first task and, at exit, tears down.
+**
+** The pass, in order: deliver cancellations; (reap I/O: a later issue);
+** expire timers; drain the completion list; pick the next runnable task;
+** if none, the idle wait.
+*/
+#include "internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+_Thread_local ums__sched_t *ums__tls_sched;
+
+#define DEFAULT_STACK_SIZE (256 * 1024)
+#define MIN_STACK_SIZE (16 * 1024)
+#define DEFAULT_IDLE_TIMEOUT (10 * UMS_NSEC_PER_SEC)
+#define DEFAULT_IDLE_KEPT 16
+#define MAX_SCHEDULERS 1024
+
+static inline void set_relaxed(_Atomic uint32_t *a, uint32_t v) {
+  atomic_store_explicit(a, v, memory_order_relaxed);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Queues                                                                  */
+/* ---------------------------------------------------------------------- */
+
+void ums__sched_push_runnable(ums__sched_t *s, ums__task_t *t) {
+  t->next = NULL;
+  if (s->runq_tail)
+    s->runq_tail->next = t;
+  else
+    s->runq_head = t;
+  s->runq_tail = t;
+  set_relaxed(&s->nrunnable, ++s->runq_n);
+}
+
+static ums__task_t *runq_pop(ums__sched_t *s) {
+  ums__task_t *t = s->runq_head;
+  if (t) {
+    s->runq_head = t->next;
+    if (!s->runq_head) s->runq_tail = NULL;
+    set_relaxed(&s->nrunnable, --s->runq_n);
+  }
+  return t;
+}
+
+static void pending_push(ums__sched_t *s, ums__task_t *t) {
+  t->next = NULL;
+  t->prev = s->pend_tail;
+  if (s->pend_tail)
+    s->pend_tail->next = t;
+  else
+    s->pend_head = t;
+  s->pend_tail = t;
+  set_relaxed(&s->npending,
+              atomic_load_explicit(&s->npending, memory_order_relaxed) + 1);
+}
+
+static ums__task_t *pending_pop(ums__sched_t *s) {
+  ums__task_t *t = s->pend_head;
+  if (t) {
+    s->pend_head = t->next;
+    if (s->pend_head)
+      s->pend_head->prev = NULL;
+    else
+      s->pend_tail = NULL;
+    t->next = t->prev = NULL;
+    set_relaxed(&s->npending,
+                atomic_load_explicit(&s->npending, memory_order_relaxed) - 1);
+  }
+  return t;
+}
+
+static void start_slot(ums__sched_t *s, ums__task_t *t) {
+  set_relaxed(&s->nactive,
+              atomic_load_explicit(&s->nactive, memory_order_relaxed) + 1);
+  t->state = UMS__T_RUNNABLE;
+  ums__sched_push_runnable(s, t);
+}
+
+void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
+  /* One timer per task at most: reserving here keeps waits from
+  ** allocating. If even that fails, the task ends before it starts. */
+  if (ums__timer_heap_reserve(&s->timers, s->nlocal + 1) != 0) {
+    t->status = UMS_ENOMEM;
+    ums__task_finish(t);
+    return;
+  }
+  s->nlocal++;
+  UMS__COUNT(s, tasks_spawned);
+  int max = s->rt->cfg.max_workers;
+  if (max > 0 &&
+      atomic_load_explicit(&s->nactive, memory_order_relaxed) >= (uint32_t)max) {
+    t->state = UMS__T_PENDING;
+    pending_push(s, t);
+    return;
+  }
+  start_slot(s, t);
+}
+
+void ums__sched_task_ended(ums__sched_t *s) {
+  s->nlocal--;
+  set_relaxed(&s->nactive,
+              atomic_load_explicit(&s->nactive, memory_order_relaxed) - 1);
+  int max = s->rt->cfg.max_workers;
+  if (s->pend_head &&
+      (max <= 0 ||
+       atomic_load_explicit(&s->nactive, memory_order_relaxed) < (uint32_t)max))
+    start_slot(s, pending_pop(s));
+}
+
+/* ---------------------------------------------------------------------- */
+/* The completion list and wake-ups                                        */
+/* ---------------------------------------------------------------------- */
+
+void ums__sched_wake(ums__sched_t *s) {
+  /* Pairs with idle_wait: it stores idle_state = 1 and then looks at the
+  ** lists; we pushed to a list and then look at idle_state. Both sides
+  ** are sequentially consistent, so at least one sees the other. Only the
+  ** one waker that moves 1 -> 2 pays for the system call. */
+  uint32_t idle = 1;
+  if (atomic_load(&s->idle_state) == 1 &&
+      atomic_compare_exchange_strong(&s->idle_state, &idle, 2))
+    ums__futex_wake(&s->idle_state, 1);
+}
+
+void ums__sched_post(ums__sched_t *s, ums__task_t *t) {
+  ums__task_t *head = atomic_load_explicit(&s->inbox, memory_order_relaxed);
+  do {
+    t->inbox_next = head;
+  } while (!atomic_compare_exchange_weak(&s->inbox, &head, t));
+  ums__sched_wake(s);
+}
+
+void ums__sched_post_cancel(ums__sched_t *s, ums__task_t *t) {
+  ums__task_t *head = atomic_load_explicit(&s->cancels, memory_order_relaxed);
+  do {
+    t->cancel_next = head;
+  } while (!atomic_compare_exchange_weak(&s->cancels, &head, t));
+  ums__sched_wake(s);
+}
+
+void ums__task_ready(ums__task_t *t) {
+  ums__sched_t *s = t->sched;
+  if (ums__sched_current() == s) {
+    t->state = UMS__T_RUNNABLE;
+    ums__sched_push_runnable(s, t);
+  } else {
+    ums__sched_post(s, t);
+  }
+}
+
+/* The lists are LIFO stacks; reversing keeps arrival order. */
+static ums__task_t *reverse(ums__task_t *t, size_t link_off) {
+  ums__task_t *prev = NULL;
+  while (t) {
+    ums__task_t **link = (ums__task_t **)((char *)t + link_off);
+    ums__task_t *next = *link;
+    *link = prev;
+    prev = t;
+    t = next;
+  }
+  return prev;
+}
+
+static void drain_cancels(ums__sched_t *s) {
+  ums__task_t *t = atomic_exchange(&s->cancels, NULL);
+  t = reverse(t, offsetof(ums__task_t, cancel_next));
+  while (t) {
+    ums__task_t *next = t->cancel_next;
+    ums__task_deliver_cancel(t);
+    atomic_store(&t->cancel_queued, 0);
+    ums__task_unref(s->rt, t);
+    t = next;
+  }
+}
+
+static void drain_inbox(ums__sched_t *s) {
+  ums__task_t *t = atomic_exchange(&s->inbox, NULL);
+  t = reverse(t, offsetof(ums__task_t, inbox_next));
+  while (t) {
+    ums__task_t *next = t->inbox_next;
+    if (t->state == UMS__T_NEW) {
+      ums__sched_admit(s, t);
+    } else {
+      t->state = UMS__T_RUNNABLE;
+      ums__sched_push_runnable(s, t);
+    }
+    t = next;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* The pass                                                                */
+/* ---------------------------------------------------------------------- */
+
+static int64_t idle_timeout(const ums__sched_t *s) {
+  return s->rt->cfg.worker_idle_timeout;
+}
+
+/* Advances the trim epoch when due and frees workers that stayed idle for
+** a whole epoch. Runs only on the way into the idle wait, where the clock
+** is read anyway. */
+static void maybe_trim(ums__sched_t *s, int64_t now) {
+  if (idle_timeout(s) < 0) return;
+  if (now < s->next_trim) return;
+  s->trim_epoch++;
+  s->next_trim = now + idle_timeout(s);
+  ums__worker_trim(s, s->trim_epoch - 1, s->rt->cfg.idle_workers_kept);
+}
+
+static void idle_wait(ums__sched_t *s) {
+  ums_runtime_t *rt = s->rt;
+  int64_t now = ums__clock_now();
+  maybe_trim(s, now);
+  int64_t deadline = ums__timer_next(&s->timers);
+  if (idle_timeout(s) >= 0 &&
+      s->nidle > (uint32_t)rt->cfg.idle_workers_kept &&
+      s->next_trim < deadline)
+    deadline = s->next_trim;
+  if (deadline <= now) return;
+
+  atomic_store(&s->idle_state, 1);
+  if (atomic_load(&s->inbox) || atomic_load(&s->cancels) ||
+      atomic_load(&rt->exiting)) {
+    atomic_store(&s->idle_state, 0);
+    return;
+  }
+  UMS__COUNT(s, idle_waits);
+  atomic_store_explicit(&s->is_idle, 1, memory_order_relaxed);
+  ums__futex_wait(&s->idle_state, 1, deadline);
+  atomic_store_explicit(&s->is_idle, 0, memory_order_relaxed);
+  atomic_store(&s->idle_state, 0);
+}
+
+/* Housekeeping plus the pick; NULL only when the runtime is exiting and
+** this scheduler has no task left. */
+static ums__task_t *next_runnable(ums__sched_t *s) {
+  for (;;) {
+    if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
+      drain_cancels(s);
+    /* The clock is read only when some timer could be due. */
+    if (s->timers.n) ums__timer_expire(s, &s->timers, ums__clock_now());
+    set_relaxed(&s->ntimers, s->timers.n);
+    if (atomic_load_explicit(&s->inbox, memory_order_relaxed))
+      drain_inbox(s);
+    ums__task_t *t = runq_pop(s);
+    if (t) return t;
+    if (atomic_load(&s->rt->exiting) && s->nlocal == 0) return NULL;
+    idle_wait(s);
+  }
+}
+
+static inline void switch_to(ums__sched_t *s, ums__worker_t *self,
+                             ums__worker_t *to) {
+  s->cur = to;
+  UMS__COUNT(s, context_switches);
+  ums__ctx_switch(self ? &self->ctx : &s->main_ctx, &to->ctx);
+}
+
+void ums__sched_schedule(ums__sched_t *s) {
+  ums__worker_t *self = s->cur;
+  for (;;) {
+    ums__task_t *t = next_runnable(s);
+    if (!t) {
+      /* Exiting: get back to the thread's own context, which tears down.
+      ** A free worker joins the pool first so teardown frees it. */
+      if (self) {
+        ums__worker_put(s, self);
+        s->cur = NULL;
+        ums__ctx_switch(&self->ctx, &s->main_ctx);
+      }
+      return;
+    }
+    if (t->worker) {
+      /* A started task, parked on its own worker. */
+      s->cur_task = t;
+      t->state = UMS__T_RUNNING;
+      if (t->worker == self) return;
+      if (self && !self->task) ums__worker_put(s, self);
+      switch_to(s, self, t->worker);
+      /* Resumed: our own task was picked again. (A free worker that went
+      ** to the pool is restarted from the top, never resumed here.) */
+      return;
+    }
+    /* A task that has not started: a free worker takes it on the spot. */
+    if (self && !self->task) {
+      self->task = t;
+      t->worker = self;
+      return;
+    }
+    ums__worker_t *w = ums__worker_get(s);
+    if (!w || ums__ctx_make(&w->ctx, w->stack.lo, w->stack.size,
+                            ums__worker_main, w) != 0) {
+      if (w) ums__worker_put(s, w);
+      ums__sched_task_ended(s);
+      t->status = UMS_ENOMEM;
+      ums__task_finish(t);
+      continue;
+    }
+    w->task = t;
+    t->worker = w;
+    switch_to(s, self, w);
+    return;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Scheduler threads and the runtime                                       */
+/* ---------------------------------------------------------------------- */
+
+static void *sched_thread(void *arg) {
+  ums__sched_t *s = arg;
+  ums__tls_sched = s;
+  if (ums__ctx_init_main(&s->main_ctx) != 0) abort();
+  s->cur = NULL;
+  ums__sched_schedule(s);
+  /* Exiting: every task has ended and every worker is in the pool. */
+  ums__worker_free_all(s);
+  ums__ctx_destroy(&s->main_ctx);
+  ums__tls_sched = NULL;
+  return NULL;
+}
+
+static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
+  memset(s, 0, sizeof *s);
+  s->id = id;
+  s->rt = rt;
+  ums__timer_heap_init(&s->timers);
+  s->next_trim = 0;
+  return ums__stack_pool_init(&s->stacks, rt->cfg.stack_size);
+}
+
+static void sched_destroy(ums__sched_t *s) {
+  ums__stack_pool_destroy(&s->stacks);
+  ums__timer_heap_destroy(&s->timers);
+}
+
+static int cpu_count(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static void runtime_free(ums_runtime_t *rt) {
+  for (int i = 0; i < rt->nsched; i++) sched_destroy(&rt->scheds[i]);
+  free(rt->scheds);
+  for (int i = 0; i < UMS__TASK_MAX_CHUNKS; i++)
+    free(atomic_load_explicit(&rt->chunks[i], memory_order_relaxed));
+  pthread_mutex_destroy(&rt->table_lock);
+  free(rt);
+}
+
+/* Stops and joins the first n scheduler threads. */
+static void stop_threads(ums_runtime_t *rt, int n) {
+  atomic_store(&rt->exiting, 1);
+  for (int i = 0; i < n; i++) ums__sched_wake(&rt->scheds[i]);
+  for (int i = 0; i < n; i++)
+    if (rt->scheds[i].thread_started) pthread_join(rt->scheds[i].thread, NULL);
+}
+
+ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
+  ums_config_t c = {0};
+  int e = 0;
+  if (cfg) c = *cfg;
+  if (c.schedulers < 0 || c.schedulers > MAX_SCHEDULERS ||
+      c.max_workers < 0 || c.idle_workers_kept < 0 ||
+      (c.stack_size != 0 && c.stack_size < MIN_STACK_SIZE) ||
+      c.stack_size > ((size_t)1 << 30)) {
+    e = UMS_EINVAL;
+    goto fail;
+  }
+  if (c.schedulers == 0) c.schedulers = cpu_count();
+  if (c.stack_size == 0) c.stack_size = DEFAULT_STACK_SIZE;
+  if (c.worker_idle_timeout == 0) c.worker_idle_timeout = DEFAULT_IDLE_TIMEOUT;
+  if (c.idle_workers_kept == 0) c.idle_workers_kept = DEFAULT_IDLE_KEPT;
+
+  ums_runtime_t *rt = calloc(1, sizeof *rt);
+  if (!rt) {
+    e = UMS_ENOMEM;
+    goto fail;
+  }
+  rt->cfg = c;
+  pthread_mutex_init(&rt->table_lock, NULL);
+  size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;
+  rt->scheds = aligned_alloc(UMS__CACHELINE, bytes);
+  if (!rt->scheds) {
+    free(rt);
+    e = UMS_ENOMEM;
+    goto fail;
+  }
+  rt->nsched = c.schedulers;
+  for (int i = 0; i < rt->nsched; i++) {
+    if ((e = sched_init(rt, &rt->scheds[i], i)) != 0) {
+      rt->nsched = i;
+      runtime_free(rt);
+      goto fail;
+    }
+  }
+  for (int i = 0; i < rt->nsched; i++) {
+    ums__sched_t *s = &rt->scheds[i];
+    int r = pthread_create(&s->thread, NULL, sched_thread, s);
+    if (r != 0) {
+      stop_threads(rt, i);
+      runtime_free(rt);
+      e = r == ENOMEM ? UMS_ENOMEM : UMS_EAGAIN;
+      goto fail;
+    }
+    s->thread_started = true;
+  }
+  if (err) *err = 0;
+  return rt;
+
+fail:
+  if (err) *err = e;
+  return NULL;
+}
+
+static int wait_live(ums_runtime_t *rt, int64_t deadline) {
+  for (;;) {
+    uint32_t n = atomic_load(&rt->live);
+    if (n == 0) return 0;
+    if (ums__futex_wait(&rt->live, n, deadline) == -ETIMEDOUT &&
+        atomic_load(&rt->live) != 0)
+      return UMS_ETIMEDOUT;
+  }
+}
+
+static void cancel_all(ums_runtime_t *rt) {
+  uint32_t n = atomic_load(&rt->nslots);
+  for (uint32_t slot = 0; slot < n; slot++) {
+    ums__task_t *chunk = atomic_load(&rt->chunks[slot / UMS__TASK_CHUNK]);
+    uint64_t id = atomic_load(&chunk[slot % UMS__TASK_CHUNK].id);
+    if (id) ums_task_cancel(rt, id);
+  }
+}
+
+int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
+  if (!rt) return UMS_EINVAL;
+  ums__sched_t *here = ums__sched_current();
+  if (here && here->rt == rt) return UMS_EDEADLK;
+  atomic_store(&rt->stopping, 1);
+  int ret = wait_live(rt, deadline);
+  if (ret) {
+    cancel_all(rt);
+    wait_live(rt, UMS_FOREVER);
+  }
+  stop_threads(rt, rt->nsched);
+  runtime_free(rt);
+  return ret;
+}
+
+int ums_runtime_schedulers(const ums_runtime_t *rt) {
+  return rt ? rt->nsched : 0;
+}
+
+void ums_runtime_config(const ums_runtime_t *rt, ums_config_t *out) {
+  if (rt && out) *out = rt->cfg;
+}

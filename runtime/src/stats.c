@@ -1,0 +1,31 @@
+/*
+** stats.c: the per-scheduler counters. Owners write them with relaxed
+** atomic stores; readers here take a near-consistent snapshot without
+** stopping anyone.
+*/
+#include "internal.h"
+
+#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+
+int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
+  if (!rt) return UMS_EINVAL;
+  for (int i = 0; i < rt->nsched && i < n && rows; i++) {
+    ums__sched_t *s = &rt->scheds[i];
+    ums_sched_stats_t *r = &rows[i];
+    uint32_t all = LOAD(s->nworkers_all), idle = LOAD(s->nidle_workers);
+    r->id = i;
+    r->idle = LOAD(s->is_idle);
+    r->context_switches = LOAD(s->counters.context_switches);
+    r->yields = LOAD(s->counters.yields);
+    r->idle_waits = LOAD(s->counters.idle_waits);
+    r->tasks_spawned = LOAD(s->counters.tasks_spawned);
+    int64_t nt = LOAD(s->ntasks);
+    r->tasks = nt > 0 ? (uint64_t)nt : 0;
+    r->runnable = LOAD(s->nrunnable);
+    r->workers_active = all > idle ? all - idle : 0;
+    r->workers_idle = idle;
+    r->pending = LOAD(s->npending);
+    r->timers = LOAD(s->ntimers);
+  }
+  return rt->nsched;
+}

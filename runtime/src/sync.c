@@ -1,0 +1,347 @@
+/*
+** sync.c: mutex, semaphore, event and condition variable.
+**
+** Each object has one spinlock guarding its state and its FIFO wait
+** queue. Waiters are granted in the critical section (ums__waiter_finish)
+** and woken after it (ums__wake), so no system call or fiber switch
+** happens under a lock. A waiter's payload (w->data) is read before the
+** grant: once granted, a host thread's waiter may vanish.
+*/
+#include "internal.h"
+
+#include <stdlib.h>
+
+/* Who holds a mutex: the task, or for a host thread, the address of a
+** thread-local byte (unique per live thread). */
+static _Thread_local char host_token;
+
+static void *holder(void) {
+  ums__task_t *t = ums__task_current();
+  return t ? (void *)t : (void *)&host_token;
+}
+
+/* Grants the first waiter of q (if any) with outcome and wakes it after
+** unlocking l. Returns whether one was granted. */
+static bool grant_one_unlock(ums__lock_t *l, ums__wq_t *q, int outcome) {
+  ums__wake_t wk;
+  bool any = ums__wq_grant_first(q, outcome, &wk) != NULL;
+  ums__unlock(l);
+  if (any) ums__wake(&wk);
+  return any;
+}
+
+/* Grants every waiter of q; takes and releases l around each wake. */
+static void grant_all(ums__lock_t *l, ums__wq_t *q, int outcome) {
+  ums__lock(l);
+  while (grant_one_unlock(l, q, outcome)) ums__lock(l);
+}
+
+/* ====================================================================== */
+/* Mutex                                                                   */
+/* ====================================================================== */
+
+struct ums_mutex {
+  ums__lock_t lock;
+  void *owner;     /* [lock] holder() of the owner, or NULL */
+  ums__wq_t wq;    /* [lock] waiters; w->data = their holder() */
+};
+
+ums_mutex_t *ums_mutex_new(void) { return calloc(1, sizeof(ums_mutex_t)); }
+
+int ums_mutex_delete(ums_mutex_t *m) {
+  if (!m) return UMS_EINVAL;
+  ums__lock(&m->lock);
+  bool busy = m->wq.n || m->owner;
+  ums__unlock(&m->lock);
+  if (busy) return UMS_EBUSY;
+  free(m);
+  return 0;
+}
+
+static int mutex_lock(ums_mutex_t *m, int64_t deadline, bool cancellable) {
+  void *self = holder();
+  ums__waiter_t w;
+  ums__lock(&m->lock);
+  if (!m->owner) {
+    m->owner = self;
+    ums__unlock(&m->lock);
+    return 0;
+  }
+  if (m->owner == self) {
+    ums__unlock(&m->lock);
+    return UMS_EDEADLK;
+  }
+  if (cancellable) {
+    int r = ums__waiter_init(&w, &m->wq, &m->lock);
+    if (r) {
+      ums__unlock(&m->lock);
+      return r;
+    }
+  } else {
+    ums__waiter_init_nocancel(&w, &m->wq, &m->lock);
+  }
+  w.data = self;
+  ums__wq_push(&m->wq, &w);
+  /* On success the unlocker has already made us the owner (direct
+  ** handoff), so nobody can barge in between. */
+  return ums__wait(&w, deadline);
+}
+
+int ums_mutex_lock(ums_mutex_t *m, int64_t deadline) {
+  if (!m) return UMS_EINVAL;
+  return mutex_lock(m, deadline, true);
+}
+
+int ums_mutex_trylock(ums_mutex_t *m) {
+  if (!m) return UMS_EINVAL;
+  int r = UMS_EBUSY;
+  ums__lock(&m->lock);
+  if (!m->owner) {
+    m->owner = holder();
+    r = 0;
+  }
+  ums__unlock(&m->lock);
+  return r;
+}
+
+int ums_mutex_unlock(ums_mutex_t *m) {
+  if (!m) return UMS_EINVAL;
+  ums__lock(&m->lock);
+  if (m->owner != holder()) {
+    ums__unlock(&m->lock);
+    return UMS_EPERM;
+  }
+  ums__waiter_t *next = ums__wq_first(&m->wq);
+  m->owner = next ? next->data : NULL;
+  grant_one_unlock(&m->lock, &m->wq, 0);
+  return 0;
+}
+
+/* ====================================================================== */
+/* Semaphore                                                               */
+/* ====================================================================== */
+
+struct ums_sem {
+  ums__lock_t lock;
+  int64_t value;   /* [lock] > 0 only while nobody waits */
+  ums__wq_t wq;    /* [lock] */
+};
+
+ums_sem_t *ums_sem_new(int64_t initial) {
+  if (initial < 0) return NULL;
+  ums_sem_t *s = calloc(1, sizeof *s);
+  if (s) s->value = initial;
+  return s;
+}
+
+int ums_sem_delete(ums_sem_t *s) {
+  if (!s) return UMS_EINVAL;
+  ums__lock(&s->lock);
+  bool busy = s->wq.n != 0;
+  ums__unlock(&s->lock);
+  if (busy) return UMS_EBUSY;
+  free(s);
+  return 0;
+}
+
+int ums_sem_acquire(ums_sem_t *s, int64_t deadline) {
+  if (!s) return UMS_EINVAL;
+  ums__waiter_t w;
+  ums__lock(&s->lock);
+  if (s->value > 0) {
+    s->value--;
+    ums__unlock(&s->lock);
+    return 0;
+  }
+  int r = ums__waiter_init(&w, &s->wq, &s->lock);
+  if (r) {
+    ums__unlock(&s->lock);
+    return r;
+  }
+  ums__wq_push(&s->wq, &w);
+  return ums__wait(&w, deadline);
+}
+
+int ums_sem_tryacquire(ums_sem_t *s) {
+  if (!s) return UMS_EINVAL;
+  int r = UMS_EAGAIN;
+  ums__lock(&s->lock);
+  if (s->value > 0) {
+    s->value--;
+    r = 0;
+  }
+  ums__unlock(&s->lock);
+  return r;
+}
+
+int ums_sem_release(ums_sem_t *s, int64_t n) {
+  if (!s || n <= 0) return UMS_EINVAL;
+  ums__lock(&s->lock);
+  if (s->value > INT64_MAX - n) {
+    ums__unlock(&s->lock);
+    return UMS_ERANGE;
+  }
+  /* Each unit goes to the first waiter, if any; the rest is banked. */
+  while (n > 0 && s->wq.head) {
+    n--;
+    grant_one_unlock(&s->lock, &s->wq, 0);
+    ums__lock(&s->lock);
+  }
+  s->value += n;
+  ums__unlock(&s->lock);
+  return 0;
+}
+
+int64_t ums_sem_value(ums_sem_t *s) {
+  if (!s) return UMS_EINVAL;
+  ums__lock(&s->lock);
+  int64_t v = s->value;
+  ums__unlock(&s->lock);
+  return v;
+}
+
+/* ====================================================================== */
+/* Event                                                                   */
+/* ====================================================================== */
+
+struct ums_event {
+  ums__lock_t lock;
+  bool manual;     /* [const] */
+  bool set;        /* [lock] */
+  ums__wq_t wq;    /* [lock] */
+};
+
+ums_event_t *ums_event_new(int manual_reset, int initially_set) {
+  ums_event_t *e = calloc(1, sizeof *e);
+  if (e) {
+    e->manual = manual_reset != 0;
+    e->set = initially_set != 0;
+  }
+  return e;
+}
+
+int ums_event_delete(ums_event_t *e) {
+  if (!e) return UMS_EINVAL;
+  ums__lock(&e->lock);
+  bool busy = e->wq.n != 0;
+  ums__unlock(&e->lock);
+  if (busy) return UMS_EBUSY;
+  free(e);
+  return 0;
+}
+
+int ums_event_set(ums_event_t *e) {
+  if (!e) return UMS_EINVAL;
+  ums__lock(&e->lock);
+  if (e->manual) {
+    e->set = true;
+    ums__unlock(&e->lock);
+    /* Waiters that arrive meanwhile see `set` and do not queue. */
+    grant_all(&e->lock, &e->wq, 0);
+    return 0;
+  }
+  /* Auto reset: hand the signal to one waiter, or keep it for the next. */
+  ums__wake_t wk;
+  if (ums__wq_grant_first(&e->wq, 0, &wk)) {
+    ums__unlock(&e->lock);
+    ums__wake(&wk);
+  } else {
+    e->set = true;
+    ums__unlock(&e->lock);
+  }
+  return 0;
+}
+
+int ums_event_reset(ums_event_t *e) {
+  if (!e) return UMS_EINVAL;
+  ums__lock(&e->lock);
+  e->set = false;
+  ums__unlock(&e->lock);
+  return 0;
+}
+
+int ums_event_wait(ums_event_t *e, int64_t deadline) {
+  if (!e) return UMS_EINVAL;
+  ums__waiter_t w;
+  ums__lock(&e->lock);
+  if (e->set) {
+    if (!e->manual) e->set = false;
+    ums__unlock(&e->lock);
+    return 0;
+  }
+  int r = ums__waiter_init(&w, &e->wq, &e->lock);
+  if (r) {
+    ums__unlock(&e->lock);
+    return r;
+  }
+  ums__wq_push(&e->wq, &w);
+  return ums__wait(&w, deadline);
+}
+
+int ums_event_is_set(ums_event_t *e) {
+  if (!e) return UMS_EINVAL;
+  ums__lock(&e->lock);
+  int v = e->set;
+  ums__unlock(&e->lock);
+  return v;
+}
+
+/* ====================================================================== */
+/* Condition variable                                                      */
+/* ====================================================================== */
+
+struct ums_cond {
+  ums__lock_t lock;
+  ums__wq_t wq;    /* [lock] */
+};
+
+ums_cond_t *ums_cond_new(void) { return calloc(1, sizeof(ums_cond_t)); }
+
+int ums_cond_delete(ums_cond_t *c) {
+  if (!c) return UMS_EINVAL;
+  ums__lock(&c->lock);
+  bool busy = c->wq.n != 0;
+  ums__unlock(&c->lock);
+  if (busy) return UMS_EBUSY;
+  free(c);
+  return 0;
+}
+
+int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
+  if (!c || !m) return UMS_EINVAL;
+  ums__waiter_t w;
+  ums__lock(&c->lock);
+  int r = ums__waiter_init(&w, &c->wq, &c->lock);
+  if (r) {
+    ums__unlock(&c->lock);
+    return r;
+  }
+  /* Queue first, then release the mutex, still holding the cond's lock:
+  ** a signaller must hold the mutex to change the predicate, so it cannot
+  ** signal before we are on the queue. (Lock order: cond, then mutex.) */
+  ums__wq_push(&c->wq, &w);
+  r = ums_mutex_unlock(m);
+  if (r) {
+    ums__wq_remove(&c->wq, &w);
+    ums__unlock(&c->lock);
+    return r;
+  }
+  r = ums__wait(&w, deadline);
+  /* The mutex comes back whatever happened; a cancel that arrives now is
+  ** seen at the next wait point instead. */
+  mutex_lock(m, UMS_FOREVER, false);
+  return r;
+}
+
+int ums_cond_signal(ums_cond_t *c) {
+  if (!c) return UMS_EINVAL;
+  ums__lock(&c->lock);
+  grant_one_unlock(&c->lock, &c->wq, 0);
+  return 0;
+}
+
+int ums_cond_broadcast(ums_cond_t *c) {
+  if (!c) return UMS_EINVAL;
+  grant_all(&c->lock, &c->wq, 0);
+  return 0;
+}

@@ -1,0 +1,417 @@
+/*
+** task.c: the task table, spawning, joining, cancelling and the
+** current-task calls (ums_self, ums_yield, ums_sleep, ums_exit).
+**
+** A task's memory is type-stable: tasks live in chunks that are freed only
+** with the runtime, and a handle carries a generation. Any thread may look
+** a handle up; it re-checks the id under the task's lock before acting.
+**
+** References (t->refs): one while the task is alive (dropped when it
+** finishes), one for the handle unless detached (dropped by join or
+** detach), one while a cancel request is queued to its scheduler. The last
+** reference recycles the task.
+*/
+#include "internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Local free lists are capped so tasks spawned on one scheduler and
+** finished on another do not pile up on one side. */
+#define LOCAL_FREE_MAX 4096
+
+static void timeout_cb(ums__sched_t *s, ums__timer_t *tm) {
+  ums__task_t *t = UMS__CONTAINER_OF(tm, ums__task_t, timer);
+  if (t->wait) ums__waiter_abort(t->wait, UMS_ETIMEDOUT);
+}
+
+static ums__task_t *task_at(ums_runtime_t *rt, uint32_t slot) {
+  ums__task_t *chunk = atomic_load_explicit(
+      &rt->chunks[slot / UMS__TASK_CHUNK], memory_order_acquire);
+  return chunk ? &chunk[slot % UMS__TASK_CHUNK] : NULL;
+}
+
+/* Adds a chunk of fresh tasks to the shared free list. [table_lock] */
+static int grow_table(ums_runtime_t *rt) {
+  uint32_t base = atomic_load_explicit(&rt->nslots, memory_order_relaxed);
+  if (base / UMS__TASK_CHUNK >= UMS__TASK_MAX_CHUNKS) return UMS_EMFILE;
+  ums__task_t *chunk = calloc(UMS__TASK_CHUNK, sizeof *chunk);
+  if (!chunk) return UMS_ENOMEM;
+  for (uint32_t i = UMS__TASK_CHUNK; i-- > 0;) {
+    chunk[i].slot = base + i;
+    chunk[i].next = rt->free_tasks;
+    rt->free_tasks = &chunk[i];
+  }
+  atomic_store_explicit(&rt->chunks[base / UMS__TASK_CHUNK], chunk,
+                        memory_order_release);
+  atomic_store_explicit(&rt->nslots, base + UMS__TASK_CHUNK,
+                        memory_order_release);
+  return 0;
+}
+
+ums__task_t *ums__task_alloc(ums_runtime_t *rt) {
+  ums__sched_t *s = ums__sched_current();
+  ums__task_t *t = NULL;
+  if (s && s->rt == rt && s->free_tasks) {
+    t = s->free_tasks;
+    s->free_tasks = t->next;
+    s->nfree_tasks--;
+  } else {
+    pthread_mutex_lock(&rt->table_lock);
+    if (!rt->free_tasks) grow_table(rt);
+    if ((t = rt->free_tasks) != NULL) rt->free_tasks = t->next;
+    pthread_mutex_unlock(&rt->table_lock);
+    if (!t) return NULL;
+  }
+  t->next = t->prev = NULL;
+  t->inbox_next = t->cancel_next = NULL;
+  t->worker = NULL;
+  t->wait = NULL;
+  t->timer.index = 0;
+  t->timer.cb = timeout_cb;
+  t->result = NULL;
+  t->status = 0;
+  t->done = t->joining = t->detached = false;
+  t->joiners.head = t->joiners.tail = NULL;
+  t->joiners.n = 0;
+  t->name[0] = '\0';
+  atomic_store_explicit(&t->cancelled, 0, memory_order_relaxed);
+  atomic_store_explicit(&t->cancel_queued, 0, memory_order_relaxed);
+  return t;
+}
+
+static void task_free(ums_runtime_t *rt, ums__task_t *t) {
+  ums__sched_t *s = ums__sched_current();
+  t->state = UMS__T_FREE;
+  if (s && s->rt == rt && s->nfree_tasks < LOCAL_FREE_MAX) {
+    t->next = s->free_tasks;
+    s->free_tasks = t;
+    s->nfree_tasks++;
+    return;
+  }
+  pthread_mutex_lock(&rt->table_lock);
+  t->next = rt->free_tasks;
+  rt->free_tasks = t;
+  pthread_mutex_unlock(&rt->table_lock);
+}
+
+void ums__task_unref(ums_runtime_t *rt, ums__task_t *t) {
+  if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  /* Retire the handle under the lock so that a concurrent join or cancel
+  ** that looked the task up either sees the old id and finishes first, or
+  ** sees 0 and reports UMS_ESRCH. */
+  ums__lock(&t->lock);
+  atomic_store_explicit(&t->id, 0, memory_order_release);
+  ums__unlock(&t->lock);
+  task_free(rt, t);
+}
+
+ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id) {
+  if (!rt || id == 0) return NULL;
+  uint32_t slot = ums__id_slot(id);
+  if (slot >= atomic_load_explicit(&rt->nslots, memory_order_acquire))
+    return NULL;
+  ums__task_t *t = task_at(rt, slot);
+  if (!t || atomic_load_explicit(&t->id, memory_order_acquire) != id)
+    return NULL;
+  return t;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Spawning and placement                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* The scheduler with the fewest live tasks; the caller's own scheduler
+** wins ties, which keeps related tasks together. */
+static ums__sched_t *least_loaded(ums_runtime_t *rt) {
+  ums__sched_t *here = ums__sched_current();
+  ums__sched_t *best = (here && here->rt == rt) ? here : &rt->scheds[0];
+  int64_t best_n = atomic_load_explicit(&best->ntasks, memory_order_relaxed);
+  for (int i = 0; i < rt->nsched && best_n > 0; i++) {
+    int64_t n = atomic_load_explicit(&rt->scheds[i].ntasks,
+                                     memory_order_relaxed);
+    if (n < best_n) {
+      best = &rt->scheds[i];
+      best_n = n;
+    }
+  }
+  return best;
+}
+
+static void live_dec(ums_runtime_t *rt) {
+  if (atomic_fetch_sub(&rt->live, 1) == 1 && atomic_load(&rt->stopping))
+    ums__futex_wake(&rt->live, INT_MAX);
+}
+
+int ums_task_spawn(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
+                   ums_task_fn fn, void *arg, ums_task_t *out) {
+  static const ums_spawn_opts_t defaults = {UMS_ANY_SCHED, 0, NULL};
+  if (!opts) opts = &defaults;
+  if (!rt || !fn) return UMS_EINVAL;
+  if (opts->sched != UMS_ANY_SCHED &&
+      (opts->sched < 0 || opts->sched >= rt->nsched))
+    return UMS_EINVAL;
+
+  /* Count the task before checking `stopping`: shutdown sets `stopping`
+  ** and then waits for `live` to reach zero, so either it sees this task
+  ** or this spawn sees `stopping` (both are sequentially consistent). */
+  atomic_fetch_add(&rt->live, 1);
+  if (atomic_load(&rt->stopping)) {
+    live_dec(rt);
+    return UMS_ESHUTDOWN;
+  }
+  ums__task_t *t = ums__task_alloc(rt);
+  if (!t) {
+    live_dec(rt);
+    return UMS_ENOMEM;
+  }
+  ums__sched_t *s = opts->sched == UMS_ANY_SCHED ? least_loaded(rt)
+                                                 : &rt->scheds[opts->sched];
+  t->sched = s;
+  t->fn = fn;
+  t->arg = arg;
+  t->detached = opts->detached != 0;
+  t->state = UMS__T_NEW;
+  if (opts->name) {
+    strncpy(t->name, opts->name, UMS__TASK_NAME_MAX - 1);
+    t->name[UMS__TASK_NAME_MAX - 1] = '\0';
+  }
+  atomic_store_explicit(&t->refs, t->detached ? 1 : 2, memory_order_relaxed);
+  atomic_fetch_add_explicit(&s->ntasks, 1, memory_order_relaxed);
+
+  ums__lock(&t->lock);
+  t->gen = t->gen + 1 ? t->gen + 1 : 1;
+  uint64_t id = ((uint64_t)t->gen << 32) | t->slot;
+  atomic_store_explicit(&t->id, id, memory_order_release);
+  ums__unlock(&t->lock);
+  if (out) *out = id;
+
+  if (ums__sched_current() == s)
+    ums__sched_admit(s, t);
+  else
+    ums__sched_post(s, t);
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Finishing, joining, detaching                                           */
+/* ---------------------------------------------------------------------- */
+
+void ums__task_finish(ums__task_t *t) {
+  ums__sched_t *s = t->sched;
+  ums_runtime_t *rt = s->rt;
+  ums__wake_t wk;
+  bool wake = false;
+
+  t->state = UMS__T_DONE;
+  if (ums__timer_armed(&t->timer)) ums__timer_disarm(&s->timers, &t->timer);
+  ums__lock(&t->lock);
+  t->done = true;
+  wake = ums__wq_grant_first(&t->joiners, 0, &wk) != NULL;
+  ums__unlock(&t->lock);
+  if (wake) ums__wake(&wk);
+  atomic_fetch_sub_explicit(&s->ntasks, 1, memory_order_relaxed);
+  live_dec(rt);
+  ums__task_unref(rt, t);
+}
+
+int ums_task_join(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
+                  void **result, int *status) {
+  ums__task_t *t = ums__task_lookup(rt, id);
+  if (!t) return UMS_ESRCH;
+  if (t == ums__task_current()) return UMS_EDEADLK;
+  ums__lock(&t->lock);
+  if (atomic_load_explicit(&t->id, memory_order_relaxed) != id ||
+      t->detached) {
+    ums__unlock(&t->lock);
+    return UMS_ESRCH;
+  }
+  if (!t->done) {
+    if (t->joining) {
+      ums__unlock(&t->lock);
+      return UMS_EBUSY;
+    }
+    ums__waiter_t w;
+    int r = ums__waiter_init(&w, &t->joiners, &t->lock);
+    if (r) {
+      ums__unlock(&t->lock);
+      return r;
+    }
+    t->joining = true;
+    ums__wq_push(&t->joiners, &w);
+    r = ums__wait(&w, deadline);
+    /* Our handle reference keeps t from being recycled meanwhile. */
+    ums__lock(&t->lock);
+    t->joining = false;
+    if (r) {
+      ums__unlock(&t->lock);
+      return r;
+    }
+  }
+  if (result) *result = t->result;
+  if (status) *status = t->status;
+  t->detached = true;
+  ums__unlock(&t->lock);
+  ums__task_unref(rt, t);
+  return 0;
+}
+
+int ums_task_detach(ums_runtime_t *rt, ums_task_t id) {
+  ums__task_t *t = ums__task_lookup(rt, id);
+  if (!t) return UMS_ESRCH;
+  ums__lock(&t->lock);
+  if (atomic_load_explicit(&t->id, memory_order_relaxed) != id ||
+      t->detached) {
+    ums__unlock(&t->lock);
+    return UMS_ESRCH;
+  }
+  if (t->joining) {
+    ums__unlock(&t->lock);
+    return UMS_EBUSY;
+  }
+  t->detached = true;
+  ums__unlock(&t->lock);
+  ums__task_unref(rt, t);
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Cancellation                                                            */
+/* ---------------------------------------------------------------------- */
+
+int ums_task_cancel(ums_runtime_t *rt, ums_task_t id) {
+  ums__task_t *t = ums__task_lookup(rt, id);
+  if (!t) return UMS_ESRCH;
+  ums__lock(&t->lock);
+  if (atomic_load_explicit(&t->id, memory_order_relaxed) != id) {
+    ums__unlock(&t->lock);
+    return UMS_ESRCH;
+  }
+  if (t->done) {
+    ums__unlock(&t->lock);
+    return 0;
+  }
+  atomic_store(&t->cancelled, 1);
+  bool queue = !atomic_exchange(&t->cancel_queued, 1);
+  if (queue) atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
+  ums__unlock(&t->lock);
+  if (!queue) return 0;
+
+  ums__sched_t *s = t->sched;
+  if (ums__sched_current() == s) {
+    ums__task_deliver_cancel(t);
+    atomic_store(&t->cancel_queued, 0);
+    ums__task_unref(rt, t);
+  } else {
+    ums__sched_post_cancel(s, t);
+  }
+  return 0;
+}
+
+void ums__task_deliver_cancel(ums__task_t *t) {
+  ums__sched_t *s = t->sched;
+  switch (t->state) {
+    case UMS__T_PARKED:
+      if (t->wait && !t->wait->nocancel)
+        ums__waiter_abort(t->wait, UMS_ECANCELED);
+      break;
+    case UMS__T_PENDING:
+      /* It never got a worker: unlink it and end it without running. */
+      if (t->prev)
+        t->prev->next = t->next;
+      else
+        s->pend_head = t->next;
+      if (t->next)
+        t->next->prev = t->prev;
+      else
+        s->pend_tail = t->prev;
+      t->next = t->prev = NULL;
+      atomic_store_explicit(&s->npending,
+          atomic_load_explicit(&s->npending, memory_order_relaxed) - 1,
+          memory_order_relaxed);
+      s->nlocal--;
+      t->status = UMS_ECANCELED;
+      ums__task_finish(t);
+      break;
+    default:
+      /* Runnable, running or not started: it sees the flag at its next
+      ** wait point (or before it starts). */
+      break;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* The current task                                                        */
+/* ---------------------------------------------------------------------- */
+
+ums_task_t ums_self(void) {
+  ums__task_t *t = ums__task_current();
+  return t ? atomic_load_explicit(&t->id, memory_order_relaxed) : 0;
+}
+
+ums_runtime_t *ums_current_runtime(void) {
+  ums__sched_t *s = ums__sched_current();
+  return s ? s->rt : NULL;
+}
+
+int ums_current_sched(void) {
+  ums__sched_t *s = ums__sched_current();
+  return s ? s->id : -1;
+}
+
+int ums_cancelled(void) {
+  ums__task_t *t = ums__task_current();
+  return t && atomic_load_explicit(&t->cancelled, memory_order_relaxed);
+}
+
+int ums_yield(void) {
+  ums__sched_t *s = ums__sched_current();
+  ums__task_t *t = s ? s->cur_task : NULL;
+  if (!t) {
+    sched_yield();
+    return 0;
+  }
+  if (atomic_load_explicit(&t->cancelled, memory_order_relaxed))
+    return UMS_ECANCELED;
+  UMS__COUNT(s, yields);
+  t->state = UMS__T_RUNNABLE;
+  ums__sched_push_runnable(s, t);
+  ums__sched_schedule(s);
+  return 0;
+}
+
+int ums_sleep_until(int64_t deadline) {
+  ums__task_t *t = ums__task_current();
+  if (!t) {
+    if (deadline == UMS_FOREVER) return UMS_EINVAL;
+    struct timespec ts = {deadline / UMS_NSEC_PER_SEC,
+                          deadline % UMS_NSEC_PER_SEC};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) ==
+           EINTR) {
+    }
+    return 0;
+  }
+  ums__waiter_t w;
+  int r = ums__waiter_init(&w, NULL, NULL);
+  if (r) return r;
+  r = ums__wait(&w, deadline);
+  return r == UMS_ETIMEDOUT ? 0 : r;
+}
+
+int ums_sleep(int64_t ns) {
+  if (ns < 0) ns = 0;
+  return ums_sleep_until(ums_deadline(ns));
+}
+
+void ums_exit(void *result, int status) {
+  ums__task_t *t = ums__task_current();
+  if (!t || !t->worker) abort();
+  t->result = result;
+  t->status = status;
+  siglongjmp(t->worker->exit_jb, 1);
+}

@@ -1,0 +1,146 @@
+/*
+** wait.c: wait queues and the park/wake protocol shared by every
+** primitive.
+**
+** The invariant that makes "exactly one of granted, timed out, cancelled"
+** hold across threads: a waiter that sits on a queue changes state only
+** while the queue's lock is held, and whoever changes it unlinks it in the
+** same critical section. So a granter that finds a waiter on the queue
+** always wins, and a timeout or cancel that takes the lock and finds the
+** state already changed does nothing. Waits on no queue (a sleep) are
+** ended only by the owner scheduler's thread (its timer or its delivery of
+** a cancel), which serialises them the same way.
+**
+** A task parks by running the scheduler pass on its own fiber; a host
+** thread parks on a futex on the waiter's state word.
+*/
+#include "internal.h"
+
+#include <errno.h>
+
+void ums__wq_push(ums__wq_t *q, ums__waiter_t *w) {
+  w->next = NULL;
+  w->prev = q->tail;
+  if (q->tail)
+    q->tail->next = w;
+  else
+    q->head = w;
+  q->tail = w;
+  q->n++;
+  w->linked = true;
+}
+
+void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w) {
+  if (!w->linked) return;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    q->head = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  else
+    q->tail = w->prev;
+  w->prev = w->next = NULL;
+  w->linked = false;
+  q->n--;
+}
+
+void ums__waiter_init_nocancel(ums__waiter_t *w, ums__wq_t *wq,
+                               ums__lock_t *lock) {
+  ums__task_t *t = ums__task_current();
+  w->prev = w->next = NULL;
+  w->linked = false;
+  w->wq = wq;
+  w->lock = lock;
+  w->task = t;
+  w->data = NULL;
+  w->aux = 0;
+  w->nocancel = true;
+  atomic_store_explicit(&w->state, UMS__WAITING, memory_order_relaxed);
+}
+
+int ums__waiter_init(ums__waiter_t *w, ums__wq_t *wq, ums__lock_t *lock) {
+  ums__task_t *t = ums__task_current();
+  if (t && atomic_load_explicit(&t->cancelled, memory_order_relaxed))
+    return UMS_ECANCELED;
+  ums__waiter_init_nocancel(w, wq, lock);
+  w->nocancel = false;
+  return 0;
+}
+
+bool ums__waiter_finish(ums__waiter_t *w, int outcome, ums__wake_t *wk) {
+  if (atomic_load_explicit(&w->state, memory_order_relaxed) != UMS__WAITING)
+    return false;
+  /* Read everything the wake needs before publishing the outcome: a host
+  ** thread may return, and its stack frame (w) die, right after. */
+  wk->task = w->task;
+  wk->futex = w->task ? NULL : &w->state;
+  if (w->wq) ums__wq_remove(w->wq, w);
+  atomic_store_explicit(&w->state, (uint32_t)outcome, memory_order_release);
+  return true;
+}
+
+ums__waiter_t *ums__wq_grant_first(ums__wq_t *q, int outcome,
+                                   ums__wake_t *wk) {
+  ums__waiter_t *w;
+  while ((w = q->head) != NULL) {
+    if (ums__waiter_finish(w, outcome, wk)) return w;
+    /* Not reachable under the invariant above; unlink defensively so a
+    ** broken waiter cannot wedge the queue. */
+    ums__wq_remove(q, w);
+  }
+  return NULL;
+}
+
+void ums__wake(const ums__wake_t *wk) {
+  if (wk->task)
+    ums__task_ready(wk->task);
+  else if (wk->futex)
+    /* The address may belong to a frame that has already returned; a
+    ** private futex wake does not touch the memory, so at worst another
+    ** futex user sees a spurious wake-up, which all of them tolerate. */
+    ums__futex_wake(wk->futex, 1);
+}
+
+static bool abort_locked(ums__waiter_t *w, int outcome, ums__wake_t *wk) {
+  bool won;
+  if (w->lock) ums__lock(w->lock);
+  won = ums__waiter_finish(w, outcome, wk);
+  if (w->lock) ums__unlock(w->lock);
+  return won;
+}
+
+void ums__waiter_abort(ums__waiter_t *w, int outcome) {
+  ums__wake_t wk;
+  if (abort_locked(w, outcome, &wk)) ums__wake(&wk);
+}
+
+int ums__wait(ums__waiter_t *w, int64_t deadline) {
+  ums__task_t *t = w->task;
+  if (t) {
+    ums__sched_t *s = t->sched;
+    if (deadline != UMS_FOREVER)
+      ums__timer_arm(&s->timers, &t->timer, deadline);
+    t->wait = w;
+    t->state = UMS__T_PARKED;
+    if (w->lock) ums__unlock(w->lock);
+    ums__sched_schedule(s);
+    t->wait = NULL;
+    if (ums__timer_armed(&t->timer)) ums__timer_disarm(&s->timers, &t->timer);
+    return (int)atomic_load_explicit(&w->state, memory_order_acquire);
+  }
+
+  /* A host thread. */
+  if (w->lock) ums__unlock(w->lock);
+  for (;;) {
+    uint32_t st = atomic_load_explicit(&w->state, memory_order_acquire);
+    if (st != UMS__WAITING) return (int)st;
+    if (ums__futex_wait(&w->state, UMS__WAITING, deadline) == -ETIMEDOUT) {
+      ums__wake_t wk;
+      /* Either our timeout wins (no wake needed: we are the waiter) or an
+      ** outcome already won and is in w->state. */
+      abort_locked(w, UMS_ETIMEDOUT, &wk);
+      return (int)atomic_load_explicit(&w->state, memory_order_acquire);
+    }
+  }
+}

@@ -1,0 +1,114 @@
+/*
+** worker.c: workers are C fibers that carry tasks. Each scheduler keeps
+** a pool of idle ones; the pool is a list whose head is the most recently
+** used worker (its stack is warm), and trimming frees from the tail.
+** All functions are [owner] only.
+*/
+#include "internal.h"
+
+#include <stdlib.h>
+
+static void set_counts(ums__sched_t *s) {
+  atomic_store_explicit(&s->nidle_workers, s->nidle, memory_order_relaxed);
+  atomic_store_explicit(&s->nworkers_all, s->nworkers, memory_order_relaxed);
+}
+
+static void idle_unlink(ums__sched_t *s, ums__worker_t *w) {
+  if (w->idle_prev)
+    w->idle_prev->idle_next = w->idle_next;
+  else
+    s->idle_head = w->idle_next;
+  if (w->idle_next)
+    w->idle_next->idle_prev = w->idle_prev;
+  else
+    s->idle_tail = w->idle_prev;
+  w->idle_prev = w->idle_next = NULL;
+  s->nidle--;
+}
+
+static void worker_delete(ums__sched_t *s, ums__worker_t *w) {
+  ums__ctx_destroy(&w->ctx);
+  ums__stack_free(&s->stacks, &w->stack);
+  free(w);
+  s->nworkers--;
+}
+
+ums__worker_t *ums__worker_get(ums__sched_t *s) {
+  ums__worker_t *w = s->idle_head;
+  if (w) {
+    idle_unlink(s, w);
+    set_counts(s);
+    return w;
+  }
+  w = calloc(1, sizeof *w);
+  if (!w) return NULL;
+  if (ums__stack_alloc(&s->stacks, &w->stack) != 0) {
+    free(w);
+    return NULL;
+  }
+  w->sched = s;
+  s->nworkers++;
+  set_counts(s);
+  return w;
+}
+
+void ums__worker_put(ums__sched_t *s, ums__worker_t *w) {
+  w->task = NULL;
+  w->idle_epoch = s->trim_epoch;
+  w->idle_prev = NULL;
+  w->idle_next = s->idle_head;
+  if (s->idle_head)
+    s->idle_head->idle_prev = w;
+  else
+    s->idle_tail = w;
+  s->idle_head = w;
+  s->nidle++;
+  set_counts(s);
+}
+
+int ums__worker_trim(ums__sched_t *s, uint64_t before, int keep) {
+  int freed = 0;
+  /* The current worker is never in the pool, so none freed here is the
+  ** stack we are running on. */
+  while (s->nidle > (uint32_t)keep && s->idle_tail &&
+         s->idle_tail->idle_epoch < before) {
+    ums__worker_t *w = s->idle_tail;
+    idle_unlink(s, w);
+    worker_delete(s, w);
+    freed++;
+  }
+  set_counts(s);
+  return freed;
+}
+
+void ums__worker_free_all(ums__sched_t *s) {
+  while (s->idle_head) {
+    ums__worker_t *w = s->idle_head;
+    idle_unlink(s, w);
+    worker_delete(s, w);
+  }
+  set_counts(s);
+}
+
+void ums__worker_main(void *arg) {
+  ums__worker_t *w = arg;
+  ums__sched_t *s = w->sched;
+  for (;;) {
+    ums__task_t *t = w->task;
+    s->cur_task = t;
+    t->state = UMS__T_RUNNING;
+    if (atomic_load_explicit(&t->cancelled, memory_order_relaxed)) {
+      t->status = UMS_ECANCELED;  /* cancelled before it started */
+    } else if (sigsetjmp(w->exit_jb, 0) == 0) {
+      t->result = t->fn(t->arg);
+    }
+    /* Both a return and ums_exit arrive here, on this frame. */
+    t->worker = NULL;
+    w->task = NULL;
+    s->cur_task = NULL;
+    ums__sched_task_ended(s);
+    ums__task_finish(t);  /* may recycle t */
+    /* Runs other tasks; returns only when a new task is bound to w. */
+    ums__sched_schedule(s);
+  }
+}
