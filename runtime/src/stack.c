@@ -1,0 +1,318 @@
+/*
+** stack.c: the per-scheduler allocator of fiber stacks.
+**
+** Stacks are carved from slabs: large anonymous mappings cut into equal
+** slots, each a guard page followed by the stack proper (stacks grow down,
+** so an overflow runs into the guard of its own slot):
+**
+**   slab:  | guard | stack 0 | guard | stack 1 | ... | guard | stack n-1 |
+**
+** Guard pages are installed with MADV_GUARD_INSTALL, which marks page
+** table entries and leaves the mapping whole: a slab stays one VMA
+** however many of its stacks are guarded, and neighbouring slabs may even
+** merge. Kernels before 6.13 refuse it with EINVAL; the pool then falls
+** back to mprotect(PROT_NONE), which splits the mapping into two VMAs per
+** guarded stack and so stops near 32,000 stacks (vm.max_map_count).
+**
+** Slabs grow geometrically (the new slab has as many slots as the pool
+** has already, from 16 up to 1024), so a pool with a few stacks costs
+** little and a pool with 100,000 costs about a hundred mappings. A slot is
+** guarded the first time it is handed out, which spreads the system calls
+** over the allocations that need them.
+**
+** The slab list keeps, in order: at most one empty slab, the slabs with
+** free slots, the full slabs. Allocation takes from the front, preferring
+** a partly used slab to the empty one so that empty slabs can go away.
+** Allocation and free are O(1), apart from the rare new slab. The pool
+** belongs to one scheduler thread: no locks.
+*/
+
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+#if !defined(UMS_ASAN) &&                                                      \
+    (defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer))
+#define UMS_ASAN 1
+#endif
+#if UMS_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
+/* Defined by Linux 6.13+; the value is ABI, older headers lack it. */
+#ifndef MADV_GUARD_INSTALL
+#define MADV_GUARD_INSTALL 102
+#endif
+#ifndef MAP_STACK
+#define MAP_STACK 0
+#endif
+
+#define GUARD_UNKNOWN 0
+#define GUARD_MADVISE 1
+#define GUARD_MPROTECT 2
+
+#define STACK_MIN ((size_t)16 * 1024)
+/* Far beyond any sane fiber stack; keeps slot arithmetic from
+** overflowing. */
+#define STACK_MAX ((size_t)1 << 40)
+#define SLAB_MIN_SLOTS 16u
+#define SLAB_MAX_SLOTS 1024u
+#define SLAB_MAX_BYTES ((size_t)1 << 30)
+
+struct ums__slab {
+  struct ums__slab *prev, *next; /* the pool's list, see above */
+  char *base;                    /* the mapping */
+  size_t map_size;
+  uint32_t nslots;
+  uint32_t nfree;  /* slots not handed out */
+  uint32_t nfresh; /* slots [nfresh, nslots) were never
+                      handed out and have no guard yet */
+  uint32_t ntop;   /* entries in top[] */
+  /* Indices of the free slots below nfresh, used as a stack. They live
+  ** here rather than in the free stacks themselves, whose pages were
+  ** given back to the kernel and would fault on a write. */
+  uint32_t top[];
+};
+
+static size_t page_size(void) {
+  static size_t cached;
+  if (!cached) {
+    long n = sysconf(_SC_PAGESIZE);
+    cached = n > 0 ? (size_t)n : 4096;
+  }
+  return cached;
+}
+
+static bool slab_empty(const struct ums__slab *sl) {
+  return sl->nfree == sl->nslots;
+}
+
+/* The list is circular through both links, so that the tail (where full
+** slabs go) is p->slabs->prev: every move is O(1). */
+static void list_unlink(ums__stack_pool_t *p, struct ums__slab *sl) {
+  if (sl->next == sl) {
+    p->slabs = NULL;
+  } else {
+    sl->prev->next = sl->next;
+    sl->next->prev = sl->prev;
+    if (p->slabs == sl) p->slabs = sl->next;
+  }
+  sl->prev = sl->next = NULL;
+}
+
+/* Links sl in just after at, which is in the list. */
+static void list_insert_after(struct ums__slab *at, struct ums__slab *sl) {
+  sl->prev = at;
+  sl->next = at->next;
+  at->next->prev = sl;
+  at->next = sl;
+}
+
+static void list_push_back(ums__stack_pool_t *p, struct ums__slab *sl) {
+  if (!p->slabs) {
+    sl->prev = sl->next = sl;
+    p->slabs = sl;
+  } else {
+    list_insert_after(p->slabs->prev, sl);
+  }
+}
+
+static void list_push_front(ums__stack_pool_t *p, struct ums__slab *sl) {
+  list_push_back(p, sl);
+  p->slabs = sl;
+}
+
+/* Where a slab with free slots goes: behind the kept empty slab, if any,
+** so that the empty one stays first. */
+static void list_push_partial(ums__stack_pool_t *p, struct ums__slab *sl) {
+  struct ums__slab *head = p->slabs;
+  if (head && slab_empty(head))
+    list_insert_after(head, sl);
+  else
+    list_push_front(p, sl);
+}
+
+static void slab_unmap(ums__stack_pool_t *p, struct ums__slab *sl) {
+  list_unlink(p, sl);
+  munmap(sl->base, sl->map_size);
+  free(sl);
+  p->nslabs--;
+}
+
+static int slab_new(ums__stack_pool_t *p, struct ums__slab **out) {
+  /* Called once per new slab, and slabs are few: counting is cheaper
+  ** than keeping a total in the pool. */
+  size_t have = 0;
+  struct ums__slab *it = p->slabs;
+  if (it) {
+    do {
+      have += it->nslots;
+      it = it->next;
+    } while (it != p->slabs);
+  }
+  size_t want = have < SLAB_MIN_SLOTS   ? SLAB_MIN_SLOTS
+                : have > SLAB_MAX_SLOTS ? SLAB_MAX_SLOTS
+                                        : have;
+  /* Huge stacks make fewer slots per slab, not gigantic mappings. */
+  size_t by_bytes = SLAB_MAX_BYTES / p->slot_size;
+  if (want > by_bytes) want = by_bytes ? by_bytes : 1;
+
+  /* MAP_NORESERVE keeps untouched stacks free of charge, but a strict
+  ** overcommit policy ignores it and charges the whole mapping; a smaller
+  ** slab may then still fit. */
+  void *base = MAP_FAILED;
+  for (; want >= 1; want /= 2) {
+    base = mmap(NULL, want * p->slot_size, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (base != MAP_FAILED || errno != ENOMEM) break;
+  }
+  if (base == MAP_FAILED) return UMS_ENOMEM;
+
+  struct ums__slab *sl = malloc(sizeof *sl + want * sizeof sl->top[0]);
+  if (!sl) {
+    munmap(base, want * p->slot_size);
+    return UMS_ENOMEM;
+  }
+  sl->prev = sl->next = NULL;
+  sl->base = base;
+  sl->map_size = want * p->slot_size;
+  sl->nslots = (uint32_t)want;
+  sl->nfree = (uint32_t)want;
+  sl->nfresh = 0;
+  sl->ntop = 0;
+  p->nslabs++;
+  *out = sl;
+  return 0;
+}
+
+/* Puts the guard page of a slot never handed out before. */
+static int guard_install(ums__stack_pool_t *p, char *guard) {
+  size_t g = p->slot_size - p->stack_size;
+  if (p->guard_mode != GUARD_MPROTECT) {
+    if (madvise(guard, g, MADV_GUARD_INSTALL) == 0) {
+      p->guard_mode = GUARD_MADVISE;
+      return 0;
+    }
+    if (errno != EINVAL || p->guard_mode == GUARD_MADVISE) return UMS_ENOMEM;
+    /* The kernel does not know the advice: mprotect from now on. */
+    p->guard_mode = GUARD_MPROTECT;
+  }
+  /* Fails with ENOMEM when the split would pass vm.max_map_count. */
+  if (mprotect(guard, g, PROT_NONE) != 0) return UMS_ENOMEM;
+  return 0;
+}
+
+int ums__stack_pool_init(ums__stack_pool_t *p, size_t stack_size) {
+  size_t pg = page_size();
+  if (stack_size > STACK_MAX) return UMS_EINVAL;
+  if (stack_size < STACK_MIN) stack_size = STACK_MIN;
+  stack_size = (stack_size + pg - 1) & ~(pg - 1);
+
+  memset(p, 0, sizeof *p);
+  p->stack_size = stack_size;
+  p->slot_size = stack_size + pg;
+  p->guard_mode = GUARD_UNKNOWN;
+  /* UMS_STACK_GUARD=mprotect forces the pre-6.13 guard method, so that
+  ** tests (and a user who suspects the new kernel feature) can run the
+  ** fallback on any kernel. Other values are ignored. */
+  const char *force = getenv("UMS_STACK_GUARD");
+  if (force && strcmp(force, "mprotect") == 0) p->guard_mode = GUARD_MPROTECT;
+  return 0;
+}
+
+void ums__stack_pool_destroy(ums__stack_pool_t *p) {
+  while (p->slabs) slab_unmap(p, p->slabs);
+  p->in_use = 0;
+}
+
+int ums__stack_alloc(ums__stack_pool_t *p, ums__stack_t *out) {
+  struct ums__slab *sl = p->slabs;
+  /* Spare the kept empty slab when a partly used one can serve. */
+  if (sl && slab_empty(sl) && sl->next != sl && sl->next->nfree) sl = sl->next;
+  if (!sl || !sl->nfree) {
+    int rc = slab_new(p, &sl);
+    if (rc) return rc;
+    list_push_partial(p, sl);
+  }
+
+  uint32_t i;
+  if (sl->ntop) {
+    i = sl->top[--sl->ntop];
+  } else {
+    i = sl->nfresh;
+    int rc = guard_install(p, sl->base + (size_t)i * p->slot_size);
+    if (rc) {
+      /* A new slab that cannot even guard its first slot is useless. */
+      if (slab_empty(sl)) slab_unmap(p, sl);
+      return rc;
+    }
+    sl->nfresh++;
+  }
+  sl->nfree--;
+  if (!sl->nfree) {
+    list_unlink(p, sl);
+    list_push_back(p, sl);
+  }
+  p->in_use++;
+
+  size_t guard = p->slot_size - p->stack_size;
+  out->lo = sl->base + (size_t)i * p->slot_size + guard;
+  out->size = p->stack_size;
+  out->slab = sl;
+  out->index = i;
+  return 0;
+}
+
+void ums__stack_free(ums__stack_pool_t *p, ums__stack_t *st) {
+  struct ums__slab *sl = st->slab;
+
+#if UMS_ASAN
+  /* Frames that never returned left redzones in the shadow; the next
+  ** user of these addresses (this pool or, once unmapped, any mmap) must
+  ** not inherit them. */
+  ASAN_UNPOISON_MEMORY_REGION(st->lo, st->size);
+#endif
+  bool was_full = sl->nfree == 0;
+  sl->top[sl->ntop++] = st->index;
+  sl->nfree++;
+  p->in_use--;
+  st->lo = NULL;
+  st->slab = NULL;
+
+  if (slab_empty(sl)) {
+    struct ums__slab *head = p->slabs;
+    if (head != sl && slab_empty(head)) {
+      /* One empty slab is kept against mmap churn; this is a second. */
+      slab_unmap(p, sl);
+      return;
+    }
+    list_unlink(p, sl);
+    list_push_front(p, sl);
+  } else if (was_full) {
+    list_unlink(p, sl);
+    list_push_partial(p, sl);
+  }
+  /* The stack's pages go back to the kernel; the guard page stays. A
+  ** failure leaves the memory in place, which is harmless. */
+  madvise((char *)sl->base + (size_t)st->index * p->slot_size +
+              (p->slot_size - p->stack_size),
+          p->stack_size, MADV_DONTNEED);
+}
+
+const char *ums__stack_guard_kind(const ums__stack_pool_t *p) {
+  switch (p->guard_mode) {
+  case GUARD_MADVISE:
+    return "madvise";
+  case GUARD_MPROTECT:
+    return "mprotect";
+  default:
+    return "unknown";
+  }
+}

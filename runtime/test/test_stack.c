@@ -1,0 +1,289 @@
+/*
+** test_stack.c: the fiber stack allocator (stack.c).
+**
+** Runs every check with the guard method the kernel offers (MADV_GUARD_
+** INSTALL on 6.13+), then again with the mprotect fallback forced through
+** UMS_STACK_GUARD=mprotect, on fewer stacks: that method costs two VMAs
+** per stack and vm.max_map_count is usually 65,530.
+*/
+
+#include "internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                                              \
+    }                                                                          \
+  } while (0)
+
+#define STACK_SIZE (64 * 1024)
+#define MANY_MADVISE 100000
+#define MANY_MPROTECT 5000
+/* Sanitizer runtimes map and split their own memory as the test goes
+** (shadow, allocator regions), which moves the line count of
+** /proc/self/maps by a few hundred; the checks allow that much. */
+#define MAPS_SLACK 1000
+/* The most stacks one slab holds (stack.c's SLAB_MAX_SLOTS): after every
+** stack is freed, the pool may keep one empty slab. */
+#define SLAB_MAX_SLOTS 1024
+
+static size_t page;
+
+static long maps_lines(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  long n = 0;
+  int c;
+  while ((c = fgetc(f)) != EOF) n += c == '\n';
+  fclose(f);
+  return n;
+}
+
+/* Whether addr lies in any mapping: mincore fails with ENOMEM on a hole. */
+static bool is_mapped(const void *addr) {
+  unsigned char vec;
+  void *pg = (void *)((uintptr_t)addr & ~(uintptr_t)(page - 1));
+  return mincore(pg, page, &vec) == 0 || errno != ENOMEM;
+}
+
+/* Forks a child that writes one byte at addr. Returns the signal that
+** killed it, or 0 if it survived the write. */
+static int write_in_child(char *addr) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    perror("fork");
+    return -1;
+  }
+  if (pid == 0) {
+    /* Sanitizer runtimes catch SIGSEGV to print a report and exit with
+    ** a status; the plain default action is what the test looks for. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+    *(volatile char *)addr = 1;
+    _exit(0);
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status)) return WTERMSIG(status);
+  return WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static void test_sizes(void) {
+  ums__stack_pool_t p;
+  CHECK(ums__stack_pool_init(&p, 1000) == 0);
+  CHECK(p.stack_size == 16 * 1024); /* the minimum */
+  CHECK(p.slot_size == p.stack_size + page);
+  ums__stack_pool_destroy(&p);
+
+  CHECK(ums__stack_pool_init(&p, STACK_SIZE + 1) == 0);
+  CHECK(p.stack_size % page == 0 && p.stack_size >= STACK_SIZE + 1 &&
+        p.stack_size < STACK_SIZE + 1 + page);
+  ums__stack_t st;
+  CHECK(ums__stack_alloc(&p, &st) == 0);
+  CHECK(st.size == p.stack_size);
+  CHECK((uintptr_t)st.lo % page == 0);
+  ums__stack_free(&p, &st);
+  ums__stack_pool_destroy(&p);
+
+  CHECK(ums__stack_pool_init(&p, SIZE_MAX) == UMS_EINVAL);
+  CHECK(ums__stack_pool_init(&p, SIZE_MAX / 2) == UMS_EINVAL);
+}
+
+/* Checks that a write just below lo faults, and one at lo does not. */
+static void check_guard(const ums__stack_t *st) {
+  char *lo = st->lo;
+  CHECK(write_in_child(lo - 1) == SIGSEGV);
+  CHECK(write_in_child(lo - page) == SIGSEGV);
+  CHECK(write_in_child(lo) == 0);
+  CHECK(write_in_child(lo + st->size - 1) == 0);
+}
+
+/* Allocates n stacks from one pool (fewer if the kernel only offers
+** mprotect guards), touches the top and bottom byte of each, checks the
+** mappings and the guards, frees them all and checks the slabs went. */
+static void test_many(const char *force, int n) {
+  if (force)
+    setenv("UMS_STACK_GUARD", force, 1);
+  else
+    unsetenv("UMS_STACK_GUARD");
+  long maps_before = maps_lines();
+  ums__stack_pool_t p;
+  CHECK(ums__stack_pool_init(&p, STACK_SIZE) == 0);
+  if (force)
+    CHECK(strcmp(ums__stack_guard_kind(&p), force) == 0);
+  else
+    CHECK(strcmp(ums__stack_guard_kind(&p), "unknown") == 0);
+
+  ums__stack_t *st = calloc((size_t)n, sizeof *st);
+  char **los = calloc((size_t)n, sizeof *los);
+  if (!st || !los) {
+    fprintf(stderr, "calloc failed\n");
+    exit(1);
+  }
+  int got = 0;
+  for (; got < n; got++) {
+    int rc = ums__stack_alloc(&p, &st[got]);
+    if (rc != 0) {
+      fprintf(stderr, "stack %d of %d: error %d (guard %s)\n", got, n, rc,
+              ums__stack_guard_kind(&p));
+      failures++;
+      break;
+    }
+    /* An old kernel: mprotect guards cost two VMAs per stack. */
+    if (got == 0 && strcmp(ums__stack_guard_kind(&p), "mprotect") == 0 &&
+        n > MANY_MPROTECT)
+      n = MANY_MPROTECT;
+    char *lo = los[got] = st[got].lo;
+    CHECK(st[got].size == STACK_SIZE);
+    CHECK(st[got].slab != NULL);
+    /* Both ends hold the index, so an overlap between stacks shows. */
+    memcpy(lo, &got, sizeof got);
+    memcpy(lo + STACK_SIZE - sizeof got, &got, sizeof got);
+  }
+  const char *kind = ums__stack_guard_kind(&p);
+  CHECK(p.in_use == (size_t)got);
+
+  int bad = 0;
+  for (int i = 0; i < got; i++) {
+    int a, b;
+    memcpy(&a, los[i], sizeof a);
+    memcpy(&b, los[i] + STACK_SIZE - sizeof b, sizeof b);
+    bad += a != i || b != i;
+  }
+  CHECK(bad == 0);
+
+  long maps_full = maps_lines();
+  printf("  %s guards: %d stacks, %zu slabs, %ld lines in /proc/self/maps\n",
+         kind, got, p.nslabs, maps_full);
+  if (strcmp(kind, "madvise") == 0) {
+    /* Guard markers do not split mappings: a VMA per slab at most. */
+    CHECK(maps_full - maps_before <= (long)p.nslabs + MAPS_SLACK);
+    CHECK(maps_full < 65530 / 16);
+  } else {
+    CHECK(strcmp(kind, "mprotect") == 0);
+    /* Two VMAs per stack: its guard and itself. */
+    CHECK(maps_full - maps_before >= 2L * got - MAPS_SLACK);
+  }
+
+  /* The first stack sits at the start of the first slab; the middle one
+  ** and the last one in the largest slabs. */
+  if (got > 0) {
+    check_guard(&st[0]);
+    check_guard(&st[got / 2]);
+    check_guard(&st[got - 1]);
+  }
+
+  /* Free in an order that empties slabs one after the other. */
+  for (int i = 0; i < got; i++) ums__stack_free(&p, &st[i]);
+  CHECK(p.in_use == 0);
+  /* Every slab emptied; one is kept against mmap churn. */
+  CHECK(p.nslabs <= 1);
+  int mapped = 0;
+  for (int i = 0; i < got; i++) mapped += is_mapped(los[i]);
+  CHECK(mapped <= SLAB_MAX_SLOTS);
+  /* The kept slab is one VMA, or with mprotect guards two per slot that
+  ** was ever handed out. */
+  CHECK(maps_lines() <=
+        maps_before + MAPS_SLACK +
+            (strcmp(kind, "madvise") == 0 ? 1 : 2 * SLAB_MAX_SLOTS + 1));
+
+  /* Reuse after free: the kept slab serves first, its stacks were given
+  ** back to the kernel and read as zeros, and the guards still hold. */
+  int again = got < 2 * SLAB_MAX_SLOTS ? got : 2 * SLAB_MAX_SLOTS;
+  int nonzero = 0;
+  for (int i = 0; i < again; i++) {
+    CHECK(ums__stack_alloc(&p, &st[i]) == 0);
+    char *lo = st[i].lo;
+    nonzero += lo[0] != 0 || lo[STACK_SIZE - 1] != 0;
+    lo[0] = lo[STACK_SIZE - 1] = 1;
+  }
+  CHECK(nonzero == 0);
+  if (again > 0) check_guard(&st[0]);
+  for (int i = again - 1; i >= 0; i--) ums__stack_free(&p, &st[i]);
+  CHECK(p.in_use == 0);
+  CHECK(p.nslabs <= 1);
+
+  ums__stack_pool_destroy(&p);
+  CHECK(p.nslabs == 0);
+  mapped = 0;
+  for (int i = 0; i < got; i++) mapped += is_mapped(los[i]);
+  CHECK(mapped == 0);
+  CHECK(maps_lines() <= maps_before + MAPS_SLACK);
+  free(los);
+  free(st);
+  unsetenv("UMS_STACK_GUARD");
+}
+
+/* The free list and the slab list: a freed stack is handed out again
+** before any new memory, and an emptied slab is kept only once. */
+static void test_reuse(void) {
+  unsetenv("UMS_STACK_GUARD");
+  ums__stack_pool_t p;
+  CHECK(ums__stack_pool_init(&p, STACK_SIZE) == 0);
+  ums__stack_t a, b, c;
+  CHECK(ums__stack_alloc(&p, &a) == 0);
+  CHECK(ums__stack_alloc(&p, &b) == 0);
+  CHECK(ums__stack_alloc(&p, &c) == 0);
+  CHECK(p.nslabs == 1);
+  char *b_lo = b.lo;
+  memset(b_lo, 0xab, STACK_SIZE);
+  ums__stack_free(&p, &b);
+  CHECK(b.lo == NULL);
+  CHECK(ums__stack_alloc(&p, &b) == 0);
+  CHECK((char *)b.lo == b_lo);
+  CHECK(b_lo[0] == 0 && b_lo[STACK_SIZE / 2] == 0 && b_lo[STACK_SIZE - 1] == 0);
+  CHECK(p.nslabs == 1);
+  ums__stack_free(&p, &a);
+  ums__stack_free(&p, &b);
+  ums__stack_free(&p, &c);
+  CHECK(p.nslabs == 1); /* the empty slab is kept */
+
+  /* Fill two slabs and more; emptying them keeps one. */
+  enum { N = 100 };
+  ums__stack_t st[N];
+  for (int i = 0; i < N; i++) CHECK(ums__stack_alloc(&p, &st[i]) == 0);
+  CHECK(p.nslabs >= 3);
+  for (int i = 0; i < N; i += 2) ums__stack_free(&p, &st[i]);
+  size_t nslabs = p.nslabs;
+  /* Half the slots are free: no new slab for as many stacks. */
+  for (int i = 0; i < N; i += 2) CHECK(ums__stack_alloc(&p, &st[i]) == 0);
+  CHECK(p.nslabs == nslabs);
+  for (int i = 0; i < N; i++) ums__stack_free(&p, &st[i]);
+  CHECK(p.nslabs == 1);
+  CHECK(p.in_use == 0);
+  ums__stack_pool_destroy(&p);
+  CHECK(p.nslabs == 0);
+}
+
+int main(void) {
+  page = (size_t)sysconf(_SC_PAGESIZE);
+  test_sizes();
+  test_reuse();
+  test_many(NULL, MANY_MADVISE);
+  test_many("mprotect", MANY_MPROTECT);
+
+  if (failures) {
+    fprintf(stderr, "test_stack: %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("test_stack: ok\n");
+  return 0;
+}
