@@ -177,7 +177,8 @@ UMS_API int ums_task_detach(ums_runtime_t *rt, ums_task_t t);
 ** (at once if it is waiting now, in which case it is unlinked from what it
 ** waited on), and every wait after that fails the same way. A task that has
 ** not started never runs. Callable from any thread. Returns 0 or
-** UMS_ESRCH. Cancelling a finished task is harmless. */
+** UMS_ESRCH (no such task, or it finished and its handle was joined or
+** detached). Cancelling a finished, still joinable task is harmless. */
 UMS_API int ums_task_cancel(ums_runtime_t *rt, ums_task_t t);
 
 /* The calling task's handle; 0 outside a task. */

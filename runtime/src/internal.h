@@ -71,7 +71,7 @@ int ums__futex_wait(_Atomic uint32_t *addr, uint32_t expected,
 void ums__futex_wake(_Atomic uint32_t *addr, int n);
 
 /* ====================================================================== */
-/* Context switch (ctx-x86_64.S, ctx-aarch64.S, ctx-ucontext.c)            */
+/* Context switch (ctx.c + ctx-x86_64.S / ctx-aarch64.S, or ctx-ucontext.c) */
 /* ====================================================================== */
 
 /* An execution context. The layout is private to the ctx-* file in the
@@ -91,14 +91,20 @@ typedef struct ums__ctx {
 ** stack), so that it can be switched away from and back to. */
 int ums__ctx_init_main(ums__ctx_t *ctx);
 /* Prepares ctx to start fn(arg) on [stack_lo, stack_lo + size) at the next
-** switch to it. fn must never return (it switches away for good). May be
-** called again on the same memory to restart the context. */
+** switch to it, on a clean frame at the top of the stack. fn must never
+** return (it switches away for good). May be called again on the same
+** memory to restart the context, but never on the running context. A
+** ums__ctx_t must be zeroed before its first ctx_make or ctx_init_main:
+** on a restart, leftover sanitizer state is reused, and garbage there
+** cannot be told from it. fn == NULL marks a main context. */
 int ums__ctx_make(ums__ctx_t *ctx, void *stack_lo, size_t size,
                   void (*fn)(void *), void *arg);
 /* Saves the current context into from and resumes to. Returns when some
 ** context switches back to from. */
 void ums__ctx_switch(ums__ctx_t *from, ums__ctx_t *to);
-/* Releases what ctx_make or ctx_init_main allocated (ucontext, TSan). */
+/* Releases what ctx_make or ctx_init_main allocated (ucontext, TSan) and
+** zeroes ctx. Never on the running context; a main context's own TSan
+** fiber is left alone. */
 void ums__ctx_destroy(ums__ctx_t *ctx);
 /* "asm-x86_64", "asm-aarch64" or "ucontext". */
 const char *ums__ctx_kind(void);
@@ -130,6 +136,8 @@ typedef struct ums__stack_pool {
   int guard_mode;            /* 0 unknown, 1 madvise guard, 2 mprotect */
 } ums__stack_pool_t;
 
+/* UMS_STACK_GUARD=mprotect in the environment forces the mprotect guard
+** (to test the fallback on a kernel that has the madvise one). */
 int ums__stack_pool_init(ums__stack_pool_t *p, size_t stack_size);
 /* Frees every slab; every stack must have been freed. */
 void ums__stack_pool_destroy(ums__stack_pool_t *p);

@@ -293,8 +293,12 @@ int ums_task_cancel(ums_runtime_t *rt, ums_task_t id) {
     return UMS_ESRCH;
   }
   if (t->done) {
+    /* A finished task whose handle was given up (joined or detached) is
+    ** gone as far as the caller can tell, even if its slot has not been
+    ** recycled yet; one still joinable is harmless to cancel. */
+    bool gone = t->detached;
     ums__unlock(&t->lock);
-    return 0;
+    return gone ? UMS_ESRCH : 0;
   }
   atomic_store(&t->cancelled, 1);
   bool queue = !atomic_exchange(&t->cancel_queued, 1);
