@@ -283,7 +283,7 @@ typedef struct ums_sched_stats {
   uint64_t tasks;               /* live tasks (pending + active) */
   uint64_t runnable;            /* tasks in the runnable queue */
   uint64_t workers_active;      /* workers carrying a task */
-  uint64_t workers_idle;        /* pooled idle workers */
+  uint64_t workers_idle;        /* workers without a task */
   uint64_t pending;             /* spawns waiting for a worker */
   uint64_t timers;              /* armed timers */
 } ums_sched_stats_t;

@@ -358,6 +358,8 @@ struct ums__worker {
   sigjmp_buf exit_jb;          /* [owner] where ums_exit unwinds to */
 };
 
+/* Binds t to w (w->task, t->worker) and counts w as busy. */
+void ums__worker_bind(ums__sched_t *s, ums__worker_t *w, ums__task_t *t);
 /* An idle worker from the pool, or a new one; NULL if out of memory. */
 ums__worker_t *ums__worker_get(ums__sched_t *s);
 /* Puts w in the idle pool. */
@@ -402,6 +404,7 @@ struct ums__sched {
   _Atomic uint32_t npending;   /* [atomic, owner writes] waiting spawns */
   _Atomic uint32_t nidle_workers; /* [atomic, owner writes] */
   _Atomic uint32_t nworkers_all;  /* [atomic, owner writes] */
+  _Atomic uint32_t nworkers_busy; /* [atomic, owner writes] carrying a task */
   _Atomic uint32_t ntimers;       /* [atomic, owner writes] */
   _Atomic int is_idle;            /* [atomic, owner writes] */
   ums__counters_t counters;
@@ -423,6 +426,7 @@ struct ums__sched {
   uint32_t runq_n;             /* [owner] */
   uint32_t nworkers;           /* [owner] workers in existence */
   uint32_t nidle;              /* [owner] workers in the idle pool */
+  uint32_t nbusy;              /* [owner] workers carrying a task */
   uint64_t trim_epoch;         /* [owner] advanced every idle timeout */
   int64_t next_trim;           /* [owner] when the epoch advances next */
 
@@ -440,6 +444,8 @@ struct ums_runtime {
 
   _Atomic int stopping;        /* [atomic] no new spawns */
   _Atomic int exiting;         /* [atomic] schedulers leave their loops */
+  _Atomic int cancel_all;      /* [atomic] shutdown deadline passed: no task
+                                  starts any more */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks; futex word */
 
   /* Task table. */

@@ -91,6 +91,13 @@ static void start_slot(ums__sched_t *s, ums__task_t *t) {
 }
 
 void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
+  /* A cancel that arrived before the task did ends it here: it must not
+  ** queue for a worker it will never use. */
+  if (atomic_load(&t->cancelled)) {
+    t->status = UMS_ECANCELED;
+    ums__task_finish(t);
+    return;
+  }
   /* One timer per task at most: reserving here keeps waits from
   ** allocating. If even that fails, the task ends before it starts. */
   if (ums__timer_heap_reserve(&s->timers, s->nlocal + 1) != 0) {
@@ -218,7 +225,11 @@ static void maybe_trim(ums__sched_t *s, int64_t now) {
   if (now < s->next_trim) return;
   s->trim_epoch++;
   s->next_trim = now + idle_timeout(s);
-  ums__worker_trim(s, s->trim_epoch - 1, s->rt->cfg.idle_workers_kept);
+  /* The free worker running this idle wait is one of the idle workers
+  ** kept (stats count it as idle too). */
+  int keep = s->rt->cfg.idle_workers_kept;
+  if (s->cur && !s->cur->task && keep > 0) keep--;
+  ums__worker_trim(s, s->trim_epoch - 1, keep);
 }
 
 static void idle_wait(ums__sched_t *s) {
@@ -227,7 +238,8 @@ static void idle_wait(ums__sched_t *s) {
   maybe_trim(s, now);
   int64_t deadline = ums__timer_next(&s->timers);
   if (idle_timeout(s) >= 0 &&
-      s->nidle > (uint32_t)rt->cfg.idle_workers_kept &&
+      s->nidle + (s->cur && !s->cur->task) >
+          (uint32_t)rt->cfg.idle_workers_kept &&
       s->next_trim < deadline)
     deadline = s->next_trim;
   if (deadline <= now) return;
@@ -297,8 +309,7 @@ void ums__sched_schedule(ums__sched_t *s) {
     }
     /* A task that has not started: a free worker takes it on the spot. */
     if (self && !self->task) {
-      self->task = t;
-      t->worker = self;
+      ums__worker_bind(s, self, t);
       return;
     }
     ums__worker_t *w = ums__worker_get(s);
@@ -310,8 +321,7 @@ void ums__sched_schedule(ums__sched_t *s) {
       ums__task_finish(t);
       continue;
     }
-    w->task = t;
-    t->worker = w;
+    ums__worker_bind(s, w, t);
     switch_to(s, self, w);
     return;
   }
@@ -458,6 +468,7 @@ int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
   atomic_store(&rt->stopping, 1);
   int ret = wait_live(rt, deadline);
   if (ret) {
+    atomic_store(&rt->cancel_all, 1);
     cancel_all(rt);
     wait_live(rt, UMS_FOREVER);
   }

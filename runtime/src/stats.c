@@ -12,7 +12,9 @@ int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
   for (int i = 0; i < rt->nsched && i < n && rows; i++) {
     ums__sched_t *s = &rt->scheds[i];
     ums_sched_stats_t *r = &rows[i];
-    uint32_t all = LOAD(s->nworkers_all), idle = LOAD(s->nidle_workers);
+    /* A worker with no task counts as idle whether it sits in the pool or
+    ** is the one running the scheduler's idle wait. */
+    uint32_t all = LOAD(s->nworkers_all), busy = LOAD(s->nworkers_busy);
     r->id = i;
     r->idle = LOAD(s->is_idle);
     r->context_switches = LOAD(s->counters.context_switches);
@@ -22,8 +24,8 @@ int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
     int64_t nt = LOAD(s->ntasks);
     r->tasks = nt > 0 ? (uint64_t)nt : 0;
     r->runnable = LOAD(s->nrunnable);
-    r->workers_active = all > idle ? all - idle : 0;
-    r->workers_idle = idle;
+    r->workers_active = busy;
+    r->workers_idle = all > busy ? all - busy : 0;
     r->pending = LOAD(s->npending);
     r->timers = LOAD(s->ntimers);
   }

@@ -33,6 +33,18 @@ static void worker_delete(ums__sched_t *s, ums__worker_t *w) {
   s->nworkers--;
 }
 
+void ums__worker_bind(ums__sched_t *s, ums__worker_t *w, ums__task_t *t) {
+  w->task = t;
+  t->worker = w;
+  atomic_store_explicit(&s->nworkers_busy, ++s->nbusy, memory_order_relaxed);
+}
+
+static void unbind(ums__sched_t *s, ums__worker_t *w, ums__task_t *t) {
+  t->worker = NULL;
+  w->task = NULL;
+  atomic_store_explicit(&s->nworkers_busy, --s->nbusy, memory_order_relaxed);
+}
+
 ums__worker_t *ums__worker_get(ums__sched_t *s) {
   ums__worker_t *w = s->idle_head;
   if (w) {
@@ -97,14 +109,17 @@ void ums__worker_main(void *arg) {
     ums__task_t *t = w->task;
     s->cur_task = t;
     t->state = UMS__T_RUNNING;
+    /* Past the shutdown deadline nothing starts, even a task whose own
+    ** cancel is still on its way. */
+    if (atomic_load_explicit(&s->rt->cancel_all, memory_order_relaxed))
+      atomic_store(&t->cancelled, 1);
     if (atomic_load_explicit(&t->cancelled, memory_order_relaxed)) {
       t->status = UMS_ECANCELED;  /* cancelled before it started */
     } else if (sigsetjmp(w->exit_jb, 0) == 0) {
       t->result = t->fn(t->arg);
     }
     /* Both a return and ums_exit arrive here, on this frame. */
-    t->worker = NULL;
-    w->task = NULL;
+    unbind(s, w, t);
     s->cur_task = NULL;
     ums__sched_task_ended(s);
     ums__task_finish(t);  /* may recycle t */
