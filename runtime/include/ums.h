@@ -14,7 +14,10 @@
 **   - Waits ("may park") may be called from a task, where they park only
 **     that task, or from any other thread (a "host thread"), where they
 **     block that OS thread. Waits return UMS_ETIMEDOUT at the deadline and
-**     UMS_ECANCELED once the calling task has been cancelled.
+**     UMS_ECANCELED once the calling task has been cancelled: a cancelled
+**     task is refused every wait that would park it, while calls that
+**     complete at once (an uncontended lock, a set event, joining a
+**     finished task) still succeed, so that cleanup code can run.
 */
 #ifndef UMS_H
 #define UMS_H
@@ -119,7 +122,10 @@ UMS_API ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err);
 ** were never joined are released. Must not be called from a task of this
 ** runtime (returns UMS_EDEADLK and does nothing). Returns 0, or
 ** UMS_ETIMEDOUT when tasks had to be cancelled at the deadline; in both
-** cases rt is freed. */
+** cases rt is freed. Host threads may be inside calls on rt (a join, a
+** ums_event_set that lets the last task end) while it runs: shutdown waits
+** for those calls to leave the runtime before freeing it. A call that
+** starts after shutdown has returned is a use after free. */
 UMS_API int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline);
 
 /* Number of schedulers. */
@@ -175,8 +181,8 @@ UMS_API int ums_task_detach(ums_runtime_t *rt, ums_task_t t);
 
 /* Requests cancellation. The task sees UMS_ECANCELED at its next wait point
 ** (at once if it is waiting now, in which case it is unlinked from what it
-** waited on), and every wait after that fails the same way. A task that has
-** not started never runs. Callable from any thread. Returns 0 or
+** waited on), and every wait that would park it after that fails the same
+** way. A task that has not started never runs. Callable from any thread. Returns 0 or
 ** UMS_ESRCH (no such task, or it finished and its handle was joined or
 ** detached). Cancelling a finished, still joinable task is harmless. */
 UMS_API int ums_task_cancel(ums_runtime_t *rt, ums_task_t t);
@@ -194,7 +200,9 @@ UMS_API int ums_cancelled(void);
 ** UMS_ECANCELED. Outside a task: sched_yield(), returns 0. */
 UMS_API int ums_yield(void);
 /* Parks the caller for ns nanoseconds (from a fresh clock reading). Returns
-** 0 or UMS_ECANCELED. Outside a task, sleeps the thread. */
+** 0 or UMS_ECANCELED. Outside a task, sleeps the thread (there,
+** ums_sleep_until(UMS_FOREVER) is refused with UMS_EINVAL: nothing could
+** ever wake it). */
 UMS_API int ums_sleep(int64_t ns);
 UMS_API int ums_sleep_until(int64_t deadline);
 /* Ends the calling task now with this result and status; never returns.

@@ -159,6 +159,7 @@ typedef void (*ums__timer_cb)(ums__sched_t *s, ums__timer_t *t);
 ** beyond the heap array, which is reserved ahead (one slot per task). */
 struct ums__timer {
   int64_t deadline;          /* [owner] absolute monotonic ns */
+  uint64_t seq;              /* [owner] arm order, breaks deadline ties */
   uint32_t index;            /* [owner] heap slot + 1; 0 when not armed */
   ums__timer_cb cb;          /* [owner] run by the scheduler pass */
 };
@@ -167,6 +168,7 @@ struct ums__timer {
 typedef struct ums__timer_heap {
   ums__timer_t **nodes;      /* [owner] */
   uint32_t n, cap;           /* [owner] */
+  uint64_t seq;              /* [owner] arms so far */
 } ums__timer_heap_t;
 
 void ums__timer_heap_init(ums__timer_heap_t *h);
@@ -446,6 +448,9 @@ struct ums_runtime {
   _Atomic int exiting;         /* [atomic] schedulers leave their loops */
   _Atomic int cancel_all;      /* [atomic] shutdown deadline passed: no task
                                   starts any more */
+  _Atomic uint32_t inflight;   /* [atomic] calls from outside the runtime's
+                                  own threads still touching it; shutdown
+                                  frees nothing until this is zero */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks; futex word */
 
   /* Task table. */
@@ -454,6 +459,17 @@ struct ums_runtime {
   pthread_mutex_t table_lock;  /* guards chunk creation and free_tasks */
   ums__task_t *free_tasks;     /* [table_lock] shared free list */
 };
+
+/* Brackets the work a thread outside the runtime does on it (a host
+** thread's spawn, join, cancel, or a wake-up it posts), so that a shutdown
+** running concurrently, which may see the last task end in the middle of
+** it, does not free the runtime under its feet. */
+static inline void ums__rt_enter(ums_runtime_t *rt) {
+  atomic_fetch_add(&rt->inflight, 1);
+}
+static inline void ums__rt_leave(ums_runtime_t *rt) {
+  atomic_fetch_sub(&rt->inflight, 1);
+}
 
 /* The scheduler the calling thread runs, or NULL. */
 extern _Thread_local ums__sched_t *ums__tls_sched;

@@ -143,20 +143,29 @@ void ums__sched_wake(ums__sched_t *s) {
     ums__futex_wake(&s->idle_state, 1);
 }
 
+/* Once t is on the list it may run, end, and let a shutdown on another
+** thread proceed; the in-flight count keeps s alive until the wake-up is
+** done. (Taken before the push, while t still holds the runtime open.) */
 void ums__sched_post(ums__sched_t *s, ums__task_t *t) {
+  ums_runtime_t *rt = s->rt;
+  ums__rt_enter(rt);
   ums__task_t *head = atomic_load_explicit(&s->inbox, memory_order_relaxed);
   do {
     t->inbox_next = head;
   } while (!atomic_compare_exchange_weak(&s->inbox, &head, t));
   ums__sched_wake(s);
+  ums__rt_leave(rt);
 }
 
 void ums__sched_post_cancel(ums__sched_t *s, ums__task_t *t) {
+  ums_runtime_t *rt = s->rt;
+  ums__rt_enter(rt);
   ums__task_t *head = atomic_load_explicit(&s->cancels, memory_order_relaxed);
   do {
     t->cancel_next = head;
   } while (!atomic_compare_exchange_weak(&s->cancels, &head, t));
   ums__sched_wake(s);
+  ums__rt_leave(rt);
 }
 
 void ums__task_ready(ums__task_t *t) {
@@ -473,6 +482,9 @@ int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
     wait_live(rt, UMS_FOREVER);
   }
   stop_threads(rt, rt->nsched);
+  /* Host threads may still be finishing a call that began while tasks
+  ** were alive (a wake-up they posted, a join that just returned). */
+  while (atomic_load(&rt->inflight)) sched_yield();
   runtime_free(rt);
   return ret;
 }

@@ -148,7 +148,7 @@ static void live_dec(ums_runtime_t *rt) {
     ums__futex_wake(&rt->live, INT_MAX);
 }
 
-int ums_task_spawn(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
+static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
                    ums_task_fn fn, void *arg, ums_task_t *out) {
   static const ums_spawn_opts_t defaults = {UMS_ANY_SCHED, 0, NULL};
   if (!opts) opts = &defaults;
@@ -220,7 +220,7 @@ void ums__task_finish(ums__task_t *t) {
   ums__task_unref(rt, t);
 }
 
-int ums_task_join(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
+static int task_join_impl(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
                   void **result, int *status) {
   ums__task_t *t = ums__task_lookup(rt, id);
   if (!t) return UMS_ESRCH;
@@ -261,7 +261,7 @@ int ums_task_join(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
   return 0;
 }
 
-int ums_task_detach(ums_runtime_t *rt, ums_task_t id) {
+static int task_detach_impl(ums_runtime_t *rt, ums_task_t id) {
   ums__task_t *t = ums__task_lookup(rt, id);
   if (!t) return UMS_ESRCH;
   ums__lock(&t->lock);
@@ -284,7 +284,7 @@ int ums_task_detach(ums_runtime_t *rt, ums_task_t id) {
 /* Cancellation                                                            */
 /* ---------------------------------------------------------------------- */
 
-int ums_task_cancel(ums_runtime_t *rt, ums_task_t id) {
+static int task_cancel_impl(ums_runtime_t *rt, ums_task_t id) {
   ums__task_t *t = ums__task_lookup(rt, id);
   if (!t) return UMS_ESRCH;
   ums__lock(&t->lock);
@@ -347,6 +347,44 @@ void ums__task_deliver_cancel(ums__task_t *t) {
       ** wait point (or before it starts). */
       break;
   }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Entry points: bracketed for shutdown (see ums__rt_enter)                */
+/* ---------------------------------------------------------------------- */
+
+int ums_task_spawn(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
+                   ums_task_fn fn, void *arg, ums_task_t *out) {
+  if (!rt) return UMS_EINVAL;
+  ums__rt_enter(rt);
+  int r = task_spawn_impl(rt, opts, fn, arg, out);
+  ums__rt_leave(rt);
+  return r;
+}
+
+int ums_task_join(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
+                  void **result, int *status) {
+  if (!rt) return UMS_EINVAL;
+  ums__rt_enter(rt);
+  int r = task_join_impl(rt, id, deadline, result, status);
+  ums__rt_leave(rt);
+  return r;
+}
+
+int ums_task_detach(ums_runtime_t *rt, ums_task_t id) {
+  if (!rt) return UMS_EINVAL;
+  ums__rt_enter(rt);
+  int r = task_detach_impl(rt, id);
+  ums__rt_leave(rt);
+  return r;
+}
+
+int ums_task_cancel(ums_runtime_t *rt, ums_task_t id) {
+  if (!rt) return UMS_EINVAL;
+  ums__rt_enter(rt);
+  int r = task_cancel_impl(rt, id);
+  ums__rt_leave(rt);
+  return r;
 }
 
 /* ---------------------------------------------------------------------- */

@@ -1,8 +1,8 @@
 /*
 ** timer.c: each scheduler's timer heap, a binary min-heap of timer nodes
-** embedded in their owners. Ties on the deadline are broken by nothing in
-** particular; the callbacks are idempotent with respect to order.
-** All functions are [owner] only.
+** embedded in their owners, ordered by deadline and, for equal deadlines,
+** by arm order, so tasks sleeping until the same instant wake in the order
+** they went to sleep. All functions are [owner] only.
 */
 #include "internal.h"
 
@@ -11,6 +11,12 @@
 void ums__timer_heap_init(ums__timer_heap_t *h) {
   h->nodes = NULL;
   h->n = h->cap = 0;
+  h->seq = 0;
+}
+
+static inline bool before(const ums__timer_t *a, const ums__timer_t *b) {
+  return a->deadline < b->deadline ||
+         (a->deadline == b->deadline && a->seq < b->seq);
 }
 
 void ums__timer_heap_destroy(ums__timer_heap_t *h) {
@@ -38,7 +44,7 @@ static void sift_up(ums__timer_heap_t *h, uint32_t i) {
   ums__timer_t *t = h->nodes[i];
   while (i > 0) {
     uint32_t parent = (i - 1) / 2;
-    if (h->nodes[parent]->deadline <= t->deadline) break;
+    if (!before(t, h->nodes[parent])) break;
     place(h, i, h->nodes[parent]);
     i = parent;
   }
@@ -50,10 +56,9 @@ static void sift_down(ums__timer_heap_t *h, uint32_t i) {
   for (;;) {
     uint32_t child = 2 * i + 1;
     if (child >= h->n) break;
-    if (child + 1 < h->n &&
-        h->nodes[child + 1]->deadline < h->nodes[child]->deadline)
+    if (child + 1 < h->n && before(h->nodes[child + 1], h->nodes[child]))
       child++;
-    if (t->deadline <= h->nodes[child]->deadline) break;
+    if (!before(h->nodes[child], t)) break;
     place(h, i, h->nodes[child]);
     i = child;
   }
@@ -66,6 +71,7 @@ void ums__timer_arm(ums__timer_heap_t *h, ums__timer_t *t, int64_t deadline) {
   ** a wait allocate, so running out is a bug, not a runtime condition. */
   if (h->n == h->cap && ums__timer_heap_reserve(h, h->n + 1) != 0) abort();
   t->deadline = deadline;
+  t->seq = h->seq++;
   h->nodes[h->n] = t;
   t->index = ++h->n;
   sift_up(h, h->n - 1);
@@ -78,7 +84,7 @@ void ums__timer_disarm(ums__timer_heap_t *h, ums__timer_t *t) {
   ums__timer_t *last = h->nodes[--h->n];
   if (i == h->n) return;
   place(h, i, last);
-  if (i > 0 && h->nodes[(i - 1) / 2]->deadline > last->deadline)
+  if (i > 0 && before(last, h->nodes[(i - 1) / 2]))
     sift_up(h, i);
   else
     sift_down(h, i);
