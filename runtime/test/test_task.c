@@ -1,0 +1,1041 @@
+/*
+** test_task.c: the task life cycle through the public API: spawning and
+** placement, joining and its errors, detaching, ums_exit, the current-task
+** calls, cancellation, recycled handles, max_workers admission, yield
+** fairness and sleep ordering.
+**
+** Tasks report what they saw into memory the test owns; the test reads it
+** after joining them (a join orders the task's writes before its return)
+** or, while they run, through atomics.
+*/
+#include "internal.h"
+#include "test-util.h"
+
+#include <stdatomic.h>
+
+#define PTR(n) ((void *)(uintptr_t)(n))
+#define NUM(p) ((intptr_t)(uintptr_t)(p))
+
+static ums_runtime_t *rt;
+
+static ums_spawn_opts_t on_sched(int sched) {
+  ums_spawn_opts_t o = {.sched = sched};
+  return o;
+}
+
+static ums_task_t spawn_on(int sched, ums_task_fn fn, void *arg) {
+  ums_spawn_opts_t o = on_sched(sched);
+  ums_task_t t = 0;
+  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
+  CHECK_NE(t, 0);
+  return t;
+}
+
+static ums_task_t spawn_any(ums_task_fn fn, void *arg) {
+  return spawn_on(UMS_ANY_SCHED, fn, arg);
+}
+
+static void join_expect(ums_task_t t, void *want_result, int want_status) {
+  void *result = PTR(0xdead);
+  int status = 12345;
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &result, &status), 0);
+  CHECK_PTR_EQ(result, want_result);
+  CHECK_RC(status, want_status);
+}
+
+/* A task that waits on the event in arg and returns what the wait
+** returned (as a pointer-sized int). */
+static void *wait_event_fn(void *arg) {
+  return PTR(ums_event_wait(arg, UMS_FOREVER));
+}
+
+static void *return_arg_plus_one(void *arg) { return (char *)arg + 1; }
+
+/* An event to wait on plus a count of the tasks that reached the wait.
+** Once a task has counted itself, its scheduler is idle only if the task
+** has parked: the scheduler clears its idle flag before it runs anything. */
+typedef struct gate {
+  ums_event_t *ev;
+  atomic_int started;
+} gate_t;
+
+static void *gate_wait_fn(void *arg) {
+  gate_t *g = arg;
+  atomic_fetch_add(&g->started, 1);
+  return PTR(ums_event_wait(g->ev, UMS_FOREVER));
+}
+
+/* The internal view of a handle, for the few facts the API cannot show
+** (is somebody joining it?). The memory is type-stable. */
+static bool someone_joining(ums_task_t id) {
+  ums__task_t *t = ums__task_lookup(rt, id);
+  CHECK(t != NULL);
+  ums__lock(&t->lock);
+  bool j = t->joining;
+  ums__unlock(&t->lock);
+  return j;
+}
+
+/* ====================================================================== */
+/* Spawn and join                                                          */
+/* ====================================================================== */
+
+static void test_spawn_join_result(void) {
+  static char base[8];
+  rt = tu_runtime_new(2);
+  ums_task_t t = spawn_any(return_arg_plus_one, base);
+  join_expect(t, base + 1, 0);
+
+  /* result and status may be NULL. */
+  t = spawn_any(return_arg_plus_one, base);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), 0);
+
+  /* Handles are never 0 and never repeat while the runtime lives. */
+  ums_task_t a = spawn_any(return_arg_plus_one, base);
+  ums_task_t b = spawn_any(return_arg_plus_one, base);
+  CHECK_NE(a, b);
+  CHECK_NE(a, t);
+  CHECK_NE(b, t);
+  join_expect(a, base + 1, 0);
+  join_expect(b, base + 1, 0);
+
+  /* Argument errors. */
+  ums_task_t out = 77;
+  CHECK_RC(ums_task_spawn(rt, NULL, NULL, NULL, &out), UMS_EINVAL);
+  CHECK_RC(ums_task_spawn(NULL, NULL, return_arg_plus_one, NULL, &out),
+           UMS_EINVAL);
+  CHECK_EQ(out, 77);
+  /* A handle out of nowhere. */
+  CHECK_RC(ums_task_join(rt, 0, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+  CHECK_RC(
+      ums_task_join(rt, ((uint64_t)7 << 32) | 5000000, UMS_FOREVER, NULL, NULL),
+      UMS_ESRCH);
+  CHECK_RC(ums_task_cancel(rt, 0), UMS_ESRCH);
+  CHECK_RC(ums_task_detach(rt, 0), UMS_ESRCH);
+  /* No output handle: the task is still spawned (released at shutdown). */
+  CHECK_RC(ums_task_spawn(rt, NULL, return_arg_plus_one, base, NULL), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* Joining with a deadline that passes: UMS_ETIMEDOUT, and the task is
+** still joinable, by a host thread and by a task. */
+static ums_task_t timed_target;
+static int timed_join_rc;
+static int64_t timed_join_ms;
+
+static void *timed_joiner_fn(void *arg) {
+  int64_t start = ums_now();
+  timed_join_rc =
+      ums_task_join(rt, timed_target, ums_deadline(tu_ms(20)), NULL, NULL);
+  timed_join_ms = tu_elapsed_ms(start);
+  return NULL;
+}
+
+static void test_join_timeout_stays_joinable(void) {
+  rt = tu_runtime_new(2);
+  ums_event_t *ev = ums_event_new(1, 0);
+  CHECK(ev != NULL);
+  timed_target = spawn_on(0, wait_event_fn, ev);
+
+  /* From the host thread. */
+  int64_t start = ums_now();
+  CHECK_RC(ums_task_join(rt, timed_target, ums_deadline(tu_ms(20)), NULL, NULL),
+           UMS_ETIMEDOUT);
+  CHECK_GE(tu_elapsed_ms(start), 20);
+  CHECK_LT(tu_elapsed_ms(start), 2000);
+  /* A deadline already in the past times out at once. */
+  CHECK_RC(ums_task_join(rt, timed_target, ums_now() - 1, NULL, NULL),
+           UMS_ETIMEDOUT);
+  CHECK(!someone_joining(timed_target));
+
+  /* From a task on the other scheduler. */
+  ums_task_t j = spawn_on(1, timed_joiner_fn, NULL);
+  join_expect(j, NULL, 0);
+  CHECK_RC(timed_join_rc, UMS_ETIMEDOUT);
+  CHECK_GE(timed_join_ms, 20);
+  CHECK_LT(timed_join_ms, 2000);
+  CHECK(!someone_joining(timed_target));
+
+  /* From a task on the target's own scheduler. */
+  j = spawn_on(0, timed_joiner_fn, NULL);
+  join_expect(j, NULL, 0);
+  CHECK_RC(timed_join_rc, UMS_ETIMEDOUT);
+
+  /* Still joinable, with its real result. */
+  CHECK_RC(ums_event_set(ev), 0);
+  join_expect(timed_target, PTR(0), 0);
+  CHECK_RC(ums_event_delete(ev), 0);
+  tu_runtime_shutdown(rt);
+}
+
+static void test_join_twice_and_detach(void) {
+  rt = tu_runtime_new(2);
+  ums_task_t t = spawn_any(return_arg_plus_one, NULL);
+  join_expect(t, PTR(1), 0);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+  CHECK_RC(ums_task_detach(rt, t), UMS_ESRCH);
+
+  /* Detach a running task, then join: no such (joinable) task. */
+  ums_event_t *ev = ums_event_new(1, 0);
+  t = spawn_any(wait_event_fn, ev);
+  CHECK_RC(ums_task_detach(rt, t), 0);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+  CHECK_RC(ums_task_detach(rt, t), UMS_ESRCH);
+  CHECK_RC(ums_event_set(ev), 0);
+  /* The detached task ends on its own and is released. */
+  WAIT_UNTIL(tu_stats_sum(rt, tasks) == 0, 5000);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+
+  /* Detach a finished task: released at once. */
+  t = spawn_any(return_arg_plus_one, NULL);
+  WAIT_UNTIL(tu_stats_sum(rt, tasks) == 0, 5000);
+  CHECK_RC(ums_task_detach(rt, t), 0);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+
+  /* Spawned detached: never joinable. */
+  ums_spawn_opts_t o = {.sched = UMS_ANY_SCHED, .detached = 1};
+  CHECK_RC(ums_task_spawn(rt, &o, wait_event_fn, ev, &t), 0);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+  WAIT_UNTIL(tu_stats_sum(rt, tasks) == 0, 5000);
+  CHECK_RC(ums_event_delete(ev), 0);
+  tu_runtime_shutdown(rt);
+}
+
+static void *join_self_fn(void *arg) {
+  (void)arg;
+  return PTR(ums_task_join(rt, ums_self(), UMS_FOREVER, NULL, NULL));
+}
+
+static void test_join_self(void) {
+  rt = tu_runtime_new(1);
+  ums_task_t t = spawn_any(join_self_fn, NULL);
+  /* It returned EDEADLK instead of hanging, and is still joinable. */
+  join_expect(t, PTR(UMS_EDEADLK), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* Two joiners at once: the second gets UMS_EBUSY, the first the result. */
+static ums_task_t busy_target;
+static int busy_rc;
+static void *busy_result;
+
+static void *busy_joiner_fn(void *arg) {
+  (void)arg;
+  busy_rc = ums_task_join(rt, busy_target, UMS_FOREVER, &busy_result, NULL);
+  return NULL;
+}
+
+static void *busy_joiner_thread(void *arg) { return busy_joiner_fn(arg); }
+
+static void *second_joiner_fn(void *arg) {
+  (void)arg;
+  return PTR(ums_task_join(rt, busy_target, UMS_FOREVER, NULL, NULL));
+}
+
+static void concurrent_joiners(bool first_is_task) {
+  ums_event_t *ev = ums_event_new(1, 0);
+  busy_target = spawn_on(0, wait_event_fn, ev);
+  busy_rc = 1;
+  busy_result = NULL;
+  ums_task_t first = 0;
+  pthread_t th;
+  if (first_is_task)
+    first = spawn_on(1, busy_joiner_fn, NULL);
+  else
+    CHECK_EQ(pthread_create(&th, NULL, busy_joiner_thread, NULL), 0);
+  WAIT_UNTIL(someone_joining(busy_target), 5000);
+
+  /* A host thread and a task both find it busy, and at once. */
+  int64_t start = ums_now();
+  CHECK_RC(ums_task_join(rt, busy_target, UMS_FOREVER, NULL, NULL), UMS_EBUSY);
+  CHECK_LT(tu_elapsed_ms(start), 2000);
+  ums_task_t second = spawn_on(0, second_joiner_fn, NULL);
+  join_expect(second, PTR(UMS_EBUSY), 0);
+  CHECK(someone_joining(busy_target));
+
+  CHECK_RC(ums_event_set(ev), 0);
+  if (first_is_task)
+    join_expect(first, NULL, 0);
+  else
+    CHECK_EQ(pthread_join(th, NULL), 0);
+  CHECK_RC(busy_rc, 0);
+  CHECK_PTR_EQ(busy_result, PTR(0));
+  /* The first joiner took the handle. */
+  CHECK_RC(ums_task_join(rt, busy_target, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+  CHECK_RC(ums_event_delete(ev), 0);
+}
+
+static void test_concurrent_joiners(void) {
+  rt = tu_runtime_new(2);
+  concurrent_joiners(true);
+  concurrent_joiners(false);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* ums_exit and the current-task calls                                     */
+/* ====================================================================== */
+
+static atomic_int after_exit;
+
+static void exit_level2(int status) { ums_exit(PTR(0x77), status); }
+
+static int exit_level1(int status) {
+  exit_level2(status);
+  atomic_store(&after_exit, 1);
+  return 1;
+}
+
+static void *exit_fn(void *arg) {
+  /* Park once first, so ums_exit runs on a resumed fiber. */
+  if (NUM(arg) & 1) CHECK_RC(ums_sleep(tu_ms(1)), 0);
+  exit_level1((int)NUM(arg));
+  atomic_store(&after_exit, 2);
+  return PTR(0x99);
+}
+
+static void test_exit_nested(void) {
+  rt = tu_runtime_new(1);
+  for (int i = 0; i < 4; i++) {
+    ums_task_t t = spawn_any(exit_fn, PTR(40 + i));
+    join_expect(t, PTR(0x77), 40 + i);
+  }
+  CHECK_EQ(atomic_load(&after_exit), 0);
+  /* The worker that unwound still runs ordinary tasks. */
+  for (int i = 0; i < 4; i++) {
+    ums_task_t t = spawn_any(return_arg_plus_one, PTR(i));
+    join_expect(t, PTR(i + 1), 0);
+  }
+  tu_runtime_shutdown(rt);
+}
+
+typedef struct identity {
+  ums_task_t self, self_after;
+  ums_runtime_t *rt;
+  int sched, sched_after;
+  int cancelled;
+} identity_t;
+
+static void *identity_fn(void *arg) {
+  identity_t *id = arg;
+  id->self = ums_self();
+  id->rt = ums_current_runtime();
+  id->sched = ums_current_sched();
+  id->cancelled = ums_cancelled();
+  CHECK_RC(ums_yield(), 0);
+  CHECK_RC(ums_sleep(tu_ms(1)), 0);
+  id->self_after = ums_self();
+  id->sched_after = ums_current_sched();
+  return NULL;
+}
+
+static void *host_identity_thread(void *arg) {
+  identity_t *id = arg;
+  id->self = ums_self();
+  id->rt = ums_current_runtime();
+  id->sched = ums_current_sched();
+  id->cancelled = ums_cancelled();
+  return NULL;
+}
+
+static void test_identity(void) {
+  /* Outside any runtime. */
+  CHECK_EQ(ums_self(), 0);
+  CHECK(ums_current_runtime() == NULL);
+  CHECK_EQ(ums_current_sched(), -1);
+  CHECK_EQ(ums_cancelled(), 0);
+  CHECK_RC(ums_yield(), 0);
+
+  rt = tu_runtime_new(3);
+  /* The main thread is still outside with a runtime running. */
+  CHECK_EQ(ums_self(), 0);
+  CHECK(ums_current_runtime() == NULL);
+  CHECK_EQ(ums_current_sched(), -1);
+
+  identity_t host = {.self = 1, .sched = 5};
+  pthread_t th;
+  CHECK_EQ(pthread_create(&th, NULL, host_identity_thread, &host), 0);
+  CHECK_EQ(pthread_join(th, NULL), 0);
+  CHECK_EQ(host.self, 0);
+  CHECK(host.rt == NULL);
+  CHECK_EQ(host.sched, -1);
+  CHECK_EQ(host.cancelled, 0);
+
+  for (int s = 0; s < 3; s++) {
+    identity_t id = {0};
+    ums_task_t t = spawn_on(s, identity_fn, &id);
+    join_expect(t, NULL, 0);
+    CHECK_EQ(id.self, t);
+    CHECK_EQ(id.self_after, t);
+    CHECK_PTR_EQ(id.rt, rt);
+    CHECK_EQ(id.sched, s);
+    CHECK_EQ(id.sched_after, s);
+    CHECK_EQ(id.cancelled, 0);
+  }
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* Placement                                                               */
+/* ====================================================================== */
+
+static void test_spawn_on_chosen_sched(void) {
+  rt = tu_runtime_new(4);
+  identity_t ids[4][3];
+  ums_task_t ts[4][3];
+  memset(ids, 0, sizeof ids);
+  uint64_t spawned[4];
+  for (int s = 0; s < 4; s++) spawned[s] = tu_stats(rt, s).tasks_spawned;
+  for (int s = 0; s < 4; s++)
+    for (int k = 0; k < 3; k++) ts[s][k] = spawn_on(s, identity_fn, &ids[s][k]);
+  for (int s = 0; s < 4; s++)
+    for (int k = 0; k < 3; k++) {
+      join_expect(ts[s][k], NULL, 0);
+      CHECK_EQ(ids[s][k].sched, s);
+      CHECK_EQ(ids[s][k].sched_after, s);
+    }
+  for (int s = 0; s < 4; s++)
+    CHECK_EQ(tu_stats(rt, s).tasks_spawned - spawned[s], 3);
+
+  /* Bad indices. */
+  ums_task_t out = 5;
+  ums_spawn_opts_t o = on_sched(4);
+  CHECK_RC(ums_task_spawn(rt, &o, return_arg_plus_one, NULL, &out), UMS_EINVAL);
+  o = on_sched(-2);
+  CHECK_RC(ums_task_spawn(rt, &o, return_arg_plus_one, NULL, &out), UMS_EINVAL);
+  CHECK_EQ(out, 5);
+  tu_runtime_shutdown(rt);
+}
+
+/* Parked tasks placed with UMS_ANY_SCHED spread evenly: the least-loaded
+** scheduler gets each new one. */
+#define SPREAD_N 40
+
+static ums_event_t *spread_ev;
+static atomic_int spread_started;
+
+static void *spread_fn(void *arg) {
+  *(int *)arg = ums_current_sched();
+  atomic_fetch_add(&spread_started, 1);
+  CHECK_RC(ums_event_wait(spread_ev, UMS_FOREVER), 0);
+  return NULL;
+}
+
+static int spread_from_task_where[8];
+static ums_task_t spread_from_task_handles[8];
+
+static void *spread_spawner_fn(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 8; i++)
+    CHECK_RC(ums_task_spawn(rt, NULL, spread_fn, &spread_from_task_where[i],
+                            &spread_from_task_handles[i]),
+             0);
+  return NULL;
+}
+
+static void test_any_sched_spreads(void) {
+  rt = tu_runtime_new(4);
+  spread_ev = ums_event_new(1, 0);
+  atomic_store(&spread_started, 0);
+  int where[SPREAD_N];
+  ums_task_t ts[SPREAD_N];
+  for (int i = 0; i < SPREAD_N; i++) {
+    where[i] = -1;
+    ts[i] = spawn_any(spread_fn, &where[i]);
+  }
+  WAIT_UNTIL(atomic_load(&spread_started) == SPREAD_N, 5000);
+  int count[4] = {0};
+  for (int i = 0; i < SPREAD_N; i++) {
+    CHECK_GE(where[i], 0);
+    CHECK_LT(where[i], 4);
+    count[where[i]]++;
+  }
+  for (int s = 0; s < 4; s++) {
+    CHECK_EQ(count[s], SPREAD_N / 4);
+    CHECK_EQ(tu_stats(rt, s).tasks, SPREAD_N / 4);
+  }
+
+  /* From a task: the 8 new ones go 2 to each scheduler (the spawner has
+  ** ended by the time they are counted). */
+  ums_task_t sp = spawn_on(2, spread_spawner_fn, NULL);
+  join_expect(sp, NULL, 0);
+  WAIT_UNTIL(atomic_load(&spread_started) == SPREAD_N + 8, 5000);
+  int count2[4] = {0};
+  for (int i = 0; i < 8; i++) count2[spread_from_task_where[i]]++;
+  for (int s = 0; s < 4; s++) {
+    CHECK_EQ(count2[s], 2);
+    WAIT_UNTIL(tu_stats(rt, s).tasks == SPREAD_N / 4 + 2, 5000);
+  }
+
+  CHECK_RC(ums_event_set(spread_ev), 0);
+  for (int i = 0; i < SPREAD_N; i++) join_expect(ts[i], NULL, 0);
+  for (int i = 0; i < 8; i++) join_expect(spread_from_task_handles[i], NULL, 0);
+  CHECK_RC(ums_event_delete(spread_ev), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* Spawning from tasks and from several host threads at once. */
+#define HOST_SPAWNERS 4
+#define PER_SPAWNER 200
+
+static atomic_long spawn_sum;
+
+static void *add_fn(void *arg) {
+  atomic_fetch_add(&spawn_sum, (long)NUM(arg));
+  return arg;
+}
+
+static void *host_spawner_thread(void *arg) {
+  int base = (int)NUM(arg) * 1000;
+  ums_task_t ts[PER_SPAWNER];
+  for (int i = 0; i < PER_SPAWNER; i++)
+    CHECK_RC(ums_task_spawn(rt, NULL, add_fn, PTR(base + i), &ts[i]), 0);
+  for (int i = 0; i < PER_SPAWNER; i++) {
+    void *res;
+    CHECK_RC(ums_task_join(rt, ts[i], UMS_FOREVER, &res, NULL), 0);
+    CHECK_PTR_EQ(res, PTR(base + i));
+  }
+  return NULL;
+}
+
+static void *task_spawner_fn(void *arg) {
+  int n = (int)NUM(arg);
+  ums_task_t ts[64];
+  for (int i = 0; i < n; i++) {
+    ums_spawn_opts_t o = on_sched(i % 3);
+    CHECK_RC(ums_task_spawn(rt, &o, add_fn, PTR(1), &ts[i]), 0);
+  }
+  for (int i = 0; i < n; i++) {
+    void *res;
+    CHECK_RC(ums_task_join(rt, ts[i], UMS_FOREVER, &res, NULL), 0);
+    CHECK_PTR_EQ(res, PTR(1));
+  }
+  return PTR(n);
+}
+
+static void test_spawn_from_task_and_hosts(void) {
+  rt = tu_runtime_new(3);
+  atomic_store(&spawn_sum, 0);
+  pthread_t th[HOST_SPAWNERS];
+  for (int i = 0; i < HOST_SPAWNERS; i++)
+    CHECK_EQ(pthread_create(&th[i], NULL, host_spawner_thread, PTR(i)), 0);
+  ums_task_t sp[3];
+  for (int s = 0; s < 3; s++) sp[s] = spawn_on(s, task_spawner_fn, PTR(64));
+  for (int i = 0; i < HOST_SPAWNERS; i++)
+    CHECK_EQ(pthread_join(th[i], NULL), 0);
+  for (int s = 0; s < 3; s++) join_expect(sp[s], PTR(64), 0);
+  long want = 3 * 64;
+  for (int i = 0; i < HOST_SPAWNERS; i++)
+    for (int k = 0; k < PER_SPAWNER; k++) want += i * 1000 + k;
+  CHECK_EQ(atomic_load(&spawn_sum), want);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* Cancellation                                                            */
+/* ====================================================================== */
+
+/* What a cancelled task saw at each later wait point. */
+typedef struct cancel_report {
+  atomic_int started;
+  int sleep_forever;
+  int cancelled_flag;
+  int sleep_again, sleep_zero, sleep_until_past, yield, event_wait,
+      event_wait_timeout, join;
+  int64_t sleep_again_ms;
+} cancel_report_t;
+
+static cancel_report_t crep;
+static ums_event_t *never_set;
+static ums_task_t long_runner;
+
+static void *sleeper_fn(void *arg) {
+  cancel_report_t *r = arg;
+  atomic_store(&r->started, 1);
+  r->sleep_forever = ums_sleep_until(UMS_FOREVER);
+  r->cancelled_flag = ums_cancelled();
+  /* Sticky: every wait from now on fails the same way, at once. */
+  int64_t start = ums_now();
+  r->sleep_again = ums_sleep(tu_ms(200));
+  r->sleep_again_ms = tu_elapsed_ms(start);
+  r->sleep_zero = ums_sleep(0);
+  r->sleep_until_past = ums_sleep_until(ums_now() - 1);
+  r->yield = ums_yield();
+  /* Deadlines far beyond "at once", so that a broken cancel fails here
+  ** instead of hanging the test. */
+  r->event_wait = ums_event_wait(never_set, ums_deadline(tu_ms(1000)));
+  r->event_wait_timeout = ums_event_wait(never_set, ums_deadline(tu_ms(5)));
+  r->join =
+      ums_task_join(rt, long_runner, ums_deadline(tu_ms(1000)), NULL, NULL);
+  return PTR(0x5);
+}
+
+static void check_cancel_report(const cancel_report_t *r) {
+  CHECK_RC(r->sleep_forever, UMS_ECANCELED);
+  CHECK_EQ(r->cancelled_flag, 1);
+  CHECK_RC(r->sleep_again, UMS_ECANCELED);
+  CHECK_LT(r->sleep_again_ms, 150);
+  CHECK_RC(r->sleep_zero, UMS_ECANCELED);
+  CHECK_RC(r->sleep_until_past, UMS_ECANCELED);
+  CHECK_RC(r->yield, UMS_ECANCELED);
+  CHECK_RC(r->event_wait, UMS_ECANCELED);
+  CHECK_RC(r->event_wait_timeout, UMS_ECANCELED);
+  CHECK_RC(r->join, UMS_ECANCELED);
+}
+
+/* A task that cancels another on its own scheduler (the local path). */
+static void *local_canceller_fn(void *arg) {
+  return PTR(ums_task_cancel(rt, *(ums_task_t *)arg));
+}
+
+static void test_cancel_sleeping(void) {
+  rt = tu_runtime_new(2);
+  never_set = ums_event_new(1, 0);
+  ums_event_t *release = ums_event_new(1, 0);
+  long_runner = spawn_on(0, wait_event_fn, release);
+
+  /* Cancelled from the host thread while parked in a sleep. */
+  memset(&crep, 0, sizeof crep);
+  ums_task_t t = spawn_on(1, sleeper_fn, &crep);
+  WAIT_UNTIL(atomic_load(&crep.started) && tu_stats(rt, 1).idle, 5000);
+  CHECK_RC(ums_task_cancel(rt, t), 0);
+  join_expect(t, PTR(0x5), 0);
+  check_cancel_report(&crep);
+
+  /* Cancelled by a task on its own scheduler. */
+  memset(&crep, 0, sizeof crep);
+  t = spawn_on(1, sleeper_fn, &crep);
+  WAIT_UNTIL(atomic_load(&crep.started) && tu_stats(rt, 1).idle, 5000);
+  ums_task_t c = spawn_on(1, local_canceller_fn, &t);
+  join_expect(c, PTR(0), 0);
+  join_expect(t, PTR(0x5), 0);
+  check_cancel_report(&crep);
+
+  /* Cancelled by a task on another scheduler. */
+  memset(&crep, 0, sizeof crep);
+  t = spawn_on(1, sleeper_fn, &crep);
+  WAIT_UNTIL(atomic_load(&crep.started) && tu_stats(rt, 1).idle, 5000);
+  c = spawn_on(0, local_canceller_fn, &t);
+  join_expect(c, PTR(0), 0);
+  join_expect(t, PTR(0x5), 0);
+  check_cancel_report(&crep);
+
+  /* Cancelling a finished, not yet joined task is harmless. */
+  t = spawn_on(1, return_arg_plus_one, NULL);
+  WAIT_UNTIL(tu_stats(rt, 1).tasks == 0, 5000);
+  CHECK_RC(ums_task_cancel(rt, t), 0);
+  join_expect(t, PTR(1), 0);
+
+  /* The long runner was never touched. */
+  CHECK_RC(ums_event_set(release), 0);
+  join_expect(long_runner, PTR(0), 0);
+  CHECK_RC(ums_event_delete(never_set), 0);
+  CHECK_RC(ums_event_delete(release), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* A cancelled waiter is unlinked from what it waited on: the event can be
+** deleted, and a cancelled joiner leaves the target joinable. */
+static void test_cancel_unlinks_waiter(void) {
+  rt = tu_runtime_new(2);
+  gate_t g = {.ev = ums_event_new(0, 0)};
+  ums_task_t w = spawn_on(1, gate_wait_fn, &g);
+  WAIT_UNTIL(atomic_load(&g.started) == 1 && tu_stats(rt, 1).idle, 5000);
+  CHECK_RC(ums_event_delete(g.ev), UMS_EBUSY);
+  CHECK_RC(ums_task_cancel(rt, w), 0);
+  join_expect(w, PTR(UMS_ECANCELED), 0);
+  CHECK_RC(ums_event_delete(g.ev), 0);
+
+  ums_event_t *release = ums_event_new(1, 0);
+  busy_target = spawn_on(0, wait_event_fn, release);
+  busy_rc = 1;
+  ums_task_t j = spawn_on(1, busy_joiner_fn, NULL);
+  WAIT_UNTIL(someone_joining(busy_target), 5000);
+  CHECK_RC(ums_task_cancel(rt, j), 0);
+  join_expect(j, NULL, 0);
+  CHECK_RC(busy_rc, UMS_ECANCELED);
+  CHECK(!someone_joining(busy_target));
+  CHECK_RC(ums_event_set(release), 0);
+  join_expect(busy_target, PTR(0), 0);
+  CHECK_RC(ums_event_delete(release), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* A task cancelled before it started never runs; its status says so. */
+static atomic_int never_ran;
+
+static void *must_not_run_fn(void *arg) {
+  (void)arg;
+  atomic_store(&never_ran, 1);
+  return PTR(0xbad);
+}
+
+static void *cancel_unstarted_fn(void *arg) {
+  (void)arg;
+  /* Same scheduler: the child is queued behind us and cannot start until
+  ** we park. */
+  ums_task_t child = spawn_on(ums_current_sched(), must_not_run_fn, NULL);
+  CHECK_RC(ums_task_cancel(rt, child), 0);
+  void *res = PTR(1);
+  int status = 0;
+  CHECK_RC(ums_task_join(rt, child, UMS_FOREVER, &res, &status), 0);
+  CHECK_PTR_EQ(res, NULL);
+  return PTR(status);
+}
+
+static void test_cancel_not_started(void) {
+  /* A pending spawn (beyond max_workers) cancelled from the host. */
+  ums_config_t cfg = {.schedulers = 1, .max_workers = 1};
+  rt = tu_runtime_new_cfg(&cfg);
+  atomic_store(&never_ran, 0);
+  ums_event_t *ev = ums_event_new(1, 0);
+  ums_task_t a = spawn_any(wait_event_fn, ev);
+  WAIT_UNTIL(tu_stats(rt, 0).workers_active == 1 && tu_stats(rt, 0).idle, 5000);
+  ums_task_t b = spawn_any(must_not_run_fn, NULL);
+  WAIT_UNTIL(tu_stats(rt, 0).pending == 1, 5000);
+  CHECK_RC(ums_task_cancel(rt, b), 0);
+  WAIT_UNTIL(tu_stats(rt, 0).pending == 0, 5000);
+  join_expect(b, NULL, UMS_ECANCELED);
+  WAIT_UNTIL(tu_stats(rt, 0).tasks == 1, 5000);
+  CHECK_RC(ums_event_set(ev), 0);
+  join_expect(a, PTR(0), 0);
+  CHECK_EQ(atomic_load(&never_ran), 0);
+  CHECK_RC(ums_event_delete(ev), 0);
+  tu_runtime_shutdown(rt);
+
+  /* A queued, not yet started task cancelled by a task. */
+  rt = tu_runtime_new(2);
+  ums_task_t t = spawn_on(1, cancel_unstarted_fn, NULL);
+  join_expect(t, PTR(UMS_ECANCELED), 0);
+  CHECK_EQ(atomic_load(&never_ran), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* A cancel that reaches a spawn before its scheduler has admitted it,
+** where admission then finds no free worker (max_workers): the task must
+** still end at once, not wait in the pending queue for a worker that may
+** never come. The scheduler is kept busy (a task spinning without a wait
+** point) so that the spawn and the cancel are both queued before it
+** looks at either. */
+static atomic_int spin_started, spin_release;
+
+static void *spin_then_wait_fn(void *arg) {
+  atomic_store(&spin_started, 1);
+  while (!atomic_load(&spin_release)) {
+  }
+  return PTR(ums_event_wait(arg, UMS_FOREVER));
+}
+
+static void test_cancel_before_admission(void) {
+  ums_config_t cfg = {.schedulers = 1, .max_workers = 1};
+  rt = tu_runtime_new_cfg(&cfg);
+  atomic_store(&never_ran, 0);
+  atomic_store(&spin_started, 0);
+  atomic_store(&spin_release, 0);
+  ums_event_t *ev = ums_event_new(1, 0);
+  ums_task_t a = spawn_any(spin_then_wait_fn, ev);
+  WAIT_UNTIL(atomic_load(&spin_started), 5000);
+  ums_task_t b = spawn_any(must_not_run_fn, NULL);
+  CHECK_RC(ums_task_cancel(rt, b), 0);
+  atomic_store(&spin_release, 1);
+
+  void *res = PTR(1);
+  int status = 0;
+  int rc = ums_task_join(rt, b, ums_deadline(tu_ms(1000)), &res, &status);
+  int pending = (int)tu_stats(rt, 0).pending;
+  CHECK_RC(ums_event_set(ev), 0);
+  join_expect(a, PTR(0), 0);
+  if (rc == UMS_ETIMEDOUT)
+    tu_fail(__FILE__, __LINE__,
+            "a task cancelled before admission is "
+            "still waiting for a worker a second later (pending = %d)",
+            pending);
+  CHECK_RC(rc, 0);
+  CHECK_RC(status, UMS_ECANCELED);
+  CHECK_PTR_EQ(res, NULL);
+  CHECK_EQ(atomic_load(&never_ran), 0);
+  CHECK_RC(ums_event_delete(ev), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* Recycled handles                                                        */
+/* ====================================================================== */
+
+typedef struct victim {
+  int wait_rc;
+  int cancelled;
+} victim_t;
+
+static atomic_int victims_started;
+
+static void *victim_fn(void *arg) {
+  victim_t *v = arg;
+  atomic_fetch_add(&victims_started, 1);
+  v->wait_rc = ums_event_wait(spread_ev, UMS_FOREVER);
+  v->cancelled = ums_cancelled();
+  return PTR(0x42);
+}
+
+#define RECYCLE_MAX 3000
+
+static void test_recycled_handle(void) {
+  rt = tu_runtime_new(1);
+  ums_task_t old = spawn_any(return_arg_plus_one, NULL);
+  /* Let the task end and drop its own reference, so that our join
+  ** releases the slot. */
+  ums__task_t *raw = ums__task_lookup(rt, old);
+  CHECK(raw != NULL);
+  WAIT_UNTIL(atomic_load(&raw->refs) == 1, 5000);
+  join_expect(old, PTR(1), 0);
+
+  /* Spawn until a new task lands in the old slot. */
+  spread_ev = ums_event_new(1, 0);
+  static ums_task_t ts[RECYCLE_MAX];
+  static victim_t vs[RECYCLE_MAX];
+  memset(vs, 0, sizeof vs);
+  atomic_store(&victims_started, 0);
+  int n = 0, reused = -1;
+  while (n < RECYCLE_MAX && reused < 0) {
+    ts[n] = spawn_any(victim_fn, &vs[n]);
+    if (ums__id_slot(ts[n]) == ums__id_slot(old)) reused = n;
+    n++;
+  }
+  CHECK_GE(reused, 0);
+  CHECK_NE(ts[reused], old);
+  /* Let it start and park, so the old handle meets a live task. */
+  WAIT_UNTIL(atomic_load(&victims_started) == n && tu_stats(rt, 0).idle, 5000);
+
+  /* The old handle reaches nothing, and does not block. */
+  int64_t start = ums_now();
+  CHECK_RC(ums_task_join(rt, old, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+  CHECK_RC(ums_task_cancel(rt, old), UMS_ESRCH);
+  CHECK_RC(ums_task_detach(rt, old), UMS_ESRCH);
+  CHECK_LT(tu_elapsed_ms(start), 2000);
+
+  /* The new task is unaffected: not cancelled, not detached. */
+  CHECK_RC(ums_event_set(spread_ev), 0);
+  for (int i = 0; i < n; i++) {
+    join_expect(ts[i], PTR(0x42), 0);
+    CHECK_RC(vs[i].wait_rc, 0);
+    CHECK_EQ(vs[i].cancelled, 0);
+  }
+  CHECK_RC(ums_event_delete(spread_ev), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* max_workers                                                             */
+/* ====================================================================== */
+
+#define MW_TASKS 10
+
+static ums_event_t *mw_go;
+static atomic_int mw_started, mw_running, mw_max_running;
+static int mw_order[MW_TASKS];
+
+static void *mw_fn(void *arg) {
+  int me = (int)NUM(arg);
+  mw_order[atomic_fetch_add(&mw_started, 1)] = me;
+  int now = atomic_fetch_add(&mw_running, 1) + 1;
+  int max = atomic_load(&mw_max_running);
+  while (now > max &&
+         !atomic_compare_exchange_weak(&mw_max_running, &max, now)) {
+  }
+  CHECK_RC(ums_event_wait(mw_go, UMS_FOREVER), 0);
+  atomic_fetch_sub(&mw_running, 1);
+  return arg;
+}
+
+static void test_max_workers_fifo(void) {
+  ums_config_t cfg = {.schedulers = 1, .max_workers = 2};
+  rt = tu_runtime_new_cfg(&cfg);
+  /* Auto reset: each set lets exactly one task finish. */
+  mw_go = ums_event_new(0, 0);
+  atomic_store(&mw_started, 0);
+  atomic_store(&mw_running, 0);
+  atomic_store(&mw_max_running, 0);
+  ums_task_t ts[MW_TASKS];
+  for (int i = 0; i < MW_TASKS; i++) ts[i] = spawn_any(mw_fn, PTR(i));
+
+  WAIT_UNTIL(atomic_load(&mw_started) == 2 && tu_stats(rt, 0).pending == 8,
+             5000);
+  ums_sched_stats_t st = tu_stats(rt, 0);
+  CHECK_EQ(st.tasks, MW_TASKS);
+  CHECK_EQ(st.workers_active, 2);
+  CHECK_EQ(st.pending, MW_TASKS - 2);
+  CHECK_EQ(atomic_load(&mw_running), 2);
+
+  for (int k = 1; k <= MW_TASKS - 2; k++) {
+    CHECK_RC(ums_event_set(mw_go), 0);
+    WAIT_UNTIL(atomic_load(&mw_started) == 2 + k, 5000);
+    WAIT_UNTIL(tu_stats(rt, 0).pending == (uint64_t)(MW_TASKS - 2 - k), 5000);
+    CHECK_LE(atomic_load(&mw_running), 2);
+  }
+  for (int k = 0; k < 2; k++) CHECK_RC(ums_event_set(mw_go), 0);
+  for (int i = 0; i < MW_TASKS; i++) join_expect(ts[i], PTR(i), 0);
+  CHECK_EQ(atomic_load(&mw_max_running), 2);
+  for (int i = 0; i < MW_TASKS; i++) CHECK_EQ(mw_order[i], i);
+  CHECK_EQ(tu_stats(rt, 0).pending, 0);
+  CHECK_RC(ums_event_delete(mw_go), 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* Yield and sleep                                                         */
+/* ====================================================================== */
+
+#define YIELD_ROUNDS 5
+
+static int ylog[3 * YIELD_ROUNDS];
+static int ylog_n;
+
+static void *yielder_fn(void *arg) {
+  for (int i = 0; i < YIELD_ROUNDS; i++) {
+    ylog[ylog_n++] = (int)NUM(arg);
+    CHECK_RC(ums_yield(), 0);
+  }
+  return NULL;
+}
+
+/* Spawns the children on its own scheduler so that all three are queued
+** before the first runs. */
+static void *yield_parent_fn(void *arg) {
+  (void)arg;
+  ums_task_t c[3];
+  for (int i = 0; i < 3; i++)
+    c[i] = spawn_on(ums_current_sched(), yielder_fn, PTR(i));
+  for (int i = 0; i < 3; i++) join_expect(c[i], NULL, 0);
+  return NULL;
+}
+
+static void test_yield_round_robin(void) {
+  rt = tu_runtime_new(1);
+  ylog_n = 0;
+  uint64_t yields = tu_stats(rt, 0).yields;
+  join_expect(spawn_any(yield_parent_fn, NULL), NULL, 0);
+  CHECK_EQ(ylog_n, 3 * YIELD_ROUNDS);
+  for (int i = 0; i < 3 * YIELD_ROUNDS; i++) CHECK_EQ(ylog[i], i % 3);
+  CHECK_EQ(tu_stats(rt, 0).yields - yields, 3 * YIELD_ROUNDS);
+  tu_runtime_shutdown(rt);
+}
+
+static int wake_order[3];
+static int wake_n;
+static int64_t slept_ms[3];
+
+static void *sleeper_ms_fn(void *arg) {
+  int ms = (int)NUM(arg);
+  int64_t start = ums_now();
+  CHECK_RC(ums_sleep(tu_ms(ms)), 0);
+  slept_ms[ms / 10 - 1] = tu_elapsed_ms(start);
+  wake_order[wake_n++] = ms;
+  return NULL;
+}
+
+static void *sleep_parent_fn(void *arg) {
+  (void)arg;
+  static const int ms[3] = {30, 10, 20};
+  ums_task_t c[3];
+  for (int i = 0; i < 3; i++)
+    c[i] = spawn_on(ums_current_sched(), sleeper_ms_fn, PTR(ms[i]));
+  for (int i = 0; i < 3; i++) join_expect(c[i], NULL, 0);
+  return NULL;
+}
+
+static void test_sleep_order(void) {
+  rt = tu_runtime_new(1);
+  wake_n = 0;
+  join_expect(spawn_any(sleep_parent_fn, NULL), NULL, 0);
+  CHECK_EQ(wake_n, 3);
+  CHECK_EQ(wake_order[0], 10);
+  CHECK_EQ(wake_order[1], 20);
+  CHECK_EQ(wake_order[2], 30);
+  for (int i = 0; i < 3; i++) {
+    CHECK_GE(slept_ms[i], (i + 1) * 10);
+    CHECK_LT(slept_ms[i], 2000);
+  }
+  tu_runtime_shutdown(rt);
+}
+
+static void *sleep_then_return(void *arg) {
+  CHECK_RC(ums_sleep(tu_ms(20)), 0);
+  return arg;
+}
+
+static void test_host_join_and_sleep(void) {
+  /* A host sleep needs no runtime. */
+  int64_t start = ums_now();
+  CHECK_RC(ums_sleep(tu_ms(10)), 0);
+  CHECK_GE(tu_elapsed_ms(start), 10);
+  CHECK_LT(tu_elapsed_ms(start), 2000);
+  start = ums_now();
+  CHECK_RC(ums_sleep_until(ums_now() - 1), 0);
+  CHECK_RC(ums_sleep(-5), 0);
+  CHECK_LT(tu_elapsed_ms(start), 2000);
+
+  rt = tu_runtime_new(2);
+  start = ums_now();
+  CHECK_RC(ums_sleep(tu_ms(10)), 0);
+  CHECK_GE(tu_elapsed_ms(start), 10);
+  CHECK_LT(tu_elapsed_ms(start), 2000);
+
+  /* The host thread blocks in the join until the task ends. */
+  start = ums_now();
+  ums_task_t t = spawn_any(sleep_then_return, PTR(0x31));
+  join_expect(t, PTR(0x31), 0);
+  CHECK_GE(tu_elapsed_ms(start), 20);
+  CHECK_LT(tu_elapsed_ms(start), 2000);
+  tu_runtime_shutdown(rt);
+}
+
+/* A join releases the handle: afterwards it names no task for join,
+** detach and cancel alike. The check runs many times because the
+** scheduler drops the task's own reference a moment after it wakes the
+** joiner, and the answer must not depend on that moment. */
+static void *sleep_1ms_fn(void *arg) {
+  CHECK_RC(ums_sleep(tu_ms(1)), 0);
+  return arg;
+}
+
+static void test_join_releases_handle(void) {
+  rt = tu_runtime_new(2);
+  int cancel_ok = 0;
+  for (int i = 0; i < 200; i++) {
+    ums_task_t t = spawn_any(sleep_1ms_fn, PTR(i));
+    join_expect(t, PTR(i), 0);
+    CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+    CHECK_RC(ums_task_detach(rt, t), UMS_ESRCH);
+    if (ums_task_cancel(rt, t) == 0) cancel_ok++;
+  }
+  if (cancel_ok)
+    tu_fail(__FILE__, __LINE__,
+            "ums_task_cancel on a joined handle returned "
+            "0 instead of UMS_ESRCH in %d of 200 tries",
+            cancel_ok);
+  tu_runtime_shutdown(rt);
+}
+
+int main(void) {
+  RUN(test_spawn_join_result);
+  RUN(test_join_timeout_stays_joinable);
+  RUN(test_join_twice_and_detach);
+  RUN(test_join_releases_handle);
+  RUN(test_join_self);
+  RUN(test_concurrent_joiners);
+  RUN(test_exit_nested);
+  RUN(test_identity);
+  RUN(test_spawn_on_chosen_sched);
+  RUN(test_any_sched_spreads);
+  RUN(test_spawn_from_task_and_hosts);
+  RUN(test_cancel_sleeping);
+  RUN(test_cancel_unlinks_waiter);
+  RUN(test_cancel_not_started);
+  RUN(test_cancel_before_admission);
+  RUN(test_recycled_handle);
+  RUN(test_max_workers_fifo);
+  RUN(test_yield_round_robin);
+  RUN(test_sleep_order);
+  RUN(test_host_join_and_sleep);
+  return 0;
+}
