@@ -211,6 +211,66 @@ UMS_API int ums_sleep_until(int64_t deadline);
 UMS_API void ums_exit(void *result, int status) __attribute__((noreturn));
 
 /* ====================================================================== */
+/* Step tasks and parking (for language bindings)                          */
+/* ====================================================================== */
+/*
+** A step task has no stack of its own. The scheduler calls step(arg) on
+** whichever worker runs its pass, and the return value says what the task
+** does next. The Lua binding runs each coroutine this way, so a parked
+** coroutine costs its Lua thread, not a C stack.
+**
+** Inside a step, the blocking calls of this header still work: they bind
+** the worker to the task until the wait ends, and another worker takes
+** over the scheduler (DESIGN.md section 4). That is the path for waits
+** where the step cannot return (Lua inside a C call).
+*/
+
+enum {
+  UMS_STEP_DONE = 0,   /* the task has ended */
+  UMS_STEP_YIELD = 1,  /* runnable again at once, after the others */
+  UMS_STEP_PARK = 2    /* parked by ums_park_begin; stepped again once the
+                          park ends */
+};
+
+typedef int (*ums_step_fn)(void *arg);
+
+/* Like ums_task_spawn, for a step task. The result is stored by
+** ums_step_set_result before the step returns UMS_STEP_DONE. */
+UMS_API int ums_task_spawn_step(ums_runtime_t *rt,
+                                const ums_spawn_opts_t *opts,
+                                ums_step_fn step, void *arg,
+                                ums_task_t *out);
+/* Sets the calling task's result and status, reported to its joiner. */
+UMS_API void ums_step_set_result(void *result, int status);
+
+/* A park: the building block for waits implemented outside the runtime.
+** ums_park_begin starts a park of the calling task and fills a token that
+** another party (any thread) passes to ums_unpark to end it. Exactly one
+** of ums_unpark, the deadline (UMS_ETIMEDOUT) and a cancellation
+** (UMS_ECANCELED) ends each park. Then either
+**   - a step returns UMS_STEP_PARK: the task is stepped again once the
+**     park has ended, and ums_park_result() gives the outcome; or
+**   - ums_park_wait() blocks the calling worker until it ends (C tasks, or
+**     a step that cannot return now), returning the outcome.
+** ums_park_begin fails with UMS_ECANCELED when the task was cancelled, and
+** with UMS_EPERM outside a task. Outcomes given to ums_unpark must be >= 0
+** (the UMS_E* codes are the runtime's). */
+typedef struct ums_park_token {
+  uint64_t task;   /* the parked task's handle */
+  uint64_t seq;    /* which of its parks */
+} ums_park_token_t;
+
+UMS_API int ums_park_begin(int64_t deadline, ums_park_token_t *token);
+UMS_API int ums_park_wait(void);
+/* The outcome of the calling task's last park. */
+UMS_API int ums_park_result(void);
+/* Ends the park with outcome. Returns 0, or UMS_ESRCH when that park has
+** already ended (or the task is gone), UMS_EINVAL for a negative outcome.
+** Callable from any thread. */
+UMS_API int ums_unpark(ums_runtime_t *rt, ums_park_token_t token,
+                       int outcome);
+
+/* ====================================================================== */
 /* Synchronisation                                                          */
 /* ====================================================================== */
 /*

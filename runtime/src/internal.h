@@ -193,7 +193,7 @@ int ums__timer_expire(ums__sched_t *s, ums__timer_heap_t *h, int64_t now);
 
 /* Outcome values of a waiter's state. 0 means granted; negative values are
 ** UMS_E* codes (UMS_ETIMEDOUT, UMS_ECANCELED, UMS_ECLOSED, ...). */
-#define UMS__WAITING 1
+#define UMS__WAITING 0x80000000u  /* no outcome is INT_MIN */
 
 /* A FIFO of waiters, guarded by the lock of the object that owns it. */
 typedef struct ums__wq {
@@ -311,8 +311,17 @@ struct ums__task {
   int state;                   /* [owner] enum ums__task_state */
   ums__waiter_t *wait;         /* [owner] the current wait, or NULL */
   ums__timer_t timer;          /* [owner] deadline of the current wait */
-  ums_task_fn fn;              /* [const] */
+  ums_task_fn fn;              /* [const] C task: runs on its own worker */
+  ums_step_fn step;            /* [const] step task: stepped on any worker */
   void *arg;                   /* [const] */
+  bool started;                /* [owner] picked to run at least once */
+
+  /* Parking (park.c): a waiter embedded in the task, so a step task can
+  ** park with no stack frame to hold its wait record. */
+  ums__waiter_t park;          /* [t->lock while waiting] */
+  uint64_t park_seq;           /* [lock] sequence of the current park */
+  int64_t park_deadline;       /* [owner] */
+  bool park_pending;           /* [owner] begun, not yet waited or parked */
   void *result;                /* [owner, then lock once done] */
   int status;                  /* [owner, then lock once done] */
   uint32_t slot;               /* [const] index in the runtime's table */
@@ -341,6 +350,13 @@ void ums__task_finish(ums__task_t *t);
 void ums__task_ready(ums__task_t *t);
 /* Delivers a pending cancellation to a parked task. [owner] */
 void ums__task_deliver_cancel(ums__task_t *t);
+
+/* After a step returned UMS_STEP_PARK: parks t unless its park has
+** already ended (then its winner has queued it). [owner] (park.c) */
+void ums__park_after_step(ums__sched_t *s, ums__task_t *t);
+/* Reports a step function breaking the step protocol and aborts. */
+void ums__step_misuse(ums__task_t *t, const char *what)
+    __attribute__((noreturn));
 
 /* ====================================================================== */
 /* Workers (worker.c)                                                      */

@@ -75,7 +75,9 @@ ums__task_t *ums__task_alloc(ums_runtime_t *rt) {
   t->timer.cb = timeout_cb;
   t->result = NULL;
   t->status = 0;
-  t->done = t->joining = t->detached = false;
+  t->done = t->joining = t->detached = t->started = false;
+  t->park_pending = false;
+  atomic_store_explicit(&t->park.state, 0, memory_order_relaxed);
   t->joiners.head = t->joiners.tail = NULL;
   t->joiners.n = 0;
   t->name[0] = '\0';
@@ -149,10 +151,11 @@ static void live_dec(ums_runtime_t *rt) {
 }
 
 static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
-                   ums_task_fn fn, void *arg, ums_task_t *out) {
+                           ums_task_fn fn, ums_step_fn step, void *arg,
+                           ums_task_t *out) {
   static const ums_spawn_opts_t defaults = {UMS_ANY_SCHED, 0, NULL};
   if (!opts) opts = &defaults;
-  if (!rt || !fn) return UMS_EINVAL;
+  if (!rt || (!fn && !step)) return UMS_EINVAL;
   if (opts->sched != UMS_ANY_SCHED &&
       (opts->sched < 0 || opts->sched >= rt->nsched))
     return UMS_EINVAL;
@@ -174,6 +177,7 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
                                                  : &rt->scheds[opts->sched];
   t->sched = s;
   t->fn = fn;
+  t->step = step;
   t->arg = arg;
   t->detached = opts->detached != 0;
   t->state = UMS__T_NEW;
@@ -357,9 +361,25 @@ int ums_task_spawn(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
                    ums_task_fn fn, void *arg, ums_task_t *out) {
   if (!rt) return UMS_EINVAL;
   ums__rt_enter(rt);
-  int r = task_spawn_impl(rt, opts, fn, arg, out);
+  int r = fn ? task_spawn_impl(rt, opts, fn, NULL, arg, out) : UMS_EINVAL;
   ums__rt_leave(rt);
   return r;
+}
+
+int ums_task_spawn_step(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
+                        ums_step_fn step, void *arg, ums_task_t *out) {
+  if (!rt) return UMS_EINVAL;
+  ums__rt_enter(rt);
+  int r = step ? task_spawn_impl(rt, opts, NULL, step, arg, out) : UMS_EINVAL;
+  ums__rt_leave(rt);
+  return r;
+}
+
+void ums_step_set_result(void *result, int status) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return;
+  t->result = result;
+  t->status = status;
 }
 
 int ums_task_join(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
@@ -420,6 +440,7 @@ int ums_yield(void) {
   }
   if (atomic_load_explicit(&t->cancelled, memory_order_relaxed))
     return UMS_ECANCELED;
+  if (t->park_pending) return UMS_EBUSY;  /* its unpark would queue it too */
   UMS__COUNT(s, yields);
   t->state = UMS__T_RUNNABLE;
   ums__sched_push_runnable(s, t);

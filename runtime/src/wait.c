@@ -63,6 +63,10 @@ int ums__waiter_init(ums__waiter_t *w, ums__wq_t *wq, ums__lock_t *lock) {
   ums__task_t *t = ums__task_current();
   if (t && atomic_load_explicit(&t->cancelled, memory_order_relaxed))
     return UMS_ECANCELED;
+  /* A begun park must end first: its unpark would queue the task while it
+  ** waits here. (ums_park_begin itself initialises t->park before it sets
+  ** park_pending.) */
+  if (t && t->park_pending) return UMS_EBUSY;
   ums__waiter_init_nocancel(w, wq, lock);
   w->nocancel = false;
   return 0;

@@ -102,27 +102,77 @@ void ums__worker_free_all(ums__sched_t *s) {
   set_counts(s);
 }
 
+/* Runs one step of a step task. Returns true when the task has ended;
+** otherwise the task was parked or queued and w is free again. */
+static bool run_step(ums__sched_t *s, ums__worker_t *w, ums__task_t *t) {
+  if (t->wait == &t->park) {
+    /* Back from a park that ended: its timer may still be armed. */
+    t->wait = NULL;
+    if (ums__timer_armed(&t->timer))
+      ums__timer_disarm(&s->timers, &t->timer);
+  }
+  int r = t->step(t->arg);
+  if (r == UMS_STEP_DONE) {
+    if (t->park_pending)
+      ums__step_misuse(t, "returned UMS_STEP_DONE with a park begun");
+    return true;
+  }
+  unbind(s, w, t);
+  s->cur_task = NULL;
+  if (r == UMS_STEP_PARK) {
+    if (!t->park_pending)
+      ums__step_misuse(t, "returned UMS_STEP_PARK without ums_park_begin");
+    ums__park_after_step(s, t);
+  } else if (r == UMS_STEP_YIELD) {
+    if (t->park_pending)
+      ums__step_misuse(t, "returned UMS_STEP_YIELD with a park begun");
+    UMS__COUNT(s, yields);
+    t->state = UMS__T_RUNNABLE;
+    ums__sched_push_runnable(s, t);
+  } else {
+    ums__step_misuse(t, "returned an unknown UMS_STEP_* value");
+  }
+  return false;
+}
+
+/* Runs a C task's function; ums_exit unwinds to this frame. Kept out of
+** line so no local of the loop lives across the sigsetjmp. */
+static __attribute__((noinline)) void run_fn(ums__worker_t *w,
+                                             ums__task_t *t) {
+  if (sigsetjmp(w->exit_jb, 0) == 0) t->result = t->fn(t->arg);
+}
+
 void ums__worker_main(void *arg) {
   ums__worker_t *w = arg;
   ums__sched_t *s = w->sched;
   for (;;) {
     ums__task_t *t = w->task;
+    bool ended = true;
     s->cur_task = t;
     t->state = UMS__T_RUNNING;
-    /* Past the shutdown deadline nothing starts, even a task whose own
-    ** cancel is still on its way. */
-    if (atomic_load_explicit(&s->rt->cancel_all, memory_order_relaxed))
-      atomic_store(&t->cancelled, 1);
-    if (atomic_load_explicit(&t->cancelled, memory_order_relaxed)) {
-      t->status = UMS_ECANCELED;  /* cancelled before it started */
-    } else if (sigsetjmp(w->exit_jb, 0) == 0) {
-      t->result = t->fn(t->arg);
+    if (!t->started) {
+      t->started = true;
+      /* Past the shutdown deadline nothing starts, even a task whose own
+      ** cancel is still on its way. */
+      if (atomic_load_explicit(&s->rt->cancel_all, memory_order_relaxed))
+        atomic_store(&t->cancelled, 1);
+      if (atomic_load_explicit(&t->cancelled, memory_order_relaxed)) {
+        t->status = UMS_ECANCELED;  /* cancelled before it started */
+        goto end;
+      }
     }
-    /* Both a return and ums_exit arrive here, on this frame. */
-    unbind(s, w, t);
-    s->cur_task = NULL;
-    ums__sched_task_ended(s);
-    ums__task_finish(t);  /* may recycle t */
+    if (t->step)
+      ended = run_step(s, w, t);
+    else
+      run_fn(w, t);
+  end:
+    if (ended) {
+      /* A return, ums_exit and a last step all arrive here. */
+      unbind(s, w, t);
+      s->cur_task = NULL;
+      ums__sched_task_ended(s);
+      ums__task_finish(t);  /* may recycle t */
+    }
     /* Runs other tasks; returns only when a new task is bound to w. */
     ums__sched_schedule(s);
   }

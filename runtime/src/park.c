@@ -1,0 +1,105 @@
+/*
+** park.c: step tasks' parking, and ums_park_* for C tasks.
+**
+** Each task embeds one park waiter (t->park) guarded by t->lock. It sits
+** on no queue: ums_unpark, the task's timer and a cancellation all take
+** t->lock and race for the same state word, so exactly one ends the park
+** (the protocol of wait.c). The winner makes the task runnable exactly
+** once; the task's own side only ever parks it, never queues it, which is
+** what keeps a step that was unparked before it returned from being run
+** twice.
+*/
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int ums_park_begin(int64_t deadline, ums_park_token_t *token) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return UMS_EPERM;
+  if (t->park_pending) return UMS_EBUSY;
+  ums__lock(&t->lock);
+  int r = ums__waiter_init(&t->park, NULL, &t->lock);
+  if (r) {
+    ums__unlock(&t->lock);
+    return r;
+  }
+  t->park_seq++;
+  if (token) {
+    token->task = atomic_load_explicit(&t->id, memory_order_relaxed);
+    token->seq = t->park_seq;
+  }
+  ums__unlock(&t->lock);
+  t->park_deadline = deadline;
+  t->park_pending = true;
+  return 0;
+}
+
+int ums_park_wait(void) {
+  ums__task_t *t = ums__task_current();
+  if (!t || !t->park_pending) return UMS_EINVAL;
+  t->park_pending = false;
+  ums__lock(&t->lock);
+  uint32_t st = atomic_load_explicit(&t->park.state, memory_order_acquire);
+  if (st != UMS__WAITING) {
+    ums__unlock(&t->lock);
+    return (int)st;
+  }
+  return ums__wait(&t->park, t->park_deadline);
+}
+
+int ums_park_result(void) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return UMS_EPERM;
+  uint32_t st = atomic_load_explicit(&t->park.state, memory_order_acquire);
+  return st == UMS__WAITING ? UMS_EBUSY : (int)st;
+}
+
+int ums_unpark(ums_runtime_t *rt, ums_park_token_t token, int outcome) {
+  if (!rt || outcome < 0) return UMS_EINVAL;
+  ums__rt_enter(rt);
+  int r = UMS_ESRCH;
+  ums__task_t *t = ums__task_lookup(rt, token.task);
+  if (t) {
+    ums__wake_t wk;
+    bool won = false;
+    ums__lock(&t->lock);
+    if (atomic_load_explicit(&t->id, memory_order_relaxed) == token.task &&
+        t->park_seq == token.seq)
+      won = ums__waiter_finish(&t->park, outcome, &wk);
+    ums__unlock(&t->lock);
+    if (won) {
+      ums__wake(&wk);
+      r = 0;
+    }
+  }
+  ums__rt_leave(rt);
+  return r;
+}
+
+void ums__park_after_step(ums__sched_t *s, ums__task_t *t) {
+  ums__wake_t wk;
+  bool wake = false;
+  t->park_pending = false;
+  ums__lock(&t->lock);
+  if (atomic_load_explicit(&t->park.state, memory_order_relaxed) ==
+      UMS__WAITING) {
+    t->wait = &t->park;
+    t->state = UMS__T_PARKED;
+    /* A cancel that came while the step ran found it running and left it
+    ** to the next wait point: this is it. */
+    if (atomic_load(&t->cancelled))
+      wake = ums__waiter_finish(&t->park, UMS_ECANCELED, &wk);
+    else if (t->park_deadline != UMS_FOREVER)
+      ums__timer_arm(&s->timers, &t->timer, t->park_deadline);
+  }
+  /* Otherwise the park already ended and its winner queued the task. */
+  ums__unlock(&t->lock);
+  if (wake) ums__wake(&wk);
+}
+
+void ums__step_misuse(ums__task_t *t, const char *what) {
+  fprintf(stderr, "ums: step task %s: %s\n",
+          t->name[0] ? t->name : "(unnamed)", what);
+  abort();
+}
