@@ -235,7 +235,10 @@ enum {
 typedef int (*ums_step_fn)(void *arg);
 
 /* Like ums_task_spawn, for a step task. The result is stored by
-** ums_step_set_result before the step returns UMS_STEP_DONE. */
+** ums_step_set_result before the step returns UMS_STEP_DONE. Unlike a C
+** task, a step task cancelled before it started is still stepped once (if
+** need be past max_workers), with ums_cancelled() true, so that its
+** binding can release what it holds for it; it should end at once. */
 UMS_API int ums_task_spawn_step(ums_runtime_t *rt,
                                 const ums_spawn_opts_t *opts,
                                 ums_step_fn step, void *arg,

@@ -513,6 +513,8 @@ void ums__sched_admit(ums__sched_t *s, ums__task_t *t);
 ** context has work again: its own task was picked, or (free worker) a new
 ** task was bound to it. */
 void ums__sched_schedule(ums__sched_t *s);
+/* Takes a worker slot for t and queues it runnable. [owner] */
+void ums__sched_start_now(ums__sched_t *s, ums__task_t *t);
 /* A started task ended: account for it and start a pending spawn. */
 void ums__sched_task_ended(ums__sched_t *s);
 

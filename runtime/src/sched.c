@@ -83,7 +83,7 @@ static ums__task_t *pending_pop(ums__sched_t *s) {
   return t;
 }
 
-static void start_slot(ums__sched_t *s, ums__task_t *t) {
+void ums__sched_start_now(ums__sched_t *s, ums__task_t *t) {
   set_relaxed(&s->nactive,
               atomic_load_explicit(&s->nactive, memory_order_relaxed) + 1);
   t->state = UMS__T_RUNNABLE;
@@ -92,8 +92,9 @@ static void start_slot(ums__sched_t *s, ums__task_t *t) {
 
 void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
   /* A cancel that arrived before the task did ends it here: it must not
-  ** queue for a worker it will never use. */
-  if (atomic_load(&t->cancelled)) {
+  ** queue for a worker it will never use. (A step task is stepped once
+  ** all the same, so its binding can let go of it.) */
+  if (atomic_load(&t->cancelled) && !t->step) {
     t->status = UMS_ECANCELED;
     ums__task_finish(t);
     return;
@@ -108,13 +109,13 @@ void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
   s->nlocal++;
   UMS__COUNT(s, tasks_spawned);
   int max = s->rt->cfg.max_workers;
-  if (max > 0 &&
+  if (max > 0 && !atomic_load(&t->cancelled) &&
       atomic_load_explicit(&s->nactive, memory_order_relaxed) >= (uint32_t)max) {
     t->state = UMS__T_PENDING;
     pending_push(s, t);
     return;
   }
-  start_slot(s, t);
+  ums__sched_start_now(s, t);
 }
 
 void ums__sched_task_ended(ums__sched_t *s) {
@@ -125,7 +126,7 @@ void ums__sched_task_ended(ums__sched_t *s) {
   if (s->pend_head &&
       (max <= 0 ||
        atomic_load_explicit(&s->nactive, memory_order_relaxed) < (uint32_t)max))
-    start_slot(s, pending_pop(s));
+    ums__sched_start_now(s, pending_pop(s));
 }
 
 /* ---------------------------------------------------------------------- */

@@ -342,6 +342,11 @@ void ums__task_deliver_cancel(ums__task_t *t) {
       atomic_store_explicit(&s->npending,
           atomic_load_explicit(&s->npending, memory_order_relaxed) - 1,
           memory_order_relaxed);
+      if (t->step) {
+        /* Stepped once, past max_workers, so its binding can let go. */
+        ums__sched_start_now(s, t);
+        break;
+      }
       s->nlocal--;
       t->status = UMS_ECANCELED;
       ums__task_finish(t);

@@ -156,8 +156,12 @@ void ums__worker_main(void *arg) {
       ** cancel is still on its way. */
       if (atomic_load_explicit(&s->rt->cancel_all, memory_order_relaxed))
         atomic_store(&t->cancelled, 1);
-      if (atomic_load_explicit(&t->cancelled, memory_order_relaxed)) {
-        t->status = UMS_ECANCELED;  /* cancelled before it started */
+      /* A C task cancelled before it started never runs. A step task is
+      ** still stepped once: its binding holds resources for it and decides
+      ** (ums_cancelled() tells it). */
+      if (!t->step &&
+          atomic_load_explicit(&t->cancelled, memory_order_relaxed)) {
+        t->status = UMS_ECANCELED;
         goto end;
       }
     }

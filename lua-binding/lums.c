@@ -1,0 +1,815 @@
+/*
+** lums.c: the ums.core Lua module. Lua tasks are coroutines run as ums
+** step tasks; every wait is a park (ums_park_begin) that ends either with
+** lua_yieldk back to the step function (the fast path: the task's own
+** coroutine, where Lua can yield) or, where Lua cannot yield (a C call
+** without continuation, a metamethod, the user's own coroutine), with
+** ums_park_wait, which binds the worker to the task while another worker
+** runs the scheduler (DESIGN.md section 4).
+**
+** Threads: every task of a run shares the caller's Lua VM and runs on
+** scheduler 0; the main thread is blocked inside core.run for the whole
+** run, so the VM is only ever touched by one thread at a time. The run's
+** own Lua thread (r->SL) does the binding's Lua work on the scheduler
+** side (results, tracebacks); the main thread's stack is never touched
+** while the run is in progress.
+**
+** See CORE-API.md for the Lua-facing contract.
+*/
+#define _GNU_SOURCE
+#include "ums.h"
+
+#include <dlfcn.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TASK_MT "ums.task"
+#define CANCELLED_KEY "ums.CANCELLED"
+#define RUN_KEY "ums.run"
+#define CONFIG_KEY "ums.config"
+#define ONERROR_KEY "ums.on_error"
+#define ERRORS_KEY "ums.errors"
+
+/* Lua's C stack needs room for LUAI_MAXCCALLS nested C calls; fiber stacks
+** for Lua runs are larger than the C default. Untouched pages cost nothing. */
+#define LUA_STACK_SIZE (1024 * 1024)
+/* Count-hook period (VM instructions) for the quantum check. */
+#define QUANTUM_HOOK_COUNT 1000
+/* Finished coroutines kept for reuse. */
+#define POOL_MAX 4096
+
+typedef struct lrun lrun;
+
+enum { T_NEW, T_LIVE, T_DONE };
+
+typedef struct joiner {
+  ums_park_token_t tok;
+} joiner_t;
+
+typedef struct ltask {
+  ums_task_t id;         /* runtime handle; 0 before spawn */
+  lrun *run;             /* the run it belongs to; NULL once it ended */
+  lua_State *co;         /* its coroutine while live; NULL once done */
+  int co_ref;            /* registry ref anchoring co */
+  int self_ref;          /* registry ref anchoring this userdata while live */
+  int state;             /* T_NEW, T_LIVE, T_DONE */
+  int nargs;             /* arguments waiting for the first resume */
+  bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
+  bool ok;               /* done: ended normally */
+  bool cancelled;        /* done: ended by cancellation */
+  bool joined;           /* its outcome was taken by a join */
+  int nres;              /* done ok: number of results */
+  int64_t slice_start;   /* quantum: when this slice started (0: unknown) */
+  joiner_t *joiners;     /* tasks waiting in join */
+  int njoiners, capjoiners;
+  char name[32];
+} ltask;
+
+/* User values of a task userdata. */
+enum { UV_RESULTS = 1, UV_TRACEBACK, UV_LOCALS, NUV = 3 };
+
+struct lrun {
+  ums_runtime_t *rt;
+  lua_State *SL;         /* the run's own thread, for scheduler-side work */
+  int sl_ref;
+  int64_t quantum;       /* ns; 0: off */
+  /* Coroutine pool: reset threads anchored by registry refs. */
+  struct { lua_State *co; int ref; } *pool;
+  int npool, cappool;
+};
+
+/* The task whose step is running on this thread (a scheduler thread). */
+static _Thread_local ltask *cur_task;
+
+/* ---------------------------------------------------------------------- */
+/* Helpers                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static lrun *get_run(lua_State *L) {
+  lrun *r;
+  lua_getfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+  r = (lrun *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return r;
+}
+
+static ltask *need_task(lua_State *L, const char *fname) {
+  ltask *t = cur_task;
+  if (!t || !t->run)
+    luaL_error(L, "ums.%s: not inside a task (call it from a function run "
+                  "by ums.run or ums.spawn)", fname);
+  return t;
+}
+
+static void push_cancelled(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+}
+
+static int raise_cancelled(lua_State *L) {
+  push_cancelled(L);
+  return lua_error(L);
+}
+
+static int64_t timeout_to_deadline(lua_State *L, int idx) {
+  if (lua_isnoneornil(L, idx)) return UMS_FOREVER;
+  lua_Number s = luaL_checknumber(L, idx);
+  luaL_argcheck(L, s >= 0, idx, "timeout must not be negative");
+  if (s > 1e9) return UMS_FOREVER;
+  return ums_deadline((int64_t)(s * 1e9));
+}
+
+/* ---------------------------------------------------------------------- */
+/* Parking                                                                 */
+/* ---------------------------------------------------------------------- */
+
+/* Finishes a wait whose park has begun: yields with continuation k where
+** Lua can yield here, else blocks this task's worker. k reads the outcome
+** with ums_park_result(). */
+static int park_finish(lua_State *L, ltask *t, lua_KContext ctx,
+                       lua_KFunction k) {
+  if (L == t->co && lua_isyieldable(L)) {
+    t->parking = true;
+    return lua_yieldk(L, 0, ctx, k);
+  }
+  ums_park_wait();
+  cur_task = t;  /* other steps ran on other workers meanwhile */
+  return k(L, LUA_YIELD, ctx);
+}
+
+static int park_begin(lua_State *L, ltask *t, int64_t deadline,
+                      ums_park_token_t *tok) {
+  int r = ums_park_begin(deadline, tok);
+  if (r == UMS_ECANCELED) return raise_cancelled(L);
+  if (r) return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));
+  (void)t;
+  return 0;
+}
+
+/* core.park_begin([timeout]) -> seq */
+static int l_park_begin(lua_State *L) {
+  ltask *t = need_task(L, "park_begin");
+  ums_park_token_t tok;
+  park_begin(L, t, timeout_to_deadline(L, 1), &tok);
+  lua_pushinteger(L, (lua_Integer)tok.seq);
+  return 1;
+}
+
+static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
+  int r = ums_park_result();
+  (void)status;
+  (void)ctx;
+  if (r == UMS_ECANCELED) return raise_cancelled(L);
+  if (r == UMS_ETIMEDOUT) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  lua_pushinteger(L, r);
+  return 1;
+}
+
+/* core.park_wait() -> outcome | nil, "timeout" */
+static int l_park_wait(lua_State *L) {
+  ltask *t = need_task(L, "park_wait");
+  return park_finish(L, t, 0, park_wait_k);
+}
+
+static ltask *check_task(lua_State *L, int idx) {
+  return (ltask *)luaL_checkudata(L, idx, TASK_MT);
+}
+
+/* core.unpark(task, seq [, outcome]) -> boolean */
+static int l_unpark(lua_State *L) {
+  ltask *t = check_task(L, 1);
+  lua_Integer seq = luaL_checkinteger(L, 2);
+  lua_Integer outcome = luaL_optinteger(L, 3, 0);
+  luaL_argcheck(L, outcome >= 0 && outcome <= 0x7fffffff, 3,
+                "outcome must be a non-negative integer");
+  if (!t->run || t->state != T_LIVE) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  ums_park_token_t tok = {t->id, (uint64_t)seq};
+  lua_pushboolean(L, ums_unpark(t->run->rt, tok, (int)outcome) == 0);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Task life cycle                                                         */
+/* ---------------------------------------------------------------------- */
+
+static void qhook(lua_State *L, lua_Debug *ar);
+
+static lua_State *take_coroutine(lrun *r, int *ref) {
+  if (r->npool) {
+    r->npool--;
+    *ref = r->pool[r->npool].ref;
+    return r->pool[r->npool].co;
+  }
+  lua_State *co = lua_newthread(r->SL);
+  *ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
+  return co;
+}
+
+static void give_back_coroutine(lrun *r, lua_State *co, int ref) {
+#if LUA_VERSION_NUM >= 504
+  /* Closes pending to-be-closed variables and clears the stack. */
+  int st = lua_resetthread(co);
+#else
+  int st = LUA_OK;
+#endif
+  if (st == LUA_OK && r->npool < POOL_MAX) {
+    if (r->npool == r->cappool) {
+      int cap = r->cappool ? r->cappool * 2 : 64;
+      void *p = realloc(r->pool, (size_t)cap * sizeof *r->pool);
+      if (p) {
+        r->pool = p;
+        r->cappool = cap;
+      }
+    }
+    if (r->npool < r->cappool) {
+      r->pool[r->npool].co = co;
+      r->pool[r->npool].ref = ref;
+      r->npool++;
+      return;
+    }
+  }
+  luaL_unref(r->SL, LUA_REGISTRYINDEX, ref);
+}
+
+static void wake_joiners(ltask *t) {
+  for (int i = 0; i < t->njoiners; i++)
+    ums_unpark(t->run->rt, t->joiners[i].tok, 0);
+  t->njoiners = 0;
+}
+
+/* A joiner that timed out takes its entry back, so that polling join with
+** a timeout does not grow the list. */
+static void drop_joiner(ltask *t, ums_task_t who, uint64_t seq) {
+  for (int i = 0; i < t->njoiners; i++) {
+    if (t->joiners[i].tok.task == who && t->joiners[i].tok.seq == seq) {
+      t->joiners[i] = t->joiners[--t->njoiners];
+      return;
+    }
+  }
+}
+
+/* The task's coroutine ended with status st: keep its outcome in the
+** userdata, close the coroutine, wake joiners. Runs on the scheduler. */
+static void task_finish(ltask *t, int st, int nres) {
+  lrun *r = t->run;
+  lua_State *SL = r->SL, *co = t->co;
+  lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the userdata */
+  if (st == LUA_OK) {
+    t->ok = true;
+    t->nres = nres;
+    if (nres > 0) {
+      lua_createtable(SL, nres, 0);
+      lua_xmove(co, SL, nres);
+      /* With i values left above it, the table is at -(i + 1). */
+      for (int i = nres; i >= 1; i--) lua_rawseti(SL, -(i + 1), i);
+      lua_setiuservalue(SL, -2, UV_RESULTS);
+    }
+  } else {
+    t->ok = false;
+    /* The traceback of the coroutine at the error, before it is closed. */
+    const char *msg = lua_tostring(co, -1);
+    luaL_traceback(SL, co, msg, 0);
+    lua_setiuservalue(SL, -2, UV_TRACEBACK);
+    lua_xmove(co, SL, 1);  /* the error value, identity kept */
+    push_cancelled(SL);
+    t->cancelled = lua_rawequal(SL, -1, -2);
+    lua_pop(SL, 1);
+    lua_setiuservalue(SL, -2, UV_RESULTS);
+    /* Remember it until somebody joins it or the run reports it. */
+    lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
+    lua_pushvalue(SL, -2);
+    lua_rawseti(SL, -2, (lua_Integer)lua_rawlen(SL, -2) + 1);
+    lua_pop(SL, 1);
+  }
+  lua_pop(SL, 1);
+  /* Pending to-be-closed variables run now (an error or a cancellation
+  ** left them), while the task is still current: they may wait, on the
+  ** blocking path, since Lua cannot yield from here. */
+  give_back_coroutine(r, co, t->co_ref);
+  t->co = NULL;
+  t->state = T_DONE;
+  wake_joiners(t);
+  luaL_unref(SL, LUA_REGISTRYINDEX, t->self_ref);
+  t->self_ref = LUA_NOREF;
+  t->run = NULL;
+}
+
+static int task_step(void *arg) {
+  ltask *t = arg;
+  ltask *prev = cur_task;
+  int nargs = 0, nres = 0, st;
+  cur_task = t;
+  if (t->state == T_NEW) {
+    t->state = T_LIVE;
+    if (ums_cancelled()) {
+      /* Cancelled before it started: it never runs. */
+      lua_settop(t->co, 0);
+      push_cancelled(t->co);
+      task_finish(t, LUA_ERRRUN, 0);
+      cur_task = prev;
+      return UMS_STEP_DONE;
+    }
+    nargs = t->nargs;
+  }
+  t->parking = false;
+  t->slice_start = 0;
+  st = lua_resume(t->co, NULL, nargs, &nres);
+  if (st == LUA_YIELD) {
+    cur_task = prev;
+    lua_pop(t->co, nres);  /* a bare coroutine.yield in the task body */
+    return t->parking ? UMS_STEP_PARK : UMS_STEP_YIELD;
+  }
+  task_finish(t, st, nres);
+  cur_task = prev;
+  return UMS_STEP_DONE;
+}
+
+/* Creates a task running the function at index `first` with the values
+** above it as arguments (all popped). L is the caller's thread. */
+static ltask *task_new(lua_State *L, lrun *r, int first) {
+  int n = lua_gettop(L) - first;  /* arguments */
+  ltask *t = (ltask *)lua_newuserdatauv(L, sizeof *t, NUV);
+  memset(t, 0, sizeof *t);
+  t->self_ref = t->co_ref = LUA_NOREF;
+  luaL_setmetatable(L, TASK_MT);
+  t->run = r;
+  t->co = take_coroutine(r, &t->co_ref);
+  if (r->quantum > 0)
+    lua_sethook(t->co, qhook, LUA_MASKCOUNT, QUANTUM_HOOK_COUNT);
+  else
+    lua_sethook(t->co, NULL, 0, 0);
+  /* Move function and arguments onto the coroutine, below the userdata. */
+  lua_rotate(L, first, 1);  /* userdata to `first` */
+  lua_xmove(L, t->co, n + 1);
+  t->nargs = n;
+  lua_pushvalue(L, first);
+  t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  ums_spawn_opts_t opts = {0, 0, NULL};
+  int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &t->id);
+  if (rc) {
+    luaL_unref(L, LUA_REGISTRYINDEX, t->self_ref);
+    t->self_ref = LUA_NOREF;
+    lua_settop(t->co, 0);
+    give_back_coroutine(r, t->co, t->co_ref);
+    t->co = NULL;
+    t->run = NULL;
+    luaL_error(L, "ums.spawn: %s", ums_strerror(rc));
+  }
+  return t;  /* the userdata is at index `first` */
+}
+
+/* core.spawn(fn, ...) -> task */
+static int l_spawn(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lrun *r = get_run(L);
+  if (!r || !cur_task)
+    return luaL_error(L, "ums.spawn: not inside a task (call it from a "
+                         "function run by ums.run or ums.spawn)");
+  task_new(L, r, 1);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The quantum                                                             */
+/* ---------------------------------------------------------------------- */
+
+/* Every QUANTUM_HOOK_COUNT instructions: the first call of a slice notes
+** the time, later ones compare; the clock is never read by short slices.
+** Yields only from the task's own coroutine where Lua can yield; elsewhere
+** the preemption waits for the next such point. */
+static void qhook(lua_State *L, lua_Debug *ar) {
+  ltask *t = cur_task;
+  (void)ar;
+  if (!t || !t->run || !t->run->quantum) return;
+  int64_t now = ums_now();
+  if (t->slice_start == 0) {
+    t->slice_start = now;
+    return;
+  }
+  if (now - t->slice_start < t->run->quantum) return;
+  if (L == t->co && lua_isyieldable(L)) {
+    t->parking = false;
+    lua_yield(L, 0);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Current-task calls                                                      */
+/* ---------------------------------------------------------------------- */
+
+static int l_self(lua_State *L) {
+  ltask *t = cur_task;
+  if (!t || t->self_ref == LUA_NOREF)
+    lua_pushnil(L);
+  else
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
+  return 1;
+}
+
+static int yield_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  if (ums_cancelled()) return raise_cancelled(L);
+  return 0;
+}
+
+static int l_yield(lua_State *L) {
+  ltask *t = need_task(L, "yield");
+  if (ums_cancelled()) return raise_cancelled(L);
+  if (L == t->co && lua_isyieldable(L)) {
+    t->parking = false;
+    return lua_yieldk(L, 0, 0, yield_k);
+  }
+  int r = ums_yield();
+  cur_task = t;
+  if (r == UMS_ECANCELED) return raise_cancelled(L);
+  return 0;
+}
+
+static int sleep_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  if (ums_park_result() == UMS_ECANCELED) return raise_cancelled(L);
+  return 0;
+}
+
+static int l_sleep(lua_State *L) {
+  lua_Number s = luaL_checknumber(L, 1);
+  luaL_argcheck(L, s >= 0, 1, "sleep time must not be negative");
+  ltask *t = need_task(L, "sleep");
+  ums_park_token_t tok;
+  park_begin(L, t, s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9)),
+             &tok);
+  return park_finish(L, t, 0, sleep_k);
+}
+
+static int l_now(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)ums_now() / 1e9);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Task methods                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* Pushes a finished task's outcome as join returns it. */
+static int push_outcome(lua_State *L, int idx, ltask *t) {
+  t->joined = true;
+  if (t->ok) {
+    lua_pushboolean(L, 1);
+    if (t->nres == 0) return 1;
+    lua_getiuservalue(L, idx, UV_RESULTS);
+    int tbl = lua_gettop(L);
+    luaL_checkstack(L, t->nres, "too many results");
+    for (int i = 1; i <= t->nres; i++) lua_rawgeti(L, tbl, i);
+    lua_remove(L, tbl);
+    return 1 + t->nres;
+  }
+  lua_pushboolean(L, 0);
+  lua_getiuservalue(L, idx, UV_RESULTS);
+  lua_getiuservalue(L, idx, UV_TRACEBACK);
+  return 3;
+}
+
+static int join_k(lua_State *L, int status, lua_KContext ctx) {
+  ltask *t = (ltask *)lua_touserdata(L, 1);
+  (void)status;
+  int r = ums_park_result();
+  if (t->state != T_DONE) drop_joiner(t, cur_task->id, (uint64_t)ctx);
+  if (r == UMS_ECANCELED) return raise_cancelled(L);
+  if (t->state != T_DONE) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  return push_outcome(L, 1, t);
+}
+
+static int l_task_join(lua_State *L) {
+  ltask *t = check_task(L, 1);
+  int64_t deadline = timeout_to_deadline(L, 2);
+  lua_settop(L, 1);
+  if (t->state == T_DONE) return push_outcome(L, 1, t);
+  ltask *me = need_task(L, "join");
+  if (me == t) return luaL_error(L, "ums: a task cannot join itself");
+  if (t->run != me->run)
+    return luaL_error(L, "ums: cannot join a task of another run");
+  if (t->njoiners == t->capjoiners) {
+    int cap = t->capjoiners ? t->capjoiners * 2 : 2;
+    joiner_t *j = realloc(t->joiners, (size_t)cap * sizeof *j);
+    if (!j) return luaL_error(L, "ums: out of memory");
+    t->joiners = j;
+    t->capjoiners = cap;
+  }
+  ums_park_token_t tok;
+  park_begin(L, me, deadline, &tok);
+  t->joiners[t->njoiners++].tok = tok;
+  return park_finish(L, me, (lua_KContext)tok.seq, join_k);
+}
+
+static int l_task_cancel(lua_State *L) {
+  ltask *t = check_task(L, 1);
+  if (!t->run || t->state == T_DONE) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  lua_pushboolean(L, ums_task_cancel(t->run->rt, t->id) == 0);
+  return 1;
+}
+
+static int l_task_status(lua_State *L) {
+  ltask *t = check_task(L, 1);
+  const char *s;
+  if (t->state == T_DONE)
+    s = t->ok ? "done" : t->cancelled ? "cancelled" : "error";
+  else if (t->state == T_NEW)
+    s = "pending";
+  else if (t == cur_task)
+    s = "running";
+  else
+    s = "suspended";
+  lua_pushstring(L, s);
+  return 1;
+}
+
+static int l_task_name(lua_State *L) {
+  ltask *t = check_task(L, 1);
+  if (!lua_isnoneornil(L, 2)) {
+    size_t len;
+    const char *n = luaL_checklstring(L, 2, &len);
+    luaL_argcheck(L, len < sizeof t->name, 2, "name longer than 31 bytes");
+    memcpy(t->name, n, len + 1);
+  }
+  lua_pushstring(L, t->name);
+  return 1;
+}
+
+static int l_task_id(lua_State *L) {
+  ltask *t = check_task(L, 1);
+  lua_pushinteger(L, (lua_Integer)t->id);
+  return 1;
+}
+
+static int l_task_locals(lua_State *L) {
+  check_task(L, 1);
+  if (lua_getiuservalue(L, 1, UV_LOCALS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, 1, UV_LOCALS);
+  }
+  return 1;
+}
+
+static int l_task_tostring(lua_State *L) {
+  ltask *t = check_task(L, 1);
+  if (t->name[0])
+    lua_pushfstring(L, "ums.task %s (%p)", t->name, (void *)t);
+  else
+    lua_pushfstring(L, "ums.task (%p)", (void *)t);
+  return 1;
+}
+
+static int l_task_gc(lua_State *L) {
+  ltask *t = check_task(L, 1);
+  free(t->joiners);
+  t->joiners = NULL;
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Runs                                                                    */
+/* ---------------------------------------------------------------------- */
+
+static int config_int(lua_State *L, int cfg, const char *key, int dflt) {
+  int v = dflt;
+  if (lua_getfield(L, cfg, key) != LUA_TNIL) v = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static double config_num(lua_State *L, int cfg, const char *key,
+                         double dflt) {
+  double v = dflt;
+  if (lua_getfield(L, cfg, key) != LUA_TNIL) v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Calls the error handler for every failed task nobody joined. Main
+** thread, after the runtime is gone. */
+static void report_errors(lua_State *L, ltask *main) {
+  lua_getfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
+  int errs = lua_gettop(L);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, errs);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, errs, i);
+    ltask *t = (ltask *)lua_touserdata(L, -1);
+    if (t == main || t->joined || t->cancelled) {
+      lua_pop(L, 1);
+      continue;
+    }
+    t->joined = true;
+    lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
+    lua_getiuservalue(L, -2, UV_RESULTS);
+    lua_getiuservalue(L, -3, UV_TRACEBACK);
+    lua_pushvalue(L, -4);
+    if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
+      fprintf(stderr, "ums: error in the on_error handler: %s\n",
+              lua_tostring(L, -1));
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
+}
+
+static void run_free(lua_State *L, lrun *r) {
+  for (int i = 0; i < r->npool; i++)
+    luaL_unref(L, LUA_REGISTRYINDEX, r->pool[i].ref);
+  free(r->pool);
+  luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
+  free(r);
+  lua_pushnil(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+}
+
+/* core.run(fn, ...) */
+static int l_run(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (get_run(L))
+    return luaL_error(L, "ums.run: a run is already in progress "
+                         "(ums.run cannot be nested; use ums.spawn)");
+  lua_getfield(L, LUA_REGISTRYINDEX, CONFIG_KEY);
+  int cfgi = lua_gettop(L);
+  ums_config_t cfg = {0};
+  cfg.schedulers = config_int(L, cfgi, "schedulers", 1);
+  cfg.max_workers = config_int(L, cfgi, "max_workers", 0);
+  cfg.stack_size = (size_t)config_int(L, cfgi, "stack_size", LUA_STACK_SIZE);
+  double idle = config_num(L, cfgi, "worker_idle_timeout", 10.0);
+  cfg.worker_idle_timeout = idle < 0 ? -1 : (int64_t)(idle * 1e9);
+  cfg.idle_workers_kept = config_int(L, cfgi, "idle_workers_kept", 16);
+  double quantum = config_num(L, cfgi, "quantum", 0.004);
+  lua_pop(L, 1);
+
+  lrun *r = calloc(1, sizeof *r);
+  if (!r) return luaL_error(L, "ums.run: out of memory");
+  r->quantum = quantum > 0 ? (int64_t)(quantum * 1e9) : 0;
+  r->SL = lua_newthread(L);
+  r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  int err;
+  r->rt = ums_runtime_new(&cfg, &err);
+  if (!r->rt) {
+    luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
+    free(r);
+    return luaL_error(L, "ums.run: cannot start the runtime: %s",
+                      ums_strerror(err));
+  }
+  lua_pushlightuserdata(L, r);
+  lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+
+  ltask *main = task_new(L, r, 1);  /* userdata now at index 1 */
+  lua_settop(L, 1);
+  /* From here until the runtime is shut down, the VM belongs to the
+  ** scheduler thread; this thread only waits. */
+  ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
+  ums_runtime_shutdown(r->rt, main->ok ? UMS_FOREVER : 0);
+  r->rt = NULL;
+  run_free(L, r);
+  main->run = NULL;
+  report_errors(L, main);
+  if (main->ok) {
+    int n = push_outcome(L, 1, main);
+    return n - 1;  /* drop the leading true */
+  }
+  /* Raise the main task's error, keeping its identity; a string gets the
+  ** task's traceback, which the caller's own traceback would not show. */
+  lua_getiuservalue(L, 1, UV_RESULTS);
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    lua_pop(L, 1);
+    lua_getiuservalue(L, 1, UV_TRACEBACK);
+  }
+  return lua_error(L);
+}
+
+/* core.config([tbl]) */
+static int l_config(lua_State *L) {
+  if (!lua_isnoneornil(L, 1)) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_getfield(L, LUA_REGISTRYINDEX, CONFIG_KEY);
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_settable(L, 2);
+    }
+    lua_pop(L, 1);
+  }
+  lua_getfield(L, LUA_REGISTRYINDEX, CONFIG_KEY);
+  return 1;
+}
+
+static int l_on_error(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
+  return 0;
+}
+
+static int default_on_error(lua_State *L) {
+  const char *tb = lua_tostring(L, 2);
+  const char *msg = luaL_tolstring(L, 1, NULL);
+  fprintf(stderr, "ums: error in a task nobody joined: %s\n", tb ? tb : msg);
+  fflush(stderr);
+  return 0;
+}
+
+static int cancelled_tostring(lua_State *L) {
+  lua_pushliteral(L, "task cancelled");
+  return 1;
+}
+
+/* Keep the module mapped until the process exits: Lua unloads C modules
+** at lua_close (os.exit(code, true) does it), and a scheduler thread
+** still running in the runtime's code at that moment would crash. */
+static void pin_module(void) {
+  Dl_info info;
+  if (dladdr((void *)pin_module, &info) && info.dli_fname)
+    dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+int luaopen_ums_core(lua_State *L) {
+  static const luaL_Reg task_methods[] = {
+      {"join", l_task_join},     {"cancel", l_task_cancel},
+      {"status", l_task_status}, {"name", l_task_name},
+      {"id", l_task_id},         {"locals", l_task_locals},
+      {NULL, NULL}};
+  static const luaL_Reg funcs[] = {
+      {"run", l_run},
+      {"spawn", l_spawn},
+      {"self", l_self},
+      {"yield", l_yield},
+      {"sleep", l_sleep},
+      {"now", l_now},
+      {"park_begin", l_park_begin},
+      {"park_wait", l_park_wait},
+      {"unpark", l_unpark},
+      {"config", l_config},
+      {"on_error", l_on_error},
+      {NULL, NULL}};
+  pin_module();
+
+  if (luaL_newmetatable(L, TASK_MT)) {
+    luaL_newlib(L, task_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_task_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pushcfunction(L, l_task_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+
+  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_newtable(L);
+    lua_pushcfunction(L, cancelled_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+  }
+  int cancelled = lua_gettop(L);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, CONFIG_KEY) == LUA_TNIL) {
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, CONFIG_KEY);
+  }
+  lua_pop(L, 1);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY) == LUA_TNIL) {
+    lua_pushcfunction(L, default_on_error);
+    lua_setfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
+  }
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_setfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
+
+  luaL_newlib(L, funcs);
+  lua_pushvalue(L, cancelled);
+  lua_setfield(L, -2, "CANCELLED");
+  return 1;
+}

@@ -1,0 +1,95 @@
+--- ums: green threads for Lua 5.4 on a user-mode scheduler.
+-- The C core (ums.core) runs tasks and parks them; this module adds the
+-- checked configuration, the synchronisation primitives (ums.sync) and
+-- the test helper. See README.md for the API.
+local core = require "ums.core"
+
+local ums = {}
+for k, v in pairs(core) do ums[k] = v end
+
+-- Configuration: every key is checked here, so a typo fails at once
+-- rather than silently running with a default.
+local function positive_int(v) return math.type(v) == "integer" and v > 0 end
+local function non_negative_int(v)
+  return math.type(v) == "integer" and v >= 0
+end
+local function non_negative_number(v)
+  return type(v) == "number" and v >= 0 and v == v
+end
+local function number_or_negative(v) return type(v) == "number" and v == v end
+
+local settings = {
+  schedulers = {positive_int, "a positive integer"},
+  max_workers = {non_negative_int, "a non-negative integer (0: no bound)"},
+  quantum = {non_negative_number,
+             "a non-negative number of seconds (0: off)"},
+  stack_size = {function(v) return math.type(v) == "integer" and v >= 16384 end,
+                "an integer number of bytes, at least 16384"},
+  worker_idle_timeout = {number_or_negative,
+                         "a number of seconds (negative: never trim)"},
+  idle_workers_kept = {non_negative_int, "a non-negative integer"},
+}
+
+local defaults = {
+  schedulers = 1,
+  max_workers = 0,
+  quantum = 0.004,
+  stack_size = 1024 * 1024,
+  worker_idle_timeout = 10,
+  idle_workers_kept = 16,
+}
+
+--- ums.config([settings]) -> the settings in force for the next ums.run.
+function ums.config(t)
+  if t ~= nil then
+    if type(t) ~= "table" then
+      error(("bad argument #1 to 'config' (table expected, got %s)")
+            :format(type(t)), 2)
+    end
+    for k, v in pairs(t) do
+      local rule = settings[k]
+      if not rule then
+        error(("ums.config: unknown setting '%s'"):format(tostring(k)), 2)
+      end
+      if not rule[1](v) then
+        error(("ums.config: '%s' must be %s, got %s"):format(
+          k, rule[2], tostring(v)), 2)
+      end
+    end
+    core.config(t)
+  end
+  local current = core.config()
+  local out = {}
+  for k, v in pairs(defaults) do
+    if current[k] == nil then out[k] = v else out[k] = current[k] end
+  end
+  return out
+end
+
+-- Make the defaults explicit in the core's table, once.
+core.config(ums.config())
+
+--- ums.run(fn, ...) -> fn's results. Blocks until every task has ended.
+function ums.run(fn, ...)
+  if type(fn) ~= "function" then
+    error(("bad argument #1 to 'run' (function expected, got %s)")
+          :format(type(fn)), 2)
+  end
+  return core.run(fn, ...)
+end
+
+--- ums.locals() -> the current task's local storage table.
+function ums.locals()
+  local t = core.self()
+  if not t then error("ums.locals: not inside a task", 2) end
+  return t:locals()
+end
+
+local has_sync, sync = pcall(require, "ums.sync")
+if has_sync then
+  for k, v in pairs(sync) do ums[k] = v end
+elseif not tostring(sync):find("module 'ums.sync' not found", 1, true) then
+  error(sync, 0)
+end
+
+return ums
