@@ -85,6 +85,12 @@ function ums.locals()
   return t:locals()
 end
 
+--- ums.test(fn [, timeout]) -> runs fn as a task in a fresh run; raises
+-- on timeout or on an error of any task nobody joined (stdlib/ums/test.lua).
+function ums.test(fn, timeout)
+  return require("ums.test")(fn, timeout)
+end
+
 local has_sync, sync = pcall(require, "ums.sync")
 if has_sync then
   for k, v in pairs(sync) do ums[k] = v end
