@@ -177,17 +177,14 @@ int ums_chan_close(ums_chan_t *ch) {
   }
   ch->closed = true;
   /* Parked receivers imply an empty buffer; parked senders never get in.
-  ** Both learn of the close now. */
-  for (;;) {
-    ums__wake_t wk;
-    ums__waiter_t *w = ums__wq_grant_first(&ch->recvq, UMS_ECLOSED, &wk);
-    if (!w) w = ums__wq_grant_first(&ch->sendq, UMS_ECLOSED, &wk);
-    if (!w) break;
-    ums__unlock(&ch->lock);
-    ums__wake(&wk);
-    ums__lock(&ch->lock);
-  }
+  ** Both learn of the close now. A woken party may free the channel, so
+  ** the wake-ups run after the last touch of it. */
+  ums__wakelist_t wl;
+  ums__wakelist_init(&wl);
+  ums__wq_grant_all(&ch->recvq, UMS_ECLOSED, &wl);
+  ums__wq_grant_all(&ch->sendq, UMS_ECLOSED, &wl);
   ums__unlock(&ch->lock);
+  ums__wakelist_run(&wl);
   return 0;
 }
 

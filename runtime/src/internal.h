@@ -265,6 +265,28 @@ ums__waiter_t *ums__wq_grant_first(ums__wq_t *q, int outcome,
 /* Wakes what ums__waiter_finish captured. Call without locks held. */
 void ums__wake(const ums__wake_t *wk);
 
+/* Wake-ups gathered under an object's lock and run after the last unlock.
+** A woken waiter may free the object at once (a completion semaphore on
+** its stack), so a waker granting several waiters must not touch the
+** object between wakes. Tasks chain through t->wake_next; host threads'
+** futex addresses go in a small array, and past its size are woken at
+** once (a system call under the lock, rare and still correct). */
+#define UMS__WAKELIST_FUTEX 8
+typedef struct ums__wakelist {
+  ums__task_t *head, *tail;
+  _Atomic uint32_t *futex[UMS__WAKELIST_FUTEX];
+  int nfutex;
+} ums__wakelist_t;
+
+static inline void ums__wakelist_init(ums__wakelist_t *wl) {
+  wl->head = wl->tail = NULL;
+  wl->nfutex = 0;
+}
+void ums__wakelist_add(ums__wakelist_t *wl, const ums__wake_t *wk);
+void ums__wakelist_run(ums__wakelist_t *wl);
+/* Grants every waiter of q with outcome into wl. Call with the lock held. */
+void ums__wq_grant_all(ums__wq_t *q, int outcome, ums__wakelist_t *wl);
+
 /* Ends a wait from the outside (timeout or cancel): takes w->lock if any,
 ** tries the outcome, wakes. Called by the owner scheduler. */
 void ums__waiter_abort(ums__waiter_t *w, int outcome);
@@ -304,6 +326,7 @@ struct ums__task {
   ums__task_t *prev;           /* [owner] pending queue (cancel unlinks) */
   ums__task_t *inbox_next;     /* [atomic via the inbox push] */
   ums__task_t *cancel_next;    /* [atomic via the cancel list push] */
+  ums__task_t *wake_next;      /* [the winning waker] wake list */
 
   /* Execution: the owner scheduler. */
   ums__sched_t *sched;         /* [const after placement] */

@@ -5,7 +5,10 @@
 ** queue. Waiters are granted in the critical section (ums__waiter_finish)
 ** and woken after it (ums__wake), so no system call or fiber switch
 ** happens under a lock. A waiter's payload (w->data) is read before the
-** grant: once granted, a host thread's waiter may vanish.
+** grant: once granted, a host thread's waiter may vanish. And once a
+** waker has woken anyone it never touches the object again, since the
+** woken party may free it: several grants are gathered in a wake list
+** and run after the one unlock.
 */
 #include "internal.h"
 
@@ -30,10 +33,14 @@ static bool grant_one_unlock(ums__lock_t *l, ums__wq_t *q, int outcome) {
   return any;
 }
 
-/* Grants every waiter of q; takes and releases l around each wake. */
-static void grant_all(ums__lock_t *l, ums__wq_t *q, int outcome) {
-  ums__lock(l);
-  while (grant_one_unlock(l, q, outcome)) ums__lock(l);
+/* Grants every waiter of q, then unlocks l and wakes them. Call with l
+** held. */
+static void grant_all_unlock(ums__lock_t *l, ums__wq_t *q, int outcome) {
+  ums__wakelist_t wl;
+  ums__wakelist_init(&wl);
+  ums__wq_grant_all(q, outcome, &wl);
+  ums__unlock(l);
+  ums__wakelist_run(&wl);
 }
 
 /* ====================================================================== */
@@ -182,13 +189,16 @@ int ums_sem_release(ums_sem_t *s, int64_t n) {
     return UMS_ERANGE;
   }
   /* Each unit goes to the first waiter, if any; the rest is banked. */
-  while (n > 0 && s->wq.head) {
+  ums__wakelist_t wl;
+  ums__wake_t wk;
+  ums__wakelist_init(&wl);
+  while (n > 0 && ums__wq_grant_first(&s->wq, 0, &wk)) {
     n--;
-    grant_one_unlock(&s->lock, &s->wq, 0);
-    ums__lock(&s->lock);
+    ums__wakelist_add(&wl, &wk);
   }
   s->value += n;
   ums__unlock(&s->lock);
+  ums__wakelist_run(&wl);
   return 0;
 }
 
@@ -235,9 +245,7 @@ int ums_event_set(ums_event_t *e) {
   ums__lock(&e->lock);
   if (e->manual) {
     e->set = true;
-    ums__unlock(&e->lock);
-    /* Waiters that arrive meanwhile see `set` and do not queue. */
-    grant_all(&e->lock, &e->wq, 0);
+    grant_all_unlock(&e->lock, &e->wq, 0);
     return 0;
   }
   /* Auto reset: hand the signal to one waiter, or keep it for the next. */
@@ -342,6 +350,7 @@ int ums_cond_signal(ums_cond_t *c) {
 
 int ums_cond_broadcast(ums_cond_t *c) {
   if (!c) return UMS_EINVAL;
-  grant_all(&c->lock, &c->wq, 0);
+  ums__lock(&c->lock);
+  grant_all_unlock(&c->lock, &c->wq, 0);
   return 0;
 }

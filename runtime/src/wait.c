@@ -106,6 +106,39 @@ void ums__wake(const ums__wake_t *wk) {
     ums__futex_wake(wk->futex, 1);
 }
 
+void ums__wakelist_add(ums__wakelist_t *wl, const ums__wake_t *wk) {
+  if (wk->task) {
+    wk->task->wake_next = NULL;
+    if (wl->tail)
+      wl->tail->wake_next = wk->task;
+    else
+      wl->head = wk->task;
+    wl->tail = wk->task;
+  } else if (wk->futex) {
+    if (wl->nfutex < UMS__WAKELIST_FUTEX)
+      wl->futex[wl->nfutex++] = wk->futex;
+    else
+      ums__futex_wake(wk->futex, 1);
+  }
+}
+
+void ums__wakelist_run(ums__wakelist_t *wl) {
+  ums__task_t *t = wl->head;
+  while (t) {
+    /* Read the link first: once ready, t may run and park again. */
+    ums__task_t *next = t->wake_next;
+    ums__task_ready(t);
+    t = next;
+  }
+  for (int i = 0; i < wl->nfutex; i++) ums__futex_wake(wl->futex[i], 1);
+  ums__wakelist_init(wl);
+}
+
+void ums__wq_grant_all(ums__wq_t *q, int outcome, ums__wakelist_t *wl) {
+  ums__wake_t wk;
+  while (ums__wq_grant_first(q, outcome, &wk)) ums__wakelist_add(wl, &wk);
+}
+
 static bool abort_locked(ums__waiter_t *w, int outcome, ums__wake_t *wk) {
   bool won;
   if (w->lock) ums__lock(w->lock);
@@ -138,7 +171,17 @@ int ums__wait(ums__waiter_t *w, int64_t deadline) {
   if (w->lock) ums__unlock(w->lock);
   for (;;) {
     uint32_t st = atomic_load_explicit(&w->state, memory_order_acquire);
-    if (st != UMS__WAITING) return (int)st;
+    if (st != UMS__WAITING) {
+      /* The waker set our state inside its critical section and may not
+      ** have released the lock yet; pass through it once, so that when we
+      ** return (and the caller perhaps frees the object) the waker is done
+      ** with the object. */
+      if (w->lock) {
+        ums__lock(w->lock);
+        ums__unlock(w->lock);
+      }
+      return (int)st;
+    }
     if (ums__futex_wait(&w->state, UMS__WAITING, deadline) == -ETIMEDOUT) {
       ums__wake_t wk;
       /* Either our timeout wins (no wake needed: we are the waiter) or an
