@@ -377,6 +377,9 @@ void ums__task_deliver_cancel(ums__task_t *t);
 /* After a step returned UMS_STEP_PARK: parks t unless its park has
 ** already ended (then its winner has queued it). [owner] (park.c) */
 void ums__park_after_step(ums__sched_t *s, ums__task_t *t);
+/* Ends the running task's begun park (UMS_ECANCELED unless it already
+** ended) and takes the wake-up that queued. [owner] (park.c) */
+void ums__park_drop(ums__task_t *t);
 /* Reports a step function breaking the step protocol and aborts. */
 void ums__step_misuse(ums__task_t *t, const char *what)
     __attribute__((noreturn));

@@ -35,17 +35,29 @@ int ums_park_begin(int64_t deadline, ums_park_token_t *token) {
   return 0;
 }
 
+/* Parks the running task until its park ends. Whoever ended the park (an
+** unpark that came before this call included) queued the task exactly
+** once, so the task always goes through the scheduler to take that one
+** wake-up; returning early would leave it queued for the next wait. */
+static int park_consume(ums__task_t *t, int64_t deadline) {
+  t->park_pending = false;
+  /* A cancel delivered while the task was running (itself, or another
+  ** task of its scheduler) left it to this wait point. */
+  if (atomic_load(&t->cancelled))
+    ums__waiter_abort(&t->park, UMS_ECANCELED);
+  ums__lock(&t->lock);
+  return ums__wait(&t->park, deadline);
+}
+
 int ums_park_wait(void) {
   ums__task_t *t = ums__task_current();
   if (!t || !t->park_pending) return UMS_EINVAL;
-  t->park_pending = false;
-  ums__lock(&t->lock);
-  uint32_t st = atomic_load_explicit(&t->park.state, memory_order_acquire);
-  if (st != UMS__WAITING) {
-    ums__unlock(&t->lock);
-    return (int)st;
-  }
-  return ums__wait(&t->park, t->park_deadline);
+  return park_consume(t, t->park_deadline);
+}
+
+void ums__park_drop(ums__task_t *t) {
+  ums__waiter_abort(&t->park, UMS_ECANCELED);
+  park_consume(t, UMS_FOREVER);
 }
 
 int ums_park_result(void) {

@@ -478,7 +478,7 @@ int ums_sleep(int64_t ns) {
 
 void ums_exit(void *result, int status) {
   ums__task_t *t = ums__task_current();
-  if (!t || !t->worker) abort();
+  if (!t || !t->worker || t->step) abort();  /* only C tasks unwind */
   t->result = result;
   t->status = status;
   siglongjmp(t->worker->exit_jb, 1);

@@ -165,10 +165,14 @@ void ums__worker_main(void *arg) {
         goto end;
       }
     }
-    if (t->step)
+    if (t->step) {
       ended = run_step(s, w, t);
-    else
+    } else {
       run_fn(w, t);
+      /* A C task that returned (or exited) with a park begun: end it
+      ** here, or an unpark would queue the finished task. */
+      if (t->park_pending) ums__park_drop(t);
+    }
   end:
     if (ended) {
       /* A return, ums_exit and a last step all arrive here. */
