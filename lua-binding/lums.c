@@ -23,7 +23,11 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +42,15 @@
 /* Lua's C stack needs room for LUAI_MAXCCALLS nested C calls; fiber stacks
 ** for Lua runs are larger than the C default. Untouched pages cost nothing. */
 #define LUA_STACK_SIZE (1024 * 1024)
-/* Count-hook period (VM instructions) for the quantum check. */
-#define QUANTUM_HOOK_COUNT 1000
+/* The quantum is enforced the way lua.c handles Ctrl-C: a monitor thread
+** notices a step that has run for a whole quantum and signals the Lua
+** thread, whose handler sets a count hook on the running coroutine. Until
+** that happens no hook is set, so Lua runs at full speed (any count hook
+** sends every instruction through the hook machinery in Lua 5.4). Go
+** preempts goroutines with the same signal. */
+#define QUANTUM_SIGNAL SIGURG
+/* Hook period while a preemption waits for a point where it may yield. */
+#define QUANTUM_RETRY_COUNT 100
 /* Finished coroutines kept for reuse. */
 #define POOL_MAX 4096
 
@@ -60,11 +71,12 @@ typedef struct ltask {
   int state;             /* T_NEW, T_LIVE, T_DONE */
   int nargs;             /* arguments waiting for the first resume */
   bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
+  bool park_begun;       /* between park_begin and park_wait: the quantum
+                            must not yield here */
   bool ok;               /* done: ended normally */
   bool cancelled;        /* done: ended by cancellation */
   bool joined;           /* its outcome was taken by a join */
   int nres;              /* done ok: number of results */
-  int64_t slice_start;   /* quantum: when this slice started (0: unknown) */
   joiner_t *joiners;     /* tasks waiting in join */
   int njoiners, capjoiners;
   char name[32];
@@ -78,6 +90,19 @@ struct lrun {
   lua_State *SL;         /* the run's own thread, for scheduler-side work */
   int sl_ref;
   int64_t quantum;       /* ns; 0: off */
+  /* Quantum monitor. running_co and step_seq are written by the Lua
+  ** thread, read by the monitor and by the signal handler (which runs on
+  ** the Lua thread). */
+  _Atomic(lua_State *) running_co;  /* coroutine of the running step */
+  _Atomic uint64_t step_seq;        /* steps started so far */
+  _Atomic int stop;                 /* monitor: leave */
+  pthread_t lua_thread;             /* the scheduler thread running Lua */
+  _Atomic int lua_thread_known;
+  pthread_t monitor;
+  bool monitor_started;
+  pthread_mutex_t mon_lock;
+  pthread_cond_t mon_cond;
+  _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
   /* Coroutine pool: reset threads anchored by registry refs. */
   struct { lua_State *co; int ref; } *pool;
   int npool, cappool;
@@ -85,6 +110,17 @@ struct lrun {
 
 /* The task whose step is running on this thread (a scheduler thread). */
 static _Thread_local ltask *cur_task;
+/* The run in progress, for the signal handler (which must not touch
+** thread-local storage of a dlopen'ed module: its first use may allocate). */
+static _Atomic(lrun *) sig_run;
+
+/* Makes t current again on this thread: after a blocking wait, other
+** steps have run on other workers of this thread meanwhile. */
+static void become_current(ltask *t) {
+  cur_task = t;
+  if (t->run) atomic_store_explicit(&t->run->running_co, t->co,
+                                    memory_order_relaxed);
+}
 
 /* ---------------------------------------------------------------------- */
 /* Helpers                                                                 */
@@ -132,29 +168,32 @@ static int64_t timeout_to_deadline(lua_State *L, int idx) {
 ** with ums_park_result(). */
 static int park_finish(lua_State *L, ltask *t, lua_KContext ctx,
                        lua_KFunction k) {
+  t->park_begun = false;
   if (L == t->co && lua_isyieldable(L)) {
     t->parking = true;
     return lua_yieldk(L, 0, ctx, k);
   }
   ums_park_wait();
-  cur_task = t;  /* other steps ran on other workers meanwhile */
+  become_current(t);
   return k(L, LUA_YIELD, ctx);
 }
 
-static int park_begin(lua_State *L, ltask *t, int64_t deadline,
+static int park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
                       ums_park_token_t *tok) {
-  int r = ums_park_begin(deadline, tok);
+  int r = ums_park_begin_ex(deadline, flags, tok);
   if (r == UMS_ECANCELED) return raise_cancelled(L);
   if (r) return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));
-  (void)t;
+  t->park_begun = true;
   return 0;
 }
 
-/* core.park_begin([timeout]) -> seq */
+/* core.park_begin([timeout [, nocancel]]) -> seq */
 static int l_park_begin(lua_State *L) {
   ltask *t = need_task(L, "park_begin");
   ums_park_token_t tok;
-  park_begin(L, t, timeout_to_deadline(L, 1), &tok);
+  int64_t deadline = timeout_to_deadline(L, 1);
+  park_begin(L, t, deadline, lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0,
+             &tok);
   lua_pushinteger(L, (lua_Integer)tok.seq);
   return 1;
 }
@@ -310,6 +349,10 @@ static int task_step(void *arg) {
   ltask *prev = cur_task;
   int nargs = 0, nres = 0, st;
   cur_task = t;
+  if (!atomic_load_explicit(&t->run->lua_thread_known, memory_order_relaxed)) {
+    t->run->lua_thread = pthread_self();
+    atomic_store(&t->run->lua_thread_known, 1);
+  }
   if (t->state == T_NEW) {
     t->state = T_LIVE;
     if (ums_cancelled()) {
@@ -323,8 +366,16 @@ static int task_step(void *arg) {
     nargs = t->nargs;
   }
   t->parking = false;
-  t->slice_start = 0;
+  lrun *r = t->run;
+  atomic_store_explicit(&r->running_co, t->co, memory_order_relaxed);
+  atomic_store_explicit(&r->step_seq,
+      atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
+      memory_order_relaxed);
   st = lua_resume(t->co, NULL, nargs, &nres);
+  atomic_store_explicit(&r->running_co, NULL, memory_order_relaxed);
+  /* A preemption signalled just as the step ended set a hook nobody
+  ** needs any more. */
+  if (st == LUA_YIELD && lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   if (st == LUA_YIELD) {
     cur_task = prev;
     lua_pop(t->co, nres);  /* a bare coroutine.yield in the task body */
@@ -345,10 +396,7 @@ static ltask *task_new(lua_State *L, lrun *r, int first) {
   luaL_setmetatable(L, TASK_MT);
   t->run = r;
   t->co = take_coroutine(r, &t->co_ref);
-  if (r->quantum > 0)
-    lua_sethook(t->co, qhook, LUA_MASKCOUNT, QUANTUM_HOOK_COUNT);
-  else
-    lua_sethook(t->co, NULL, 0, 0);
+  lua_sethook(t->co, NULL, 0, 0);
   /* Move function and arguments onto the coroutine, below the userdata. */
   lua_rotate(L, first, 1);  /* userdata to `first` */
   lua_xmove(L, t->co, n + 1);
@@ -385,24 +433,150 @@ static int l_spawn(lua_State *L) {
 /* The quantum                                                             */
 /* ---------------------------------------------------------------------- */
 
-/* Every QUANTUM_HOOK_COUNT instructions: the first call of a slice notes
-** the time, later ones compare; the clock is never read by short slices.
-** Yields only from the task's own coroutine where Lua can yield; elsewhere
-** the preemption waits for the next such point. */
+/* Chunks the quantum never interrupts (core.nopreempt_chunk): Lua code
+** that relies on running atomically between its waits, such as ums.sync.
+** Their functions are anchored in the registry, so the source strings,
+** compared by address, stay alive. */
+#define NOPREEMPT_MAX 8
+static const char *nopreempt_src[NOPREEMPT_MAX];
+static int n_nopreempt;
+
+static bool in_nopreempt_chunk(lua_State *L) {
+  lua_Debug d;
+  if (n_nopreempt == 0) return false;
+  for (int level = 0; lua_getstack(L, level, &d); level++) {
+    lua_getinfo(L, "S", &d);
+    for (int i = 0; i < n_nopreempt; i++)
+      if (d.source == nopreempt_src[i]) return true;
+  }
+  return false;
+}
+
+/* core.nopreempt_chunk(): the calling function's chunk is never preempted. */
+static int l_nopreempt_chunk(lua_State *L) {
+  lua_Debug d;
+  if (!lua_getstack(L, 1, &d) || !lua_getinfo(L, "Sf", &d))
+    return luaL_error(L, "ums.nopreempt_chunk: no calling function");
+  for (int i = 0; i < n_nopreempt; i++)
+    if (nopreempt_src[i] == d.source) return 0;
+  if (n_nopreempt == NOPREEMPT_MAX)
+    return luaL_error(L, "ums.nopreempt_chunk: too many chunks");
+  lua_getfield(L, LUA_REGISTRYINDEX, "ums.nopreempt");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ums.nopreempt");
+  }
+  lua_pushvalue(L, -2);  /* the function: keeps its Proto's source alive */
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  nopreempt_src[n_nopreempt++] = d.source;
+  return 0;
+}
+
+/* Set by the signal handler on a step that has used up its quantum. Yields
+** only from the task's own coroutine, where Lua can yield, outside a begun
+** park and outside nopreempt chunks; elsewhere it checks again shortly. */
 static void qhook(lua_State *L, lua_Debug *ar) {
   ltask *t = cur_task;
   (void)ar;
-  if (!t || !t->run || !t->run->quantum) return;
-  int64_t now = ums_now();
-  if (t->slice_start == 0) {
-    t->slice_start = now;
+  if (!t || L != t->co || !t->run) {
+    lua_sethook(L, NULL, 0, 0);
     return;
   }
-  if (now - t->slice_start < t->run->quantum) return;
-  if (L == t->co && lua_isyieldable(L)) {
-    t->parking = false;
-    lua_yield(L, 0);
+  if (t->park_begun || !lua_isyieldable(L) || in_nopreempt_chunk(L)) {
+    lua_sethook(L, qhook, LUA_MASKCOUNT, QUANTUM_RETRY_COUNT);
+    return;
   }
+  lua_sethook(L, NULL, 0, 0);
+  atomic_fetch_add_explicit(&t->run->preemptions, 1, memory_order_relaxed);
+  t->parking = false;
+  lua_yield(L, 0);
+}
+
+/* Runs on the Lua thread, anywhere in it. lua_sethook is safe here: it is
+** what lua.c's own SIGINT handler does. */
+static void quantum_signal(int sig) {
+  lrun *r = atomic_load(&sig_run);
+  (void)sig;
+  if (!r) return;
+  lua_State *co = atomic_load_explicit(&r->running_co, memory_order_relaxed);
+  if (co) lua_sethook(co, qhook, LUA_MASKCOUNT, 1);
+}
+
+/* Looks every half quantum at the step running; once the same step has
+** been seen for a whole quantum, signals it, once (a step blocked in a long
+** C call is not signalled again, so it sees at most one EINTR). A step is
+** thus preempted between one and one and a half quanta after it began. */
+static void *quantum_monitor(void *arg) {
+  lrun *r = arg;
+  uint64_t seen_seq = 0, signalled_seq = 0;
+  int64_t seen_at = 0, period = r->quantum / 2;
+  pthread_mutex_lock(&r->mon_lock);
+  while (!atomic_load(&r->stop)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t ns = ts.tv_nsec + period;
+    ts.tv_sec += ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+    pthread_cond_timedwait(&r->mon_cond, &r->mon_lock, &ts);
+    if (atomic_load(&r->stop)) break;
+    int64_t now = ums_now();
+    uint64_t seq = atomic_load_explicit(&r->step_seq, memory_order_relaxed);
+    bool running = atomic_load_explicit(&r->running_co,
+                                        memory_order_relaxed) != NULL;
+    if (seq != seen_seq || !running) {
+      seen_seq = seq;
+      seen_at = now;
+    } else if (now - seen_at >= r->quantum - period / 2 &&
+               seq != signalled_seq &&
+               atomic_load(&r->lua_thread_known)) {
+      signalled_seq = seq;
+      pthread_kill(r->lua_thread, QUANTUM_SIGNAL);
+    }
+  }
+  pthread_mutex_unlock(&r->mon_lock);
+  return NULL;
+}
+
+static void install_quantum_signal(void) {
+  static atomic_int done;
+  if (atomic_exchange(&done, 1)) return;
+  struct sigaction old, sa;
+  sigaction(QUANTUM_SIGNAL, NULL, &old);
+  if (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) return;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = quantum_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(QUANTUM_SIGNAL, &sa, NULL);
+}
+
+static void monitor_start(lrun *r) {
+  pthread_mutex_init(&r->mon_lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&r->mon_cond, &ca);
+  pthread_condattr_destroy(&ca);
+  if (r->quantum <= 0) return;
+  install_quantum_signal();
+  atomic_store(&sig_run, r);
+  r->monitor_started = pthread_create(&r->monitor, NULL, quantum_monitor,
+                                      r) == 0;
+}
+
+static void monitor_stop(lrun *r) {
+  if (r->monitor_started) {
+    pthread_mutex_lock(&r->mon_lock);
+    atomic_store(&r->stop, 1);
+    pthread_cond_signal(&r->mon_cond);
+    pthread_mutex_unlock(&r->mon_lock);
+    pthread_join(r->monitor, NULL);
+  }
+  atomic_store(&sig_run, NULL);
+  pthread_cond_destroy(&r->mon_cond);
+  pthread_mutex_destroy(&r->mon_lock);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -433,7 +607,7 @@ static int l_yield(lua_State *L) {
     return lua_yieldk(L, 0, 0, yield_k);
   }
   int r = ums_yield();
-  cur_task = t;
+  become_current(t);
   if (r == UMS_ECANCELED) return raise_cancelled(L);
   return 0;
 }
@@ -451,7 +625,7 @@ static int l_sleep(lua_State *L) {
   ltask *t = need_task(L, "sleep");
   ums_park_token_t tok;
   park_begin(L, t, s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9)),
-             &tok);
+             0, &tok);
   return park_finish(L, t, 0, sleep_k);
 }
 
@@ -514,7 +688,7 @@ static int l_task_join(lua_State *L) {
     t->capjoiners = cap;
   }
   ums_park_token_t tok;
-  park_begin(L, me, deadline, &tok);
+  park_begin(L, me, deadline, 0, &tok);
   t->joiners[t->njoiners++].tok = tok;
   return park_finish(L, me, (lua_KContext)tok.seq, join_k);
 }
@@ -681,6 +855,7 @@ static int l_run(lua_State *L) {
   }
   lua_pushlightuserdata(L, r);
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+  monitor_start(r);
 
   ltask *main = task_new(L, r, 1);  /* userdata now at index 1 */
   lua_settop(L, 1);
@@ -689,6 +864,7 @@ static int l_run(lua_State *L) {
   ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
   ums_runtime_shutdown(r->rt, main->ok ? UMS_FOREVER : 0);
   r->rt = NULL;
+  monitor_stop(r);
   run_free(L, r);
   main->run = NULL;
   report_errors(L, main);
@@ -768,6 +944,7 @@ int luaopen_ums_core(lua_State *L) {
       {"park_begin", l_park_begin},
       {"park_wait", l_park_wait},
       {"unpark", l_unpark},
+      {"nopreempt_chunk", l_nopreempt_chunk},
       {"config", l_config},
       {"on_error", l_on_error},
       {NULL, NULL}};

@@ -264,6 +264,13 @@ typedef struct ums_park_token {
 } ums_park_token_t;
 
 UMS_API int ums_park_begin(int64_t deadline, ums_park_token_t *token);
+/* The same with flags: UMS_PARK_NOCANCEL makes a park that cancellation
+** does not end (it still ends by unpark or deadline), and that a task
+** already cancelled may begin: for waits that must complete, such as a
+** condition variable's re-lock of its mutex. */
+#define UMS_PARK_NOCANCEL 1
+UMS_API int ums_park_begin_ex(int64_t deadline, int flags,
+                              ums_park_token_t *token);
 UMS_API int ums_park_wait(void);
 /* The outcome of the calling task's last park. */
 UMS_API int ums_park_result(void);

@@ -15,14 +15,23 @@
 #include <stdlib.h>
 
 int ums_park_begin(int64_t deadline, ums_park_token_t *token) {
+  return ums_park_begin_ex(deadline, 0, token);
+}
+
+int ums_park_begin_ex(int64_t deadline, int flags, ums_park_token_t *token) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
+  if (flags & ~UMS_PARK_NOCANCEL) return UMS_EINVAL;
   if (t->park_pending) return UMS_EBUSY;
   ums__lock(&t->lock);
-  int r = ums__waiter_init(&t->park, NULL, &t->lock);
-  if (r) {
-    ums__unlock(&t->lock);
-    return r;
+  if (flags & UMS_PARK_NOCANCEL) {
+    ums__waiter_init_nocancel(&t->park, NULL, &t->lock);
+  } else {
+    int r = ums__waiter_init(&t->park, NULL, &t->lock);
+    if (r) {
+      ums__unlock(&t->lock);
+      return r;
+    }
   }
   t->park_seq++;
   if (token) {
@@ -43,7 +52,7 @@ static int park_consume(ums__task_t *t, int64_t deadline) {
   t->park_pending = false;
   /* A cancel delivered while the task was running (itself, or another
   ** task of its scheduler) left it to this wait point. */
-  if (atomic_load(&t->cancelled))
+  if (atomic_load(&t->cancelled) && !t->park.nocancel)
     ums__waiter_abort(&t->park, UMS_ECANCELED);
   ums__lock(&t->lock);
   return ums__wait(&t->park, deadline);
@@ -57,6 +66,7 @@ int ums_park_wait(void) {
 
 void ums__park_drop(ums__task_t *t) {
   ums__waiter_abort(&t->park, UMS_ECANCELED);
+  t->park.nocancel = false;
   park_consume(t, UMS_FOREVER);
 }
 
@@ -100,7 +110,7 @@ void ums__park_after_step(ums__sched_t *s, ums__task_t *t) {
     t->state = UMS__T_PARKED;
     /* A cancel that came while the step ran found it running and left it
     ** to the next wait point: this is it. */
-    if (atomic_load(&t->cancelled))
+    if (atomic_load(&t->cancelled) && !t->park.nocancel)
       wake = ums__waiter_finish(&t->park, UMS_ECANCELED, &wk);
     else if (t->park_deadline != UMS_FOREVER)
       ums__timer_arm(&s->timers, &t->timer, t->park_deadline);

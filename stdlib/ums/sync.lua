@@ -1,0 +1,728 @@
+--- ums.sync: mutex, semaphore, event, condition variable, channel, select
+-- and wait group for the tasks of one ums run.
+--
+-- Everything here is plain Lua on three calls of ums.core (see
+-- lua-binding/CORE-API.md): `core.park_begin`, `core.park_wait` and
+-- `core.unpark`. All tasks of a run share one Lua VM and run on one
+-- scheduler thread, and nothing in this file yields except `park_wait`, so
+-- the state of a primitive needs no lock: the code between two waits runs
+-- as one atomic step. For the same reason these objects belong to the VM
+-- that created them; work on other cores talks through the runtime's own
+-- shared objects, never through these.
+--
+-- Conventions (DESIGN.md section 8):
+--   * a bad argument raises, with luaL_argerror's wording;
+--   * a timeout (seconds, a non-negative number; nil = forever) is a
+--     result: `nil, "timeout"`; a timeout of 0 polls without parking;
+--   * other runtime failures return `nil, message`;
+--   * a cancelled task sees `core.CANCELLED` raised from any wait that
+--     would park it; a wait that can complete at once still succeeds;
+--   * operations that only change state return true.
+--
+-- Waiters. Each primitive keeps FIFO wait queues of nodes
+--   { task = <task>, seq = <park seq>, case = <0 | select case index>,
+--     value = <send: the value offered; recv: the value handed over>,
+--     q, prev, next = <queue links> }.
+-- A waiter begins its park, queues its node(s) and waits. A waker takes
+-- nodes from the head and calls `core.unpark` on each until one succeeds:
+-- a failed unpark means that park already ended (timed out, cancelled, or
+-- another case of the same select won), so the node is stale and dropped.
+-- The waiter also unlinks its own nodes when its park ends without a grant
+-- (timeout, cancellation, a select's other cases), so queues never keep
+-- garbage for long. The outcome passed to unpark is `case * 2 + status`
+-- (status GRANTED or CLOSED), which tells a select which case completed.
+
+local core = require "ums.core"
+
+-- The atomicity above must hold against the quantum too: a task preempted
+-- half-way through a channel operation lets another task see the channel
+-- torn (values lost or reordered), and one preempted between park_begin
+-- and park_wait breaks the park protocol. core.nopreempt_chunk() asks the
+-- core to defer preemption while any function of this chunk runs.
+core.nopreempt_chunk()
+
+local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
+  core.unpark
+local current_task = core.self
+
+local error, getmetatable, pcall, rawget, setmetatable, type =
+  error, getmetatable, pcall, rawget, setmetatable, type
+local format = string.format
+local getinfo = debug.getinfo
+local huge, maxinteger = math.huge, math.maxinteger
+local tointeger = math.tointeger
+
+local GRANTED, CLOSED = 0, 1
+
+-- ---------------------------------------------------------------------
+-- Argument checks, worded like lauxlib's so that Lua and C functions of
+-- ums read alike.
+-- ---------------------------------------------------------------------
+
+local function typename(v)
+  local mt = getmetatable(v)
+  if type(mt) == "table" then
+    local name = rawget(mt, "__name")
+    if type(name) == "string" then return name end
+  end
+  return type(v)
+end
+
+-- Raises "bad argument #narg to 'fname' (extramsg)". `level` is the stack
+-- level of the public function whose argument is bad, counted from here
+-- (2: it called argerror directly; 3: through one check helper). Like
+-- luaL_argerror, a method call (`obj:fn(...)`) does not count self.
+local function argerror(level, narg, fname, extramsg)
+  local ar = getinfo(level, "n")
+  if ar and ar.namewhat == "method" then
+    narg = narg - 1
+    if narg == 0 then
+      error(format("calling '%s' on bad self (%s)", fname, extramsg),
+        level + 1)
+    end
+  end
+  error(format("bad argument #%d to '%s' (%s)", narg, fname, extramsg),
+    level + 1)
+end
+
+local function check_self(obj, mt, fname)
+  if getmetatable(obj) ~= mt then
+    argerror(3, 1, fname, mt.__name .. " expected, got " .. typename(obj))
+  end
+end
+
+local function check_integer(v, narg, fname)
+  if type(v) ~= "number" then
+    argerror(3, narg, fname, "number expected, got " .. typename(v))
+  end
+  local n = tointeger(v)
+  if not n then
+    argerror(3, narg, fname, "number has no integer representation")
+  end
+  return n
+end
+
+-- Returns the timeout in seconds, or nil for "forever" (nil or math.huge).
+local function opt_timeout(t, narg, fname)
+  if t == nil then return nil end
+  if type(t) ~= "number" then
+    argerror(3, narg, fname, "number expected, got " .. typename(t))
+  end
+  if t ~= t or t < 0 then
+    argerror(3, narg, fname, "timeout must be a non-negative number")
+  end
+  if t == huge then return nil end
+  return t
+end
+
+-- The calling task. Every wait needs it, and a mutex records it as owner;
+-- outside a task there is nothing that could park, so say so clearly.
+local function need_task(fname)
+  local me = current_task()
+  if me == nil then
+    error(format("ums.%s: not inside a task (call it from a function run"
+      .. " by ums.run or ums.spawn)", fname), 3)
+  end
+  return me
+end
+
+-- ---------------------------------------------------------------------
+-- Wait queues: doubly linked FIFOs, so a node can leave from anywhere in
+-- O(1) when its park ends without a grant.
+-- ---------------------------------------------------------------------
+
+local function newq()
+  return { head = nil, tail = nil }
+end
+
+local function push(q, task, seq, case, value)
+  local tail = q.tail
+  local node = { task = task, seq = seq, case = case, value = value,
+    q = q, prev = tail }
+  if tail then tail.next = node else q.head = node end
+  q.tail = node
+  return node
+end
+
+-- Unlinks node from its queue, if it is still on one.
+local function unlink(node)
+  local q = node.q
+  if q == nil then return end
+  local prev, nxt = node.prev, node.next
+  if prev then prev.next = nxt else q.head = nxt end
+  if nxt then nxt.prev = prev else q.tail = prev end
+  node.q, node.prev, node.next = nil, nil, nil
+end
+
+-- Ends the park of the first live waiter of q with status and returns its
+-- node (off the queue), or nil when q holds no live waiter. Stale nodes
+-- met on the way are dropped. Data for the waiter (a value it receives)
+-- must be stored in the node only after this returned it: see
+-- send_now.
+local function wake_first(q, status)
+  local node = q.head
+  while node do
+    unlink(node)
+    if unpark(node.task, node.seq, node.case * 2 + status) then
+      return node
+    end
+    node = q.head
+  end
+  return nil
+end
+
+local function wake_all(q, status)
+  while wake_first(q, status) do end
+end
+
+-- Waits for the caller's park, begun with node queued, to end. Returns
+-- the outcome, or nil, "timeout". On a timeout or a cancellation the node
+-- leaves its queue here; a cancellation is then raised again unchanged.
+local function await(node)
+  local ok, outcome, msg = pcall(park_wait)
+  if ok and outcome then return outcome end
+  unlink(node)
+  if not ok then error(outcome, 0) end
+  return nil, msg
+end
+
+-- ---------------------------------------------------------------------
+-- Mutex: FIFO, not recursive, owned by the task that locked it. Unlock
+-- hands ownership straight to the first live waiter, so a task that
+-- arrives later cannot barge in and no waiter starves. A task that ends
+-- (or is cancelled) while holding it leaves it locked, as in C: unlock
+-- from a <close> variable or after a pcall.
+-- ---------------------------------------------------------------------
+
+local Mutex = { __name = "ums.mutex" }
+Mutex.__index = Mutex
+
+local function mutex()
+  return setmetatable({ owner = nil, q = newq() }, Mutex)
+end
+
+--- Locks the mutex, waiting up to timeout seconds.
+-- @return true | nil, "timeout" | nil, msg when the caller already holds
+-- it (it would wait for itself forever)
+function Mutex:lock(timeout)
+  check_self(self, Mutex, "lock")
+  timeout = opt_timeout(timeout, 2, "lock")
+  local me = need_task("mutex:lock")
+  local owner = self.owner
+  if owner == nil then
+    self.owner = me
+    return true
+  end
+  if owner == me then
+    return nil, "would deadlock: the mutex is already locked by this task"
+  end
+  if timeout == 0 then return nil, "timeout" end
+  local seq = park_begin(timeout)
+  local outcome, msg = await(push(self.q, me, seq, 0))
+  if not outcome then return nil, msg end
+  -- Granted: unlock already made us the owner.
+  return true
+end
+
+--- Locks the mutex if it is free. @return true | false
+function Mutex:trylock()
+  check_self(self, Mutex, "trylock")
+  local me = need_task("mutex:trylock")
+  if self.owner == nil then
+    self.owner = me
+    return true
+  end
+  return false
+end
+
+local function unlock(m)
+  local node = wake_first(m.q, GRANTED)
+  m.owner = node and node.task or nil
+end
+
+--- Unlocks the mutex; raises unless the calling task holds it.
+function Mutex:unlock()
+  check_self(self, Mutex, "unlock")
+  local me = need_task("mutex:unlock")
+  local owner = self.owner
+  if owner ~= me then
+    error(owner == nil and "ums.mutex:unlock: the mutex is not locked"
+      or "ums.mutex:unlock: the mutex is locked by another task", 2)
+  end
+  unlock(self)
+  return true
+end
+
+-- ---------------------------------------------------------------------
+-- Semaphore: a counter; release hands units straight to waiters in FIFO
+-- order, so a positive value means nobody live is waiting.
+-- ---------------------------------------------------------------------
+
+local Semaphore = { __name = "ums.semaphore" }
+Semaphore.__index = Semaphore
+
+local function semaphore(n)
+  n = check_integer(n, 1, "semaphore")
+  if n < 0 then
+    argerror(2, 1, "semaphore", "initial value must not be negative")
+  end
+  return setmetatable({ count = n, q = newq() }, Semaphore)
+end
+
+--- Takes one unit, waiting up to timeout seconds.
+-- @return true | nil, "timeout"
+function Semaphore:acquire(timeout)
+  check_self(self, Semaphore, "acquire")
+  timeout = opt_timeout(timeout, 2, "acquire")
+  local n = self.count
+  if n > 0 then
+    self.count = n - 1
+    return true
+  end
+  if timeout == 0 then return nil, "timeout" end
+  local me = need_task("semaphore:acquire")
+  local seq = park_begin(timeout)
+  local outcome, msg = await(push(self.q, me, seq, 0))
+  if not outcome then return nil, msg end
+  return true
+end
+
+--- Gives back n units (default 1), first to waiters.
+-- @return true | nil, msg when the value would overflow
+function Semaphore:release(n)
+  check_self(self, Semaphore, "release")
+  if n == nil then
+    n = 1
+  else
+    n = check_integer(n, 2, "release")
+    if n < 1 then argerror(2, 2, "release", "count must be positive") end
+  end
+  if n > maxinteger - self.count then
+    return nil, "semaphore value out of range"
+  end
+  while n > 0 and wake_first(self.q, GRANTED) do n = n - 1 end
+  self.count = self.count + n
+  return true
+end
+
+--- The current value (units available now).
+function Semaphore:value()
+  check_self(self, Semaphore, "value")
+  return self.count
+end
+
+-- ---------------------------------------------------------------------
+-- Event: manual reset (set wakes every waiter and stays set until reset)
+-- or auto reset (set wakes one waiter, or stays set until one wait
+-- consumes it).
+-- ---------------------------------------------------------------------
+
+local Event = { __name = "ums.event" }
+Event.__index = Event
+
+local function event(manual)
+  if manual ~= nil and type(manual) ~= "boolean" then
+    argerror(2, 1, "event", "boolean expected, got " .. typename(manual))
+  end
+  return setmetatable({ manual = manual or false, set_ = false,
+    q = newq() }, Event)
+end
+
+function Event:set()
+  check_self(self, Event, "set")
+  if self.manual then
+    self.set_ = true
+    wake_all(self.q, GRANTED)
+  elseif not wake_first(self.q, GRANTED) then
+    self.set_ = true
+  end
+  return true
+end
+
+function Event:reset()
+  check_self(self, Event, "reset")
+  self.set_ = false
+  return true
+end
+
+function Event:is_set()
+  check_self(self, Event, "is_set")
+  return self.set_
+end
+
+--- Waits until the event is set (an auto-reset event is consumed).
+-- @return true | nil, "timeout"
+function Event:wait(timeout)
+  check_self(self, Event, "wait")
+  timeout = opt_timeout(timeout, 2, "wait")
+  if self.set_ then
+    if not self.manual then self.set_ = false end
+    return true
+  end
+  if timeout == 0 then return nil, "timeout" end
+  local me = need_task("event:wait")
+  local seq = park_begin(timeout)
+  local outcome, msg = await(push(self.q, me, seq, 0))
+  if not outcome then return nil, msg end
+  return true
+end
+
+-- ---------------------------------------------------------------------
+-- Condition variable over a ums mutex.
+-- ---------------------------------------------------------------------
+
+local Cond = { __name = "ums.cond" }
+Cond.__index = Cond
+
+local function cond()
+  return setmetatable({ q = newq() }, Cond)
+end
+
+-- Takes mutex m again for task me after a condition wait, whatever ended
+-- that wait: the caller's code (an unlock in a <close> handler or after a
+-- pcall) counts on holding m when wait returns or raises. A cancellation
+-- that arrives while we wait for m is kept and returned, to be raised
+-- once m is ours. The wait for m is a park that cancellation cannot end
+-- (a cancelled task is refused every other wait), as in the C
+-- ums_cond_wait: unlock hands m over, which always ends it.
+local function relock(m, me, err)
+  if m.owner == nil then
+    m.owner = me
+  elseif m.owner ~= me then
+    local seq = park_begin(nil, true)
+    push(m.q, me, seq, 0)
+    park_wait()  -- only unlock ends it, and unlock made us the owner
+  end
+  return err
+end
+
+--- Unlocks m, waits for a signal (up to timeout seconds), locks m again.
+-- Returns with m locked also on timeout; on cancellation, m is locked
+-- again before core.CANCELLED is raised.
+-- @return true | nil, "timeout"
+function Cond:wait(m, timeout)
+  check_self(self, Cond, "wait")
+  if getmetatable(m) ~= Mutex then
+    argerror(2, 2, "wait", "ums.mutex expected, got " .. typename(m))
+  end
+  timeout = opt_timeout(timeout, 3, "wait")
+  local me = need_task("cond:wait")
+  if m.owner ~= me then
+    error("ums.cond:wait: the mutex is not locked by the calling task", 2)
+  end
+  -- Nobody can signal between here and the end of a zero wait.
+  if timeout == 0 then return nil, "timeout" end
+  -- Begin the park before giving up m: if the task is already cancelled
+  -- it raises here, with m still held as the caller expects.
+  local seq = park_begin(timeout)
+  local node = push(self.q, me, seq, 0)
+  unlock(m)
+  local ok, outcome, msg = pcall(park_wait)
+  if not (ok and outcome) then unlink(node) end
+  local err = relock(m, me, not ok and outcome or nil)
+  if err ~= nil then error(err, 0) end
+  if not outcome then return nil, msg end
+  return true
+end
+
+function Cond:signal()
+  check_self(self, Cond, "signal")
+  wake_first(self.q, GRANTED)
+  return true
+end
+
+function Cond:broadcast()
+  check_self(self, Cond, "broadcast")
+  wake_all(self.q, GRANTED)
+  return true
+end
+
+-- ---------------------------------------------------------------------
+-- Channel. Values (nil included) pass by reference, as Lua values do.
+-- State: a ring buffer of `size` slots holding `count` values from `head`;
+-- recvq holds receivers (only while the buffer is empty), sendq holds
+-- senders with their values (only while the buffer is full). Values are
+-- handed directly between a running party and a parked one, and a value
+-- taken from a full buffer is replaced by the first parked sender's, so
+-- the order of sends is kept across the buffer and the parked senders.
+-- ---------------------------------------------------------------------
+
+local Channel = { __name = "ums.channel" }
+Channel.__index = Channel
+
+local function channel(size)
+  if size == nil then
+    size = 0
+  else
+    size = check_integer(size, 1, "channel")
+    if size < 0 then
+      argerror(2, 1, "channel", "size must not be negative")
+    end
+  end
+  return setmetatable({ buf = {}, size = size, head = 1, count = 0,
+    closed_ = false, recvq = newq(), sendq = newq() }, Channel)
+end
+
+local function buf_push(ch, v)
+  local n = ch.count
+  ch.buf[(ch.head + n - 1) % ch.size + 1] = v
+  ch.count = n + 1
+end
+
+-- Sends v without parking: true when a receiver or the buffer took it,
+-- false when the send would block, nil when the channel is closed.
+local function send_now(ch, v)
+  if ch.closed_ then return nil end
+  -- Unpark first, store the value second: a failed unpark means the node
+  -- is stale (a timed-out or cancelled receiver, or a select whose other
+  -- case already won), and storing into it first would lose the value.
+  -- After a successful unpark the receiver is runnable but cannot run
+  -- before this task parks or ends: every task of the VM runs on one OS
+  -- thread and nothing yields between here and the store, so it is sure
+  -- to find the value.
+  local r = wake_first(ch.recvq, GRANTED)
+  if r then
+    r.value = v
+    return true
+  end
+  if ch.count < ch.size then
+    buf_push(ch, v)
+    return true
+  end
+  return false
+end
+
+-- Receives without parking: true, v when a value was there; false, closed
+-- (a boolean) otherwise.
+local function recv_now(ch)
+  local n = ch.count
+  if n > 0 then
+    local buf, head = ch.buf, ch.head
+    local v = buf[head]
+    buf[head] = nil
+    ch.head = head % ch.size + 1
+    ch.count = n - 1
+    -- A slot came free: the first parked sender's value moves in behind
+    -- the others. (The sender's value was stored before it parked.)
+    local s = wake_first(ch.sendq, GRANTED)
+    if s then buf_push(ch, s.value) end
+    return true, v
+  end
+  local s = wake_first(ch.sendq, GRANTED)
+  if s then return true, s.value end
+  return false, ch.closed_
+end
+
+--- Sends v, waiting up to timeout seconds for room or a receiver.
+-- @return true | nil, "timeout" | nil, "closed" (the channel was closed
+-- before the value was taken; the value was not delivered)
+function Channel:send(v, timeout)
+  check_self(self, Channel, "send")
+  timeout = opt_timeout(timeout, 3, "send")
+  local done = send_now(self, v)
+  if done then return true end
+  if done == nil then return nil, "closed" end
+  if timeout == 0 then return nil, "timeout" end
+  local me = need_task("channel:send")
+  local seq = park_begin(timeout)
+  local outcome, msg = await(push(self.sendq, me, seq, 0, v))
+  if not outcome then return nil, msg end
+  if outcome == CLOSED then return nil, "closed" end
+  return true
+end
+
+--- Receives a value, waiting up to timeout seconds. nil is a legal
+-- value: tell it from a failure by the second result.
+-- @return v | nil, "timeout" | nil, "closed" (closed and drained)
+function Channel:recv(timeout)
+  check_self(self, Channel, "recv")
+  timeout = opt_timeout(timeout, 2, "recv")
+  local ok, v = recv_now(self)
+  if ok then return v end
+  if v then return nil, "closed" end
+  if timeout == 0 then return nil, "timeout" end
+  local me = need_task("channel:recv")
+  local seq = park_begin(timeout)
+  local node = push(self.recvq, me, seq, 0)
+  local outcome, msg = await(node)
+  if not outcome then return nil, msg end
+  if outcome == CLOSED then return nil, "closed" end
+  return node.value
+end
+
+--- @return true | false, "full" | false, "closed"
+function Channel:try_send(v)
+  check_self(self, Channel, "try_send")
+  local done = send_now(self, v)
+  if done then return true end
+  return false, done == nil and "closed" or "full"
+end
+
+--- @return true, v | false, nil, "empty" | false, nil, "closed"
+function Channel:try_recv()
+  check_self(self, Channel, "try_recv")
+  local ok, v = recv_now(self)
+  if ok then return true, v end
+  return false, nil, v and "closed" or "empty"
+end
+
+--- Closes the channel: parked receivers and senders get nil, "closed";
+-- values already buffered can still be received.
+-- @return true | nil, "closed" when it was closed already
+function Channel:close()
+  check_self(self, Channel, "close")
+  if self.closed_ then return nil, "closed" end
+  self.closed_ = true
+  wake_all(self.recvq, CLOSED)
+  wake_all(self.sendq, CLOSED)
+  return true
+end
+
+--- The number of values in the buffer.
+function Channel:len()
+  check_self(self, Channel, "len")
+  return self.count
+end
+
+function Channel:cap()
+  check_self(self, Channel, "cap")
+  return self.size
+end
+
+function Channel:closed()
+  check_self(self, Channel, "closed")
+  return self.closed_
+end
+
+-- ---------------------------------------------------------------------
+-- select: one park for the whole select, with one node per case on that
+-- case's channel queue. The first party to unpark it completes that case
+-- (and has moved the value already); the other nodes are stale from then
+-- on and leave their queues when the select resumes.
+-- ---------------------------------------------------------------------
+
+local function check_cases(cases)
+  if type(cases) ~= "table" then
+    argerror(3, 1, "select", "table expected, got " .. typename(cases))
+  end
+  local n = #cases
+  if n == 0 then argerror(3, 1, "select", "no cases") end
+  for i = 1, n do
+    local c = cases[i]
+    if type(c) ~= "table" then
+      argerror(3, 1, "select", format("case %d: table expected, got %s",
+        i, typename(c)))
+    end
+    if getmetatable(c[1]) ~= Channel then
+      argerror(3, 1, "select", format(
+        "case %d: ums.channel expected, got %s", i, typename(c[1])))
+    end
+    local op = c[2]
+    if op ~= "recv" and op ~= "send" then
+      argerror(3, 1, "select", format(
+        "case %d: operation must be \"recv\" or \"send\", got %s", i,
+        type(op) == "string" and format("%q", op) or typename(op)))
+    end
+  end
+  return n
+end
+
+--- Waits until one of the cases can proceed and performs exactly that
+-- one. When several are ready, the first in array order wins.
+-- @param cases array of `{ch, "recv"}` and `{ch, "send", value}`
+-- @return i, v (case i received v) | i (case i sent) |
+--   i, nil, "closed" (case i's channel is closed) | nil, "timeout"
+local function select_(cases, timeout)
+  local n = check_cases(cases)
+  timeout = opt_timeout(timeout, 2, "select")
+  for i = 1, n do
+    local c = cases[i]
+    if c[2] == "recv" then
+      local ok, v = recv_now(c[1])
+      if ok then return i, v end
+      if v then return i, nil, "closed" end
+    else
+      local done = send_now(c[1], c[3])
+      if done then return i end
+      if done == nil then return i, nil, "closed" end
+    end
+  end
+  if timeout == 0 then return nil, "timeout" end
+  local me = need_task("select")
+  local seq = park_begin(timeout)
+  local nodes = {}
+  for i = 1, n do
+    local c = cases[i]
+    if c[2] == "recv" then
+      nodes[i] = push(c[1].recvq, me, seq, i)
+    else
+      nodes[i] = push(c[1].sendq, me, seq, i, c[3])
+    end
+  end
+  local ok, outcome, msg = pcall(park_wait)
+  for i = 1, n do unlink(nodes[i]) end
+  if not ok then error(outcome, 0) end
+  if not outcome then return nil, msg end
+  local i = outcome // 2
+  if outcome % 2 == CLOSED then return i, nil, "closed" end
+  if cases[i][2] == "recv" then return i, nodes[i].value end
+  return i
+end
+
+-- ---------------------------------------------------------------------
+-- Wait group: a counter of outstanding work; wait returns once it is 0.
+-- ---------------------------------------------------------------------
+
+local WaitGroup = { __name = "ums.waitgroup" }
+WaitGroup.__index = WaitGroup
+
+local function waitgroup()
+  return setmetatable({ count = 0, q = newq() }, WaitGroup)
+end
+
+local function wg_add(wg, n, fname)
+  local c = wg.count + n
+  if c < 0 then
+    error(format("ums.waitgroup:%s: the counter would become negative",
+      fname), 3)
+  end
+  wg.count = c
+  if c == 0 then wake_all(wg.q, GRANTED) end
+end
+
+--- Adds n (may be negative) to the counter; raises if it would go below 0.
+function WaitGroup:add(n)
+  check_self(self, WaitGroup, "add")
+  n = check_integer(n, 2, "add")
+  wg_add(self, n, "add")  -- not a tail call: its error level counts on it
+  return true
+end
+
+function WaitGroup:done()
+  check_self(self, WaitGroup, "done")
+  wg_add(self, -1, "done")
+  return true
+end
+
+--- Waits until the counter is 0. @return true | nil, "timeout"
+function WaitGroup:wait(timeout)
+  check_self(self, WaitGroup, "wait")
+  timeout = opt_timeout(timeout, 2, "wait")
+  if self.count == 0 then return true end
+  if timeout == 0 then return nil, "timeout" end
+  local me = need_task("waitgroup:wait")
+  local seq = park_begin(timeout)
+  local outcome, msg = await(push(self.q, me, seq, 0))
+  if not outcome then return nil, msg end
+  return true
+end
+
+return {
+  mutex = mutex,
+  semaphore = semaphore,
+  event = event,
+  cond = cond,
+  channel = channel,
+  select = select_,
+  waitgroup = waitgroup,
+}
