@@ -52,6 +52,8 @@ int ums_chan_delete(ums_chan_t *ch) {
 }
 
 static inline unsigned char *slot(ums_chan_t *ch, size_t i) {
+  /* Zero-size elements have no buffer: no arithmetic on a null pointer. */
+  if (!ch->buf) return NULL;
   return ch->buf + ((ch->head + i) % ch->cap) * ch->elem;
 }
 

@@ -317,6 +317,12 @@ int ums_cond_delete(ums_cond_t *c) {
 
 int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
   if (!c || !m) return UMS_EINVAL;
+  /* Only the owner may wait; checked first, so that once we are queued the
+  ** unlock below cannot fail (nobody else can take m from us). */
+  ums__lock(&m->lock);
+  bool owner = m->owner == holder();
+  ums__unlock(&m->lock);
+  if (!owner) return UMS_EPERM;
   ums__waiter_t w;
   ums__lock(&c->lock);
   int r = ums__waiter_init(&w, &c->wq, &c->lock);
@@ -324,16 +330,15 @@ int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
     ums__unlock(&c->lock);
     return r;
   }
-  /* Queue first, then release the mutex, still holding the cond's lock:
-  ** a signaller must hold the mutex to change the predicate, so it cannot
-  ** signal before we are on the queue. (Lock order: cond, then mutex.) */
+  /* Queue first, then release the mutex: a signaller must hold the mutex
+  ** to change the predicate, so it cannot signal before we are on the
+  ** queue. The cond's lock is dropped around the unlock, whose wake-up may
+  ** be a system call; a signal that lands in between has set our state,
+  ** and ums__wait then returns (or reschedules us) at once. */
   ums__wq_push(&c->wq, &w);
-  r = ums_mutex_unlock(m);
-  if (r) {
-    ums__wq_remove(&c->wq, &w);
-    ums__unlock(&c->lock);
-    return r;
-  }
+  ums__unlock(&c->lock);
+  if (ums_mutex_unlock(m) != 0) abort();  /* owner checked above */
+  ums__lock(&c->lock);
   r = ums__wait(&w, deadline);
   /* The mutex comes back whatever happened; a cancel that arrives now is
   ** seen at the next wait point instead. */
