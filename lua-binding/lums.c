@@ -108,8 +108,10 @@ struct lrun {
   int npool, cappool;
 };
 
-/* The task whose step is running on this thread (a scheduler thread). */
-static _Thread_local ltask *cur_task;
+/* The task whose step is running on this thread (a scheduler thread).
+** Initial-exec TLS: see UMS__TLS_IE in the runtime. */
+static _Thread_local ltask *cur_task
+    __attribute__((tls_model("initial-exec")));
 /* The run in progress, for the signal handler (which must not touch
 ** thread-local storage of a dlopen'ed module: its first use may allocate). */
 static _Atomic(lrun *) sig_run;
@@ -482,6 +484,14 @@ static void qhook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   if (!t || L != t->co || !t->run) {
     lua_sethook(L, NULL, 0, 0);
+    return;
+  }
+  /* A task that computes without ever waiting learns of its cancellation
+  ** here, the first time its quantum runs out; raising is allowed even
+  ** where yielding is not. */
+  if (ums_cancelled() && !t->park_begun && !in_nopreempt_chunk(L)) {
+    lua_sethook(L, NULL, 0, 0);
+    raise_cancelled(L);
     return;
   }
   if (t->park_begun || !lua_isyieldable(L) || in_nopreempt_chunk(L)) {

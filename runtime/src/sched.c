@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-_Thread_local ums__sched_t *ums__tls_sched;
+_Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 
 #define DEFAULT_STACK_SIZE (256 * 1024)
 #define MIN_STACK_SIZE (16 * 1024)
