@@ -28,11 +28,15 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define TASK_MT "ums.task"
+/* The task metatable is also kept under this address: a pointer key is
+** found without hashing a string, on the spawn path. */
+static const char task_mt_key = 0;
 #define CANCELLED_KEY "ums.CANCELLED"
 #define RUN_KEY "ums.run"
 #define CONFIG_KEY "ums.config"
@@ -73,6 +77,9 @@ typedef struct ltask {
   bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
   bool park_begun;       /* between park_begin and park_wait: the quantum
                             must not yield here */
+  ums_park_token_t park_tok;  /* the begun park */
+  bool finish_pending;   /* ended with a park begun: finish next step */
+  int finish_st, finish_nres;
   bool ok;               /* done: ended normally */
   bool cancelled;        /* done: ended by cancellation */
   bool joined;           /* its outcome was taken by a join */
@@ -103,6 +110,8 @@ struct lrun {
   pthread_mutex_t mon_lock;
   pthread_cond_t mon_cond;
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
+  ums_task_t main_id;               /* the run's first task */
+  bool exit_requested;              /* os.exit was called in a task */
   /* Coroutine pool: reset threads anchored by registry refs. */
   struct { lua_State *co; int ref; } *pool;
   int npool, cappool;
@@ -186,12 +195,16 @@ static int park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
   if (r == UMS_ECANCELED) return raise_cancelled(L);
   if (r) return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));
   t->park_begun = true;
+  t->park_tok = *tok;
   return 0;
 }
 
 /* core.park_begin([timeout [, nocancel]]) -> seq */
 static int l_park_begin(lua_State *L) {
   ltask *t = need_task(L, "park_begin");
+  if (t->park_begun)
+    return luaL_error(L, "ums.park_begin: a park is already in progress "
+                         "(call ums.park_wait first)");
   ums_park_token_t tok;
   int64_t deadline = timeout_to_deadline(L, 1);
   park_begin(L, t, deadline, lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0,
@@ -217,6 +230,9 @@ static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
 /* core.park_wait() -> outcome | nil, "timeout" */
 static int l_park_wait(lua_State *L) {
   ltask *t = need_task(L, "park_wait");
+  if (!t->park_begun)
+    return luaL_error(L, "ums.park_wait: no park in progress (call "
+                         "ums.park_begin first)");
   return park_finish(L, t, 0, park_wait_k);
 }
 
@@ -257,13 +273,13 @@ static lua_State *take_coroutine(lrun *r, int *ref) {
   return co;
 }
 
+/* Pools a coroutine whose stack is empty and has nothing pending (a normal
+** end, or lua_resetthread done by task_finish): a new function pushed on
+** it starts at the next lua_resume, which is ~5x cheaper than a new
+** thread. */
 static void give_back_coroutine(lrun *r, lua_State *co, int ref) {
-#if LUA_VERSION_NUM >= 504
-  /* Closes pending to-be-closed variables and clears the stack. */
-  int st = lua_resetthread(co);
-#else
   int st = LUA_OK;
-#endif
+  lua_settop(co, 0);
   if (st == LUA_OK && r->npool < POOL_MAX) {
     if (r->npool == r->cappool) {
       int cap = r->cappool ? r->cappool * 2 : 64;
@@ -319,10 +335,22 @@ static void task_finish(ltask *t, int st, int nres) {
   } else {
     t->ok = false;
     /* The traceback of the coroutine at the error, before it is closed. */
-    const char *msg = lua_tostring(co, -1);
+    /* lua_tostring would turn a number error into a string in place. */
+    const char *msg =
+        lua_type(co, -1) == LUA_TSTRING ? lua_tostring(co, -1) : NULL;
     luaL_traceback(SL, co, msg, 0);
     lua_setiuservalue(SL, -2, UV_TRACEBACK);
+    lua_pushvalue(co, -1);
     lua_xmove(co, SL, 1);  /* the error value, identity kept */
+    /* Close pending to-be-closed variables now, with the error still on
+    ** the coroutine (their __close gets it), while the task is current
+    ** (they may wait, on the blocking path): an error they raise replaces
+    ** the original, as in plain Lua. */
+    if (lua_resetthread(co) != LUA_OK) {
+      lua_pop(SL, 1);
+      lua_xmove(co, SL, 1);
+    }
+    lua_settop(co, 0);
     push_cancelled(SL);
     t->cancelled = lua_rawequal(SL, -1, -2);
     lua_pop(SL, 1);
@@ -334,13 +362,13 @@ static void task_finish(ltask *t, int st, int nres) {
     lua_pop(SL, 1);
   }
   lua_pop(SL, 1);
-  /* Pending to-be-closed variables run now (an error or a cancellation
-  ** left them), while the task is still current: they may wait, on the
-  ** blocking path, since Lua cannot yield from here. */
   give_back_coroutine(r, co, t->co_ref);
   t->co = NULL;
   t->state = T_DONE;
   wake_joiners(t);
+  free(t->joiners);  /* nobody joins through the list any more */
+  t->joiners = NULL;
+  t->capjoiners = 0;
   luaL_unref(SL, LUA_REGISTRYINDEX, t->self_ref);
   t->self_ref = LUA_NOREF;
   t->run = NULL;
@@ -351,6 +379,13 @@ static int task_step(void *arg) {
   ltask *prev = cur_task;
   int nargs = 0, nres = 0, st;
   cur_task = t;
+  if (t->finish_pending) {
+    /* It ended with a park begun last step (below). */
+    t->finish_pending = false;
+    task_finish(t, t->finish_st, t->finish_nres);
+    cur_task = prev;
+    return UMS_STEP_DONE;
+  }
   if (!atomic_load_explicit(&t->run->lua_thread_known, memory_order_relaxed)) {
     t->run->lua_thread = pthread_self();
     atomic_store(&t->run->lua_thread_known, 1);
@@ -378,6 +413,23 @@ static int task_step(void *arg) {
   /* A preemption signalled just as the step ended set a hook nobody
   ** needs any more. */
   if (st == LUA_YIELD && lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
+  if (t->park_begun && !(st == LUA_YIELD && t->parking)) {
+    /* The step ends (the task ended, or a bare coroutine.yield) between
+    ** park_begin and park_wait: end that park on the task's behalf. The
+    ** unpark queues the task, so the step must say PARK; a task that
+    ** ended is finished when it is stepped again. */
+    t->park_begun = false;
+    ums_unpark(r->rt, t->park_tok, 0);
+    if (st == LUA_YIELD) {
+      lua_pop(t->co, nres);
+    } else {
+      t->finish_pending = true;
+      t->finish_st = st;
+      t->finish_nres = nres;
+    }
+    cur_task = prev;
+    return UMS_STEP_PARK;
+  }
   if (st == LUA_YIELD) {
     cur_task = prev;
     lua_pop(t->co, nres);  /* a bare coroutine.yield in the task body */
@@ -395,7 +447,8 @@ static ltask *task_new(lua_State *L, lrun *r, int first) {
   ltask *t = (ltask *)lua_newuserdatauv(L, sizeof *t, NUV);
   memset(t, 0, sizeof *t);
   t->self_ref = t->co_ref = LUA_NOREF;
-  luaL_setmetatable(L, TASK_MT);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &task_mt_key);
+  lua_setmetatable(L, -2);
   t->run = r;
   t->co = take_coroutine(r, &t->co_ref);
   lua_sethook(t->co, NULL, 0, 0);
@@ -422,11 +475,11 @@ static ltask *task_new(lua_State *L, lrun *r, int first) {
 /* core.spawn(fn, ...) -> task */
 static int l_spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  lrun *r = get_run(L);
-  if (!r || !cur_task)
+  ltask *me = cur_task;
+  if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
-  task_new(L, r, 1);
+  task_new(L, me->run, 1);
   lua_settop(L, 1);
   return 1;
 }
@@ -611,6 +664,9 @@ static int yield_k(lua_State *L, int status, lua_KContext ctx) {
 
 static int l_yield(lua_State *L) {
   ltask *t = need_task(L, "yield");
+  if (t->park_begun)
+    return luaL_error(L, "ums.yield: cannot yield between park_begin and "
+                         "park_wait");
   if (ums_cancelled()) return raise_cancelled(L);
   if (L == t->co && lua_isyieldable(L)) {
     t->parking = false;
@@ -766,13 +822,6 @@ static int l_task_tostring(lua_State *L) {
   return 1;
 }
 
-static int l_task_gc(lua_State *L) {
-  ltask *t = check_task(L, 1);
-  free(t->joiners);
-  t->joiners = NULL;
-  return 0;
-}
-
 /* ---------------------------------------------------------------------- */
 /* Runs                                                                    */
 /* ---------------------------------------------------------------------- */
@@ -832,6 +881,52 @@ static void run_free(lua_State *L, lrun *r) {
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
 }
 
+/* os.exit while a run is in progress. Lua's own would close the state
+** from this task, freeing the VM under the run's other threads and under
+** the main thread still inside core.run. Instead the request is kept, the
+** run is cancelled, and core.run calls the real os.exit with the same
+** arguments on the main thread once every runtime thread is gone, so
+** finalizers and <close> variables still run and the status is kept. */
+static int run_os_exit(lua_State *L) {
+  ltask *t = cur_task;
+  if (!t || !t->run) {
+    /* Not from a task (a finalizer on the main thread): the real one. */
+    lua_getfield(L, LUA_REGISTRYINDEX, "ums.os_exit");
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 0);
+    return 0;
+  }
+  lrun *r = t->run;
+  if (!r->exit_requested) {
+    r->exit_requested = true;
+    lua_settop(L, 2);
+    lua_createtable(L, 2, 0);
+    lua_insert(L, 1);
+    lua_rawseti(L, 1, 2);
+    lua_rawseti(L, 1, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "ums.exit_args");
+  }
+  ums_task_cancel(r->rt, r->main_id);
+  return raise_cancelled(L);
+}
+
+/* Swaps os.exit for run_os_exit (install) or back (the saved one). */
+static void swap_os_exit(lua_State *L, bool install) {
+  if (lua_getglobal(L, "os") != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (install) {
+    lua_getfield(L, -1, "exit");
+    lua_setfield(L, LUA_REGISTRYINDEX, "ums.os_exit");
+    lua_pushcfunction(L, run_os_exit);
+  } else {
+    lua_getfield(L, LUA_REGISTRYINDEX, "ums.os_exit");
+  }
+  lua_setfield(L, -2, "exit");
+  lua_pop(L, 1);
+}
+
 /* core.run(fn, ...) */
 static int l_run(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
@@ -867,14 +962,29 @@ static int l_run(lua_State *L) {
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
   monitor_start(r);
 
+  swap_os_exit(L, true);
   ltask *main = task_new(L, r, 1);  /* userdata now at index 1 */
   lua_settop(L, 1);
+  r->main_id = main->id;
   /* From here until the runtime is shut down, the VM belongs to the
   ** scheduler thread; this thread only waits. */
   ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
-  ums_runtime_shutdown(r->rt, main->ok ? UMS_FOREVER : 0);
+  bool exiting = r->exit_requested;
+  ums_runtime_shutdown(r->rt, main->ok && !exiting ? UMS_FOREVER : 0);
   r->rt = NULL;
   monitor_stop(r);
+  swap_os_exit(L, false);
+  if (exiting) {
+    /* Every runtime thread is gone: the real os.exit may close the VM. */
+    run_free(L, r);
+    lua_getglobal(L, "os");
+    lua_getfield(L, -1, "exit");
+    lua_getfield(L, LUA_REGISTRYINDEX, "ums.exit_args");
+    lua_rawgeti(L, -1, 1);
+    lua_rawgeti(L, -2, 2);
+    lua_remove(L, -3);
+    lua_call(L, 2, 0);
+  }
   run_free(L, r);
   main->run = NULL;
   report_errors(L, main);
@@ -965,10 +1075,8 @@ int luaopen_ums_core(lua_State *L) {
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_task_tostring);
     lua_setfield(L, -2, "__tostring");
-    lua_pushcfunction(L, l_task_gc);
-    lua_setfield(L, -2, "__gc");
   }
-  lua_pop(L, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &task_mt_key);
 
   lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
   if (lua_isnil(L, -1)) {

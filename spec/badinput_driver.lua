@@ -1,0 +1,152 @@
+-- Driver for spec/badinput_spec.lua (not a spec itself): calls one public
+-- function of ums with every kind of value in every argument position,
+-- outside a run or inside a task, and prints one line per call:
+--   OK <call> raised: <message>      a Lua error with a clear message
+--   OK <call> returned nil: <msg>    the nil, msg convention
+--   OK <call> returned <n> values    accepted (the value was valid there)
+--   BAD <call> <why>                 anything else
+-- then "DONE <calls>". It runs in a child process, so that a crash shows
+-- as that function's failure instead of taking Busted down with it.
+--
+-- usage: lua5.4 badinput_driver.lua <function> outside|inside
+local fname, where = arg[1], arg[2]
+local ums = require "ums"
+local core = require "ums.core"
+
+io.stdout:setvbuf("line")
+
+-- A message is clear when it says what went wrong in words a user can
+-- act on: which argument, what was expected, or which rule was broken.
+local CLEAR = {
+  "bad argument", "expected", "not inside a task", "must", "cannot",
+  "number has no integer representation", "unknown setting", "no park",
+  "ums%.", "ums:", "timeout", "too long", "longer than",
+}
+local function clear(msg)
+  if type(msg) ~= "string" or #msg < 8 then return false end
+  for _, p in ipairs(CLEAR) do
+    if msg:find(p) then return true end
+  end
+  return false
+end
+
+local co = coroutine.create(function() end)
+local values = {
+  {"nil", nil}, {"true", true}, {"false", false},
+  {"0", 0}, {"-1", -1}, {"1.5", 1.5}, {"nan", 0 / 0},
+  {"mininteger", math.mininteger}, {"-inf", -math.huge},
+  {"''", ""}, {"'x'", "x"}, {"'0'", "0"}, {"long string", ("s"):rep(100)},
+  {"{}", {}}, {"{1,2}", {1, 2}},
+  {"function", function() end},
+  {"coroutine", co},
+  {"userdata", io.stdout},
+}
+
+-- A finished task, for the task methods (a live one would make a nil
+-- timeout block forever, which is valid input).
+local done_task
+
+-- Each entry: the function and its valid arguments; each position from 1
+-- to #valid + 1 gets every value in turn, the others keeping valid ones.
+-- `after` undoes what a successful call set up.
+local prev_handler = debug.getregistry()["ums.on_error"]
+local entries = {
+  run = {ums.run, {function() end, 1}},
+  spawn = {ums.spawn, {function() end, 1}},
+  yield = {ums.yield, {}},
+  sleep = {ums.sleep, {0}},
+  self = {ums.self, {}},
+  now = {ums.now, {}},
+  config = {ums.config, {{}}, after = function()
+    ums.config{schedulers = 1, max_workers = 0, quantum = 0.004}
+  end},
+  on_error = {ums.on_error, {function() end}, after = function()
+    ums.on_error(prev_handler)
+  end},
+  locals = {ums.locals, {}},
+  test = {ums.test, {function() end, 1}},
+  park_begin = {core.park_begin, {0}, after = function(r)
+    -- a park that began must end before the task does anything else
+    if type(r[1]) == "number" and core.self() then
+      core.unpark(core.self(), r[1])
+      core.park_wait()
+    end
+  end},
+  park_wait = {core.park_wait, {}},
+  unpark = {core.unpark, {"TASK", 1, 0}},
+  join = {"join", {"TASK", 0}},
+  cancel = {"cancel", {"TASK"}},
+  status = {"status", {"TASK"}},
+  name = {"name", {"TASK", "n"}},
+  id = {"id", {"TASK"}},
+  task_locals = {"locals", {"TASK"}},
+}
+
+local function describe_call(pos, vname, n)
+  local parts = {}
+  for i = 1, n do parts[i] = i == pos and vname or "ok" end
+  return ("%s(%s) %s"):format(fname, table.concat(parts, ", "), where)
+end
+
+local function sweep()
+  local e = assert(entries[fname], "no such function: " .. tostring(fname))
+  local f, valid = e[1], e[2]
+  if type(f) == "string" then
+    f = getmetatable(done_task).__index[f]
+  end
+  local calls = 0
+  for pos = 1, #valid + 1 do
+    for _, v in ipairs(values) do
+      local args = {}
+      for i = 1, #valid do
+        args[i] = valid[i] == "TASK" and done_task or valid[i]
+      end
+      args[pos] = v[2]
+      local n = math.max(#valid, pos)
+      local call = describe_call(pos, v[1], n)
+      local r = table.pack(pcall(f, table.unpack(args, 1, n)))
+      calls = calls + 1
+      if r[1] then
+        table.remove(r, 1)
+        r.n = r.n - 1
+        if e.after then e.after(r) end
+        if r.n >= 1 and r[1] == nil and r.n >= 2 then
+          if type(r[2]) == "string" and #r[2] > 0 then
+            print(("OK %s returned nil: %s"):format(call, r[2]))
+          else
+            print(("BAD %s returned nil with a %s message"):format(
+              call, type(r[2])))
+          end
+        else
+          print(("OK %s returned %d values"):format(call, r.n))
+        end
+      else
+        local msg = r[2]
+        if clear(msg) then
+          print(("OK %s raised: %s"):format(call,
+            (tostring(msg):gsub("\n.*", ""))))
+        elseif rawequal(msg, ums.CANCELLED) then
+          print(("BAD %s raised ums.CANCELLED"):format(call))
+        else
+          print(("BAD %s raised an unclear error: %s (%s)"):format(
+            call, tostring(msg), type(msg)))
+        end
+      end
+    end
+  end
+  return calls
+end
+
+ums.run(function()
+  done_task = ums.spawn(function() return 1 end)
+  done_task:join()
+end)
+
+local calls
+if where == "outside" then
+  calls = sweep()
+else
+  calls = ums.run(sweep)
+end
+print("DONE " .. calls)
+os.exit(0, true)

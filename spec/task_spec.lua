@@ -1,0 +1,998 @@
+-- Tasks: spawn, join, errors, cancellation, status, names, locals, yield
+-- and sleep ordering, the error handler, runs and configuration.
+local ums = require "ums"
+
+-- ums.on_error replaces the handler and has no getter: keep the one in
+-- force (ums.core stores it in the registry) and put it back after a spec
+-- that changes it.
+local function current_on_error()
+  return debug.getregistry()["ums.on_error"]
+end
+
+local function with_on_error(handler, body)
+  local prev = current_on_error()
+  ums.on_error(handler)
+  local ok, err = pcall(body)
+  ums.on_error(prev)
+  if not ok then error(err, 0) end
+end
+
+local DEFAULTS = {
+  schedulers = 1, max_workers = 0, quantum = 0.004, stack_size = 1024 * 1024,
+  worker_idle_timeout = 10, idle_workers_kept = 16,
+}
+
+local function restore_config() ums.config(DEFAULTS) end
+
+describe("ums.spawn and task:join", function()
+  it("returns true and every result, nil in the middle included", function()
+    ums.run(function()
+      local t = ums.spawn(function(a, b) return a, nil, b, nil end, 1, 2)
+      local r = table.pack(t:join())
+      assert.equal(5, r.n)
+      assert.is_true(r[1])
+      assert.equal(1, r[2])
+      assert.is_nil(r[3])
+      assert.equal(2, r[4])
+      assert.is_nil(r[5])
+    end)
+  end)
+
+  it("passes arguments, nil in the middle included", function()
+    ums.run(function()
+      local t = ums.spawn(function(...)
+        return select("#", ...), ...
+      end, "a", nil, "c")
+      local ok, n, a, b, c = t:join()
+      assert.is_true(ok)
+      assert.equal(3, n)
+      assert.equal("a", a)
+      assert.is_nil(b)
+      assert.equal("c", c)
+    end)
+  end)
+
+  it("returns just true for a task without results", function()
+    ums.run(function()
+      local r = table.pack(ums.spawn(function() end):join())
+      assert.equal(1, r.n)
+      assert.is_true(r[1])
+    end)
+  end)
+
+  it("passes tables by identity", function()
+    ums.run(function()
+      local arg = {}
+      local ok, back = ums.spawn(function(x) return x end, arg):join()
+      assert.is_true(ok)
+      assert.is_true(rawequal(arg, back))
+    end)
+  end)
+
+  it("returns nil, 'timeout' when the task is still running, and a later "
+     .. "join works", function()
+    ums.run(function()
+      local t = ums.spawn(function() ums.sleep(0.05); return "late" end)
+      local t0 = ums.now()
+      local r = table.pack(t:join(0.01))
+      assert.equal(2, r.n)
+      assert.is_nil(r[1])
+      assert.equal("timeout", r[2])
+      assert.is_true(ums.now() - t0 >= 0.009)
+      assert.is_true(ums.now() - t0 < 0.045)
+      assert.equal("suspended", t:status())
+      -- a zero timeout polls
+      assert.same({nil, "timeout"}, {t:join(0)})
+      local ok, v = t:join()
+      assert.is_true(ok)
+      assert.equal("late", v)
+    end)
+  end)
+
+  it("polling join with a timeout many times does not disturb the task",
+     function()
+    ums.run(function()
+      local t = ums.spawn(function() ums.sleep(0.03); return 1 end)
+      local polls = 0
+      while true do
+        local ok = t:join(0.001)
+        if ok then break end
+        polls = polls + 1
+        assert.is_true(polls < 1000)
+      end
+      assert.is_true(polls >= 5)
+    end)
+  end)
+
+  it("join of a finished task returns the same results again", function()
+    ums.run(function()
+      local tbl = {}
+      local t = ums.spawn(function() return 1, tbl, "x" end)
+      local a = table.pack(t:join())
+      local b = table.pack(t:join())
+      local c = table.pack(t:join(0))
+      for _, r in ipairs{b, c} do
+        assert.equal(a.n, r.n)
+        for i = 1, a.n do assert.is_true(rawequal(a[i], r[i])) end
+      end
+      assert.is_true(rawequal(tbl, b[3]))
+      local e = ums.spawn(function() error("again") end)
+      local ok1, err1, tb1 = e:join()
+      local ok2, err2, tb2 = e:join()
+      assert.is_false(ok1)
+      assert.is_false(ok2)
+      assert.equal(err1, err2)
+      assert.equal(tb1, tb2)
+    end)
+  end)
+
+  it("several tasks can join the same task", function()
+    ums.run(function()
+      local t = ums.spawn(function() ums.sleep(0.01); return "v" end)
+      local js = {}
+      for i = 1, 5 do js[i] = ums.spawn(function() return t:join() end) end
+      for i = 1, 5 do
+        local ok, ok2, v = js[i]:join()
+        assert.is_true(ok)
+        assert.is_true(ok2)
+        assert.equal("v", v)
+      end
+    end)
+  end)
+
+  it("join of a finished task works after its run ended", function()
+    local t = ums.run(function()
+      local t = ums.spawn(function() return 7 end)
+      t:join()
+      return t
+    end)
+    local ok, v = t:join()
+    assert.is_true(ok)
+    assert.equal(7, v)
+    assert.equal("done", t:status())
+  end)
+
+  it("a task cannot join itself", function()
+    ums.run(function()
+      local ok, err = pcall(function() return ums.self():join() end)
+      assert.is_false(ok)
+      assert.matches("cannot join itself", err)
+    end)
+  end)
+end)
+
+describe("errors through join", function()
+  local function explode(v) error(v, 0) end
+
+  -- Every kind of error value; error(nil) and error(false) included.
+  local values = {
+    {"a table", {}},
+    {"an integer", 42},
+    {"a large integer", math.maxinteger},
+    {"a float", 2.5},
+    {"true", true},
+    {"false", false},
+    {"nil", nil},
+    {"a function", function() end},
+    {"a coroutine", coroutine.create(function() end)},
+    {"a string without position", "plain"},
+  }
+  for _, case in ipairs(values) do
+    it("keeps the identity of " .. case[1], function()
+      local v = case[2]
+      ums.run(function()
+        local t = ums.spawn(function() explode(v) end)
+        local r = table.pack(t:join())
+        assert.equal(3, r.n)
+        assert.is_false(r[1])
+        assert.equal(type(v), type(r[2]))
+        assert.equal(math.type(v), math.type(r[2]))
+        assert.is_true(rawequal(v, r[2]),
+          ("got %s (%s)"):format(tostring(r[2]), type(r[2])))
+        assert.equal("string", type(r[3]))
+        assert.matches("stack traceback", r[3])
+        assert.matches("explode", r[3])
+        assert.equal("error", t:status())
+      end)
+    end)
+  end
+
+  it("a string error keeps its position and the traceback names the "
+     .. "functions", function()
+    ums.run(function()
+      local function inner_failing_function() error("boom") end
+      local t = ums.spawn(function() inner_failing_function() end)
+      local ok, err, tb = t:join()
+      assert.is_false(ok)
+      assert.matches("^.-task_spec%.lua:%d+: boom$", err)
+      assert.matches("inner_failing_function", tb)
+      assert.matches("task_spec%.lua:%d+", tb)
+    end)
+  end)
+
+  it("an error after a wait is reported the same way", function()
+    ums.run(function()
+      local e = {}
+      local t = ums.spawn(function() ums.sleep(0.001); ums.yield(); error(e) end)
+      local ok, err, tb = t:join()
+      assert.is_false(ok)
+      assert.is_true(rawequal(e, err))
+      assert.matches("task_spec%.lua", tb)
+    end)
+  end)
+end)
+
+describe("task:cancel", function()
+  it("a sleeping task's join gives false, ums.CANCELLED, traceback", function()
+    ums.run(function()
+      local reached = false
+      local t = ums.spawn(function() ums.sleep(100); reached = true end)
+      ums.yield()
+      assert.equal("suspended", t:status())
+      local t0 = ums.now()
+      assert.is_true(t:cancel())
+      local ok, err, tb = t:join()
+      assert.is_true(ums.now() - t0 < 1)
+      assert.is_false(ok)
+      assert.is_true(rawequal(ums.CANCELLED, err))
+      assert.equal("task cancelled", tostring(err))
+      assert.equal("string", type(tb))
+      assert.is_false(reached)
+      assert.equal("cancelled", t:status())
+    end)
+  end)
+
+  it("a task cancelled before it started never runs", function()
+    ums.run(function()
+      local ran = false
+      local t = ums.spawn(function() ran = true end)
+      assert.equal("pending", t:status())
+      assert.is_true(t:cancel())
+      local ok, err = t:join()
+      assert.is_false(ok)
+      assert.is_true(rawequal(ums.CANCELLED, err))
+      assert.is_false(ran)
+      assert.equal("cancelled", t:status())
+    end)
+    -- nor after its run ended
+  end)
+
+  it("cancelling a finished task returns false and changes nothing",
+     function()
+    ums.run(function()
+      local t = ums.spawn(function() return 1 end)
+      t:join()
+      assert.is_false(t:cancel())
+      assert.equal("done", t:status())
+      local ok, v = t:join()
+      assert.is_true(ok)
+      assert.equal(1, v)
+    end)
+  end)
+
+  it("a task sees ums.CANCELLED at its wait and can catch it", function()
+    ums.run(function()
+      local seen
+      local t = ums.spawn(function()
+        local _, err = pcall(ums.sleep, 100)
+        seen = err
+        -- every later wait fails the same way
+        local ok2, err2 = pcall(ums.yield)
+        assert(not ok2 and rawequal(err2, ums.CANCELLED))
+        return "caught"
+      end)
+      ums.yield()
+      t:cancel()
+      local ok, v = t:join()
+      assert.is_true(ok)
+      assert.equal("caught", v)
+      assert.is_true(rawequal(ums.CANCELLED, seen))
+      assert.equal("done", t:status())
+    end)
+  end)
+
+  it("cancels a task waiting in join", function()
+    ums.run(function()
+      local long = ums.spawn(function() ums.sleep(100) end)
+      local j = ums.spawn(function() return long:join() end)
+      ums.yield()
+      j:cancel()
+      local ok, err = j:join()
+      assert.is_false(ok)
+      assert.is_true(rawequal(ums.CANCELLED, err))
+      assert.equal("suspended", long:status())
+      long:cancel()
+      long:join()
+    end)
+  end)
+
+  it("cancels a task that only yields", function()
+    ums.run(function()
+      local n = 0
+      local t = ums.spawn(function() while true do n = n + 1; ums.yield() end end)
+      for _ = 1, 3 do ums.yield() end
+      t:cancel()
+      local ok, err = t:join()
+      assert.is_false(ok)
+      assert.is_true(rawequal(ums.CANCELLED, err))
+      assert.is_true(n >= 1)
+    end)
+  end)
+end)
+
+describe("<close> variables", function()
+  local function closer(log, name)
+    return setmetatable({}, {__close = function(_, err)
+      log[#log + 1] = {name, err}
+    end})
+  end
+
+  it("run when a task is cancelled, innermost first, with ums.CANCELLED",
+     function()
+    ums.run(function()
+      local log = {}
+      local t = ums.spawn(function()
+        local a <close> = closer(log, "a")
+        do
+          local b <close> = closer(log, "b")
+          ums.sleep(100)
+        end
+      end)
+      ums.yield()
+      t:cancel()
+      t:join()
+      assert.equal(2, #log)
+      assert.equal("b", log[1][1])
+      assert.equal("a", log[2][1])
+      assert.is_true(rawequal(ums.CANCELLED, log[1][2]))
+      assert.is_true(rawequal(ums.CANCELLED, log[2][2]))
+    end)
+  end)
+
+  it("run before join returns", function()
+    ums.run(function()
+      local closed = false
+      local t = ums.spawn(function()
+        local c <close> = setmetatable({}, {__close = function()
+          closed = true
+        end})
+        ums.sleep(100)
+      end)
+      ums.yield()
+      t:cancel()
+      t:join()
+      assert.is_true(closed)
+    end)
+  end)
+
+  it("run when a task errors, with the error", function()
+    ums.run(function()
+      local log = {}
+      local e = {}
+      local t = ums.spawn(function()
+        local a <close> = closer(log, "a")
+        ums.yield()
+        error(e)
+      end)
+      local ok, err = t:join()
+      assert.is_false(ok)
+      assert.is_true(rawequal(e, err))
+      assert.equal(1, #log)
+      assert.is_true(rawequal(e, log[1][2]))
+    end)
+  end)
+
+  it("may wait when the task errors (the wait parks only that task)",
+     function()
+    ums.run(function()
+      local n, stop = 0, false
+      local counter = ums.spawn(function()
+        while not stop do n = n + 1; ums.yield() end
+      end)
+      local progress
+      local t = ums.spawn(function()
+        local a <close> = setmetatable({}, {__close = function()
+          local n0 = n
+          ums.sleep(0.01)
+          progress = n - n0
+        end})
+        error("x")
+      end)
+      local ok = t:join()
+      stop = true
+      counter:join()
+      assert.is_false(ok)
+      assert.is_true(progress and progress > 0)
+    end)
+  end)
+
+  it("an error raised by a <close> handler of a failing task is not lost",
+     function()
+    -- Lua's own rule: the error of a __close handler replaces the error
+    -- being propagated. Either the join shows it or the error handler gets
+    -- it; it must not vanish.
+    local reported = {}
+    with_on_error(function(err) reported[#reported + 1] = err end, function()
+      ums.run(function()
+        local t = ums.spawn(function()
+          local a <close> = setmetatable({}, {__close = function()
+            error("from close", 0)
+          end})
+          error("first", 0)
+        end)
+        local ok, err = t:join()
+        assert.is_false(ok)
+        local seen = err == "from close"
+        for _, r in ipairs(reported) do
+          if r == "from close" then seen = true end
+        end
+        assert.is_true(seen, "the __close error was lost (join gave "
+                              .. tostring(err) .. ")")
+      end)
+    end)
+  end)
+end)
+
+describe("task:status", function()
+  it("goes pending, running, suspended, done", function()
+    ums.run(function()
+      local inside
+      local t = ums.spawn(function()
+        inside = ums.self():status()
+        ums.sleep(0.01)
+      end)
+      assert.equal("pending", t:status())
+      ums.yield()
+      assert.equal("running", inside)
+      assert.equal("suspended", t:status())
+      t:join()
+      assert.equal("done", t:status())
+      assert.equal("running", ums.self():status())
+    end)
+  end)
+
+  it("is suspended for a task that yielded", function()
+    ums.run(function()
+      local t = ums.spawn(function() for _ = 1, 5 do ums.yield() end end)
+      ums.yield()
+      assert.equal("suspended", t:status())
+      t:join()
+    end)
+  end)
+
+  it("is error and cancelled for those outcomes", function()
+    ums.run(function()
+      local e = ums.spawn(function() error("x") end)
+      local c = ums.spawn(function() ums.sleep(100) end)
+      ums.yield()
+      c:cancel()
+      e:join()
+      c:join()
+      assert.equal("error", e:status())
+      assert.equal("cancelled", c:status())
+    end)
+  end)
+
+  it("is error, not cancelled, for a task that raised another value after "
+     .. "being cancelled", function()
+    ums.run(function()
+      local c = ums.spawn(function()
+        pcall(ums.sleep, 100)
+        error("mine")
+      end)
+      ums.yield()
+      c:cancel()
+      local ok, err = c:join()
+      assert.is_false(ok)
+      assert.matches("mine", err)
+      assert.equal("error", c:status())
+    end)
+  end)
+end)
+
+describe("task names and ids", function()
+  it("names a task, read inside and outside", function()
+    ums.run(function()
+      local t = ums.spawn(function()
+        ums.yield()
+        return ums.self():name()
+      end)
+      assert.equal("", t:name())
+      assert.equal("worker-1", t:name("worker-1"))
+      assert.equal("worker-1", t:name())
+      assert.matches("worker%-1", tostring(t))
+      local ok, name = t:join()
+      assert.is_true(ok)
+      assert.equal("worker-1", name)
+      -- a task may rename itself
+      local ok2, n2 = ums.spawn(function()
+        ums.self():name("self-named")
+        return ums.self():name()
+      end):join()
+      assert.is_true(ok2)
+      assert.equal("self-named", n2)
+    end)
+  end)
+
+  it("refuses names that are too long or not strings", function()
+    ums.run(function()
+      local t = ums.spawn(function() end)
+      assert.has_error(function() t:name(string.rep("x", 32)) end)
+      assert.has_error(function() t:name({}) end)
+      assert.equal(string.rep("y", 31), t:name(string.rep("y", 31)))
+      t:join()
+    end)
+  end)
+
+  it("gives every task a distinct integer id", function()
+    ums.run(function()
+      local seen = {[ums.self():id()] = true}
+      assert.equal("integer", math.type(ums.self():id()))
+      local ts = {}
+      for i = 1, 50 do ts[i] = ums.spawn(function() end) end
+      for i = 1, 50 do
+        local id = ts[i]:id()
+        assert.equal("integer", math.type(id))
+        assert.is_nil(seen[id])
+        seen[id] = true
+        ts[i]:join()
+      end
+    end)
+  end)
+end)
+
+describe("ums.self", function()
+  it("is the task object spawn returned", function()
+    ums.run(function()
+      local me
+      local t = ums.spawn(function() me = ums.self() end)
+      t:join()
+      assert.is_true(rawequal(t, me))
+      assert.is_not_nil(ums.self())
+      assert.is_false(rawequal(t, ums.self()))
+    end)
+  end)
+
+  it("is nil outside tasks", function()
+    assert.is_nil(ums.self())
+  end)
+end)
+
+describe("task-local storage", function()
+  it("is per task and survives waits", function()
+    ums.run(function()
+      local function body(v)
+        ums.locals().v = v
+        ums.sleep(0.005)
+        ums.yield()
+        return ums.locals().v, rawequal(ums.locals(), ums.self():locals())
+      end
+      local ts = {}
+      for i = 1, 5 do ts[i] = ums.spawn(body, i) end
+      ums.locals().v = "main"
+      for i = 1, 5 do
+        local ok, v, same = ts[i]:join()
+        assert.is_true(ok)
+        assert.equal(i, v)
+        assert.is_true(same)
+        assert.equal(i, ts[i]:locals().v)
+      end
+      assert.equal("main", ums.locals().v)
+    end)
+  end)
+
+  it("a new task starts with an empty table (also on a reused coroutine)",
+     function()
+    ums.run(function()
+      for _ = 1, 20 do
+        local ok, empty = ums.spawn(function()
+          local e = next(ums.locals()) == nil
+          ums.locals().x = 1
+          return e
+        end):join()
+        assert.is_true(ok)
+        assert.is_true(empty)
+      end
+    end)
+  end)
+
+  it("ums.locals raises outside a task", function()
+    local ok, err = pcall(ums.locals)
+    assert.is_false(ok)
+    assert.matches("not inside a task", err)
+  end)
+end)
+
+describe("ordering", function()
+  it("ums.yield runs the ready tasks round-robin", function()
+    local log = {}
+    ums.run(function()
+      local ts = {}
+      for i = 1, 3 do
+        ts[i] = ums.spawn(function()
+          for r = 1, 3 do
+            log[#log + 1] = i .. ":" .. r
+            ums.yield()
+          end
+        end)
+      end
+      for i = 1, 3 do ts[i]:join() end
+    end)
+    assert.same({"1:1", "2:1", "3:1", "1:2", "2:2", "3:2", "1:3", "2:3",
+                 "3:3"}, log)
+  end)
+
+  it("ums.yield lets a task started later run before the yielder resumes",
+     function()
+    local log = {}
+    ums.run(function()
+      ums.spawn(function() log[#log + 1] = "child" end)
+      log[#log + 1] = "before"
+      ums.yield()
+      log[#log + 1] = "after"
+    end)
+    assert.same({"before", "child", "after"}, log)
+  end)
+
+  it("ums.sleep wakes tasks in deadline order", function()
+    local log = {}
+    ums.run(function()
+      local ts = {}
+      for i, d in ipairs{0.08, 0.02, 0.05, 0, 0.035} do
+        ts[i] = ums.spawn(function()
+          ums.sleep(d)
+          log[#log + 1] = d
+        end)
+      end
+      for i = 1, #ts do ts[i]:join() end
+    end)
+    assert.same({0, 0.02, 0.035, 0.05, 0.08}, log)
+  end)
+
+  it("ums.sleep waits at least the time asked", function()
+    ums.run(function()
+      for _, d in ipairs{0, 0.001, 0.02} do
+        local t0 = ums.now()
+        ums.sleep(d)
+        assert.is_true(ums.now() - t0 >= d * 0.99)
+      end
+    end)
+  end)
+
+  it("ums.now is monotonic seconds", function()
+    local a = ums.now()
+    assert.equal("number", type(a))
+    ums.run(function() ums.sleep(0.01) end)
+    assert.is_true(ums.now() - a >= 0.0099)
+  end)
+end)
+
+describe("ums.on_error", function()
+  it("gets (err, traceback, task) for every failed task nobody joined, "
+     .. "and nothing else", function()
+    local calls = {}
+    local unjoined_str, unjoined_tbl, joined, cancelled
+    local tbl_err = {}
+    with_on_error(function(err, tb, task)
+      calls[#calls + 1] = {err = err, tb = tb, task = task}
+    end, function()
+      ums.run(function()
+        unjoined_str = ums.spawn(function() error("lost one") end)
+        unjoined_tbl = ums.spawn(function() ums.yield(); error(tbl_err) end)
+        joined = ums.spawn(function() error("joined one") end)
+        cancelled = ums.spawn(function() ums.sleep(100) end)
+        ums.spawn(function() return "fine" end)
+        ums.yield()
+        cancelled:cancel()
+        joined:join()
+        -- the handler runs at the end of the run, not before
+        assert.equal(0, #calls)
+      end)
+    end)
+    assert.equal(2, #calls)
+    local by_task = {}
+    for _, c in ipairs(calls) do by_task[c.task] = c end
+    local s = by_task[unjoined_str]
+    assert.is_not_nil(s)
+    assert.matches("lost one", s.err)
+    assert.equal("string", type(s.tb))
+    assert.matches("task_spec%.lua", s.tb)
+    local t = by_task[unjoined_tbl]
+    assert.is_not_nil(t)
+    assert.is_true(rawequal(tbl_err, t.err))
+    assert.equal("string", type(t.tb))
+    assert.is_nil(by_task[joined])
+    assert.is_nil(by_task[cancelled])
+  end)
+
+  it("is not given the first task's error: ums.run raises it", function()
+    local calls = 0
+    with_on_error(function() calls = calls + 1 end, function()
+      assert.has_error(function()
+        ums.run(function() error("main fails") end)
+      end)
+    end)
+    assert.equal(0, calls)
+  end)
+
+  it("reports an unjoined error once, not again in the next run", function()
+    local calls = 0
+    with_on_error(function() calls = calls + 1 end, function()
+      ums.run(function() ums.spawn(function() error("x") end) end)
+      ums.run(function() end)
+    end)
+    assert.equal(1, calls)
+  end)
+
+  it("an error inside the handler does not stop the others", function()
+    local calls = 0
+    with_on_error(function()
+      calls = calls + 1
+      error("handler fails")
+    end, function()
+      ums.run(function()
+        ums.spawn(function() error("a") end)
+        ums.spawn(function() error("b") end)
+      end)
+    end)
+    assert.equal(2, calls)
+  end)
+
+  it("requires a function", function()
+    assert.has_error(function() ums.on_error(nil) end)
+    assert.has_error(function() ums.on_error("x") end)
+  end)
+end)
+
+describe("waits outside a task", function()
+  local cases = {
+    {"sleep", function() return ums.sleep(0) end},
+    {"yield", function() return ums.yield() end},
+    {"spawn", function() return ums.spawn(function() end) end},
+    {"park_begin", function() return ums.park_begin() end},
+    {"park_wait", function() return ums.park_wait() end},
+  }
+  for _, c in ipairs(cases) do
+    it("ums." .. c[1] .. " raises 'not inside a task'", function()
+      local ok, err = pcall(c[2])
+      assert.is_false(ok)
+      assert.equal("string", type(err))
+      assert.matches("not inside a task", err)
+    end)
+  end
+
+  it("join of a finished task works outside any run", function()
+    local t
+    ums.run(function()
+      t = ums.spawn(function() ums.sleep(100) end)
+      ums.yield()
+      t:cancel()
+    end)
+    local ok, err = t:join()
+    assert.is_false(ok)
+    assert.is_true(rawequal(ums.CANCELLED, err))
+  end)
+end)
+
+describe("ums.run", function()
+  it("returns the first task's results", function()
+    local r = table.pack(ums.run(function(a, b) return b, nil, a end, 1, 2))
+    assert.equal(3, r.n)
+    assert.equal(2, r[1])
+    assert.is_nil(r[2])
+    assert.equal(1, r[3])
+  end)
+
+  it("waits for every task of the run", function()
+    local done = 0
+    ums.run(function()
+      for i = 1, 10 do
+        ums.spawn(function() ums.sleep(0.001 * i); done = done + 1 end)
+      end
+    end)
+    assert.equal(10, done)
+  end)
+
+  it("cannot nest", function()
+    local ok, err
+    ums.run(function()
+      ok, err = pcall(ums.run, function() end)
+    end)
+    assert.is_false(ok)
+    assert.matches("cannot be nested", err)
+  end)
+
+  it("re-raises the first task's string error with its traceback", function()
+    local function failing_main() error("main boom") end
+    local ok, err = pcall(ums.run, function() failing_main() end)
+    assert.is_false(ok)
+    assert.equal("string", type(err))
+    assert.matches("^.-task_spec%.lua:%d+: main boom", err)
+    assert.matches("stack traceback", err)
+    assert.matches("failing_main", err)
+  end)
+
+  for _, case in ipairs{{"a table", {}}, {"an integer", 7},
+                        {"a float", 0.5}, {"false", false}} do
+    it("re-raises the first task's error, " .. case[1] .. ", by identity",
+       function()
+      local v = case[2]
+      local ok, err = pcall(ums.run, function() error(v) end)
+      assert.is_false(ok)
+      assert.is_true(rawequal(v, err),
+        ("got %s (%s)"):format(tostring(err), type(err)))
+    end)
+  end
+
+  it("cancels the other tasks when the first task fails", function()
+    local log = {}
+    local ok = pcall(ums.run, function()
+      ums.spawn(function()
+        local c <close> = setmetatable({}, {__close = function(_, e)
+          log[#log + 1] = e
+        end})
+        ums.sleep(100)
+      end)
+      ums.yield()
+      error("stop")
+    end)
+    assert.is_false(ok)
+    assert.equal(1, #log)
+    assert.is_true(rawequal(ums.CANCELLED, log[1]))
+  end)
+
+  it("can be run 100 times in a row", function()
+    for i = 1, 100 do
+      local v = ums.run(function(x)
+        local t = ums.spawn(function(y)
+          ums.yield()
+          ums.sleep(0)
+          return y * 2
+        end, x)
+        local ok, r = t:join()
+        assert(ok)
+        return r
+      end, i)
+      assert.equal(i * 2, v)
+    end
+  end)
+
+  it("runs again after a failed run", function()
+    assert.has_error(function() ums.run(function() error("x") end) end)
+    assert.equal(3, ums.run(function() return 3 end))
+  end)
+
+  it("requires a function", function()
+    for _, v in ipairs{1, "f", {}, true} do
+      local ok, err = pcall(ums.run, v)
+      assert.is_false(ok)
+      assert.matches("bad argument #1 to 'run'", err)
+    end
+  end)
+end)
+
+describe("ums.config", function()
+  after_each(restore_config)
+
+  it("returns the settings in force, defaults filled in", function()
+    local c = ums.config()
+    for k, v in pairs(DEFAULTS) do assert.equal(v, c[k], k) end
+    for k in pairs(c) do assert.is_not_nil(DEFAULTS[k], k) end
+  end)
+
+  it("returns the new settings after a change", function()
+    local c = ums.config{quantum = 0.01, max_workers = 5}
+    assert.equal(0.01, c.quantum)
+    assert.equal(5, c.max_workers)
+    assert.equal(1, c.schedulers)
+    c = ums.config()
+    assert.equal(0.01, c.quantum)
+    assert.equal(5, c.max_workers)
+    -- the table returned is a copy: changing it changes nothing
+    c.max_workers = 99
+    assert.equal(5, ums.config().max_workers)
+  end)
+
+  it("raises for unknown keys and changes nothing", function()
+    local ok, err = pcall(ums.config, {max_workers = 3, no_such_setting = 1})
+    assert.is_false(ok)
+    assert.matches("unknown setting 'no_such_setting'", err)
+    assert.equal(0, ums.config().max_workers)
+  end)
+
+  local bad = {
+    schedulers = {0, -1, 1.5, "1", true, {}, 0 / 0},
+    max_workers = {-1, 2.5, "2", false, {}},
+    quantum = {-0.001, 0 / 0, "0.1", true, {}},
+    stack_size = {100, 16383, 65536.5, "65536", {}},
+    worker_idle_timeout = {"1", 0 / 0, {}, true},
+    idle_workers_kept = {-1, 1.5, "3", {}},
+  }
+  for key, values in pairs(bad) do
+    it("raises for bad values of " .. key, function()
+      for _, v in ipairs(values) do
+        local before = ums.config()[key]
+        local ok, err = pcall(ums.config, {[key] = v})
+        assert.is_false(ok, key .. " = " .. tostring(v))
+        assert.matches("ums.config: '" .. key .. "' must be", err)
+        assert.equal(before, ums.config()[key])
+      end
+    end)
+  end
+
+  it("raises for a non-table argument", function()
+    for _, v in ipairs{1, "x", true, function() end} do
+      local ok, err = pcall(ums.config, v)
+      assert.is_false(ok)
+      assert.matches("bad argument #1 to 'config'", err)
+    end
+  end)
+
+  -- Runs n tasks that each stay active 20 ms; returns the largest number
+  -- of them seen active at once and the order in which they started.
+  local function concurrency(n)
+    local active, most, order = 0, 0, {}
+    local statuses = {}
+    ums.run(function()
+      local ts = {}
+      for i = 1, n do
+        ts[i] = ums.spawn(function()
+          order[#order + 1] = i
+          active = active + 1
+          if active > most then most = active end
+          ums.sleep(0.02)
+          active = active - 1
+        end)
+      end
+      ums.yield()
+      for i = 1, n do statuses[i] = ts[i]:status() end
+      for i = 1, n do assert(ts[i]:join()) end
+    end)
+    return most, order, statuses
+  end
+
+  it("max_workers bounds the active tasks, the first task included, and "
+     .. "starts the rest in FIFO order", function()
+    ums.config{max_workers = 3}
+    local most, order, statuses = concurrency(8)
+    -- the first task is active too: 2 more at a time
+    assert.equal(2, most)
+    assert.same({1, 2, 3, 4, 5, 6, 7, 8}, order)
+    assert.equal("suspended", statuses[1])
+    assert.equal("suspended", statuses[2])
+    for i = 3, 8 do assert.equal("pending", statuses[i]) end
+  end)
+
+  it("max_workers = 0 does not bound", function()
+    ums.config{max_workers = 0}
+    local most = concurrency(8)
+    assert.equal(8, most)
+  end)
+
+  it("applies to the next run, not the one in progress", function()
+    ums.config{max_workers = 3}
+    local most_inside
+    ums.run(function()
+      ums.config{max_workers = 0}
+      local active, most = 0, 0
+      local ts = {}
+      for i = 1, 6 do
+        ts[i] = ums.spawn(function()
+          active = active + 1
+          if active > most then most = active end
+          ums.sleep(0.01)
+          active = active - 1
+        end)
+      end
+      for i = 1, 6 do ts[i]:join() end
+      most_inside = most
+    end)
+    assert.equal(2, most_inside)
+    assert.equal(6, (concurrency(6)))
+  end)
+
+  it("quantum = 0 is accepted and reported", function()
+    assert.equal(0, ums.config{quantum = 0}.quantum)
+    assert.equal(1, ums.run(function() return 1 end))
+  end)
+end)

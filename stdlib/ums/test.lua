@@ -1,0 +1,179 @@
+--- ums.test(fn [, timeout]): runs fn as a task inside a fresh ums.run,
+-- for test frameworks such as Busted:
+--
+--   it("sends", function() ums.test(function() ... end) end)
+--
+-- Raises (so the surrounding `it` fails)
+--   * when fn raises: a string error is raised again with the task's
+--     traceback appended; any other value is raised as is (identity kept);
+--   * when fn has not finished after `timeout` seconds (default 10), or the
+--     tasks it started are still running then: the test task and every other
+--     task of the run are cancelled, and the error is
+--     "ums.test: timed out after N s";
+--   * when a task failed and nobody joined it: the error lists each such
+--     error with its traceback.
+-- Returns fn's results otherwise. Cannot be called inside a run.
+--
+-- fn runs as the run's first task; the helper adds one task, the watchdog
+-- (it sleeps for the timeout, then cancels). It counts against
+-- ums.config{max_workers = n} like any task: with max_workers = 1 it never
+-- starts, and the timeout cannot fire.
+--
+-- The runtime's error handler (ums.on_error) is replaced for the duration
+-- of the test and restored afterwards. The core has no getter for it, so
+-- the handler in force is read from the registry, where ums.core keeps it
+-- (debug.getregistry()["ums.on_error"]); if that is not available, the
+-- default handler (print to stderr) is installed afterwards.
+--
+-- While the test runs, ums.spawn (the field of the `ums` module) is
+-- wrapped to note the tasks started, so that the helper knows when all of
+-- them have ended (it polls their status after fn returns; joining them
+-- would hide their errors). A task started through a copy of ums.spawn
+-- taken before the test is not seen: if it is still running when fn
+-- returns, the run waits for it without a timeout. On timeout, every task
+-- of the run is cancelled, seen or not.
+local core = require "ums.core"
+
+local ONERROR_KEY = "ums.on_error"  -- lua-binding/lums.c
+
+local function default_handler(err, traceback)
+  io.stderr:write("ums: error in a task nobody joined: ",
+                  tostring(traceback or err), "\n")
+  io.stderr:flush()
+end
+
+local function current_handler()
+  local ok, reg = pcall(function() return debug.getregistry() end)
+  if ok and type(reg) == "table" and type(reg[ONERROR_KEY]) == "function" then
+    return reg[ONERROR_KEY]
+  end
+  return nil
+end
+
+local function is_live(task)
+  local s = task:status()
+  return s == "pending" or s == "running" or s == "suspended"
+end
+
+local function format_timeout(timeout)
+  if math.type(timeout) == "float" and timeout == math.floor(timeout)
+     and timeout < 2^53 then
+    return ("%d"):format(timeout)
+  end
+  return tostring(timeout)
+end
+
+local function test(fn, timeout)
+  if type(fn) ~= "function" then
+    error(("bad argument #1 to 'test' (function expected, got %s)")
+          :format(type(fn)), 2)
+  end
+  if timeout == nil then
+    timeout = 10
+  elseif type(timeout) ~= "number" or not (timeout > 0) then
+    error(("bad argument #2 to 'test' (positive number of seconds expected,"
+           .. " got %s)"):format(type(timeout) == "number"
+                                 and tostring(timeout) or type(timeout)), 2)
+  end
+  if core.self() then
+    error("ums.test: cannot be called inside a task (ums.run cannot be "
+          .. "nested)", 2)
+  end
+
+  local ums = require "ums"
+  local unjoined = {}
+  local spawned = {}  -- every task started through ums.spawn during the test
+  local timed_out = false
+
+  local prev_handler = current_handler()
+  local prev_spawn = ums.spawn
+  core.on_error(function(err, traceback, task)
+    unjoined[#unjoined + 1] = {err = err, traceback = traceback, task = task}
+  end)
+  ums.spawn = function(...)
+    local t = prev_spawn(...)
+    spawned[#spawned + 1] = t
+    return t
+  end
+
+  local function others_live()
+    for i = 1, #spawned do
+      if is_live(spawned[i]) then return true end
+    end
+    return false
+  end
+
+  local function cancel_all()
+    for i = 1, #spawned do spawned[i]:cancel() end
+  end
+
+  -- The run's first task runs fn itself, so that the helper adds only one
+  -- task (the watchdog) to the run.
+  local function main()
+    local me = core.self()
+    me:name("ums.test")
+    local watchdog = prev_spawn(function()
+      core.sleep(timeout)
+      timed_out = true
+      cancel_all()
+      me:cancel()
+    end)
+    watchdog:name("ums.test watchdog")
+    local r = table.pack(fn())
+    -- fn returned; wait for the tasks it started, polling their status
+    -- (joining them here would hide their errors from on_error). On
+    -- timeout the watchdog cancels this task: the sleep then raises.
+    local pause = 0.001
+    while others_live() do
+      core.sleep(pause)
+      pause = math.min(pause * 2, 0.02)
+    end
+    watchdog:cancel()
+    return r
+  end
+
+  -- If fn raises, ums.run cancels every task left (also those the helper
+  -- does not know of) and raises the error again (a string with fn's
+  -- traceback appended).
+  local ok, res = pcall(core.run, main)
+  ums.spawn = prev_spawn
+  core.on_error(prev_handler or default_handler)
+
+  local failure
+  if timed_out then
+    failure = ("ums.test: timed out after %s s"):format(
+      format_timeout(timeout))
+  elseif not ok then
+    if rawequal(res, core.CANCELLED) then
+      failure = "ums.test: the test task was cancelled"
+    elseif res == nil or res == false then
+      failure = ("ums.test: the test task raised %s"):format(tostring(res))
+    else
+      failure = res
+    end
+  end
+  if failure ~= nil then
+    if #unjoined > 0 and type(failure) == "string" then
+      failure = failure .. ("\n(and %d task(s) failed that nobody joined)")
+                :format(#unjoined)
+    end
+    error(failure, 0)
+  end
+  if #unjoined > 0 then
+    local parts = {("ums.test: %d task(s) failed and nobody joined them:")
+                   :format(#unjoined)}
+    for i, u in ipairs(unjoined) do
+      local name = u.task and u.task:name() or ""
+      local text = tostring(u.traceback)
+      if type(u.err) ~= "string" then
+        text = ("(error value: %s)\n%s"):format(tostring(u.err), text)
+      end
+      parts[#parts + 1] = ("[%d]%s %s"):format(
+        i, name ~= "" and (" task '" .. name .. "':") or "", text)
+    end
+    error(table.concat(parts, "\n"), 0)
+  end
+  return table.unpack(res, 1, res.n)
+end
+
+return test
