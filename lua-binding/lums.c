@@ -53,6 +53,14 @@ static const char task_mt_key = 0;
 ** sends every instruction through the hook machinery in Lua 5.4). Go
 ** preempts goroutines with the same signal. */
 #define QUANTUM_SIGNAL SIGURG
+/* ThreadSanitizer delivers asynchronous signals only when the thread next
+** enters an intercepted call, which a pure-Lua loop in the uninstrumented
+** interpreter never does. TSan builds therefore poll: the monitor posts a
+** request and a sparse count hook, set for every step, takes it. */
+#if defined(__SANITIZE_THREAD__)
+#define QUANTUM_POLL 1
+#define QUANTUM_POLL_COUNT 1000
+#endif
 /* Hook period while a preemption waits for a point where it may yield. */
 #define QUANTUM_RETRY_COUNT 100
 /* Finished coroutines kept for reuse. */
@@ -110,6 +118,7 @@ struct lrun {
   pthread_mutex_t mon_lock;
   pthread_cond_t mon_cond;
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
+  _Atomic uint64_t preempt_seq;     /* QUANTUM_POLL: step to preempt */
   ums_task_t main_id;               /* the run's first task */
   bool exit_requested;              /* os.exit was called in a task */
   /* Coroutine pool: reset threads anchored by registry refs. */
@@ -261,6 +270,9 @@ static int l_unpark(lua_State *L) {
 /* ---------------------------------------------------------------------- */
 
 static void qhook(lua_State *L, lua_Debug *ar);
+#ifdef QUANTUM_POLL
+static void qpoll_hook(lua_State *L, lua_Debug *ar);
+#endif
 
 static lua_State *take_coroutine(lrun *r, int *ref) {
   if (r->npool) {
@@ -408,6 +420,10 @@ static int task_step(void *arg) {
   atomic_store_explicit(&r->step_seq,
       atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
+#ifdef QUANTUM_POLL
+  if (r->quantum > 0)
+    lua_sethook(t->co, qpoll_hook, LUA_MASKCOUNT, QUANTUM_POLL_COUNT);
+#endif
   st = lua_resume(t->co, NULL, nargs, &nres);
   atomic_store_explicit(&r->running_co, NULL, memory_order_relaxed);
   /* A preemption signalled just as the step ended set a hook nobody
@@ -595,12 +611,26 @@ static void *quantum_monitor(void *arg) {
                seq != signalled_seq &&
                atomic_load(&r->lua_thread_known)) {
       signalled_seq = seq;
+#ifdef QUANTUM_POLL
+      atomic_store(&r->preempt_seq, seq);
+#else
       pthread_kill(r->lua_thread, QUANTUM_SIGNAL);
+#endif
     }
   }
   pthread_mutex_unlock(&r->mon_lock);
   return NULL;
 }
+
+#ifdef QUANTUM_POLL
+static void qpoll_hook(lua_State *L, lua_Debug *ar) {
+  ltask *t = cur_task;
+  if (t && t->run &&
+      atomic_load(&t->run->preempt_seq) ==
+          atomic_load_explicit(&t->run->step_seq, memory_order_relaxed))
+    qhook(L, ar);
+}
+#endif
 
 static void install_quantum_signal(void) {
   static atomic_int done;

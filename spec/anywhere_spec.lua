@@ -130,32 +130,29 @@ local function context(name, fn)
   context_names[#context_names + 1] = name
 end
 
--- Temporary modules for the require context.
-local moddir
-local modcount = 0
+-- Temporary modules for the require context: each is <tmpname>.lua next
+-- to the name os.tmpname reserved (no shell: under a TSan preload /bin/sh
+-- cannot start).
+local moddirs = {}
+local modfiles = {}
 local function new_module(body)
-  if not moddir then
-    moddir = os.tmpname()
-    os.remove(moddir)
-    assert(os.execute("mkdir -p '" .. moddir .. "'"))
-    package.path = moddir .. "/?.lua;" .. package.path
+  local base = os.tmpname()
+  local dir, name = base:match("^(.*)/([^/]+)$")
+  if not moddirs[dir] then
+    moddirs[dir] = true
+    package.path = dir .. "/?.lua;" .. package.path
   end
-  modcount = modcount + 1
-  local name = ("ums_anywhere_mod_%d"):format(modcount)
-  local f = assert(io.open(moddir .. "/" .. name .. ".lua", "w"))
+  local f = assert(io.open(base .. ".lua", "w"))
   f:write(body)
   f:close()
+  os.remove(base)
+  modfiles[#modfiles + 1] = base .. ".lua"
   return name
 end
 
 local function remove_modules()
-  if moddir then
-    for i = 1, modcount do
-      os.remove(("%s/ums_anywhere_mod_%d.lua"):format(moddir, i))
-    end
-    os.remove(moddir)
-  end
-  moddir, modcount = nil, 0
+  for _, file in ipairs(modfiles) do os.remove(file) end
+  modfiles = {}
 end
 
 context("the task body", function(w) w() end)

@@ -1097,6 +1097,12 @@ describe("ums.sync", function()
         .. "interrupts tasks (needs core.nopreempt_chunk in ums.core)")
       return
     end
+    if os.getenv("UMS_TSAN") then
+      -- A 0.1 ms quantum under TSan's slowdown starves the run; the same
+      -- stress runs in the normal and ASan builds.
+      pending("keeps channel order under preemption (not under TSan)")
+      return
+    end
 
     it("keeps channel order and mutual exclusion", function()
       with_quantum(0.0001, function()
