@@ -14,11 +14,11 @@
 #                          sanitizer builds too; 0: only in the normal build
 #   ASAN_OPTIONS, UBSAN_OPTIONS, TSAN_OPTIONS override the defaults below.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 
 bash scripts/setup.sh || exit 1
 
-configs=(${UMS_TEST_CONFIGS:-normal asan tsan})
+read -r -a configs <<<"${UMS_TEST_CONFIGS:-normal asan tsan}"
 slow_sanitize=${UMS_TEST_SLOW_SANITIZE:-1}
 
 total_passed=0
