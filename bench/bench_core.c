@@ -194,12 +194,16 @@ typedef struct result {
   char notes[160];
 } result_t;
 
-#define MAX_RESULTS 16
+#define MAX_RESULTS 32
 static result_t results[MAX_RESULTS];
 static int nresults;
 
 static result_t *add_result(const char *name, const char *unit,
                             bool lower_better, double *samples, int n) {
+  if (nresults == MAX_RESULTS) {
+    fprintf(stderr, "bench_core: more than %d results\n", MAX_RESULTS);
+    exit(1);
+  }
   result_t *r = &results[nresults++];
   memset(r, 0, sizeof *r);
   r->name = name;
