@@ -106,11 +106,15 @@ describe("clean exit", function()
         check(([[
           ums.run(function()
             busy()
+            local armed = false
             local t = ums.spawn(function()
               local _ <close> = setmetatable({}, {__close = function() %s end})
+              armed = true
               ums.sleep(1000)
             end)
-            ums.sleep(0.001)
+            -- Cancel only once the <close> variable exists: a task
+            -- cancelled before it starts never runs.
+            repeat ums.sleep(0.001) until armed
             t:cancel()
             t:join()
           end)

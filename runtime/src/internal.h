@@ -455,6 +455,13 @@ struct ums__sched {
 
   /* Owner only. */
   ums__task_t *runq_head UMS__ALIGNED, *runq_tail; /* [owner] */
+  /* Tasks whose timer woke them go before the run queue (a late timer is
+  ** the lateness users see, and a spawn burst can queue 100,000 tasks not
+  ** yet started), but at most UMS__URGENT_STREAK in a row, so the run
+  ** queue never starves (DESIGN.md section 3, step 5). */
+  ums__task_t *urgent_head, *urgent_tail; /* [owner] */
+  uint32_t urgent_streak;      /* [owner] urgent picks in a row */
+  bool expiring;               /* [owner] inside timer expiry */
   ums__task_t *pend_head, *pend_tail; /* [owner] FIFO beyond max_workers */
   ums__timer_heap_t timers;    /* [owner] */
   ums__worker_t *cur;          /* [owner] running worker; NULL: the thread's
@@ -527,6 +534,7 @@ static inline ums__task_t *ums__task_current(void) {
   return s ? s->cur_task : NULL;
 }
 
+#define UMS__URGENT_STREAK 64
 /* Queues a runnable task. [owner] */
 void ums__sched_push_runnable(ums__sched_t *s, ums__task_t *t);
 /* Hands a task to s from another thread: completion list, plus a wake-up

@@ -46,13 +46,30 @@ void ums__sched_push_runnable(ums__sched_t *s, ums__task_t *t) {
   set_relaxed(&s->nrunnable, ++s->runq_n);
 }
 
+static void urgent_push(ums__sched_t *s, ums__task_t *t) {
+  t->next = NULL;
+  if (s->urgent_tail)
+    s->urgent_tail->next = t;
+  else
+    s->urgent_head = t;
+  s->urgent_tail = t;
+  set_relaxed(&s->nrunnable, ++s->runq_n);
+}
+
 static ums__task_t *runq_pop(ums__sched_t *s) {
-  ums__task_t *t = s->runq_head;
-  if (t) {
+  ums__task_t *t = s->urgent_head;
+  if (t && (s->urgent_streak < UMS__URGENT_STREAK || !s->runq_head)) {
+    s->urgent_head = t->next;
+    if (!s->urgent_head) s->urgent_tail = NULL;
+    s->urgent_streak++;
+  } else if ((t = s->runq_head) != NULL) {
     s->runq_head = t->next;
     if (!s->runq_head) s->runq_tail = NULL;
-    set_relaxed(&s->nrunnable, --s->runq_n);
+    s->urgent_streak = 0;
+  } else {
+    return NULL;
   }
+  set_relaxed(&s->nrunnable, --s->runq_n);
   return t;
 }
 
@@ -173,7 +190,10 @@ void ums__task_ready(ums__task_t *t) {
   ums__sched_t *s = t->sched;
   if (ums__sched_current() == s) {
     t->state = UMS__T_RUNNABLE;
-    ums__sched_push_runnable(s, t);
+    if (s->expiring)
+      urgent_push(s, t);
+    else
+      ums__sched_push_runnable(s, t);
   } else {
     ums__sched_post(s, t);
   }

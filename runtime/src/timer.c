@@ -92,11 +92,15 @@ void ums__timer_disarm(ums__timer_heap_t *h, ums__timer_t *t) {
 
 int ums__timer_expire(ums__sched_t *s, ums__timer_heap_t *h, int64_t now) {
   int fired = 0;
+  /* Tasks the callbacks wake go to the urgent queue (sched.c). The heap
+  ** may also be used on its own, with no scheduler (s == NULL). */
+  if (s) s->expiring = true;
   while (h->n && h->nodes[0]->deadline <= now) {
     ums__timer_t *t = h->nodes[0];
     ums__timer_disarm(h, t);
     t->cb(s, t);
     fired++;
   }
+  if (s) s->expiring = false;
   return fired;
 }

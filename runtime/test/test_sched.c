@@ -5,6 +5,7 @@
 ** over many short tasks.
 */
 #include "test-util.h"
+#include "internal.h" /* UMS__URGENT_STREAK */
 
 #include <stdatomic.h>
 
@@ -307,8 +308,58 @@ static void test_stack_reuse(void) {
   tu_runtime_shutdown(rt);
 }
 
+/* ====================================================================== */
+/* Timer-woken tasks go first, bounded                                      */
+/* ====================================================================== */
+
+#define URGENT_BACKLOG 1000
+static int urgent_order;       /* next position handed out */
+static int sleeper_position;   /* where the timer-woken task ran */
+
+static void *record_fn(void *arg) {
+  (void)arg;
+  urgent_order++;
+  return NULL;
+}
+
+static void *sleeper_fn(void *arg) {
+  (void)arg;
+  CHECK_RC(ums_sleep(tu_ms(2)), 0);
+  sleeper_position = urgent_order++;
+  return NULL;
+}
+
+static void *backlog_fn(void *arg) {
+  /* The sleeper parks first; then, without yielding, we wait past its
+  ** deadline and queue a backlog of tasks that have not started. At the
+  ** next pass the sleeper's timer fires: it must run before the backlog
+  ** (within the bounded streak), not after 1,000 tasks. */
+  ums_task_t s = spawn_on(0, sleeper_fn, NULL);
+  CHECK_RC(ums_yield(), 0);
+  int64_t until = ums_now() + tu_ms(5);
+  while (ums_now() < until) {
+  }
+  static ums_task_t backlog[URGENT_BACKLOG];
+  for (int i = 0; i < URGENT_BACKLOG; i++)
+    backlog[i] = spawn_on(0, record_fn, NULL);
+  for (int i = 0; i < URGENT_BACKLOG; i++) join_ok(backlog[i]);
+  join_ok(s);
+  return arg;
+}
+
+static void test_timer_woken_first(void) {
+  rt = tu_runtime_new(1);
+  urgent_order = 0;
+  sleeper_position = -1;
+  join_ok(spawn_on(0, backlog_fn, NULL));
+  CHECK_GE(sleeper_position, 0);
+  CHECK_LT(sleeper_position, UMS__URGENT_STREAK);
+  tu_runtime_shutdown(rt);
+}
+
 int main(void) {
   RUN(test_counters);
+  RUN(test_timer_woken_first);
   RUN(test_gauges_and_pool);
   RUN(test_cross_sched_wake);
   RUN(test_worker_trim);
