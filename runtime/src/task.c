@@ -448,8 +448,6 @@ int ums_yield(void) {
   if (t->park_pending) return UMS_EBUSY;  /* its unpark would queue it too */
   UMS__COUNT(s, yields);
   t->state = UMS__T_RUNNABLE;
-  /* Tasks whose timers ran out during this slice go first. */
-  if (s->timers.n) ums__timer_expire(s, &s->timers, ums__clock_now());
   ums__sched_push_runnable(s, t);
   ums__sched_schedule(s);
   return 0;

@@ -128,8 +128,6 @@ static bool run_step(ums__sched_t *s, ums__worker_t *w, ums__task_t *t) {
       ums__step_misuse(t, "returned UMS_STEP_YIELD with a park begun");
     UMS__COUNT(s, yields);
     t->state = UMS__T_RUNNABLE;
-    /* Tasks whose timers ran out during this slice go first. */
-    if (s->timers.n) ums__timer_expire(s, &s->timers, ums__clock_now());
     ums__sched_push_runnable(s, t);
   } else {
     ums__step_misuse(t, "returned an unknown UMS_STEP_* value");
