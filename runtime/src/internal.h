@@ -529,6 +529,20 @@ static inline void ums__rt_leave(ums_runtime_t *rt) {
 extern _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 
 static inline ums__sched_t *ums__sched_current(void) { return ums__tls_sched; }
+
+/* Brackets a public entry point with ums__rt_enter/leave unless the
+** caller runs on one of rt's own schedulers (a task, the usual case),
+** which needs none: shutdown joins those threads before it frees
+** anything. Saves two atomic read-modify-writes per call. */
+static inline bool ums__rt_enter_ext(ums_runtime_t *rt) {
+  ums__sched_t *s = ums__tls_sched;
+  if (s && s->rt == rt) return false;
+  ums__rt_enter(rt);
+  return true;
+}
+static inline void ums__rt_leave_ext(ums_runtime_t *rt, bool entered) {
+  if (entered) ums__rt_leave(rt);
+}
 static inline ums__task_t *ums__task_current(void) {
   ums__sched_t *s = ums__tls_sched;
   return s ? s->cur_task : NULL;

@@ -79,7 +79,7 @@ int ums_park_result(void) {
 
 int ums_unpark(ums_runtime_t *rt, ums_park_token_t token, int outcome) {
   if (!rt || outcome < 0) return UMS_EINVAL;
-  ums__rt_enter(rt);
+  bool ext = ums__rt_enter_ext(rt);
   int r = UMS_ESRCH;
   ums__task_t *t = ums__task_lookup(rt, token.task);
   if (t) {
@@ -95,7 +95,7 @@ int ums_unpark(ums_runtime_t *rt, ums_park_token_t token, int outcome) {
       r = 0;
     }
   }
-  ums__rt_leave(rt);
+  ums__rt_leave_ext(rt, ext);
   return r;
 }
 

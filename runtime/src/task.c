@@ -365,18 +365,18 @@ void ums__task_deliver_cancel(ums__task_t *t) {
 int ums_task_spawn(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
                    ums_task_fn fn, void *arg, ums_task_t *out) {
   if (!rt) return UMS_EINVAL;
-  ums__rt_enter(rt);
+  bool ext = ums__rt_enter_ext(rt);
   int r = fn ? task_spawn_impl(rt, opts, fn, NULL, arg, out) : UMS_EINVAL;
-  ums__rt_leave(rt);
+  ums__rt_leave_ext(rt, ext);
   return r;
 }
 
 int ums_task_spawn_step(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
                         ums_step_fn step, void *arg, ums_task_t *out) {
   if (!rt) return UMS_EINVAL;
-  ums__rt_enter(rt);
+  bool ext = ums__rt_enter_ext(rt);
   int r = step ? task_spawn_impl(rt, opts, NULL, step, arg, out) : UMS_EINVAL;
-  ums__rt_leave(rt);
+  ums__rt_leave_ext(rt, ext);
   return r;
 }
 
@@ -390,25 +390,25 @@ void ums_step_set_result(void *result, int status) {
 int ums_task_join(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
                   void **result, int *status) {
   if (!rt) return UMS_EINVAL;
-  ums__rt_enter(rt);
+  bool ext = ums__rt_enter_ext(rt);
   int r = task_join_impl(rt, id, deadline, result, status);
-  ums__rt_leave(rt);
+  ums__rt_leave_ext(rt, ext);
   return r;
 }
 
 int ums_task_detach(ums_runtime_t *rt, ums_task_t id) {
   if (!rt) return UMS_EINVAL;
-  ums__rt_enter(rt);
+  bool ext = ums__rt_enter_ext(rt);
   int r = task_detach_impl(rt, id);
-  ums__rt_leave(rt);
+  ums__rt_leave_ext(rt, ext);
   return r;
 }
 
 int ums_task_cancel(ums_runtime_t *rt, ums_task_t id) {
   if (!rt) return UMS_EINVAL;
-  ums__rt_enter(rt);
+  bool ext = ums__rt_enter_ext(rt);
   int r = task_cancel_impl(rt, id);
-  ums__rt_leave(rt);
+  ums__rt_leave_ext(rt, ext);
   return r;
 }
 
