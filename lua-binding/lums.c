@@ -17,7 +17,7 @@
 ** See CORE-API.md for the Lua-facing contract.
 */
 #define _GNU_SOURCE
-#include "ums.h"
+#include "lums.h"
 
 #include <dlfcn.h>
 #include <lauxlib.h>
@@ -34,9 +34,6 @@
 #include <string.h>
 
 #define TASK_MT "ums.task"
-/* The task metatable is also kept under this address: a pointer key is
-** found without hashing a string, on the spawn path. */
-static const char task_mt_key = 0;
 #define CANCELLED_KEY "ums.CANCELLED"
 #define RUN_KEY "ums.run"
 #define CONFIG_KEY "ums.config"
@@ -66,70 +63,8 @@ static const char task_mt_key = 0;
 /* Finished coroutines kept for reuse. */
 #define POOL_MAX 4096
 
-typedef struct lrun lrun;
+_Thread_local ltask *lums_cur_task;
 
-enum { T_NEW, T_LIVE, T_DONE };
-
-typedef struct joiner {
-  ums_park_token_t tok;
-} joiner_t;
-
-typedef struct ltask {
-  ums_task_t id;         /* runtime handle; 0 before spawn */
-  lrun *run;             /* the run it belongs to; NULL once it ended */
-  lua_State *co;         /* its coroutine while live; NULL once done */
-  int co_ref;            /* registry ref anchoring co */
-  int self_ref;          /* registry ref anchoring this userdata while live */
-  int state;             /* T_NEW, T_LIVE, T_DONE */
-  int nargs;             /* arguments waiting for the first resume */
-  bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
-  bool park_begun;       /* between park_begin and park_wait: the quantum
-                            must not yield here */
-  ums_park_token_t park_tok;  /* the begun park */
-  bool finish_pending;   /* ended with a park begun: finish next step */
-  int finish_st, finish_nres;
-  bool ok;               /* done: ended normally */
-  bool cancelled;        /* done: ended by cancellation */
-  bool joined;           /* its outcome was taken by a join */
-  int nres;              /* done ok: number of results */
-  joiner_t *joiners;     /* tasks waiting in join */
-  int njoiners, capjoiners;
-  char name[32];
-} ltask;
-
-/* User values of a task userdata. */
-enum { UV_RESULTS = 1, UV_TRACEBACK, UV_LOCALS, NUV = 3 };
-
-struct lrun {
-  ums_runtime_t *rt;
-  lua_State *SL;         /* the run's own thread, for scheduler-side work */
-  int sl_ref;
-  int64_t quantum;       /* ns; 0: off */
-  /* Quantum monitor. running_co and step_seq are written by the Lua
-  ** thread, read by the monitor and by the signal handler (which runs on
-  ** the Lua thread). */
-  _Atomic(lua_State *) running_co;  /* coroutine of the running step */
-  _Atomic uint64_t step_seq;        /* steps started so far */
-  _Atomic int stop;                 /* monitor: leave */
-  pthread_t lua_thread;             /* the scheduler thread running Lua */
-  _Atomic int lua_thread_known;
-  pthread_t monitor;
-  bool monitor_started;
-  pthread_mutex_t mon_lock;
-  pthread_cond_t mon_cond;
-  _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
-  _Atomic uint64_t preempt_seq;     /* QUANTUM_POLL: step to preempt */
-  ums_task_t main_id;               /* the run's first task */
-  bool exit_requested;              /* os.exit was called in a task */
-  /* Coroutine pool: reset threads anchored by registry refs. */
-  struct { lua_State *co; int ref; } *pool;
-  int npool, cappool;
-};
-
-/* The task whose step is running on this thread (a scheduler thread).
-** Initial-exec TLS: see UMS__TLS_IE in the runtime. */
-static _Thread_local ltask *cur_task
-    __attribute__((tls_model("initial-exec")));
 /* The run in progress, for the signal handler (which must not touch
 ** thread-local storage of a dlopen'ed module: its first use may allocate). */
 static _Atomic(lrun *) sig_run;
@@ -137,7 +72,7 @@ static _Atomic(lrun *) sig_run;
 /* Makes t current again on this thread: after a blocking wait, other
 ** steps have run on other workers of this thread meanwhile. */
 static void become_current(ltask *t) {
-  cur_task = t;
+  lums_cur_task = t;
   if (t->run) atomic_store_explicit(&t->run->running_co, t->co,
                                     memory_order_relaxed);
 }
@@ -154,8 +89,8 @@ static lrun *get_run(lua_State *L) {
   return r;
 }
 
-static ltask *need_task(lua_State *L, const char *fname) {
-  ltask *t = cur_task;
+ltask *lums_need_task(lua_State *L, const char *fname) {
+  ltask *t = lums_cur_task;
   if (!t || !t->run)
     luaL_error(L, "ums.%s: not inside a task (call it from a function run "
                   "by ums.run or ums.spawn)", fname);
@@ -166,7 +101,7 @@ static void push_cancelled(lua_State *L) {
   lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
 }
 
-static int raise_cancelled(lua_State *L) {
+int lums_raise_cancelled(lua_State *L) {
   push_cancelled(L);
   return lua_error(L);
 }
@@ -186,7 +121,7 @@ static int64_t timeout_to_deadline(lua_State *L, int idx) {
 /* Finishes a wait whose park has begun: yields with continuation k where
 ** Lua can yield here, else blocks this task's worker. k reads the outcome
 ** with ums_park_result(). */
-static int park_finish(lua_State *L, ltask *t, lua_KContext ctx,
+int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
                        lua_KFunction k) {
   t->park_begun = false;
   if (L == t->co && lua_isyieldable(L)) {
@@ -198,10 +133,10 @@ static int park_finish(lua_State *L, ltask *t, lua_KContext ctx,
   return k(L, LUA_YIELD, ctx);
 }
 
-static int park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
+int lums_park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
                       ums_park_token_t *tok) {
   int r = ums_park_begin_ex(deadline, flags, tok);
-  if (r == UMS_ECANCELED) return raise_cancelled(L);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (r) return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));
   t->park_begun = true;
   t->park_tok = *tok;
@@ -210,14 +145,14 @@ static int park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
 
 /* core.park_begin([timeout [, nocancel]]) -> seq */
 static int l_park_begin(lua_State *L) {
-  ltask *t = need_task(L, "park_begin");
+  ltask *t = lums_need_task(L, "park_begin");
   if (t->park_begun)
     return luaL_error(L, "ums.park_begin: a park is already in progress "
                          "(call ums.park_wait first)");
   ums_park_token_t tok;
   int64_t deadline = timeout_to_deadline(L, 1);
-  park_begin(L, t, deadline, lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0,
-             &tok);
+  lums_park_begin(L, t, deadline,
+                  lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0, &tok);
   lua_pushinteger(L, (lua_Integer)tok.seq);
   return 1;
 }
@@ -226,7 +161,7 @@ static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
   int r = ums_park_result();
   (void)status;
   (void)ctx;
-  if (r == UMS_ECANCELED) return raise_cancelled(L);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (r == UMS_ETIMEDOUT) {
     lua_pushnil(L);
     lua_pushliteral(L, "timeout");
@@ -238,15 +173,31 @@ static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
 
 /* core.park_wait() -> outcome | nil, "timeout" */
 static int l_park_wait(lua_State *L) {
-  ltask *t = need_task(L, "park_wait");
+  ltask *t = lums_need_task(L, "park_wait");
   if (!t->park_begun)
     return luaL_error(L, "ums.park_wait: no park in progress (call "
                          "ums.park_begin first)");
-  return park_finish(L, t, 0, park_wait_k);
+  return lums_park_finish(L, t, 0, park_wait_k);
+}
+
+const char lums_task_tag = 0;
+
+static ltask *to_task(lua_State *L, int idx) {
+  ltask *t = (ltask *)lua_touserdata(L, idx);
+  if (!t || lua_rawlen(L, idx) != sizeof *t || t->tag != &lums_task_tag)
+    return NULL;
+  return t;
 }
 
 static ltask *check_task(lua_State *L, int idx) {
-  return (ltask *)luaL_checkudata(L, idx, TASK_MT);
+  ltask *t = to_task(L, idx);
+  if (!t) luaL_checkudata(L, idx, TASK_MT);  /* raises the usual error */
+  return t;
+}
+
+bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
+  if (!t->run || t->state != T_LIVE) return false;
+  return ums_unpark(t->run->rt, tok, outcome) == 0;
 }
 
 /* core.unpark(task, seq [, outcome]) -> boolean */
@@ -256,12 +207,8 @@ static int l_unpark(lua_State *L) {
   lua_Integer outcome = luaL_optinteger(L, 3, 0);
   luaL_argcheck(L, outcome >= 0 && outcome <= 0x7fffffff, 3,
                 "outcome must be a non-negative integer");
-  if (!t->run || t->state != T_LIVE) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
   ums_park_token_t tok = {t->id, (uint64_t)seq};
-  lua_pushboolean(L, ums_unpark(t->run->rt, tok, (int)outcome) == 0);
+  lua_pushboolean(L, lums_unpark(t, tok, (int)outcome));
   return 1;
 }
 
@@ -274,14 +221,17 @@ static void qhook(lua_State *L, lua_Debug *ar);
 static void qpoll_hook(lua_State *L, lua_Debug *ar);
 #endif
 
-static lua_State *take_coroutine(lrun *r, int *ref) {
+static lua_State *take_coroutine(lrun *r, int *ref, int *self_ref) {
   if (r->npool) {
     r->npool--;
     *ref = r->pool[r->npool].ref;
+    *self_ref = r->pool[r->npool].self_ref;
     return r->pool[r->npool].co;
   }
   lua_State *co = lua_newthread(r->SL);
   *ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
+  lua_pushboolean(r->SL, 0);
+  *self_ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
   return co;
 }
 
@@ -289,10 +239,12 @@ static lua_State *take_coroutine(lrun *r, int *ref) {
 ** end, or lua_resetthread done by task_finish): a new function pushed on
 ** it starts at the next lua_resume, which is ~5x cheaper than a new
 ** thread. */
-static void give_back_coroutine(lrun *r, lua_State *co, int ref) {
-  int st = LUA_OK;
+static void give_back_coroutine(lrun *r, lua_State *co, int ref,
+                                int self_ref) {
   lua_settop(co, 0);
-  if (st == LUA_OK && r->npool < POOL_MAX) {
+  lua_pushboolean(r->SL, 0);
+  lua_rawseti(r->SL, LUA_REGISTRYINDEX, self_ref);
+  if (r->npool < POOL_MAX) {
     if (r->npool == r->cappool) {
       int cap = r->cappool ? r->cappool * 2 : 64;
       void *p = realloc(r->pool, (size_t)cap * sizeof *r->pool);
@@ -304,11 +256,13 @@ static void give_back_coroutine(lrun *r, lua_State *co, int ref) {
     if (r->npool < r->cappool) {
       r->pool[r->npool].co = co;
       r->pool[r->npool].ref = ref;
+      r->pool[r->npool].self_ref = self_ref;
       r->npool++;
       return;
     }
   }
   luaL_unref(r->SL, LUA_REGISTRYINDEX, ref);
+  luaL_unref(r->SL, LUA_REGISTRYINDEX, self_ref);
 }
 
 static void wake_joiners(ltask *t) {
@@ -374,28 +328,28 @@ static void task_finish(ltask *t, int st, int nres) {
     lua_pop(SL, 1);
   }
   lua_pop(SL, 1);
-  give_back_coroutine(r, co, t->co_ref);
   t->co = NULL;
   t->state = T_DONE;
   wake_joiners(t);
-  free(t->joiners);  /* nobody joins through the list any more */
-  t->joiners = NULL;
+  if (t->joiners != t->join1) free(t->joiners);
+  t->joiners = NULL;  /* nobody joins through the list any more */
   t->capjoiners = 0;
-  luaL_unref(SL, LUA_REGISTRYINDEX, t->self_ref);
+  /* Last: this unanchors the userdata (its caller holds it meanwhile). */
+  give_back_coroutine(r, co, t->co_ref, t->self_ref);
   t->self_ref = LUA_NOREF;
   t->run = NULL;
 }
 
 static int task_step(void *arg) {
   ltask *t = arg;
-  ltask *prev = cur_task;
+  ltask *prev = lums_cur_task;
   int nargs = 0, nres = 0, st;
-  cur_task = t;
+  lums_cur_task = t;
   if (t->finish_pending) {
     /* It ended with a park begun last step (below). */
     t->finish_pending = false;
     task_finish(t, t->finish_st, t->finish_nres);
-    cur_task = prev;
+    lums_cur_task = prev;
     return UMS_STEP_DONE;
   }
   if (!atomic_load_explicit(&t->run->lua_thread_known, memory_order_relaxed)) {
@@ -409,7 +363,7 @@ static int task_step(void *arg) {
       lua_settop(t->co, 0);
       push_cancelled(t->co);
       task_finish(t, LUA_ERRRUN, 0);
-      cur_task = prev;
+      lums_cur_task = prev;
       return UMS_STEP_DONE;
     }
     nargs = t->nargs;
@@ -443,44 +397,48 @@ static int task_step(void *arg) {
       t->finish_st = st;
       t->finish_nres = nres;
     }
-    cur_task = prev;
+    lums_cur_task = prev;
     return UMS_STEP_PARK;
   }
   if (st == LUA_YIELD) {
-    cur_task = prev;
+    lums_cur_task = prev;
     lua_pop(t->co, nres);  /* a bare coroutine.yield in the task body */
     return t->parking ? UMS_STEP_PARK : UMS_STEP_YIELD;
   }
   task_finish(t, st, nres);
-  cur_task = prev;
+  lums_cur_task = prev;
   return UMS_STEP_DONE;
 }
 
 /* Creates a task running the function at index `first` with the values
 ** above it as arguments (all popped). L is the caller's thread. */
-static ltask *task_new(lua_State *L, lrun *r, int first) {
+static ltask *task_new(lua_State *L, lrun *r, int first, bool joinable) {
   int n = lua_gettop(L) - first;  /* arguments */
   ltask *t = (ltask *)lua_newuserdatauv(L, sizeof *t, NUV);
   memset(t, 0, sizeof *t);
-  t->self_ref = t->co_ref = LUA_NOREF;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &task_mt_key);
+  t->tag = &lums_task_tag;
+  t->joiners = t->join1;
+  t->capjoiners = 2;
+  lua_pushvalue(L, lua_upvalueindex(1));  /* the task metatable */
   lua_setmetatable(L, -2);
   t->run = r;
-  t->co = take_coroutine(r, &t->co_ref);
+  t->co = take_coroutine(r, &t->co_ref, &t->self_ref);
   lua_sethook(t->co, NULL, 0, 0);
   /* Move function and arguments onto the coroutine, below the userdata. */
   lua_rotate(L, first, 1);  /* userdata to `first` */
   lua_xmove(L, t->co, n + 1);
   t->nargs = n;
   lua_pushvalue(L, first);
-  t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  ums_spawn_opts_t opts = {0, 0, NULL};
+  lua_rawseti(L, LUA_REGISTRYINDEX, t->self_ref);
+  /* Detached: the binding keeps each task's outcome in its userdata, so
+  ** the runtime may recycle the task's slot as soon as it ends (a
+  ** joinable one would stay allocated until the run's end). Only the
+  ** run's first task is joined, by core.run itself. */
+  ums_spawn_opts_t opts = {0, joinable ? 0 : 1, NULL};
   int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &t->id);
   if (rc) {
-    luaL_unref(L, LUA_REGISTRYINDEX, t->self_ref);
+    give_back_coroutine(r, t->co, t->co_ref, t->self_ref);
     t->self_ref = LUA_NOREF;
-    lua_settop(t->co, 0);
-    give_back_coroutine(r, t->co, t->co_ref);
     t->co = NULL;
     t->run = NULL;
     luaL_error(L, "ums.spawn: %s", ums_strerror(rc));
@@ -491,11 +449,11 @@ static ltask *task_new(lua_State *L, lrun *r, int first) {
 /* core.spawn(fn, ...) -> task */
 static int l_spawn(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
-  ltask *me = cur_task;
+  ltask *me = lums_cur_task;
   if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
-  task_new(L, me->run, 1);
+  task_new(L, me->run, 1, false);
   lua_settop(L, 1);
   return 1;
 }
@@ -549,7 +507,7 @@ static int l_nopreempt_chunk(lua_State *L) {
 ** only from the task's own coroutine, where Lua can yield, outside a begun
 ** park and outside nopreempt chunks; elsewhere it checks again shortly. */
 static void qhook(lua_State *L, lua_Debug *ar) {
-  ltask *t = cur_task;
+  ltask *t = lums_cur_task;
   (void)ar;
   if (!t || L != t->co || !t->run) {
     lua_sethook(L, NULL, 0, 0);
@@ -560,7 +518,7 @@ static void qhook(lua_State *L, lua_Debug *ar) {
   ** where yielding is not. */
   if (ums_cancelled() && !t->park_begun && !in_nopreempt_chunk(L)) {
     lua_sethook(L, NULL, 0, 0);
-    raise_cancelled(L);
+    lums_raise_cancelled(L);
     return;
   }
   if (t->park_begun || !lua_isyieldable(L) || in_nopreempt_chunk(L)) {
@@ -624,7 +582,7 @@ static void *quantum_monitor(void *arg) {
 
 #ifdef QUANTUM_POLL
 static void qpoll_hook(lua_State *L, lua_Debug *ar) {
-  ltask *t = cur_task;
+  ltask *t = lums_cur_task;
   if (t && t->run &&
       atomic_load(&t->run->preempt_seq) ==
           atomic_load_explicit(&t->run->step_seq, memory_order_relaxed))
@@ -677,7 +635,7 @@ static void monitor_stop(lrun *r) {
 /* ---------------------------------------------------------------------- */
 
 static int l_self(lua_State *L) {
-  ltask *t = cur_task;
+  ltask *t = lums_cur_task;
   if (!t || t->self_ref == LUA_NOREF)
     lua_pushnil(L);
   else
@@ -688,41 +646,42 @@ static int l_self(lua_State *L) {
 static int yield_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   (void)ctx;
-  if (ums_cancelled()) return raise_cancelled(L);
+  if (ums_cancelled()) return lums_raise_cancelled(L);
   return 0;
 }
 
 static int l_yield(lua_State *L) {
-  ltask *t = need_task(L, "yield");
+  ltask *t = lums_need_task(L, "yield");
   if (t->park_begun)
     return luaL_error(L, "ums.yield: cannot yield between park_begin and "
                          "park_wait");
-  if (ums_cancelled()) return raise_cancelled(L);
+  if (ums_cancelled()) return lums_raise_cancelled(L);
   if (L == t->co && lua_isyieldable(L)) {
     t->parking = false;
     return lua_yieldk(L, 0, 0, yield_k);
   }
   int r = ums_yield();
   become_current(t);
-  if (r == UMS_ECANCELED) return raise_cancelled(L);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   return 0;
 }
 
 static int sleep_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   (void)ctx;
-  if (ums_park_result() == UMS_ECANCELED) return raise_cancelled(L);
+  if (ums_park_result() == UMS_ECANCELED) return lums_raise_cancelled(L);
   return 0;
 }
 
 static int l_sleep(lua_State *L) {
   lua_Number s = luaL_checknumber(L, 1);
   luaL_argcheck(L, s >= 0, 1, "sleep time must not be negative");
-  ltask *t = need_task(L, "sleep");
+  ltask *t = lums_need_task(L, "sleep");
   ums_park_token_t tok;
-  park_begin(L, t, s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9)),
-             0, &tok);
-  return park_finish(L, t, 0, sleep_k);
+  int64_t deadline =
+      s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9));
+  lums_park_begin(L, t, deadline, 0, &tok);
+  return lums_park_finish(L, t, 0, sleep_k);
 }
 
 static int l_now(lua_State *L) {
@@ -757,8 +716,8 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
   ltask *t = (ltask *)lua_touserdata(L, 1);
   (void)status;
   int r = ums_park_result();
-  if (t->state != T_DONE) drop_joiner(t, cur_task->id, (uint64_t)ctx);
-  if (r == UMS_ECANCELED) return raise_cancelled(L);
+  if (t->state != T_DONE) drop_joiner(t, lums_cur_task->id, (uint64_t)ctx);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (t->state != T_DONE) {
     lua_pushnil(L);
     lua_pushliteral(L, "timeout");
@@ -772,21 +731,23 @@ static int l_task_join(lua_State *L) {
   int64_t deadline = timeout_to_deadline(L, 2);
   lua_settop(L, 1);
   if (t->state == T_DONE) return push_outcome(L, 1, t);
-  ltask *me = need_task(L, "join");
+  ltask *me = lums_need_task(L, "join");
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
   if (t->run != me->run)
     return luaL_error(L, "ums: cannot join a task of another run");
   if (t->njoiners == t->capjoiners) {
-    int cap = t->capjoiners ? t->capjoiners * 2 : 2;
-    joiner_t *j = realloc(t->joiners, (size_t)cap * sizeof *j);
+    int cap = t->capjoiners * 2;
+    joiner_t *j = malloc((size_t)cap * sizeof *j);
     if (!j) return luaL_error(L, "ums: out of memory");
+    memcpy(j, t->joiners, (size_t)t->njoiners * sizeof *j);
+    if (t->joiners != t->join1) free(t->joiners);
     t->joiners = j;
     t->capjoiners = cap;
   }
   ums_park_token_t tok;
-  park_begin(L, me, deadline, 0, &tok);
+  lums_park_begin(L, me, deadline, 0, &tok);
   t->joiners[t->njoiners++].tok = tok;
-  return park_finish(L, me, (lua_KContext)tok.seq, join_k);
+  return lums_park_finish(L, me, (lua_KContext)tok.seq, join_k);
 }
 
 static int l_task_cancel(lua_State *L) {
@@ -806,7 +767,7 @@ static int l_task_status(lua_State *L) {
     s = t->ok ? "done" : t->cancelled ? "cancelled" : "error";
   else if (t->state == T_NEW)
     s = "pending";
-  else if (t == cur_task)
+  else if (t == lums_cur_task)
     s = "running";
   else
     s = "suspended";
@@ -902,8 +863,10 @@ static void report_errors(lua_State *L, ltask *main) {
 }
 
 static void run_free(lua_State *L, lrun *r) {
-  for (int i = 0; i < r->npool; i++)
+  for (int i = 0; i < r->npool; i++) {
     luaL_unref(L, LUA_REGISTRYINDEX, r->pool[i].ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, r->pool[i].self_ref);
+  }
   free(r->pool);
   luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
   free(r);
@@ -918,7 +881,7 @@ static void run_free(lua_State *L, lrun *r) {
 ** arguments on the main thread once every runtime thread is gone, so
 ** finalizers and <close> variables still run and the status is kept. */
 static int run_os_exit(lua_State *L) {
-  ltask *t = cur_task;
+  ltask *t = lums_cur_task;
   if (!t || !t->run) {
     /* Not from a task (a finalizer on the main thread): the real one. */
     lua_getfield(L, LUA_REGISTRYINDEX, "ums.os_exit");
@@ -937,7 +900,7 @@ static int run_os_exit(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, "ums.exit_args");
   }
   ums_task_cancel(r->rt, r->main_id);
-  return raise_cancelled(L);
+  return lums_raise_cancelled(L);
 }
 
 /* Swaps os.exit for run_os_exit (install) or back (the saved one). */
@@ -993,7 +956,7 @@ static int l_run(lua_State *L) {
   monitor_start(r);
 
   swap_os_exit(L, true);
-  ltask *main = task_new(L, r, 1);  /* userdata now at index 1 */
+  ltask *main = task_new(L, r, 1, true);  /* userdata now at index 1 */
   lua_settop(L, 1);
   r->main_id = main->id;
   /* From here until the runtime is shut down, the VM belongs to the
@@ -1085,8 +1048,6 @@ int luaopen_ums_core(lua_State *L) {
       {"id", l_task_id},         {"locals", l_task_locals},
       {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"run", l_run},
-      {"spawn", l_spawn},
       {"self", l_self},
       {"yield", l_yield},
       {"sleep", l_sleep},
@@ -1106,7 +1067,7 @@ int luaopen_ums_core(lua_State *L) {
     lua_pushcfunction(L, l_task_tostring);
     lua_setfield(L, -2, "__tostring");
   }
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &task_mt_key);
+  int task_mt = lua_gettop(L);
 
   lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
   if (lua_isnil(L, -1)) {
@@ -1134,6 +1095,15 @@ int luaopen_ums_core(lua_State *L) {
   lua_setfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
 
   luaL_newlib(L, funcs);
+  /* The functions that create tasks get the task metatable as upvalue 1:
+  ** cheaper than a registry lookup per spawn. */
+  lua_pushvalue(L, task_mt);
+  lua_pushcclosure(L, l_run, 1);
+  lua_setfield(L, -2, "run");
+  lua_pushvalue(L, task_mt);
+  lua_pushcclosure(L, l_spawn, 1);
+  lua_setfield(L, -2, "spawn");
+  lums_open_chan(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
   return 1;

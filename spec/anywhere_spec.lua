@@ -119,6 +119,18 @@ if has_sync then
     local i, v = ums.select{{a, "recv"}, {b, "recv"}}
     assert(i == 2 and v == "from b")
   end)
+
+  -- The parked select offers its value from its own stack; the receiver
+  -- copies it from there, whichever way the select waits.
+  wait("select send", function()
+    local a, b = ums.channel(), ums.channel()
+    local v = {}
+    local r = ums.spawn(function() ums.sleep(0.003); return b:recv() end)
+    local i = ums.select{{a, "recv"}, {b, "send", v}}
+    assert(i == 2)
+    local ok, got = r:join()
+    assert(ok and rawequal(got, v))
+  end)
 end
 
 -- Contexts. ctx(w) calls w (one wait, checked) somewhere inside the

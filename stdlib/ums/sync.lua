@@ -1,5 +1,6 @@
---- ums.sync: mutex, semaphore, event, condition variable, channel, select
--- and wait group for the tasks of one ums run.
+--- ums.sync: mutex, semaphore, event, condition variable and wait group
+-- for the tasks of one ums run (channel and select are in C: lchan.c,
+-- re-exported here).
 --
 -- Everything here is plain Lua on three calls of ums.core (see
 -- lua-binding/CORE-API.md): `core.park_begin`, `core.park_wait` and
@@ -20,23 +21,19 @@
 --   * operations that only change state return true.
 --
 -- Waiters. Each primitive keeps FIFO wait queues of nodes
---   { task = <task>, seq = <park seq>, case = <0 | select case index>,
---     value = <send: the value offered; recv: the value handed over>,
---     q, prev, next = <queue links> }.
--- A waiter begins its park, queues its node(s) and waits. A waker takes
+--   { task = <task>, seq = <park seq>, q, prev, next }.
+-- A waiter begins its park, queues its node and waits. A waker takes
 -- nodes from the head and calls `core.unpark` on each until one succeeds:
--- a failed unpark means that park already ended (timed out, cancelled, or
--- another case of the same select won), so the node is stale and dropped.
--- The waiter also unlinks its own nodes when its park ends without a grant
--- (timeout, cancellation, a select's other cases), so queues never keep
--- garbage for long. The outcome passed to unpark is `case * 2 + status`
--- (status GRANTED or CLOSED), which tells a select which case completed.
+-- a failed unpark means that park already ended (timed out or cancelled),
+-- so the node is stale and dropped. The waiter also unlinks its own node
+-- when its park ends without a grant, so queues never keep garbage for
+-- long. lchan.c keeps its channel queues by the same rules, in C.
 
 local core = require "ums.core"
 
 -- The atomicity above must hold against the quantum too: a task preempted
--- half-way through a channel operation lets another task see the channel
--- torn (values lost or reordered), and one preempted between park_begin
+-- half-way through a semaphore release lets another task see it torn
+-- (units lost or handed twice), and one preempted between park_begin
 -- and park_wait breaks the park protocol. core.nopreempt_chunk() asks the
 -- core to defer preemption while any function of this chunk runs.
 core.nopreempt_chunk()
@@ -52,7 +49,7 @@ local getinfo = debug.getinfo
 local huge, maxinteger = math.huge, math.maxinteger
 local tointeger = math.tointeger
 
-local GRANTED, CLOSED = 0, 1
+local GRANTED = 0
 
 -- ---------------------------------------------------------------------
 -- Argument checks, worded like lauxlib's so that Lua and C functions of
@@ -135,10 +132,9 @@ local function newq()
   return { head = nil, tail = nil }
 end
 
-local function push(q, task, seq, case, value)
+local function push(q, task, seq)
   local tail = q.tail
-  local node = { task = task, seq = seq, case = case, value = value,
-    q = q, prev = tail }
+  local node = { task = task, seq = seq, q = q, prev = tail }
   if tail then tail.next = node else q.head = node end
   q.tail = node
   return node
@@ -156,14 +152,12 @@ end
 
 -- Ends the park of the first live waiter of q with status and returns its
 -- node (off the queue), or nil when q holds no live waiter. Stale nodes
--- met on the way are dropped. Data for the waiter (a value it receives)
--- must be stored in the node only after this returned it: see
--- send_now.
+-- met on the way are dropped.
 local function wake_first(q, status)
   local node = q.head
   while node do
     unlink(node)
-    if unpark(node.task, node.seq, node.case * 2 + status) then
+    if unpark(node.task, node.seq, status) then
       return node
     end
     node = q.head
@@ -218,7 +212,7 @@ function Mutex:lock(timeout)
   end
   if timeout == 0 then return nil, "timeout" end
   local seq = park_begin(timeout)
-  local outcome, msg = await(push(self.q, me, seq, 0))
+  local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   -- Granted: unlock already made us the owner.
   return true
@@ -282,7 +276,7 @@ function Semaphore:acquire(timeout)
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("semaphore:acquire")
   local seq = park_begin(timeout)
-  local outcome, msg = await(push(self.q, me, seq, 0))
+  local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   return true
 end
@@ -362,7 +356,7 @@ function Event:wait(timeout)
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("event:wait")
   local seq = park_begin(timeout)
-  local outcome, msg = await(push(self.q, me, seq, 0))
+  local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   return true
 end
@@ -390,7 +384,7 @@ local function relock(m, me, err)
     m.owner = me
   elseif m.owner ~= me then
     local seq = park_begin(nil, true)
-    push(m.q, me, seq, 0)
+    push(m.q, me, seq)
     park_wait()  -- only unlock ends it, and unlock made us the owner
   end
   return err
@@ -415,7 +409,7 @@ function Cond:wait(m, timeout)
   -- Begin the park before giving up m: if the task is already cancelled
   -- it raises here, with m still held as the caller expects.
   local seq = park_begin(timeout)
-  local node = push(self.q, me, seq, 0)
+  local node = push(self.q, me, seq)
   unlock(m)
   local ok, outcome, msg = pcall(park_wait)
   if not (ok and outcome) then unlink(node) end
@@ -435,238 +429,6 @@ function Cond:broadcast()
   check_self(self, Cond, "broadcast")
   wake_all(self.q, GRANTED)
   return true
-end
-
--- ---------------------------------------------------------------------
--- Channel. Values (nil included) pass by reference, as Lua values do.
--- State: a ring buffer of `size` slots holding `count` values from `head`;
--- recvq holds receivers (only while the buffer is empty), sendq holds
--- senders with their values (only while the buffer is full). Values are
--- handed directly between a running party and a parked one, and a value
--- taken from a full buffer is replaced by the first parked sender's, so
--- the order of sends is kept across the buffer and the parked senders.
--- ---------------------------------------------------------------------
-
-local Channel = { __name = "ums.channel" }
-Channel.__index = Channel
-
-local function channel(size)
-  if size == nil then
-    size = 0
-  else
-    size = check_integer(size, 1, "channel")
-    if size < 0 then
-      argerror(2, 1, "channel", "size must not be negative")
-    end
-  end
-  return setmetatable({ buf = {}, size = size, head = 1, count = 0,
-    closed_ = false, recvq = newq(), sendq = newq() }, Channel)
-end
-
-local function buf_push(ch, v)
-  local n = ch.count
-  ch.buf[(ch.head + n - 1) % ch.size + 1] = v
-  ch.count = n + 1
-end
-
--- Sends v without parking: true when a receiver or the buffer took it,
--- false when the send would block, nil when the channel is closed.
-local function send_now(ch, v)
-  if ch.closed_ then return nil end
-  -- Unpark first, store the value second: a failed unpark means the node
-  -- is stale (a timed-out or cancelled receiver, or a select whose other
-  -- case already won), and storing into it first would lose the value.
-  -- After a successful unpark the receiver is runnable but cannot run
-  -- before this task parks or ends: every task of the VM runs on one OS
-  -- thread and nothing yields between here and the store, so it is sure
-  -- to find the value.
-  local r = wake_first(ch.recvq, GRANTED)
-  if r then
-    r.value = v
-    return true
-  end
-  if ch.count < ch.size then
-    buf_push(ch, v)
-    return true
-  end
-  return false
-end
-
--- Receives without parking: true, v when a value was there; false, closed
--- (a boolean) otherwise.
-local function recv_now(ch)
-  local n = ch.count
-  if n > 0 then
-    local buf, head = ch.buf, ch.head
-    local v = buf[head]
-    buf[head] = nil
-    ch.head = head % ch.size + 1
-    ch.count = n - 1
-    -- A slot came free: the first parked sender's value moves in behind
-    -- the others. (The sender's value was stored before it parked.)
-    local s = wake_first(ch.sendq, GRANTED)
-    if s then buf_push(ch, s.value) end
-    return true, v
-  end
-  local s = wake_first(ch.sendq, GRANTED)
-  if s then return true, s.value end
-  return false, ch.closed_
-end
-
---- Sends v, waiting up to timeout seconds for room or a receiver.
--- @return true | nil, "timeout" | nil, "closed" (the channel was closed
--- before the value was taken; the value was not delivered)
-function Channel:send(v, timeout)
-  check_self(self, Channel, "send")
-  timeout = opt_timeout(timeout, 3, "send")
-  local done = send_now(self, v)
-  if done then return true end
-  if done == nil then return nil, "closed" end
-  if timeout == 0 then return nil, "timeout" end
-  local me = need_task("channel:send")
-  local seq = park_begin(timeout)
-  local outcome, msg = await(push(self.sendq, me, seq, 0, v))
-  if not outcome then return nil, msg end
-  if outcome == CLOSED then return nil, "closed" end
-  return true
-end
-
---- Receives a value, waiting up to timeout seconds. nil is a legal
--- value: tell it from a failure by the second result.
--- @return v | nil, "timeout" | nil, "closed" (closed and drained)
-function Channel:recv(timeout)
-  check_self(self, Channel, "recv")
-  timeout = opt_timeout(timeout, 2, "recv")
-  local ok, v = recv_now(self)
-  if ok then return v end
-  if v then return nil, "closed" end
-  if timeout == 0 then return nil, "timeout" end
-  local me = need_task("channel:recv")
-  local seq = park_begin(timeout)
-  local node = push(self.recvq, me, seq, 0)
-  local outcome, msg = await(node)
-  if not outcome then return nil, msg end
-  if outcome == CLOSED then return nil, "closed" end
-  return node.value
-end
-
---- @return true | false, "full" | false, "closed"
-function Channel:try_send(v)
-  check_self(self, Channel, "try_send")
-  local done = send_now(self, v)
-  if done then return true end
-  return false, done == nil and "closed" or "full"
-end
-
---- @return true, v | false, nil, "empty" | false, nil, "closed"
-function Channel:try_recv()
-  check_self(self, Channel, "try_recv")
-  local ok, v = recv_now(self)
-  if ok then return true, v end
-  return false, nil, v and "closed" or "empty"
-end
-
---- Closes the channel: parked receivers and senders get nil, "closed";
--- values already buffered can still be received.
--- @return true | nil, "closed" when it was closed already
-function Channel:close()
-  check_self(self, Channel, "close")
-  if self.closed_ then return nil, "closed" end
-  self.closed_ = true
-  wake_all(self.recvq, CLOSED)
-  wake_all(self.sendq, CLOSED)
-  return true
-end
-
---- The number of values in the buffer.
-function Channel:len()
-  check_self(self, Channel, "len")
-  return self.count
-end
-
-function Channel:cap()
-  check_self(self, Channel, "cap")
-  return self.size
-end
-
-function Channel:closed()
-  check_self(self, Channel, "closed")
-  return self.closed_
-end
-
--- ---------------------------------------------------------------------
--- select: one park for the whole select, with one node per case on that
--- case's channel queue. The first party to unpark it completes that case
--- (and has moved the value already); the other nodes are stale from then
--- on and leave their queues when the select resumes.
--- ---------------------------------------------------------------------
-
-local function check_cases(cases)
-  if type(cases) ~= "table" then
-    argerror(3, 1, "select", "table expected, got " .. typename(cases))
-  end
-  local n = #cases
-  if n == 0 then argerror(3, 1, "select", "no cases") end
-  for i = 1, n do
-    local c = cases[i]
-    if type(c) ~= "table" then
-      argerror(3, 1, "select", format("case %d: table expected, got %s",
-        i, typename(c)))
-    end
-    if getmetatable(c[1]) ~= Channel then
-      argerror(3, 1, "select", format(
-        "case %d: ums.channel expected, got %s", i, typename(c[1])))
-    end
-    local op = c[2]
-    if op ~= "recv" and op ~= "send" then
-      argerror(3, 1, "select", format(
-        "case %d: operation must be \"recv\" or \"send\", got %s", i,
-        type(op) == "string" and format("%q", op) or typename(op)))
-    end
-  end
-  return n
-end
-
---- Waits until one of the cases can proceed and performs exactly that
--- one. When several are ready, the first in array order wins.
--- @param cases array of `{ch, "recv"}` and `{ch, "send", value}`
--- @return i, v (case i received v) | i (case i sent) |
---   i, nil, "closed" (case i's channel is closed) | nil, "timeout"
-local function select_(cases, timeout)
-  local n = check_cases(cases)
-  timeout = opt_timeout(timeout, 2, "select")
-  for i = 1, n do
-    local c = cases[i]
-    if c[2] == "recv" then
-      local ok, v = recv_now(c[1])
-      if ok then return i, v end
-      if v then return i, nil, "closed" end
-    else
-      local done = send_now(c[1], c[3])
-      if done then return i end
-      if done == nil then return i, nil, "closed" end
-    end
-  end
-  if timeout == 0 then return nil, "timeout" end
-  local me = need_task("select")
-  local seq = park_begin(timeout)
-  local nodes = {}
-  for i = 1, n do
-    local c = cases[i]
-    if c[2] == "recv" then
-      nodes[i] = push(c[1].recvq, me, seq, i)
-    else
-      nodes[i] = push(c[1].sendq, me, seq, i, c[3])
-    end
-  end
-  local ok, outcome, msg = pcall(park_wait)
-  for i = 1, n do unlink(nodes[i]) end
-  if not ok then error(outcome, 0) end
-  if not outcome then return nil, msg end
-  local i = outcome // 2
-  if outcome % 2 == CLOSED then return i, nil, "closed" end
-  if cases[i][2] == "recv" then return i, nodes[i].value end
-  return i
 end
 
 -- ---------------------------------------------------------------------
@@ -712,7 +474,7 @@ function WaitGroup:wait(timeout)
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("waitgroup:wait")
   local seq = park_begin(timeout)
-  local outcome, msg = await(push(self.q, me, seq, 0))
+  local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   return true
 end
@@ -722,7 +484,10 @@ return {
   semaphore = semaphore,
   event = event,
   cond = cond,
-  channel = channel,
-  select = select_,
+  -- In C (lua-binding/lchan.c): the channel is the hot path of task
+  -- communication, and there a value moves from one task's stack to the
+  -- other's without a waiter table or a pcall per operation.
+  channel = core.channel,
+  select = core.select,
   waitgroup = waitgroup,
 }

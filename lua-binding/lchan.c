@@ -1,0 +1,602 @@
+/*
+** lchan.c: ums.channel and ums.select for the tasks of one run, in C.
+**
+** Values pass by reference, as Lua values do, and never through a table
+** on the way: a parked sender leaves its value on its own Lua stack, where
+** the receiver copies it from; a receiver that parks gets the value pushed
+** onto its stack by the sender, above its waiting frame, where its
+** continuation finds it. Both threads belong to the run's one VM and the
+** one scheduler thread runs them all, so this is plain single-threaded
+** API use (the way lua_resume's arguments are pushed onto a coroutine).
+**
+** A waker unparks before it moves a value: a failed unpark means that park
+** already ended (timed out, cancelled, another case of its select won), so
+** the waiter is stale and is dropped. After a successful unpark the woken
+** task is runnable but cannot run before the waker parks or ends, so the
+** value it is handed, or the one it offered, is sure to be where it looks.
+**
+** Channel state: a ring of `size` slots (the userdata's user value, a
+** table) holding `count` values from slot `head`; recvq holds receivers
+** (only while the buffer is empty), sendq holds senders (only while it is
+** full). A value taken from a full buffer is replaced by the first parked
+** sender's, so the order of sends is kept across buffer and parked senders.
+*/
+#include "lums.h"
+
+#include <math.h>
+#include <string.h>
+
+#define CHAN_MT "ums.channel"
+/* The channel metatable is kept under this address too (for creation). */
+static const char chan_mt_key = 0;
+/* Every channel starts with this address: telling a channel from other
+** values costs a type check, a size check and one compare, where
+** luaL_checkudata's metatable lookup cost ~300 instructions per call
+** (measured with callgrind). Only C code that copies a channel's bytes
+** could forge it; Lua code cannot. */
+static const char chan_tag = 0;
+
+enum { GRANTED = 0, CLOSED = 1 };
+/* What an operation that does not park found. */
+enum { DONE, WOULD_BLOCK, IS_CLOSED };
+
+typedef struct lchan {
+  const char *tag;       /* &chan_tag */
+  lwaitq recvq, sendq;   /* parked receivers / senders, FIFO */
+  lua_Integer size;      /* buffer slots; 0: unbuffered */
+  lua_Integer head;      /* slot of the oldest buffered value (1-based) */
+  lua_Integer count;     /* values in the buffer */
+  bool closed;
+} lchan;
+
+/* ---------------------------------------------------------------------- */
+/* Wait queues                                                             */
+/* ---------------------------------------------------------------------- */
+
+static void q_push(lwaitq *q, lwait *w) {
+  w->q = q;
+  w->next = NULL;
+  w->prev = q->tail;
+  if (q->tail)
+    q->tail->next = w;
+  else
+    q->head = w;
+  q->tail = w;
+}
+
+static void q_unlink(lwait *w) {
+  lwaitq *q = w->q;
+  if (!q) return;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    q->head = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  else
+    q->tail = w->prev;
+  w->q = NULL;
+  w->prev = w->next = NULL;
+}
+
+/* Ends the park of the first live waiter of q with status and returns it
+** (off the queue), or NULL when q holds no live waiter. Stale waiters met
+** on the way are dropped. */
+static lwait *wake_first(lwaitq *q, int status) {
+  lwait *w;
+  while ((w = q->head) != NULL) {
+    q_unlink(w);
+    if (lums_unpark(w->task, w->tok, w->kase * 2 + status)) return w;
+  }
+  return NULL;
+}
+
+static void wake_all(lwaitq *q, int status) {
+  while (wake_first(q, status)) {
+  }
+}
+
+/* Copies the value at index idx of L onto the stack of waiter r. */
+static void give(lua_State *L, int idx, lwait *r) {
+  lua_checkstack(r->L, 1);
+  lua_pushvalue(L, idx);
+  lua_xmove(L, r->L, 1);
+}
+
+/* Pushes onto L the value parked sender s offered. */
+static void take(lwait *s, lua_State *L) {
+  lua_checkstack(s->L, 1);
+  lua_pushvalue(s->L, s->vidx);
+  lua_xmove(s->L, L, 1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Argument checks                                                         */
+/* ---------------------------------------------------------------------- */
+
+/* Raises "bad argument #narg to 'fname' (msg)" like luaL_argerror, but
+** with the function's own name: called through pcall or a local, a C
+** function's name is otherwise unknown ('?'). In a method call
+** (ch:send(...)) self does not count. */
+static int argerr(lua_State *L, int narg, const char *fname,
+                  const char *msg) {
+  lua_Debug ar;
+  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) &&
+      ar.namewhat && strcmp(ar.namewhat, "method") == 0) {
+    if (--narg == 0)
+      return luaL_error(L, "calling '%s' on bad self (%s)", fname, msg);
+  }
+  return luaL_error(L, "bad argument #%d to '%s' (%s)", narg, fname, msg);
+}
+
+/* The type name of the value at idx as error messages give it: its
+** metatable's __name if it has one, as luaL_typeerror does. */
+static const char *tname(lua_State *L, int idx) {
+  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING) {
+    const char *s = lua_tostring(L, -1);  /* kept alive by the metatable */
+    lua_pop(L, 1);
+    return s;
+  }
+  return luaL_typename(L, idx);
+}
+
+static int typeerr(lua_State *L, int narg, const char *fname,
+                   const char *expected) {
+  return argerr(L, narg, fname, lua_pushfstring(L, "%s expected, got %s",
+                                                expected, tname(L, narg)));
+}
+
+static lchan *to_chan(lua_State *L, int idx);
+
+static lchan *check_chan(lua_State *L, int idx, const char *fname) {
+  lchan *ch = to_chan(L, idx);
+  if (!ch) typeerr(L, idx, fname, CHAN_MT);
+  return ch;
+}
+
+static lchan *to_chan(lua_State *L, int idx) {
+  /* lua_rawlen is 0 for anything but a full userdata (or a string or a
+  ** table, which lua_touserdata answers NULL for). */
+  lchan *ch = (lchan *)lua_touserdata(L, idx);
+  if (!ch || lua_rawlen(L, idx) != sizeof *ch || ch->tag != &chan_tag)
+    return NULL;
+  return ch;
+}
+
+/* A timeout in seconds: nil or math.huge wait forever (UMS_FOREVER); 0
+** polls. Sets *poll for 0. */
+static int64_t opt_timeout(lua_State *L, int idx, const char *fname,
+                           bool *poll) {
+  *poll = false;
+  int t = lua_type(L, idx);
+  if (t <= LUA_TNIL) return UMS_FOREVER;  /* none or nil */
+  if (t != LUA_TNUMBER) typeerr(L, idx, fname, "number");
+  lua_Number s = lua_tonumber(L, idx);
+  if (!(s >= 0))
+    argerr(L, idx, fname, "timeout must be a non-negative number");
+  if (s == 0) {
+    *poll = true;
+    return 0;
+  }
+  if (s > 1e9) return UMS_FOREVER;
+  return ums_deadline((int64_t)(s * 1e9));
+}
+
+/* ---------------------------------------------------------------------- */
+/* Moving values without parking                                           */
+/* ---------------------------------------------------------------------- */
+
+/* Appends the value on top of L to ch's buffer (popped); the buffer
+** table is at index buf. */
+static void buf_push(lua_State *L, lchan *ch, int buf) {
+  lua_Integer slot = (ch->head + ch->count - 1) % ch->size + 1;
+  lua_rawseti(L, buf, slot);
+  ch->count++;
+}
+
+/* Sends the value at index v of L (ch at index chi) without parking. */
+static int send_now(lua_State *L, lchan *ch, int chi, int v) {
+  if (ch->closed) return IS_CLOSED;
+  lwait *r = wake_first(&ch->recvq, GRANTED);
+  if (r) {
+    give(L, v, r);
+    return DONE;
+  }
+  if (ch->count < ch->size) {
+    lua_getiuservalue(L, chi, 1);
+    lua_pushvalue(L, v);
+    buf_push(L, ch, lua_gettop(L) - 1);
+    lua_pop(L, 1);
+    return DONE;
+  }
+  return WOULD_BLOCK;
+}
+
+/* Receives without parking: on DONE the value is pushed on L. */
+static int recv_now(lua_State *L, lchan *ch, int chi) {
+  if (ch->count > 0) {
+    lua_getiuservalue(L, chi, 1);
+    int buf = lua_gettop(L);
+    lua_rawgeti(L, buf, ch->head);
+    lua_pushnil(L);
+    lua_rawseti(L, buf, ch->head);
+    ch->head = ch->head % ch->size + 1;
+    ch->count--;
+    /* A slot came free: the first parked sender's value moves in behind
+    ** the others. */
+    lwait *s = wake_first(&ch->sendq, GRANTED);
+    if (s) {
+      take(s, L);
+      buf_push(L, ch, buf);
+    }
+    lua_remove(L, buf);
+    return DONE;
+  }
+  lwait *s = wake_first(&ch->sendq, GRANTED);
+  if (s) {
+    take(s, L);
+    return DONE;
+  }
+  return ch->closed ? IS_CLOSED : WOULD_BLOCK;
+}
+
+static int push_closed(lua_State *L) {
+  lua_pushnil(L);
+  lua_pushliteral(L, "closed");
+  return 2;
+}
+
+static int push_timeout(lua_State *L) {
+  lua_pushnil(L);
+  lua_pushliteral(L, "timeout");
+  return 2;
+}
+
+/* Queues the current task's own waiter on q and parks: the common tail of
+** send and recv. */
+static int park_on(lua_State *L, ltask *me, lwaitq *q, int64_t deadline,
+                   int vidx, lua_KFunction k) {
+  lwait *w = &me->wait;
+  lums_park_begin(L, me, deadline, 0, &w->tok);
+  w->task = me;
+  w->L = L;
+  w->vidx = vidx;
+  w->kase = 0;
+  q_push(q, w);
+  return lums_park_finish(L, me, 0, k);
+}
+
+/* The park of the current task's own waiter ended: returns the outcome
+** (>= 0), or raises core.CANCELLED / returns -1 on timeout, with the
+** waiter off its queue either way. */
+static int wait_outcome(lua_State *L) {
+  int r = ums_park_result();
+  if (r >= 0) return r;
+  q_unlink(&lums_cur_task->wait);
+  if (r == UMS_ECANCELED) lums_raise_cancelled(L);
+  return -1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Channel methods                                                         */
+/* ---------------------------------------------------------------------- */
+
+/* core.channel([size]) */
+static int l_channel(lua_State *L) {
+  lua_Integer size = 0;
+  if (!lua_isnoneornil(L, 1)) {
+    int isint;
+    size = lua_tointegerx(L, 1, &isint);
+    if (!isint) {
+      if (lua_type(L, 1) != LUA_TNUMBER) typeerr(L, 1, "channel", "number");
+      argerr(L, 1, "channel", "number has no integer representation");
+    }
+    if (size < 0) argerr(L, 1, "channel", "size must not be negative");
+  }
+  lchan *ch = (lchan *)lua_newuserdatauv(L, sizeof *ch, 1);
+  memset(ch, 0, sizeof *ch);
+  ch->tag = &chan_tag;
+  ch->size = size;
+  ch->head = 1;
+  if (size > 0) {
+    lua_createtable(L, size < 64 ? (int)size : 64, 0);
+    lua_setiuservalue(L, -2, 1);
+  }
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &chan_mt_key);
+  lua_setmetatable(L, -2);
+  return 1;
+}
+
+static int send_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  int r = wait_outcome(L);
+  if (r < 0) return push_timeout(L);
+  if (r == CLOSED) return push_closed(L);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed" */
+static int l_send(lua_State *L) {
+  lchan *ch = check_chan(L, 1, "send");
+  bool poll;
+  int64_t deadline = opt_timeout(L, 3, "send", &poll);
+  if (lua_gettop(L) != 2) lua_settop(L, 2);
+  int st = send_now(L, ch, 1, 2);
+  if (st == DONE) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (st == IS_CLOSED) return push_closed(L);
+  if (poll) return push_timeout(L);
+  ltask *me = lums_need_task(L, "channel:send");
+  return park_on(L, me, &ch->sendq, deadline, 2, send_k);
+}
+
+static int recv_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  int r = wait_outcome(L);
+  if (r < 0) return push_timeout(L);
+  if (r == CLOSED) return push_closed(L);
+  return 1;  /* the sender pushed the value on top */
+}
+
+/* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */
+static int l_recv(lua_State *L) {
+  lchan *ch = check_chan(L, 1, "recv");
+  bool poll;
+  int64_t deadline = opt_timeout(L, 2, "recv", &poll);
+  if (lua_gettop(L) != 1) lua_settop(L, 1);
+  int st = recv_now(L, ch, 1);
+  if (st == DONE) return 1;
+  if (st == IS_CLOSED) return push_closed(L);
+  if (poll) return push_timeout(L);
+  ltask *me = lums_need_task(L, "channel:recv");
+  return park_on(L, me, &ch->recvq, deadline, 0, recv_k);
+}
+
+/* ch:try_send(v) -> true | false, "full" | false, "closed" */
+static int l_try_send(lua_State *L) {
+  lchan *ch = check_chan(L, 1, "try_send");
+  lua_settop(L, 2);
+  int st = send_now(L, ch, 1, 2);
+  lua_pushboolean(L, st == DONE);
+  if (st == DONE) return 1;
+  if (st == IS_CLOSED)
+    lua_pushliteral(L, "closed");
+  else
+    lua_pushliteral(L, "full");
+  return 2;
+}
+
+/* ch:try_recv() -> true, v | false, nil, "empty" | false, nil, "closed" */
+static int l_try_recv(lua_State *L) {
+  lchan *ch = check_chan(L, 1, "try_recv");
+  lua_settop(L, 1);
+  int st = recv_now(L, ch, 1);
+  if (st == DONE) {
+    lua_pushboolean(L, 1);
+    lua_insert(L, -2);
+    return 2;
+  }
+  lua_pushboolean(L, 0);
+  lua_pushnil(L);
+  if (st == IS_CLOSED)
+    lua_pushliteral(L, "closed");
+  else
+    lua_pushliteral(L, "empty");
+  return 3;
+}
+
+/* ch:close() -> true | nil, "closed". Parked receivers and senders get
+** nil, "closed"; values already buffered can still be received. */
+static int l_close(lua_State *L) {
+  lchan *ch = check_chan(L, 1, "close");
+  if (ch->closed) return push_closed(L);
+  ch->closed = true;
+  wake_all(&ch->recvq, CLOSED);
+  wake_all(&ch->sendq, CLOSED);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_len(lua_State *L) {
+  lua_pushinteger(L, check_chan(L, 1, "len")->count);
+  return 1;
+}
+
+static int l_cap(lua_State *L) {
+  lua_pushinteger(L, check_chan(L, 1, "cap")->size);
+  return 1;
+}
+
+static int l_closed(lua_State *L) {
+  lua_pushboolean(L, check_chan(L, 1, "closed")->closed);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* select                                                                  */
+/* ---------------------------------------------------------------------- */
+
+/* Stack of a select that parks: 1 cases, 2 timeout, 3 the waiters (a
+** userdata of n lwait), then for each case i its channel (anchoring it
+** while a waiter is on its queue) and, for a send, its value. */
+enum { SEL_WAITERS = 3 };
+
+/* Checks case i of the cases table at index `cases`: pushes the case
+** table and returns its operation, "recv" or "send"; *ch is its channel. */
+static const char *case_op(lua_State *L, int cases, int i, lchan **ch) {
+  if (lua_rawgeti(L, cases, i) != LUA_TTABLE)
+    argerr(L, 1, "select", lua_pushfstring(L, "case %d: table expected, got %s",
+                                        i, tname(L, -1)));
+  lua_rawgeti(L, -1, 1);
+  *ch = to_chan(L, -1);
+  if (!*ch)
+    argerr(L, 1, "select", lua_pushfstring(L, "case %d: " CHAN_MT
+                                        " expected, got %s", i,
+                                        tname(L, -1)));
+  lua_pop(L, 1);
+  lua_rawgeti(L, -1, 2);
+  const char *op = NULL;
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    const char *s = lua_tostring(L, -1);
+    if (strcmp(s, "recv") == 0)
+      op = "recv";
+    else if (strcmp(s, "send") == 0)
+      op = "send";
+  }
+  if (!op) {
+    if (lua_type(L, -1) == LUA_TSTRING)
+      argerr(L, 1, "select", lua_pushfstring(
+          L, "case %d: operation must be \"recv\" or \"send\", got \"%s\"",
+          i, lua_tostring(L, -1)));
+    argerr(L, 1, "select", lua_pushfstring(
+        L, "case %d: operation must be \"recv\" or \"send\", got %s", i,
+        tname(L, -1)));
+  }
+  lua_pop(L, 1);
+  return op;  /* the case table stays on the stack */
+}
+
+static int select_k(lua_State *L, int status, lua_KContext ctx) {
+  int n = (int)ctx;
+  (void)status;
+  lwait *ws = (lwait *)lua_touserdata(L, SEL_WAITERS);
+  for (int i = 0; i < n; i++) q_unlink(&ws[i]);
+  int r = ums_park_result();
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r < 0) return push_timeout(L);
+  int i = r / 2;
+  if (r % 2 == CLOSED) {
+    lua_pushinteger(L, i);
+    lua_pushnil(L);
+    lua_pushliteral(L, "closed");
+    return 3;
+  }
+  if (ws[i - 1].vidx == 0) {  /* a receive: the value is on top */
+    lua_pushinteger(L, i);
+    lua_insert(L, -2);
+    return 2;
+  }
+  lua_pushinteger(L, i);
+  return 1;
+}
+
+/* core.select(cases [, timeout]): waits until one of the cases can
+** proceed and performs exactly that one; when several are ready, the
+** first in array order wins.
+** cases: array of {ch, "recv"} and {ch, "send", v}.
+** -> i, v (case i received v) | i (case i sent) |
+**    i, nil, "closed" (case i's channel is closed) | nil, "timeout" */
+static int l_select(lua_State *L) {
+  if (!lua_istable(L, 1)) typeerr(L, 1, "select", "table");
+  lua_Integer len = luaL_len(L, 1);
+  if (len <= 0) argerr(L, 1, "select", "no cases");
+  if (len > 100000) argerr(L, 1, "select", "too many cases (at most 100000)");
+  int n = (int)len;
+  bool poll;
+  int64_t deadline = opt_timeout(L, 2, "select", &poll);
+  lua_settop(L, 2);
+  /* Check every case before doing any. */
+  for (int i = 1; i <= n; i++) {
+    lchan *ch;
+    case_op(L, 1, i, &ch);
+    lua_pop(L, 1);
+  }
+  for (int i = 1; i <= n; i++) {
+    lchan *ch;
+    const char *op = case_op(L, 1, i, &ch);
+    int c = lua_gettop(L);
+    lua_rawgeti(L, c, 1);  /* the channel, at c + 1 */
+    int st;
+    if (op[0] == 'r') {
+      st = recv_now(L, ch, c + 1);
+      if (st == DONE) {
+        lua_pushinteger(L, i);
+        lua_insert(L, -2);
+        return 2;
+      }
+    } else {
+      lua_rawgeti(L, c, 3);  /* the value, at c + 2 */
+      st = send_now(L, ch, c + 1, c + 2);
+      if (st == DONE) {
+        lua_pushinteger(L, i);
+        return 1;
+      }
+    }
+    if (st == IS_CLOSED) {
+      lua_pushinteger(L, i);
+      lua_pushnil(L);
+      lua_pushliteral(L, "closed");
+      return 3;
+    }
+    lua_settop(L, 2);
+  }
+  if (poll) return push_timeout(L);
+  ltask *me = lums_need_task(L, "select");
+  luaL_checkstack(L, 2 * n + 4, "too many cases");
+  lwait *ws = (lwait *)lua_newuserdatauv(L, (size_t)n * sizeof *ws, 0);
+  memset(ws, 0, (size_t)n * sizeof *ws);
+  ums_park_token_t tok;
+  lums_park_begin(L, me, deadline, 0, &tok);
+  for (int i = 1; i <= n; i++) {
+    lchan *ch;
+    const char *op = case_op(L, 1, i, &ch);
+    lwait *w = &ws[i - 1];
+    w->task = me;
+    w->tok = tok;
+    w->L = L;
+    w->kase = i;
+    lua_rawgeti(L, -1, 1);  /* anchor the channel */
+    if (op[0] == 'r') {
+      lua_remove(L, -2);
+      w->vidx = 0;
+      q_push(&ch->recvq, w);
+    } else {
+      lua_rawgeti(L, -2, 3);
+      lua_remove(L, -3);
+      w->vidx = lua_gettop(L);
+      q_push(&ch->sendq, w);
+    }
+  }
+  return lums_park_finish(L, me, (lua_KContext)n, select_k);
+}
+
+static int q_len(const lwaitq *q) {
+  int n = 0;
+  for (const lwait *w = q->head; w; w = w->next) n++;
+  return n;
+}
+
+/* core.channel_queues(ch) -> receivers, senders queued (stale included):
+** lets specs check that waits which ended without a grant leave nothing
+** behind. */
+static int l_channel_queues(lua_State *L) {
+  lchan *ch = check_chan(L, 1, "channel_queues");
+  lua_pushinteger(L, q_len(&ch->recvq));
+  lua_pushinteger(L, q_len(&ch->sendq));
+  return 2;
+}
+
+void lums_open_chan(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"send", l_send},         {"recv", l_recv},
+      {"try_send", l_try_send}, {"try_recv", l_try_recv},
+      {"close", l_close},       {"len", l_len},
+      {"cap", l_cap},           {"closed", l_closed},
+      {NULL, NULL}};
+  if (luaL_newmetatable(L, CHAN_MT)) {
+    luaL_newlib(L, methods);
+    lua_setfield(L, -2, "__index");
+  }
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &chan_mt_key);
+  lua_pushcfunction(L, l_channel);
+  lua_setfield(L, -2, "channel");
+  lua_pushcfunction(L, l_select);
+  lua_setfield(L, -2, "select");
+  lua_pushcfunction(L, l_channel_queues);
+  lua_setfield(L, -2, "channel_queues");
+}

@@ -1,0 +1,146 @@
+/*
+** lums.h: what the files of the ums.core module share (not installed).
+** lums.c owns tasks, runs, parking and the quantum; lchan.c builds the
+** channel and select on its parking calls.
+*/
+#ifndef LUMS_H
+#define LUMS_H
+
+#include "ums.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define LUMS_HIDDEN __attribute__((visibility("hidden")))
+
+typedef struct lrun lrun;
+
+enum { T_NEW, T_LIVE, T_DONE };
+
+typedef struct ltask ltask;
+typedef struct lwait lwait;
+
+/* A FIFO of waiters on one side of a channel. Every Lua task of a run
+** runs on the run's one scheduler thread, so queues need no lock: the
+** code between two waits runs as one atomic step. */
+typedef struct lwaitq {
+  lwait *head, *tail;
+} lwaitq;
+
+/* A task waiting on one channel operation (one per select case). It lives
+** in the waiting task (ltask.wait) or, for select, in a userdata on the
+** waiting thread's stack, so it outlives the yield. A waker unlinks it
+** and unparks its task with outcome kase * 2 + status; a waiter whose park
+** ended otherwise (timeout, cancel, another select case) unlinks it when
+** it resumes. All fields are the scheduler thread's. */
+struct lwait {
+  lwait *prev, *next;
+  lwaitq *q;             /* the queue it is on; NULL once off */
+  ltask *task;           /* the waiting task */
+  ums_park_token_t tok;  /* its park */
+  lua_State *L;          /* the Lua thread that waits: a send's value is at
+                            index vidx of its stack; a receive gets its
+                            value pushed on it, above the waiting frame */
+  int vidx;
+  int kase;              /* 0, or the select case (1-based) */
+};
+
+typedef struct joiner {
+  ums_park_token_t tok;
+} joiner_t;
+
+struct ltask {
+  const char *tag;       /* lums_task_tag: tells a task userdata apart */
+  ums_task_t id;         /* runtime handle; 0 before spawn */
+  lrun *run;             /* the run it belongs to; NULL once it ended */
+  lua_State *co;         /* its coroutine while live; NULL once done */
+  int co_ref;            /* registry ref anchoring co (the pool's) */
+  int self_ref;          /* registry slot holding this userdata while live
+                            (it goes with co: pooled coroutines keep it);
+                            LUA_NOREF once done */
+  int state;             /* T_NEW, T_LIVE, T_DONE */
+  int nargs;             /* arguments waiting for the first resume */
+  bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
+  bool park_begun;       /* between park_begin and park_wait: the quantum
+                            must not yield here */
+  ums_park_token_t park_tok;  /* the begun park */
+  bool finish_pending;   /* ended with a park begun: finish next step */
+  int finish_st, finish_nres;
+  bool ok;               /* done: ended normally */
+  bool cancelled;        /* done: ended by cancellation */
+  bool joined;           /* its outcome was taken by a join */
+  int nres;              /* done ok: number of results */
+  joiner_t *joiners;     /* tasks waiting in join: join1 or malloc'ed */
+  int njoiners, capjoiners;
+  joiner_t join1[2];     /* room for the usual one or two joiners */
+  lwait wait;            /* its channel send/recv while parked in one */
+  char name[32];
+};
+
+/* User values of a task userdata. */
+enum { UV_RESULTS = 1, UV_TRACEBACK, UV_LOCALS, NUV = 3 };
+
+struct lrun {
+  ums_runtime_t *rt;
+  lua_State *SL;         /* the run's own thread, for scheduler-side work */
+  int sl_ref;
+  int64_t quantum;       /* ns; 0: off */
+  /* Quantum monitor. running_co and step_seq are written by the Lua
+  ** thread, read by the monitor and by the signal handler (which runs on
+  ** the Lua thread). */
+  _Atomic(lua_State *) running_co;  /* coroutine of the running step */
+  _Atomic uint64_t step_seq;        /* steps started so far */
+  _Atomic int stop;                 /* monitor: leave */
+  pthread_t lua_thread;             /* the scheduler thread running Lua */
+  _Atomic int lua_thread_known;
+  pthread_t monitor;
+  bool monitor_started;
+  pthread_mutex_t mon_lock;
+  pthread_cond_t mon_cond;
+  _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
+  _Atomic uint64_t preempt_seq;     /* QUANTUM_POLL: step to preempt */
+  ums_task_t main_id;               /* the run's first task */
+  bool exit_requested;              /* os.exit was called in a task */
+  /* Coroutine pool: reset threads anchored by registry refs, each with
+  ** the registry slot that anchors its task's userdata while it runs one
+  ** (false while pooled): no luaL_ref per task. */
+  struct { lua_State *co; int ref, self_ref; } *pool;
+  int npool, cappool;
+};
+
+/* The task whose step is running on this thread (a scheduler thread).
+** Initial-exec TLS: see UMS__TLS_IE in the runtime. */
+extern _Thread_local ltask *lums_cur_task LUMS_HIDDEN
+    __attribute__((tls_model("initial-exec")));
+
+/* ---- Calls shared between the module's files (lums.c) ---- */
+
+/* Every task userdata starts with this address (see lchan.c's chan_tag
+** for why not luaL_checkudata). */
+LUMS_HIDDEN extern const char lums_task_tag;
+
+/* The current task, or raises "ums.<fname>: not inside a task". */
+LUMS_HIDDEN ltask *lums_need_task(lua_State *L, const char *fname);
+/* Raises core.CANCELLED. */
+LUMS_HIDDEN int lums_raise_cancelled(lua_State *L);
+/* Begins a park of t (the current task) with an absolute deadline; raises
+** core.CANCELLED if t was cancelled, or an error. */
+LUMS_HIDDEN int lums_park_begin(lua_State *L, ltask *t, int64_t deadline,
+                                int flags, ums_park_token_t *tok);
+/* Ends the wait begun by lums_park_begin: yields to the scheduler with
+** continuation k where Lua can yield, else blocks only this task; k then
+** reads the outcome with ums_park_result(). */
+LUMS_HIDDEN int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
+                                 lua_KFunction k);
+/* Ends park tok of task t with outcome: true if this call ended it, false
+** if that park had already ended (timed out, cancelled, unparked). */
+LUMS_HIDDEN bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome);
+
+/* lchan.c: adds channel and select to the module table at the top. */
+LUMS_HIDDEN void lums_open_chan(lua_State *L);
+
+#endif
