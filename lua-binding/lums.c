@@ -182,33 +182,33 @@ static int l_park_wait(lua_State *L) {
 
 const char lums_task_tag = 0;
 
-static ltask *to_task(lua_State *L, int idx) {
-  ltask *t = (ltask *)lua_touserdata(L, idx);
-  if (!t || lua_rawlen(L, idx) != sizeof *t || t->tag != &lums_task_tag)
+static lhandle *to_task(lua_State *L, int idx) {
+  lhandle *h = (lhandle *)lua_touserdata(L, idx);
+  if (!h || lua_rawlen(L, idx) != sizeof *h || h->tag != &lums_task_tag)
     return NULL;
-  return t;
+  return h;
 }
 
-static ltask *check_task(lua_State *L, int idx) {
-  ltask *t = to_task(L, idx);
-  if (!t) luaL_checkudata(L, idx, TASK_MT);  /* raises the usual error */
-  return t;
+static lhandle *check_task(lua_State *L, int idx) {
+  lhandle *h = to_task(L, idx);
+  if (!h) luaL_checkudata(L, idx, TASK_MT);  /* raises the usual error */
+  return h;
 }
 
 bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
-  if (!t->run || t->state != T_LIVE) return false;
+  if (!t->run) return false;
   return ums_unpark(t->run->rt, tok, outcome) == 0;
 }
 
 /* core.unpark(task, seq [, outcome]) -> boolean */
 static int l_unpark(lua_State *L) {
-  ltask *t = check_task(L, 1);
+  lhandle *h = check_task(L, 1);
   lua_Integer seq = luaL_checkinteger(L, 2);
   lua_Integer outcome = luaL_optinteger(L, 3, 0);
   luaL_argcheck(L, outcome >= 0 && outcome <= 0x7fffffff, 3,
                 "outcome must be a non-negative integer");
-  ums_park_token_t tok = {t->id, (uint64_t)seq};
-  lua_pushboolean(L, lums_unpark(t, tok, (int)outcome));
+  ums_park_token_t tok = {h->id, (uint64_t)seq};
+  lua_pushboolean(L, h->t && lums_unpark(h->t, tok, (int)outcome));
   return 1;
 }
 
@@ -221,29 +221,38 @@ static void qhook(lua_State *L, lua_Debug *ar);
 static void qpoll_hook(lua_State *L, lua_Debug *ar);
 #endif
 
-static lua_State *take_coroutine(lrun *r, int *ref, int *self_ref) {
-  if (r->npool) {
-    r->npool--;
-    *ref = r->pool[r->npool].ref;
-    *self_ref = r->pool[r->npool].self_ref;
-    return r->pool[r->npool].co;
-  }
-  lua_State *co = lua_newthread(r->SL);
-  *ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
+/* Takes an ltask with a reset coroutine from the pool, or makes one. */
+static ltask *take_task(lrun *r) {
+  if (r->npool) return r->pool[--r->npool];
+  ltask *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->co = lua_newthread(r->SL);
+  t->co_ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
   lua_pushboolean(r->SL, 0);
-  *self_ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
-  return co;
+  t->self_ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
+  return t;
 }
 
-/* Pools a coroutine whose stack is empty and has nothing pending (a normal
-** end, or lua_resetthread done by task_finish): a new function pushed on
-** it starts at the next lua_resume, which is ~5x cheaper than a new
-** thread. */
-static void give_back_coroutine(lrun *r, lua_State *co, int ref,
-                                int self_ref) {
-  lua_settop(co, 0);
+static void free_task(lua_State *L, ltask *t) {
+  luaL_unref(L, LUA_REGISTRYINDEX, t->co_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, t->self_ref);
+  free(t);
+}
+
+/* Pools t, whose coroutine has ended normally or been reset by
+** task_finish: a function pushed on that coroutine starts at the next
+** lua_resume, which is ~5x cheaper than a new thread. This unanchors the
+** handle t had. */
+static void give_back_task(lrun *r, ltask *t) {
+  lua_settop(t->co, 0);
   lua_pushboolean(r->SL, 0);
-  lua_rawseti(r->SL, LUA_REGISTRYINDEX, self_ref);
+  lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
+  if (t->joiners != t->join1) free(t->joiners);
+  ltask keep = *t;
+  memset(t, 0, sizeof *t);
+  t->co = keep.co;
+  t->co_ref = keep.co_ref;
+  t->self_ref = keep.self_ref;
   if (r->npool < POOL_MAX) {
     if (r->npool == r->cappool) {
       int cap = r->cappool ? r->cappool * 2 : 64;
@@ -254,15 +263,11 @@ static void give_back_coroutine(lrun *r, lua_State *co, int ref,
       }
     }
     if (r->npool < r->cappool) {
-      r->pool[r->npool].co = co;
-      r->pool[r->npool].ref = ref;
-      r->pool[r->npool].self_ref = self_ref;
-      r->npool++;
+      r->pool[r->npool++] = t;
       return;
     }
   }
-  luaL_unref(r->SL, LUA_REGISTRYINDEX, ref);
-  luaL_unref(r->SL, LUA_REGISTRYINDEX, self_ref);
+  free_task(r->SL, t);
 }
 
 static void wake_joiners(ltask *t) {
@@ -282,30 +287,43 @@ static void drop_joiner(ltask *t, ums_task_t who, uint64_t seq) {
   }
 }
 
+/* Pushes the extras table of the handle at idx, creating it if needed. */
+static void push_extras(lua_State *L, int idx) {
+  if (lua_getiuservalue(L, idx, 1) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, idx < 0 ? idx - 2 : idx, 1);
+  }
+}
+
 /* The task's coroutine ended with status st: keep its outcome in the
-** userdata, close the coroutine, wake joiners. Runs on the scheduler. */
+** handle, close the coroutine, wake joiners, pool the ltask. Runs on the
+** scheduler. */
 static void task_finish(ltask *t, int st, int nres) {
   lrun *r = t->run;
+  lhandle *h = t->h;
   lua_State *SL = r->SL, *co = t->co;
-  lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the userdata */
+  lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
   if (st == LUA_OK) {
-    t->ok = true;
-    t->nres = nres;
+    h->ok = true;
+    h->nres = nres;
     if (nres > 0) {
-      lua_createtable(SL, nres, 0);
+      push_extras(SL, -1);
       lua_xmove(co, SL, nres);
       /* With i values left above it, the table is at -(i + 1). */
       for (int i = nres; i >= 1; i--) lua_rawseti(SL, -(i + 1), i);
-      lua_setiuservalue(SL, -2, UV_RESULTS);
+      lua_pop(SL, 1);
     }
   } else {
-    t->ok = false;
+    h->ok = false;
+    push_extras(SL, -1);
     /* The traceback of the coroutine at the error, before it is closed. */
     /* lua_tostring would turn a number error into a string in place. */
     const char *msg =
         lua_type(co, -1) == LUA_TSTRING ? lua_tostring(co, -1) : NULL;
     luaL_traceback(SL, co, msg, 0);
-    lua_setiuservalue(SL, -2, UV_TRACEBACK);
+    lua_setfield(SL, -2, X_TB);
     lua_pushvalue(co, -1);
     lua_xmove(co, SL, 1);  /* the error value, identity kept */
     /* Close pending to-be-closed variables now, with the error still on
@@ -318,26 +336,21 @@ static void task_finish(ltask *t, int st, int nres) {
     }
     lua_settop(co, 0);
     push_cancelled(SL);
-    t->cancelled = lua_rawequal(SL, -1, -2);
+    h->cancelled = lua_rawequal(SL, -1, -2);
     lua_pop(SL, 1);
-    lua_setiuservalue(SL, -2, UV_RESULTS);
+    lua_setfield(SL, -2, X_ERR);
+    lua_pop(SL, 1);  /* the extras */
     /* Remember it until somebody joins it or the run reports it. */
     lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
     lua_pushvalue(SL, -2);
     lua_rawseti(SL, -2, (lua_Integer)lua_rawlen(SL, -2) + 1);
     lua_pop(SL, 1);
   }
-  lua_pop(SL, 1);
-  t->co = NULL;
-  t->state = T_DONE;
+  lua_pop(SL, 1);  /* the handle: from here on only its holders keep it */
+  h->state = T_DONE;
+  h->t = NULL;
   wake_joiners(t);
-  if (t->joiners != t->join1) free(t->joiners);
-  t->joiners = NULL;  /* nobody joins through the list any more */
-  t->capjoiners = 0;
-  /* Last: this unanchors the userdata (its caller holds it meanwhile). */
-  give_back_coroutine(r, co, t->co_ref, t->self_ref);
-  t->self_ref = LUA_NOREF;
-  t->run = NULL;
+  give_back_task(r, t);
 }
 
 static int task_step(void *arg) {
@@ -356,8 +369,8 @@ static int task_step(void *arg) {
     t->run->lua_thread = pthread_self();
     atomic_store(&t->run->lua_thread_known, 1);
   }
-  if (t->state == T_NEW) {
-    t->state = T_LIVE;
+  if (t->h->state == T_NEW) {
+    t->h->state = T_LIVE;
     if (ums_cancelled()) {
       /* Cancelled before it started: it never runs. */
       lua_settop(t->co, 0);
@@ -411,39 +424,44 @@ static int task_step(void *arg) {
 }
 
 /* Creates a task running the function at index `first` with the values
-** above it as arguments (all popped). L is the caller's thread. */
-static ltask *task_new(lua_State *L, lrun *r, int first, bool joinable) {
+** above it as arguments (all popped); its handle is left at `first`. L is
+** the caller's thread; upvalue 1 of the calling C function is the task
+** metatable. */
+static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable) {
   int n = lua_gettop(L) - first;  /* arguments */
-  ltask *t = (ltask *)lua_newuserdatauv(L, sizeof *t, NUV);
-  memset(t, 0, sizeof *t);
-  t->tag = &lums_task_tag;
-  t->joiners = t->join1;
-  t->capjoiners = 2;
+  ltask *t = take_task(r);
+  if (!t) luaL_error(L, "ums.spawn: out of memory");
+  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 1);
+  memset(h, 0, sizeof *h);
+  h->tag = &lums_task_tag;
+  h->t = t;
   lua_pushvalue(L, lua_upvalueindex(1));  /* the task metatable */
   lua_setmetatable(L, -2);
+  t->h = h;
   t->run = r;
-  t->co = take_coroutine(r, &t->co_ref, &t->self_ref);
+  t->joiners = t->join1;
+  t->capjoiners = 2;
   lua_sethook(t->co, NULL, 0, 0);
-  /* Move function and arguments onto the coroutine, below the userdata. */
-  lua_rotate(L, first, 1);  /* userdata to `first` */
+  /* Move function and arguments onto the coroutine. */
+  lua_rotate(L, first, 1);  /* handle to `first` */
   lua_xmove(L, t->co, n + 1);
   t->nargs = n;
   lua_pushvalue(L, first);
   lua_rawseti(L, LUA_REGISTRYINDEX, t->self_ref);
-  /* Detached: the binding keeps each task's outcome in its userdata, so
+  /* Detached: the binding keeps each task's outcome in its handle, so
   ** the runtime may recycle the task's slot as soon as it ends (a
   ** joinable one would stay allocated until the run's end). Only the
   ** run's first task is joined, by core.run itself. */
   ums_spawn_opts_t opts = {0, joinable ? 0 : 1, NULL};
   int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &t->id);
   if (rc) {
-    give_back_coroutine(r, t->co, t->co_ref, t->self_ref);
-    t->self_ref = LUA_NOREF;
-    t->co = NULL;
-    t->run = NULL;
+    h->t = NULL;
+    h->state = T_DONE;
+    give_back_task(r, t);
     luaL_error(L, "ums.spawn: %s", ums_strerror(rc));
   }
-  return t;  /* the userdata is at index `first` */
+  h->id = t->id;
+  return h;
 }
 
 /* core.spawn(fn, ...) -> task */
@@ -694,44 +712,48 @@ static int l_now(lua_State *L) {
 /* ---------------------------------------------------------------------- */
 
 /* Pushes a finished task's outcome as join returns it. */
-static int push_outcome(lua_State *L, int idx, ltask *t) {
-  t->joined = true;
-  if (t->ok) {
+static int push_outcome(lua_State *L, int idx, lhandle *h) {
+  h->joined = true;
+  if (h->ok) {
     lua_pushboolean(L, 1);
-    if (t->nres == 0) return 1;
-    lua_getiuservalue(L, idx, UV_RESULTS);
+    if (h->nres == 0) return 1;
+    lua_getiuservalue(L, idx, 1);
     int tbl = lua_gettop(L);
-    luaL_checkstack(L, t->nres, "too many results");
-    for (int i = 1; i <= t->nres; i++) lua_rawgeti(L, tbl, i);
+    luaL_checkstack(L, h->nres, "too many results");
+    for (int i = 1; i <= h->nres; i++) lua_rawgeti(L, tbl, i);
     lua_remove(L, tbl);
-    return 1 + t->nres;
+    return 1 + h->nres;
   }
   lua_pushboolean(L, 0);
-  lua_getiuservalue(L, idx, UV_RESULTS);
-  lua_getiuservalue(L, idx, UV_TRACEBACK);
+  lua_getiuservalue(L, idx, 1);
+  lua_getfield(L, -1, X_ERR);
+  lua_getfield(L, -2, X_TB);
+  lua_remove(L, -3);
   return 3;
 }
 
 static int join_k(lua_State *L, int status, lua_KContext ctx) {
-  ltask *t = (ltask *)lua_touserdata(L, 1);
+  lhandle *h = (lhandle *)lua_touserdata(L, 1);
   (void)status;
   int r = ums_park_result();
-  if (t->state != T_DONE) drop_joiner(t, lums_cur_task->id, (uint64_t)ctx);
+  if (h->state != T_DONE)
+    drop_joiner(h->t, lums_cur_task->id, (uint64_t)ctx);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  if (t->state != T_DONE) {
+  if (h->state != T_DONE) {
     lua_pushnil(L);
     lua_pushliteral(L, "timeout");
     return 2;
   }
-  return push_outcome(L, 1, t);
+  return push_outcome(L, 1, h);
 }
 
 static int l_task_join(lua_State *L) {
-  ltask *t = check_task(L, 1);
+  lhandle *h = check_task(L, 1);
   int64_t deadline = timeout_to_deadline(L, 2);
-  lua_settop(L, 1);
-  if (t->state == T_DONE) return push_outcome(L, 1, t);
+  if (lua_gettop(L) != 1) lua_settop(L, 1);
+  if (h->state == T_DONE) return push_outcome(L, 1, h);
   ltask *me = lums_need_task(L, "join");
+  ltask *t = h->t;
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
   if (t->run != me->run)
     return luaL_error(L, "ums: cannot join a task of another run");
@@ -751,23 +773,23 @@ static int l_task_join(lua_State *L) {
 }
 
 static int l_task_cancel(lua_State *L) {
-  ltask *t = check_task(L, 1);
-  if (!t->run || t->state == T_DONE) {
+  lhandle *h = check_task(L, 1);
+  if (!h->t || !h->t->run || h->state == T_DONE) {
     lua_pushboolean(L, 0);
     return 1;
   }
-  lua_pushboolean(L, ums_task_cancel(t->run->rt, t->id) == 0);
+  lua_pushboolean(L, ums_task_cancel(h->t->run->rt, h->id) == 0);
   return 1;
 }
 
 static int l_task_status(lua_State *L) {
-  ltask *t = check_task(L, 1);
+  lhandle *h = check_task(L, 1);
   const char *s;
-  if (t->state == T_DONE)
-    s = t->ok ? "done" : t->cancelled ? "cancelled" : "error";
-  else if (t->state == T_NEW)
+  if (h->state == T_DONE)
+    s = h->ok ? "done" : h->cancelled ? "cancelled" : "error";
+  else if (h->state == T_NEW)
     s = "pending";
-  else if (t == lums_cur_task)
+  else if (h->t == lums_cur_task)
     s = "running";
   else
     s = "suspended";
@@ -775,41 +797,62 @@ static int l_task_status(lua_State *L) {
   return 1;
 }
 
+/* Pushes the name of the task at (absolute) idx: "" when it has none. */
+static void push_name(lua_State *L, int idx) {
+  if (lua_getiuservalue(L, idx, 1) == LUA_TTABLE) {
+    if (lua_getfield(L, -1, X_NAME) == LUA_TSTRING) {
+      lua_remove(L, -2);
+      return;
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_pushliteral(L, "");
+}
+
 static int l_task_name(lua_State *L) {
-  ltask *t = check_task(L, 1);
+  check_task(L, 1);
   if (!lua_isnoneornil(L, 2)) {
     size_t len;
-    const char *n = luaL_checklstring(L, 2, &len);
-    luaL_argcheck(L, len < sizeof t->name, 2, "name longer than 31 bytes");
-    memcpy(t->name, n, len + 1);
+    luaL_checklstring(L, 2, &len);
+    luaL_argcheck(L, len < 32, 2, "name longer than 31 bytes");
+    push_extras(L, 1);
+    lua_pushvalue(L, 2);
+    lua_setfield(L, -2, X_NAME);
   }
-  lua_pushstring(L, t->name);
+  lua_settop(L, 1);
+  push_name(L, 1);
   return 1;
 }
 
 static int l_task_id(lua_State *L) {
-  ltask *t = check_task(L, 1);
-  lua_pushinteger(L, (lua_Integer)t->id);
+  lhandle *h = check_task(L, 1);
+  lua_pushinteger(L, (lua_Integer)h->id);
   return 1;
 }
 
 static int l_task_locals(lua_State *L) {
   check_task(L, 1);
-  if (lua_getiuservalue(L, 1, UV_LOCALS) != LUA_TTABLE) {
+  lua_settop(L, 1);
+  push_extras(L, 1);
+  if (lua_getfield(L, 2, X_LOCALS) != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);
     lua_pushvalue(L, -1);
-    lua_setiuservalue(L, 1, UV_LOCALS);
+    lua_setfield(L, 2, X_LOCALS);
   }
   return 1;
 }
 
 static int l_task_tostring(lua_State *L) {
-  ltask *t = check_task(L, 1);
-  if (t->name[0])
-    lua_pushfstring(L, "ums.task %s (%p)", t->name, (void *)t);
+  lhandle *h = check_task(L, 1);
+  lua_settop(L, 1);
+  push_name(L, 1);
+  const char *name = lua_tostring(L, -1);
+  if (name[0])
+    lua_pushfstring(L, "ums.task %s (%p)", name, (void *)h);
   else
-    lua_pushfstring(L, "ums.task (%p)", (void *)t);
+    lua_pushfstring(L, "ums.task (%p)", (void *)h);
   return 1;
 }
 
@@ -834,21 +877,23 @@ static double config_num(lua_State *L, int cfg, const char *key,
 
 /* Calls the error handler for every failed task nobody joined. Main
 ** thread, after the runtime is gone. */
-static void report_errors(lua_State *L, ltask *main) {
+static void report_errors(lua_State *L, lhandle *main) {
   lua_getfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
   int errs = lua_gettop(L);
   lua_Integer n = (lua_Integer)lua_rawlen(L, errs);
   for (lua_Integer i = 1; i <= n; i++) {
     lua_rawgeti(L, errs, i);
-    ltask *t = (ltask *)lua_touserdata(L, -1);
-    if (t == main || t->joined || t->cancelled) {
+    lhandle *h = (lhandle *)lua_touserdata(L, -1);
+    if (h == main || h->joined || h->cancelled) {
       lua_pop(L, 1);
       continue;
     }
-    t->joined = true;
+    h->joined = true;
     lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
-    lua_getiuservalue(L, -2, UV_RESULTS);
-    lua_getiuservalue(L, -3, UV_TRACEBACK);
+    lua_getiuservalue(L, -2, 1);
+    lua_getfield(L, -1, X_ERR);
+    lua_getfield(L, -2, X_TB);
+    lua_remove(L, -3);
     lua_pushvalue(L, -4);
     if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
       fprintf(stderr, "ums: error in the on_error handler: %s\n",
@@ -863,10 +908,7 @@ static void report_errors(lua_State *L, ltask *main) {
 }
 
 static void run_free(lua_State *L, lrun *r) {
-  for (int i = 0; i < r->npool; i++) {
-    luaL_unref(L, LUA_REGISTRYINDEX, r->pool[i].ref);
-    luaL_unref(L, LUA_REGISTRYINDEX, r->pool[i].self_ref);
-  }
+  for (int i = 0; i < r->npool; i++) free_task(L, r->pool[i]);
   free(r->pool);
   luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
   free(r);
@@ -956,7 +998,7 @@ static int l_run(lua_State *L) {
   monitor_start(r);
 
   swap_os_exit(L, true);
-  ltask *main = task_new(L, r, 1, true);  /* userdata now at index 1 */
+  lhandle *main = task_new(L, r, 1, true);  /* the handle is at index 1 */
   lua_settop(L, 1);
   r->main_id = main->id;
   /* From here until the runtime is shut down, the VM belongs to the
@@ -979,7 +1021,6 @@ static int l_run(lua_State *L) {
     lua_call(L, 2, 0);
   }
   run_free(L, r);
-  main->run = NULL;
   report_errors(L, main);
   if (main->ok) {
     int n = push_outcome(L, 1, main);
@@ -987,10 +1028,11 @@ static int l_run(lua_State *L) {
   }
   /* Raise the main task's error, keeping its identity; a string gets the
   ** task's traceback, which the caller's own traceback would not show. */
-  lua_getiuservalue(L, 1, UV_RESULTS);
+  lua_getiuservalue(L, 1, 1);
+  lua_getfield(L, -1, X_ERR);
   if (lua_type(L, -1) == LUA_TSTRING) {
     lua_pop(L, 1);
-    lua_getiuservalue(L, 1, UV_TRACEBACK);
+    lua_getfield(L, -1, X_TB);
   }
   return lua_error(L);
 }

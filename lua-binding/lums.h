@@ -22,6 +22,7 @@ typedef struct lrun lrun;
 enum { T_NEW, T_LIVE, T_DONE };
 
 typedef struct ltask ltask;
+typedef struct lhandle lhandle;
 typedef struct lwait lwait;
 
 /* A FIFO of waiters on one side of a channel. Every Lua task of a run
@@ -53,16 +54,18 @@ typedef struct joiner {
   ums_park_token_t tok;
 } joiner_t;
 
+/* A live task: everything its run needs while it runs or waits. Not a
+** Lua object: ltasks are pooled with their coroutines (lrun.pool) and
+** recycled, so a stale pointer to one is only ever used together with a
+** park token, whose task id the runtime checks. Scheduler thread only. */
 struct ltask {
-  const char *tag;       /* lums_task_tag: tells a task userdata apart */
+  lhandle *h;            /* its handle; NULL while pooled */
   ums_task_t id;         /* runtime handle; 0 before spawn */
-  lrun *run;             /* the run it belongs to; NULL once it ended */
-  lua_State *co;         /* its coroutine while live; NULL once done */
-  int co_ref;            /* registry ref anchoring co (the pool's) */
-  int self_ref;          /* registry slot holding this userdata while live
-                            (it goes with co: pooled coroutines keep it);
-                            LUA_NOREF once done */
-  int state;             /* T_NEW, T_LIVE, T_DONE */
+  lrun *run;             /* the run it belongs to; NULL while pooled */
+  lua_State *co;         /* its coroutine (kept while pooled) */
+  int co_ref;            /* registry ref anchoring co */
+  int self_ref;          /* registry slot holding the handle while live,
+                            false while pooled */
   int nargs;             /* arguments waiting for the first resume */
   bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
   bool park_begun;       /* between park_begin and park_wait: the quantum
@@ -70,19 +73,33 @@ struct ltask {
   ums_park_token_t park_tok;  /* the begun park */
   bool finish_pending;   /* ended with a park begun: finish next step */
   int finish_st, finish_nres;
-  bool ok;               /* done: ended normally */
-  bool cancelled;        /* done: ended by cancellation */
-  bool joined;           /* its outcome was taken by a join */
-  int nres;              /* done ok: number of results */
   joiner_t *joiners;     /* tasks waiting in join: join1 or malloc'ed */
   int njoiners, capjoiners;
   joiner_t join1[2];     /* room for the usual one or two joiners */
   lwait wait;            /* its channel send/recv while parked in one */
-  char name[32];
 };
 
-/* User values of a task userdata. */
-enum { UV_RESULTS = 1, UV_TRACEBACK, UV_LOCALS, NUV = 3 };
+/* A task's handle: the full userdata Lua code holds (ums.spawn's result,
+** ums.self()). It outlives the task, so it keeps only the outcome; it is
+** kept small (one user value, 40 bytes) because one is allocated and
+** collected per task. */
+struct lhandle {
+  const char *tag;       /* &lums_task_tag: tells a task handle apart */
+  ltask *t;              /* the live task; NULL once done */
+  ums_task_t id;         /* runtime id, kept after the end */
+  uint8_t state;         /* T_NEW, T_LIVE, T_DONE */
+  bool ok;               /* done: ended normally */
+  bool cancelled;        /* done: ended by cancellation */
+  bool joined;           /* its outcome was taken by a join */
+  int nres;              /* done ok: number of results */
+};
+
+/* The handle's one user value, created when first needed: a table with
+** the results at 1..nres, and the fields below. */
+#define X_ERR "err"        /* done with an error: the error value */
+#define X_TB "traceback"   /* done with an error: its traceback */
+#define X_LOCALS "locals"  /* task-local storage */
+#define X_NAME "name"      /* the task's name */
 
 struct lrun {
   ums_runtime_t *rt;
@@ -105,10 +122,9 @@ struct lrun {
   _Atomic uint64_t preempt_seq;     /* QUANTUM_POLL: step to preempt */
   ums_task_t main_id;               /* the run's first task */
   bool exit_requested;              /* os.exit was called in a task */
-  /* Coroutine pool: reset threads anchored by registry refs, each with
-  ** the registry slot that anchors its task's userdata while it runs one
-  ** (false while pooled): no luaL_ref per task. */
-  struct { lua_State *co; int ref, self_ref; } *pool;
+  /* Pool of ltasks, each with its reset coroutine and registry slots
+  ** (no lua_newthread or luaL_ref per task). */
+  ltask **pool;
   int npool, cappool;
 };
 
