@@ -39,6 +39,7 @@
 #define CONFIG_KEY "ums.config"
 #define ONERROR_KEY "ums.on_error"
 #define ERRORS_KEY "ums.errors"
+#define FAILED_MT "ums.task.failed"
 
 /* Lua's C stack needs room for LUAI_MAXCCALLS nested C calls; fiber stacks
 ** for Lua runs are larger than the C default. Untouched pages cost nothing. */
@@ -340,11 +341,19 @@ static void task_finish(ltask *t, int st, int nres) {
     lua_pop(SL, 1);
     lua_setfield(SL, -2, X_ERR);
     lua_pop(SL, 1);  /* the extras */
-    /* Remember it until somebody joins it or the run reports it. */
-    lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
-    lua_pushvalue(SL, -2);
-    lua_rawseti(SL, -2, (lua_Integer)lua_rawlen(SL, -2) + 1);
-    lua_pop(SL, 1);
+    if (!h->cancelled) {
+      /* Nobody may ever join it: its handle now has a finalizer that
+      ** reports the error if it is collected unjoined, and the run
+      ** reports it at its end if it is still unjoined then (the set is
+      ** weak, so it does not keep the handle alive). */
+      lua_getfield(SL, LUA_REGISTRYINDEX, FAILED_MT);
+      lua_setmetatable(SL, -2);
+      lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
+      lua_pushvalue(SL, -2);
+      lua_pushboolean(SL, 1);
+      lua_rawset(SL, -3);
+      lua_pop(SL, 1);
+    }
   }
   lua_pop(SL, 1);  /* the handle: from here on only its holders keep it */
   h->state = T_DONE;
@@ -875,36 +884,63 @@ static double config_num(lua_State *L, int cfg, const char *key,
   return v;
 }
 
-/* Calls the error handler for every failed task nobody joined. Main
-** thread, after the runtime is gone. */
-static void report_errors(lua_State *L, lhandle *main) {
-  lua_getfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
-  int errs = lua_gettop(L);
-  lua_Integer n = (lua_Integer)lua_rawlen(L, errs);
-  for (lua_Integer i = 1; i <= n; i++) {
-    lua_rawgeti(L, errs, i);
-    lhandle *h = (lhandle *)lua_touserdata(L, -1);
-    if (h == main || h->joined || h->cancelled) {
-      lua_pop(L, 1);
-      continue;
-    }
-    h->joined = true;
-    lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
-    lua_getiuservalue(L, -2, 1);
-    lua_getfield(L, -1, X_ERR);
-    lua_getfield(L, -2, X_TB);
-    lua_remove(L, -3);
-    lua_pushvalue(L, -4);
-    if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
-      fprintf(stderr, "ums: error in the on_error handler: %s\n",
-              lua_tostring(L, -1));
-      lua_pop(L, 1);
-    }
+/* A fresh, empty set of failed handles (weak keys). */
+static void new_errors_set(lua_State *L) {
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
+}
+
+/* Calls the error handler for the failed task whose handle is at the top
+** of the stack (popped), unless somebody joined it or it was reported. */
+static void report_error(lua_State *L) {
+  lhandle *h = (lhandle *)lua_touserdata(L, -1);
+  if (h->joined || h->cancelled || h->ok || h->state != T_DONE) {
+    lua_pop(L, 1);
+    return;
+  }
+  h->joined = true;
+  lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
+  lua_getiuservalue(L, -2, 1);
+  lua_getfield(L, -1, X_ERR);
+  lua_getfield(L, -2, X_TB);
+  lua_remove(L, -3);
+  lua_pushvalue(L, -4);
+  if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
+    fprintf(stderr, "ums: error in the on_error handler: %s\n",
+            lua_tostring(L, -1));
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
-  lua_newtable(L);
-  lua_setfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
+}
+
+/* __gc of a failed task's handle: nobody can join it any more. */
+static int failed_task_gc(lua_State *L) {
+  lua_settop(L, 1);
+  report_error(L);
+  return 0;
+}
+
+/* Calls the error handler for every failed task nobody joined that is
+** still referenced at the end of a run (the others were reported when
+** they were collected). Main thread, after the runtime is gone. */
+static void report_errors(lua_State *L, lhandle *main) {
+  lua_getfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
+  int errs = lua_gettop(L);
+  lua_pushnil(L);
+  while (lua_next(L, errs)) {
+    lua_pop(L, 1);
+    lua_pushvalue(L, -1);
+    if (lua_touserdata(L, -1) == main)
+      lua_pop(L, 1);
+    else
+      report_error(L);
+  }
+  lua_pop(L, 1);
+  new_errors_set(L);
 }
 
 static void run_free(lua_State *L, lrun *r) {
@@ -1133,8 +1169,20 @@ int luaopen_ums_core(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
   }
   lua_pop(L, 1);
-  lua_newtable(L);
-  lua_setfield(L, LUA_REGISTRYINDEX, ERRORS_KEY);
+  new_errors_set(L);
+  /* The metatable of a failed task's handle: the same methods, and a
+  ** finalizer that reports an error nobody joined. */
+  if (luaL_newmetatable(L, FAILED_MT)) {
+    lua_getfield(L, task_mt, "__index");
+    lua_setfield(L, -2, "__index");
+    lua_getfield(L, task_mt, "__tostring");
+    lua_setfield(L, -2, "__tostring");
+    lua_pushliteral(L, TASK_MT);
+    lua_setfield(L, -2, "__name");
+    lua_pushcfunction(L, failed_task_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
 
   luaL_newlib(L, funcs);
   /* The functions that create tasks get the task metatable as upvalue 1:

@@ -187,14 +187,25 @@ describe("ums command", function()
       assert.matches("^ums: 42\n", r.stderr)
     end)
 
-    it("reports an error of a task nobody joined", function()
+    it("reports an error of a task nobody joined, and exits 1", function()
       local r = sp.ums({script [[
         local ums = require "ums"
         ums.spawn(function() error("lost task") end)
       ]]})
       assert.is_false(r.timed_out)
-      assert.equal("exit", r.how)
+      sp.assert_exit(r, 1)
       assert.matches("lost task", r.stderr)
+    end)
+
+    it("leaves the status to a script that handles such errors itself",
+       function()
+      local r = sp.ums({script [[
+        local ums = require "ums"
+        ums.on_error(function(e) print("handled: " .. tostring(e)) end)
+        ums.spawn(function() error("lost task") end)
+      ]]})
+      sp.assert_exit(r, 0)
+      assert.matches("handled: .*lost task", r.stdout)
     end)
   end)
 

@@ -736,6 +736,24 @@ describe("ums.on_error", function()
     assert.is_nil(by_task[cancelled])
   end)
 
+  -- A server's run may never end: an error of a task whose handle is
+  -- dropped must not wait for the end of the run to be seen.
+  it("reports a dropped failed task as soon as its handle is collected",
+     function()
+    local calls = {}
+    with_on_error(function(err) calls[#calls + 1] = err end, function()
+      ums.run(function()
+        ums.spawn(function() error("dropped") end)
+        ums.yield()  -- it fails; nobody holds its handle
+        collectgarbage()
+        collectgarbage()
+        assert.equal(1, #calls)
+        assert.matches("dropped", calls[1])
+      end)
+    end)
+    assert.equal(1, #calls)  -- and not a second time at the end
+  end)
+
   it("is not given the first task's error: ums.run raises it", function()
     local calls = 0
     with_on_error(function() calls = calls + 1 end, function()
