@@ -59,7 +59,27 @@ extern "C" {
   X(ESHUTDOWN, -108, "runtime is shutting down")                             \
   X(ENOTSUP, -95, "operation not supported")                                 \
   X(EMFILE, -24, "too many tasks")                                           \
-  X(ERANGE, -34, "value out of range")
+  X(ERANGE, -34, "value out of range")                                       \
+  X(ENOENT, -2, "no such file or directory")                                 \
+  X(EINTR, -4, "interrupted system call")                                    \
+  X(EIO, -5, "input/output error")                                           \
+  X(EBADF, -9, "bad file descriptor")                                        \
+  X(EACCES, -13, "permission denied")                                        \
+  X(EFAULT, -14, "bad address")                                              \
+  X(EEXIST, -17, "file exists")                                              \
+  X(EXDEV, -18, "invalid cross-device link")                                 \
+  X(ENOTDIR, -20, "not a directory")                                         \
+  X(EISDIR, -21, "is a directory")                                           \
+  X(ENFILE, -23, "too many open files in system")                            \
+  X(EFBIG, -27, "file too large")                                            \
+  X(ENOSPC, -28, "no space left on device")                                  \
+  X(ESPIPE, -29, "illegal seek")                                             \
+  X(EROFS, -30, "read-only file system")                                     \
+  X(ENAMETOOLONG, -36, "file name too long")                                 \
+  X(ENOSYS, -38, "function not implemented")                                 \
+  X(ENOTEMPTY, -39, "directory not empty")                                   \
+  X(ELOOP, -40, "too many levels of symbolic links")                         \
+  X(EOVERFLOW, -75, "value too large for defined data type")
 
 enum {
 #define UMS__ERR_ENUM(name, value, text) UMS_##name = (value),
@@ -70,7 +90,9 @@ enum {
 /* Alias: a send to or a receive from a closed, drained channel. */
 #define UMS_ECLOSED UMS_EPIPE
 
-/* A readable message for an error code; never NULL. */
+/* A readable message for an error code; never NULL. Negative errno values
+** outside the map (file I/O passes the kernel's codes through) get the C
+** library's strerror text. */
 UMS_API const char *ums_strerror(int err);
 /* The code's name ("UMS_ETIMEDOUT"); "UMS_E?" for unknown codes. */
 UMS_API const char *ums_err_name(int err);
