@@ -50,6 +50,9 @@ static void test_config_validation(void) {
   expect_einval((ums_config_t){.stack_size = 4096});
   expect_einval((ums_config_t){.stack_size = (size_t)1 << 40});
   expect_einval((ums_config_t){.stack_size = SIZE_MAX});
+  expect_einval((ums_config_t){.io_backend = -1});
+  expect_einval((ums_config_t){.io_backend = UMS_IO_POOL + 1});
+  expect_einval((ums_config_t){.io_pool_threads = -1});
   /* No thread was left behind by any of them. */
   CHECK_EQ(tu_thread_count(), threads);
 }
@@ -69,6 +72,9 @@ static void check_defaults(ums_runtime_t *r) {
   CHECK_EQ(c.stack_size, 256 * 1024);
   CHECK_EQ(c.worker_idle_timeout, 10 * UMS_NSEC_PER_SEC);
   CHECK_EQ(c.idle_workers_kept, 16);
+  CHECK_EQ(c.io_pool_threads, 64);
+  /* The backend in force, never AUTO. */
+  CHECK(c.io_backend == UMS_IO_URING || c.io_backend == UMS_IO_POOL);
   CHECK_EQ(ums_runtime_schedulers(r), cpu_count());
   CHECK_EQ(ums_runtime_stats(r, NULL, 0), cpu_count());
 }
