@@ -59,7 +59,27 @@ extern "C" {
   X(ESHUTDOWN, -108, "runtime is shutting down")                             \
   X(ENOTSUP, -95, "operation not supported")                                 \
   X(EMFILE, -24, "too many tasks")                                           \
-  X(ERANGE, -34, "value out of range")
+  X(ERANGE, -34, "value out of range")                                       \
+  X(ENOENT, -2, "no such file or directory")                                 \
+  X(EINTR, -4, "interrupted system call")                                    \
+  X(EIO, -5, "input/output error")                                           \
+  X(EBADF, -9, "bad file descriptor")                                        \
+  X(EACCES, -13, "permission denied")                                        \
+  X(EFAULT, -14, "bad address")                                              \
+  X(EEXIST, -17, "file exists")                                              \
+  X(EXDEV, -18, "invalid cross-device link")                                 \
+  X(ENOTDIR, -20, "not a directory")                                         \
+  X(EISDIR, -21, "is a directory")                                           \
+  X(ENFILE, -23, "too many open files in system")                            \
+  X(EFBIG, -27, "file too large")                                            \
+  X(ENOSPC, -28, "no space left on device")                                  \
+  X(ESPIPE, -29, "illegal seek")                                             \
+  X(EROFS, -30, "read-only file system")                                     \
+  X(ENAMETOOLONG, -36, "file name too long")                                 \
+  X(ENOSYS, -38, "function not implemented")                                 \
+  X(ENOTEMPTY, -39, "directory not empty")                                   \
+  X(ELOOP, -40, "too many levels of symbolic links")                         \
+  X(EOVERFLOW, -75, "value too large for defined data type")
 
 enum {
 #define UMS__ERR_ENUM(name, value, text) UMS_##name = (value),
@@ -70,7 +90,9 @@ enum {
 /* Alias: a send to or a receive from a closed, drained channel. */
 #define UMS_ECLOSED UMS_EPIPE
 
-/* A readable message for an error code; never NULL. */
+/* A readable message for an error code; never NULL. Negative errno values
+** outside the map (file I/O passes the kernel's codes through) get the C
+** library's strerror text. */
 UMS_API const char *ums_strerror(int err);
 /* The code's name ("UMS_ETIMEDOUT"); "UMS_E?" for unknown codes. */
 UMS_API const char *ums_err_name(int err);
@@ -106,12 +128,24 @@ typedef struct ums_config {
                                    default 10 s; negative: never trim */
   int idle_workers_kept;        /* idle workers never trimmed per scheduler;
                                    default 16 */
+  int io_backend;               /* UMS_IO_AUTO (default), UMS_IO_URING or
+                                   UMS_IO_POOL; see "File I/O" */
+  int io_pool_threads;          /* most threads of the I/O pool; default 64 */
 } ums_config_t;
+
+/* File I/O backends (ums_config_t.io_backend). AUTO uses io_uring when the
+** kernel lets the process set up a ring and the thread pool otherwise;
+** with AUTO, UMS_IO=pool (or UMS_IO=uring) in the environment chooses
+** instead. URING fails ums_runtime_new when a ring cannot be set up (the
+** error is the kernel's: UMS_ENOSYS, UMS_EPERM, ...). ums_runtime_config
+** reports the backend in force, never AUTO. */
+enum { UMS_IO_AUTO = 0, UMS_IO_URING = 1, UMS_IO_POOL = 2 };
 
 /* Starts the schedulers. cfg may be NULL. On failure returns NULL and, if
 ** err is not NULL, stores the reason (UMS_EAGAIN when a thread could not be
-** created, UMS_ENOMEM, UMS_EINVAL for a bad configuration); no thread is
-** left running. */
+** created, UMS_ENOMEM, UMS_EINVAL for a bad configuration, the kernel's
+** error when io_backend is UMS_IO_URING and no ring can be set up); no
+** thread is left running. */
 UMS_API ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err);
 
 /* Stops accepting work (spawns fail with UMS_ESHUTDOWN), waits until every
@@ -346,6 +380,167 @@ UMS_API size_t ums_chan_len(ums_chan_t *ch);
 UMS_API size_t ums_chan_cap(ums_chan_t *ch);
 
 /* ====================================================================== */
+/* File I/O                                                                */
+/* ====================================================================== */
+/*
+** Each call parks only the calling task while the kernel works; the
+** task's scheduler keeps running its other tasks. With the io_uring backend
+** every scheduler owns a ring: requests become submission entries, sent in
+** one batch per scheduler pass, and completions are reaped at every pass
+** without a system call when there are none. With the pool backend (or for
+** an operation the ring does not support, such as listing a directory) a
+** pool of OS threads makes the plain system call and hands the task back
+** through its scheduler's completion list. Both give the same results.
+** runtime/IO.md describes the design.
+**
+** Results are the kernel's: >= 0 on success, a negative errno value
+** (UMS_ENOENT, UMS_EBADF, UMS_EISDIR, ...) on failure. Every call takes an
+** absolute deadline (UMS_FOREVER: none) and returns UMS_ETIMEDOUT when it
+** passes, or UMS_ECANCELED when the task is cancelled, like every other
+** wait; the request then goes on without the caller (see "Ownership").
+** When the operation completed before the task could notice the timeout,
+** its real result is returned instead.
+**
+** Outside a task (a host thread), each call makes the system call on the
+** calling thread and blocks it; the deadline is not applied there.
+**
+** Ownership. A request may still be running in the kernel or on a pool
+** thread after its caller gave up (timeout or cancel), so nothing the
+** request touches may belong to the caller's stack or be freed by it:
+**   - Paths, flags and small structs are copied into the request when the
+**     call starts; the caller's copies may go away as soon as it returns.
+**   - Data goes through ums_buf_t buffers, owned by reference count. A
+**     request holds a reference on every buffer it reads into or writes
+**     from until it really ends; ums_buf_release after a timeout only
+**     drops the caller's reference, and the request's completion frees
+**     the buffer. The bytes of a read that timed out are unspecified.
+**   - Results (a stat struct, a directory list, an fd) are copied to the
+**     caller only when the call returns them. A descriptor opened by a
+**     request whose caller gave up is closed by the runtime; a directory
+**     list is freed by it.
+**   - A timed-out or cancelled io_uring request is also cancelled in the
+**     kernel (IORING_OP_ASYNC_CANCEL, best effort), and a pool request is
+**     interrupted with a signal (best effort); ums_runtime_shutdown waits
+**     for every request to end before it frees rings and buffers.
+*/
+
+/* A reference-counted I/O buffer. Its data starts on a page boundary (the
+** kernel copies into a page-aligned buffer several times faster than into
+** one that starts a few bytes into a page) and is at least `size` bytes.
+** Buffers freed inside a task go to a small per-scheduler cache by size
+** class, so a loop that takes and releases a buffer per read does not
+** allocate. Callable from any thread; a buffer is not tied to a runtime.
+** The reference count is atomic; the data is not synchronised: do not
+** write into a buffer while a request reads from it, or read it while a
+** request fills it. */
+typedef struct ums_buf ums_buf_t;
+
+/* A new buffer with one reference (the caller's); NULL when out of memory
+** or size is 0. */
+UMS_API ums_buf_t *ums_buf_new(size_t size);
+/* Takes one more reference. */
+UMS_API void ums_buf_retain(ums_buf_t *b);
+/* Drops one reference; the last one frees the buffer (or caches it). NULL
+** is ignored. */
+UMS_API void ums_buf_release(ums_buf_t *b);
+UMS_API void *ums_buf_data(const ums_buf_t *b);
+/* The usable size asked for in ums_buf_new. */
+UMS_API size_t ums_buf_size(const ums_buf_t *b);
+
+/* File offsets for read and write: >= 0 is an absolute position (pread and
+** pwrite semantics: the file position does not move); UMS_FS_CUR uses and
+** advances the file position (read and write semantics, for pipes and
+** other streams). Any other negative offset is UMS_EINVAL. */
+#define UMS_FS_CUR (-1)
+
+/* Largest transfer of one call; longer ones are short, as read(2)'s. */
+#define UMS_FS_MAX_RW ((size_t)0x7ffff000)
+
+/* Opens path with open(2) flags (O_CLOEXEC is always added) and mode.
+** Returns the descriptor or a negative error. */
+UMS_API int ums_fs_open(const char *path, int flags, int mode,
+                        int64_t deadline);
+/* Closes fd. After a timeout or cancel the descriptor is closed (or being
+** closed) all the same: do not use it again. */
+UMS_API int ums_fs_close(int fd, int64_t deadline);
+
+/* Reads up to len bytes at offset into buf's data at [pos, pos + len).
+** Returns the bytes read (0 at end of file) or a negative error;
+** UMS_EINVAL when buf is NULL or the range does not fit in buf. */
+UMS_API int64_t ums_fs_read(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                            int64_t offset, int64_t deadline);
+/* Writes len bytes of buf's data at [pos, pos + len) at offset. Returns
+** the bytes written (which may be fewer) or a negative error. */
+UMS_API int64_t ums_fs_write(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                             int64_t offset, int64_t deadline);
+
+/* Scatter/gather: each element is a range of a buffer. The array is
+** copied; at most UMS_FS_IOV_MAX elements. */
+typedef struct ums_iov {
+  ums_buf_t *buf;
+  size_t pos;
+  size_t len;
+} ums_iov_t;
+#define UMS_FS_IOV_MAX 1024
+UMS_API int64_t ums_fs_readv(int fd, const ums_iov_t *iov, int iovcnt,
+                             int64_t offset, int64_t deadline);
+UMS_API int64_t ums_fs_writev(int fd, const ums_iov_t *iov, int iovcnt,
+                              int64_t offset, int64_t deadline);
+
+/* fsync(2); with UMS_FS_DATASYNC, fdatasync(2). */
+#define UMS_FS_DATASYNC 1
+UMS_API int ums_fs_fsync(int fd, int flags, int64_t deadline);
+
+/* What stat returns (from statx(2)). Times are nanoseconds since the
+** epoch. btime is 0 when the filesystem does not record it. */
+typedef struct ums_stat {
+  uint64_t dev;       /* device of the filesystem (makedev(major, minor)) */
+  uint64_t ino;
+  uint32_t mode;      /* type and permission bits, as st_mode */
+  uint32_t nlink;
+  uint32_t uid, gid;
+  uint64_t rdev;      /* device, for device files */
+  uint64_t size;      /* bytes */
+  uint64_t blocks;    /* 512-byte blocks allocated */
+  uint32_t blksize;   /* preferred I/O size */
+  int64_t atime, mtime, ctime, btime;
+} ums_stat_t;
+
+/* Stats path, following a final symbolic link unless flags has
+** UMS_FS_NOFOLLOW (lstat). *out is written only on success. */
+#define UMS_FS_NOFOLLOW 1
+UMS_API int ums_fs_stat(const char *path, int flags, ums_stat_t *out,
+                        int64_t deadline);
+UMS_API int ums_fs_fstat(int fd, ums_stat_t *out, int64_t deadline);
+
+UMS_API int ums_fs_unlink(const char *path, int64_t deadline);
+UMS_API int ums_fs_rmdir(const char *path, int64_t deadline);
+UMS_API int ums_fs_rename(const char *from, const char *to,
+                          int64_t deadline);
+UMS_API int ums_fs_mkdir(const char *path, int mode, int64_t deadline);
+
+/* A directory listing: every entry but "." and "..", in the order the
+** filesystem returns them. One allocation holds the list, the entries and
+** the names; free it with ums_dirlist_free. */
+typedef struct ums_dirent {
+  const char *name;
+  int type;           /* d_type: DT_REG, DT_DIR, DT_LNK, ...; DT_UNKNOWN
+                         when the filesystem does not say */
+  uint64_t ino;
+} ums_dirent_t;
+typedef struct ums_dirlist {
+  size_t count;
+  ums_dirent_t *entries;
+} ums_dirlist_t;
+
+/* Lists the directory at path. On success stores a list the caller owns
+** in *out and returns 0; otherwise *out is untouched. (io_uring has no
+** directory operation: this always runs on the pool.) */
+UMS_API int ums_fs_readdir(const char *path, ums_dirlist_t **out,
+                           int64_t deadline);
+UMS_API void ums_dirlist_free(ums_dirlist_t *list);
+
+/* ====================================================================== */
 /* Counters                                                                */
 /* ====================================================================== */
 
@@ -364,6 +559,13 @@ typedef struct ums_sched_stats {
   uint64_t workers_idle;        /* workers without a task */
   uint64_t pending;             /* spawns waiting for a worker */
   uint64_t timers;              /* armed timers */
+  uint64_t io_pending;          /* file I/O requests of this scheduler's
+                                   tasks in flight (either backend,
+                                   abandoned ones included) */
+  uint64_t io_requests;         /* file I/O requests started here, total */
+  uint64_t io_submits;          /* io_uring_enter calls made to submit
+                                   (several requests per call when
+                                   batched); 0 with the pool backend */
 } ums_sched_stats_t;
 
 /* Fills up to n rows (one per scheduler) and returns the number of

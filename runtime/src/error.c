@@ -3,6 +3,8 @@
 */
 #include "ums.h"
 
+#include <string.h>
+
 const char *ums_strerror(int err) {
   if (err == 0) return "success";
   switch (err) {
@@ -10,6 +12,10 @@ const char *ums_strerror(int err) {
     UMS_ERRNO_MAP(UMS__ERR_TEXT)
 #undef UMS__ERR_TEXT
   }
+  /* File I/O passes the kernel's codes through; the C library knows the
+  ** ones not in the map. (strerror's buffer is static only for unknown
+  ** numbers, which it formats; the known texts are constants.) */
+  if (err < 0 && err > -4096) return strerror(-err);
   return "unknown error";
 }
 

@@ -15,6 +15,7 @@
 
 #include <pthread.h>
 #include <setjmp.h>
+#include <sys/uio.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -418,6 +419,181 @@ void ums__worker_free_all(ums__sched_t *s);
 void ums__worker_main(void *arg);
 
 /* ====================================================================== */
+/* Thread pool (pool.c): a hidden scheduler of OS threads                  */
+/* ====================================================================== */
+
+/* A unit of work for the pool, embedded in its owner (an I/O request).
+** run() executes on a pool thread and is responsible for completing the
+** owner (through its scheduler's completion list); it may free the work,
+** so the pool never touches it after run() returns. */
+typedef struct ums__pool_work ums__pool_work_t;
+struct ums__pool_work {
+  void (*run)(ums__pool_work_t *w);  /* [const] */
+  ums__pool_work_t *next;            /* [pool lock] queue link */
+  _Atomic int interrupted;           /* [atomic] set by ums__pool_interrupt:
+                                        run() must not restart a system
+                                        call that fails with EINTR */
+};
+
+typedef struct ums__pool_thread ums__pool_thread_t;
+
+/* Threads start on demand, up to max, and one that stays idle for
+** idle_timeout ends (negative: never). Exited threads are joined by the
+** next thread start or by ums__pool_destroy, so none outlives the pool. */
+typedef struct ums__pool {
+  pthread_mutex_t lock;
+  pthread_cond_t work_cv;            /* work queued, or stopping */
+  pthread_cond_t exit_cv;            /* a thread ended (for destroy) */
+  ums__pool_work_t *head, *tail;     /* [lock] FIFO of queued work */
+  uint32_t nqueued;                  /* [lock] */
+  uint32_t nthreads;                 /* [lock] threads alive */
+  uint32_t nidle;                    /* [lock] threads waiting for work */
+  ums__pool_thread_t *threads;       /* [lock] every thread not yet joined */
+  bool stopping;                     /* [lock] destroy has begun */
+  uint32_t max;                      /* [const] */
+  int64_t idle_timeout;              /* [const] ns; negative: never trim */
+  const char *name;                  /* [const] thread name prefix */
+} ums__pool_t;
+
+int ums__pool_init(ums__pool_t *p, const char *name, uint32_t max,
+                   int64_t idle_timeout);
+/* Queues w. Returns 0, or UMS_EAGAIN when the pool has no thread and
+** cannot start one (the caller then runs the work itself). Any thread. */
+int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w);
+/* Best effort: marks w interrupted and, if a pool thread runs it now,
+** signals that thread so that a blocking system call fails with EINTR.
+** The caller must keep w alive during the call. */
+void ums__pool_interrupt(ums__pool_t *p, ums__pool_work_t *w);
+/* Waits until every queued and running work has ended (interrupting the
+** running ones every few milliseconds), then joins every thread. */
+void ums__pool_destroy(ums__pool_t *p);
+/* Threads alive (for tests). */
+uint32_t ums__pool_threads(ums__pool_t *p);
+
+/* ====================================================================== */
+/* I/O buffers (buf.c)                                                     */
+/* ====================================================================== */
+
+/* Size classes of the per-scheduler buffer cache: 4 KiB << 0..10 (4 KiB to
+** 4 MiB). Larger buffers are never cached. */
+#define UMS__BUF_CLASSES 11
+#define UMS__BUF_MIN_SHIFT 12
+
+struct ums_buf {
+  _Atomic uint32_t refs;       /* [atomic] */
+  int cls;                     /* [const] size class, or -1: not cacheable */
+  size_t size;                 /* [const] usable size asked for */
+  size_t cap;                  /* [const] bytes allocated at data */
+  void *data;                  /* [const] page-aligned */
+  ums_buf_t *next;             /* [owner of the cache] cache link */
+};
+
+typedef struct ums__buf_cache {
+  ums_buf_t *head[UMS__BUF_CLASSES]; /* [owner] */
+  uint32_t n[UMS__BUF_CLASSES];      /* [owner] */
+} ums__buf_cache_t;
+
+/* Frees every cached buffer. [owner, at teardown] */
+void ums__buf_cache_clear(ums__buf_cache_t *c);
+
+/* ====================================================================== */
+/* File I/O requests (io.c, io-pool.c, io-uring.c)                         */
+/* ====================================================================== */
+
+enum ums__io_op {
+  UMS__IO_OPEN, UMS__IO_CLOSE, UMS__IO_READ, UMS__IO_WRITE, UMS__IO_READV,
+  UMS__IO_WRITEV, UMS__IO_FSYNC, UMS__IO_STATX, UMS__IO_UNLINK,
+  UMS__IO_RENAME, UMS__IO_MKDIR, UMS__IO_READDIR, UMS__IO_NOPS
+};
+
+/* Who decided a request's fate: the completion or the caller giving up
+** (one CAS from INFLIGHT, so exactly one of them wins). */
+enum { UMS__IO_INFLIGHT = 0, UMS__IO_DONE = 1, UMS__IO_ABANDONED = 2 };
+
+#define UMS__IO_INLINE_IOV 4
+#define UMS__IO_INLINE_PATH 96
+
+/* One file operation. Heap-allocated and shared by reference count: one
+** reference for the caller (dropped when it has taken the result or given
+** up), one for the operation (dropped when it completed: its CQE was
+** reaped, or the pool thread finished), one per kernel cancel request in
+** flight (dropped at its CQE: a request is never freed, and its address
+** never reused as a user_data, while the kernel may still match a cancel
+** against it). */
+typedef struct ums__io_req {
+  _Atomic uint32_t refs;        /* [atomic] */
+  _Atomic int state;            /* [atomic] UMS__IO_INFLIGHT/DONE/ABANDONED */
+  int op;                       /* [const] enum ums__io_op */
+  bool on_ring;                 /* [const once submitted] else on the pool */
+  ums__sched_t *sched;          /* [const] scheduler of the caller (NULL:
+                                   a host thread) */
+  ums_park_token_t token;       /* [const once submitted] the caller's park */
+  int64_t res;                  /* [the completer, before state leaves
+                                   INFLIGHT; then the winner] result */
+
+  /* Arguments, [const] once submitted. */
+  int fd;
+  int flags;
+  int mode;
+  int64_t off;
+  char *path, *path2;           /* copies; may point into inline_path */
+  struct iovec *iov;            /* iovcnt entries; may point to iov_inline */
+  ums_buf_t **bufs;             /* iovcnt references held */
+  int iovcnt;
+
+  /* Results beyond res, written by the completer before the state CAS. */
+  void *stx;                    /* struct statx (heap) for UMS__IO_STATX */
+  ums_dirlist_t *list;          /* UMS__IO_READDIR */
+
+  ums__pool_work_t work;        /* pool backend */
+  struct iovec iov_inline[UMS__IO_INLINE_IOV];
+  ums_buf_t *bufs_inline[UMS__IO_INLINE_IOV];
+  char path_inline[UMS__IO_INLINE_PATH];
+} ums__io_req_t;
+
+/* Ends r with result res: the caller gets it if it is still waiting,
+** otherwise (abandoned) the result's resources are released. Drops the
+** operation's reference. Any thread. (io.c) */
+void ums__io_complete(ums__io_req_t *r, int64_t res);
+/* Drops one reference; the last frees r and the buffer references. */
+void ums__io_req_unref(ums__io_req_t *r);
+/* Runs r with plain system calls on the calling thread and returns the
+** result (io-pool.c). Used by pool threads and by host-thread calls. */
+int64_t ums__io_exec(ums__io_req_t *r);
+/* Runs r on the runtime's I/O pool; completes it inline on the calling
+** thread if the pool has no thread and cannot start one. (io-pool.c) */
+void ums__io_pool_submit(ums_runtime_t *rt, ums__io_req_t *r);
+
+/* The io_uring backend (io-uring.c). The ring is touched only by its
+** scheduler's thread, except ums__ring_wake (any thread) and
+** ums__ring_free (at runtime teardown, no scheduler thread left). */
+typedef struct ums__ring ums__ring_t;
+
+/* Sets up a ring for s. Returns 0 or a negative errno (UMS_ENOSYS when
+** built without liburing). The first ring probes the opcodes; `probe`
+** carries the result to the others (NULL for the first). */
+int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from);
+void ums__ring_free(ums__ring_t *ring);
+/* Whether the ring was probed to support op. */
+bool ums__ring_supports(const ums__ring_t *ring, int op);
+/* Queues r's submission entry. [owner] */
+void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r);
+/* Queues a kernel cancel of r, which its caller abandoned. [owner] */
+void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r);
+/* The pass's I/O step: submits queued entries when their batch is due
+** and reaps every completion, without a system call when there is none.
+** [owner] */
+void ums__ring_poll(ums__sched_t *s);
+/* The idle wait on the ring: submits queued entries and sleeps until a
+** completion (I/O or a wake-up) or the deadline. [owner] */
+void ums__ring_wait(ums__sched_t *s, int64_t deadline, int64_t now);
+/* Makes the scheduler's ring wait return. Any thread. */
+void ums__ring_wake(ums__sched_t *s);
+/* At scheduler exit: cancels what is left in the kernel and reaps until
+** nothing is. [owner] */
+void ums__ring_drain(ums__sched_t *s);
+
+/* ====================================================================== */
 /* Schedulers and the runtime (sched.c)                                    */
 /* ====================================================================== */
 
@@ -428,6 +604,8 @@ typedef struct ums__counters {
   _Atomic uint64_t yields;
   _Atomic uint64_t idle_waits;
   _Atomic uint64_t tasks_spawned;
+  _Atomic uint64_t io_requests;
+  _Atomic uint64_t io_submits;
 } ums__counters_t;
 
 #define UMS__COUNT(s, field)                                              \
@@ -451,6 +629,8 @@ struct ums__sched {
   _Atomic uint32_t nworkers_busy; /* [atomic, owner writes] carrying a task */
   _Atomic uint32_t ntimers;       /* [atomic, owner writes] */
   _Atomic int is_idle;            /* [atomic, owner writes] */
+  _Atomic uint32_t io_pending;    /* [atomic] requests of this scheduler's
+                                     tasks not yet completed */
   ums__counters_t counters;
 
   /* Owner only. */
@@ -480,6 +660,9 @@ struct ums__sched {
   uint32_t nbusy;              /* [owner] workers carrying a task */
   uint64_t trim_epoch;         /* [owner] advanced every idle timeout */
   int64_t next_trim;           /* [owner] when the epoch advances next */
+  ums__ring_t *ring;           /* [const pointer; the ring itself: owner]
+                                  NULL: the pool backend */
+  ums__buf_cache_t bufs;       /* [owner] I/O buffer cache */
 
   /* Constant. */
   int id;
@@ -501,6 +684,9 @@ struct ums_runtime {
                                   own threads still touching it; shutdown
                                   frees nothing until this is zero */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks; futex word */
+
+  int io_backend;              /* [const] UMS_IO_URING or UMS_IO_POOL */
+  ums__pool_t io_pool;         /* the hidden scheduler for file I/O */
 
   /* Task table. */
   _Atomic(ums__task_t *) chunks[UMS__TASK_MAX_CHUNKS]; /* [atomic] */

@@ -7,9 +7,11 @@
 ** actually performs UMS's work for it"). The scheduler thread's own
 ** context only starts the first task and, at exit, tears down.
 **
-** The pass, in order: deliver cancellations; (reap I/O: a later issue);
-** expire timers; drain the completion list; pick the next runnable task;
-** if none, the idle wait.
+** The pass, in order: deliver cancellations; submit and reap I/O (the
+** ring's part: io-uring.c); expire timers; drain the completion list; pick
+** the next runnable task; if none, the idle wait, which is a futex wait on
+** idle_state or, with a ring, io_uring_enter (so that an I/O completion
+** ends it too).
 */
 #include "internal.h"
 
@@ -27,6 +29,7 @@ _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 #define DEFAULT_IDLE_TIMEOUT (10 * UMS_NSEC_PER_SEC)
 #define DEFAULT_IDLE_KEPT 16
 #define MAX_SCHEDULERS 1024
+#define DEFAULT_IO_POOL_THREADS 64
 
 static inline void set_relaxed(_Atomic uint32_t *a, uint32_t v) {
   atomic_store_explicit(a, v, memory_order_relaxed);
@@ -157,8 +160,12 @@ void ums__sched_wake(ums__sched_t *s) {
   ** one waker that moves 1 -> 2 pays for the system call. */
   uint32_t idle = 1;
   if (atomic_load(&s->idle_state) == 1 &&
-      atomic_compare_exchange_strong(&s->idle_state, &idle, 2))
-    ums__futex_wake(&s->idle_state, 1);
+      atomic_compare_exchange_strong(&s->idle_state, &idle, 2)) {
+    if (s->ring)
+      ums__ring_wake(s);
+    else
+      ums__futex_wake(&s->idle_state, 1);
+  }
 }
 
 /* Once t is on the list it may run, end, and let a shutdown on another
@@ -282,7 +289,10 @@ static void idle_wait(ums__sched_t *s) {
   }
   UMS__COUNT(s, idle_waits);
   atomic_store_explicit(&s->is_idle, 1, memory_order_relaxed);
-  ums__futex_wait(&s->idle_state, 1, deadline);
+  if (s->ring)
+    ums__ring_wait(s, deadline, now);
+  else
+    ums__futex_wait(&s->idle_state, 1, deadline);
   atomic_store_explicit(&s->is_idle, 0, memory_order_relaxed);
   atomic_store(&s->idle_state, 0);
 }
@@ -293,6 +303,7 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
   for (;;) {
     if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
       drain_cancels(s);
+    if (s->ring) ums__ring_poll(s);
     /* The clock is read only when some timer could be due. */
     if (s->timers.n) ums__timer_expire(s, &s->timers, ums__clock_now());
     set_relaxed(&s->ntimers, s->timers.n);
@@ -367,7 +378,11 @@ static void *sched_thread(void *arg) {
   if (ums__ctx_init_main(&s->main_ctx) != 0) abort();
   s->cur = NULL;
   ums__sched_schedule(s);
-  /* Exiting: every task has ended and every worker is in the pool. */
+  /* Exiting: every task has ended and every worker is in the pool. What
+  ** the ring still holds was abandoned; it must end before the ring and
+  ** the buffers it references go. */
+  if (s->ring) ums__ring_drain(s);
+  ums__buf_cache_clear(&s->bufs);
   ums__worker_free_all(s);
   ums__ctx_destroy(&s->main_ctx);
   ums__tls_sched = NULL;
@@ -384,6 +399,8 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
 }
 
 static void sched_destroy(ums__sched_t *s) {
+  ums__ring_free(s->ring);
+  s->ring = NULL;
   ums__stack_pool_destroy(&s->stacks);
   ums__timer_heap_destroy(&s->timers);
 }
@@ -399,6 +416,10 @@ static int cpu_count(void) {
 }
 
 static void runtime_free(ums_runtime_t *rt) {
+  /* Pool work left now was abandoned by tasks that have ended; the pool
+  ** waits for it (it references schedulers and buffers) and joins its
+  ** threads. */
+  if (rt->io_pool.max) ums__pool_destroy(&rt->io_pool);
   for (int i = 0; i < rt->nsched; i++) sched_destroy(&rt->scheds[i]);
   free(rt->scheds);
   for (int i = 0; i < UMS__TASK_MAX_CHUNKS; i++)
@@ -415,12 +436,43 @@ static void stop_threads(ums_runtime_t *rt, int n) {
     if (rt->scheds[i].thread_started) pthread_join(rt->scheds[i].thread, NULL);
 }
 
+/* Chooses the I/O backend and sets up one ring per scheduler. With AUTO,
+** any failure (ENOSYS: no io_uring; EPERM: forbidden by seccomp or
+** io_uring_disabled; ENOMEM: locked-memory limits) means the pool. */
+static int io_setup(ums_runtime_t *rt) {
+  int want = rt->cfg.io_backend;
+  if (want == UMS_IO_AUTO) {
+    const char *env = getenv("UMS_IO");
+    if (env && strcmp(env, "pool") == 0) want = UMS_IO_POOL;
+    if (env && strcmp(env, "uring") == 0) want = UMS_IO_URING;
+  }
+  rt->io_backend = UMS_IO_POOL;
+  if (want != UMS_IO_POOL) {
+    int e = 0;
+    for (int i = 0; i < rt->nsched && !e; i++)
+      e = ums__ring_new(&rt->scheds[i], i ? rt->scheds[0].ring : NULL);
+    if (!e) {
+      rt->io_backend = UMS_IO_URING;
+    } else {
+      for (int i = 0; i < rt->nsched; i++) {
+        ums__ring_free(rt->scheds[i].ring);
+        rt->scheds[i].ring = NULL;
+      }
+      if (want == UMS_IO_URING) return e;
+    }
+  }
+  rt->cfg.io_backend = rt->io_backend;
+  return 0;
+}
+
 ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   ums_config_t c = {0};
   int e = 0;
   if (cfg) c = *cfg;
   if (c.schedulers < 0 || c.schedulers > MAX_SCHEDULERS ||
       c.max_workers < 0 || c.idle_workers_kept < 0 ||
+      c.io_backend < UMS_IO_AUTO || c.io_backend > UMS_IO_POOL ||
+      c.io_pool_threads < 0 ||
       (c.stack_size != 0 && c.stack_size < MIN_STACK_SIZE) ||
       c.stack_size > ((size_t)1 << 30)) {
     e = UMS_EINVAL;
@@ -430,6 +482,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   if (c.stack_size == 0) c.stack_size = DEFAULT_STACK_SIZE;
   if (c.worker_idle_timeout == 0) c.worker_idle_timeout = DEFAULT_IDLE_TIMEOUT;
   if (c.idle_workers_kept == 0) c.idle_workers_kept = DEFAULT_IDLE_KEPT;
+  if (c.io_pool_threads == 0) c.io_pool_threads = DEFAULT_IO_POOL_THREADS;
 
   ums_runtime_t *rt = calloc(1, sizeof *rt);
   if (!rt) {
@@ -452,6 +505,13 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
       runtime_free(rt);
       goto fail;
     }
+  }
+  if ((e = ums__pool_init(&rt->io_pool, "ums-io",
+                          (uint32_t)c.io_pool_threads,
+                          c.worker_idle_timeout)) != 0 ||
+      (e = io_setup(rt)) != 0) {
+    runtime_free(rt);
+    goto fail;
   }
   for (int i = 0; i < rt->nsched; i++) {
     ums__sched_t *s = &rt->scheds[i];

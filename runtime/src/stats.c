@@ -28,6 +28,9 @@ int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
     r->workers_idle = all > busy ? all - busy : 0;
     r->pending = LOAD(s->npending);
     r->timers = LOAD(s->ntimers);
+    r->io_pending = LOAD(s->io_pending);
+    r->io_requests = LOAD(s->counters.io_requests);
+    r->io_submits = LOAD(s->counters.io_submits);
   }
   return rt->nsched;
 }

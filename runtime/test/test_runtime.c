@@ -50,6 +50,9 @@ static void test_config_validation(void) {
   expect_einval((ums_config_t){.stack_size = 4096});
   expect_einval((ums_config_t){.stack_size = (size_t)1 << 40});
   expect_einval((ums_config_t){.stack_size = SIZE_MAX});
+  expect_einval((ums_config_t){.io_backend = -1});
+  expect_einval((ums_config_t){.io_backend = UMS_IO_POOL + 1});
+  expect_einval((ums_config_t){.io_pool_threads = -1});
   /* No thread was left behind by any of them. */
   CHECK_EQ(tu_thread_count(), threads);
 }
@@ -69,6 +72,9 @@ static void check_defaults(ums_runtime_t *r) {
   CHECK_EQ(c.stack_size, 256 * 1024);
   CHECK_EQ(c.worker_idle_timeout, 10 * UMS_NSEC_PER_SEC);
   CHECK_EQ(c.idle_workers_kept, 16);
+  CHECK_EQ(c.io_pool_threads, 64);
+  /* The backend in force, never AUTO. */
+  CHECK(c.io_backend == UMS_IO_URING || c.io_backend == UMS_IO_POOL);
   CHECK_EQ(ums_runtime_schedulers(r), cpu_count());
   CHECK_EQ(ums_runtime_stats(r, NULL, 0), cpu_count());
 }
@@ -428,7 +434,7 @@ static void test_error_names(void) {
 #undef ROW
   };
   size_t n = sizeof known / sizeof known[0];
-  CHECK_EQ(n, 14);
+  CHECK_EQ(n, 34);
   for (size_t i = 0; i < n; i++) {
     CHECK_EQ(known[i].code, known[i].value);
     CHECK_LT(known[i].code, 0);
@@ -446,8 +452,8 @@ static void test_error_names(void) {
 
   /* Unknown codes: a name that says so and a message that is none of the
   ** known ones. */
-  static const int unknown[] = {1,       22,      -4,     -9999,  12345,
-                                INT_MIN, INT_MAX, -EINTR, -ENOENT};
+  static const int unknown[] = {1,       22,      -25,     -9999,  12345,
+                                INT_MIN, INT_MAX, -EMLINK, -ECHILD};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     const char *msg = ums_strerror(unknown[i]);
     CHECK(msg != NULL);
@@ -455,6 +461,10 @@ static void test_error_names(void) {
     for (size_t k = 0; k < n; k++) CHECK(strcmp(msg, known[k].text));
     CHECK_STR_EQ(ums_err_name(unknown[i]), "UMS_E?");
   }
+  /* A negative errno outside the map (file I/O passes the kernel's
+  ** through) reads as the C library says. */
+  CHECK_STR_EQ(ums_strerror(-EMLINK), strerror(EMLINK));
+  CHECK_STR_EQ(ums_strerror(-9999), "unknown error");
   /* 0 is success, not an error; both calls still answer. */
   CHECK(ums_strerror(0) != NULL);
   CHECK(ums_err_name(0) != NULL);

@@ -1,0 +1,404 @@
+/*
+** io-uring.c: the io_uring backend, the scheduler's "I/O list" (seed 000).
+**
+** Each scheduler owns one ring and only its thread touches it (one
+** submitter per ring), because only that thread runs its tasks. A request
+** becomes a submission entry (SQE) and its task parks. Entries are not
+** sent one system call each: they wait for the batch to be due, which is
+** when the pass finds the run queue empty, or after as many passes as
+** there were runnable tasks when the batch's first entry was queued (at
+** most BATCH_MAX), so a busy scheduler still submits within one round of
+** its run queue. Completions (CQEs) are reaped at every pass by reading
+** the ring's head and tail, with no system call when there are none (the
+** io_uring analogue of HasOverlappedIoCompleted).
+**
+** The idle wait is io_uring_enter itself: it submits what is queued and
+** sleeps until the first CQE or the next timer. A wake-up from another
+** thread must end it, so a read of an eventfd is kept armed in the ring
+** and ums__ring_wake writes to that eventfd (only for the one waker that
+** moved the scheduler from idle to woken; see ums__sched_wake).
+**
+** user_data: a request's address; the address with bit 0 set for the
+** kernel cancel of that request; the address of ring->wake_buf for the
+** eventfd read; LIBURING_UDATA_TIMEOUT for liburing's own timeouts on
+** kernels without IORING_FEAT_EXT_ARG.
+*/
+#include "internal.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(UMS_HAVE_LIBURING)
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+
+#define RING_ENTRIES 256
+#define CQ_ENTRIES (4 * RING_ENTRIES)
+#define BATCH_MAX 64
+#define DRAIN_RETRY_NS (10 * UMS_NSEC_PER_MSEC)
+
+/* What the ring is known to do, per enum ums__io_op. */
+enum { OP_NO = 0, OP_YES = 1, OP_ASSUMED = 2 /* no probe: try, and learn
+                                                from -EINVAL */ };
+
+struct ums__ring {
+  struct io_uring ring;        /* [owner] */
+  int efd;                     /* [const] wake-up eventfd */
+  uint64_t wake_buf;           /* [the kernel, while wake_armed] */
+  bool wake_armed;             /* [owner] the eventfd read is in the ring */
+  bool draining;               /* [owner] a cancel-everything is in flight */
+  uint32_t kernel_refs;        /* [owner] requests and cancels queued or in
+                                  the kernel, not yet reaped */
+  uint32_t budget;             /* [owner] passes before the batch is due */
+  uint8_t ops[UMS__IO_NOPS];   /* [owner] OP_NO / OP_YES / OP_ASSUMED */
+};
+
+static const int opcode_of[UMS__IO_NOPS] = {
+    [UMS__IO_OPEN] = IORING_OP_OPENAT,     [UMS__IO_CLOSE] = IORING_OP_CLOSE,
+    [UMS__IO_READ] = IORING_OP_READ,       [UMS__IO_WRITE] = IORING_OP_WRITE,
+    [UMS__IO_READV] = IORING_OP_READV,     [UMS__IO_WRITEV] = IORING_OP_WRITEV,
+    [UMS__IO_FSYNC] = IORING_OP_FSYNC,     [UMS__IO_STATX] = IORING_OP_STATX,
+    [UMS__IO_UNLINK] = IORING_OP_UNLINKAT, [UMS__IO_RENAME] = IORING_OP_RENAMEAT,
+    [UMS__IO_MKDIR] = IORING_OP_MKDIRAT,   [UMS__IO_READDIR] = -1,
+};
+
+#define CANCEL_ALL_UD ((uint64_t)2)
+
+static inline uint64_t wake_ud(const ums__ring_t *rg) {
+  return (uint64_t)(uintptr_t)&rg->wake_buf;
+}
+
+int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from) {
+  ums__ring_t *rg = calloc(1, sizeof *rg);
+  if (!rg) return UMS_ENOMEM;
+  struct io_uring_params p;
+  memset(&p, 0, sizeof p);
+  p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP;
+  p.cq_entries = CQ_ENTRIES;
+  int r = io_uring_queue_init_params(RING_ENTRIES, &rg->ring, &p);
+  if (r < 0) {
+    free(rg);
+    return r;
+  }
+  /* A blocking eventfd: on a non-blocking file, io_uring reports -EAGAIN
+  ** instead of waiting for data. */
+  rg->efd = eventfd(0, EFD_CLOEXEC);
+  if (rg->efd < 0) {
+    r = -errno;
+    io_uring_queue_exit(&rg->ring);
+    free(rg);
+    return r;
+  }
+  if (probe_from) {
+    memcpy(rg->ops, probe_from->ops, sizeof rg->ops);
+  } else {
+    struct io_uring_probe *pr = io_uring_get_probe_ring(&rg->ring);
+    for (int op = 0; op < UMS__IO_NOPS; op++)
+      rg->ops[op] = opcode_of[op] < 0 ? OP_NO
+                    : !pr ? OP_ASSUMED
+                    : io_uring_opcode_supported(pr, opcode_of[op]) ? OP_YES
+                                                                   : OP_NO;
+    /* The wake-up needs READ, giving up on a request needs ASYNC_CANCEL:
+    ** without them the ring cannot serve as this scheduler's idle wait. */
+    bool usable = !pr || (io_uring_opcode_supported(pr, IORING_OP_READ) &&
+                          io_uring_opcode_supported(pr, IORING_OP_ASYNC_CANCEL));
+    if (pr) io_uring_free_probe(pr);
+    if (!usable) {
+      ums__ring_free(rg);
+      return UMS_ENOTSUP;
+    }
+  }
+  s->ring = rg;
+  return 0;
+}
+
+void ums__ring_free(ums__ring_t *rg) {
+  if (!rg) return;
+  io_uring_queue_exit(&rg->ring);
+  close(rg->efd);
+  free(rg);
+}
+
+bool ums__ring_supports(const ums__ring_t *rg, int op) {
+  return rg->ops[op] != OP_NO;
+}
+
+static void handle_cqe(ums__sched_t *s, uint64_t ud, int res);
+
+/* Reaps every completion there is. The peek reads the ring's head and
+** tail: no system call unless the kernel had to keep CQEs aside because
+** the completion ring overflowed. Returns how many were reaped. */
+static unsigned reap(ums__sched_t *s) {
+  ums__ring_t *rg = s->ring;
+  unsigned total = 0;
+  for (;;) {
+    struct io_uring_cqe *cqe;
+    unsigned head, n = 0;
+    io_uring_for_each_cqe(&rg->ring, head, cqe) {
+      uint64_t ud = cqe->user_data;
+      int res = cqe->res;
+      /* Release the slot before handling: handling never reaps again. */
+      io_uring_cq_advance(&rg->ring, 1);
+      handle_cqe(s, ud, res);
+      n++;
+    }
+    total += n;
+    if (!io_uring_cq_has_overflow(&rg->ring)) break;
+    io_uring_get_events(&rg->ring);
+  }
+  return total;
+}
+
+/* Submits everything queued. Retries what the kernel says to retry:
+** -EINTR (a signal), -EAGAIN (no memory for now) and -EBUSY (the
+** completion ring is full: reap first). */
+static void submit_now(ums__sched_t *s) {
+  ums__ring_t *rg = s->ring;
+  int spins = 0;
+  while (io_uring_sq_ready(&rg->ring)) {
+    int r = io_uring_submit(&rg->ring);
+    UMS__COUNT(s, io_submits);
+    if (r >= 0 || r == -EINTR) continue;
+    if (r == -EAGAIN || r == -EBUSY) {
+      if (!reap(s) && ++spins > 16) sched_yield();
+      continue;
+    }
+    /* Anything else means the ring itself is broken (it was set up and
+    ** probed, so this is not an unsupported operation). The entries stay
+    ** queued and the next pass tries again. */
+    break;
+  }
+  rg->budget = 0;
+}
+
+/* A free SQE; when the submission ring is full, submits and retries. */
+static struct io_uring_sqe *get_sqe(ums__sched_t *s) {
+  ums__ring_t *rg = s->ring;
+  for (;;) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&rg->ring);
+    if (sqe) return sqe;
+    submit_now(s);
+    if (!io_uring_sq_space_left(&rg->ring)) sched_yield();
+  }
+}
+
+static void queued(ums__sched_t *s) {
+  ums__ring_t *rg = s->ring;
+  /* The first entry of a batch sets when it is due: after the tasks that
+  ** are runnable now have had their turn. */
+  if (io_uring_sq_ready(&rg->ring) == 1)
+    rg->budget = s->runq_n < BATCH_MAX ? s->runq_n : BATCH_MAX;
+}
+
+void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r) {
+  ums__ring_t *rg = s->ring;
+  struct io_uring_sqe *sqe = get_sqe(s);
+  /* UMS_FS_CUR (-1) is io_uring's "use the file position" too. */
+  uint64_t off = (uint64_t)r->off;
+  switch (r->op) {
+    case UMS__IO_OPEN:
+      io_uring_prep_openat(sqe, AT_FDCWD, r->path, r->flags,
+                           (mode_t)r->mode);
+      break;
+    case UMS__IO_CLOSE:
+      io_uring_prep_close(sqe, r->fd);
+      break;
+    case UMS__IO_READ:
+      io_uring_prep_read(sqe, r->fd, r->iov[0].iov_base,
+                         (unsigned)r->iov[0].iov_len, off);
+      break;
+    case UMS__IO_WRITE:
+      io_uring_prep_write(sqe, r->fd, r->iov[0].iov_base,
+                          (unsigned)r->iov[0].iov_len, off);
+      break;
+    case UMS__IO_READV:
+      io_uring_prep_readv(sqe, r->fd, r->iov, (unsigned)r->iovcnt, off);
+      break;
+    case UMS__IO_WRITEV:
+      io_uring_prep_writev(sqe, r->fd, r->iov, (unsigned)r->iovcnt, off);
+      break;
+    case UMS__IO_FSYNC:
+      io_uring_prep_fsync(sqe, r->fd,
+                          (r->flags & UMS_FS_DATASYNC) ? IORING_FSYNC_DATASYNC
+                                                       : 0);
+      break;
+    case UMS__IO_STATX:
+      io_uring_prep_statx(sqe, r->fd, r->path, r->flags,
+                          STATX_BASIC_STATS | STATX_BTIME, r->stx);
+      break;
+    case UMS__IO_UNLINK:
+      io_uring_prep_unlinkat(sqe, AT_FDCWD, r->path, r->flags);
+      break;
+    case UMS__IO_RENAME:
+      io_uring_prep_renameat(sqe, AT_FDCWD, r->path, AT_FDCWD, r->path2, 0);
+      break;
+    case UMS__IO_MKDIR:
+      io_uring_prep_mkdirat(sqe, AT_FDCWD, r->path, (mode_t)r->mode);
+      break;
+    default:
+      abort(); /* ums__ring_supports said no */
+  }
+  sqe->user_data = (uint64_t)(uintptr_t)r;
+  rg->kernel_refs++;
+  queued(s);
+}
+
+void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r) {
+  ums__ring_t *rg = s->ring;
+  /* The cancel holds a reference: r's address must not be reused for
+  ** another request while the kernel may still match this cancel. */
+  atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+  struct io_uring_sqe *sqe = get_sqe(s);
+  io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)r, 0);
+  sqe->user_data = (uint64_t)(uintptr_t)r | 1;
+  rg->kernel_refs++;
+  queued(s);
+}
+
+static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
+  ums__ring_t *rg = s->ring;
+  if (ud == LIBURING_UDATA_TIMEOUT) return;
+  if (ud == wake_ud(rg)) {
+    rg->wake_armed = false;
+    return;
+  }
+  if (ud == CANCEL_ALL_UD) {
+    rg->draining = false;
+    return;
+  }
+  rg->kernel_refs--;
+  if (ud & 1) {
+    /* A cancel's own completion; its result (found, -ENOENT, -EALREADY)
+    ** does not matter: the request's CQE comes (or came) anyway. */
+    ums__io_req_unref((ums__io_req_t *)(uintptr_t)(ud & ~(uint64_t)1));
+    return;
+  }
+  ums__io_req_t *r = (ums__io_req_t *)(uintptr_t)ud;
+  bool unknown_op = res == -EINVAL && rg->ops[r->op] == OP_ASSUMED;
+  if (unknown_op) rg->ops[r->op] = OP_NO;
+  /* -EOPNOTSUPP: this file or this kernel does not do it through the
+  ** ring; the plain system call on the pool may. Nothing was done, so
+  ** running the request again is safe. */
+  if ((unknown_op || res == -EOPNOTSUPP) &&
+      atomic_load(&r->state) == UMS__IO_INFLIGHT) {
+    r->on_ring = false;
+    ums__io_pool_submit(s->rt, r);
+    return;
+  }
+  ums__io_complete(r, res);
+}
+
+void ums__ring_poll(ums__sched_t *s) {
+  ums__ring_t *rg = s->ring;
+  if (io_uring_sq_ready(&rg->ring)) {
+    if (rg->budget == 0 || s->runq_n == 0)
+      submit_now(s);
+    else
+      rg->budget--;
+  }
+  reap(s);
+}
+
+static void arm_wake(ums__sched_t *s) {
+  ums__ring_t *rg = s->ring;
+  if (rg->wake_armed) return;
+  struct io_uring_sqe *sqe = get_sqe(s);
+  io_uring_prep_read(sqe, rg->efd, &rg->wake_buf, sizeof rg->wake_buf, 0);
+  sqe->user_data = wake_ud(rg);
+  rg->wake_armed = true;
+}
+
+/* Submits what is queued and sleeps until a CQE or the deadline (given
+** relative to now, the clock reading the caller made). Errors (-EINTR,
+** -ETIME, -EBUSY...) just end the wait: the pass re-checks everything. */
+static void enter_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
+  ums__ring_t *rg = s->ring;
+  struct __kernel_timespec ts, *tsp = NULL;
+  if (deadline != UMS_FOREVER) {
+    int64_t d = deadline > now ? deadline - now : 0;
+    ts.tv_sec = d / UMS_NSEC_PER_SEC;
+    ts.tv_nsec = d % UMS_NSEC_PER_SEC;
+    tsp = &ts;
+  }
+  struct io_uring_cqe *cqe;
+  UMS__COUNT(s, io_submits);
+  io_uring_submit_and_wait_timeout(&rg->ring, &cqe, 1, tsp, NULL);
+  rg->budget = 0;
+}
+
+void ums__ring_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
+  arm_wake(s);
+  enter_wait(s, deadline, now);
+}
+
+void ums__ring_wake(ums__sched_t *s) {
+  uint64_t one = 1;
+  while (write(s->ring->efd, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+void ums__ring_drain(ums__sched_t *s) {
+  ums__ring_t *rg = s->ring;
+  submit_now(s);
+  reap(s);
+  /* Every task has ended, so what is left was abandoned (or is the
+  ** wake-up read): cancel it all, and again while something resists
+  ** (a request that had not reached the point where it can be cancelled). */
+  while (rg->kernel_refs || rg->wake_armed) {
+    if (!rg->draining) {
+      struct io_uring_sqe *sqe = get_sqe(s);
+      io_uring_prep_cancel64(sqe, 0,
+                             IORING_ASYNC_CANCEL_ANY | IORING_ASYNC_CANCEL_ALL);
+      sqe->user_data = CANCEL_ALL_UD;
+      rg->draining = true;
+    }
+    enter_wait(s, ums__clock_now() + DRAIN_RETRY_NS, ums__clock_now());
+    reap(s);
+  }
+  /* The last cancel-everything may still be in flight; it holds nothing. */
+  while (rg->draining) {
+    enter_wait(s, ums__clock_now() + DRAIN_RETRY_NS, ums__clock_now());
+    reap(s);
+  }
+}
+
+#else /* !UMS_HAVE_LIBURING */
+
+/* Built without liburing: every runtime uses the pool backend. */
+int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from) {
+  (void)s;
+  (void)probe_from;
+  return UMS_ENOSYS;
+}
+void ums__ring_free(ums__ring_t *rg) { (void)rg; }
+bool ums__ring_supports(const ums__ring_t *rg, int op) {
+  (void)rg;
+  (void)op;
+  return false;
+}
+void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r) {
+  (void)s;
+  (void)r;
+  abort();
+}
+void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r) {
+  (void)s;
+  (void)r;
+  abort();
+}
+void ums__ring_poll(ums__sched_t *s) { (void)s; }
+void ums__ring_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
+  (void)s;
+  (void)deadline;
+  (void)now;
+}
+void ums__ring_wake(ums__sched_t *s) { (void)s; }
+void ums__ring_drain(ums__sched_t *s) { (void)s; }
+
+#endif

@@ -1,0 +1,831 @@
+/*
+** test_io.c: file I/O (io.c and its two backends). ctest runs this program
+** once per backend: as test_io (io_uring where the kernel allows it),
+** as test_io_pool with UMS_IO=pool, and under strace with io_uring_setup
+** failing (ENOSYS, EPERM: the runtime must fall back to the pool with the
+** same results) and with io_uring_enter interrupted (EINTR: nothing may
+** hang). --expect-backend=uring|pool makes the run fail if the runtime
+** chose otherwise, so a fallback cannot pass by accident.
+**
+** Every check runs in a task and, where it makes sense, on a host thread
+** too (where the calls are plain system calls).
+*/
+#include "internal.h"
+#include "test-util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+
+#define PTR(x) ((void *)(uintptr_t)(x))
+
+static char dir[200];
+static int expect_backend = -1;
+static ums_runtime_t *rt;
+
+static char *path_of(char *buf, const char *name) {
+  snprintf(buf, 512, "%s/%.200s", dir, name);
+  return buf;
+}
+
+/* Runs fn(arg) as a task on scheduler `sched` and returns its result. */
+static void *in_task(int sched, ums_task_fn fn, void *arg) {
+  ums_spawn_opts_t o = {.sched = sched};
+  ums_task_t t;
+  void *res = NULL;
+  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
+  return res;
+}
+
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  CHECK(d != NULL);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the one opendir holds */
+}
+
+static uint64_t io_pending(void) { return tu_stats_sum(rt, io_pending); }
+
+static void fill(ums_buf_t *b, size_t n, uint8_t seed) {
+  uint8_t *p = ums_buf_data(b);
+  for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed + i * 7);
+}
+
+static bool same(const ums_buf_t *b, size_t n, uint8_t seed) {
+  const uint8_t *p = ums_buf_data(b);
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != (uint8_t)(seed + i * 7)) return false;
+  return true;
+}
+
+/* ====================================================================== */
+/* The backend in force                                                    */
+/* ====================================================================== */
+
+static void test_backend(void) {
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  const char *env = getenv("UMS_IO");
+  printf("   backend: %s\n", c.io_backend == UMS_IO_URING ? "io_uring" : "pool");
+  if (env && strcmp(env, "pool") == 0) CHECK_EQ(c.io_backend, UMS_IO_POOL);
+  if (expect_backend >= 0) CHECK_EQ(c.io_backend, expect_backend);
+
+  /* Asking for a backend explicitly. */
+  ums_config_t pool = {.schedulers = 1, .io_backend = UMS_IO_POOL};
+  ums_runtime_t *r2 = tu_runtime_new_cfg(&pool);
+  ums_runtime_config(r2, &c);
+  CHECK_EQ(c.io_backend, UMS_IO_POOL);
+  tu_runtime_shutdown(r2);
+
+  ums_config_t uring = {.schedulers = 1, .io_backend = UMS_IO_URING};
+  int err = 1;
+  r2 = ums_runtime_new(&uring, &err);
+  if (expect_backend == UMS_IO_POOL && !(env && strcmp(env, "pool") == 0)) {
+    /* io_uring_setup fails in this run: an explicit request says why. */
+    CHECK(r2 == NULL);
+    CHECK(err == UMS_ENOSYS || err == UMS_EPERM);
+    printf("   explicit io_uring refused: %s\n", ums_err_name(err));
+  } else if (r2) {
+    CHECK_RC(err, 0);
+    ums_runtime_config(r2, &c);
+    CHECK_EQ(c.io_backend, UMS_IO_URING);
+    tu_live_runtimes++;
+    tu_runtime_shutdown(r2);
+  }
+}
+
+/* ====================================================================== */
+/* Every call, in a task and on a host thread                              */
+/* ====================================================================== */
+
+static void *ops_suite(void *arg) {
+  const char *tag = arg;
+  char sub[512], file[600], file2[600], link[600], tmp[100];
+  snprintf(tmp, sizeof tmp, "ops-%s", tag);
+  path_of(sub, tmp);
+  snprintf(file, sizeof file, "%s/a.dat", sub);
+  snprintf(file2, sizeof file2, "%s/b.dat", sub);
+  snprintf(link, sizeof link, "%s/link", sub);
+  int64_t dl = ums_deadline(10 * UMS_NSEC_PER_SEC);
+
+  CHECK_RC(ums_fs_mkdir(sub, 0755, dl), 0);
+  CHECK_RC(ums_fs_mkdir(sub, 0755, dl), UMS_EEXIST);
+  int fd = ums_fs_open(file, O_CREAT | O_RDWR | O_TRUNC, 0644, dl);
+  CHECK_GE(fd, 0);
+  CHECK(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+
+  /* write / read at offsets */
+  ums_buf_t *w = ums_buf_new(100000), *r = ums_buf_new(100000);
+  CHECK(w && r);
+  fill(w, 100000, 3);
+  CHECK_EQ(ums_fs_write(fd, w, 0, 100000, 0, dl), 100000);
+  CHECK_EQ(ums_fs_write(fd, w, 10, 50, 200000, dl), 50);  /* a hole */
+  memset(ums_buf_data(r), 0xee, 100000);
+  CHECK_EQ(ums_fs_read(fd, r, 0, 100000, 0, dl), 100000);
+  CHECK(same(r, 100000, 3));
+  CHECK_EQ(ums_fs_read(fd, r, 1000, 50, 200000, dl), 50);
+  CHECK(memcmp((char *)ums_buf_data(r) + 1000, (char *)ums_buf_data(w) + 10,
+               50) == 0);
+  CHECK_EQ(ums_fs_read(fd, r, 0, 100, 150000, dl), 100);  /* the hole */
+  for (int i = 0; i < 100; i++) CHECK_EQ(((uint8_t *)ums_buf_data(r))[i], 0);
+  CHECK_EQ(ums_fs_read(fd, r, 0, 100, 200050, dl), 0);    /* end of file */
+  CHECK_EQ(ums_fs_read(fd, r, 0, 0, 0, dl), 0);           /* nothing */
+
+  /* UMS_FS_CUR: the file position moves */
+  CHECK_EQ(lseek(fd, 0, SEEK_SET), 0);
+  CHECK_EQ(ums_fs_read(fd, r, 0, 10, UMS_FS_CUR, dl), 10);
+  CHECK_EQ(ums_fs_read(fd, r, 10, 10, UMS_FS_CUR, dl), 10);
+  CHECK(same(r, 20, 3));
+  CHECK_EQ(lseek(fd, 0, SEEK_CUR), 20);
+  /* while explicit offsets leave it alone */
+  CHECK_EQ(ums_fs_read(fd, r, 0, 10, 500, dl), 10);
+  CHECK_EQ(lseek(fd, 0, SEEK_CUR), 20);
+
+  /* readv / writev over three buffers, one range starting mid-buffer */
+  ums_buf_t *a = ums_buf_new(4096), *b = ums_buf_new(10), *c = ums_buf_new(70000);
+  fill(a, 4096, 11);
+  fill(b, 10, 22);
+  fill(c, 70000, 33);
+  ums_iov_t out[3] = {{a, 0, 4096}, {b, 0, 10}, {c, 5, 69995}};
+  CHECK_EQ(ums_fs_writev(fd, out, 3, 300000, dl), 4096 + 10 + 69995);
+  ums_buf_t *back = ums_buf_new(80000);
+  ums_buf_t *back2 = ums_buf_new(2);
+  ums_iov_t in[2] = {{back2, 0, 2}, {back, 0, 80000}};
+  CHECK_EQ(ums_fs_readv(fd, in, 2, 300000, dl), 4096 + 10 + 69995);
+  CHECK(memcmp(ums_buf_data(back2), ums_buf_data(a), 2) == 0);
+  uint8_t *bp = ums_buf_data(back);
+  CHECK(memcmp(bp, (uint8_t *)ums_buf_data(a) + 2, 4094) == 0);
+  CHECK(memcmp(bp + 4094, ums_buf_data(b), 10) == 0);
+  CHECK(memcmp(bp + 4104, (uint8_t *)ums_buf_data(c) + 5, 69995) == 0);
+  /* more elements than fit inline in a request */
+  ums_iov_t many[40];
+  for (int i = 0; i < 40; i++) many[i] = (ums_iov_t){a, (size_t)i, 1};
+  CHECK_EQ(ums_fs_writev(fd, many, 40, 400000, dl), 40);
+  for (int i = 0; i < 40; i++) many[i] = (ums_iov_t){back, (size_t)(39 - i), 1};
+  CHECK_EQ(ums_fs_readv(fd, many, 40, 400000, dl), 40);
+  for (int i = 0; i < 40; i++)
+    CHECK_EQ(bp[39 - i], ((uint8_t *)ums_buf_data(a))[i]);
+
+  CHECK_RC(ums_fs_fsync(fd, 0, dl), 0);
+  CHECK_RC(ums_fs_fsync(fd, UMS_FS_DATASYNC, dl), 0);
+
+  /* stat, fstat, lstat */
+  ums_stat_t st, st2;
+  CHECK_RC(ums_fs_fstat(fd, &st, dl), 0);
+  CHECK_EQ(st.size, 400040);
+  CHECK(S_ISREG(st.mode));
+  mode_t mask = umask(0);
+  umask(mask);
+  CHECK_EQ(st.mode & 0777, 0644 & ~mask);
+  CHECK_EQ(st.nlink, 1);
+  CHECK_EQ(st.uid, getuid());
+  CHECK_GT(st.mtime, 0);
+  CHECK_RC(ums_fs_stat(file, 0, &st2, dl), 0);
+  CHECK_EQ(st2.ino, st.ino);
+  CHECK_EQ(st2.dev, st.dev);
+  struct stat ref;
+  CHECK_EQ(stat(file, &ref), 0);
+  CHECK_EQ(st2.ino, ref.st_ino);
+  CHECK_EQ(st2.dev, ref.st_dev);
+  CHECK_EQ(st2.blocks, ref.st_blocks);
+  CHECK_EQ(st2.mtime, (int64_t)ref.st_mtim.tv_sec * UMS_NSEC_PER_SEC +
+                          ref.st_mtim.tv_nsec);
+  CHECK_EQ(symlink("a.dat", link), 0);
+  CHECK_RC(ums_fs_stat(link, 0, &st2, dl), 0);
+  CHECK_EQ(st2.ino, st.ino);
+  CHECK_RC(ums_fs_stat(link, UMS_FS_NOFOLLOW, &st2, dl), 0);
+  CHECK(S_ISLNK(st2.mode));
+  CHECK_RC(ums_fs_stat(sub, 0, &st2, dl), 0);
+  CHECK(S_ISDIR(st2.mode));
+
+  /* rename, readdir */
+  CHECK_RC(ums_fs_rename(file, file2, dl), 0);
+  CHECK_RC(ums_fs_stat(file, 0, &st2, dl), UMS_ENOENT);
+  CHECK_RC(ums_fs_stat(file2, 0, &st2, dl), 0);
+  CHECK_EQ(st2.ino, st.ino);
+  ums_dirlist_t *list = NULL;
+  CHECK_RC(ums_fs_readdir(sub, &list, dl), 0);
+  CHECK(list != NULL);
+  CHECK_EQ(list->count, 2);
+  bool seen_b = false, seen_link = false;
+  for (size_t i = 0; i < list->count; i++) {
+    if (strcmp(list->entries[i].name, "b.dat") == 0) {
+      seen_b = true;
+      CHECK(list->entries[i].type == DT_REG ||
+            list->entries[i].type == DT_UNKNOWN);
+      CHECK_EQ(list->entries[i].ino, st.ino);
+    } else if (strcmp(list->entries[i].name, "link") == 0) {
+      seen_link = true;
+    }
+  }
+  CHECK(seen_b && seen_link);
+  ums_dirlist_free(list);
+
+  /* unlink, rmdir, close */
+  CHECK_RC(ums_fs_rmdir(sub, dl), UMS_ENOTEMPTY);
+  CHECK_RC(ums_fs_unlink(link, dl), 0);
+  CHECK_RC(ums_fs_unlink(file2, dl), 0);
+  CHECK_RC(ums_fs_unlink(file2, dl), UMS_ENOENT);
+  CHECK_RC(ums_fs_readdir(sub, &list, dl), 0);
+  CHECK_EQ(list->count, 0);
+  ums_dirlist_free(list);
+  CHECK_RC(ums_fs_rmdir(sub, dl), 0);
+  /* The file is unlinked but still open: it keeps working. */
+  CHECK_EQ(ums_fs_read(fd, r, 0, 100, 0, dl), 100);
+  CHECK_RC(ums_fs_close(fd, dl), 0);
+  CHECK_EQ(ums_fs_read(fd, r, 0, 100, 0, dl), UMS_EBADF);
+
+  ums_buf_release(w);
+  ums_buf_release(r);
+  ums_buf_release(a);
+  ums_buf_release(b);
+  ums_buf_release(c);
+  ums_buf_release(back);
+  ums_buf_release(back2);
+  return PTR(1);
+}
+
+static void test_ops_task(void) { CHECK(in_task(0, ops_suite, "task")); }
+static void test_ops_other_sched(void) {
+  CHECK(in_task(ums_runtime_schedulers(rt) - 1, ops_suite, "task2"));
+}
+static void test_ops_host(void) { CHECK(ops_suite("host")); }
+
+/* ====================================================================== */
+/* Bad input                                                               */
+/* ====================================================================== */
+
+static void *bad_input(void *arg) {
+  (void)arg;
+  char file[512], missing[512], sub[512];
+  path_of(file, "bad.dat");
+  path_of(missing, "no/such/file");
+  path_of(sub, ums_self() ? "bad-dir-task" : "bad-dir-host");
+  int64_t dl = UMS_FOREVER;
+  ums_buf_t *b = ums_buf_new(4096);
+  ums_stat_t st;
+  ums_dirlist_t *list = (ums_dirlist_t *)PTR(1);
+
+  CHECK_RC(ums_fs_open(missing, O_RDONLY, 0, dl), UMS_ENOENT);
+  CHECK_RC(ums_fs_open(NULL, O_RDONLY, 0, dl), UMS_EINVAL);
+  CHECK_RC(ums_fs_open(dir, O_WRONLY, 0, dl), UMS_EISDIR);
+  CHECK_RC(ums_fs_open(dir, O_RDWR, 0, dl), UMS_EISDIR);
+  CHECK_RC(ums_fs_stat(missing, 0, &st, dl), UMS_ENOENT);
+  CHECK_RC(ums_fs_stat(file, 2, &st, dl), UMS_EINVAL);
+  CHECK_RC(ums_fs_stat(file, 0, NULL, dl), UMS_EINVAL);
+  CHECK_RC(ums_fs_unlink(missing, dl), UMS_ENOENT);
+  CHECK_RC(ums_fs_rename(missing, file, dl), UMS_ENOENT);
+  CHECK_RC(ums_fs_rename(file, NULL, dl), UMS_EINVAL);
+  CHECK_RC(ums_fs_readdir(missing, &list, dl), UMS_ENOENT);
+  CHECK_PTR_EQ(list, PTR(1)); /* untouched on failure */
+  CHECK_RC(ums_fs_mkdir(missing, 0755, dl), UMS_ENOENT);
+  char longname[5000];
+  memset(longname, 'x', sizeof longname - 1);
+  longname[sizeof longname - 1] = '\0';
+  CHECK_RC(ums_fs_open(longname, O_RDONLY, 0, dl), UMS_ENAMETOOLONG);
+
+  int fd = ums_fs_open(file, O_CREAT | O_RDWR | O_TRUNC, 0600, dl);
+  CHECK_GE(fd, 0);
+  CHECK_RC(ums_fs_readdir(file, &list, dl), UMS_ENOTDIR);
+  fill(b, 4096, 9);
+  CHECK_EQ(ums_fs_write(fd, b, 0, 100, 0, dl), 100);
+  /* Rejected before anything is written. */
+  CHECK_EQ(ums_fs_write(fd, b, 0, 100, -2, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_write(fd, b, 0, 100, INT64_MIN, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_write(fd, b, 0, 5000, 0, dl), UMS_EINVAL);      /* > buf */
+  CHECK_EQ(ums_fs_write(fd, b, 4000, 97, 0, dl), UMS_EINVAL);     /* past */
+  CHECK_EQ(ums_fs_write(fd, b, 5000, 0, 0, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_write(fd, b, SIZE_MAX, 2, 0, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_write(fd, NULL, 0, 1, 0, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_write(fd, b, 0, SIZE_MAX, 0, dl), UMS_EINVAL);  /* huge */
+  CHECK_EQ(ums_fs_read(fd, b, 0, SIZE_MAX, 0, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_read(fd, b, 0, 10, -5, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_read(-1, b, 0, 10, 0, dl), UMS_EBADF);
+  ums_iov_t v[2] = {{b, 0, 10}, {NULL, 0, 10}};
+  CHECK_EQ(ums_fs_writev(fd, v, 2, 0, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_writev(fd, v, 0, 0, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_writev(fd, v, UMS_FS_IOV_MAX + 1, 0, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_readv(fd, NULL, 1, 0, dl), UMS_EINVAL);
+  CHECK_RC(ums_fs_fsync(fd, 4, dl), UMS_EINVAL);
+  ums_stat_t st2;
+  CHECK_RC(ums_fs_fstat(fd, &st2, dl), 0);
+  CHECK_EQ(st2.size, 100); /* nothing half-written */
+  /* Reading a write-only descriptor, writing a read-only one. */
+  int wo = ums_fs_open(file, O_WRONLY, 0, dl), ro = ums_fs_open(file, O_RDONLY, 0, dl);
+  CHECK_GE(wo, 0);
+  CHECK_GE(ro, 0);
+  CHECK_EQ(ums_fs_read(wo, b, 0, 10, 0, dl), UMS_EBADF);
+  CHECK_EQ(ums_fs_write(ro, b, 0, 10, 0, dl), UMS_EBADF);
+  /* A huge offset: the kernel's answer, no crash. */
+  int64_t r = ums_fs_write(fd, b, 0, 10, INT64_MAX - 5, dl);
+  CHECK(r == UMS_EFBIG || r == UMS_EINVAL);
+  r = ums_fs_read(fd, b, 0, 10, INT64_MAX - 5, dl);
+  CHECK(r == 0 || r == UMS_EINVAL);
+  CHECK_RC(ums_fs_close(wo, dl), 0);
+  CHECK_RC(ums_fs_close(ro, dl), 0);
+  CHECK_RC(ums_fs_close(fd, dl), 0);
+  /* A closed descriptor. */
+  CHECK_EQ(ums_fs_read(fd, b, 0, 10, 0, dl), UMS_EBADF);
+  CHECK_EQ(ums_fs_write(fd, b, 0, 10, 0, dl), UMS_EBADF);
+  CHECK_RC(ums_fs_fstat(fd, &st2, dl), UMS_EBADF);
+  CHECK_RC(ums_fs_fsync(fd, 0, dl), UMS_EBADF);
+  CHECK_RC(ums_fs_close(fd, dl), UMS_EBADF);
+  CHECK_RC(ums_fs_close(-1, dl), UMS_EBADF);
+  /* Directories. */
+  CHECK_RC(ums_fs_mkdir(sub, 0700, dl), 0);
+  CHECK_RC(ums_fs_unlink(sub, dl), UMS_EISDIR);
+  CHECK_RC(ums_fs_rmdir(file, dl), UMS_ENOTDIR);
+  CHECK_RC(ums_fs_rmdir(sub, dl), 0);
+  CHECK_RC(ums_fs_unlink(file, dl), 0);
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void test_bad_input(void) {
+  CHECK(in_task(0, bad_input, NULL));
+  CHECK(bad_input(NULL));
+  /* Buffers: bad sizes. */
+  CHECK(ums_buf_new(0) == NULL);
+  CHECK(ums_buf_new(SIZE_MAX) == NULL);
+  ums_buf_release(NULL);
+}
+
+/* ====================================================================== */
+/* Buffers                                                                 */
+/* ====================================================================== */
+
+static void *buf_cache(void *arg) {
+  (void)arg;
+  ums_buf_t *a = ums_buf_new(1 << 20);
+  CHECK(a);
+  CHECK_EQ((uintptr_t)ums_buf_data(a) % 4096, 0);
+  CHECK_EQ(ums_buf_size(a), 1 << 20);
+  void *data = ums_buf_data(a);
+  ums_buf_release(a);
+  /* A read loop's take-and-release does not allocate: the same buffer
+  ** comes back from this scheduler's cache. */
+  for (int i = 0; i < 100; i++) {
+    ums_buf_t *b = ums_buf_new(1000000);
+    CHECK_PTR_EQ(ums_buf_data(b), data);
+    CHECK_EQ(ums_buf_size(b), 1000000);
+    ums_buf_release(b);
+  }
+  /* References. */
+  ums_buf_t *b = ums_buf_new(10);
+  ums_buf_retain(b);
+  ums_buf_release(b);
+  memset(ums_buf_data(b), 1, 10); /* still alive */
+  ums_buf_release(b);
+  /* Odd sizes and sizes past the classes are page-aligned too. */
+  size_t sizes[] = {1, 4095, 4097, 65537, (8u << 20) + 3};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    ums_buf_t *c = ums_buf_new(sizes[i]);
+    CHECK(c);
+    CHECK_EQ((uintptr_t)ums_buf_data(c) % 4096, 0);
+    memset(ums_buf_data(c), 0, sizes[i]);
+    ums_buf_release(c);
+  }
+  return PTR(1);
+}
+
+static void test_buffers(void) {
+  CHECK(in_task(0, buf_cache, NULL));
+  /* On a host thread: aligned, no cache. */
+  ums_buf_t *b = ums_buf_new(12345);
+  CHECK_EQ((uintptr_t)ums_buf_data(b) % 4096, 0);
+  ums_buf_release(b);
+}
+
+/* ====================================================================== */
+/* A file larger than 4 GiB                                                */
+/* ====================================================================== */
+
+static void *big_offset(void *arg) {
+  (void)arg;
+  char file[512];
+  path_of(file, "big.dat");
+  const int64_t off = INT64_C(5) << 30;
+  int fd = ums_fs_open(file, O_CREAT | O_RDWR | O_TRUNC, 0600, UMS_FOREVER);
+  CHECK_GE(fd, 0);
+  ums_buf_t *b = ums_buf_new(8192), *r = ums_buf_new(8192);
+  fill(b, 8192, 77);
+  CHECK_EQ(ums_fs_write(fd, b, 0, 8192, off, UMS_FOREVER), 8192);
+  /* Also across the 4 GiB boundary, where a 32-bit offset would wrap. */
+  CHECK_EQ(ums_fs_write(fd, b, 0, 8192, (INT64_C(4) << 30) - 4096,
+                        UMS_FOREVER), 8192);
+  ums_stat_t st;
+  CHECK_RC(ums_fs_fstat(fd, &st, UMS_FOREVER), 0);
+  CHECK_EQ(st.size, off + 8192);
+  CHECK_LT(st.blocks * 512, INT64_C(1) << 24); /* sparse */
+  CHECK_EQ(ums_fs_read(fd, r, 0, 8192, off, UMS_FOREVER), 8192);
+  CHECK(same(r, 8192, 77));
+  CHECK_EQ(ums_fs_read(fd, r, 0, 8192, (INT64_C(4) << 30) - 4096,
+                       UMS_FOREVER), 8192);
+  CHECK(same(r, 8192, 77));
+  /* Low offsets (where a wrapped offset would land) hold zeros. */
+  CHECK_EQ(ums_fs_read(fd, r, 0, 8192, 0, UMS_FOREVER), 8192);
+  for (int i = 0; i < 8192; i++) CHECK_EQ(((uint8_t *)ums_buf_data(r))[i], 0);
+  CHECK_EQ(ums_fs_read(fd, r, 0, 8192, off + 4096, UMS_FOREVER), 4096);
+  /* Cross-check with the C library. */
+  uint8_t c[16];
+  CHECK_EQ(pread(fd, c, 16, off + 100), 16);
+  CHECK(memcmp(c, (uint8_t *)ums_buf_data(b) + 100, 16) == 0);
+  CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+  CHECK_RC(ums_fs_unlink(file, UMS_FOREVER), 0);
+  ums_buf_release(b);
+  ums_buf_release(r);
+  return PTR(1);
+}
+
+static void test_big_file(void) { CHECK(in_task(0, big_offset, NULL)); }
+
+/* ====================================================================== */
+/* Reading while another task writes                                       */
+/* ====================================================================== */
+
+#define RW_BLOCK 65536
+#define RW_BLOCKS 64
+
+typedef struct rw_share {
+  int fd;
+  _Atomic int written; /* blocks the writer has finished */
+} rw_share_t;
+
+static void *rw_writer(void *arg) {
+  rw_share_t *sh = arg;
+  ums_buf_t *b = ums_buf_new(RW_BLOCK);
+  for (int i = 0; i < RW_BLOCKS; i++) {
+    memset(ums_buf_data(b), i + 1, RW_BLOCK);
+    CHECK_EQ(ums_fs_write(sh->fd, b, 0, RW_BLOCK, (int64_t)i * RW_BLOCK,
+                          UMS_FOREVER),
+             RW_BLOCK);
+    atomic_store(&sh->written, i + 1);
+    if (i % 4 == 0) ums_yield();
+  }
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+/* Each byte read is either not written yet (0, or past the end) or the
+** writer's value for its block; every block written before a read began
+** is read whole. */
+static void *rw_reader(void *arg) {
+  rw_share_t *sh = arg;
+  ums_buf_t *b = ums_buf_new(RW_BLOCK);
+  int complete = 0;
+  while (complete < RW_BLOCKS) {
+    int done_before = atomic_load(&sh->written);
+    for (int i = complete; i < RW_BLOCKS; i++) {
+      int64_t n = ums_fs_read(sh->fd, b, 0, RW_BLOCK, (int64_t)i * RW_BLOCK,
+                              UMS_FOREVER);
+      CHECK_GE(n, 0);
+      const uint8_t *p = ums_buf_data(b);
+      bool whole = n == RW_BLOCK;
+      for (int64_t k = 0; k < n; k++) {
+        CHECK(p[k] == 0 || p[k] == i + 1);
+        if (p[k] != i + 1) whole = false;
+      }
+      if (i < done_before) CHECK(whole);
+      if (whole && i == complete) complete++;
+    }
+    ums_yield();
+  }
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void test_read_while_write(void) {
+  char file[512];
+  path_of(file, "rw.dat");
+  rw_share_t sh = {.fd = open(file, O_CREAT | O_RDWR | O_TRUNC, 0600)};
+  CHECK_GE(sh.fd, 0);
+  /* Same scheduler, then two schedulers (true parallelism). */
+  for (int round = 0; round < 2; round++) {
+    CHECK_EQ(ftruncate(sh.fd, 0), 0);
+    atomic_store(&sh.written, 0);
+    int other = round ? ums_runtime_schedulers(rt) - 1 : 0;
+    ums_spawn_opts_t ow = {.sched = 0}, orr = {.sched = other};
+    ums_task_t tw, tr;
+    CHECK_RC(ums_task_spawn(rt, &orr, rw_reader, &sh, &tr), 0);
+    CHECK_RC(ums_task_spawn(rt, &ow, rw_writer, &sh, &tw), 0);
+    void *a = NULL, *b = NULL;
+    CHECK_RC(ums_task_join(rt, tw, UMS_FOREVER, &a, NULL), 0);
+    CHECK_RC(ums_task_join(rt, tr, UMS_FOREVER, &b, NULL), 0);
+    CHECK(a && b);
+  }
+  close(sh.fd);
+  unlink(file);
+}
+
+/* ====================================================================== */
+/* Many tasks at once                                                      */
+/* ====================================================================== */
+
+#define MANY 64
+
+static void *many_files(void *arg) {
+  int i = (int)(uintptr_t)arg;
+  char file[512], name[64];
+  snprintf(name, sizeof name, "many-%d", i);
+  path_of(file, name);
+  ums_buf_t *b = ums_buf_new(4096 + (size_t)i);
+  for (int round = 0; round < 5; round++) {
+    int fd = ums_fs_open(file, O_CREAT | O_RDWR | O_TRUNC, 0600, UMS_FOREVER);
+    CHECK_GE(fd, 0);
+    fill(b, 4096 + (size_t)i, (uint8_t)(i + round));
+    CHECK_EQ(ums_fs_write(fd, b, 0, 4096 + (size_t)i, 0, UMS_FOREVER),
+             4096 + i);
+    memset(ums_buf_data(b), 0, 4096 + (size_t)i);
+    CHECK_EQ(ums_fs_read(fd, b, 0, 4096 + (size_t)i, 0, UMS_FOREVER),
+             4096 + i);
+    CHECK(same(b, 4096 + (size_t)i, (uint8_t)(i + round)));
+    CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+  }
+  CHECK_RC(ums_fs_unlink(file, UMS_FOREVER), 0);
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void test_many_tasks(void) {
+  ums_sched_stats_t before = tu_stats(rt, 0);
+  ums_task_t t[MANY];
+  for (int i = 0; i < MANY; i++) {
+    ums_spawn_opts_t o = {.sched = i % ums_runtime_schedulers(rt)};
+    CHECK_RC(ums_task_spawn(rt, &o, many_files, PTR(i), &t[i]), 0);
+  }
+  for (int i = 0; i < MANY; i++) {
+    void *res = NULL;
+    CHECK_RC(ums_task_join(rt, t[i], UMS_FOREVER, &res, NULL), 0);
+    CHECK(res);
+  }
+  ums_sched_stats_t after = tu_stats(rt, 0);
+  uint64_t reqs = after.io_requests - before.io_requests;
+  uint64_t subs = after.io_submits - before.io_submits;
+  printf("   scheduler 0: %" PRIu64 " requests, %" PRIu64 " ring submits\n",
+         reqs, subs);
+  CHECK_GE(reqs, (uint64_t)(MANY / ums_runtime_schedulers(rt)) * 21);
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  if (c.io_backend == UMS_IO_URING)
+    /* Batched: tasks queued behind one another share system calls. */
+    CHECK_LT(subs, reqs);
+  else
+    CHECK_EQ(subs, 0);
+  WAIT_UNTIL(io_pending() == 0, 5000);
+}
+
+/* ====================================================================== */
+/* Timeouts and cancellation with a request in flight                      */
+/* ====================================================================== */
+
+/* A read from a pipe that nobody writes to stays in flight: in the ring
+** it waits for data, on the pool it blocks a thread. */
+typedef struct pipe_read {
+  int fd;
+  int64_t timeout;       /* ns; -1: none */
+  _Atomic int started;
+  int64_t result;
+  int64_t elapsed;
+} pipe_read_t;
+
+static void *pipe_reader(void *arg) {
+  pipe_read_t *p = arg;
+  ums_buf_t *b = ums_buf_new(65536);
+  atomic_store(&p->started, 1);
+  int64_t t0 = ums_now();
+  p->result = ums_fs_read(p->fd, b, 0, 65536, UMS_FS_CUR,
+                          p->timeout < 0 ? UMS_FOREVER : ums_deadline(p->timeout));
+  p->elapsed = ums_now() - t0;
+  /* The caller's reference goes now; the request keeps its own until the
+  ** kernel (or the pool thread) is done with the buffer. */
+  ums_buf_release(b);
+  /* The task goes on doing I/O after giving up on one request. */
+  if (p->result == UMS_ETIMEDOUT) {
+    ums_stat_t st;
+    CHECK_RC(ums_fs_fstat(p->fd, &st, UMS_FOREVER), 0);
+    CHECK(S_ISFIFO(st.mode));
+  }
+  return PTR(1);
+}
+
+static void test_timeout_in_flight(void) {
+  int fds[2];
+  CHECK_EQ(pipe(fds), 0);
+  pipe_read_t p = {.fd = fds[0], .timeout = tu_ms(50)};
+  CHECK(in_task(0, pipe_reader, &p));
+  CHECK_RC((int)p.result, UMS_ETIMEDOUT);
+  CHECK_GE(p.elapsed, tu_ms(50));
+  CHECK_LT(p.elapsed, tu_ms(5000));
+  /* The abandoned read ends (cancelled in the kernel, or interrupted on
+  ** the pool); data written now must not crash anything either way. */
+  CHECK_EQ(write(fds[1], "hello", 5), 5);
+  WAIT_UNTIL(io_pending() == 0, 5000);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+static void test_cancel_in_flight(void) {
+  int fds[2];
+  CHECK_EQ(pipe(fds), 0);
+  for (int round = 0; round < 20; round++) {
+    pipe_read_t p = {.fd = fds[0], .timeout = -1};
+    ums_spawn_opts_t o = {.sched = round % ums_runtime_schedulers(rt)};
+    ums_task_t t;
+    CHECK_RC(ums_task_spawn(rt, &o, pipe_reader, &p, &t), 0);
+    WAIT_UNTIL(atomic_load(&p.started) && io_pending() == 1, 5000);
+    if (round % 2) usleep(1000);
+    CHECK_RC(ums_task_cancel(rt, t), 0);
+    void *res = NULL;
+    int status = 1;
+    CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, &status), 0);
+    CHECK(res);
+    CHECK_RC((int)p.result, UMS_ECANCELED);
+    WAIT_UNTIL(io_pending() == 0, 5000);
+  }
+  /* Nothing consumed the pipe: the cancelled reads really ended. */
+  CHECK_EQ(write(fds[1], "x", 1), 1);
+  char c;
+  CHECK_EQ(read(fds[0], &c, 1), 1);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+/* open(2) of a FIFO blocks until a writer comes. Abandon such an open,
+** then let a writer come: if the open completes after all, the runtime
+** closes the descriptor nobody will take. (io_uring's OPENAT does not wait
+** for a writer: it opens the FIFO at once, see runtime/IO.md; then there
+** is nothing to abandon.) */
+static void *fifo_opener(void *arg) {
+  const char *path = arg;
+  int r = ums_fs_open(path, O_RDONLY, 0, ums_deadline(tu_ms(30)));
+  if (r >= 0) {
+    ums_config_t c;
+    ums_runtime_config(rt, &c);
+    CHECK_EQ(c.io_backend, UMS_IO_URING);
+    CHECK_RC(ums_fs_close(r, UMS_FOREVER), 0);
+    return PTR(2);
+  }
+  CHECK_RC(r, UMS_ETIMEDOUT);
+  return PTR(1);
+}
+
+static void test_open_abandoned(void) {
+  char fifo[512];
+  path_of(fifo, "fifo");
+  CHECK_EQ(mkfifo(fifo, 0600), 0);
+  int before = open_fds();
+  for (int i = 0; i < 10; i++) {
+    void *how = in_task(0, fifo_opener, fifo);
+    CHECK(how);
+    /* ENXIO when no reader is left (the open was interrupted); otherwise
+    ** our writer lets the abandoned open complete. */
+    int w = open(fifo, O_WRONLY | O_NONBLOCK);
+    if (w >= 0) close(w);
+    WAIT_UNTIL(io_pending() == 0, 5000);
+    WAIT_UNTIL(open_fds() == before, 5000);
+  }
+  unlink(fifo);
+}
+
+/* Shutdown with requests still blocked: every task is cancelled at the
+** deadline, and the runtime must end what the kernel or the pool still
+** holds before it frees anything. */
+static void test_shutdown_in_flight(void) {
+  int fds[2];
+  CHECK_EQ(pipe(fds), 0);
+  ums_runtime_t *r2 = tu_runtime_new(2);
+  ums_runtime_t *saved = rt;
+  rt = r2;
+  pipe_read_t p[4];
+  for (int i = 0; i < 4; i++) {
+    p[i] = (pipe_read_t){.fd = fds[0], .timeout = i < 2 ? -1 : tu_ms(1)};
+    ums_spawn_opts_t o = {.sched = i % 2, .detached = 1};
+    CHECK_RC(ums_task_spawn(r2, &o, pipe_reader, &p[i], NULL), 0);
+  }
+  WAIT_UNTIL(atomic_load(&p[0].started) && atomic_load(&p[1].started), 5000);
+  rt = saved;
+  int rc = ums_runtime_shutdown(r2, ums_deadline(tu_ms(100)));
+  CHECK_RC(rc, UMS_ETIMEDOUT);
+  tu_live_runtimes--;
+  close(fds[0]);
+  close(fds[1]);
+}
+
+/* ====================================================================== */
+/* Idle: no CPU                                                            */
+/* ====================================================================== */
+
+static int64_t cpu_ns(void) {
+  struct rusage ru;
+  CHECK_EQ(getrusage(RUSAGE_SELF, &ru), 0);
+  return ((int64_t)ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * UMS_NSEC_PER_SEC +
+         ((int64_t)ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000;
+}
+
+static void *sleeper(void *arg) {
+  CHECK_RC(ums_sleep((int64_t)(uintptr_t)arg), 0);
+  return PTR(1);
+}
+
+static void test_idle_cpu(void) {
+  /* A scheduler whose only task sleeps 200 ms, another with a read in
+  ** flight on a pipe: neither may poll. */
+  int fds[2];
+  CHECK_EQ(pipe(fds), 0);
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(2);
+  pipe_read_t p = {.fd = fds[0], .timeout = tu_ms(400)};
+  ums_spawn_opts_t o1 = {.sched = 1};
+  ums_task_t reader;
+  CHECK_RC(ums_task_spawn(rt, &o1, pipe_reader, &p, &reader), 0);
+  WAIT_UNTIL(io_pending() == 1, 5000);
+  int64_t c0 = cpu_ns(), t0 = ums_now();
+  CHECK(in_task(0, sleeper, PTR(tu_ms(200))));
+  int64_t cpu = cpu_ns() - c0, wall = ums_now() - t0;
+  printf("   %.2f ms CPU in %.0f ms with both schedulers idle\n", cpu / 1e6,
+         wall / 1e6);
+  CHECK_GE(wall, tu_ms(200));
+  /* Polling every millisecond would cost far more than this. */
+  CHECK_LT(cpu, tu_ms(20));
+  CHECK_RC(ums_task_join(rt, reader, UMS_FOREVER, NULL, NULL), 0);
+  CHECK_RC((int)p.result, UMS_ETIMEDOUT);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+  close(fds[0]);
+  close(fds[1]);
+}
+
+/* A wake-up from another thread ends the idle wait promptly (with a ring,
+** the idle wait is io_uring_enter, woken through the eventfd). */
+static void *event_waiter(void *arg) {
+  CHECK_RC(ums_event_wait(arg, ums_deadline(10 * UMS_NSEC_PER_SEC)), 0);
+  return PTR(1);
+}
+
+static void test_idle_wake(void) {
+  for (int i = 0; i < 50; i++) {
+    ums_event_t *e = ums_event_new(0, 0);
+    ums_spawn_opts_t o = {.sched = 0};
+    ums_task_t t;
+    CHECK_RC(ums_task_spawn(rt, &o, event_waiter, e, &t), 0);
+    WAIT_UNTIL(tu_stats(rt, 0).idle, 5000);
+    int64_t t0 = ums_now();
+    CHECK_RC(ums_event_set(e), 0);
+    CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), 0);
+    CHECK_LT(ums_now() - t0, 2 * UMS_NSEC_PER_SEC);
+    CHECK_RC(ums_event_delete(e), 0);
+  }
+}
+
+/* ====================================================================== */
+
+static void rm_tree(const char *path) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", path);
+}
+
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--expect-backend=uring") == 0)
+      expect_backend = UMS_IO_URING;
+    else if (strcmp(argv[i], "--expect-backend=pool") == 0)
+      expect_backend = UMS_IO_POOL;
+    else {
+      fprintf(stderr, "usage: %s [--expect-backend=uring|pool]\n", argv[0]);
+      return 2;
+    }
+  }
+  snprintf(dir, sizeof dir, "%s/ums-test-io-XXXXXX",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  CHECK(mkdtemp(dir) != NULL);
+  rt = tu_runtime_new(2);
+  RUN(test_backend);
+  RUN(test_ops_task);
+  RUN(test_ops_other_sched);
+  RUN(test_ops_host);
+  RUN(test_bad_input);
+  RUN(test_buffers);
+  RUN(test_big_file);
+  RUN(test_read_while_write);
+  RUN(test_many_tasks);
+  RUN(test_timeout_in_flight);
+  RUN(test_cancel_in_flight);
+  RUN(test_open_abandoned);
+  RUN(test_idle_wake);
+  CHECK_EQ(io_pending(), 0);
+  tu_runtime_shutdown(rt);
+  RUN(test_shutdown_in_flight);
+  RUN(test_idle_cpu);
+  rm_tree(dir);
+  return 0;
+}

@@ -1,0 +1,145 @@
+/*
+** test_pool.c: the thread pool (pool.c) through its internal interface:
+** threads start on demand up to the maximum, idle ones end after the
+** timeout, an interrupt ends a work item blocked in a system call, and
+** destroy waits for every work item and joins every thread.
+*/
+#include "internal.h"
+#include "test-util.h"
+
+#include <errno.h>
+
+typedef struct job {
+  ums__pool_work_t work;
+  int fd;                    /* read from it (blocks), or -1 */
+  _Atomic int *gate;         /* spin-wait until nonzero, or NULL */
+  _Atomic int *running, *max_running, *done;
+  int result;
+} job_t;
+
+static void job_run(ums__pool_work_t *w) {
+  job_t *j = UMS__CONTAINER_OF(w, job_t, work);
+  int now = atomic_fetch_add(j->running, 1) + 1;
+  int seen = atomic_load(j->max_running);
+  while (now > seen && !atomic_compare_exchange_weak(j->max_running, &seen, now)) {
+  }
+  if (j->gate)
+    while (!atomic_load(j->gate)) usleep(100);
+  if (j->fd >= 0) {
+    char c;
+    ssize_t r;
+    do r = read(j->fd, &c, 1);
+    while (r < 0 && errno == EINTR && !atomic_load(&w->interrupted));
+    j->result = r < 0 ? -errno : (int)r;
+  }
+  atomic_fetch_sub(j->running, 1);
+  atomic_fetch_add(j->done, 1);
+}
+
+static _Atomic int running, max_running, done, gate;
+
+static void init_job(job_t *j, int fd, _Atomic int *g) {
+  memset(j, 0, sizeof *j);
+  j->work.run = job_run;
+  j->fd = fd;
+  j->gate = g;
+  j->running = &running;
+  j->max_running = &max_running;
+  j->done = &done;
+}
+
+static void reset(void) {
+  atomic_store(&running, 0);
+  atomic_store(&max_running, 0);
+  atomic_store(&done, 0);
+  atomic_store(&gate, 0);
+}
+
+static void test_grow_to_max_and_trim(void) {
+  int base = tu_thread_baseline();
+  reset();
+  ums__pool_t p;
+  CHECK_RC(ums__pool_init(&p, "test-pool", 4, tu_ms(50)), 0);
+  CHECK_EQ(ums__pool_threads(&p), 0); /* none until there is work */
+  job_t jobs[16];
+  for (int i = 0; i < 16; i++) {
+    init_job(&jobs[i], -1, &gate);
+    CHECK_RC(ums__pool_submit(&p, &jobs[i].work), 0);
+  }
+  WAIT_UNTIL(atomic_load(&running) == 4, 5000);
+  CHECK_EQ(ums__pool_threads(&p), 4);
+  CHECK_EQ(tu_thread_count(), base + 4);
+  usleep(20000);
+  CHECK_EQ(atomic_load(&max_running), 4); /* never past the maximum */
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&done) == 16, 5000);
+  /* Idle past the timeout: every thread ends (and is joined by the next
+  ** start or by destroy). */
+  WAIT_UNTIL(ums__pool_threads(&p) == 0, 5000);
+  /* Work after the trim starts a thread again. */
+  job_t again;
+  init_job(&again, -1, NULL);
+  CHECK_RC(ums__pool_submit(&p, &again.work), 0);
+  WAIT_UNTIL(atomic_load(&done) == 17, 5000);
+  ums__pool_destroy(&p);
+  CHECK_THREADS(base);
+}
+
+static void test_interrupt(void) {
+  int base = tu_thread_baseline();
+  reset();
+  int fds[2];
+  CHECK_EQ(pipe(fds), 0);
+  ums__pool_t p;
+  CHECK_RC(ums__pool_init(&p, "test-pool", 8, -1), 0);
+  job_t j;
+  init_job(&j, fds[0], NULL);
+  CHECK_RC(ums__pool_submit(&p, &j.work), 0);
+  WAIT_UNTIL(atomic_load(&running) == 1, 5000);
+  usleep(10000); /* into the read, most likely */
+  /* Best effort: repeat until the blocked read sees it. */
+  for (int i = 0; i < 1000 && atomic_load(&done) == 0; i++) {
+    ums__pool_interrupt(&p, &j.work);
+    usleep(1000);
+  }
+  CHECK_EQ(atomic_load(&done), 1);
+  CHECK_RC(j.result, -EINTR);
+  ums__pool_destroy(&p);
+  CHECK_THREADS(base);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+static void test_destroy_waits(void) {
+  int base = tu_thread_baseline();
+  reset();
+  int fds[2];
+  CHECK_EQ(pipe(fds), 0);
+  ums__pool_t p;
+  CHECK_RC(ums__pool_init(&p, "test-pool", 2, -1), 0);
+  /* Two blocked reads and queued work behind them: destroy interrupts
+  ** the reads, lets the queue drain, and joins. */
+  job_t blocked[2], queued[6];
+  for (int i = 0; i < 2; i++) {
+    init_job(&blocked[i], fds[0], NULL);
+    CHECK_RC(ums__pool_submit(&p, &blocked[i].work), 0);
+  }
+  for (int i = 0; i < 6; i++) {
+    init_job(&queued[i], -1, NULL);
+    CHECK_RC(ums__pool_submit(&p, &queued[i].work), 0);
+  }
+  WAIT_UNTIL(atomic_load(&running) == 2, 5000);
+  ums__pool_destroy(&p);
+  CHECK_EQ(atomic_load(&done), 8);
+  CHECK_EQ(atomic_load(&max_running), 2);
+  CHECK_THREADS(base);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+int main(void) {
+  RUN(test_grow_to_max_and_trim);
+  RUN(test_interrupt);
+  RUN(test_destroy_waits);
+  return 0;
+}
