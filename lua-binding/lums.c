@@ -462,14 +462,16 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable) {
   ** joinable one would stay allocated until the run's end). Only the
   ** run's first task is joined, by core.run itself. */
   ums_spawn_opts_t opts = {0, joinable ? 0 : 1, NULL};
-  int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &t->id);
+  /* The id goes straight into the handle: the runtime stores it before the
+  ** task can start, and for the run's first task the scheduler thread may
+  ** start it (and ums.self() read the id) before this call returns. */
+  int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &h->id);
   if (rc) {
     h->t = NULL;
     h->state = T_DONE;
     give_back_task(r, t);
     luaL_error(L, "ums.spawn: %s", ums_strerror(rc));
   }
-  h->id = t->id;
   return h;
 }
 
@@ -746,7 +748,7 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   int r = ums_park_result();
   if (h->state != T_DONE)
-    drop_joiner(h->t, lums_cur_task->id, (uint64_t)ctx);
+    drop_joiner(h->t, lums_cur_task->h->id, (uint64_t)ctx);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (h->state != T_DONE) {
     lua_pushnil(L);

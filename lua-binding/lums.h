@@ -59,8 +59,8 @@ typedef struct joiner {
 ** recycled, so a stale pointer to one is only ever used together with a
 ** park token, whose task id the runtime checks. Scheduler thread only. */
 struct ltask {
-  lhandle *h;            /* its handle; NULL while pooled */
-  ums_task_t id;         /* runtime handle; 0 before spawn */
+  lhandle *h;            /* its handle (h->id: its runtime id); NULL while
+                            pooled */
   lrun *run;             /* the run it belongs to; NULL while pooled */
   lua_State *co;         /* its coroutine (kept while pooled) */
   int co_ref;            /* registry ref anchoring co */
