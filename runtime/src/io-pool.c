@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 static bool interrupted(ums__io_req_t *r) {
-  return atomic_load_explicit(&r->work.interrupted, memory_order_relaxed);
+  return ums__pool_interrupted(&r->work);
 }
 
 #define RETRY(r, expr)                                             \
