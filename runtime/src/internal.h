@@ -430,9 +430,8 @@ typedef struct ums__pool_work ums__pool_work_t;
 struct ums__pool_work {
   void (*run)(ums__pool_work_t *w);  /* [const] */
   ums__pool_work_t *next;            /* [pool lock] queue link */
-  _Atomic int interrupted;           /* [atomic] set by ums__pool_interrupt:
-                                        run() must not restart a system
-                                        call that fails with EINTR */
+  _Atomic int interrupted;           /* [atomic] set by ums__pool_interrupt;
+                                        read through ums__pool_interrupted */
 };
 
 typedef struct ums__pool_thread ums__pool_thread_t;
@@ -464,6 +463,10 @@ int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w);
 ** signals that thread so that a blocking system call fails with EINTR.
 ** The caller must keep w alive during the call. */
 void ums__pool_interrupt(ums__pool_t *p, ums__pool_work_t *w);
+/* In run(): whether the work has been interrupted (by its owner, or by
+** the pool's destruction), so that a system call failing with EINTR must
+** not be restarted. */
+bool ums__pool_interrupted(const ums__pool_work_t *w);
 /* Waits until every queued and running work has ended (interrupting the
 ** running ones every few milliseconds), then joins every thread. */
 void ums__pool_destroy(ums__pool_t *p);

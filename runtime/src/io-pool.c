@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 static bool interrupted(ums__io_req_t *r) {
-  return atomic_load_explicit(&r->work.interrupted, memory_order_relaxed);
+  return ums__pool_interrupted(&r->work);
 }
 
 #define RETRY(r, expr)                                             \
@@ -150,6 +150,12 @@ int64_t ums__io_exec(ums__io_req_t *r) {
 
 static void pool_run(ums__pool_work_t *w) {
   ums__io_req_t *r = UMS__CONTAINER_OF(w, ums__io_req_t, work);
+  /* Given up while still queued: not starting at all is the best end
+  ** (a cancelled write writes nothing). */
+  if (interrupted(r)) {
+    ums__io_complete(r, UMS_ECANCELED);
+    return;
+  }
   ums__io_complete(r, ums__io_exec(r));
 }
 

@@ -38,12 +38,17 @@
 struct ums__pool_thread {
   pthread_t thread;
   ums__pool_t *pool;
-  ums__pool_work_t *current;     /* [pool lock] the work it runs, or NULL */
+  ums__pool_work_t *current;     /* [pool lock] the work it runs, or NULL.
+                                    Compared, never dereferenced: run() may
+                                    have freed it already */
+  _Atomic int stop;              /* [atomic] destroy interrupts whatever
+                                    this thread runs */
   bool exited;                   /* [pool lock] left its loop */
   ums__pool_thread_t *next;      /* [pool lock] */
 };
 
 static pthread_once_t signal_once = PTHREAD_ONCE_INIT;
+static _Thread_local ums__pool_thread_t *pool_self;
 static bool signal_ok;
 
 static void on_pool_signal(int sig) { (void)sig; }
@@ -115,6 +120,7 @@ static void join_exited(ums__pool_t *p) {
 static void *pool_main(void *arg) {
   ums__pool_thread_t *self = arg;
   ums__pool_t *p = self->pool;
+  pool_self = self;
   char name[16];
   snprintf(name, sizeof name, "%s", p->name);
   pthread_setname_np(pthread_self(), name);
@@ -222,9 +228,9 @@ void ums__pool_destroy(ums__pool_t *p) {
     /* Whatever still runs now was abandoned by its caller (every task has
     ** ended): interrupt it, and again until it ends. */
     for (ums__pool_thread_t *th = p->threads; th; th = th->next)
-      if (th->current) {
-        atomic_store(&th->current->interrupted, 1);
-        signal_runner(p, th->current);
+      if (th->current && !th->exited) {
+        atomic_store(&th->stop, 1);
+        if (signal_ok) pthread_kill(th->thread, POOL_SIGNAL);
       }
     struct timespec ts;
     abs_deadline(&ts, DESTROY_RETRY_NS);
@@ -235,6 +241,12 @@ void ums__pool_destroy(ums__pool_t *p) {
   pthread_cond_destroy(&p->work_cv);
   pthread_cond_destroy(&p->exit_cv);
   pthread_mutex_destroy(&p->lock);
+}
+
+bool ums__pool_interrupted(const ums__pool_work_t *w) {
+  return atomic_load_explicit(&w->interrupted, memory_order_relaxed) ||
+         (pool_self && atomic_load_explicit(&pool_self->stop,
+                                            memory_order_relaxed));
 }
 
 uint32_t ums__pool_threads(ums__pool_t *p) {

@@ -55,6 +55,17 @@ static int open_fds(void) {
 
 static uint64_t io_pending(void) { return tu_stats_sum(rt, io_pending); }
 
+/* Pipes an abandoned request may still use: the stats say when it has
+** ended, but they are not a synchronisation, so the descriptors are
+** closed only after the runtime (and its pool threads) are gone. */
+static int late_fds[64];
+static int nlate;
+
+static void close_late(int fd) {
+  CHECK_LT(nlate, 64);
+  late_fds[nlate++] = fd;
+}
+
 static void fill(ums_buf_t *b, size_t n, uint8_t seed) {
   uint8_t *p = ums_buf_data(b);
   for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed + i * 7);
@@ -592,6 +603,7 @@ static void test_many_tasks(void) {
 typedef struct pipe_read {
   int fd;
   int64_t timeout;       /* ns; -1: none */
+  bool followup;         /* after a timeout, more I/O must work */
   _Atomic int started;
   int64_t result;
   int64_t elapsed;
@@ -609,7 +621,7 @@ static void *pipe_reader(void *arg) {
   ** kernel (or the pool thread) is done with the buffer. */
   ums_buf_release(b);
   /* The task goes on doing I/O after giving up on one request. */
-  if (p->result == UMS_ETIMEDOUT) {
+  if (p->followup && p->result == UMS_ETIMEDOUT) {
     ums_stat_t st;
     CHECK_RC(ums_fs_fstat(p->fd, &st, UMS_FOREVER), 0);
     CHECK(S_ISFIFO(st.mode));
@@ -620,7 +632,7 @@ static void *pipe_reader(void *arg) {
 static void test_timeout_in_flight(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
-  pipe_read_t p = {.fd = fds[0], .timeout = tu_ms(50)};
+  pipe_read_t p = {.fd = fds[0], .timeout = tu_ms(50), .followup = true};
   CHECK(in_task(0, pipe_reader, &p));
   CHECK_RC((int)p.result, UMS_ETIMEDOUT);
   CHECK_GE(p.elapsed, tu_ms(50));
@@ -629,12 +641,12 @@ static void test_timeout_in_flight(void) {
   ** the pool); data written now must not crash anything either way. */
   CHECK_EQ(write(fds[1], "hello", 5), 5);
   WAIT_UNTIL(io_pending() == 0, 5000);
-  close(fds[0]);
-  close(fds[1]);
+  close_late(fds[0]);
+  close_late(fds[1]);
 }
 
 static void test_cancel_in_flight(void) {
-  int fds[2];
+  int fds[2], lost = 0;
   CHECK_EQ(pipe(fds), 0);
   for (int round = 0; round < 20; round++) {
     pipe_read_t p = {.fd = fds[0], .timeout = -1};
@@ -649,14 +661,29 @@ static void test_cancel_in_flight(void) {
     CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, &status), 0);
     CHECK(res);
     CHECK_RC((int)p.result, UMS_ECANCELED);
-    WAIT_UNTIL(io_pending() == 0, 5000);
+    /* The abandoned read ends: cancelled in the kernel, or interrupted on
+    ** its pool thread. A pool interrupt is best effort (a signal that
+    ** lands just before the thread enters read() is lost; runtime/IO.md):
+    ** then the read ends when data comes, which we provide. */
+    int64_t until = ums_deadline(2 * UMS_NSEC_PER_SEC);
+    while (io_pending() != 0 && ums_now() < until) usleep(1000);
+    if (io_pending() != 0) {
+      lost++;
+      CHECK_EQ(write(fds[1], "y", 1), 1);
+      WAIT_UNTIL(io_pending() == 0, 5000);
+    }
   }
+  if (lost) printf("   %d of 20 pool interrupts lost (read ended by data)\n", lost);
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  if (c.io_backend == UMS_IO_URING) CHECK_EQ(lost, 0);
   /* Nothing consumed the pipe: the cancelled reads really ended. */
   CHECK_EQ(write(fds[1], "x", 1), 1);
-  char c;
-  CHECK_EQ(read(fds[0], &c, 1), 1);
-  close(fds[0]);
-  close(fds[1]);
+  char ch;
+  CHECK_EQ(read(fds[0], &ch, 1), 1);
+  CHECK_EQ(ch, 'x');
+  close_late(fds[0]);
+  close_late(fds[1]);
 }
 
 /* open(2) of a FIFO blocks until a writer comes. Abandon such an open,
@@ -826,6 +853,7 @@ int main(int argc, char **argv) {
   tu_runtime_shutdown(rt);
   RUN(test_shutdown_in_flight);
   RUN(test_idle_cpu);
+  for (int i = 0; i < nlate; i++) close(late_fds[i]);
   rm_tree(dir);
   return 0;
 }

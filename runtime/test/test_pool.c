@@ -29,7 +29,7 @@ static void job_run(ums__pool_work_t *w) {
     char c;
     ssize_t r;
     do r = read(j->fd, &c, 1);
-    while (r < 0 && errno == EINTR && !atomic_load(&w->interrupted));
+    while (r < 0 && errno == EINTR && !ums__pool_interrupted(w));
     j->result = r < 0 ? -errno : (int)r;
   }
   atomic_fetch_sub(j->running, 1);
