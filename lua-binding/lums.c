@@ -72,7 +72,7 @@ static _Atomic(lrun *) sig_run;
 
 /* Makes t current again on this thread: after a blocking wait, other
 ** steps have run on other workers of this thread meanwhile. */
-static void become_current(ltask *t) {
+void lums_become_current(ltask *t) {
   lums_cur_task = t;
   if (t->run) atomic_store_explicit(&t->run->running_co, t->co,
                                     memory_order_relaxed);
@@ -130,7 +130,7 @@ int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
     return lua_yieldk(L, 0, ctx, k);
   }
   ums_park_wait();
-  become_current(t);
+  lums_become_current(t);
   return k(L, LUA_YIELD, ctx);
 }
 
@@ -690,7 +690,7 @@ static int l_yield(lua_State *L) {
     return lua_yieldk(L, 0, 0, yield_k);
   }
   int r = ums_yield();
-  become_current(t);
+  lums_become_current(t);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   return 0;
 }
@@ -1196,6 +1196,7 @@ int luaopen_ums_core(lua_State *L) {
   lua_pushcclosure(L, l_spawn, 1);
   lua_setfield(L, -2, "spawn");
   lums_open_chan(L);
+  lums_open_fs(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
   return 1;

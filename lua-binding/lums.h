@@ -156,6 +156,13 @@ LUMS_HIDDEN int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
 ** if that park had already ended (timed out, cancelled, unparked). */
 LUMS_HIDDEN bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome);
 
+/* Makes t the current task again after it waited on its own worker (other
+** steps ran on this thread meanwhile). */
+LUMS_HIDDEN void lums_become_current(ltask *t);
+
+/* lfs.c: adds the fs table to the module table at the top. */
+LUMS_HIDDEN void lums_open_fs(lua_State *L);
+
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);
 
