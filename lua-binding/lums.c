@@ -713,6 +713,23 @@ static int l_sleep(lua_State *L) {
   return lums_park_finish(L, t, 0, sleep_k);
 }
 
+/* core.io_backend() -> "uring" | "pool" in force for the run; nil
+** outside a run. */
+static int l_io_backend(lua_State *L) {
+  ltask *t = lums_cur_task;
+  if (!t || !t->run) {
+    lua_pushnil(L);
+    return 1;
+  }
+  ums_config_t c;
+  ums_runtime_config(t->run->rt, &c);
+  if (c.io_backend == UMS_IO_URING)
+    lua_pushliteral(L, "uring");
+  else
+    lua_pushliteral(L, "pool");
+  return 1;
+}
+
 static int l_now(lua_State *L) {
   lua_pushnumber(L, (lua_Number)ums_now() / 1e9);
   return 1;
@@ -1016,6 +1033,16 @@ static int l_run(lua_State *L) {
   cfg.worker_idle_timeout = idle < 0 ? -1 : (int64_t)(idle * 1e9);
   cfg.idle_workers_kept = config_int(L, cfgi, "idle_workers_kept", 16);
   double quantum = config_num(L, cfgi, "quantum", 0.004);
+  /* "auto" (io_uring when the kernel allows it, else the pool; UMS_IO in
+  ** the environment may choose), "uring" or "pool" (init.lua checks). */
+  cfg.io_backend = UMS_IO_AUTO;
+  if (lua_getfield(L, cfgi, "io") == LUA_TSTRING) {
+    const char *io = lua_tostring(L, -1);
+    if (strcmp(io, "uring") == 0) cfg.io_backend = UMS_IO_URING;
+    else if (strcmp(io, "pool") == 0) cfg.io_backend = UMS_IO_POOL;
+  }
+  lua_pop(L, 1);
+  cfg.io_pool_threads = config_int(L, cfgi, "io_threads", 0);
   lua_pop(L, 1);
 
   lrun *r = calloc(1, sizeof *r);
@@ -1132,6 +1159,7 @@ int luaopen_ums_core(lua_State *L) {
       {"yield", l_yield},
       {"sleep", l_sleep},
       {"now", l_now},
+      {"io_backend", l_io_backend},
       {"park_begin", l_park_begin},
       {"park_wait", l_park_wait},
       {"unpark", l_unpark},

@@ -19,7 +19,8 @@ end
 
 local DEFAULTS = {
   schedulers = 1, max_workers = 0, quantum = 0.004, stack_size = 1024 * 1024,
-  worker_idle_timeout = 10, idle_workers_kept = 16,
+  worker_idle_timeout = 10, idle_workers_kept = 16, io = "auto",
+  io_threads = 0,
 }
 
 local function restore_config() ums.config(DEFAULTS) end
@@ -956,6 +957,8 @@ describe("ums.config", function()
     stack_size = {100, 16383, 65536.5, "65536", {}},
     worker_idle_timeout = {"1", 0 / 0, {}, true},
     idle_workers_kept = {-1, 1.5, "3", {}},
+    io = {"io_uring", "", 1, true, {}},
+    io_threads = {-1, 1.5, "4", {}},
   }
   for key, values in pairs(bad) do
     it("raises for bad values of " .. key, function()
@@ -968,6 +971,20 @@ describe("ums.config", function()
       end
     end)
   end
+
+  it("io = 'pool' runs file I/O on the pool, 'uring' on io_uring", function()
+    assert.is_nil(ums.io_backend())  -- outside a run
+    for _, io in ipairs{"pool", "uring", "auto"} do
+      ums.config{io = io}
+      local p = os.tmpname()
+      ums.run(function()
+        assert(ums.fs.writefile(p, io))
+        assert.equal(io, ums.fs.readfile(p))
+        if io ~= "auto" then assert.equal(io, ums.io_backend()) end
+      end)
+      os.remove(p)
+    end
+  end)
 
   it("raises for a non-table argument", function()
     for _, v in ipairs{1, "x", true, function() end} do

@@ -12,14 +12,23 @@
 **       function that yields (as a ums task calling ums.yield does): the
 **       floor for a switch when the task body is Lua.
 **   bench_floor.now() -> monotonic seconds (CLOCK_MONOTONIC)
+**   bench_floor.read_file(path, chunk) -> bytes
+**       The file I/O floor: read(2) into one buffer in a loop until the end
+**       of the file, one thread, no Lua in between (bench_fs.lua).
+**   bench_floor.small_files(paths) -> files
+**       The small-file floor: each path in the array opened, read whole
+**       with read(2) and closed, one after the other, one thread.
 **
 ** Built as a plain shared object, not linked against liblua (lua5.4
 ** exports the API).
 */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
+#include <fcntl.h>
 #include <lauxlib.h>
 #include <lua.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now_s(void) {
   struct timespec ts;
@@ -85,10 +94,49 @@ static int l_resume_lua_yield(lua_State *L) {
   return 1;
 }
 
+static int l_read_file(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  size_t chunk = (size_t)luaL_checkinteger(L, 2);
+  void *buf;
+  if (posix_memalign(&buf, 4096, chunk)) return luaL_error(L, "no memory");
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) {
+    free(buf);
+    return luaL_error(L, "cannot open %s", path);
+  }
+  long long total = 0;
+  ssize_t r;
+  while ((r = read(fd, buf, chunk)) > 0) total += r;
+  close(fd);
+  free(buf);
+  if (r < 0) return luaL_error(L, "read failed");
+  lua_pushinteger(L, (lua_Integer)total);
+  return 1;
+}
+
+static int l_small_files(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer n = luaL_len(L, 1);
+  char buf[65536];
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, 1, i);
+    int fd = open(lua_tostring(L, -1), O_RDONLY);
+    lua_pop(L, 1);
+    if (fd < 0) return luaL_error(L, "cannot open file %d", (int)i);
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+    close(fd);
+  }
+  lua_pushinteger(L, n);
+  return 1;
+}
+
 int luaopen_bench_floor(lua_State *L) {
   static const luaL_Reg funcs[] = {{"resume_yield", l_resume_yield},
                                    {"resume_lua_yield", l_resume_lua_yield},
                                    {"now", l_now},
+                                   {"read_file", l_read_file},
+                                   {"small_files", l_small_files},
                                    {NULL, NULL}};
   luaL_newlib(L, funcs);
   return 1;

@@ -28,6 +28,10 @@ local settings = {
   worker_idle_timeout = {number_or_negative,
                          "a number of seconds (negative: never trim)"},
   idle_workers_kept = {non_negative_int, "a non-negative integer"},
+  io = {function(v) return v == "auto" or v == "uring" or v == "pool" end,
+        '"auto", "uring" or "pool"'},
+  io_threads = {non_negative_int,
+                "a non-negative integer (0: the default, 64)"},
 }
 
 local defaults = {
@@ -37,6 +41,8 @@ local defaults = {
   stack_size = 1024 * 1024,
   worker_idle_timeout = 10,
   idle_workers_kept = 16,
+  io = "auto",
+  io_threads = 0,
 }
 
 --- ums.config([settings]) -> the settings in force for the next ums.run.
