@@ -92,6 +92,7 @@ static int64_t do_read(ltask *me, int fd, ums_buf_t *b, size_t pos,
                        size_t len, int64_t offset) {
   int64_t r;
   do {
+    lums_before_block(me);
     r = ums_fs_read(fd, b, pos, len, offset, UMS_FOREVER);
     resumed(me);
   } while (r == UMS_EINTR || r == UMS_EAGAIN);
@@ -102,6 +103,7 @@ static int64_t do_read(ltask *me, int fd, ums_buf_t *b, size_t pos,
 static int64_t do_write_all(ltask *me, int fd, ums_buf_t *b, size_t pos,
                             size_t len, int64_t offset) {
   while (len > 0) {
+    lums_before_block(me);
     int64_t r = ums_fs_write(fd, b, pos, len, offset, UMS_FOREVER);
     resumed(me);
     if (r == UMS_EINTR || r == UMS_EAGAIN) continue;
@@ -158,6 +160,7 @@ static void file_lock(lua_State *L, lfile *f) {
     w->L = L;
     w->kase = 0;
     q_push(&f->waiters, w);
+    lums_before_block(me);
     r = ums_park_wait();
     resumed(me);
     q_unlink(w);
@@ -325,21 +328,51 @@ static int64_t read_line(lfile *f, luaL_Buffer *b, bool keep) {
   }
 }
 
-/* Reads the rest of the file into b. */
+/* Reads the rest of the file into b: through the file buffer first (a
+** small file costs no allocation), then, once the file proves big, in
+** growing direct chunks. */
 static int64_t read_all(lfile *f, luaL_Buffer *b) {
-  struct stat st;
-  size_t hint = 0;
-  if (fstat(f->fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    off_t here = lseek(f->fd, 0, SEEK_CUR);
-    if (here >= 0 && st.st_size > here) hint = (size_t)(st.st_size - here);
+  size_t total = 0;
+  char *data = ums_buf_data(f->buf);
+  if (f->rpos < f->rlen) {
+    luaL_addlstring(b, data + f->rpos, f->rlen - f->rpos);
+    total = f->rlen - f->rpos;
+    f->rpos = f->rlen;
   }
-  int64_t r = read_count(f, b, hint ? hint : BUF_SIZE);
-  if (r < 0) return r;
-  /* The size was a hint: the file may have grown, or be a stream. */
-  for (;;) {
-    r = read_count(f, b, (size_t)4 * BUF_SIZE);
-    if (r <= 0) return r < 0 ? r : 0;
+  while (total < 16 * (size_t)BUF_SIZE) {
+    int64_t r = refill(f);
+    if (r <= 0) return r;
+    luaL_addlstring(b, data, (size_t)r);
+    f->rpos = f->rlen;
+    total += (size_t)r;
   }
+  for (size_t chunk = 16 * (size_t)BUF_SIZE;; ) {
+    int64_t r = read_count(f, b, chunk);
+    if (r <= 0) return r;
+    if (chunk < CHUNK_MAX) chunk *= 2;
+  }
+}
+
+/* f:read(n) for a big n with nothing read ahead: straight from the kernel
+** into one page-aligned buffer, then one copy into the string (a
+** luaL_Buffer would copy twice). Pushes the string, or nothing at end of
+** file; returns bytes read or an error. */
+static int64_t read_direct(lua_State *L, lfile *f, size_t n) {
+  if (n > CHUNK_MAX) n = CHUNK_MAX;
+  ums_buf_t *big = ums_buf_new(n);
+  if (!big) return UMS_ENOMEM;
+  size_t got = 0;
+  int64_t r = 0;
+  while (got < n) {
+    r = do_read(f->owner, f->fd, big, got, n - got, UMS_FS_CUR);
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  if (r == 0) f->eof = true;
+  if (got > 0) lua_pushlstring(L, ums_buf_data(big), got);
+  ums_buf_release(big);
+  if (r < 0 && got == 0) return r;
+  return (int64_t)got;
 }
 
 /* The number reader of liolib, on this file's buffer: at most 200
@@ -450,6 +483,14 @@ static int f_read(lua_State *L) {
         int64_t c = peek(f, &err);
         luaL_pushresult(&b);
         ok = err == 0 && c >= 0;
+      } else if (count >= BUF_SIZE && f->rpos == f->rlen &&
+                 count <= CHUNK_MAX) {
+        luaL_pushresult(&b);  /* unused: drop it */
+        lua_pop(L, 1);
+        int64_t r = read_direct(L, f, count);
+        if (r < 0) err = r;
+        if (r <= 0) lua_pushnil(L);
+        ok = r > 0;
       } else {
         int64_t r = read_count(f, &b, count);
         luaL_pushresult(&b);
@@ -672,6 +713,7 @@ static int f_sync(lua_State *L) {
   file_lock(L, f);
   int64_t err = flush_writes(f);
   if (!err) {
+    lums_before_block(f->owner);
     err = ums_fs_fsync(f->fd, 0, UMS_FOREVER);
     resumed(f->owner);
   }
@@ -728,6 +770,7 @@ static int fs_open(lua_State *L) {
   bool rd = false, wr = false;
   luaL_argcheck(L, parse_mode(mode, &flags, &rd, &wr), 2, "invalid mode");
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int fd = ums_fs_open(path, flags, 0666, UMS_FOREVER);
   resumed(me);
   if (fd < 0) {
@@ -743,6 +786,7 @@ static int64_t close_file(lfile *f) {
   int64_t err = flush_writes(f);
   int fd = f->fd;
   f->fd = -1;
+  lums_before_block(f->owner);
   int r = ums_fs_close(fd, UMS_FOREVER);
   resumed(f->owner);
   ums_buf_release(f->buf);
@@ -859,6 +903,7 @@ static int f_lines(lua_State *L) {
 static int fs_lines(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int fd = ums_fs_open(path, O_RDONLY, 0, UMS_FOREVER);
   resumed(me);
   if (fd < 0) {
@@ -882,6 +927,7 @@ static int fs_lines(lua_State *L) {
 static int fs_readfile(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int fd = ums_fs_open(path, O_RDONLY, 0, UMS_FOREVER);
   resumed(me);
   if (fd < 0) {
@@ -911,6 +957,7 @@ static int fs_writefile(lua_State *L) {
   size_t len;
   const char *s = luaL_checklstring(L, 2, &len);
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int fd = ums_fs_open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666,
                        UMS_FOREVER);
   resumed(me);
@@ -962,6 +1009,7 @@ static int fs_stat(lua_State *L) {
   int flags = lua_toboolean(L, 2) ? UMS_FS_NOFOLLOW : 0;
   ums_stat_t st;
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int r = ums_fs_stat(path, flags, &st, UMS_FOREVER);
   resumed(me);
   if (r < 0) {
@@ -999,9 +1047,11 @@ static int result(lua_State *L, int r, const char *path) {
 static int fs_remove(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int r = ums_fs_unlink(path, UMS_FOREVER);
   resumed(me);
   if (r == UMS_EISDIR || r == UMS_EPERM) {
+    lums_before_block(me);
     int r2 = ums_fs_rmdir(path, UMS_FOREVER);
     resumed(me);
     if (r2 != UMS_ENOTDIR) r = r2;
@@ -1013,6 +1063,7 @@ static int fs_rename(lua_State *L) {
   const char *from = luaL_checkstring(L, 1);
   const char *to = luaL_checkstring(L, 2);
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int r = ums_fs_rename(from, to, UMS_FOREVER);
   resumed(me);
   return result(L, r, from);
@@ -1023,6 +1074,7 @@ static int fs_mkdir(lua_State *L) {
   lua_Integer mode = luaL_optinteger(L, 2, 0777);
   luaL_argcheck(L, mode >= 0 && mode <= 07777, 2, "invalid mode");
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int r = ums_fs_mkdir(path, (int)mode, UMS_FOREVER);
   resumed(me);
   return result(L, r, path);
@@ -1043,6 +1095,7 @@ static int fs_dir(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   ums_dirlist_t *list;
   ltask *me = lums_cur_task;
+  lums_before_block(me);
   int r = ums_fs_readdir(path, &list, UMS_FOREVER);
   resumed(me);
   if (r < 0) {

@@ -72,6 +72,11 @@ static _Atomic(lrun *) sig_run;
 
 /* Makes t current again on this thread: after a blocking wait, other
 ** steps have run on other workers of this thread meanwhile. */
+void lums_before_block(ltask *t) {
+  if (t && t->run)
+    atomic_store_explicit(&t->run->running_co, NULL, memory_order_relaxed);
+}
+
 void lums_become_current(ltask *t) {
   lums_cur_task = t;
   if (t->run) atomic_store_explicit(&t->run->running_co, t->co,
@@ -129,6 +134,7 @@ int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
     t->parking = true;
     return lua_yieldk(L, 0, ctx, k);
   }
+  lums_before_block(t);
   ums_park_wait();
   lums_become_current(t);
   return k(L, LUA_YIELD, ctx);

@@ -156,6 +156,9 @@ LUMS_HIDDEN int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
 ** if that park had already ended (timed out, cancelled, unparked). */
 LUMS_HIDDEN bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome);
 
+/* Before task t waits on its own worker: the quantum monitor must not see
+** it as running (it would signal a task that is not running Lua). */
+LUMS_HIDDEN void lums_before_block(ltask *t);
 /* Makes t the current task again after it waited on its own worker (other
 ** steps ran on this thread meanwhile). */
 LUMS_HIDDEN void lums_become_current(ltask *t);
