@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,7 +416,12 @@ static int64_t read_number(lua_State *L, lfile *f) {
   numbuf rn;
   int count = 0;
   bool hex = false;
-  char decp[2] = ".";
+  /* liolib's pair: the locale's decimal point, or '.'. Both must be real
+  ** characters: test2 matches either, and a '\0' here would take a NUL
+  ** byte of the file for a decimal point. */
+  char decp[2];
+  decp[0] = lua_getlocaledecpoint();
+  decp[1] = '.';
   rn.f = f;
   rn.n = 0;
   rn.err = 0;
