@@ -609,6 +609,7 @@ static int f_write(lua_State *L) {
   return 1;
 }
 
+/* file:flush() -> true | nil, msg, errno (io's result, not the file) */
 static int f_flush(lua_State *L) {
   lfile *f = check_file(L, 1);
   file_lock(L, f);
@@ -618,7 +619,7 @@ static int f_flush(lua_State *L) {
     check_cancel(L, (int)err);
     return push_fail(L, NULL, (int)err);
   }
-  lua_settop(L, 1);
+  lua_pushboolean(L, 1);
   return 1;
 }
 
