@@ -655,9 +655,9 @@ static int f_seek(lua_State *L) {
 /* Positional I/O and sync                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* file:pread(n, offset) -> string (shorter at the end of the file; nil
-** when offset is at or past it) | nil, msg, errno. Does not move the
-** file's position. */
+/* file:pread(n, offset) -> string (shorter only at the end of the file;
+** nil when offset is at or past it) | nil, msg, errno. Does not move the
+** file's position. Reads of more than CHUNK_MAX go in several requests. */
 static int f_pread(lua_State *L) {
   lfile *f = check_file(L, 1);
   lua_Integer n = luaL_checkinteger(L, 2);
@@ -672,14 +672,25 @@ static int f_pread(lua_State *L) {
   size_t want = (size_t)n < CHUNK_MAX ? (size_t)n : CHUNK_MAX;
   ums_buf_t *b = ums_buf_new(want);
   if (!b) return push_fail(L, NULL, UMS_ENOMEM);
-  int64_t r = do_read(lums_cur_task, f->fd, b, 0, want, (int64_t)off);
-  if (r > 0) lua_pushlstring(L, ums_buf_data(b), (size_t)r);
+  luaL_Buffer lb;
+  luaL_buffinit(L, &lb);
+  size_t got = 0;
+  int64_t r = 0;
+  while (got < (size_t)n && off <= LUA_MAXINTEGER - (lua_Integer)got) {
+    size_t left = (size_t)n - got;
+    r = do_read(lums_cur_task, f->fd, b, 0, left < want ? left : want,
+                (int64_t)off + (int64_t)got);
+    if (r <= 0) break;
+    luaL_addlstring(&lb, ums_buf_data(b), (size_t)r);
+    got += (size_t)r;
+  }
   ums_buf_release(b);
+  luaL_pushresult(&lb);
   if (r < 0) {
     check_cancel(L, (int)r);
     return push_fail(L, NULL, (int)r);
   }
-  if (r == 0) lua_pushnil(L);
+  if (got == 0) lua_pushnil(L);
   return 1;
 }
 
