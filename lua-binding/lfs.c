@@ -670,20 +670,29 @@ static int f_pread(lua_State *L) {
     return 1;
   }
   size_t want = (size_t)n < CHUNK_MAX ? (size_t)n : CHUNK_MAX;
+  file_lock(L, f);
   ums_buf_t *b = ums_buf_new(want);
-  if (!b) return push_fail(L, NULL, UMS_ENOMEM);
+  if (!b) {
+    file_unlock(f);
+    return push_fail(L, NULL, UMS_ENOMEM);
+  }
   luaL_Buffer lb;
   luaL_buffinit(L, &lb);
   size_t got = 0;
-  int64_t r = 0;
-  while (got < (size_t)n && off <= LUA_MAXINTEGER - (lua_Integer)got) {
+  /* This file's own pending writes come first, as they would with
+  ** pread(2) after write(2) on the descriptor. */
+  int64_t r = flush_writes(f);
+  while (r == 0 && got < (size_t)n &&
+         off <= LUA_MAXINTEGER - (lua_Integer)got) {
     size_t left = (size_t)n - got;
-    r = do_read(lums_cur_task, f->fd, b, 0, left < want ? left : want,
+    r = do_read(f->owner, f->fd, b, 0, left < want ? left : want,
                 (int64_t)off + (int64_t)got);
     if (r <= 0) break;
     luaL_addlstring(&lb, ums_buf_data(b), (size_t)r);
     got += (size_t)r;
+    r = 0;
   }
+  file_unlock(f);
   ums_buf_release(b);
   luaL_pushresult(&lb);
   if (r < 0) {
@@ -703,7 +712,11 @@ static int f_pwrite(lua_State *L) {
   luaL_argcheck(L, off >= 0, 3, "offset must not be negative");
   if (!f->writable) return push_fail(L, NULL, UMS_EBADF);
   size_t done = 0;
-  int64_t err = 0;
+  file_lock(L, f);
+  /* Program order: this file's pending writes go out first, and its
+  ** read-ahead, which the write may change, is dropped. */
+  int64_t err = flush_writes(f);
+  drop_readahead(f);
   while (done < len && !err) {
     size_t chunk = len - done < CHUNK_MAX ? len - done : CHUNK_MAX;
     ums_buf_t *b = ums_buf_new(chunk);
@@ -712,11 +725,12 @@ static int f_pwrite(lua_State *L) {
       break;
     }
     memcpy(ums_buf_data(b), s + done, chunk);
-    err = do_write_all(lums_cur_task, f->fd, b, 0, chunk,
+    err = do_write_all(f->owner, f->fd, b, 0, chunk,
                        (int64_t)off + (int64_t)done);
     ums_buf_release(b);
     if (!err) done += chunk;
   }
+  file_unlock(f);
   if (err) {
     check_cancel(L, (int)err);
     return push_fail(L, NULL, (int)err);
