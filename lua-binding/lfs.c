@@ -813,14 +813,44 @@ static int fs_open(lua_State *L) {
   return 1;
 }
 
-/* Flushes and closes; returns 0 or the first error. */
+/* Writes the pending bytes with plain system calls (no park): for __gc,
+** and for a task that was cancelled, whose runtime calls would all fail
+** with UMS_ECANCELED before doing anything. */
+static int64_t flush_plain(lfile *f) {
+  const char *p = f->buf ? ums_buf_data(f->buf) : NULL;
+  size_t n = f->wlen;
+  f->wlen = 0;
+  while (n > 0) {
+    ssize_t w = write(f->fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return -errno;
+    if (w == 0) return UMS_EIO;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* Flushes and closes; returns 0 or the first error. The descriptor is
+** closed in every case. In a cancelled task (a <close> file unwound by
+** the cancel, a close after catching it) the runtime refuses to park, so
+** its calls would neither write nor close anything: plain system calls
+** then, as in __gc. */
 static int64_t close_file(lfile *f) {
-  int64_t err = flush_writes(f);
+  bool plain = f->owner && ums_cancelled();
+  int64_t err = plain ? flush_plain(f) : flush_writes(f);
+  /* cancelled during the flush: the close goes the plain way */
+  if (err == UMS_ECANCELED && f->owner) plain = true;
   int fd = f->fd;
   f->fd = -1;
-  lums_before_block(f->owner);
-  int r = ums_fs_close(fd, UMS_FOREVER);
-  resumed(f->owner);
+  int r;
+  if (plain) {
+    r = close(fd) == 0 ? 0 : -errno;
+  } else {
+    lums_before_block(f->owner);
+    r = ums_fs_close(fd, UMS_FOREVER);
+    resumed(f->owner);
+  }
   ums_buf_release(f->buf);
   f->buf = NULL;
   return err ? err : r;
@@ -846,16 +876,7 @@ static int f_close(lua_State *L) {
 static int f_gc(lua_State *L) {
   lfile *f = to_file(L, 1);
   if (!f || f->fd < 0) return 0;
-  const char *p = f->buf ? ums_buf_data(f->buf) : NULL;
-  size_t n = f->wlen;
-  while (n > 0) {
-    ssize_t w = write(f->fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    p += w;
-    n -= (size_t)w;
-  }
-  f->wlen = 0;
+  flush_plain(f);
   close(f->fd);
   f->fd = -1;
   ums_buf_release(f->buf);
