@@ -182,6 +182,17 @@ static void file_unlock(lfile *f) {
   }
 }
 
+/* file_lock for a method of an open file: a task that waited for the file
+** may find that the one holding it closed it meanwhile; it then raises as
+** for any closed file, having touched nothing. */
+static void method_lock(lua_State *L, lfile *f) {
+  file_lock(L, f);
+  if (f->fd < 0) {
+    file_unlock(f);
+    luaL_error(L, "attempt to use a closed file");
+  }
+}
+
 /* ---------------------------------------------------------------------- */
 /* Buffer                                                                  */
 /* ---------------------------------------------------------------------- */
@@ -475,7 +486,7 @@ static int f_read(lua_State *L) {
   }
   if (!f->readable) return push_fail(L, NULL, UMS_EBADF);
   luaL_checkstack(L, nargs + LUA_MINSTACK, "too many arguments");
-  file_lock(L, f);
+  method_lock(L, f);
   int64_t err = to_read_mode(f);
   int first = lua_gettop(L) + 1, n;
   bool ok = err == 0;
@@ -579,7 +590,7 @@ static int f_write(lua_State *L) {
     if (lua_type(L, i) != LUA_TNUMBER) luaL_checkstring(L, i);
   }
   if (!f->writable) return push_fail(L, NULL, UMS_EBADF);
-  file_lock(L, f);
+  method_lock(L, f);
   int64_t err = to_write_mode(f);
   for (int i = 2; err == 0 && i <= nargs; i++) {
     size_t len;
@@ -612,7 +623,7 @@ static int f_write(lua_State *L) {
 /* file:flush() -> true | nil, msg, errno (io's result, not the file) */
 static int f_flush(lua_State *L) {
   lfile *f = check_file(L, 1);
-  file_lock(L, f);
+  method_lock(L, f);
   int64_t err = flush_writes(f);
   file_unlock(f);
   if (err) {
@@ -630,7 +641,7 @@ static int f_seek(lua_State *L) {
   lfile *f = check_file(L, 1);
   int op = luaL_checkoption(L, 2, "cur", modenames);
   lua_Integer off = luaL_optinteger(L, 3, 0);
-  file_lock(L, f);
+  method_lock(L, f);
   int64_t err = flush_writes(f);
   off_t pos = -1;
   if (!err) {
@@ -670,7 +681,7 @@ static int f_pread(lua_State *L) {
     return 1;
   }
   size_t want = (size_t)n < CHUNK_MAX ? (size_t)n : CHUNK_MAX;
-  file_lock(L, f);
+  method_lock(L, f);
   ums_buf_t *b = ums_buf_new(want);
   if (!b) {
     file_unlock(f);
@@ -712,7 +723,7 @@ static int f_pwrite(lua_State *L) {
   luaL_argcheck(L, off >= 0, 3, "offset must not be negative");
   if (!f->writable) return push_fail(L, NULL, UMS_EBADF);
   size_t done = 0;
-  file_lock(L, f);
+  method_lock(L, f);
   /* Program order: this file's pending writes go out first, and its
   ** read-ahead, which the write may change, is dropped. */
   int64_t err = flush_writes(f);
@@ -742,7 +753,7 @@ static int f_pwrite(lua_State *L) {
 /* file:sync() -> true: pending writes out, then fsync. */
 static int f_sync(lua_State *L) {
   lfile *f = check_file(L, 1);
-  file_lock(L, f);
+  method_lock(L, f);
   int64_t err = flush_writes(f);
   if (!err) {
     lums_before_block(f->owner);
@@ -858,7 +869,7 @@ static int64_t close_file(lfile *f) {
 
 static int f_close(lua_State *L) {
   lfile *f = check_file(L, 1);
-  file_lock(L, f);
+  method_lock(L, f);
   int64_t err = close_file(f);
   file_unlock(f);
   if (err) {
@@ -890,7 +901,8 @@ static int f_tbc(lua_State *L) {
   lfile *f = to_file(L, 1);
   if (!f || f->fd < 0) return 0;
   file_lock(L, f);
-  int64_t err = close_file(f);
+  /* another task may have closed it while this one waited */
+  int64_t err = f->fd >= 0 ? close_file(f) : 0;
   file_unlock(f);
   if (err) {
     check_cancel(L, (int)err);
@@ -928,7 +940,7 @@ static int lines_iter(lua_State *L) {
     return luaL_error(L, "%s", lua_tostring(L, 2));
   if (close_at_end) {
     file_lock(L, f);
-    close_file(f);
+    if (f->fd >= 0) close_file(f);
     file_unlock(f);
   }
   return 0;

@@ -769,6 +769,35 @@ describe("ums.fs with several tasks", function()
     end)
   end)
 
+  it("a method that waited for the file while another task closed it "
+     .. "raises, and writes nothing", function()
+    run(function()
+      local path = tmpname()
+      local f = assert(fs.open(path, "w+"))
+      local closer = ums.spawn(function()
+        f:write("pending")
+        return f:close()        -- parks in the flush, holding the file
+      end)
+      local calls = {{"write", "late"}, {"read", "a"}, {"pread", 1, 0},
+                     {"pwrite", "x", 0}, {"seek", "set"}, {"flush"},
+                     {"sync"}, {"close"}}
+      local waiters = {}
+      for i, c in ipairs(calls) do
+        waiters[i] = ums.spawn(function()
+          return pcall(f[c[1]], f, unpack(c, 2))
+        end)
+      end
+      assert.is_true(results(closer))
+      for i, c in ipairs(calls) do
+        local ok, err = results(waiters[i])
+        assert.is_false(ok, c[1])
+        assert.matches("attempt to use a closed file", err, 1, true)
+      end
+      assert.equal("closed file", fs.type(f))
+      assert.equal("pending", get(path))
+    end)
+  end)
+
   it("tasks reading one file object with lines() share its position",
      function()
     run(function()
