@@ -78,6 +78,23 @@ static void check_cancel(lua_State *L, int err) {
   if (err == UMS_ECANCELED && lums_cur_task) lums_raise_cancelled(L);
 }
 
+/* A method on f failed with err after giving f back. A request the task
+** gave up (it was cancelled while the kernel or a pool thread worked on
+** the file's buffer) may still write into that buffer or move the
+** kernel's position later: the file stops using the buffer (the request
+** holds its own reference) and forgets what it held. Then a cancelled
+** task raises core.CANCELLED. */
+static void file_check_cancel(lua_State *L, lfile *f, int64_t err) {
+  if (err != UMS_ECANCELED) return;
+  if (f->buf) {
+    ums_buf_release(f->buf);
+    f->buf = NULL;
+  }
+  f->rpos = f->rlen = f->wlen = 0;
+  f->eof = false;
+  check_cancel(L, (int)err);
+}
+
 /* After a call that may have parked task me on its worker, other steps
 ** ran on this thread meanwhile: me is the current task again. me is NULL
 ** outside tasks. */
@@ -538,7 +555,7 @@ static int f_read(lua_State *L) {
   }
   file_unlock(f);
   if (err) {
-    check_cancel(L, (int)err);
+    file_check_cancel(L, f, err);
     return push_fail(L, NULL, (int)err);
   }
   if (!ok) {
@@ -613,7 +630,7 @@ static int f_write(lua_State *L) {
   }
   file_unlock(f);
   if (err) {
-    check_cancel(L, (int)err);
+    file_check_cancel(L, f, err);
     return push_fail(L, NULL, (int)err);
   }
   lua_settop(L, 1);
@@ -627,7 +644,7 @@ static int f_flush(lua_State *L) {
   int64_t err = flush_writes(f);
   file_unlock(f);
   if (err) {
-    check_cancel(L, (int)err);
+    file_check_cancel(L, f, err);
     return push_fail(L, NULL, (int)err);
   }
   lua_pushboolean(L, 1);
@@ -655,7 +672,7 @@ static int f_seek(lua_State *L) {
   }
   file_unlock(f);
   if (err) {
-    check_cancel(L, (int)err);
+    file_check_cancel(L, f, err);
     return push_fail(L, NULL, (int)err);
   }
   lua_pushinteger(L, (lua_Integer)pos);
@@ -707,7 +724,7 @@ static int f_pread(lua_State *L) {
   ums_buf_release(b);
   luaL_pushresult(&lb);
   if (r < 0) {
-    check_cancel(L, (int)r);
+    file_check_cancel(L, f, r);
     return push_fail(L, NULL, (int)r);
   }
   if (got == 0) lua_pushnil(L);
@@ -743,7 +760,7 @@ static int f_pwrite(lua_State *L) {
   }
   file_unlock(f);
   if (err) {
-    check_cancel(L, (int)err);
+    file_check_cancel(L, f, err);
     return push_fail(L, NULL, (int)err);
   }
   lua_pushinteger(L, (lua_Integer)done);
@@ -762,7 +779,7 @@ static int f_sync(lua_State *L) {
   }
   file_unlock(f);
   if (err) {
-    check_cancel(L, (int)err);
+    file_check_cancel(L, f, err);
     return push_fail(L, NULL, (int)err);
   }
   lua_pushboolean(L, 1);

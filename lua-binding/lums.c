@@ -1075,6 +1075,9 @@ static int l_run(lua_State *L) {
   /* From here until the runtime is shut down, the VM belongs to the
   ** scheduler thread; this thread only waits. */
   ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
+  /* Its outcome goes to our caller (results, or the error raised again):
+  ** never to on_error, whenever its handle is collected. */
+  main->joined = true;
   bool exiting = r->exit_requested;
   ums_runtime_shutdown(r->rt, main->ok && !exiting ? UMS_FOREVER : 0);
   r->rt = NULL;

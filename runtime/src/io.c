@@ -176,7 +176,13 @@ static int64_t run(ums__io_req_t *r, int64_t deadline) {
   /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
   ** park the task has begun itself. */
   int rc = ums_park_begin(deadline, &r->token);
-  if (rc) return rc;
+  if (rc) {
+    /* A cancelled task may not wait, but a close it asks for must still
+    ** happen (ums.h: the descriptor is closed all the same): close(2) does
+    ** not block for long, so it runs right here. */
+    if (rc == UMS_ECANCELED && r->op == UMS__IO_CLOSE) close(r->fd);
+    return rc;
+  }
   r->sched = s;
   atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->io_pending, 1, memory_order_relaxed);

@@ -686,6 +686,26 @@ static void test_cancel_in_flight(void) {
   close_late(fds[1]);
 }
 
+/* A task that is already cancelled may not wait, but its close must still
+** close the descriptor (ums.h: "closed all the same"). */
+static void *close_when_cancelled(void *arg) {
+  int fd = *(int *)arg;
+  CHECK_RC(ums_task_cancel(rt, ums_self()), 0);
+  CHECK(ums_cancelled());
+  CHECK_RC(ums_fs_close(fd, UMS_FOREVER), UMS_ECANCELED);
+  return PTR(1);
+}
+
+static void test_close_cancelled(void) {
+  int fds[2];
+  CHECK_EQ(pipe(fds), 0);
+  CHECK(in_task(0, close_when_cancelled, &fds[0]) == PTR(1));
+  errno = 0;
+  CHECK_EQ(fcntl(fds[0], F_GETFD), -1);
+  CHECK_EQ(errno, EBADF);
+  close(fds[1]);
+}
+
 /* open(2) of a FIFO blocks until a writer comes. Abandon such an open,
 ** then let a writer come: if the open completes after all, the runtime
 ** closes the descriptor nobody will take. (io_uring's OPENAT does not wait
@@ -848,6 +868,7 @@ int main(int argc, char **argv) {
   RUN(test_timeout_in_flight);
   RUN(test_cancel_in_flight);
   RUN(test_open_abandoned);
+  RUN(test_close_cancelled);
   RUN(test_idle_wake);
   CHECK_EQ(io_pending(), 0);
   tu_runtime_shutdown(rt);
