@@ -1,0 +1,438 @@
+--[[
+bench_fs.lua: file I/O from Lua, ums.fs next to its floors, luv and
+Tarantool's fio, in one run (fio runs in its own process,
+bench_fs_tarantool.lua, started from here when tarantool is installed).
+
+usage: lua5.4 bench/lua/bench_fs.lua [--quick] [--reps N] [--dir DIR]
+                                     [--json]
+
+Warm cache: the files are read once before anything is timed. Figures are
+wall-clock medians of --reps repetitions (default 5), each shape's
+contenders interleaved so that drift hits all alike.
+
+  big1     one 1 GiB file (DIR/big.dat) read in 1 MiB chunks by one task:
+           ums.fs file:read(1 MiB) until the end; floor: read(2) in C
+           (bench_floor.read_file); also Lua's io (f:read(1 MiB)), which
+           pays the same copy into a Lua string as ums.fs.
+  big64    the same file read by 64 tasks, each a contiguous slice, with
+           file:pread(1 MiB, offset) on one shared file; luv: 64 chains of
+           uv.fs_read callbacks.
+  small64  10,000 files of 4 KiB (DIR/small/NN/fNNNNN) each opened, read
+           whole and closed, by 64 tasks; floor: the same in a C loop on
+           one thread (bench_floor.small_files); luv: 64 chains of
+           fs_open -> fs_read -> fs_close callbacks.
+
+ums runs with both backends (io = "uring" and "pool"). The files are
+created when missing (bench/bench_io.c uses the same layout).
+--quick: a 64 MiB file and 500 small files (ctest: bench_fs_smoke).
+]]
+
+local ums = require "ums"
+local floor = require "bench_floor"
+local has_luv, uv = pcall(require, "luv")
+
+local fmt = string.format
+local now = floor.now
+
+local opt = { quick = false, json = false, reps = 5,
+              dir = "/tmp/ums-bench-io" }
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    if a == "--quick" then opt.quick = true
+    elseif a == "--json" then opt.json = true
+    elseif a == "--reps" then
+      i = i + 1
+      opt.reps = math.tointeger(tonumber(arg[i]))
+      if not opt.reps or opt.reps < 1 then
+        io.stderr:write("bench_fs: --reps needs a positive integer\n")
+        os.exit(2)
+      end
+    elseif a == "--dir" then
+      i = i + 1
+      opt.dir = arg[i]
+    elseif a == "-h" or a == "--help" then
+      print("usage: lua5.4 bench_fs.lua [--quick] [--reps N] [--dir DIR]"
+        .. " [--json]")
+      os.exit(0)
+    else
+      io.stderr:write("bench_fs: unknown option " .. a .. "\n")
+      os.exit(2)
+    end
+    i = i + 1
+  end
+end
+if opt.quick then opt.reps = math.min(opt.reps, 2) end
+
+local MiB = 1024 * 1024
+local BIG_SIZE = opt.quick and 64 * MiB or 1024 * MiB
+local NSMALL = opt.quick and 500 or 10000
+local CHUNK = MiB
+local TASKS = 64
+
+local function progress(s) io.stderr:write("bench_fs: ", s, "\n") end
+
+-- ---------------------------------------------------------------------
+-- Files
+-- ---------------------------------------------------------------------
+
+local big_path = opt.dir .. "/big.dat"
+local small_paths = {}
+for i = 0, NSMALL - 1 do
+  small_paths[#small_paths + 1] = fmt("%s/small/%02d/f%05d", opt.dir,
+    i % 100, i)
+end
+
+local function size_of(p)
+  local f = io.open(p, "rb")
+  if not f then return nil end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+local function make_files()
+  os.execute("mkdir -p '" .. opt.dir .. "/small'")
+  if size_of(big_path) ~= BIG_SIZE then
+    progress(fmt("creating %s (%d MiB)", big_path, BIG_SIZE // MiB))
+    local f = assert(io.open(big_path, "wb"))
+    local block = {}
+    for i = 0, CHUNK // 8 - 1 do block[#block + 1] = fmt("%08x", i) end
+    block = table.concat(block)
+    for _ = 1, BIG_SIZE // CHUNK do assert(f:write(block)) end
+    assert(f:close())
+  end
+  local block = string.rep("s", 4096)
+  for i = 0, 99 do os.execute(fmt("mkdir -p '%s/small/%02d'", opt.dir, i)) end
+  for _, p in ipairs(small_paths) do
+    if size_of(p) ~= 4096 then
+      local f = assert(io.open(p, "wb"))
+      f:write(block)
+      f:close()
+    end
+  end
+end
+
+-- ---------------------------------------------------------------------
+-- Contenders (each returns its wall time in seconds)
+-- ---------------------------------------------------------------------
+
+local function timed(fn, ...)
+  local t0 = now()
+  fn(...)
+  return now() - t0
+end
+
+local function c_big()
+  assert(floor.read_file(big_path, CHUNK) == BIG_SIZE)
+end
+
+local function io_big()
+  local f = assert(io.open(big_path, "rb"))
+  local total = 0
+  while true do
+    local s = f:read(CHUNK)
+    if not s then break end
+    total = total + #s
+  end
+  f:close()
+  assert(total == BIG_SIZE)
+end
+
+local function in_run(io_backend, fn)
+  return function()
+    ums.config{io = io_backend}
+    local t = ums.run(function() return timed(fn) end)
+    ums.config{io = "auto"}
+    return t
+  end
+end
+
+local function ums_big1()
+  local f = assert(ums.fs.open(big_path))
+  local total = 0
+  while true do
+    local s = f:read(CHUNK)
+    if not s then break end
+    total = total + #s
+  end
+  f:close()
+  assert(total == BIG_SIZE, total)
+end
+
+local function ums_big64()
+  local f = assert(ums.fs.open(big_path))
+  local slice = BIG_SIZE // TASKS
+  local ts = {}
+  for k = 0, TASKS - 1 do
+    ts[#ts + 1] = ums.spawn(function()
+      local off, stop, got = k * slice, (k + 1) * slice, 0
+      while off < stop do
+        local s = assert(f:pread(math.min(CHUNK, stop - off), off))
+        off = off + #s
+        got = got + #s
+      end
+      return got
+    end)
+  end
+  local total = 0
+  for _, t in ipairs(ts) do
+    local ok, got = t:join()
+    assert(ok, got)
+    total = total + got
+  end
+  f:close()
+  assert(total == BIG_SIZE)
+end
+
+local function ums_small64()
+  local ts = {}
+  for k = 1, TASKS do
+    ts[k] = ums.spawn(function()
+      for i = k, NSMALL, TASKS do
+        local f = assert(ums.fs.open(small_paths[i]))
+        assert(#f:read("a") == 4096)
+        f:close()
+      end
+    end)
+  end
+  for _, t in ipairs(ts) do assert(t:join()) end
+end
+
+local function c_small()
+  assert(floor.small_files(small_paths) == NSMALL)
+end
+
+local function io_small()
+  for _, p in ipairs(small_paths) do
+    local f = assert(io.open(p, "rb"))
+    assert(#f:read("a") == 4096)
+    f:close()
+  end
+end
+
+-- luv: callback chains, as a luv program would read concurrently.
+local function luv_big(chains)
+  local fd = assert(uv.fs_open(big_path, "r", 0))
+  local slice = BIG_SIZE // chains
+  local total = 0
+  for k = 0, chains - 1 do
+    local off, stop = k * slice, (k + 1) * slice
+    local function step()
+      if off >= stop then return end
+      uv.fs_read(fd, math.min(CHUNK, stop - off), off, function(err, s)
+        assert(not err, err)
+        off = off + #s
+        total = total + #s
+        step()
+      end)
+    end
+    step()
+  end
+  uv.run()
+  uv.fs_close(fd)
+  assert(total == BIG_SIZE)
+end
+
+local function luv_small()
+  local done = 0
+  for k = 1, TASKS do
+    local i = k
+    local function step()
+      if i > NSMALL then return end
+      local p = small_paths[i]
+      i = i + TASKS
+      uv.fs_open(p, "r", 0, function(err, fd)
+        assert(not err, err)
+        uv.fs_read(fd, 65536, 0, function(err2, s)
+          assert(not err2 and #s == 4096, err2)
+          uv.fs_close(fd, function()
+            done = done + 1
+            step()
+          end)
+        end)
+      end)
+    end
+    step()
+  end
+  uv.run()
+  assert(done == NSMALL)
+end
+
+-- ---------------------------------------------------------------------
+-- Running and reporting
+-- ---------------------------------------------------------------------
+
+local function median(t)
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  local n = #s
+  if n % 2 == 1 then return s[(n + 1) // 2] end
+  return (s[n // 2] + s[n // 2 + 1]) / 2
+end
+
+-- Runs each contender once per repetition, interleaved; returns medians.
+local function interleaved(list)
+  local samples = {}
+  for _, c in ipairs(list) do samples[c[1]] = {} end
+  for _ = 1, opt.reps do
+    for _, c in ipairs(list) do
+      local t = c[2]
+      local secs = c.in_run and t() or timed(t)
+      table.insert(samples[c[1]], secs)
+    end
+  end
+  local med = {}
+  for k, v in pairs(samples) do med[k] = median(v) end
+  return med
+end
+
+local results = {}
+local function add(id, what, value, unit, floor_id, target)
+  local r = { id = id, what = what, value = value, unit = unit,
+              floor = floor_id, target = target }
+  results[#results + 1] = r
+  return r
+end
+
+make_files()
+progress("warming the page cache")
+c_big()
+c_small()
+
+progress(fmt("big1: %d MiB in 1 MiB chunks", BIG_SIZE // MiB))
+local big1 = {
+  {"c", c_big}, {"io", io_big},
+  {"uring", in_run("uring", ums_big1), in_run = true},
+  {"pool", in_run("pool", ums_big1), in_run = true},
+}
+if has_luv then big1[#big1 + 1] = {"luv", function() luv_big(1) end} end
+local m = interleaved(big1)
+local mbs = function(s) return BIG_SIZE / MiB / s end
+add("floor.big1", "C read(2) loop, 1 MiB chunks", mbs(m.c), "MB/s")
+add("io.big1", "Lua io f:read(1 MiB)", mbs(m.io), "MB/s", "floor.big1")
+add("ums.big1_uring", "ums.fs f:read(1 MiB), one task, io_uring",
+  mbs(m.uring), "MB/s", "floor.big1", 0.8)
+add("ums.big1_pool", "ums.fs f:read(1 MiB), one task, pool",
+  mbs(m.pool), "MB/s", "floor.big1")
+if m.luv then
+  add("luv.big1", "luv uv.fs_read(1 MiB) chain", mbs(m.luv), "MB/s",
+    "floor.big1")
+end
+
+progress(fmt("big64: %d tasks, slices", TASKS))
+local big64 = {
+  {"uring", in_run("uring", ums_big64), in_run = true},
+  {"pool", in_run("pool", ums_big64), in_run = true},
+}
+if has_luv then big64[#big64 + 1] = {"luv", function() luv_big(TASKS) end} end
+m = interleaved(big64)
+add("ums.big64_uring", "ums.fs pread(1 MiB), 64 tasks, io_uring",
+  mbs(m.uring), "MB/s", "floor.big1", 0.8)
+add("ums.big64_pool", "ums.fs pread(1 MiB), 64 tasks, pool", mbs(m.pool),
+  "MB/s", "floor.big1")
+if m.luv then
+  add("luv.big64", "luv uv.fs_read, 64 chains", mbs(m.luv), "MB/s",
+    "floor.big1")
+end
+
+progress(fmt("small64: %d files of 4 KiB, %d tasks", NSMALL, TASKS))
+local small = {
+  {"c", c_small}, {"io", io_small},
+  {"uring", in_run("uring", ums_small64), in_run = true},
+  {"pool", in_run("pool", ums_small64), in_run = true},
+}
+if has_luv then small[#small + 1] = {"luv", luv_small} end
+m = interleaved(small)
+local fps = function(s) return NSMALL / s end
+add("floor.small", "C open/read/close loop, one thread", fps(m.c),
+  "files/s")
+add("io.small", "Lua io open/read('a')/close loop", fps(m.io), "files/s",
+  "floor.small")
+add("ums.small64_uring", "ums.fs open/read('a')/close, 64 tasks, io_uring",
+  fps(m.uring), "files/s", "floor.small", 1.0)
+add("ums.small64_pool", "ums.fs open/read('a')/close, 64 tasks, pool",
+  fps(m.pool), "files/s", "floor.small")
+if m.luv then
+  add("luv.small64", "luv fs_open/read/close, 64 chains", fps(m.luv),
+    "files/s", "floor.small")
+end
+
+-- Tarantool's fio, in its own process on the same files, now.
+local tt = {}
+do
+  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+  local cmd = fmt("command -v tarantool >/dev/null && tarantool "
+    .. "'%s/bench_fs_tarantool.lua' --reps %d --dir '%s'%s 2>/dev/null",
+    here, opt.reps, opt.dir, opt.quick and " --quick" or "")
+  progress("tarantool fio (if installed)")
+  local p = io.popen(cmd)
+  for line in p:lines() do
+    local id, v = line:match("^tarantool%.(%S+) (%S+)")
+    if id then tt[id] = tonumber(v) end
+  end
+  p:close()
+end
+if tt.big1 then
+  add("tarantool.big1", "Tarantool fio fh:read(1 MiB), one fiber", tt.big1,
+    "MB/s", "floor.big1")
+  add("tarantool.big64", "Tarantool fio fh:pread(1 MiB), 64 fibers",
+    tt.big64, "MB/s", "floor.big1")
+  add("tarantool.small64", "Tarantool fio open/read/close, 64 fibers",
+    tt.small64, "files/s", "floor.small")
+end
+
+-- Report: value, ratio to the floor (higher is better for both units).
+local by_id = {}
+for _, r in ipairs(results) do by_id[r.id] = r end
+for _, r in ipairs(results) do
+  if r.floor then r.ratio = r.value / by_id[r.floor].value end
+  if r.target then r.pass = r.ratio >= r.target end
+end
+local luv_small = by_id["luv.small64"]
+if luv_small then
+  local u = by_id["ums.small64_uring"]
+  u.vs_luv = u.value / luv_small.value
+end
+if by_id["tarantool.small64"] then
+  local u = by_id["ums.small64_uring"]
+  u.vs_tt = u.value / by_id["tarantool.small64"].value
+end
+
+if opt.json then
+  local parts = {}
+  for _, r in ipairs(results) do
+    local f = {}
+    for _, k in ipairs{"id", "what", "unit"} do
+      f[#f + 1] = fmt("%q: %q", k, r[k])
+    end
+    for _, k in ipairs{"value", "ratio", "target", "vs_luv", "vs_tt"} do
+      if r[k] then f[#f + 1] = fmt("%q: %.6g", k, r[k]) end
+    end
+    if r.pass ~= nil then f[#f + 1] = fmt('"pass": %s', tostring(r.pass)) end
+    parts[#parts + 1] = "  {" .. table.concat(f, ", ") .. "}"
+  end
+  print("[\n" .. table.concat(parts, ",\n") .. "\n]")
+else
+  print(fmt("%-18s %-50s %14s %9s  %s", "figure", "what", "value",
+    "x floor", "target"))
+  for _, r in ipairs(results) do
+    local target = ""
+    if r.target then
+      target = fmt("%s (>= %.1fx floor)", r.pass and "PASS" or "MISS",
+        r.target)
+    end
+    if r.vs_luv then target = target .. fmt("; %.2fx luv", r.vs_luv) end
+    if r.vs_tt then
+      target = target .. fmt(", %.2fx tarantool (target >= 2x both)",
+        r.vs_tt)
+    end
+    print(fmt("%-18s %-50s %10.0f %-4s %8s  %s", r.id, r.what, r.value,
+      r.unit == "MB/s" and "MB/s" or "/s",
+      r.ratio and fmt("%.2f", r.ratio) or "-", target))
+  end
+  print(fmt("(%d repetitions, medians of wall time; files in %s)",
+    opt.reps, opt.dir))
+end
