@@ -364,8 +364,10 @@ end
 local tt = {}
 do
   local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-  local cmd = fmt("command -v tarantool >/dev/null && tarantool "
-    .. "'%s/bench_fs_tarantool.lua' --reps %d --dir '%s'%s 2>/dev/null",
+  -- (without a sanitizer preloaded into it: the ASan smoke run)
+  local cmd = fmt("command -v tarantool >/dev/null && env -u LD_PRELOAD "
+    .. "tarantool '%s/bench_fs_tarantool.lua' --reps %d --dir '%s'%s "
+    .. "2>/dev/null",
     here, opt.reps, opt.dir, opt.quick and " --quick" or "")
   progress("tarantool fio (if installed)")
   local p = io.popen(cmd)
