@@ -53,39 +53,13 @@ typedef struct lchan {
 /* Wait queues                                                             */
 /* ---------------------------------------------------------------------- */
 
-static void q_push(lwaitq *q, lwait *w) {
-  w->q = q;
-  w->next = NULL;
-  w->prev = q->tail;
-  if (q->tail)
-    q->tail->next = w;
-  else
-    q->head = w;
-  q->tail = w;
-}
-
-static void q_unlink(lwait *w) {
-  lwaitq *q = w->q;
-  if (!q) return;
-  if (w->prev)
-    w->prev->next = w->next;
-  else
-    q->head = w->next;
-  if (w->next)
-    w->next->prev = w->prev;
-  else
-    q->tail = w->prev;
-  w->q = NULL;
-  w->prev = w->next = NULL;
-}
-
 /* Ends the park of the first live waiter of q with status and returns it
 ** (off the queue), or NULL when q holds no live waiter. Stale waiters met
 ** on the way are dropped. */
 static lwait *wake_first(lwaitq *q, int status) {
   lwait *w;
   while ((w = q->head) != NULL) {
-    q_unlink(w);
+    lums_q_unlink(w);
     if (lums_unpark(w->task, w->tok, w->kase * 2 + status)) return w;
   }
   return NULL;
@@ -262,7 +236,7 @@ static int park_on(lua_State *L, ltask *me, lwaitq *q, int64_t deadline,
   w->L = L;
   w->vidx = vidx;
   w->kase = 0;
-  q_push(q, w);
+  lums_q_push(q, w);
   return lums_park_finish(L, me, 0, k);
 }
 
@@ -272,7 +246,7 @@ static int park_on(lua_State *L, ltask *me, lwaitq *q, int64_t deadline,
 static int wait_outcome(lua_State *L) {
   int r = ums_park_result();
   if (r >= 0) return r;
-  q_unlink(&lums_cur_task->wait);
+  lums_q_unlink(&lums_cur_task->wait);
   if (r == UMS_ECANCELED) lums_raise_cancelled(L);
   return -1;
 }
@@ -465,7 +439,7 @@ static int select_k(lua_State *L, int status, lua_KContext ctx) {
   int n = (int)ctx;
   (void)status;
   lwait *ws = (lwait *)lua_touserdata(L, SEL_WAITERS);
-  for (int i = 0; i < n; i++) q_unlink(&ws[i]);
+  for (int i = 0; i < n; i++) lums_q_unlink(&ws[i]);
   int r = ums_park_result();
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (r < 0) return push_timeout(L);
@@ -554,12 +528,12 @@ static int l_select(lua_State *L) {
     if (op[0] == 'r') {
       lua_remove(L, -2);
       w->vidx = 0;
-      q_push(&ch->recvq, w);
+      lums_q_push(&ch->recvq, w);
     } else {
       lua_rawgeti(L, -2, 3);
       lua_remove(L, -3);
       w->vidx = lua_gettop(L);
-      q_push(&ch->sendq, w);
+      lums_q_push(&ch->sendq, w);
     }
   }
   return lums_park_finish(L, me, (lua_KContext)n, select_k);

@@ -138,32 +138,6 @@ static int64_t do_write_all(ltask *me, int fd, ums_buf_t *b, size_t pos,
 /* The file lock                                                           */
 /* ---------------------------------------------------------------------- */
 
-static void q_push(lwaitq *q, lwait *w) {
-  w->q = q;
-  w->next = NULL;
-  w->prev = q->tail;
-  if (q->tail)
-    q->tail->next = w;
-  else
-    q->head = w;
-  q->tail = w;
-}
-
-static void q_unlink(lwait *w) {
-  lwaitq *q = w->q;
-  if (!q) return;
-  if (w->prev)
-    w->prev->next = w->next;
-  else
-    q->head = w->next;
-  if (w->next)
-    w->next->prev = w->prev;
-  else
-    q->tail = w->prev;
-  w->q = NULL;
-  w->prev = w->next = NULL;
-}
-
 /* Takes the file for this method. Outside a task nothing else can run, so
 ** it is free. A cancelled task raises here, holding nothing. */
 static void file_lock(lua_State *L, lfile *f) {
@@ -177,11 +151,11 @@ static void file_lock(lua_State *L, lfile *f) {
     w->task = me;
     w->L = L;
     w->kase = 0;
-    q_push(&f->waiters, w);
+    lums_q_push(&f->waiters, w);
     lums_before_block(me);
     r = ums_park_wait();
     resumed(me);
-    q_unlink(w);
+    lums_q_unlink(w);
     if (r == UMS_ECANCELED) lums_raise_cancelled(L);
   }
   f->busy = true;
@@ -194,7 +168,7 @@ static void file_unlock(lfile *f) {
   f->owner = NULL;
   lwait *w;
   while ((w = f->waiters.head) != NULL) {
-    q_unlink(w);
+    lums_q_unlink(w);
     if (lums_unpark(w->task, w->tok, 0)) break;
   }
 }

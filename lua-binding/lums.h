@@ -50,6 +50,34 @@ struct lwait {
   int kase;              /* 0, or the select case (1-based) */
 };
 
+/* Appends w to q. */
+static inline void lums_q_push(lwaitq *q, lwait *w) {
+  w->q = q;
+  w->next = NULL;
+  w->prev = q->tail;
+  if (q->tail)
+    q->tail->next = w;
+  else
+    q->head = w;
+  q->tail = w;
+}
+
+/* Takes w off its queue, if it is on one. */
+static inline void lums_q_unlink(lwait *w) {
+  lwaitq *q = w->q;
+  if (!q) return;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    q->head = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  else
+    q->tail = w->prev;
+  w->q = NULL;
+  w->prev = w->next = NULL;
+}
+
 typedef struct joiner {
   ums_park_token_t tok;
 } joiner_t;
