@@ -52,11 +52,7 @@ ums.run(function()            -- the main thread waits here until all ends
         " (another task ticked " .. ticks .. " times meanwhile)")
   ticker:join()
 
-  -- 6. Channels and mutexes (ums.sync), when this build has them.
-  if not ums.channel then
-    print("6. sync: ums.channel not available in this build")
-    return
-  end
+  -- 6. Channels and mutexes.
   local ch = ums.channel(2)             -- a buffer of 2 values
   local producer = ums.spawn(function()
     for i = 1, 5 do ch:send(i * i) end
@@ -81,5 +77,23 @@ ums.run(function()            -- the main thread waits here until all ends
   end
   for _, d in ipairs(done) do d:join() end
   print("6. mutex: 4 tasks x 10 increments = " .. counter)
+
+  -- 7. Files: io's methods, but a read or write parks only its task
+  --    (io_uring underneath). Three tasks append to one shared file.
+  local path = os.tmpname()
+  local log <close> = assert(ums.fs.open(path, "w"))
+  local writers = {}
+  for i = 1, 3 do
+    writers[i] = ums.spawn(function()
+      for j = 1, 2 do log:write(("task %d line %d\n"):format(i, j)) end
+    end)
+  end
+  for _, w in ipairs(writers) do w:join() end
+  log:flush()
+  local lines = 0
+  for _ in ums.fs.lines(path) do lines = lines + 1 end
+  print(("7. files: %d lines, %d bytes, backend %s"):format(lines,
+    ums.fs.stat(path).size, ums.io_backend()))
+  ums.fs.remove(path)
 end)
 print("tour done")

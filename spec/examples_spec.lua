@@ -32,6 +32,13 @@ describe("examples", function()
     it(name .. " runs with lua5.4", function()
       local r = sp.lua_run({path}, {timeout = 60})
       sp.assert_exit(r, 0)
+      if name == "tour.lua" then
+        -- every section ran, and said what it should
+        assert.matches("1%. join:%s+true%s+42", r.stdout)
+        assert.matches("6%. mutex: 4 tasks x 10 increments = 40", r.stdout)
+        assert.matches("7%. files: 6 lines, 84 bytes", r.stdout)
+        assert.matches("tour done\n$", r.stdout)
+      end
     end)
 
     it(name .. " runs with the ums command", function()
