@@ -508,7 +508,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
   if ((e = ums__pool_init(&rt->io_pool, "ums-io",
                           (uint32_t)c.io_pool_threads,
-                          c.worker_idle_timeout)) != 0 ||
+                          c.worker_idle_timeout, 0)) != 0 ||
       (e = io_setup(rt)) != 0) {
     runtime_free(rt);
     goto fail;

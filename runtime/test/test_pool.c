@@ -59,7 +59,7 @@ static void test_grow_to_max_and_trim(void) {
   int base = tu_thread_baseline();
   reset();
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 4, tu_ms(50)), 0);
+  CHECK_RC(ums__pool_init(&p, "test-pool", 4, tu_ms(50), 0), 0);
   CHECK_EQ(ums__pool_threads(&p), 0); /* none until there is work */
   job_t jobs[16];
   for (int i = 0; i < 16; i++) {
@@ -91,7 +91,7 @@ static void test_interrupt(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 8, -1), 0);
+  CHECK_RC(ums__pool_init(&p, "test-pool", 8, -1, 0), 0);
   job_t j;
   init_job(&j, fds[0], NULL);
   CHECK_RC(ums__pool_submit(&p, &j.work), 0);
@@ -116,7 +116,7 @@ static void test_destroy_waits(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 2, -1), 0);
+  CHECK_RC(ums__pool_init(&p, "test-pool", 2, -1, 0), 0);
   /* Two blocked reads and queued work behind them: destroy interrupts
   ** the reads, lets the queue drain, and joins. */
   job_t blocked[2], queued[6];
