@@ -629,6 +629,7 @@ typedef struct ums__counters {
   _Atomic uint64_t tasks_spawned;
   _Atomic uint64_t io_requests;
   _Atomic uint64_t io_submits;
+  _Atomic uint64_t preempt_calls;
 } ums__counters_t;
 
 #define UMS__COUNT(s, field)                                              \
@@ -654,6 +655,10 @@ struct ums__sched {
   _Atomic int is_idle;            /* [atomic, owner writes] */
   _Atomic uint32_t io_pending;    /* [atomic] requests of this scheduler's
                                      tasks not yet completed */
+  _Atomic uint32_t preempt_pending; /* [atomic] preemptive calls of this
+                                     scheduler's tasks not yet returned;
+                                     while nonzero the idle wait spins
+                                     first (a completion is likely soon) */
   ums__counters_t counters;
 
   /* Owner only. */
@@ -710,6 +715,10 @@ struct ums_runtime {
 
   int io_backend;              /* [const] UMS_IO_URING or UMS_IO_POOL */
   ums__pool_t io_pool;         /* the hidden scheduler for file I/O */
+  ums__pool_t preempt_pool;    /* the hidden scheduler for blocking C calls
+                                  (preempt.c): separate from io_pool, so
+                                  that slow C calls never delay file I/O
+                                  and the other way round */
 
   /* Task table. */
   _Atomic(ums__task_t *) chunks[UMS__TASK_MAX_CHUNKS]; /* [atomic] */
