@@ -209,10 +209,19 @@ static int start_thread(ums__pool_t *p) {
   if (!th) return UMS_ENOMEM;
   th->pool = p;
   /* Pool threads never run the handler of a signal meant for a scheduler
-  ** or the host: they start with everything blocked but our own. */
+  ** or the host: they start with everything blocked but our own, and but
+  ** the signals of a fault in the work itself. Those are the thread's own
+  ** and cannot be put off: POSIX leaves a blocked SIGSEGV undefined, and
+  ** Linux then resets it to the default action, so a crash handler (a
+  ** sanitizer's, the host's) would never run for a crash on a pool
+  ** thread. */
   sigset_t all, old;
   sigfillset(&all);
   sigdelset(&all, POOL_SIGNAL);
+  static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+                               SIGSYS};
+  for (size_t i = 0; i < sizeof faults / sizeof faults[0]; i++)
+    sigdelset(&all, faults[i]);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int r = pthread_create(&th->thread, NULL, pool_main, th);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
