@@ -219,32 +219,49 @@ describe("ums.ffi", function()
     local quantum = ums.config().quantum
     -- Sanitizers slow every switch several times over.
     local limit = SANITIZED and 5 * quantum or quantum
-    run(function()
-      local stop, last, max_gap, steps = false, ums.now(), 0, 0
-      local tasks = {}
-      for i = 1, 1000 do
-        tasks[i] = ums.spawn(function()
-          while not stop do
-            local now = ums.now()
-            if now - last > max_gap then max_gap = now - last end
-            last = now
-            steps = steps + 1
-            ums.yield()
-          end
-        end)
-      end
-      ums.yield()
-      local t0 = ums.now()
-      last, max_gap, steps = t0, 0, 0
-      assert.equal(0, C.usleep(50000))
-      local took = ums.now() - t0
-      stop = true
-      for _, t in ipairs(tasks) do assert.is_true((t:join())) end
+    -- One measurement: the largest gap between two steps of the other
+    -- tasks while the call runs.
+    local function measure()
+      local max_gap, steps, took
+      run(function()
+        local stop, last = false, ums.now()
+        max_gap, steps = 0, 0
+        local tasks = {}
+        for i = 1, 1000 do
+          tasks[i] = ums.spawn(function()
+            while not stop do
+              local now = ums.now()
+              if now - last > max_gap then max_gap = now - last end
+              last = now
+              steps = steps + 1
+              ums.yield()
+            end
+          end)
+        end
+        ums.yield()
+        local t0 = ums.now()
+        last, max_gap, steps = t0, 0, 0
+        assert.equal(0, C.usleep(50000))
+        took = ums.now() - t0
+        stop = true
+        for _, t in ipairs(tasks) do assert.is_true((t:join())) end
+      end)
       assert.is_true(took >= 0.05, "usleep returned early: " .. took)
       assert.is_true(steps >= 1000, "the others did not run: " .. steps)
-      assert.is_true(max_gap < limit, ("a stall of %.1f ms (limit %.1f)")
-        :format(max_gap * 1e3, limit * 1e3))
-    end)
+      return max_gap
+    end
+    -- The VM has 2 CPUs and may be shared: the kernel itself can take the
+    -- scheduler thread away for a few ms. A call that blocked the
+    -- scheduler would stall it for the whole 50 ms every time, so the
+    -- best of a few runs tells the two apart.
+    local gaps = {}
+    for i = 1, 5 do
+      gaps[i] = measure()
+      if gaps[i] < limit then break end
+    end
+    table.sort(gaps)
+    assert.is_true(gaps[1] < limit, ("a stall of %.1f ms (limit %.1f ms)")
+      :format(gaps[1] * 1e3, limit * 1e3))
   end)
 
   describe("timeout and cancel during a call", function()
