@@ -468,6 +468,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable) {
   ** joinable one would stay allocated until the run's end). Only the
   ** run's first task is joined, by core.run itself. */
   ums_spawn_opts_t opts = {0, joinable ? 0 : 1, NULL};
+  if (joinable) r->main = h;
   /* The id goes straight into the handle: the runtime stores it before the
   ** task can start, and for the run's first task the scheduler thread may
   ** start it (and ums.self() read the id) before this call returns. */
@@ -1002,7 +1003,7 @@ static int run_os_exit(lua_State *L) {
     lua_rawseti(L, 1, 1);
     lua_setfield(L, LUA_REGISTRYINDEX, "ums.exit_args");
   }
-  ums_task_cancel(r->rt, r->main_id);
+  ums_task_cancel(r->rt, r->main->id);
   return lums_raise_cancelled(L);
 }
 
@@ -1072,7 +1073,6 @@ static int l_run(lua_State *L) {
   swap_os_exit(L, true);
   lhandle *main = task_new(L, r, 1, true);  /* the handle is at index 1 */
   lua_settop(L, 1);
-  r->main_id = main->id;
   /* From here until the runtime is shut down, the VM belongs to the
   ** scheduler thread; this thread only waits. */
   ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);

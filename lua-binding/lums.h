@@ -121,7 +121,11 @@ struct lrun {
   pthread_cond_t mon_cond;
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
   _Atomic uint64_t preempt_seq;     /* QUANTUM_POLL: step to preempt */
-  ums_task_t main_id;               /* the run's first task */
+  lhandle *main;                    /* the run's first task's handle: set
+                                       before the task is spawned, and its
+                                       id is stored by the runtime before
+                                       the task can start, so the task
+                                       itself may read it (os.exit) */
   bool exit_requested;              /* os.exit was called in a task */
   /* Pool of ltasks, each with its reset coroutine and registry slots
   ** (no lua_newthread or luaL_ref per task). */
