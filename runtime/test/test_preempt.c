@@ -378,7 +378,8 @@ static void test_give_up_queued(void) {
 /* ====================================================================== */
 
 static _Atomic int ticker_stop;
-static int64_t ticker_max_gap, ticker_ticks;
+static int64_t ticker_max_gap; /* read after the ticker is joined */
+static _Atomic int64_t ticker_ticks;
 
 static void *ticker(void *arg) {
   int64_t last = ums_now();
@@ -406,11 +407,12 @@ static void test_sched_keeps_running(void) {
   ums_runtime_t *saved = rt;
   rt = tu_runtime_new(1);
   atomic_store(&ticker_stop, 0);
-  ticker_max_gap = ticker_ticks = 0;
+  ticker_max_gap = 0;
+  atomic_store(&ticker_ticks, 0);
   ums_task_t tk;
   CHECK_RC(ums_task_spawn(rt, NULL, ticker, NULL, &tk), 0);
   CHECK(in_task(0, slow_call, NULL));
-  int64_t ticks = ticker_ticks;
+  int64_t ticks = atomic_load(&ticker_ticks);
   atomic_store(&ticker_stop, 1);
   CHECK_RC(ums_task_join(rt, tk, UMS_FOREVER, NULL, NULL), 0);
   /* 1 ms sleeps through a 50 ms call: some 40 ticks; a blocked scheduler
