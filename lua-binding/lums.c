@@ -1052,6 +1052,7 @@ static int l_run(lua_State *L) {
   }
   lua_pop(L, 1);
   cfg.io_pool_threads = config_int(L, cfgi, "io_threads", 0);
+  cfg.preempt_threads = config_int(L, cfgi, "preempt_threads", 0);
   lua_pop(L, 1);
 
   lrun *r = calloc(1, sizeof *r);
@@ -1238,6 +1239,7 @@ int luaopen_ums_core(lua_State *L) {
   lua_setfield(L, -2, "spawn");
   lums_open_chan(L);
   lums_open_fs(L);
+  lums_open_ffi(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
   return 1;

@@ -105,6 +105,7 @@ struct ltask {
   int njoiners, capjoiners;
   joiner_t join1[2];     /* room for the usual one or two joiners */
   lwait wait;            /* its channel send/recv while parked in one */
+  int ffi_errno;         /* errno right after its last ums.ffi call */
 };
 
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
@@ -195,6 +196,9 @@ LUMS_HIDDEN void lums_become_current(ltask *t);
 
 /* lfs.c: adds the fs table to the module table at the top. */
 LUMS_HIDDEN void lums_open_fs(lua_State *L);
+
+/* lffi.c: adds the ffi table to the module table at the top. */
+LUMS_HIDDEN void lums_open_ffi(lua_State *L);
 
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);

@@ -131,6 +131,8 @@ typedef struct ums_config {
   int io_backend;               /* UMS_IO_AUTO (default), UMS_IO_URING or
                                    UMS_IO_POOL; see "File I/O" */
   int io_pool_threads;          /* most threads of the I/O pool; default 64 */
+  int preempt_threads;          /* most threads of the C-call pool (see
+                                   "Going preemptive"); default 64 */
 } ums_config_t;
 
 /* File I/O backends (ums_config_t.io_backend). AUTO uses io_uring when the
@@ -541,6 +543,71 @@ UMS_API int ums_fs_readdir(const char *path, ums_dirlist_t **out,
 UMS_API void ums_dirlist_free(ums_dirlist_t *list);
 
 /* ====================================================================== */
+/* Going preemptive                                                        */
+/* ====================================================================== */
+/*
+** A task that must make a blocking C call (a library without an async
+** interface, a long computation) hands it to the runtime's hidden
+** scheduler for C calls: a pool of OS threads, separate from the file I/O
+** pool. Only the calling task parks; its scheduler keeps running the
+** others, and the task resumes on its own scheduler through its
+** completion list when the call has returned. Threads start on demand up
+** to ums_config_t.preempt_threads and end after worker_idle_timeout
+** without work. runtime/PREEMPT.md describes the design.
+**
+** A call is never killed. When the caller's wait ends first (the deadline
+** passed, or the task was cancelled) the call is detached: it runs to its
+** end on the pool thread without the caller, or, if no thread had taken
+** it yet, never starts.
+**
+** Ownership of arg. It is the caller's again only when the call returns
+** 0: fn(arg) has then run to its end and everything it wrote into *arg
+** is visible. On every other return arg belongs to the runtime, which
+** calls release(arg) exactly once, when nothing touches arg any more: on
+** a pool thread after fn(arg) has returned (or instead of fn, if the call
+** never started), or before ums_preempt returns if the call could not
+** start at all (UMS_ECANCELED for a task already cancelled, UMS_ENOMEM,
+** UMS_EINVAL). So arg (and whatever fn reads or writes) must not live on
+** the caller's stack unless release is NULL and the caller never gives
+** up (deadline UMS_FOREVER in a task that is never cancelled). release
+** may be NULL when arg needs no freeing.
+**
+** ums_runtime_shutdown waits for detached calls still running; it
+** interrupts their system calls with a signal (they fail with EINTR) every
+** few milliseconds meanwhile, as it does for file I/O. A call that never
+** returns makes the shutdown wait forever: a thread cannot be killed.
+*/
+
+typedef void (*ums_preempt_fn)(void *arg);
+
+/* Runs fn(arg) on the C-call pool; parks the calling task until it has
+** returned or the deadline passes. Returns 0 (fn ran), UMS_ETIMEDOUT or
+** UMS_ECANCELED (the call is detached; see "Ownership of arg"),
+** UMS_ENOMEM, UMS_EINVAL (fn is NULL). When fn(arg) returned before the
+** task noticed its deadline or cancellation, the result is 0. Outside a
+** task (a host thread) fn(arg) runs right here and the result is 0; the
+** deadline is not applied there. */
+UMS_API int ums_preempt(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
+                        int64_t deadline);
+
+/* The same call in two halves, for step tasks that cannot block their
+** worker (language bindings: the Lua binding yields the coroutine between
+** them). ums_preempt_begin begins a park of the calling task (see
+** ums_park_begin) and hands fn(arg) to the pool; the caller then ends
+** that park like any other (a step returns UMS_STEP_PARK, or
+** ums_park_wait()) and, once the park has ended, calls ums_preempt_end,
+** which returns what ums_preempt would have and frees *call. The task
+** must not begin another park in between. ums_preempt_begin returns 0 and
+** stores the call in *call, or UMS_EPERM outside a task, UMS_EBUSY when a
+** park is already begun, UMS_ECANCELED, UMS_ENOMEM, UMS_EINVAL; on every
+** error release(arg) has been called (see "Ownership of arg"). */
+typedef struct ums_preempt_call ums_preempt_call_t;
+UMS_API int ums_preempt_begin(ums_preempt_fn fn, void *arg,
+                              ums_preempt_fn release, int64_t deadline,
+                              ums_preempt_call_t **call);
+UMS_API int ums_preempt_end(ums_preempt_call_t *call);
+
+/* ====================================================================== */
 /* Counters                                                                */
 /* ====================================================================== */
 
@@ -566,6 +633,10 @@ typedef struct ums_sched_stats {
   uint64_t io_submits;          /* io_uring_enter calls made to submit
                                    (several requests per call when
                                    batched); 0 with the pool backend */
+  uint64_t preempt_pending;     /* preemptive calls of this scheduler's
+                                   tasks not yet returned (detached ones
+                                   included) */
+  uint64_t preempt_calls;       /* preemptive calls started here, total */
 } ums_sched_stats_t;
 
 /* Fills up to n rows (one per scheduler) and returns the number of

@@ -53,11 +53,7 @@ void ums__lock_slow(ums__lock_t *l) {
   for (unsigned spins = 0;; spins++) {
     while (atomic_load_explicit(&l->locked, memory_order_relaxed)) {
       if (spins++ < 128) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
-#endif
+        ums__cpu_relax();
       } else {
         /* The holder is probably preempted; let it run. */
         sched_yield();

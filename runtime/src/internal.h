@@ -59,6 +59,16 @@ static inline void ums__unlock(ums__lock_t *l) {
   atomic_store_explicit(&l->locked, 0, memory_order_release);
 }
 
+/* One step of a spin-wait: tells the CPU (and a hyperthread sibling) that
+** this is a busy loop. */
+static inline void ums__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* ====================================================================== */
 /* Clock and futex (clock.c)                                               */
 /* ====================================================================== */
@@ -445,8 +455,16 @@ typedef struct ums__pool {
   pthread_cond_t exit_cv;            /* a thread ended (for destroy) */
   ums__pool_work_t *head, *tail;     /* [lock] FIFO of queued work */
   uint32_t nqueued;                  /* [lock] */
+  _Atomic uint32_t queued_hint;      /* [atomic, written under lock] a copy
+                                        of nqueued that spinning threads
+                                        read without the lock */
   uint32_t nthreads;                 /* [lock] threads alive */
-  uint32_t nidle;                    /* [lock] threads waiting for work */
+  uint32_t nidle;                    /* [lock] threads waiting for work,
+                                        spinning ones included */
+  uint32_t nspinning;                /* [lock] threads spinning for work */
+  int64_t spin_ns;                   /* [const] how long an idle thread
+                                        spins before it sleeps; 0: never
+                                        (see pool.c) */
   ums__pool_thread_t *threads;       /* [lock] every thread not yet joined */
   bool stopping;                     /* [lock] destroy has begun */
   uint32_t max;                      /* [const] */
@@ -454,8 +472,10 @@ typedef struct ums__pool {
   const char *name;                  /* [const] thread name prefix */
 } ums__pool_t;
 
+/* spin_ns: an idle thread spins that long for new work before it sleeps
+** on the condition variable (0: it sleeps at once). */
 int ums__pool_init(ums__pool_t *p, const char *name, uint32_t max,
-                   int64_t idle_timeout);
+                   int64_t idle_timeout, int64_t spin_ns);
 /* Queues w. Returns 0, or UMS_EAGAIN when the pool has no thread and
 ** cannot start one (the caller then runs the work itself). Any thread. */
 int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w);
@@ -609,6 +629,7 @@ typedef struct ums__counters {
   _Atomic uint64_t tasks_spawned;
   _Atomic uint64_t io_requests;
   _Atomic uint64_t io_submits;
+  _Atomic uint64_t preempt_calls;
 } ums__counters_t;
 
 #define UMS__COUNT(s, field)                                              \
@@ -634,6 +655,10 @@ struct ums__sched {
   _Atomic int is_idle;            /* [atomic, owner writes] */
   _Atomic uint32_t io_pending;    /* [atomic] requests of this scheduler's
                                      tasks not yet completed */
+  _Atomic uint32_t preempt_pending; /* [atomic] preemptive calls of this
+                                     scheduler's tasks not yet returned;
+                                     while nonzero the idle wait spins
+                                     first (a completion is likely soon) */
   ums__counters_t counters;
 
   /* Owner only. */
@@ -690,6 +715,10 @@ struct ums_runtime {
 
   int io_backend;              /* [const] UMS_IO_URING or UMS_IO_POOL */
   ums__pool_t io_pool;         /* the hidden scheduler for file I/O */
+  ums__pool_t preempt_pool;    /* the hidden scheduler for blocking C calls
+                                  (preempt.c): separate from io_pool, so
+                                  that slow C calls never delay file I/O
+                                  and the other way round */
 
   /* Task table. */
   _Atomic(ums__task_t *) chunks[UMS__TASK_MAX_CHUNKS]; /* [atomic] */

@@ -31,6 +31,8 @@ int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
     r->io_pending = LOAD(s->io_pending);
     r->io_requests = LOAD(s->counters.io_requests);
     r->io_submits = LOAD(s->counters.io_submits);
+    r->preempt_pending = LOAD(s->preempt_pending);
+    r->preempt_calls = LOAD(s->counters.preempt_calls);
   }
   return rt->nsched;
 }

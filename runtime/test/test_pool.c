@@ -8,6 +8,7 @@
 #include "test-util.h"
 
 #include <errno.h>
+#include <signal.h>
 
 typedef struct job {
   ums__pool_work_t work;
@@ -59,7 +60,7 @@ static void test_grow_to_max_and_trim(void) {
   int base = tu_thread_baseline();
   reset();
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 4, tu_ms(50)), 0);
+  CHECK_RC(ums__pool_init(&p, "test-pool", 4, tu_ms(50), 0), 0);
   CHECK_EQ(ums__pool_threads(&p), 0); /* none until there is work */
   job_t jobs[16];
   for (int i = 0; i < 16; i++) {
@@ -91,7 +92,7 @@ static void test_interrupt(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 8, -1), 0);
+  CHECK_RC(ums__pool_init(&p, "test-pool", 8, -1, 0), 0);
   job_t j;
   init_job(&j, fds[0], NULL);
   CHECK_RC(ums__pool_submit(&p, &j.work), 0);
@@ -116,7 +117,7 @@ static void test_destroy_waits(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 2, -1), 0);
+  CHECK_RC(ums__pool_init(&p, "test-pool", 2, -1, 0), 0);
   /* Two blocked reads and queued work behind them: destroy interrupts
   ** the reads, lets the queue drain, and joins. */
   job_t blocked[2], queued[6];
@@ -137,8 +138,42 @@ static void test_destroy_waits(void) {
   close(fds[1]);
 }
 
+/* A fault in the work is the pool thread's own: its signal must not be
+** blocked (Linux would reset a blocked SIGSEGV to the default action, so
+** no crash handler could ever report it), while signals meant for the
+** host stay blocked. */
+typedef struct mask_job {
+  ums__pool_work_t work;
+  sigset_t mask;
+  _Atomic int done;
+} mask_job_t;
+
+static void mask_run(ums__pool_work_t *w) {
+  mask_job_t *j = UMS__CONTAINER_OF(w, mask_job_t, work);
+  pthread_sigmask(SIG_BLOCK, NULL, &j->mask);
+  atomic_store(&j->done, 1);
+}
+
+static void test_fault_signals_unblocked(void) {
+  int base = tu_thread_baseline();
+  ums__pool_t p;
+  CHECK_RC(ums__pool_init(&p, "test-pool", 1, -1, 0), 0);
+  mask_job_t j = {.work.run = mask_run};
+  CHECK_RC(ums__pool_submit(&p, &j.work), 0);
+  WAIT_UNTIL(atomic_load(&j.done), 5000);
+  ums__pool_destroy(&p);
+  CHECK(!sigismember(&j.mask, SIGSEGV));
+  CHECK(!sigismember(&j.mask, SIGBUS));
+  CHECK(!sigismember(&j.mask, SIGFPE));
+  CHECK(!sigismember(&j.mask, SIGILL));
+  CHECK(sigismember(&j.mask, SIGINT));
+  CHECK(sigismember(&j.mask, SIGTERM));
+  CHECK_THREADS(base);
+}
+
 int main(void) {
   RUN(test_grow_to_max_and_trim);
+  RUN(test_fault_signals_unblocked);
   RUN(test_interrupt);
   RUN(test_destroy_waits);
   return 0;

@@ -32,6 +32,8 @@ local settings = {
         '"auto", "uring" or "pool"'},
   io_threads = {non_negative_int,
                 "a non-negative integer (0: the default, 64)"},
+  preempt_threads = {non_negative_int,
+                     "a non-negative integer (0: the default, 64)"},
 }
 
 local defaults = {
@@ -43,6 +45,7 @@ local defaults = {
   idle_workers_kept = 16,
   io = "auto",
   io_threads = 0,
+  preempt_threads = 0,
 }
 
 --- ums.config([settings]) -> the settings in force for the next ums.run.

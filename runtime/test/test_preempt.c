@@ -1,0 +1,538 @@
+/*
+** test_preempt.c: going preemptive (preempt.c on the C-call pool): results
+** and where the call runs, many calls at once, the pool's bound and its
+** trimming, timeout and cancel with the call still running (the call is
+** detached, arg stays alive until release, the thread is reused), a
+** scheduler that keeps running its other tasks during a call, the file
+** I/O pool not starved by queued C calls, and shutdown with calls in
+** flight.
+**
+** Calls that must block until the test lets them go wait on a gate: an
+** atomic polled with short sleeps, so that nothing depends on timing
+** except the checks that are about timing, and those have wide margins.
+*/
+#include "internal.h"
+#include "test-util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <time.h>
+
+#define PTR(x) ((void *)(uintptr_t)(x))
+
+static ums_runtime_t *rt;
+
+/* Runs fn(arg) as a task on scheduler `sched` and returns its result. */
+static void *in_task(int sched, ums_task_fn fn, void *arg) {
+  ums_spawn_opts_t o = {.sched = sched};
+  ums_task_t t;
+  void *res = NULL;
+  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
+  return res;
+}
+
+static uint64_t preempt_pending(ums_runtime_t *r) {
+  return tu_stats_sum(r, preempt_pending);
+}
+
+/* ====================================================================== */
+/* A call's record                                                         */
+/* ====================================================================== */
+
+/* What a test call gets: heap memory, freed by the test after a 0 return
+** or by release after the caller gave up. */
+typedef struct job {
+  int64_t in, out;
+  pthread_t ran_on;          /* the thread fn ran on */
+  _Atomic int *gate;         /* fn waits until *gate != 0; NULL: no wait */
+  int64_t sleep_ns;          /* fn sleeps this long (nanosleep) */
+  int sleep_err;             /* errno of an interrupted sleep */
+  _Atomic int *started;      /* incremented when fn starts, if not NULL */
+  _Atomic int *finished;     /* incremented when fn returns, if not NULL */
+  _Atomic int *released;     /* incremented by release, if not NULL */
+  /* Written after the gate opens: with ASan, a use after free if the
+  ** runtime freed the job too early. */
+  char scratch[64];
+} job_t;
+
+static _Atomic int running_now, running_max;
+
+static void job_fn(void *arg) {
+  job_t *j = arg;
+  j->ran_on = pthread_self();
+  if (j->started) atomic_fetch_add(j->started, 1);
+  int now = atomic_fetch_add(&running_now, 1) + 1;
+  int seen = atomic_load(&running_max);
+  while (now > seen && !atomic_compare_exchange_weak(&running_max, &seen, now)) {
+  }
+  if (j->gate)
+    while (!atomic_load(j->gate)) usleep(200);
+  if (j->sleep_ns) {
+    struct timespec ts = {j->sleep_ns / UMS_NSEC_PER_SEC,
+                          j->sleep_ns % UMS_NSEC_PER_SEC};
+    if (nanosleep(&ts, NULL) != 0) j->sleep_err = errno;
+  }
+  memset(j->scratch, 0x5a, sizeof j->scratch);
+  j->out = j->in * 2 + 1;
+  atomic_fetch_sub(&running_now, 1);
+  if (j->finished) atomic_fetch_add(j->finished, 1);
+}
+
+static void job_release(void *arg) {
+  job_t *j = arg;
+  _Atomic int *released = j->released;
+  free(j);
+  if (released) atomic_fetch_add(released, 1);
+}
+
+static job_t *job_new(int64_t in) {
+  job_t *j = calloc(1, sizeof *j);
+  CHECK(j != NULL);
+  j->in = in;
+  return j;
+}
+
+/* ====================================================================== */
+/* Results                                                                 */
+/* ====================================================================== */
+
+static void *one_call(void *arg) {
+  job_t *j = job_new((int64_t)(uintptr_t)arg);
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  CHECK_EQ(j->out, j->in * 2 + 1);
+  /* It ran on a pool thread, not on this scheduler's thread. */
+  CHECK(!pthread_equal(j->ran_on, pthread_self()));
+  free(j);
+  return PTR(1);
+}
+
+static void test_results(void) {
+  CHECK(in_task(0, one_call, PTR(20)));
+  CHECK(in_task(1, one_call, PTR(-7)));
+  CHECK_EQ(tu_stats_sum(rt, preempt_calls), 2);
+  CHECK_EQ(preempt_pending(rt), 0);
+
+  /* Outside a task the call runs right here. */
+  job_t j = {.in = 5};
+  CHECK_RC(ums_preempt(job_fn, &j, NULL, UMS_FOREVER), 0);
+  CHECK_EQ(j.out, 11);
+  CHECK(pthread_equal(j.ran_on, pthread_self()));
+
+  /* Bad input: release still takes arg. */
+  _Atomic int released = 0;
+  job_t *b = job_new(0);
+  b->released = &released;
+  CHECK_RC(ums_preempt(NULL, b, job_release, UMS_FOREVER), UMS_EINVAL);
+  CHECK_EQ(atomic_load(&released), 1);
+  ums_preempt_call_t *c;
+  b = job_new(0);
+  b->released = &released;
+  CHECK_RC(ums_preempt_begin(job_fn, b, job_release, UMS_FOREVER, &c),
+           UMS_EPERM);
+  CHECK_EQ(atomic_load(&released), 2);
+  CHECK_RC(ums_preempt_end(NULL), UMS_EINVAL);
+}
+
+/* The split form, as a binding uses it: begin, park, end. */
+static void *split_call(void *arg) {
+  job_t *j = job_new(8);
+  ums_preempt_call_t *c;
+  CHECK_RC(ums_preempt_begin(job_fn, j, job_release, UMS_FOREVER, &c), 0);
+  /* The task's park is begun: another one is refused. */
+  ums_park_token_t tok;
+  CHECK_RC(ums_park_begin(UMS_FOREVER, &tok), UMS_EBUSY);
+  CHECK_RC(ums_park_wait(), 0);
+  CHECK_RC(ums_preempt_end(c), 0);
+  CHECK_EQ(j->out, 17);
+  free(j);
+  return PTR(1);
+}
+
+static void test_split(void) { CHECK(in_task(0, split_call, NULL)); }
+
+/* ====================================================================== */
+/* Many calls                                                              */
+/* ====================================================================== */
+
+#define MANY_TASKS 200
+#define MANY_CALLS 10
+
+static void *many_calls(void *arg) {
+  int64_t base = (int64_t)(uintptr_t)arg * 1000;
+  for (int i = 0; i < MANY_CALLS; i++) {
+    job_t *j = job_new(base + i);
+    if (i % 3 == 0) j->sleep_ns = 200 * UMS_NSEC_PER_USEC;
+    CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+    CHECK_EQ(j->out, (base + i) * 2 + 1);
+    free(j);
+  }
+  return PTR(1);
+}
+
+static void test_many(void) {
+  uint64_t calls0 = tu_stats_sum(rt, preempt_calls);
+  ums_task_t t[MANY_TASKS];
+  for (int i = 0; i < MANY_TASKS; i++) {
+    ums_spawn_opts_t o = {.sched = i % 2};
+    CHECK_RC(ums_task_spawn(rt, &o, many_calls, PTR(i), &t[i]), 0);
+  }
+  for (int i = 0; i < MANY_TASKS; i++) {
+    void *res;
+    CHECK_RC(ums_task_join(rt, t[i], UMS_FOREVER, &res, NULL), 0);
+    CHECK(res == PTR(1));
+  }
+  CHECK_EQ(tu_stats_sum(rt, preempt_calls) - calls0,
+           MANY_TASKS * MANY_CALLS);
+  CHECK_EQ(preempt_pending(rt), 0);
+  CHECK_LE(ums__pool_threads(&rt->preempt_pool), 64);
+}
+
+/* ====================================================================== */
+/* The pool's bound and trimming                                           */
+/* ====================================================================== */
+
+static _Atomic int bound_gate;
+
+static void *gated_call(void *arg) {
+  job_t *j = job_new(1);
+  j->gate = &bound_gate;
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  free(j);
+  return PTR(1);
+}
+
+static void test_bound_and_trim(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new_cfg((&(ums_config_t){
+      .schedulers = 1, .preempt_threads = 3,
+      .worker_idle_timeout = tu_ms(50)}));
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  CHECK_EQ(c.preempt_threads, 3);
+  atomic_store(&running_max, 0);
+  ums_task_t t[10];
+  for (int i = 0; i < 10; i++)
+    CHECK_RC(ums_task_spawn(rt, NULL, gated_call, NULL, &t[i]), 0);
+  WAIT_UNTIL(atomic_load(&running_now) == 3, 5000);
+  usleep(20000);
+  CHECK_EQ(atomic_load(&running_now), 3); /* the rest wait, queued */
+  CHECK_EQ(ums__pool_threads(&rt->preempt_pool), 3);
+  CHECK_EQ(preempt_pending(rt), 10);
+  atomic_store(&bound_gate, 1);
+  for (int i = 0; i < 10; i++)
+    CHECK_RC(ums_task_join(rt, t[i], UMS_FOREVER, NULL, NULL), 0);
+  CHECK_EQ(atomic_load(&running_max), 3);
+  /* Idle threads end after the idle timeout. */
+  WAIT_UNTIL(ums__pool_threads(&rt->preempt_pool) == 0, 5000);
+  /* And the pool starts threads again after that. */
+  CHECK(in_task(0, one_call, PTR(3)));
+  atomic_store(&bound_gate, 0);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+
+  /* A bad bound is refused. */
+  int err = 0;
+  CHECK(ums_runtime_new(&(ums_config_t){.preempt_threads = -1}, &err) ==
+        NULL);
+  CHECK_RC(err, UMS_EINVAL);
+}
+
+/* ====================================================================== */
+/* Timeout and cancel with the call running                                */
+/* ====================================================================== */
+
+static _Atomic int gate, started, finished, released;
+
+static void reset_counts(void) {
+  atomic_store(&gate, 0);
+  atomic_store(&started, 0);
+  atomic_store(&finished, 0);
+  atomic_store(&released, 0);
+}
+
+static job_t *counted_job(void) {
+  job_t *j = job_new(4);
+  j->gate = &gate;
+  j->started = &started;
+  j->finished = &finished;
+  j->released = &released;
+  return j;
+}
+
+static pthread_t last_thread;
+
+static void *times_out(void *arg) {
+  job_t *j = counted_job();
+  int64_t t0 = ums_now();
+  CHECK_RC(ums_preempt(job_fn, j, job_release, ums_deadline(tu_ms(30))),
+           UMS_ETIMEDOUT);
+  int64_t ms = tu_elapsed_ms(t0);
+  CHECK_GE(ms, 29);
+  CHECK_LT(ms, 2000);
+  /* j is the runtime's now: not touched here. */
+  return PTR(1);
+}
+
+static void *cancelled_in_call(void *arg) {
+  job_t *j = counted_job();
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), UMS_ECANCELED);
+  CHECK(ums_cancelled());
+  /* A cancelled task may not start another call: refused, arg released. */
+  job_t *k = job_new(1);
+  k->released = &released;
+  CHECK_RC(ums_preempt(job_fn, k, job_release, UMS_FOREVER), UMS_ECANCELED);
+  return PTR(1);
+}
+
+static void *note_thread(void *arg) {
+  job_t *j = job_new(0);
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  last_thread = j->ran_on;
+  free(j);
+  return PTR(1);
+}
+
+static void test_give_up_in_call(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new_cfg((&(ums_config_t){.schedulers = 1,
+                                          .preempt_threads = 1}));
+  /* Timeout: the caller returns at the deadline, the call runs on. */
+  reset_counts();
+  CHECK(in_task(0, times_out, NULL));
+  CHECK_EQ(atomic_load(&started), 1);
+  CHECK_EQ(atomic_load(&finished), 0);
+  CHECK_EQ(atomic_load(&released), 0); /* the job is still alive */
+  CHECK_EQ(preempt_pending(rt), 1);
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&released) == 1, 5000);
+  CHECK_EQ(atomic_load(&finished), 1);
+  WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+  /* The only pool thread is free again and takes the next call. */
+  CHECK(in_task(0, note_thread, NULL));
+  pthread_t first = last_thread;
+  CHECK_EQ(ums__pool_threads(&rt->preempt_pool), 1);
+
+  /* Cancel: the same, through ums_task_cancel. */
+  reset_counts();
+  ums_spawn_opts_t o = {0};
+  ums_task_t t;
+  CHECK_RC(ums_task_spawn(rt, &o, cancelled_in_call, NULL, &t), 0);
+  WAIT_UNTIL(atomic_load(&started) == 1, 5000);
+  CHECK_RC(ums_task_cancel(rt, t), 0);
+  void *res;
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
+  CHECK(res == PTR(1));
+  CHECK_EQ(atomic_load(&finished), 0);
+  CHECK_EQ(atomic_load(&released), 1); /* the refused second call's */
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&released) == 2, 5000);
+  CHECK(in_task(0, note_thread, NULL));
+  CHECK(pthread_equal(first, last_thread));
+  CHECK_EQ(ums__pool_threads(&rt->preempt_pool), 1);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
+/* A call given up while still queued never starts; release runs. */
+static _Atomic int queued_gate;
+
+static void *blocks_the_pool(void *arg) {
+  job_t *j = job_new(0);
+  j->gate = &queued_gate;
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  free(j);
+  return PTR(1);
+}
+
+static void *queued_times_out(void *arg) {
+  job_t *j = counted_job();
+  j->gate = NULL;
+  CHECK_RC(ums_preempt(job_fn, j, job_release, ums_deadline(tu_ms(20))),
+           UMS_ETIMEDOUT);
+  return PTR(1);
+}
+
+static void test_give_up_queued(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new_cfg((&(ums_config_t){.schedulers = 1,
+                                          .preempt_threads = 1}));
+  reset_counts();
+  atomic_store(&queued_gate, 0);
+  ums_task_t blocker;
+  CHECK_RC(ums_task_spawn(rt, NULL, blocks_the_pool, NULL, &blocker), 0);
+  WAIT_UNTIL(atomic_load(&running_now) == 1, 5000);
+  CHECK(in_task(0, queued_times_out, NULL));
+  atomic_store(&queued_gate, 1);
+  CHECK_RC(ums_task_join(rt, blocker, UMS_FOREVER, NULL, NULL), 0);
+  WAIT_UNTIL(atomic_load(&released) == 1, 5000);
+  CHECK_EQ(atomic_load(&started), 0);
+  WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
+/* ====================================================================== */
+/* The scheduler keeps running                                             */
+/* ====================================================================== */
+
+static _Atomic int ticker_stop;
+static int64_t ticker_max_gap; /* read after the ticker is joined */
+static _Atomic int64_t ticker_ticks;
+
+static void *ticker(void *arg) {
+  int64_t last = ums_now();
+  while (!atomic_load(&ticker_stop)) {
+    CHECK_RC(ums_sleep(UMS_NSEC_PER_MSEC), 0);
+    int64_t now = ums_now();
+    if (now - last > ticker_max_gap) ticker_max_gap = now - last;
+    last = now;
+    ticker_ticks++;
+  }
+  return PTR(1);
+}
+
+static void *slow_call(void *arg) {
+  job_t *j = job_new(1);
+  j->sleep_ns = 50 * UMS_NSEC_PER_MSEC;
+  int64_t t0 = ums_now();
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  CHECK_GE(ums_now() - t0, 50 * UMS_NSEC_PER_MSEC);
+  free(j);
+  return PTR(1);
+}
+
+static void test_sched_keeps_running(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(1);
+  atomic_store(&ticker_stop, 0);
+  ticker_max_gap = 0;
+  atomic_store(&ticker_ticks, 0);
+  ums_task_t tk;
+  CHECK_RC(ums_task_spawn(rt, NULL, ticker, NULL, &tk), 0);
+  CHECK(in_task(0, slow_call, NULL));
+  int64_t ticks = atomic_load(&ticker_ticks);
+  atomic_store(&ticker_stop, 1);
+  CHECK_RC(ums_task_join(rt, tk, UMS_FOREVER, NULL, NULL), 0);
+  /* 1 ms sleeps through a 50 ms call: some 40 ticks; a blocked scheduler
+  ** would give none. The gap bound is wide for a noisy VM. */
+  CHECK_GE(ticks, 10);
+  CHECK_LT(ticker_max_gap, 25 * UMS_NSEC_PER_MSEC);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
+/* ====================================================================== */
+/* Starvation: slow C calls do not delay file I/O                         */
+/* ====================================================================== */
+
+#define SLOW_CALLS 100
+static _Atomic int slow_gate;
+static char read_path[256];
+
+static void *gated_slow(void *arg) {
+  job_t *j = job_new(0);
+  j->gate = &slow_gate;
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  free(j);
+  return PTR(1);
+}
+
+static void *timed_read(void *arg) {
+  int fd = ums_fs_open(read_path, O_RDONLY, 0, ums_deadline(tu_ms(2000)));
+  CHECK_GE(fd, 0);
+  ums_buf_t *b = ums_buf_new(4096);
+  int64_t t0 = ums_now();
+  int64_t n = ums_fs_read(fd, b, 0, 4096, 0, ums_deadline(tu_ms(2000)));
+  int64_t ns = ums_now() - t0;
+  CHECK_EQ(n, 5);
+  CHECK(memcmp(ums_buf_data(b), "hello", 5) == 0);
+  ums_buf_release(b);
+  CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+  return PTR((uintptr_t)ns);
+}
+
+static void test_no_starvation(void) {
+  snprintf(read_path, sizeof read_path, "%s/ums-test-preempt-XXXXXX",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  int fd = mkstemp(read_path);
+  CHECK_GE(fd, 0);
+  CHECK_EQ(write(fd, "hello", 5), 5);
+  close(fd);
+
+  ums_runtime_t *saved = rt;
+  /* The pool I/O backend, with as many threads as the C-call pool: if the
+  ** two shared threads or a queue, the read would wait behind 96 queued
+  ** calls until the gate opens, and time out. */
+  rt = tu_runtime_new_cfg((&(ums_config_t){
+      .schedulers = 2, .io_backend = UMS_IO_POOL, .io_pool_threads = 4,
+      .preempt_threads = 4}));
+  atomic_store(&slow_gate, 0);
+  atomic_store(&running_now, 0);
+  ums_task_t t[SLOW_CALLS];
+  for (int i = 0; i < SLOW_CALLS; i++) {
+    ums_spawn_opts_t o = {.sched = i % 2};
+    CHECK_RC(ums_task_spawn(rt, &o, gated_slow, NULL, &t[i]), 0);
+  }
+  WAIT_UNTIL(preempt_pending(rt) == SLOW_CALLS, 5000);
+  WAIT_UNTIL(atomic_load(&running_now) == 4, 5000);
+  int64_t ns = (int64_t)(uintptr_t)in_task(0, timed_read, NULL);
+  CHECK_LT(ns, 500 * UMS_NSEC_PER_MSEC);
+  CHECK_EQ(atomic_load(&running_now), 4); /* nothing else moved */
+  atomic_store(&slow_gate, 1);
+  for (int i = 0; i < SLOW_CALLS; i++)
+    CHECK_RC(ums_task_join(rt, t[i], UMS_FOREVER, NULL, NULL), 0);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+  unlink(read_path);
+}
+
+/* ====================================================================== */
+/* Shutdown with calls in flight                                           */
+/* ====================================================================== */
+
+static void *long_call(void *arg) {
+  job_t *j = counted_job();
+  j->gate = NULL;
+  j->sleep_ns = 60 * UMS_NSEC_PER_SEC;
+  /* Cancelled by the shutdown below: the call is detached. */
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), UMS_ECANCELED);
+  return PTR(1);
+}
+
+static void test_shutdown_in_flight(void) {
+  reset_counts();
+  ums_runtime_t *r2 = tu_runtime_new(2);
+  for (int i = 0; i < 4; i++) {
+    ums_spawn_opts_t o = {.sched = i % 2, .detached = 1};
+    CHECK_RC(ums_task_spawn(r2, &o, long_call, NULL, NULL), 0);
+  }
+  WAIT_UNTIL(atomic_load(&started) == 4, 5000);
+  int64_t t0 = ums_now();
+  /* Every task is cancelled at the deadline; their calls, still asleep,
+  ** are interrupted and waited for before anything is freed. */
+  CHECK_RC(ums_runtime_shutdown(r2, ums_deadline(tu_ms(50))), UMS_ETIMEDOUT);
+  tu_live_runtimes--;
+  CHECK_LT(tu_elapsed_ms(t0), 5000);
+  CHECK_EQ(atomic_load(&finished), 4);
+  CHECK_EQ(atomic_load(&released), 4);
+}
+
+int main(void) {
+  rt = tu_runtime_new(2);
+  RUN(test_results);
+  RUN(test_split);
+  RUN(test_many);
+  CHECK_EQ(preempt_pending(rt), 0);
+  tu_runtime_shutdown(rt);
+  rt = NULL;
+  RUN(test_bound_and_trim);
+  RUN(test_give_up_in_call);
+  RUN(test_give_up_queued);
+  RUN(test_sched_keeps_running);
+  RUN(test_no_starvation);
+  RUN(test_shutdown_in_flight);
+  CHECK_THREADS(tu_thread_baseline());
+  return 0;
+}
