@@ -1,0 +1,158 @@
+--[[
+bench_ffi.lua: a trivial C call made preemptive from Lua, ums.ffi next to
+its floors and luv's thread pool, in one run (issue 5's benchmark, Lua
+side; bench/bench_preempt.c has the C side and the raw thread handoff).
+
+usage: lua5.4 bench/lua/bench_ffi.lua [--quick] [--reps N]
+
+  direct      the same C function declared UMS_INLINE (called directly)
+  ums_1       one task calls it preemptively N times (a round trip each:
+              the task parks, a C-call pool thread runs it, the task
+              resumes), microseconds per call
+  ums_64      64 tasks doing the same at once: calls per second
+  luv_1       luv: uv.new_work + work:queue round trips, one at a time
+              (the work function runs in luv's thread pool, in a separate
+              Lua state, and its after-callback in the loop)
+  luv_64      64 such chains at once: calls per second
+The C function is getpid(2) in both (a system call that does not block).
+Medians of --reps repetitions of wall time. Tarantool exposes its coio
+thread pool only to C (coio_call), so it is left to bench_preempt.c's
+floors; luv is the Lua peer here.
+]]
+
+local ums = require "ums"
+local has_luv, uv = pcall(require, "luv")
+local fmt = string.format
+
+local opt = { quick = false, reps = 5 }
+do
+  local i = 1
+  while i <= #arg do
+    if arg[i] == "--quick" then opt.quick = true
+    elseif arg[i] == "--reps" then
+      i = i + 1
+      opt.reps = math.tointeger(tonumber(arg[i]))
+      if not opt.reps or opt.reps < 1 then
+        io.stderr:write("bench_ffi: --reps needs a positive integer\n")
+        os.exit(2)
+      end
+    else
+      io.stderr:write("bench_ffi: unknown option " .. arg[i] .. "\n")
+      os.exit(2)
+    end
+    i = i + 1
+  end
+end
+if opt.quick then opt.reps = math.min(opt.reps, 2) end
+
+local N1 = opt.quick and 2000 or 20000
+local N64 = opt.quick and 6400 or 64000
+local TASKS = 64
+
+local ffi = ums.ffi
+ffi.cdef[[ int getpid(void); ]]
+local C = ffi.C
+ffi.cdef[[ UMS_INLINE int getppid(void); ]]
+
+local now = ums.now
+
+local function median(t)
+  table.sort(t)
+  local n = #t
+  if n % 2 == 1 then return t[(n + 1) // 2] end
+  return (t[n // 2] + t[n // 2 + 1]) / 2
+end
+
+local function measure(fn)
+  local s = {}
+  for i = 1, opt.reps do s[i] = fn() end
+  return median(s)
+end
+
+local function direct()
+  return ums.run(function()
+    local f = C.getppid
+    local t0 = now()
+    for _ = 1, N1 do f() end
+    return (now() - t0) / N1
+  end)
+end
+
+local function ums_1()
+  return ums.run(function()
+    local f = C.getpid
+    local t0 = now()
+    for _ = 1, N1 do f() end
+    return (now() - t0) / N1
+  end)
+end
+
+local function ums_64()
+  return ums.run(function()
+    local f = C.getpid
+    local per = N64 // TASKS
+    local t0 = now()
+    local ts = {}
+    for i = 1, TASKS do
+      ts[i] = ums.spawn(function() for _ = 1, per do f() end end)
+    end
+    for _, t in ipairs(ts) do assert(t:join()) end
+    return (now() - t0) / (per * TASKS)
+  end)
+end
+
+local function luv_chains(chains, total)
+  local per = total // chains
+  local done = 0
+  local t0 = uv.hrtime()
+  for _ = 1, chains do
+    local left = per
+    local w
+    w = uv.new_work(function()
+      -- luv runs this in a pool thread's own Lua state: no upvalues
+      return 1
+    end, function()
+      done = done + 1
+      left = left - 1
+      if left > 0 then w:queue() end
+    end)
+    w:queue()
+  end
+  uv.run()
+  assert(done == per * chains)
+  return (uv.hrtime() - t0) / 1e9 / (per * chains)
+end
+
+local rows = {}
+local function row(id, what, secs_per_call)
+  rows[#rows + 1] = { id = id, what = what, us = secs_per_call * 1e6,
+                      per_s = 1 / secs_per_call }
+end
+
+io.stderr:write("bench_ffi: direct\n")
+row("direct", "getpid declared UMS_INLINE", measure(direct))
+io.stderr:write("bench_ffi: ums, 1 in flight\n")
+row("ums_1", "ums.ffi preemptive call, 1 in flight", measure(ums_1))
+io.stderr:write("bench_ffi: ums, 64 in flight\n")
+row("ums_64", "ums.ffi preemptive calls, 64 tasks", measure(ums_64))
+if has_luv then
+  io.stderr:write("bench_ffi: luv\n")
+  row("luv_1", "luv work:queue round trip, 1 in flight",
+    measure(function() return luv_chains(1, N1) end))
+  row("luv_64", "luv work:queue, 64 chains",
+    measure(function() return luv_chains(TASKS, N64) end))
+end
+
+local by = {}
+for _, r in ipairs(rows) do by[r.id] = r end
+print(fmt("%-8s %-44s %12s %14s", "figure", "what", "us/call", "calls/s"))
+for _, r in ipairs(rows) do
+  print(fmt("%-8s %-44s %12.2f %14.0f", r.id, r.what, r.us, r.per_s))
+end
+if by.luv_1 then
+  print(fmt("latency, 1 in flight: ums is %.1fx faster than luv "
+    .. "(target >= 20x)", by.luv_1.us / by.ums_1.us))
+  print(fmt("throughput, 64 in flight: ums is %.2fx luv (target >= 2x)",
+    by.ums_64.per_s / by.luv_64.per_s))
+end
+print(fmt("(%d repetitions, medians of wall time)", opt.reps))
