@@ -78,6 +78,13 @@ static void check_cancel(lua_State *L, int err) {
   if (err == UMS_ECANCELED && lums_cur_task) lums_raise_cancelled(L);
 }
 
+/* A call failed with err: a cancelled task raises core.CANCELLED, any
+** other failure is the result nil, "what: message", errno. */
+static int fail(lua_State *L, const char *what, int err) {
+  check_cancel(L, err);
+  return push_fail(L, what, err);
+}
+
 /* A method on f failed with err after giving f back. A request the task
 ** gave up (it was cancelled while the kernel or a pool thread worked on
 ** the file's buffer) may still write into that buffer or move the
@@ -93,6 +100,12 @@ static void file_check_cancel(lua_State *L, lfile *f, int64_t err) {
   f->rpos = f->rlen = f->wlen = 0;
   f->eof = false;
   check_cancel(L, (int)err);
+}
+
+/* file_check_cancel, then the result nil, message, errno. */
+static int file_fail(lua_State *L, lfile *f, int64_t err) {
+  file_check_cancel(L, f, err);
+  return push_fail(L, NULL, (int)err);
 }
 
 /* After a call that may have parked task me on its worker, other steps
@@ -528,10 +541,7 @@ static int f_read(lua_State *L) {
     }
   }
   file_unlock(f);
-  if (err) {
-    file_check_cancel(L, f, err);
-    return push_fail(L, NULL, (int)err);
-  }
+  if (err) return file_fail(L, f, err);
   if (!ok) {
     lua_pop(L, 1);
     lua_pushnil(L);  /* fail: io returns nil for the format that failed */
@@ -603,10 +613,7 @@ static int f_write(lua_State *L) {
     err = write_bytes(f, s, len);
   }
   file_unlock(f);
-  if (err) {
-    file_check_cancel(L, f, err);
-    return push_fail(L, NULL, (int)err);
-  }
+  if (err) return file_fail(L, f, err);
   lua_settop(L, 1);
   return 1;
 }
@@ -617,10 +624,7 @@ static int f_flush(lua_State *L) {
   method_lock(L, f);
   int64_t err = flush_writes(f);
   file_unlock(f);
-  if (err) {
-    file_check_cancel(L, f, err);
-    return push_fail(L, NULL, (int)err);
-  }
+  if (err) return file_fail(L, f, err);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -645,10 +649,7 @@ static int f_seek(lua_State *L) {
     f->eof = false;
   }
   file_unlock(f);
-  if (err) {
-    file_check_cancel(L, f, err);
-    return push_fail(L, NULL, (int)err);
-  }
+  if (err) return file_fail(L, f, err);
   lua_pushinteger(L, (lua_Integer)pos);
   return 1;
 }
@@ -697,10 +698,7 @@ static int f_pread(lua_State *L) {
   file_unlock(f);
   ums_buf_release(b);
   luaL_pushresult(&lb);
-  if (r < 0) {
-    file_check_cancel(L, f, r);
-    return push_fail(L, NULL, (int)r);
-  }
+  if (r < 0) return file_fail(L, f, r);
   if (got == 0) lua_pushnil(L);
   return 1;
 }
@@ -733,10 +731,7 @@ static int f_pwrite(lua_State *L) {
     if (!err) done += chunk;
   }
   file_unlock(f);
-  if (err) {
-    file_check_cancel(L, f, err);
-    return push_fail(L, NULL, (int)err);
-  }
+  if (err) return file_fail(L, f, err);
   lua_pushinteger(L, (lua_Integer)done);
   return 1;
 }
@@ -752,10 +747,7 @@ static int f_sync(lua_State *L) {
     resumed(f->owner);
   }
   file_unlock(f);
-  if (err) {
-    file_check_cancel(L, f, err);
-    return push_fail(L, NULL, (int)err);
-  }
+  if (err) return file_fail(L, f, err);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -808,8 +800,7 @@ static int fs_open(lua_State *L) {
   int fd = ums_fs_open(path, flags, 0666, UMS_FOREVER);
   resumed(me);
   if (fd < 0) {
-    check_cancel(L, fd);
-    return push_fail(L, path, fd);
+    return fail(L, path, (int)fd);
   }
   new_file(L, fd, rd, wr);
   return 1;
@@ -863,10 +854,7 @@ static int f_close(lua_State *L) {
   method_lock(L, f);
   int64_t err = close_file(f);
   file_unlock(f);
-  if (err) {
-    check_cancel(L, (int)err);  /* closed all the same */
-    return push_fail(L, NULL, (int)err);
-  }
+  if (err) return fail(L, NULL, (int)err);  /* closed all the same */
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -987,8 +975,7 @@ static int fs_readfile(lua_State *L) {
   int fd = ums_fs_open(path, O_RDONLY, 0, UMS_FOREVER);
   resumed(me);
   if (fd < 0) {
-    check_cancel(L, fd);
-    return push_fail(L, path, fd);
+    return fail(L, path, (int)fd);
   }
   lfile *f = new_file(L, fd, true, false);  /* closes it if we raise */
   file_lock(L, f);
@@ -1001,8 +988,7 @@ static int fs_readfile(lua_State *L) {
   file_unlock(f);
   if (!err) err = cerr;
   if (err) {
-    check_cancel(L, (int)err);
-    return push_fail(L, path, (int)err);
+    return fail(L, path, (int)err);
   }
   return 1;
 }
@@ -1018,8 +1004,7 @@ static int fs_writefile(lua_State *L) {
                        UMS_FOREVER);
   resumed(me);
   if (fd < 0) {
-    check_cancel(L, fd);
-    return push_fail(L, path, fd);
+    return fail(L, path, (int)fd);
   }
   lfile *f = new_file(L, fd, false, true);
   file_lock(L, f);
@@ -1029,8 +1014,7 @@ static int fs_writefile(lua_State *L) {
   file_unlock(f);
   if (!err) err = cerr;
   if (err) {
-    check_cancel(L, (int)err);
-    return push_fail(L, path, (int)err);
+    return fail(L, path, (int)err);
   }
   lua_pushboolean(L, 1);
   return 1;
@@ -1069,8 +1053,7 @@ static int fs_stat(lua_State *L) {
   int r = ums_fs_stat(path, flags, &st, UMS_FOREVER);
   resumed(me);
   if (r < 0) {
-    check_cancel(L, r);
-    return push_fail(L, path, r);
+    return fail(L, path, (int)r);
   }
   lua_createtable(L, 0, 14);
   lua_pushstring(L, type_name(st.mode));
@@ -1092,8 +1075,7 @@ static int fs_stat(lua_State *L) {
 
 static int result(lua_State *L, int r, const char *path) {
   if (r < 0) {
-    check_cancel(L, r);
-    return push_fail(L, path, r);
+    return fail(L, path, (int)r);
   }
   lua_pushboolean(L, 1);
   return 1;
@@ -1155,8 +1137,7 @@ static int fs_dir(lua_State *L) {
   int r = ums_fs_readdir(path, &list, UMS_FOREVER);
   resumed(me);
   if (r < 0) {
-    check_cancel(L, r);
-    return push_fail(L, path, r);
+    return fail(L, path, (int)r);
   }
   lua_createtable(L, (int)(list->count < INT_MAX ? list->count : 0), 0);
   for (size_t i = 0; i < list->count; i++) {
