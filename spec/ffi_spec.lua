@@ -64,29 +64,13 @@ UMS_INLINE ssize_t write_inline(int fd, const void *buf, size_t n)
   __asm__("write");
 ]]
 
--- Runs body as a task of a fresh run; fails when body raises, when it has
--- not ended after `limit` seconds, or when a task raised unjoined.
+-- Runs body as the first task of a fresh run (ums.test): the spec fails
+-- when body raises, when it or a task it started has not ended after
+-- `limit` seconds (30 by default; everything left is then cancelled, so a
+-- deadlock fails the spec instead of hanging Busted), or when a task
+-- raised and nobody joined it.
 local function run(body, limit)
-  local unjoined = {}
-  local reg = debug.getregistry()
-  local prev_handler = reg["ums.on_error"]
-  ums.on_error(function(err, traceback)
-    unjoined[#unjoined + 1] = tostring(err) .. "\n" .. tostring(traceback)
-  end)
-  local ok, err = pcall(ums.run, function()
-    local t = ums.spawn(body)
-    local r = pack(t:join(limit or 30))
-    if r[1] == nil then error("spec body timed out", 0) end
-    if r[1] == false then
-      error(type(r[2]) == "string" and r[2] .. "\n" .. tostring(r[3]) or r[2],
-            0)
-    end
-  end)
-  collectgarbage()
-  if type(prev_handler) == "function" then ums.on_error(prev_handler) end
-  if not ok then error(err, 0) end
-  assert(#unjoined == 0, "tasks failed and nobody joined them:\n"
-    .. table.concat(unjoined, "\n"))
+  return ums.test(body, limit or 30)
 end
 
 -- it() twice: the body outside a task, and as a task of a run.

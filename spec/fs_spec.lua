@@ -26,31 +26,13 @@ local NO_SHELL = (os.getenv("LD_PRELOAD") or ""):find("libtsan", 1, true)
 -- Helpers
 -- ---------------------------------------------------------------------
 
--- Runs body as a task of a fresh run; fails when body raises, when it has
--- not ended after `limit` seconds, or when a task raised unjoined.
+-- Runs body as the first task of a fresh run (ums.test): the spec fails
+-- when body raises, when it or a task it started has not ended after
+-- `limit` seconds (15 by default; everything left is then cancelled, so a
+-- deadlock fails the spec instead of hanging Busted), or when a task
+-- raised and nobody joined it.
 local function run(body, limit)
-  local unjoined = {}
-  local reg = debug.getregistry()
-  local prev_handler = reg["ums.on_error"]
-  ums.on_error(function(err, traceback)
-    unjoined[#unjoined + 1] = tostring(err) .. "\n" .. tostring(traceback)
-  end)
-  local ok, err = pcall(ums.run, function()
-    local t = ums.spawn(body)
-    local r = pack(t:join(limit or 15))
-    if r[1] == nil then error("spec body timed out", 0) end
-    if r[1] == false then
-      error(type(r[2]) == "string" and r[2] .. "\n" .. tostring(r[3]) or r[2],
-            0)
-    end
-  end)
-  -- The first task's error is raised by ums.run and reported once more
-  -- when its handle is collected: collect it here, not in the next spec.
-  collectgarbage()
-  if type(prev_handler) == "function" then ums.on_error(prev_handler) end
-  if not ok then error(err, 0) end
-  assert(#unjoined == 0, "tasks failed and nobody joined them:\n"
-    .. table.concat(unjoined, "\n"))
+  return ums.test(body, limit or 15)
 end
 
 -- Joins t and returns its results; fails if it did not end normally.

@@ -14,31 +14,13 @@ local sync = require "ums.sync"
 local CANCELLED = core.CANCELLED
 local pack, unpack = table.pack, table.unpack
 
--- Runs body as a task in a fresh run. The spec fails when body raises,
--- when it has not ended after `limit` seconds (then everything left is
--- cancelled, so a deadlock fails the spec instead of hanging Busted), or
--- when any task raised and nobody joined it.
+-- Runs body as the first task of a fresh run (ums.test): the spec fails
+-- when body raises, when it or a task it started has not ended after
+-- `limit` seconds (10 by default; everything left is then cancelled, so a
+-- deadlock fails the spec instead of hanging Busted), or when a task
+-- raised and nobody joined it.
 local function run(body, limit)
-  local unjoined = {}
-  local reg = debug.getregistry()
-  local prev_handler = reg["ums.on_error"]  -- ums.core keeps it there
-  ums.on_error(function(err, traceback)
-    unjoined[#unjoined + 1] = tostring(traceback or err)
-  end)
-  local ok, err = pcall(ums.run, function()
-    local t = ums.spawn(body)
-    local r = pack(t:join(limit or 10))
-    if r[1] == nil then error("spec body timed out", 0) end
-    if r[1] == false then
-      -- A string error gets the task's traceback; anything else (a
-      -- luassert failure) keeps its identity.
-      error(type(r[2]) == "string" and r[3] or r[2], 0)
-    end
-  end)
-  if type(prev_handler) == "function" then ums.on_error(prev_handler) end
-  if not ok then error(err, 0) end
-  assert(#unjoined == 0, "tasks failed and nobody joined them:\n"
-    .. table.concat(unjoined, "\n"))
+  return ums.test(body, limit or 10)
 end
 
 -- Lets every other runnable task run up to its next wait.
