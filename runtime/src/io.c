@@ -176,13 +176,7 @@ static int64_t run(ums__io_req_t *r, int64_t deadline) {
   /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
   ** park the task has begun itself. */
   int rc = ums_park_begin(deadline, &r->token);
-  if (rc) {
-    /* A cancelled task may not wait, but a close it asks for must still
-    ** happen (ums.h: the descriptor is closed all the same): close(2) does
-    ** not block for long, so it runs right here. */
-    if (rc == UMS_ECANCELED && r->op == UMS__IO_CLOSE) close(r->fd);
-    return rc;
-  }
+  if (rc) return rc;
   r->sched = s;
   atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->io_pending, 1, memory_order_relaxed);
@@ -232,6 +226,13 @@ int ums_fs_open(const char *path, int flags, int mode, int64_t deadline) {
 
 int ums_fs_close(int fd, int64_t deadline) {
   if (fd < 0) return UMS_EBADF;
+  /* A cancelled task may not wait, but the close it asks for must still
+  ** happen (ums.h: the descriptor is closed all the same); close(2) does
+  ** not block for long, so it runs right here. */
+  if (ums__task_current() && ums_cancelled()) {
+    close(fd);
+    return UMS_ECANCELED;
+  }
   ums__io_req_t *r = req_new(UMS__IO_CLOSE);
   if (!r) return UMS_ENOMEM;
   r->fd = fd;
