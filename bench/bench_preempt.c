@@ -115,7 +115,7 @@ static double run_preempt(int tasks, bool pool_spin, double *rate) {
   if (!rt) abort();
   /* Before any call: no pool thread exists yet, and the first submit's
   ** lock orders this store before every read. */
-  if (!pool_spin) rt->preempt_pool.spin_ns = 0;
+  if (!pool_spin) rt->preempt_pool.cfg.spin_ns = 0;
   int n = quick ? 200 : (tasks == 1 ? 20000 : 2000);
   loop_t *l = calloc((size_t)tasks, sizeof *l);
   ums_task_t *t = calloc((size_t)tasks, sizeof *t);

@@ -551,9 +551,12 @@ UMS_API void ums_dirlist_free(ums_dirlist_t *list);
 ** scheduler for C calls: a pool of OS threads, separate from the file I/O
 ** pool. Only the calling task parks; its scheduler keeps running the
 ** others, and the task resumes on its own scheduler through its
-** completion list when the call has returned. Threads start on demand up
-** to ums_config_t.preempt_threads and end after worker_idle_timeout
-** without work. runtime/PREEMPT.md describes the design.
+** completion list when the call has returned. One thread per CPU starts
+** on demand; more, up to ums_config_t.preempt_threads, only while those
+** are blocked in their calls and calls wait (short or computing calls
+** gain nothing from more threads than CPUs); threads beyond one per CPU
+** end after worker_idle_timeout without work. runtime/PREEMPT.md
+** describes the design.
 **
 ** A call is never killed. When the caller's wait ends first (the deadline
 ** passed, or the task was cancelled) the call is detached: it runs to its

@@ -442,17 +442,34 @@ struct ums__pool_work {
   ums__pool_work_t *next;            /* [pool lock] queue link */
   _Atomic int interrupted;           /* [atomic] set by ums__pool_interrupt;
                                         read through ums__pool_interrupted */
+  int64_t queued_at;                 /* [pool lock] when it was queued */
 };
 
 typedef struct ums__pool_thread ums__pool_thread_t;
 
-/* Threads start on demand, up to max, and one that stays idle for
-** idle_timeout ends (negative: never). Exited threads are joined by the
-** next thread start or by ums__pool_destroy, so none outlives the pool. */
+/* How a pool grows (pool.c has the reasoning). Up to core threads start
+** the moment work finds no idle thread; beyond core, up to max, only when
+** the oldest queued work has waited grow_ns while busy threads were
+** blocked (neither on a CPU nor waiting for one: more threads help),
+** checked every grow_ns by a monitor thread. A thread idle for idle_timeout ends
+** (negative: never) unless it is one of the first core. Exited threads
+** are joined by the next thread start or by ums__pool_destroy, so none
+** outlives the pool. */
+typedef struct ums__pool_cfg {
+  const char *name;     /* thread name prefix (kept, not copied) */
+  uint32_t core;        /* started on demand; 0 or > max: max */
+  uint32_t max;         /* 0: 1 */
+  int64_t idle_timeout; /* ns; negative: never trim */
+  int64_t spin_ns;      /* an idle thread spins that long for new work
+                           before it sleeps; 0: it sleeps at once */
+  int64_t grow_ns;      /* the monitor's tick; 0: 1 ms */
+} ums__pool_cfg_t;
+
 typedef struct ums__pool {
   pthread_mutex_t lock;
   pthread_cond_t work_cv;            /* work queued, or stopping */
   pthread_cond_t exit_cv;            /* a thread ended (for destroy) */
+  pthread_cond_t mon_cv;             /* wakes the monitor */
   ums__pool_work_t *head, *tail;     /* [lock] FIFO of queued work */
   uint32_t nqueued;                  /* [lock] */
   _Atomic uint32_t queued_hint;      /* [atomic, written under lock] a copy
@@ -462,20 +479,19 @@ typedef struct ums__pool {
   uint32_t nidle;                    /* [lock] threads waiting for work,
                                         spinning ones included */
   uint32_t nspinning;                /* [lock] threads spinning for work */
-  int64_t spin_ns;                   /* [const] how long an idle thread
-                                        spins before it sleeps; 0: never
-                                        (see pool.c) */
   ums__pool_thread_t *threads;       /* [lock] every thread not yet joined */
   bool stopping;                     /* [lock] destroy has begun */
-  uint32_t max;                      /* [const] */
-  int64_t idle_timeout;              /* [const] ns; negative: never trim */
-  const char *name;                  /* [const] thread name prefix */
+  /* The monitor (started the first time work queues beyond core). */
+  pthread_t monitor;                 /* [lock] valid if mon_started */
+  bool mon_started;                  /* [lock] */
+  bool mon_asleep;                   /* [lock] waits for work to watch */
+  int64_t sampled_at;                /* [lock] the monitor's last look at
+                                        its threads' times; 0: none */
+  uint64_t grown;                    /* [lock] threads the monitor started */
+  ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
 
-/* spin_ns: an idle thread spins that long for new work before it sleeps
-** on the condition variable (0: it sleeps at once). */
-int ums__pool_init(ums__pool_t *p, const char *name, uint32_t max,
-                   int64_t idle_timeout, int64_t spin_ns);
+int ums__pool_init(ums__pool_t *p, const ums__pool_cfg_t *cfg);
 /* Queues w. Returns 0, or UMS_EAGAIN when the pool has no thread and
 ** cannot start one (the caller then runs the work itself). Any thread. */
 int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w);
@@ -492,6 +508,8 @@ bool ums__pool_interrupted(const ums__pool_work_t *w);
 void ums__pool_destroy(ums__pool_t *p);
 /* Threads alive (for tests). */
 uint32_t ums__pool_threads(ums__pool_t *p);
+/* Threads the monitor started beyond core (for tests). */
+uint64_t ums__pool_grown(ums__pool_t *p);
 
 /* ====================================================================== */
 /* I/O buffers (buf.c)                                                     */

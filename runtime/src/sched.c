@@ -295,10 +295,14 @@ static bool spin_for_completion(ums__sched_t *s, int64_t now,
         atomic_load_explicit(&s->rt->exiting, memory_order_relaxed))
       return true;
     ums__cpu_relax();
-    if ((i & 63) == 0 &&
-        (ums__clock_now() >= until ||
-         !atomic_load_explicit(&s->preempt_pending, memory_order_relaxed)))
-      return false;
+    if ((i & 63) == 0) {
+      if (ums__clock_now() >= until ||
+          !atomic_load_explicit(&s->preempt_pending, memory_order_relaxed))
+        return false;
+      /* On a crowded machine the pool thread we wait for may be waiting
+      ** for this very CPU. */
+      if ((i & 255) == 0) sched_yield();
+    }
   }
 }
 
@@ -454,8 +458,8 @@ static void runtime_free(ums_runtime_t *rt) {
   /* Pool work left now was abandoned by tasks that have ended; the pool
   ** waits for it (it references schedulers and buffers) and joins its
   ** threads. */
-  if (rt->preempt_pool.max) ums__pool_destroy(&rt->preempt_pool);
-  if (rt->io_pool.max) ums__pool_destroy(&rt->io_pool);
+  if (rt->preempt_pool.cfg.max) ums__pool_destroy(&rt->preempt_pool);
+  if (rt->io_pool.cfg.max) ums__pool_destroy(&rt->io_pool);
   for (int i = 0; i < rt->nsched; i++) sched_destroy(&rt->scheds[i]);
   free(rt->scheds);
   for (int i = 0; i < UMS__TASK_MAX_CHUNKS; i++)
@@ -543,12 +547,19 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
       goto fail;
     }
   }
-  if ((e = ums__pool_init(&rt->io_pool, "ums-io",
-                          (uint32_t)c.io_pool_threads,
-                          c.worker_idle_timeout, 0)) != 0 ||
-      (e = ums__pool_init(&rt->preempt_pool, "ums-preempt",
-                          (uint32_t)c.preempt_threads,
-                          c.worker_idle_timeout, PREEMPT_POOL_SPIN_NS)) != 0 ||
+  /* The I/O pool keeps growing at once up to its bound (its work is
+  ** blocking reads and writes); the C-call pool starts a thread per CPU at
+  ** once and more only when those are blocked (pool.c). */
+  ums__pool_cfg_t io_cfg = {.name = "ums-io",
+                            .max = (uint32_t)c.io_pool_threads,
+                            .idle_timeout = c.worker_idle_timeout};
+  ums__pool_cfg_t pre_cfg = {.name = "ums-preempt",
+                             .core = (uint32_t)cpu_count(),
+                             .max = (uint32_t)c.preempt_threads,
+                             .idle_timeout = c.worker_idle_timeout,
+                             .spin_ns = PREEMPT_POOL_SPIN_NS};
+  if ((e = ums__pool_init(&rt->io_pool, &io_cfg)) != 0 ||
+      (e = ums__pool_init(&rt->preempt_pool, &pre_cfg)) != 0 ||
       (e = io_setup(rt)) != 0) {
     runtime_free(rt);
     goto fail;

@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -120,6 +121,15 @@ static inline int64_t tu_elapsed_ms(int64_t start) {
 /* ====================================================================== */
 
 /* Threads of this process, from /proc/self/task. */
+/* CPUs this process may run on. */
+static inline int tu_cpu_count(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
 static inline int tu_thread_count(void) {
   DIR *d = opendir("/proc/self/task");
   if (!d) tu_fail(__FILE__, __LINE__, "cannot open /proc/self/task");

@@ -56,33 +56,116 @@ static void reset(void) {
   atomic_store(&gate, 0);
 }
 
-static void test_grow_to_max_and_trim(void) {
+static int pool_init(ums__pool_t *p, uint32_t core, uint32_t max,
+                     int64_t idle_timeout) {
+  ums__pool_cfg_t c = {.name = "test-pool", .core = core, .max = max,
+                       .idle_timeout = idle_timeout};
+  return ums__pool_init(p, &c);
+}
+
+/* Up to core, a thread starts the moment work finds none idle, and no
+** monitor is needed. */
+static void test_core_at_once(void) {
   int base = tu_thread_baseline();
   reset();
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 4, tu_ms(50), 0), 0);
+  CHECK_RC(pool_init(&p, 4, 4, -1), 0);
   CHECK_EQ(ums__pool_threads(&p), 0); /* none until there is work */
   job_t jobs[16];
   for (int i = 0; i < 16; i++) {
     init_job(&jobs[i], -1, &gate);
     CHECK_RC(ums__pool_submit(&p, &jobs[i].work), 0);
   }
+  CHECK_EQ(ums__pool_threads(&p), 4); /* started by the submits */
   WAIT_UNTIL(atomic_load(&running) == 4, 5000);
-  CHECK_EQ(ums__pool_threads(&p), 4);
-  CHECK_EQ(tu_thread_count(), base + 4);
+  CHECK_EQ(tu_thread_count(), base + 4); /* no monitor */
   usleep(20000);
   CHECK_EQ(atomic_load(&max_running), 4); /* never past the maximum */
   atomic_store(&gate, 1);
   WAIT_UNTIL(atomic_load(&done) == 16, 5000);
-  /* Idle past the timeout: every thread ends (and is joined by the next
-  ** start or by destroy). */
-  WAIT_UNTIL(ums__pool_threads(&p) == 0, 5000);
-  /* Work after the trim starts a thread again. */
+  ums__pool_destroy(&p);
+  CHECK_THREADS(base);
+}
+
+/* Beyond core, blocked threads make the monitor start more, up to max;
+** idle ones end after the timeout, down to core. */
+static void test_grow_when_blocked_and_trim(void) {
+  int base = tu_thread_baseline();
+  reset();
+  ums__pool_t p;
+  CHECK_RC(pool_init(&p, 1, 4, tu_ms(50)), 0);
+  job_t jobs[16];
+  for (int i = 0; i < 16; i++) {
+    init_job(&jobs[i], -1, &gate); /* sleeps until the gate opens */
+    CHECK_RC(ums__pool_submit(&p, &jobs[i].work), 0);
+  }
+  WAIT_UNTIL(atomic_load(&running) == 4, 5000);
+  CHECK_EQ(ums__pool_threads(&p), 4);
+  CHECK_EQ(ums__pool_grown(&p), 3);
+  CHECK_EQ(tu_thread_count(), base + 4 + 1); /* and the monitor */
+  usleep(20000);
+  CHECK_EQ(atomic_load(&max_running), 4); /* never past the maximum */
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&done) == 16, 5000);
+  /* Idle past the timeout: every thread beyond core ends (and is joined
+  ** by the next start or by destroy). */
+  WAIT_UNTIL(ums__pool_threads(&p) == 1, 5000);
+  usleep(100000);
+  CHECK_EQ(ums__pool_threads(&p), 1); /* core stays */
+  /* Work after the trim is served again. */
   job_t again;
   init_job(&again, -1, NULL);
   CHECK_RC(ums__pool_submit(&p, &again.work), 0);
   WAIT_UNTIL(atomic_load(&done) == 17, 5000);
   ums__pool_destroy(&p);
+  CHECK_THREADS(base);
+}
+
+/* Work that computes gains nothing from more threads than CPUs, whatever
+** it waits in the queue, and work that moves gains nothing either: the
+** monitor starts none. */
+typedef struct spin_job {
+  ums__pool_work_t work;
+  int64_t ns;
+  _Atomic int *done;
+} spin_job_t;
+
+static void spin_run(ums__pool_work_t *w) {
+  spin_job_t *j = UMS__CONTAINER_OF(w, spin_job_t, work);
+  int64_t until = ums_now() + j->ns;
+  while (ums_now() < until) {
+  }
+  atomic_fetch_add(j->done, 1);
+}
+
+static void test_no_growth_when_computing_or_moving(void) {
+  int base = tu_thread_baseline();
+  reset();
+  ums__pool_t p;
+  CHECK_RC(pool_init(&p, 1, 8, -1), 0);
+  spin_job_t jobs[6];
+  for (int i = 0; i < 6; i++) {
+    jobs[i] = (spin_job_t){.work.run = spin_run, .ns = tu_ms(30),
+                           .done = &done};
+    CHECK_RC(ums__pool_submit(&p, &jobs[i].work), 0);
+  }
+  WAIT_UNTIL(atomic_load(&done) == 6, 10000);
+  CHECK_EQ(ums__pool_grown(&p), 0);
+  CHECK_EQ(ums__pool_threads(&p), 1);
+
+  /* 20,000 short items, queued faster than one thread takes them. */
+  enum { SHORT = 20000 };
+  spin_job_t *many = calloc(SHORT, sizeof *many);
+  CHECK(many != NULL);
+  atomic_store(&done, 0);
+  for (int i = 0; i < SHORT; i++) {
+    many[i] = (spin_job_t){.work.run = spin_run, .ns = 0, .done = &done};
+    CHECK_RC(ums__pool_submit(&p, &many[i].work), 0);
+  }
+  WAIT_UNTIL(atomic_load(&done) == SHORT, 10000);
+  CHECK_EQ(ums__pool_grown(&p), 0);
+  ums__pool_destroy(&p);
+  free(many);
   CHECK_THREADS(base);
 }
 
@@ -92,7 +175,7 @@ static void test_interrupt(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 8, -1, 0), 0);
+  CHECK_RC(pool_init(&p, 8, 8, -1), 0);
   job_t j;
   init_job(&j, fds[0], NULL);
   CHECK_RC(ums__pool_submit(&p, &j.work), 0);
@@ -117,7 +200,7 @@ static void test_destroy_waits(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 2, -1, 0), 0);
+  CHECK_RC(pool_init(&p, 2, 2, -1), 0);
   /* Two blocked reads and queued work behind them: destroy interrupts
   ** the reads, lets the queue drain, and joins. */
   job_t blocked[2], queued[6];
@@ -157,7 +240,7 @@ static void mask_run(ums__pool_work_t *w) {
 static void test_fault_signals_unblocked(void) {
   int base = tu_thread_baseline();
   ums__pool_t p;
-  CHECK_RC(ums__pool_init(&p, "test-pool", 1, -1, 0), 0);
+  CHECK_RC(pool_init(&p, 1, 1, -1), 0);
   mask_job_t j = {.work.run = mask_run};
   CHECK_RC(ums__pool_submit(&p, &j.work), 0);
   WAIT_UNTIL(atomic_load(&j.done), 5000);
@@ -172,7 +255,9 @@ static void test_fault_signals_unblocked(void) {
 }
 
 int main(void) {
-  RUN(test_grow_to_max_and_trim);
+  RUN(test_core_at_once);
+  RUN(test_grow_when_blocked_and_trim);
+  RUN(test_no_growth_when_computing_or_moving);
   RUN(test_fault_signals_unblocked);
   RUN(test_interrupt);
   RUN(test_destroy_waits);
