@@ -14,10 +14,18 @@ usage: lua5.4 bench/lua/bench_ffi.lua [--quick] [--reps N]
               (the work function runs in luv's thread pool, in a separate
               Lua state, and its after-callback in the loop)
   luv_64      64 such chains at once: calls per second
-The C function is getpid(2) in both (a system call that does not block).
-Medians of --reps repetitions of wall time. Tarantool exposes its coio
-thread pool only to C (coio_call), so it is left to bench_preempt.c's
-floors; luv is the Lua peer here.
+  tt_1        Tarantool: coio_call from a Lua fiber (bench_coio.so, run by
+              bench_ffi_tarantool.lua in a tarantool process), 1 in flight
+  tt_64       64 fibers doing the same at once
+  handoff     the raw thread handoff (bench_floor.thread_handoff): a plain
+              C loop hands getpid to another thread and sleeps on a
+              condition variable until it answers, one round trip each
+  handoff_spin  the same with both threads busy-polling: the physical
+              floor of a cross-thread round trip
+The C function is getpid(2) everywhere (a system call that does not
+block). Medians of --reps repetitions of wall time. luv, Tarantool and the
+floors join in when installed or built (bench_floor.so, bench_coio.so on
+LUA_CPATH).
 ]]
 
 local ums = require "ums"
@@ -143,16 +151,58 @@ if has_luv then
     measure(function() return luv_chains(TASKS, N64) end))
 end
 
+local floor_path = package.searchpath("bench_floor", package.cpath)
+if floor_path then
+  local floor = require "bench_floor"
+  io.stderr:write("bench_ffi: raw thread handoff\n")
+  row("handoff", "raw thread handoff, condition variable",
+    measure(function() return floor.thread_handoff(N1, false) / N1 end))
+  row("handoff_spin", "raw thread handoff, both sides spinning",
+    measure(function() return floor.thread_handoff(N1, true) / N1 end))
+end
+
+-- Tarantool's coio_call, in its own process (without a sanitizer preloaded
+-- into it: the ASan smoke run), when tarantool and bench_coio.so are there.
+do
+  local dir = floor_path and floor_path:match("^(.*)/[^/]*$")
+  if dir and package.searchpath("bench_coio", dir .. "/?.so") then
+    local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+    local cmd = fmt("command -v tarantool >/dev/null && env -u LD_PRELOAD "
+      .. "tarantool '%s/bench_ffi_tarantool.lua' --cpath '%s' --reps %d%s "
+      .. "2>/dev/null", here, dir, opt.reps, opt.quick and " --quick" or "")
+    io.stderr:write("bench_ffi: tarantool coio_call\n")
+    local tt = {}
+    local p = io.popen(cmd)
+    for line in p:lines() do
+      local id, v = line:match("^tarantool%.(%S+) (%S+)")
+      if id then tt[id] = tonumber(v) end
+    end
+    p:close()
+    if tt.coio_1 and tt.coio_64 then
+      row("tt_1", "Tarantool coio_call from a fiber, 1 in flight", tt.coio_1)
+      row("tt_64", "Tarantool coio_call, 64 fibers", tt.coio_64)
+    end
+  end
+end
+
 local by = {}
 for _, r in ipairs(rows) do by[r.id] = r end
-print(fmt("%-8s %-44s %12s %14s", "figure", "what", "us/call", "calls/s"))
+print(fmt("%-12s %-44s %12s %14s", "figure", "what", "us/call", "calls/s"))
 for _, r in ipairs(rows) do
-  print(fmt("%-8s %-44s %12.2f %14.0f", r.id, r.what, r.us, r.per_s))
+  print(fmt("%-12s %-44s %12.2f %14.0f", r.id, r.what, r.us, r.per_s))
 end
-if by.luv_1 then
-  print(fmt("latency, 1 in flight: ums is %.1fx faster than luv "
-    .. "(target >= 20x)", by.luv_1.us / by.ums_1.us))
-  print(fmt("throughput, 64 in flight: ums is %.2fx luv (target >= 2x)",
-    by.ums_64.per_s / by.luv_64.per_s))
+for _, peer in ipairs { { "luv", "luv" }, { "tt", "Tarantool" } } do
+  local p1, p64 = by[peer[1] .. "_1"], by[peer[1] .. "_64"]
+  if p1 then
+    print(fmt("latency, 1 in flight: ums is %.1fx faster than %s "
+      .. "(target >= 20x)", p1.us / by.ums_1.us, peer[2]))
+    print(fmt("throughput, 64 in flight: ums is %.2fx %s (target >= 2x)",
+      by.ums_64.per_s / p64.per_s, peer[2]))
+  end
+end
+if by.handoff then
+  print(fmt("ums 1 in flight / raw condvar handoff: %.2f; "
+    .. "/ spinning handoff: %.2f", by.ums_1.us / by.handoff.us,
+    by.ums_1.us / by.handoff_spin.us))
 end
 print(fmt("(%d repetitions, medians of wall time)", opt.reps))

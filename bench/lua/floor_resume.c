@@ -18,12 +18,23 @@
 **   bench_floor.small_files(paths) -> files
 **       The small-file floor: each path in the array opened, read whole
 **       with read(2) and closed, one after the other, one thread.
+**   bench_floor.thread_handoff(n, spin) -> seconds
+**       The raw thread handoff: this thread hands a trivial call (getpid)
+**       to a helper thread and waits for its answer, n round trips. With
+**       spin false both sides sleep on a condition variable (what a naive
+**       thread pool does); with spin true both busy-poll an atomic word
+**       (the physical floor of a cross-thread round trip, two cache-line
+**       transfers). The floors for bench_ffi.lua.
 **
 ** Built as a plain shared object, not linked against liblua (lua5.4
 ** exports the API).
 */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <stdlib.h>
@@ -131,12 +142,81 @@ static int l_small_files(lua_State *L) {
   return 1;
 }
 
+/* One round trip at a time between the caller and a helper thread. */
+typedef struct handoff {
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  _Atomic long req, done; /* sequence numbers */
+  _Atomic long result;
+  bool spin;
+  long n;
+} handoff_t;
+
+static void handoff_wait(handoff_t *h, _Atomic long *word, long want) {
+  if (h->spin) {
+    /* (a yield now and then, so that a crowded machine does not turn a
+    ** spin into a wait for the other side's time slice) */
+    for (unsigned i = 1;
+         atomic_load_explicit(word, memory_order_acquire) != want; i++)
+      if ((i & 4095) == 0) sched_yield();
+    return;
+  }
+  pthread_mutex_lock(&h->lock);
+  while (atomic_load_explicit(word, memory_order_acquire) != want)
+    pthread_cond_wait(&h->cv, &h->lock);
+  pthread_mutex_unlock(&h->lock);
+}
+
+static void handoff_post(handoff_t *h, _Atomic long *word, long v) {
+  if (h->spin) {
+    atomic_store_explicit(word, v, memory_order_release);
+    return;
+  }
+  pthread_mutex_lock(&h->lock);
+  atomic_store_explicit(word, v, memory_order_release);
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->lock);
+}
+
+static void *handoff_helper(void *arg) {
+  handoff_t *h = arg;
+  for (long i = 1; i <= h->n; i++) {
+    handoff_wait(h, &h->req, i);
+    atomic_store_explicit(&h->result, (long)getpid(), memory_order_relaxed);
+    handoff_post(h, &h->done, i);
+  }
+  return NULL;
+}
+
+static int l_thread_handoff(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, n > 0, 1, "positive count expected");
+  handoff_t h = {.spin = lua_toboolean(L, 2), .n = (long)n};
+  pthread_mutex_init(&h.lock, NULL);
+  pthread_cond_init(&h.cv, NULL);
+  pthread_t th;
+  if (pthread_create(&th, NULL, handoff_helper, &h) != 0)
+    return luaL_error(L, "thread_handoff: cannot start a thread");
+  double t0 = now_s();
+  for (long i = 1; i <= h.n; i++) {
+    handoff_post(&h, &h.req, i);
+    handoff_wait(&h, &h.done, i);
+  }
+  double t = now_s() - t0;
+  pthread_join(th, NULL);
+  pthread_cond_destroy(&h.cv);
+  pthread_mutex_destroy(&h.lock);
+  lua_pushnumber(L, t);
+  return 1;
+}
+
 int luaopen_bench_floor(lua_State *L) {
   static const luaL_Reg funcs[] = {{"resume_yield", l_resume_yield},
                                    {"resume_lua_yield", l_resume_lua_yield},
                                    {"now", l_now},
                                    {"read_file", l_read_file},
                                    {"small_files", l_small_files},
+                                   {"thread_handoff", l_thread_handoff},
                                    {NULL, NULL}};
   luaL_newlib(L, funcs);
   return 1;
