@@ -118,6 +118,8 @@ UMS_API int64_t ums_deadline(int64_t ns);
 
 typedef struct ums_runtime ums_runtime_t;
 
+struct ums_stall; /* see "Observability" */
+
 /* Configuration; zero-initialise and set what you need. Zero means the
 ** default shown. */
 typedef struct ums_config {
@@ -133,7 +135,23 @@ typedef struct ums_config {
   int io_pool_threads;          /* most threads of the I/O pool; default 64 */
   int preempt_threads;          /* most threads of the C-call pool (see
                                    "Going preemptive"); default 64 */
+  int stats;                    /* UMS_STATS_ON (default) or UMS_STATS_OFF:
+                                   wait timing and CPU sampling (see
+                                   "Observability"); with the default,
+                                   UMS_STATS=off in the environment turns
+                                   them off */
+  int64_t stall_threshold;      /* ns a busy scheduler may go without
+                                   passing through its loop before the
+                                   monitor reports a stall; default 1 s;
+                                   negative: no stall detection */
+  void (*on_stall)(const struct ums_stall *stall, void *arg);
+                                /* called on the monitor thread for each
+                                   stall; NULL: one line on stderr */
+  void *on_stall_arg;           /* passed to on_stall */
 } ums_config_t;
+
+/* ums_config_t.stats. */
+enum { UMS_STATS_DEFAULT = 0, UMS_STATS_ON = 1, UMS_STATS_OFF = 2 };
 
 /* File I/O backends (ums_config_t.io_backend). AUTO uses io_uring when the
 ** kernel lets the process set up a ring and the thread pool otherwise;
@@ -307,6 +325,15 @@ UMS_API int ums_park_begin(int64_t deadline, ums_park_token_t *token);
 #define UMS_PARK_NOCANCEL 1
 UMS_API int ums_park_begin_ex(int64_t deadline, int flags,
                               ums_park_token_t *token);
+/* The same, saying what the task waits for, for ums_runtime_tasks and the
+** wait statistics (see "Observability"): type is a UMS_WAIT_* value,
+** object the address of what it waits on (an identity, never
+** dereferenced; may be NULL) and blocker the task that holds it, if
+** known (0: none). ums_park_begin and _ex describe their parks as
+** UMS_WAIT_PARK. UMS_EINVAL for a type out of range. */
+UMS_API int ums_park_begin_wait(int64_t deadline, int flags, int type,
+                                const void *object, ums_task_t blocker,
+                                ums_park_token_t *token);
 UMS_API int ums_park_wait(void);
 /* The outcome of the calling task's last park. */
 UMS_API int ums_park_result(void);
@@ -611,23 +638,82 @@ UMS_API int ums_preempt_begin(ums_preempt_fn fn, void *arg,
 UMS_API int ums_preempt_end(ums_preempt_call_t *call);
 
 /* ====================================================================== */
-/* Counters                                                                */
+/* Observability: counters, tasks, wait statistics, the monitor            */
 /* ====================================================================== */
+/*
+** Modelled on SQL Server's DBCC SQLPERF(umsstats) and its successors
+** sys.dm_os_schedulers, sys.dm_os_tasks, sys.dm_os_waiting_tasks and
+** sys.dm_os_wait_stats. Everything here may be called from any thread
+** (a task of any scheduler, or a host thread) while the runtime runs. The
+** figures are written by the threads they describe without locks and read
+** without stopping anyone, so a row is a near-consistent snapshot, not an
+** atomic one.
+**
+** What it costs. Counters are plain increments by the owning scheduler.
+** A wait is timed only when the task really parks (a yield is counted,
+** never timed): one reading of a cheap clock (the CPU's time stamp
+** counter, calibrated against CLOCK_MONOTONIC; clock_gettime where there
+** is none) when it parks, one when it is woken from another thread, and
+** the scheduler reuses those readings where it can. A task's CPU time is
+** sampled by the monitor thread (below), never measured on the switch.
+** ums_config_t.stats = UMS_STATS_OFF (or UMS_STATS=off) turns the timing
+** and the sampling off; counts and states are kept.
+**
+** The monitor. One thread per runtime looks at every scheduler every
+** 10 ms while one of them is busy (it sleeps while all are idle). It
+** credits the CPU time each busy scheduler's thread used since the last
+** look to the task it is running (the task's CPU time, sampled as top(1)
+** does) and reports a scheduler that has not passed through its loop for
+** stall_threshold: a task stuck in a blocking call or in code that never
+** yields (SQL Server's non-yielding scheduler, error 17883), but not a
+** thread that merely waits for a CPU on a crowded machine. Each stall is reported once, to
+** ums_config_t.on_stall on the monitor thread, between stall_threshold
+** and stall_threshold plus a tick after the scheduler last passed
+** through its loop. An idle scheduler is never reported.
+*/
 
-/* Per-scheduler counters; cheap plain counters read without stopping the
-** scheduler, so a row is a near-consistent snapshot, not an atomic one. */
+/* What a task waits for. */
+enum {
+  UMS_WAIT_NONE = 0,        /* not waiting */
+  UMS_WAIT_PARK,            /* a park that did not say (ums_park_begin) */
+  UMS_WAIT_SLEEP,
+  UMS_WAIT_MUTEX,
+  UMS_WAIT_SEMAPHORE,
+  UMS_WAIT_EVENT,
+  UMS_WAIT_COND,
+  UMS_WAIT_CHAN_SEND,
+  UMS_WAIT_CHAN_RECV,
+  UMS_WAIT_SELECT,          /* several channel operations at once */
+  UMS_WAIT_JOIN,
+  UMS_WAIT_WAITGROUP,
+  UMS_WAIT_FILE_IO,
+  UMS_WAIT_PREEMPT,         /* a blocking C call on the C-call pool */
+  UMS_WAIT_PENDING_WORKER,  /* spawned past max_workers, waiting (FIFO)
+                               for a worker */
+  UMS_WAIT_NTYPES
+};
+
+/* The wait type's name: "park", "sleep", "mutex", "semaphore", "event",
+** "cond", "channel_send", "channel_recv", "select", "join", "waitgroup",
+** "file_io", "preemptive", "pending_worker" ("none" for UMS_WAIT_NONE);
+** NULL out of range. */
+UMS_API const char *ums_wait_type_name(int type);
+
+/* Per-scheduler counters and state (sys.dm_os_schedulers). */
 typedef struct ums_sched_stats {
   int id;
   int idle;                     /* nonzero while in the idle wait */
-  uint64_t context_switches;    /* fiber switches */
-  uint64_t yields;              /* ums_yield calls */
-  uint64_t idle_waits;          /* times the scheduler blocked idle */
+  uint64_t context_switches;    /* task switches: a task picked to run */
+  uint64_t yields;              /* yields (ums_yield, UMS_STEP_YIELD) */
+  uint64_t idle_waits;          /* times the scheduler blocked idle (SQL
+                                   Server's idle switches) */
   uint64_t tasks_spawned;       /* tasks started here, total */
   uint64_t tasks;               /* live tasks (pending + active) */
   uint64_t runnable;            /* tasks in the runnable queue */
   uint64_t workers_active;      /* workers carrying a task */
   uint64_t workers_idle;        /* workers without a task */
-  uint64_t pending;             /* spawns waiting for a worker */
+  uint64_t pending;             /* spawns waiting for a worker (the FIFO
+                                   beyond max_workers) */
   uint64_t timers;              /* armed timers */
   uint64_t io_pending;          /* file I/O requests of this scheduler's
                                    tasks in flight (either backend,
@@ -639,13 +725,142 @@ typedef struct ums_sched_stats {
   uint64_t preempt_pending;     /* preemptive calls of this scheduler's
                                    tasks not yet returned (detached ones
                                    included) */
-  uint64_t preempt_calls;       /* preemptive calls started here, total */
+  uint64_t preempt_calls;       /* preemptive calls started here, total
+                                   (SQL Server's preemptive switches) */
+  /* Since observability (issue 7). */
+  int hidden;                   /* 0: schedulers are visible; the hidden
+                                   pools are in ums_runtime_pool_stats */
+  uint64_t fiber_switches;      /* switches between C fibers (a step
+                                   task's steps need none) */
+  uint64_t quantum_expiries;    /* tasks made to yield because they ran
+                                   past their quantum (ums_quantum_expired) */
+  uint64_t stalls;              /* stalls the monitor reported */
+  uint64_t load_factor;         /* the load placement compares (the
+                                   scheduler with the least takes a spawn
+                                   for UMS_ANY_SCHED) */
+  uint64_t running;             /* the task running now or last (a handle),
+                                   0 when idle or none */
+  char running_name[32];        /* its name */
 } ums_sched_stats_t;
 
 /* Fills up to n rows (one per scheduler) and returns the number of
 ** schedulers. */
 UMS_API int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows,
                               int n);
+
+/* The hidden schedulers: the runtime's thread pools for blocking C calls
+** and for file I/O (runtime/PREEMPT.md, runtime/IO.md). */
+typedef struct ums_pool_stats {
+  const char *name;             /* "preemptive" or "io" */
+  uint64_t queued;              /* work waiting for a thread */
+  uint64_t threads;             /* threads alive */
+  uint64_t active;              /* threads running work */
+  uint64_t idle;                /* threads waiting for work */
+  uint64_t completed;           /* work run to its end, total */
+} ums_pool_stats_t;
+
+/* Fills up to n rows and returns the number of pools (2). */
+UMS_API int ums_runtime_pool_stats(ums_runtime_t *rt, ums_pool_stats_t *rows,
+                                   int n);
+
+/* A task's state, as ums_runtime_tasks reports it (sys.dm_os_tasks). */
+enum {
+  UMS_TASK_PENDING = 1,   /* spawned, never run: waiting for a worker
+                             (max_workers) or its first turn */
+  UMS_TASK_RUNNABLE,      /* ready, waiting for its scheduler */
+  UMS_TASK_RUNNING,
+  UMS_TASK_SUSPENDED,     /* waiting (wait_type says for what) */
+  UMS_TASK_DONE           /* finished, not yet joined */
+};
+/* "pending", "runnable", "running", "suspended", "done"; NULL out of
+** range. */
+UMS_API const char *ums_task_state_name(int state);
+
+typedef struct ums_task_info {
+  ums_task_t id;
+  ums_task_t spawner;         /* the task that spawned it; 0: a host
+                                 thread */
+  int sched;                  /* its scheduler */
+  int state;                  /* UMS_TASK_* */
+  int wait_type;              /* UMS_WAIT_* while SUSPENDED, while
+                                 RUNNABLE after a wait (the wait it is
+                                 about to leave), and UMS_WAIT_PENDING_
+                                 WORKER while waiting for a worker */
+  const void *wait_object;    /* what it waits on (see ums_park_begin_wait) */
+  ums_task_t blocker;         /* the task holding it, when known */
+  int64_t wait_ns;            /* how long the wait has lasted so far; -1
+                                 when not timed (stats off) */
+  int64_t runnable_ns;        /* of that, how long it has been runnable
+                                 (woken, waiting for its scheduler: the
+                                 signal wait so far); -1 when not timed */
+  int64_t cpu_ns;             /* CPU time its scheduler's thread used
+                                 while running it, sampled by the monitor
+                                 (each tick's CPU goes to the task running
+                                 at the tick); -1 with stats off */
+  char name[32];
+} ums_task_info_t;
+
+/* Calls fn(info, arg) for every task of rt that is alive or finished and
+** not yet joined, in no particular order, without holding any lock of the
+** runtime while fn runs (fn may call anything, spawn and stop tasks
+** included). Stops early when fn returns nonzero. Returns the number of
+** tasks visited, or UMS_EINVAL. Tasks spawned or ended meanwhile may or
+** may not be seen. */
+typedef int (*ums_task_visit_fn)(const ums_task_info_t *info, void *arg);
+UMS_API int ums_runtime_tasks(ums_runtime_t *rt, ums_task_visit_fn fn,
+                              void *arg);
+/* One task: 0, or UMS_ESRCH when it has ended and been joined (or
+** detached), UMS_EINVAL. */
+UMS_API int ums_task_info(ums_runtime_t *rt, ums_task_t t,
+                          ums_task_info_t *out);
+/* Renames a task (copied, up to 31 bytes; NULL clears it). Any thread.
+** 0 or UMS_ESRCH. */
+UMS_API int ums_task_set_name(ums_runtime_t *rt, ums_task_t t,
+                              const char *name);
+
+/* Aggregated waits per type since the runtime started or the last reset
+** (sys.dm_os_wait_stats), over every scheduler. A wait is counted when it
+** ends (granted, timed out or cancelled) and the task runs again. total
+** runs from the park to the moment the task runs again; signal is the
+** part of it the task spent runnable, waiting for its scheduler after it
+** was woken (SQL Server's signal wait: a high share means CPU pressure,
+** not a slow resource). A task woken by another task of its own
+** scheduler is taken as runnable from the start of its waker's turn, so
+** no clock is read on that path; that overstates the signal wait by at
+** most the part of the waker's turn before the wake. */
+typedef struct ums_wait_stats {
+  int type;                   /* UMS_WAIT_* (the row's index) */
+  const char *name;           /* ums_wait_type_name(type) */
+  uint64_t count;
+  int64_t total_ns;
+  int64_t max_ns;
+  int64_t signal_ns;
+} ums_wait_stats_t;
+
+/* Fills up to n rows, row i for wait type i (row 0, UMS_WAIT_NONE, stays
+** zero), and returns UMS_WAIT_NTYPES; all zero with stats off. */
+UMS_API int ums_runtime_waits(ums_runtime_t *rt, ums_wait_stats_t *rows,
+                              int n);
+/* Starts the wait statistics afresh. Waits in progress are counted, whole,
+** when they end. */
+UMS_API int ums_runtime_waits_reset(ums_runtime_t *rt);
+
+/* A stall the monitor found (ums_config_t.on_stall). */
+typedef struct ums_stall {
+  int sched;                  /* the scheduler */
+  ums_task_t task;            /* the task it was running (0: none, the
+                                 scheduler's own code) */
+  char name[32];              /* its name */
+  int64_t stalled_ns;         /* since the scheduler last passed through
+                                 its loop */
+  uint64_t seq;               /* stalls reported by this runtime, this one
+                                 included */
+} ums_stall_t;
+
+/* For language bindings: the calling task is being made to yield because
+** it ran past its quantum; counted in ums_sched_stats_t.quantum_expiries.
+** Does nothing outside a task. */
+UMS_API void ums_quantum_expired(void);
 
 #ifdef __cplusplus
 }

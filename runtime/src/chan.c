@@ -123,6 +123,8 @@ int ums_chan_send(ums_chan_t *ch, const void *elem, int64_t deadline) {
     return r;
   }
   w.data = (void *)elem;
+  w.type = UMS_WAIT_CHAN_SEND;
+  w.obj = ch;
   ums__wq_push(&ch->sendq, &w);
   return ums__wait(&w, deadline);
 }
@@ -144,6 +146,8 @@ int ums_chan_recv(ums_chan_t *ch, void *elem, int64_t deadline) {
     return r;
   }
   w.data = elem;
+  w.type = UMS_WAIT_CHAN_RECV;
+  w.obj = ch;
   ums__wq_push(&ch->recvq, &w);
   return ums__wait(&w, deadline);
 }

@@ -25,6 +25,10 @@
 #define UMS__ALIGNED __attribute__((aligned(UMS__CACHELINE)))
 #define UMS__LIKELY(x) __builtin_expect(!!(x), 1)
 #define UMS__UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* For internal symbols on a hot path: the runtime is linked into a shared
+** Lua module, where a default-visibility symbol is reached through the
+** PLT or the GOT. */
+#define UMS__HIDDEN __attribute__((visibility("hidden")))
 #define UMS__CONTAINER_OF(p, type, member) \
   ((type *)((char *)(p) - offsetof(type, member)))
 
@@ -80,6 +84,51 @@ int64_t ums__clock_now(void);
 int ums__futex_wait(_Atomic uint32_t *addr, uint32_t expected,
                     int64_t deadline);
 void ums__futex_wake(_Atomic uint32_t *addr, int n);
+
+/* ====================================================================== */
+/* The stamp clock (stamp.c): cheap readings for statistics               */
+/* ====================================================================== */
+
+/* Monotonic nanoseconds for timing waits, where a reading must cost as
+** little as possible: the CPU's time stamp counter (x86-64: rdtsc when
+** the kernel itself uses it as its clocksource; aarch64: cntvct_el0)
+** scaled to nanoseconds, with clock_gettime as the fallback and until the
+** counter's rate has been measured against CLOCK_MONOTONIC (done once per
+** process, over the first ~100 ms of readings). Only differences of
+** stamps mean anything; do not mix them with ums__clock_now() readings.
+** UMS_STAMP_CLOCK=gettime in the environment forces the fallback. */
+typedef struct ums__stamp_clock {
+  _Atomic int ready;           /* 1 once the fields below are set */
+  uint64_t tsc0;               /* [const once ready] counter at ns0 */
+  int64_t ns0;                 /* [const once ready] */
+  uint64_t mult;               /* [const once ready] ns per tick << 32 */
+} ums__stamp_clock_t;
+
+extern ums__stamp_clock_t ums__stamp UMS__HIDDEN;
+
+UMS__HIDDEN int64_t ums__stamp_slow(void);
+
+static inline uint64_t ums__stamp_ticks(void) {
+#if defined(__x86_64__)
+  return __builtin_ia32_rdtsc();
+#elif defined(__aarch64__)
+  uint64_t v;
+  __asm__ __volatile__("mrs %0, cntvct_el0" : "=r"(v));
+  return v;
+#else
+  return 0;
+#endif
+}
+
+static inline int64_t ums__stamp_now(void) {
+  if (UMS__LIKELY(atomic_load_explicit(&ums__stamp.ready,
+                                       memory_order_acquire))) {
+    uint64_t d = ums__stamp_ticks() - ums__stamp.tsc0;
+    return ums__stamp.ns0 +
+           (int64_t)(((unsigned __int128)d * ums__stamp.mult) >> 32);
+  }
+  return ums__stamp_slow();
+}
 
 /* ====================================================================== */
 /* Context switch (ctx.c + ctx-x86_64.S / ctx-aarch64.S, or ctx-ucontext.c) */
@@ -235,6 +284,11 @@ struct ums__waiter {
   bool nocancel;               /* [const] cancellation waits for the end of
                                   this wait (a condition variable's
                                   relock) */
+  /* What the wait is, for observers (waits.c); set by the primitive after
+  ** ums__waiter_init, which makes it UMS_WAIT_PARK with no object. */
+  uint8_t type;                /* [const during the wait] UMS_WAIT_* */
+  const void *obj;             /* [const during the wait] */
+  uint64_t blocker;            /* [const during the wait] a task id */
 };
 
 void ums__wq_push(ums__wq_t *q, ums__waiter_t *w);
@@ -360,7 +414,27 @@ struct ums__task {
   int status;                  /* [owner, then lock once done] */
   uint32_t slot;               /* [const] index in the runtime's table */
   uint32_t gen;                /* [lock] generation of the current id */
-  char name[UMS__TASK_NAME_MAX]; /* [const] */
+  char name[UMS__TASK_NAME_MAX]; /* [lock; before the id is published, the
+                                  spawner] */
+  uint64_t spawner;            /* [lock; before the id is published, the
+                                  spawner] the spawning task's id, 0: a
+                                  host thread */
+
+  /* Observation (waits.c, stats.c, monitor.c). Written by the owner
+  ** scheduler (obs and ready_at also by the task's waker, before it hands
+  ** the task over; cpu_ns by the monitor), read by any thread with
+  ** relaxed loads: a reader holds t->lock, which keeps the task from
+  ** being recycled, so it sees one task's values, if not one instant's. */
+  _Atomic uint32_t obs;        /* UMS__OBS(UMS_TASK_*, UMS_WAIT_*): its
+                                  state, and the wait in progress or the
+                                  one it was woken from until it runs; one
+                                  word, so that a switch stores both at
+                                  once */
+  _Atomic(const void *) wait_obj;
+  _Atomic uint64_t wait_blocker;
+  _Atomic int64_t wait_since;  /* stamp when the wait began; 0: untimed */
+  _Atomic int64_t ready_at;    /* stamp when it was woken; 0: not yet */
+  _Atomic int64_t cpu_ns;      /* sampled running time */
 };
 
 /* The task table: chunks of tasks that are never freed while the runtime
@@ -488,6 +562,7 @@ typedef struct ums__pool {
   int64_t sampled_at;                /* [lock] the monitor's last look at
                                         its threads' times; 0: none */
   uint64_t grown;                    /* [lock] threads the monitor started */
+  uint64_t completed;                /* [lock] work run to its end */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
 
@@ -510,6 +585,8 @@ void ums__pool_destroy(ums__pool_t *p);
 uint32_t ums__pool_threads(ums__pool_t *p);
 /* Threads the monitor started beyond core (for tests). */
 uint64_t ums__pool_grown(ums__pool_t *p);
+/* Fills a row of ums_runtime_pool_stats. */
+void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out);
 
 /* ====================================================================== */
 /* I/O buffers (buf.c)                                                     */
@@ -641,14 +718,22 @@ void ums__ring_drain(ums__sched_t *s);
 /* Counters written by the owner with relaxed stores (plain moves on the
 ** common CPUs), read by any thread. */
 typedef struct ums__counters {
-  _Atomic uint64_t context_switches;
+  _Atomic uint64_t context_switches; /* task switches (picks) */
+  _Atomic uint64_t fiber_switches;
   _Atomic uint64_t yields;
   _Atomic uint64_t idle_waits;
   _Atomic uint64_t tasks_spawned;
   _Atomic uint64_t io_requests;
   _Atomic uint64_t io_submits;
   _Atomic uint64_t preempt_calls;
+  _Atomic uint64_t quantum_expiries;
 } ums__counters_t;
+
+/* One wait type's aggregate on one scheduler (waits.c). */
+typedef struct ums__waitstat {
+  _Atomic uint64_t count;
+  _Atomic int64_t total_ns, max_ns, signal_ns;
+} ums__waitstat_t;
 
 #define UMS__COUNT(s, field)                                              \
   atomic_store_explicit(&(s)->counters.field,                             \
@@ -678,6 +763,16 @@ struct ums__sched {
                                      while nonzero the idle wait spins
                                      first (a completion is likely soon) */
   ums__counters_t counters;
+  _Atomic uint64_t running;    /* [atomic, owner writes] id of the task
+                                  picked last (the monitor's view) */
+  _Atomic uint64_t stalls;     /* [atomic, the monitor writes] */
+  /* Wait statistics (waits.c): totals since the runtime started, which
+  ** a reset does not touch (it moves the readers' baseline instead), so
+  ** the owner writes them without checking for one. */
+  ums__waitstat_t waits[UMS_WAIT_NTYPES]; /* [atomic, owner writes; a
+                                  reset zeroes max_ns] */
+  ums__waitstat_t waits_base[UMS_WAIT_NTYPES]; /* [rt->waits_lock] the
+                                  totals at the last reset */
 
   /* Owner only. */
   ums__task_t *runq_head UMS__ALIGNED, *runq_tail; /* [owner] */
@@ -709,13 +804,36 @@ struct ums__sched {
   ums__ring_t *ring;           /* [const pointer; the ring itself: owner]
                                   NULL: the pool backend */
   ums__buf_cache_t bufs;       /* [owner] I/O buffer cache */
+  /* Stamps (waits.c) reused so that most switches read no clock. */
+  int64_t now_hint;            /* [owner] the stamp of the park that
+                                  started this pass, for the next pick; 0:
+                                  none */
+  int64_t seg_start;           /* [owner] when the running task's turn
+                                  began, if that was stamped; 0: unknown */
+  bool timing;                 /* [const] stats on: waits are timed */
 
   /* Constant. */
   int id;
   ums_runtime_t *rt;
   pthread_t thread;
   bool thread_started;
+  _Atomic int tid;             /* [atomic] the thread's kernel id, for the
+                                  monitor; 0 until it has started */
 };
+
+/* The scheduler monitor (monitor.c): one thread per runtime. */
+typedef struct ums__monitor_slot ums__monitor_slot_t;
+typedef struct ums__monitor {
+  pthread_t thread;            /* [const] valid if started */
+  bool started;                /* [const] */
+  _Atomic uint32_t word;       /* [atomic] futex word: bumped to wake it */
+  _Atomic int asleep;          /* [atomic] waits for a scheduler to get
+                                  busy (every scheduler was idle) */
+  _Atomic int stop;            /* [atomic] */
+  _Atomic uint64_t nstalls;    /* [atomic] stalls reported */
+  int64_t tick;                /* [const] ns between looks */
+  ums__monitor_slot_t *slots;  /* [monitor thread] one per scheduler */
+} ums__monitor_t;
 
 struct ums_runtime {
   ums_config_t cfg;            /* [const] defaults filled in */
@@ -737,6 +855,8 @@ struct ums_runtime {
                                   (preempt.c): separate from io_pool, so
                                   that slow C calls never delay file I/O
                                   and the other way round */
+  ums__monitor_t monitor;      /* stalls and CPU sampling (monitor.c) */
+  pthread_mutex_t waits_lock;  /* readers and resets of wait statistics */
 
   /* Task table. */
   _Atomic(ums__task_t *) chunks[UMS__TASK_MAX_CHUNKS]; /* [atomic] */
@@ -806,5 +926,118 @@ void ums__sched_schedule(ums__sched_t *s);
 void ums__sched_start_now(ums__sched_t *s, ums__task_t *t);
 /* A started task ended: account for it and start a pending spawn. */
 void ums__sched_task_ended(ums__sched_t *s);
+
+/* The load placement compares (task.c's least_loaded), also reported as
+** the scheduler's load factor. */
+static inline int64_t ums__sched_load(const ums__sched_t *s) {
+  return atomic_load_explicit(&s->ntasks, memory_order_relaxed);
+}
+
+/* ====================================================================== */
+/* Observation (waits.c, monitor.c, stats.c)                               */
+/* ====================================================================== */
+
+#define UMS__OBS(state, type) ((uint32_t)(state) | (uint32_t)(type) << 8)
+#define UMS__OBS_STATE(obs) ((int)((obs)&0xff))
+#define UMS__OBS_TYPE(obs) ((int)((obs) >> 8))
+#define UMS__LOADR(x) atomic_load_explicit(&(x), memory_order_relaxed)
+#define UMS__STORER(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+
+/* The three moments of a wait (waits.c has the reasoning). They run on
+** every switch that parks, hence inline: the fast paths are a few stores
+** and at most one clock reading. */
+
+/* The running task t parks on w: publishes what it waits for and, with
+** stats on, stamps the wait's start (kept as the next pick's "now"). Call
+** before the wait can end, that is with w->lock (or t->lock, for a park)
+** held. [owner] */
+static inline void ums__wait_begin(ums__sched_t *s, ums__task_t *t,
+                                   const ums__waiter_t *w) {
+  UMS__STORER(t->wait_obj, w->obj);
+  UMS__STORER(t->wait_blocker, w->blocker);
+  UMS__STORER(t->obs, UMS__OBS(UMS_TASK_SUSPENDED, w->type));
+  if (s->timing) {
+    /* ready_at stays `now` for a task queued before it parked (a park
+    ** unparked before the step returned): runnable all along. */
+    int64_t now = ums__stamp_now();
+    UMS__STORER(t->wait_since, now);
+    UMS__STORER(t->ready_at, now);
+    s->now_hint = now;
+  }
+}
+
+/* t, spawned past max_workers, waits for a worker. [owner] */
+void ums__wait_begin_pending(ums__sched_t *s, ums__task_t *t);
+
+/* A stamp for a wake on t's own scheduler when its waker's turn has none
+** (waits.c). [owner] */
+UMS__HIDDEN int64_t ums__wait_ready_stamp(ums__sched_t *s);
+
+/* t was made runnable, by any thread: with stats on, records when, for
+** its signal wait (and for readers, who tell a woken task from a waiting
+** one by it). Called before t is handed to its scheduler. */
+static inline void ums__wait_ready(ums__task_t *t) {
+  ums__sched_t *s = t->sched;
+  if (!s->timing) return;
+  int64_t now;
+  if (ums__sched_current() != s)
+    now = ums__stamp_now();
+  else if ((now = s->seg_start) <= 0)
+    now = ums__wait_ready_stamp(s);
+  UMS__STORER(t->ready_at, now);
+}
+
+/* Adds a finished wait to s's statistics. [owner] */
+static inline void ums__wait_record(ums__sched_t *s, int type, int64_t total,
+                                    int64_t signal) {
+  ums__waitstat_t *w = &s->waits[type];
+  UMS__STORER(w->count, UMS__LOADR(w->count) + 1);
+  UMS__STORER(w->total_ns, UMS__LOADR(w->total_ns) + total);
+  UMS__STORER(w->signal_ns, UMS__LOADR(w->signal_ns) + signal);
+  if (total > UMS__LOADR(w->max_ns)) UMS__STORER(w->max_ns, total);
+}
+
+/* The scheduler picked t to run: counts the switch, publishes it, and
+** ends t's wait if it had one. No clock is read unless t leaves a timed
+** wait that the pass has no stamp for. [owner] */
+static inline void ums__obs_pick(ums__sched_t *s, ums__task_t *t) {
+  UMS__COUNT(s, context_switches);
+  UMS__STORER(s->running, UMS__LOADR(t->id));
+  uint32_t obs = UMS__LOADR(t->obs);
+  UMS__STORER(t->obs, UMS__OBS(UMS_TASK_RUNNING, UMS_WAIT_NONE));
+  if (!s->timing) return;
+  int64_t hint = s->now_hint;
+  s->now_hint = 0;
+  if (!UMS__OBS_TYPE(obs)) {
+    s->seg_start = hint;
+    return;
+  }
+  int64_t now = hint ? hint : ums__stamp_now();
+  s->seg_start = now;
+  /* Not clamped here, to keep the switch short: a stamp reused from
+  ** earlier in the pass can precede a wake later in the same pass by a
+  ** hair (a signal wait a hair below 0), and a waker's turn can begin
+  ** before the wait did (a spawn admitted past max_workers in that turn:
+  ** a signal wait above its wait). Readers clamp the sums. */
+  ums__wait_record(s, UMS__OBS_TYPE(obs), now - UMS__LOADR(t->wait_since),
+                   now - UMS__LOADR(t->ready_at));
+}
+
+/* The running task yields: it is runnable again. [owner] */
+static inline void ums__obs_yield(ums__task_t *t) {
+  UMS__STORER(t->obs, UMS__OBS(UMS_TASK_RUNNABLE, UMS_WAIT_NONE));
+}
+
+/* Starts and stops the monitor thread (with ums_runtime_new and before
+** the runtime is freed). start returns 0 or UMS_EAGAIN. */
+int ums__monitor_start(ums_runtime_t *rt);
+void ums__monitor_stop(ums_runtime_t *rt);
+void ums__monitor_wake(ums_runtime_t *rt);
+/* A scheduler left its idle wait: wakes the monitor if it sleeps. The
+** load pairs with the monitor's (monitor.c): after the scheduler's
+** sequentially consistent store of idle_state = 0. */
+static inline void ums__monitor_busy(ums_runtime_t *rt) {
+  if (UMS__UNLIKELY(atomic_load(&rt->monitor.asleep))) ums__monitor_wake(rt);
+}
 
 #endif /* UMS_INTERNAL_H */

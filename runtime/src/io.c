@@ -175,7 +175,8 @@ static int64_t run(ums__io_req_t *r, int64_t deadline) {
   ums__sched_t *s = t->sched;
   /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
   ** park the task has begun itself. */
-  int rc = ums_park_begin(deadline, &r->token);
+  int rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_FILE_IO, NULL, 0,
+                               &r->token);
   if (rc) return rc;
   r->sched = s;
   atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);

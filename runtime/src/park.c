@@ -19,9 +19,16 @@ int ums_park_begin(int64_t deadline, ums_park_token_t *token) {
 }
 
 int ums_park_begin_ex(int64_t deadline, int flags, ums_park_token_t *token) {
+  return ums_park_begin_wait(deadline, flags, UMS_WAIT_PARK, NULL, 0, token);
+}
+
+int ums_park_begin_wait(int64_t deadline, int flags, int type,
+                        const void *object, ums_task_t blocker,
+                        ums_park_token_t *token) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
   if (flags & ~UMS_PARK_NOCANCEL) return UMS_EINVAL;
+  if (type <= UMS_WAIT_NONE || type >= UMS_WAIT_NTYPES) return UMS_EINVAL;
   if (t->park_pending) return UMS_EBUSY;
   ums__lock(&t->lock);
   if (flags & UMS_PARK_NOCANCEL) {
@@ -33,6 +40,9 @@ int ums_park_begin_ex(int64_t deadline, int flags, ums_park_token_t *token) {
       return r;
     }
   }
+  t->park.type = (uint8_t)type;
+  t->park.obj = object;
+  t->park.blocker = blocker;
   t->park_seq++;
   if (token) {
     token->task = atomic_load_explicit(&t->id, memory_order_relaxed);
@@ -108,6 +118,7 @@ void ums__park_after_step(ums__sched_t *s, ums__task_t *t) {
       UMS__WAITING) {
     t->wait = &t->park;
     t->state = UMS__T_PARKED;
+    ums__wait_begin(s, t, &t->park);
     /* A cancel that came while the step ran found it running and left it
     ** to the next wait point: this is it. */
     if (atomic_load(&t->cancelled) && !t->park.nocancel)

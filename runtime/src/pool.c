@@ -234,6 +234,7 @@ static void *pool_main(void *arg) {
     w->run(w); /* may free w */
     pthread_mutex_lock(&p->lock);
     self->current = NULL;
+    p->completed++;
     spun = false; /* after work, another spin is worth it */
   }
   p->nthreads--;
@@ -464,6 +465,18 @@ uint32_t ums__pool_threads(ums__pool_t *p) {
   uint32_t n = p->nthreads;
   pthread_mutex_unlock(&p->lock);
   return n;
+}
+
+void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out) {
+  out->name = p->cfg.name;
+  pthread_mutex_lock(&p->lock);
+  out->queued = p->nqueued;
+  out->threads = p->nthreads;
+  /* Spinning threads count as idle (they wait for work). */
+  out->idle = p->nidle;
+  out->active = p->nthreads > p->nidle ? p->nthreads - p->nidle : 0;
+  out->completed = p->completed;
+  pthread_mutex_unlock(&p->lock);
 }
 
 uint64_t ums__pool_grown(ums__pool_t *p) {

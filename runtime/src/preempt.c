@@ -87,7 +87,9 @@ int ums_preempt_begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
     rc = UMS_ENOMEM;
     goto fail;
   }
-  if ((rc = ums_park_begin(deadline, &c->token)) != 0) goto fail;
+  if ((rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
+                                &c->token)) != 0)
+    goto fail;
   ums__sched_t *s = t->sched;
   atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
   atomic_store_explicit(&c->state, CALL_INFLIGHT, memory_order_relaxed);

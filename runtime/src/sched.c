@@ -31,6 +31,7 @@ _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 #define MAX_SCHEDULERS 1024
 #define DEFAULT_IO_POOL_THREADS 64
 #define DEFAULT_PREEMPT_THREADS 64
+#define DEFAULT_STALL_THRESHOLD UMS_NSEC_PER_SEC
 /* How long an idle pool thread, and a scheduler with preemptive calls in
 ** flight, spin before they sleep. A futex wake-up costs ~80 us round trip
 ** on the 2-vCPU VMs this was measured on, a spinning handoff well under
@@ -113,6 +114,7 @@ static ums__task_t *pending_pop(ums__sched_t *s) {
 }
 
 void ums__sched_start_now(ums__sched_t *s, ums__task_t *t) {
+  ums__wait_ready(t); /* the end of a wait for a worker, if it had one */
   set_relaxed(&s->nactive,
               atomic_load_explicit(&s->nactive, memory_order_relaxed) + 1);
   t->state = UMS__T_RUNNABLE;
@@ -141,6 +143,7 @@ void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
   if (max > 0 && !atomic_load(&t->cancelled) &&
       atomic_load_explicit(&s->nactive, memory_order_relaxed) >= (uint32_t)max) {
     t->state = UMS__T_PENDING;
+    ums__wait_begin_pending(s, t);
     pending_push(s, t);
     return;
   }
@@ -204,6 +207,7 @@ void ums__sched_post_cancel(ums__sched_t *s, ums__task_t *t) {
 
 void ums__task_ready(ums__task_t *t) {
   ums__sched_t *s = t->sched;
+  ums__wait_ready(t);
   if (ums__sched_current() == s) {
     t->state = UMS__T_RUNNABLE;
     if (s->expiring)
@@ -317,6 +321,8 @@ static void idle_wait(ums__sched_t *s) {
       s->next_trim < deadline)
     deadline = s->next_trim;
   if (deadline <= now) return;
+  /* A stamp from before the idle wait cannot stand for "now" after it. */
+  s->now_hint = 0;
   if (spin_for_completion(s, now, deadline)) return;
   if (s->preempt_pending) now = ums__clock_now();
 
@@ -324,6 +330,7 @@ static void idle_wait(ums__sched_t *s) {
   if (atomic_load(&s->inbox) || atomic_load(&s->cancels) ||
       atomic_load(&rt->exiting)) {
     atomic_store(&s->idle_state, 0);
+    ums__monitor_busy(rt);
     return;
   }
   UMS__COUNT(s, idle_waits);
@@ -334,11 +341,13 @@ static void idle_wait(ums__sched_t *s) {
     ums__futex_wait(&s->idle_state, 1, deadline);
   atomic_store_explicit(&s->is_idle, 0, memory_order_relaxed);
   atomic_store(&s->idle_state, 0);
+  ums__monitor_busy(rt);
 }
 
 /* Housekeeping plus the pick; NULL only when the runtime is exiting and
 ** this scheduler has no task left. */
 static ums__task_t *next_runnable(ums__sched_t *s) {
+  s->seg_start = -1; /* the turn has ended: in the pass (waits.c) */
   for (;;) {
     if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
       drain_cancels(s);
@@ -358,7 +367,7 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
 static inline void switch_to(ums__sched_t *s, ums__worker_t *self,
                              ums__worker_t *to) {
   s->cur = to;
-  UMS__COUNT(s, context_switches);
+  UMS__COUNT(s, fiber_switches);
   ums__ctx_switch(self ? &self->ctx : &s->main_ctx, &to->ctx);
 }
 
@@ -366,6 +375,7 @@ void ums__sched_schedule(ums__sched_t *s) {
   ums__worker_t *self = s->cur;
   for (;;) {
     ums__task_t *t = next_runnable(s);
+    if (t) ums__obs_pick(s, t);
     if (!t) {
       /* Exiting: get back to the thread's own context, which tears down.
       ** A free worker joins the pool first so teardown frees it. */
@@ -414,6 +424,7 @@ void ums__sched_schedule(ums__sched_t *s) {
 static void *sched_thread(void *arg) {
   ums__sched_t *s = arg;
   ums__tls_sched = s;
+  atomic_store_explicit(&s->tid, gettid(), memory_order_relaxed);
   if (ums__ctx_init_main(&s->main_ctx) != 0) abort();
   s->cur = NULL;
   ums__sched_schedule(s);
@@ -432,6 +443,7 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
   memset(s, 0, sizeof *s);
   s->id = id;
   s->rt = rt;
+  s->timing = rt->cfg.stats == UMS_STATS_ON;
   ums__timer_heap_init(&s->timers);
   s->next_trim = 0;
   return ums__stack_pool_init(&s->stacks, rt->cfg.stack_size);
@@ -455,6 +467,7 @@ static int cpu_count(void) {
 }
 
 static void runtime_free(ums_runtime_t *rt) {
+  ums__monitor_stop(rt);
   /* Pool work left now was abandoned by tasks that have ended; the pool
   ** waits for it (it references schedulers and buffers) and joins its
   ** threads. */
@@ -465,6 +478,7 @@ static void runtime_free(ums_runtime_t *rt) {
   for (int i = 0; i < UMS__TASK_MAX_CHUNKS; i++)
     free(atomic_load_explicit(&rt->chunks[i], memory_order_relaxed));
   pthread_mutex_destroy(&rt->table_lock);
+  pthread_mutex_destroy(&rt->waits_lock);
   free(rt);
 }
 
@@ -513,6 +527,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
       c.max_workers < 0 || c.idle_workers_kept < 0 ||
       c.io_backend < UMS_IO_AUTO || c.io_backend > UMS_IO_POOL ||
       c.io_pool_threads < 0 || c.preempt_threads < 0 ||
+      c.stats < UMS_STATS_DEFAULT || c.stats > UMS_STATS_OFF ||
       (c.stack_size != 0 && c.stack_size < MIN_STACK_SIZE) ||
       c.stack_size > ((size_t)1 << 30)) {
     e = UMS_EINVAL;
@@ -524,6 +539,11 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   if (c.idle_workers_kept == 0) c.idle_workers_kept = DEFAULT_IDLE_KEPT;
   if (c.io_pool_threads == 0) c.io_pool_threads = DEFAULT_IO_POOL_THREADS;
   if (c.preempt_threads == 0) c.preempt_threads = DEFAULT_PREEMPT_THREADS;
+  if (c.stall_threshold == 0) c.stall_threshold = DEFAULT_STALL_THRESHOLD;
+  if (c.stats == UMS_STATS_DEFAULT) {
+    const char *env = getenv("UMS_STATS");
+    c.stats = env && strcmp(env, "off") == 0 ? UMS_STATS_OFF : UMS_STATS_ON;
+  }
 
   ums_runtime_t *rt = calloc(1, sizeof *rt);
   if (!rt) {
@@ -532,6 +552,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
   rt->cfg = c;
   pthread_mutex_init(&rt->table_lock, NULL);
+  pthread_mutex_init(&rt->waits_lock, NULL);
   size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;
   rt->scheds = aligned_alloc(UMS__CACHELINE, bytes);
   if (!rt->scheds) {
@@ -574,6 +595,13 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
       goto fail;
     }
     s->thread_started = true;
+  }
+  /* Only when it has something to do: stall detection, or sampling. */
+  if ((c.stall_threshold >= 0 || c.stats == UMS_STATS_ON) &&
+      (e = ums__monitor_start(rt)) != 0) {
+    stop_threads(rt, rt->nsched);
+    runtime_free(rt);
+    goto fail;
   }
   if (err) *err = 0;
   return rt;

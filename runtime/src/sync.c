@@ -23,6 +23,12 @@ static void *holder(void) {
   return t ? (void *)t : (void *)&host_token;
 }
 
+/* The id of the task a waiter or the caller is, for observers; 0 for a
+** host thread. */
+static uint64_t task_id(ums__task_t *t) {
+  return t ? atomic_load_explicit(&t->id, memory_order_relaxed) : 0;
+}
+
 /* Grants the first waiter of q (if any) with outcome and wakes it after
 ** unlocking l. Returns whether one was granted. */
 static bool grant_one_unlock(ums__lock_t *l, ums__wq_t *q, int outcome) {
@@ -50,6 +56,8 @@ static void grant_all_unlock(ums__lock_t *l, ums__wq_t *q, int outcome) {
 struct ums_mutex {
   ums__lock_t lock;
   void *owner;     /* [lock] holder() of the owner, or NULL */
+  uint64_t owner_id; /* [lock] the owner's task id (0: a host thread),
+                      reported as the blocker of its waiters */
   ums__wq_t wq;    /* [lock] waiters; w->data = their holder() */
 };
 
@@ -71,6 +79,7 @@ static int mutex_lock(ums_mutex_t *m, int64_t deadline, bool cancellable) {
   ums__lock(&m->lock);
   if (!m->owner) {
     m->owner = self;
+    m->owner_id = task_id(ums__task_current());
     ums__unlock(&m->lock);
     return 0;
   }
@@ -88,6 +97,9 @@ static int mutex_lock(ums_mutex_t *m, int64_t deadline, bool cancellable) {
     ums__waiter_init_nocancel(&w, &m->wq, &m->lock);
   }
   w.data = self;
+  w.type = UMS_WAIT_MUTEX;
+  w.obj = m;
+  w.blocker = m->owner_id;
   ums__wq_push(&m->wq, &w);
   /* On success the unlocker has already made us the owner (direct
   ** handoff), so nobody can barge in between. */
@@ -105,6 +117,7 @@ int ums_mutex_trylock(ums_mutex_t *m) {
   ums__lock(&m->lock);
   if (!m->owner) {
     m->owner = holder();
+    m->owner_id = task_id(ums__task_current());
     r = 0;
   }
   ums__unlock(&m->lock);
@@ -120,6 +133,7 @@ int ums_mutex_unlock(ums_mutex_t *m) {
   }
   ums__waiter_t *next = ums__wq_first(&m->wq);
   m->owner = next ? next->data : NULL;
+  m->owner_id = next ? task_id(next->task) : 0;
   grant_one_unlock(&m->lock, &m->wq, 0);
   return 0;
 }
@@ -165,6 +179,8 @@ int ums_sem_acquire(ums_sem_t *s, int64_t deadline) {
     ums__unlock(&s->lock);
     return r;
   }
+  w.type = UMS_WAIT_SEMAPHORE;
+  w.obj = s;
   ums__wq_push(&s->wq, &w);
   return ums__wait(&w, deadline);
 }
@@ -282,6 +298,8 @@ int ums_event_wait(ums_event_t *e, int64_t deadline) {
     ums__unlock(&e->lock);
     return r;
   }
+  w.type = UMS_WAIT_EVENT;
+  w.obj = e;
   ums__wq_push(&e->wq, &w);
   return ums__wait(&w, deadline);
 }
@@ -335,6 +353,8 @@ int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
   ** queue. The cond's lock is dropped around the unlock, whose wake-up may
   ** be a system call; a signal that lands in between has set our state,
   ** and ums__wait then returns (or reschedules us) at once. */
+  w.type = UMS_WAIT_COND;
+  w.obj = c;
   ums__wq_push(&c->wq, &w);
   ums__unlock(&c->lock);
   if (ums_mutex_unlock(m) != 0) abort();  /* owner checked above */

@@ -81,6 +81,11 @@ ums__task_t *ums__task_alloc(ums_runtime_t *rt) {
   t->joiners.head = t->joiners.tail = NULL;
   t->joiners.n = 0;
   t->name[0] = '\0';
+  t->spawner = 0;
+  atomic_store_explicit(&t->obs, UMS__OBS(UMS_TASK_PENDING, UMS_WAIT_NONE),
+                        memory_order_relaxed);
+  atomic_store_explicit(&t->wait_since, 0, memory_order_relaxed);
+  atomic_store_explicit(&t->cpu_ns, 0, memory_order_relaxed);
   atomic_store_explicit(&t->cancelled, 0, memory_order_relaxed);
   atomic_store_explicit(&t->cancel_queued, 0, memory_order_relaxed);
   return t;
@@ -133,10 +138,9 @@ ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id) {
 static ums__sched_t *least_loaded(ums_runtime_t *rt) {
   ums__sched_t *here = ums__sched_current();
   ums__sched_t *best = (here && here->rt == rt) ? here : &rt->scheds[0];
-  int64_t best_n = atomic_load_explicit(&best->ntasks, memory_order_relaxed);
+  int64_t best_n = ums__sched_load(best);
   for (int i = 0; i < rt->nsched && best_n > 0; i++) {
-    int64_t n = atomic_load_explicit(&rt->scheds[i].ntasks,
-                                     memory_order_relaxed);
+    int64_t n = ums__sched_load(&rt->scheds[i]);
     if (n < best_n) {
       best = &rt->scheds[i];
       best_n = n;
@@ -185,6 +189,9 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
     strncpy(t->name, opts->name, UMS__TASK_NAME_MAX - 1);
     t->name[UMS__TASK_NAME_MAX - 1] = '\0';
   }
+  ums__task_t *parent = ums__task_current();
+  if (parent && parent->sched->rt == rt)
+    t->spawner = atomic_load_explicit(&parent->id, memory_order_relaxed);
   atomic_store_explicit(&t->refs, t->detached ? 1 : 2, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->ntasks, 1, memory_order_relaxed);
 
@@ -247,6 +254,9 @@ static int task_join_impl(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
       return r;
     }
     t->joining = true;
+    w.type = UMS_WAIT_JOIN;
+    w.obj = t;
+    w.blocker = id;
     ums__wq_push(&t->joiners, &w);
     r = ums__wait(&w, deadline);
     /* Our handle reference keeps t from being recycled meanwhile. */
@@ -448,6 +458,7 @@ int ums_yield(void) {
   if (t->park_pending) return UMS_EBUSY;  /* its unpark would queue it too */
   UMS__COUNT(s, yields);
   t->state = UMS__T_RUNNABLE;
+  ums__obs_yield(t);
   ums__sched_push_runnable(s, t);
   ums__sched_schedule(s);
   return 0;
@@ -467,6 +478,7 @@ int ums_sleep_until(int64_t deadline) {
   ums__waiter_t w;
   int r = ums__waiter_init(&w, NULL, NULL);
   if (r) return r;
+  w.type = UMS_WAIT_SLEEP;
   r = ums__wait(&w, deadline);
   return r == UMS_ETIMEDOUT ? 0 : r;
 }

@@ -56,6 +56,9 @@ void ums__waiter_init_nocancel(ums__waiter_t *w, ums__wq_t *wq,
   w->data = NULL;
   w->aux = 0;
   w->nocancel = true;
+  w->type = UMS_WAIT_PARK;
+  w->obj = NULL;
+  w->blocker = 0;
   atomic_store_explicit(&w->state, UMS__WAITING, memory_order_relaxed);
 }
 
@@ -160,6 +163,7 @@ int ums__wait(ums__waiter_t *w, int64_t deadline) {
       ums__timer_arm(&s->timers, &t->timer, deadline);
     t->wait = w;
     t->state = UMS__T_PARKED;
+    ums__wait_begin(s, t, w);
     if (w->lock) ums__unlock(w->lock);
     ums__sched_schedule(s);
     t->wait = NULL;

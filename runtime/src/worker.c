@@ -128,6 +128,7 @@ static bool run_step(ums__sched_t *s, ums__worker_t *w, ums__task_t *t) {
       ums__step_misuse(t, "returned UMS_STEP_YIELD with a park begun");
     UMS__COUNT(s, yields);
     t->state = UMS__T_RUNNABLE;
+    ums__obs_yield(t);
     ums__sched_push_runnable(s, t);
   } else {
     ums__step_misuse(t, "returned an unknown UMS_STEP_* value");

@@ -55,7 +55,8 @@ int main(int argc, char **argv) {
             ums_err_name(err));
   CHECK_RC(err, 0);
   CHECK_EQ(ums_runtime_schedulers(rt), NSCHED);
-  CHECK_EQ(tu_thread_count(), before + NSCHED);
+  /* The schedulers and the scheduler monitor (monitor.c). */
+  CHECK_EQ(tu_thread_count(), before + NSCHED + 1);
   for (int s = 0; s < NSCHED; s++) {
     ums_spawn_opts_t o = {.sched = s};
     ums_task_t t;

@@ -1,0 +1,295 @@
+/*
+** monitor.c: the scheduler monitor, one thread per runtime (SQL Server's
+** scheduler monitor, which reports a "non-yielding scheduler", error
+** 17883).
+**
+** Every tick (10 ms, less for a short stall threshold) while some
+** scheduler is busy, it looks at each scheduler's count of task switches:
+**   - a busy scheduler whose count has not moved for stall_threshold has
+**     not passed through its loop: the task it runs is stuck in a
+**     blocking call or in code that never yields. It is reported once
+**     (ums_config_t.on_stall, else a line on stderr) and counted in the
+**     scheduler's stalls; the count moving again ends the stall;
+**   - with stats on, the CPU time the scheduler's thread used since the
+**     last tick is credited to the task it is running: tasks' CPU time,
+**     sampled the way top(1) samples processes, at no cost to the switch
+**     itself (a 10 ms tick attributes a tick's CPU to whoever runs at its
+**     end; the sum over tasks is the threads' true CPU time).
+** A scheduler in its idle wait is never reported and credits nobody.
+**
+** Not every scheduler that does not move is stalled by its task: on an
+** oversubscribed machine (the 2-vCPU VMs this runs on are often shared)
+** the kernel may not run its thread for a while. So before it reports,
+** the monitor asks the kernel: a thread blocked in a system call (state S
+** or D in /proc/self/task/<tid>/stat) is stalled by its task, and so is
+** one that used CPU time without passing through its loop (a task that
+** computes without yielding); a runnable thread that got next to no CPU
+** is only waiting for one, and is looked at again at the next tick.
+**
+** When every scheduler is idle the monitor sleeps on a futex instead of
+** ticking ("no CPU while idle"), and the first scheduler to leave its
+** idle wait wakes it (ums__monitor_busy). That hand-off is the usual
+** store-then-load pairing: the scheduler stores idle_state = 0 and then
+** loads `asleep`; the monitor stores `asleep` = 1 and then loads every
+** idle_state; all four are sequentially consistent, so one of them sees
+** the other and the monitor never sleeps through a busy scheduler.
+*/
+#include "internal.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TICK_NS (10 * UMS_NSEC_PER_MSEC)
+#define MIN_TICK_NS UMS_NSEC_PER_MSEC
+
+/* CPU time a stuck thread must have used since it last moved to count
+** as computing rather than starved. A yielding loop passes through the
+** scheduler every few microseconds of CPU. */
+#define SPIN_CPU_NS (5 * UMS_NSEC_PER_MSEC)
+
+/* What the monitor remembers of one scheduler. [monitor thread] */
+struct ums__monitor_slot {
+  uint64_t seq;       /* task switches when last seen moving */
+  int64_t since;      /* when that was (or when it was last idle) */
+  int64_t cpu_since;  /* the thread's CPU time then; -1: unknown */
+  int64_t cpu_last;   /* its CPU time at the last tick; -1: unknown */
+  bool reported;      /* the stall at seq has been reported */
+  bool has_clock;
+  clockid_t clock;    /* the thread's CPU-time clock */
+  int stat_fd;        /* /proc/self/task/<tid>/stat, opened when needed;
+                         -1: not yet or not available */
+};
+
+static int64_t thread_cpu(const ums__monitor_slot_t *sl) {
+  struct timespec ts;
+  if (!sl->has_clock || clock_gettime(sl->clock, &ts) != 0) return -1;
+  return (int64_t)ts.tv_sec * UMS_NSEC_PER_SEC + ts.tv_nsec;
+}
+
+/* The kernel's state letter for the scheduler's thread ('R', 'S', 'D',
+** ...), or 0 when unknown. */
+static char thread_state(ums__sched_t *s, ums__monitor_slot_t *sl) {
+  if (sl->stat_fd < 0) {
+    int tid = atomic_load_explicit(&s->tid, memory_order_relaxed);
+    if (!tid) return 0;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+    if ((sl->stat_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return 0;
+  }
+  char buf[128]; /* "tid (comm) S ...": comm is at most 15 bytes */
+  ssize_t n = pread(sl->stat_fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char *end = strrchr(buf, ')');
+  return end && end[1] == ' ' ? end[2] : 0;
+}
+
+/* Whether a scheduler that has not moved since sl->since is stuck in its
+** task, rather than waiting for a CPU. When the kernel cannot tell (no
+** procfs, no CPU clock), it is taken as stuck. */
+static bool stuck(ums__sched_t *s, ums__monitor_slot_t *sl, int64_t cpu) {
+  if (cpu >= 0 && sl->cpu_since >= 0 && cpu - sl->cpu_since >= SPIN_CPU_NS)
+    return true; /* computing without passing through its loop */
+  char st = thread_state(s, sl);
+  return st != 'R';
+}
+
+/* Copies t's name if t is still the task with that id. */
+static bool task_name(ums_runtime_t *rt, uint64_t id, char *out) {
+  ums__task_t *t = ums__task_lookup(rt, id);
+  out[0] = '\0';
+  if (!t) return false;
+  ums__lock(&t->lock);
+  bool same = atomic_load_explicit(&t->id, memory_order_relaxed) == id;
+  if (same) memcpy(out, t->name, UMS__TASK_NAME_MAX);
+  ums__unlock(&t->lock);
+  return same;
+}
+
+static void credit(ums_runtime_t *rt, uint64_t id, int64_t ns) {
+  ums__task_t *t = ums__task_lookup(rt, id);
+  if (!t) return;
+  /* Under the lock: a task that ended meanwhile may have been recycled,
+  ** and its successor must not inherit the tick. */
+  ums__lock(&t->lock);
+  if (atomic_load_explicit(&t->id, memory_order_relaxed) == id)
+    atomic_fetch_add_explicit(&t->cpu_ns, ns, memory_order_relaxed);
+  ums__unlock(&t->lock);
+}
+
+static void report(ums_runtime_t *rt, ums__sched_t *s, uint64_t running,
+                   int64_t stalled) {
+  ums__monitor_t *m = &rt->monitor;
+  ums_stall_t st = {.sched = s->id, .stalled_ns = stalled};
+  if (running && task_name(rt, running, st.name)) st.task = running;
+  st.seq = atomic_fetch_add(&m->nstalls, 1) + 1;
+  atomic_store_explicit(&s->stalls,
+      atomic_load_explicit(&s->stalls, memory_order_relaxed) + 1,
+      memory_order_relaxed);
+  if (rt->cfg.on_stall) {
+    rt->cfg.on_stall(&st, rt->cfg.on_stall_arg);
+    return;
+  }
+  if (st.task)
+    fprintf(stderr,
+            "ums: scheduler %d has not passed through its loop for %.3f s:"
+            " task %llu%s%s%s does not yield (non-yielding scheduler)\n",
+            st.sched, (double)st.stalled_ns / 1e9,
+            (unsigned long long)st.task, st.name[0] ? " '" : "", st.name,
+            st.name[0] ? "'" : "");
+  else
+    fprintf(stderr,
+            "ums: scheduler %d has not passed through its loop for %.3f s"
+            " (non-yielding scheduler)\n",
+            st.sched, (double)st.stalled_ns / 1e9);
+  fflush(stderr);
+}
+
+static bool sched_idle(ums__sched_t *s) {
+  return atomic_load(&s->idle_state) != 0;
+}
+
+/* Sleeps until a scheduler gets busy or the monitor is stopped. Returns
+** at once if one is busy already. */
+static void sleep_until_busy(ums_runtime_t *rt) {
+  ums__monitor_t *m = &rt->monitor;
+  uint32_t w = atomic_load(&m->word);
+  atomic_store(&m->asleep, 1);
+  for (int i = 0; i < rt->nsched; i++) {
+    if (!sched_idle(&rt->scheds[i])) {
+      atomic_store(&m->asleep, 0);
+      return;
+    }
+  }
+  while (atomic_load(&m->asleep) && !atomic_load(&m->stop)) {
+    ums__futex_wait(&m->word, w, UMS_FOREVER);
+    w = atomic_load(&m->word);
+  }
+}
+
+static void moved(ums__monitor_slot_t *sl, uint64_t seq, int64_t now,
+                  int64_t cpu) {
+  sl->seq = seq;
+  sl->since = now;
+  sl->cpu_since = cpu;
+  sl->reported = false;
+}
+
+static void reset_slots(ums_runtime_t *rt, int64_t now) {
+  for (int i = 0; i < rt->nsched; i++) {
+    ums__monitor_slot_t *sl = &rt->monitor.slots[i];
+    sl->cpu_last = thread_cpu(sl);
+    moved(sl, atomic_load_explicit(&rt->scheds[i].counters.context_switches,
+                                   memory_order_relaxed),
+          now, sl->cpu_last);
+  }
+}
+
+static void *monitor_main(void *arg) {
+  ums_runtime_t *rt = arg;
+  ums__monitor_t *m = &rt->monitor;
+  int64_t threshold = rt->cfg.stall_threshold;
+  pthread_setname_np(pthread_self(), "ums-monitor");
+  int64_t last = ums__clock_now();
+  reset_slots(rt, last);
+  while (!atomic_load(&m->stop)) {
+    uint32_t w = atomic_load(&m->word);
+    ums__futex_wait(&m->word, w, last + m->tick);
+    if (atomic_load(&m->stop)) break;
+    int64_t now = ums__clock_now();
+    last = now;
+    /* Schedulers leaving their loops at shutdown are not stalled. */
+    if (atomic_load(&rt->exiting)) continue;
+    bool busy = false;
+    for (int i = 0; i < rt->nsched; i++) {
+      ums__sched_t *s = &rt->scheds[i];
+      ums__monitor_slot_t *sl = &m->slots[i];
+      uint64_t seq = atomic_load_explicit(&s->counters.context_switches,
+                                          memory_order_relaxed);
+      int64_t cpu = thread_cpu(sl);
+      int64_t used = cpu >= 0 && sl->cpu_last >= 0 ? cpu - sl->cpu_last : 0;
+      sl->cpu_last = cpu;
+      /* The task picked last ran until now, or until the scheduler went
+      ** idle since the last tick: either way the CPU is its. */
+      uint64_t running = atomic_load_explicit(&s->running,
+                                              memory_order_relaxed);
+      if (s->timing && running && used > 0) credit(rt, running, used);
+      if (sched_idle(s)) {
+        moved(sl, seq, now, cpu);
+        continue;
+      }
+      busy = true;
+      if (seq != sl->seq) {
+        moved(sl, seq, now, cpu);
+      } else if (threshold >= 0 && !sl->reported &&
+                 now - sl->since >= threshold && stuck(s, sl, cpu)) {
+        sl->reported = true;
+        report(rt, s, running, now - sl->since);
+      }
+    }
+    if (!busy) {
+      sleep_until_busy(rt);
+      last = ums__clock_now();
+      reset_slots(rt, last);
+    }
+  }
+  return NULL;
+}
+
+int ums__monitor_start(ums_runtime_t *rt) {
+  ums__monitor_t *m = &rt->monitor;
+  int64_t threshold = rt->cfg.stall_threshold;
+  m->tick = TICK_NS;
+  if (threshold >= 0 && threshold / 4 < m->tick) m->tick = threshold / 4;
+  if (m->tick < MIN_TICK_NS) m->tick = MIN_TICK_NS;
+  m->slots = calloc((size_t)rt->nsched, sizeof *m->slots);
+  if (!m->slots) return UMS_ENOMEM;
+  for (int i = 0; i < rt->nsched; i++) {
+    ums__monitor_slot_t *sl = &m->slots[i];
+    sl->stat_fd = -1;
+    sl->has_clock =
+        pthread_getcpuclockid(rt->scheds[i].thread, &sl->clock) == 0;
+  }
+  /* The monitor never runs a signal handler meant for a scheduler or the
+  ** host (the Lua binding's quantum signal, a pool interrupt). */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int r = pthread_create(&m->thread, NULL, monitor_main, rt);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (r != 0) {
+    free(m->slots);
+    m->slots = NULL;
+    return UMS_EAGAIN;
+  }
+  m->started = true;
+  return 0;
+}
+
+void ums__monitor_wake(ums_runtime_t *rt) {
+  ums__monitor_t *m = &rt->monitor;
+  if (atomic_exchange(&m->asleep, 0)) {
+    atomic_fetch_add(&m->word, 1);
+    ums__futex_wake(&m->word, 1);
+  }
+}
+
+void ums__monitor_stop(ums_runtime_t *rt) {
+  ums__monitor_t *m = &rt->monitor;
+  if (!m->started) return;
+  atomic_store(&m->stop, 1);
+  atomic_store(&m->asleep, 0);
+  atomic_fetch_add(&m->word, 1);
+  ums__futex_wake(&m->word, 1);
+  pthread_join(m->thread, NULL);
+  m->started = false;
+  for (int i = 0; i < rt->nsched; i++)
+    if (m->slots[i].stat_fd >= 0) close(m->slots[i].stat_fd);
+  free(m->slots);
+  m->slots = NULL;
+}

@@ -1,0 +1,604 @@
+/*
+** test_waits.c: what tasks wait for and the wait statistics
+** (ums_runtime_waits, ums_task_info's wait fields): every wait type the
+** runtime knows shows up under its name when a task really parks on it,
+** of about the right length; a task blocked on a mutex names the mutex
+** and its holder; a task woken while its scheduler is busy shows the
+** difference as signal wait; yields are never timed; a reset starts
+** afresh; with stats off nothing is timed but the types are still there;
+** and the readers are safe from any thread while the counted waits run.
+**
+** Time bounds are generous (this runs on noisy 2-vCPU VMs and under the
+** sanitizers): a lower bound a wait cannot beat, an upper bound that only
+** a hang would break.
+*/
+#include "test-util.h"
+#include "internal.h" /* ums__stamp_now, the clock under the figures */
+
+#include <fcntl.h>
+#include <stdatomic.h>
+
+#define PTR(n) ((void *)(uintptr_t)(n))
+#define MS UMS_NSEC_PER_MSEC
+
+static ums_runtime_t *rt;
+
+static ums_task_t spawn_named(int sched, const char *name, ums_task_fn fn,
+                              void *arg) {
+  ums_spawn_opts_t o = {.sched = sched, .name = name};
+  ums_task_t t = 0;
+  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
+  return t;
+}
+
+static void join_ok(ums_task_t t) {
+  int status = 1;
+  CHECK_RC(ums_task_join(rt, t, ums_deadline(20 * UMS_NSEC_PER_SEC), NULL,
+                         &status),
+           0);
+  CHECK_RC(status, 0);
+}
+
+static ums_wait_stats_t waits_of(int type) {
+  ums_wait_stats_t rows[UMS_WAIT_NTYPES];
+  CHECK_EQ(ums_runtime_waits(rt, rows, UMS_WAIT_NTYPES), UMS_WAIT_NTYPES);
+  CHECK_EQ(rows[type].type, type);
+  CHECK_STR_EQ(rows[type].name, ums_wait_type_name(type));
+  return rows[type];
+}
+
+/* Polls until task t is suspended in a wait of this type (or fails). */
+static ums_task_info_t wait_until_waiting(ums_task_t t, int type) {
+  ums_task_info_t info;
+  int64_t until = ums_deadline(10 * UMS_NSEC_PER_SEC);
+  for (;;) {
+    CHECK_RC(ums_task_info(rt, t, &info), 0);
+    if (info.state == UMS_TASK_SUSPENDED && info.wait_type == type)
+      return info;
+    if (ums_now() > until)
+      tu_fail(__FILE__, __LINE__, "task never waited on %s (state %s, %s)",
+              ums_wait_type_name(type), ums_task_state_name(info.state),
+              ums_wait_type_name(info.wait_type));
+    usleep(1000);
+  }
+}
+
+/* ====================================================================== */
+/* Names                                                                   */
+/* ====================================================================== */
+
+static void test_names(void) {
+  static const char *const want[UMS_WAIT_NTYPES] = {
+      "none",         "park",         "sleep",     "mutex",
+      "semaphore",    "event",        "cond",      "channel_send",
+      "channel_recv", "select",       "join",      "waitgroup",
+      "file_io",      "preemptive",   "pending_worker"};
+  for (int i = 0; i < UMS_WAIT_NTYPES; i++)
+    CHECK_STR_EQ(ums_wait_type_name(i), want[i]);
+  CHECK(ums_wait_type_name(-1) == NULL);
+  CHECK(ums_wait_type_name(UMS_WAIT_NTYPES) == NULL);
+  CHECK_STR_EQ(ums_task_state_name(UMS_TASK_PENDING), "pending");
+  CHECK_STR_EQ(ums_task_state_name(UMS_TASK_SUSPENDED), "suspended");
+  CHECK_STR_EQ(ums_task_state_name(UMS_TASK_DONE), "done");
+  CHECK(ums_task_state_name(0) == NULL);
+  CHECK(ums_task_state_name(UMS_TASK_DONE + 1) == NULL);
+}
+
+/* ====================================================================== */
+/* A sleep                                                                 */
+/* ====================================================================== */
+
+static void *sleep_fn(void *arg) {
+  CHECK_RC(ums_sleep((int64_t)(uintptr_t)arg * MS), 0);
+  return NULL;
+}
+
+static void test_sleep(void) {
+  rt = tu_runtime_new(1);
+  ums_wait_stats_t before = waits_of(UMS_WAIT_SLEEP);
+  CHECK_EQ(before.count, 0);
+  ums_task_t t = spawn_named(0, "sleeper", sleep_fn, PTR(100));
+  ums_task_info_t info = wait_until_waiting(t, UMS_WAIT_SLEEP);
+  CHECK_EQ(info.id, t);
+  CHECK_STR_EQ(info.name, "sleeper");
+  CHECK_EQ(info.sched, 0);
+  CHECK(info.wait_object == NULL);
+  CHECK_EQ(info.blocker, 0);
+  CHECK_GE(info.wait_ns, 0);
+  CHECK_LT(info.wait_ns, 5 * UMS_NSEC_PER_SEC);
+  join_ok(t);
+  ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
+  CHECK_EQ(w.count, 1);
+  CHECK_GE(w.total_ns, 95 * MS);
+  CHECK_LT(w.total_ns, 3 * UMS_NSEC_PER_SEC);
+  CHECK_EQ(w.max_ns, w.total_ns);
+  CHECK_GE(w.signal_ns, 0);
+  CHECK_LE(w.signal_ns, w.total_ns);
+  /* Nothing else waited. */
+  for (int i = 1; i < UMS_WAIT_NTYPES; i++)
+    if (i != UMS_WAIT_SLEEP && i != UMS_WAIT_JOIN) CHECK_EQ(waits_of(i).count, 0);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* A mutex, and who holds it                                               */
+/* ====================================================================== */
+
+typedef struct hold {
+  ums_mutex_t *m;
+  ums_event_t *held;    /* set once the holder has the mutex */
+  ums_event_t *release; /* the holder unlocks when this is set */
+} hold_t;
+
+static void *holder_fn(void *arg) {
+  hold_t *h = arg;
+  CHECK_RC(ums_mutex_lock(h->m, UMS_FOREVER), 0);
+  CHECK_RC(ums_event_set(h->held), 0);
+  CHECK_RC(ums_event_wait(h->release, UMS_FOREVER), 0);
+  CHECK_RC(ums_mutex_unlock(h->m), 0);
+  return NULL;
+}
+
+static void *locker_fn(void *arg) {
+  hold_t *h = arg;
+  CHECK_RC(ums_mutex_lock(h->m, UMS_FOREVER), 0);
+  CHECK_RC(ums_mutex_unlock(h->m), 0);
+  return NULL;
+}
+
+static void test_mutex_holder(void) {
+  rt = tu_runtime_new(2);
+  hold_t h = {ums_mutex_new(), ums_event_new(1, 0), ums_event_new(1, 0)};
+  ums_task_t a = spawn_named(0, "holder", holder_fn, &h);
+  CHECK_RC(ums_event_wait(h.held, UMS_FOREVER), 0);
+  /* The waiter runs on the other scheduler: the holder's id crosses. */
+  ums_task_t b = spawn_named(1, "locker", locker_fn, &h);
+  ums_task_info_t info = wait_until_waiting(b, UMS_WAIT_MUTEX);
+  CHECK_PTR_EQ(info.wait_object, h.m);
+  CHECK_EQ(info.blocker, a);
+  CHECK_EQ(info.sched, 1);
+  /* And the holder is itself waiting, on the event. */
+  ums_task_info_t ia = wait_until_waiting(a, UMS_WAIT_EVENT);
+  CHECK_PTR_EQ(ia.wait_object, h.release);
+  usleep(50 * 1000);
+  CHECK_RC(ums_event_set(h.release), 0);
+  join_ok(a);
+  join_ok(b);
+  ums_wait_stats_t w = waits_of(UMS_WAIT_MUTEX);
+  CHECK_EQ(w.count, 1);
+  CHECK_GE(w.total_ns, 45 * MS);
+  CHECK_EQ(waits_of(UMS_WAIT_EVENT).count, 1);
+  tu_runtime_shutdown(rt);
+  ums_mutex_delete(h.m);
+  ums_event_delete(h.held);
+  ums_event_delete(h.release);
+}
+
+/* ====================================================================== */
+/* Every other type                                                        */
+/* ====================================================================== */
+
+typedef struct objs {
+  ums_sem_t *sem;
+  ums_event_t *ev;
+  ums_mutex_t *m;
+  ums_cond_t *cond;
+  ums_chan_t *ch;
+  atomic_int flag;
+} objs_t;
+
+static void *sem_fn(void *arg) {
+  return PTR(ums_sem_acquire(((objs_t *)arg)->sem, UMS_FOREVER));
+}
+static void *cond_fn(void *arg) {
+  objs_t *o = arg;
+  CHECK_RC(ums_mutex_lock(o->m, UMS_FOREVER), 0);
+  while (!atomic_load(&o->flag))
+    CHECK_RC(ums_cond_wait(o->cond, o->m, UMS_FOREVER), 0);
+  CHECK_RC(ums_mutex_unlock(o->m), 0);
+  return NULL;
+}
+static void *recv_fn(void *arg) {
+  int v;
+  return PTR(ums_chan_recv(((objs_t *)arg)->ch, &v, UMS_FOREVER));
+}
+static void *send_fn(void *arg) {
+  int v = 7;
+  return PTR(ums_chan_send(((objs_t *)arg)->ch, &v, UMS_FOREVER));
+}
+static void *join_fn(void *arg) {
+  ums_task_t t = (ums_task_t)(uintptr_t)arg;
+  return PTR(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL));
+}
+static void *park_fn(void *arg) {
+  ums_park_token_t tok;
+  int type = (int)(uintptr_t)arg;
+  CHECK_RC(type ? ums_park_begin_wait(UMS_FOREVER, 0, type, &rt, 42, &tok)
+                : ums_park_begin(UMS_FOREVER, &tok),
+           0);
+  return PTR(ums_park_wait());
+}
+static void usleep_fn(void *arg) { usleep((useconds_t)(uintptr_t)arg); }
+static void *preempt_fn(void *arg) {
+  return PTR(ums_preempt(usleep_fn, arg, NULL, UMS_FOREVER));
+}
+static void *io_fn(void *arg) {
+  (void)arg;
+  int fd = ums_fs_open("/dev/null", O_RDONLY, 0, UMS_FOREVER);
+  CHECK_GE(fd, 0);
+  return PTR(ums_fs_close(fd, UMS_FOREVER));
+}
+
+/* Runs fn as a task and checks that it waits on `type` (on `obj` when not
+** NULL) until release() lets it go, and that the wait is then counted. */
+static void expect_wait(const char *what, ums_task_fn fn, void *arg,
+                        int type, const void *obj,
+                        void (*release)(objs_t *, ums_task_t), objs_t *o) {
+  printf("   %s\n", what);
+  uint64_t n0 = waits_of(type).count;
+  ums_task_t t = spawn_named(0, what, fn, arg);
+  ums_task_info_t info = wait_until_waiting(t, type);
+  if (obj) CHECK_PTR_EQ(info.wait_object, obj);
+  if (release) release(o, t);
+  void *res = PTR(1);
+  CHECK_RC(ums_task_join(rt, t, ums_deadline(10 * UMS_NSEC_PER_SEC), &res,
+                         NULL),
+           0);
+  CHECK_EQ((intptr_t)res, 0);
+  CHECK_EQ(waits_of(type).count, n0 + 1);
+}
+
+static void rel_sem(objs_t *o, ums_task_t t) {
+  (void)t;
+  CHECK_RC(ums_sem_release(o->sem, 1), 0);
+}
+static void rel_cond(objs_t *o, ums_task_t t) {
+  (void)t;
+  CHECK_RC(ums_mutex_lock(o->m, UMS_FOREVER), 0);
+  atomic_store(&o->flag, 1);
+  CHECK_RC(ums_cond_signal(o->cond), 0);
+  CHECK_RC(ums_mutex_unlock(o->m), 0);
+}
+static void rel_recv(objs_t *o, ums_task_t t) {
+  (void)t;
+  int v = 1;
+  CHECK_RC(ums_chan_send(o->ch, &v, UMS_FOREVER), 0);
+}
+static void rel_send(objs_t *o, ums_task_t t) {
+  (void)t;
+  int v;
+  CHECK_RC(ums_chan_recv(o->ch, &v, UMS_FOREVER), 0);
+}
+static void rel_ev(objs_t *o, ums_task_t t) {
+  (void)t;
+  CHECK_RC(ums_event_set(o->ev), 0);
+}
+/* A park is ended by its token; the test finds the sequence by trying. */
+static void rel_park(objs_t *o, ums_task_t t) {
+  (void)o;
+  for (uint64_t seq = 1; seq < 1000; seq++)
+    if (ums_unpark(rt, (ums_park_token_t){t, seq}, 0) == 0) return;
+  tu_fail(__FILE__, __LINE__, "no park to end");
+}
+
+static void *event_fn(void *arg) {
+  return PTR(ums_event_wait(((objs_t *)arg)->ev, UMS_FOREVER));
+}
+
+static void test_every_type(void) {
+  rt = tu_runtime_new(1);
+  objs_t o = {ums_sem_new(0), ums_event_new(0, 0), ums_mutex_new(),
+              ums_cond_new(), ums_chan_new(sizeof(int), 0), 0};
+  expect_wait("semaphore", sem_fn, &o, UMS_WAIT_SEMAPHORE, o.sem, rel_sem,
+              &o);
+  expect_wait("event", event_fn, &o, UMS_WAIT_EVENT, o.ev, rel_ev, &o);
+  expect_wait("cond", cond_fn, &o, UMS_WAIT_COND, o.cond, rel_cond, &o);
+  expect_wait("channel_recv", recv_fn, &o, UMS_WAIT_CHAN_RECV, o.ch,
+              rel_recv, &o);
+  expect_wait("channel_send", send_fn, &o, UMS_WAIT_CHAN_SEND, o.ch,
+              rel_send, &o);
+  expect_wait("park", park_fn, PTR(0), UMS_WAIT_PARK, NULL, rel_park, &o);
+  /* A described park: its type, object and blocker as given. */
+  {
+    ums_task_t t = spawn_named(0, "described", park_fn, PTR(UMS_WAIT_SELECT));
+    ums_task_info_t info = wait_until_waiting(t, UMS_WAIT_SELECT);
+    CHECK_PTR_EQ(info.wait_object, &rt);
+    CHECK_EQ(info.blocker, 42);
+    rel_park(&o, t);
+    join_ok(t);
+    CHECK_EQ(waits_of(UMS_WAIT_SELECT).count, 1);
+  }
+  /* Joining a task names it as object and blocker. */
+  {
+    ums_task_t sleeper = spawn_named(0, "sleeper", sleep_fn, PTR(100));
+    ums_task_t j = spawn_named(0, "joiner", join_fn,
+                               (void *)(uintptr_t)sleeper);
+    ums_task_info_t info = wait_until_waiting(j, UMS_WAIT_JOIN);
+    CHECK_EQ(info.blocker, sleeper);
+    join_ok(j);
+    CHECK_GE(waits_of(UMS_WAIT_JOIN).count, 1);
+  }
+  expect_wait("preemptive", preempt_fn, PTR(300000), UMS_WAIT_PREEMPT, NULL,
+              NULL, &o);
+  /* File I/O may complete before the test sees it waiting; count only. */
+  {
+    uint64_t n0 = waits_of(UMS_WAIT_FILE_IO).count;
+    join_ok(spawn_named(0, "io", io_fn, NULL));
+    CHECK_GE(waits_of(UMS_WAIT_FILE_IO).count, n0 + 1);
+  }
+  /* A bad type is refused; a park outside a task too. */
+  ums_park_token_t tok;
+  CHECK_RC(ums_park_begin_wait(UMS_FOREVER, 0, UMS_WAIT_SLEEP, NULL, 0, &tok),
+           UMS_EPERM);
+  tu_runtime_shutdown(rt);
+  ums_sem_delete(o.sem);
+  ums_event_delete(o.ev);
+  ums_mutex_delete(o.m);
+  ums_cond_delete(o.cond);
+  ums_chan_delete(o.ch);
+}
+
+static void *bad_type_fn(void *arg) {
+  (void)arg;
+  ums_park_token_t tok;
+  CHECK_RC(ums_park_begin_wait(UMS_FOREVER, 0, UMS_WAIT_NONE, NULL, 0, &tok),
+           UMS_EINVAL);
+  CHECK_RC(ums_park_begin_wait(UMS_FOREVER, 0, UMS_WAIT_NTYPES, NULL, 0,
+                               &tok),
+           UMS_EINVAL);
+  return NULL;
+}
+
+static void test_bad_type(void) {
+  rt = tu_runtime_new(1);
+  join_ok(spawn_named(0, "bad", bad_type_fn, NULL));
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* Pending worker                                                          */
+/* ====================================================================== */
+
+static void test_pending_worker(void) {
+  ums_config_t cfg = {.schedulers = 1, .max_workers = 1};
+  rt = tu_runtime_new_cfg(&cfg);
+  ums_task_t a = spawn_named(0, "first", sleep_fn, PTR(100));
+  ums_task_t b = spawn_named(0, "second", sleep_fn, PTR(1));
+  /* b waits for a's worker: pending, in a pending_worker wait. */
+  ums_task_info_t info;
+  int64_t until = ums_deadline(5 * UMS_NSEC_PER_SEC);
+  do {
+    CHECK_RC(ums_task_info(rt, b, &info), 0);
+    CHECK_LT(ums_now(), until);
+  } while (info.wait_type != UMS_WAIT_PENDING_WORKER);
+  CHECK_EQ(info.state, UMS_TASK_PENDING);
+  join_ok(a);
+  join_ok(b);
+  ums_wait_stats_t w = waits_of(UMS_WAIT_PENDING_WORKER);
+  CHECK_EQ(w.count, 1);
+  CHECK_GE(w.total_ns, 80 * MS);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* Signal wait: woken, but the scheduler is busy                           */
+/* ====================================================================== */
+
+static void *spin_fn(void *arg) {
+  int64_t until = ums_now() + (int64_t)(uintptr_t)arg * MS;
+  while (ums_now() < until) {
+  }
+  return NULL;
+}
+
+static void test_signal_wait(void) {
+  rt = tu_runtime_new(1);
+  /* The waiter is woken from this thread 20 ms into the hog's 200 ms on
+  ** its scheduler, and runs only once the hog is done: most of its wait is
+  ** spent runnable. (A timer that fires while its scheduler is busy is
+  ** different: it is late, which the wait shows, but the task is woken
+  ** only when the scheduler gets to it.) */
+  objs_t o = {.ev = ums_event_new(0, 0)};
+  ums_task_t w = spawn_named(0, "waiter", event_fn, &o);
+  wait_until_waiting(w, UMS_WAIT_EVENT);
+  ums_task_t h = spawn_named(0, "hog", spin_fn, PTR(200));
+  usleep(20 * 1000);
+  CHECK_RC(ums_event_set(o.ev), 0);
+  ums_task_info_t info;
+  CHECK_RC(ums_task_info(rt, w, &info), 0);
+  if (info.state == UMS_TASK_RUNNABLE) CHECK_GE(info.runnable_ns, 0);
+  join_ok(h);
+  join_ok(w);
+  ums_wait_stats_t st = waits_of(UMS_WAIT_EVENT);
+  CHECK_EQ(st.count, 1);
+  CHECK_GE(st.total_ns, 150 * MS);
+  CHECK_GE(st.signal_ns, 100 * MS);
+  CHECK_LE(st.signal_ns, st.total_ns);
+  tu_runtime_shutdown(rt);
+  ums_event_delete(o.ev);
+}
+
+/* ====================================================================== */
+/* Yields are counted, never timed; resets                                 */
+/* ====================================================================== */
+
+static void *yield_fn(void *arg) {
+  for (int i = 0; i < (int)(uintptr_t)arg; i++) CHECK_RC(ums_yield(), 0);
+  return NULL;
+}
+
+static void test_yields_and_reset(void) {
+  rt = tu_runtime_new(1);
+  ums_task_t a = spawn_named(0, "y1", yield_fn, PTR(500));
+  ums_task_t b = spawn_named(0, "y2", yield_fn, PTR(500));
+  join_ok(a);
+  join_ok(b);
+  CHECK_GE(tu_stats(rt, 0).yields, 1000);
+  uint64_t waits = 0;
+  for (int i = 1; i < UMS_WAIT_NTYPES; i++)
+    if (i != UMS_WAIT_JOIN) waits += waits_of(i).count;
+  CHECK_EQ(waits, 0);
+
+  join_ok(spawn_named(0, "s", sleep_fn, PTR(20)));
+  CHECK_EQ(waits_of(UMS_WAIT_SLEEP).count, 1);
+  CHECK_RC(ums_runtime_waits_reset(rt), 0);
+  ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
+  CHECK_EQ(w.count, 0);
+  CHECK_EQ(w.total_ns, 0);
+  CHECK_EQ(w.max_ns, 0);
+  join_ok(spawn_named(0, "s", sleep_fn, PTR(30)));
+  w = waits_of(UMS_WAIT_SLEEP);
+  CHECK_EQ(w.count, 1);
+  CHECK_GE(w.total_ns, 25 * MS);
+  CHECK_EQ(w.max_ns, w.total_ns);
+  CHECK_RC(ums_runtime_waits_reset(NULL), UMS_EINVAL);
+  CHECK_RC(ums_runtime_waits(NULL, NULL, 0), UMS_EINVAL);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
+/* Stats off                                                               */
+/* ====================================================================== */
+
+static void test_stats_off(void) {
+  ums_config_t cfg = {.schedulers = 1, .stats = UMS_STATS_OFF};
+  rt = tu_runtime_new_cfg(&cfg);
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  CHECK_EQ(c.stats, UMS_STATS_OFF);
+  ums_task_t t = spawn_named(0, "sleeper", sleep_fn, PTR(50));
+  ums_task_info_t info = wait_until_waiting(t, UMS_WAIT_SLEEP);
+  CHECK_EQ(info.wait_ns, -1);
+  CHECK_EQ(info.runnable_ns, -1);
+  CHECK_EQ(info.cpu_ns, -1);
+  join_ok(t);
+  CHECK_EQ(waits_of(UMS_WAIT_SLEEP).count, 0);
+  tu_runtime_shutdown(rt);
+  /* A bad value is refused. */
+  int err = 0;
+  cfg.stats = 3;
+  CHECK(ums_runtime_new(&cfg, &err) == NULL);
+  CHECK_RC(err, UMS_EINVAL);
+}
+
+/* ====================================================================== */
+/* The stamp clock                                                         */
+/* ====================================================================== */
+
+static void test_stamp_clock(void) {
+  /* Monotonic, and in step with CLOCK_MONOTONIC over 200 ms (once
+  ** calibrated, it is the counter scaled; before, the clock itself). */
+  int64_t s0 = ums__stamp_now(), c0 = ums_now();
+  int64_t prev = s0;
+  for (int i = 0; i < 200; i++) {
+    usleep(1000);
+    int64_t s = ums__stamp_now();
+    CHECK_GE(s, prev);
+    prev = s;
+  }
+  int64_t ds = ums__stamp_now() - s0, dc = ums_now() - c0;
+  CHECK_GE(ds, dc - dc / 20 - MS);
+  CHECK_LE(ds, dc + dc / 20 + MS);
+  printf("   stamp clock: %s\n",
+         atomic_load(&ums__stamp.ready) ? "time stamp counter" : "clock_gettime");
+}
+
+/* ====================================================================== */
+/* Readers while everything runs                                           */
+/* ====================================================================== */
+
+typedef struct churn {
+  ums_chan_t *ch;
+  atomic_int stop;
+  atomic_long reads;
+} churn_t;
+
+static void *pinger_fn(void *arg) {
+  churn_t *c = arg;
+  int v = 0;
+  while (!atomic_load(&c->stop))
+    if (ums_chan_send(c->ch, &v, ums_deadline(50 * MS)) == UMS_ECANCELED) break;
+  return NULL;
+}
+static void *ponger_fn(void *arg) {
+  churn_t *c = arg;
+  int v;
+  while (!atomic_load(&c->stop))
+    if (ums_chan_recv(c->ch, &v, ums_deadline(50 * MS)) == UMS_ECANCELED) break;
+  return NULL;
+}
+
+static int count_visit(const ums_task_info_t *info, void *arg) {
+  CHECK_NE(info->id, 0);
+  CHECK(info->state >= UMS_TASK_PENDING && info->state <= UMS_TASK_DONE);
+  CHECK(info->wait_type >= 0 && info->wait_type < UMS_WAIT_NTYPES);
+  (*(int *)arg)++;
+  return 0;
+}
+
+static void read_everything(churn_t *c) {
+  ums_sched_stats_t rows[4];
+  ums_pool_stats_t pools[2];
+  ums_wait_stats_t w[UMS_WAIT_NTYPES];
+  int n = 0;
+  CHECK_EQ(ums_runtime_stats(rt, rows, 4), 2);
+  CHECK_EQ(ums_runtime_pool_stats(rt, pools, 2), 2);
+  CHECK_EQ(ums_runtime_waits(rt, w, UMS_WAIT_NTYPES), UMS_WAIT_NTYPES);
+  CHECK_GE(ums_runtime_tasks(rt, count_visit, &n), 0);
+  atomic_fetch_add(&c->reads, 1);
+}
+
+static void *reader_fn(void *arg) {
+  churn_t *c = arg;
+  while (!atomic_load(&c->stop)) {
+    read_everything(c);
+    CHECK_RC(ums_yield(), 0);
+  }
+  return NULL;
+}
+
+static void *host_reader(void *arg) {
+  churn_t *c = arg;
+  while (!atomic_load(&c->stop)) {
+    read_everything(c);
+    if (atomic_load(&c->reads) % 16 == 0) ums_runtime_waits_reset(rt);
+  }
+  return NULL;
+}
+
+static void test_readers_race(void) {
+  rt = tu_runtime_new(2);
+  churn_t c = {ums_chan_new(sizeof(int), 0), 0, 0};
+  ums_task_t ts[6];
+  ts[0] = spawn_named(0, "ping", pinger_fn, &c);
+  ts[1] = spawn_named(1, "pong", ponger_fn, &c);
+  ts[2] = spawn_named(0, "ping2", pinger_fn, &c);
+  ts[3] = spawn_named(1, "pong2", ponger_fn, &c);
+  ts[4] = spawn_named(0, "reader0", reader_fn, &c);
+  ts[5] = spawn_named(1, "reader1", reader_fn, &c);
+  pthread_t th;
+  CHECK_EQ(pthread_create(&th, NULL, host_reader, &c), 0);
+  usleep(300 * 1000);
+  atomic_store(&c.stop, 1);
+  pthread_join(th, NULL);
+  for (int i = 0; i < 6; i++) join_ok(ts[i]);
+  CHECK_GE(atomic_load(&c.reads), 3);
+  CHECK_GE(waits_of(UMS_WAIT_CHAN_RECV).count + waits_of(UMS_WAIT_CHAN_SEND).count, 1);
+  tu_runtime_shutdown(rt);
+  ums_chan_delete(c.ch);
+}
+
+int main(void) {
+  RUN(test_names);
+  RUN(test_stamp_clock);
+  RUN(test_sleep);
+  RUN(test_mutex_holder);
+  RUN(test_every_type);
+  RUN(test_bad_type);
+  RUN(test_pending_worker);
+  RUN(test_signal_wait);
+  RUN(test_yields_and_reset);
+  RUN(test_stats_off);
+  RUN(test_readers_race);
+  return 0;
+}
