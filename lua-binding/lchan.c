@@ -226,12 +226,12 @@ static int push_timeout(lua_State *L) {
   return 2;
 }
 
-/* Queues the current task's own waiter on q and parks: the common tail of
-** send and recv. */
-static int park_on(lua_State *L, ltask *me, lwaitq *q, int64_t deadline,
-                   int vidx, lua_KFunction k) {
+/* Queues the current task's own waiter on q of ch and parks: the common
+** tail of send and recv; type says which (UMS_WAIT_CHAN_*). */
+static int park_on(lua_State *L, ltask *me, lchan *ch, lwaitq *q, int type,
+                   int64_t deadline, int vidx, lua_KFunction k) {
   lwait *w = &me->wait;
-  lums_park_begin(L, me, deadline, 0, &w->tok);
+  lums_park_begin_wait(L, me, deadline, 0, type, ch, 0, &w->tok);
   w->task = me;
   w->L = L;
   w->vidx = vidx;
@@ -305,7 +305,8 @@ static int l_send(lua_State *L) {
   if (st == IS_CLOSED) return push_closed(L);
   if (poll) return push_timeout(L);
   ltask *me = lums_need_task(L, "channel:send");
-  return park_on(L, me, &ch->sendq, deadline, 2, send_k);
+  return park_on(L, me, ch, &ch->sendq, UMS_WAIT_CHAN_SEND, deadline, 2,
+                 send_k);
 }
 
 static int recv_k(lua_State *L, int status, lua_KContext ctx) {
@@ -328,7 +329,8 @@ static int l_recv(lua_State *L) {
   if (st == IS_CLOSED) return push_closed(L);
   if (poll) return push_timeout(L);
   ltask *me = lums_need_task(L, "channel:recv");
-  return park_on(L, me, &ch->recvq, deadline, 0, recv_k);
+  return park_on(L, me, ch, &ch->recvq, UMS_WAIT_CHAN_RECV, deadline, 0,
+                 recv_k);
 }
 
 /* ch:try_send(v) -> true | false, "full" | false, "closed" */
@@ -515,7 +517,7 @@ static int l_select(lua_State *L) {
   lwait *ws = (lwait *)lua_newuserdatauv(L, (size_t)n * sizeof *ws, 0);
   memset(ws, 0, (size_t)n * sizeof *ws);
   ums_park_token_t tok;
-  lums_park_begin(L, me, deadline, 0, &tok);
+  lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_SELECT, NULL, 0, &tok);
   for (int i = 1; i <= n; i++) {
     lchan *ch;
     const char *op = case_op(L, 1, i, &ch);

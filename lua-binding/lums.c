@@ -142,15 +142,21 @@ int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
 
 int lums_park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
                       ums_park_token_t *tok) {
-  int r = ums_park_begin_ex(deadline, flags, tok);
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  if (r) return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));
-  t->park_begun = true;
-  t->park_tok = *tok;
-  return 0;
+  return lums_park_begin_wait(L, t, deadline, flags, UMS_WAIT_PARK, NULL, 0,
+                              tok);
 }
 
-/* core.park_begin([timeout [, nocancel]]) -> seq */
+int lums_park_failed(lua_State *L, int r) {
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));
+}
+
+static lhandle *check_task(lua_State *L, int idx);
+
+/* core.park_begin([timeout [, nocancel [, wait_type [, object
+** [, blocker]]]]]) -> seq. wait_type: a value of core.WAIT (default
+** "park"); object: what the task waits on (any value; its address names
+** it); blocker: the task holding it (a task handle or nil). */
 static int l_park_begin(lua_State *L) {
   ltask *t = lums_need_task(L, "park_begin");
   if (t->park_begun)
@@ -158,8 +164,14 @@ static int l_park_begin(lua_State *L) {
                          "(call ums.park_wait first)");
   ums_park_token_t tok;
   int64_t deadline = timeout_to_deadline(L, 1);
-  lums_park_begin(L, t, deadline,
-                  lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0, &tok);
+  lua_Integer type = luaL_optinteger(L, 3, UMS_WAIT_PARK);
+  luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, 3,
+                "not a wait type (see ums.WAIT)");
+  lhandle *blocker = lua_isnoneornil(L, 5) ? NULL : check_task(L, 5);
+  lums_park_begin_wait(L, t, deadline,
+                       lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0,
+                       (int)type, lua_topointer(L, 4),
+                       blocker ? blocker->id : 0, &tok);
   lua_pushinteger(L, (lua_Integer)tok.seq);
   return 1;
 }
@@ -372,6 +384,9 @@ static int task_step(void *arg) {
   ltask *t = arg;
   ltask *prev = lums_cur_task;
   int nargs = 0, nres = 0, st;
+  /* A stall report whose step ended before it ran Lua again: delivered
+  ** here, outside any task (the handler cannot wait). */
+  if (lums_stall_pending(t->run)) lums_stall_flush(t->run, t->run->SL);
   lums_cur_task = t;
   if (t->finish_pending) {
     /* It ended with a park begun last step (below). */
@@ -403,7 +418,7 @@ static int task_step(void *arg) {
       atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
 #ifdef QUANTUM_POLL
-  if (r->quantum > 0)
+  if (r->quantum > 0 || r->stall)
     lua_sethook(t->co, qpoll_hook, LUA_MASKCOUNT, QUANTUM_POLL_COUNT);
 #endif
   st = lua_resume(t->co, NULL, nargs, &nres);
@@ -551,6 +566,14 @@ static void qhook(lua_State *L, lua_Debug *ar) {
     lua_sethook(L, NULL, 0, 0);
     return;
   }
+  /* The monitor found this scheduler stalled: report, with the traceback
+  ** of the code running now. Without a quantum that was the hook's only
+  ** errand. */
+  if (lums_stall_pending(t->run)) lums_stall_hook(L, t);
+  if (t->run->quantum <= 0) {
+    lua_sethook(L, NULL, 0, 0);
+    return;
+  }
   /* A task that computes without ever waiting learns of its cancellation
   ** here, the first time its quantum runs out; raising is allowed even
   ** where yielding is not. */
@@ -565,6 +588,7 @@ static void qhook(lua_State *L, lua_Debug *ar) {
   }
   lua_sethook(L, NULL, 0, 0);
   atomic_fetch_add_explicit(&t->run->preemptions, 1, memory_order_relaxed);
+  ums_quantum_expired();
   t->parking = false;
   lua_yield(L, 0);
 }
@@ -622,8 +646,10 @@ static void *quantum_monitor(void *arg) {
 static void qpoll_hook(lua_State *L, lua_Debug *ar) {
   ltask *t = lums_cur_task;
   if (t && t->run &&
-      atomic_load(&t->run->preempt_seq) ==
-          atomic_load_explicit(&t->run->step_seq, memory_order_relaxed))
+      (lums_stall_pending(t->run) ||
+       (t->run->quantum > 0 &&
+        atomic_load(&t->run->preempt_seq) ==
+            atomic_load_explicit(&t->run->step_seq, memory_order_relaxed))))
     qhook(L, ar);
 }
 #endif
@@ -648,11 +674,26 @@ static void monitor_start(lrun *r) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&r->mon_cond, &ca);
   pthread_condattr_destroy(&ca);
-  if (r->quantum <= 0) return;
+  /* The signal also serves stall reports (lums_request_hook). */
+  if (r->quantum <= 0 && !r->stall) return;
   install_quantum_signal();
   atomic_store(&sig_run, r);
+  if (r->quantum <= 0) return;
   r->monitor_started = pthread_create(&r->monitor, NULL, quantum_monitor,
                                       r) == 0;
+}
+
+void lums_request_hook(lrun *r) {
+#ifndef QUANTUM_POLL
+  /* With a quantum, the quantum monitor has signalled this long step
+  ** already, and its hook (qhook) looks for stall reports: a second
+  ** signal would only interrupt a blocking call once more. Under TSan the
+  ** poll hook of every step looks for them. */
+  if (r->quantum <= 0 && atomic_load(&r->lua_thread_known))
+    pthread_kill(r->lua_thread, QUANTUM_SIGNAL);
+#else
+  (void)r;
+#endif
 }
 
 static void monitor_stop(lrun *r) {
@@ -718,7 +759,7 @@ static int l_sleep(lua_State *L) {
   ums_park_token_t tok;
   int64_t deadline =
       s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9));
-  lums_park_begin(L, t, deadline, 0, &tok);
+  lums_park_begin_wait(L, t, deadline, 0, UMS_WAIT_SLEEP, NULL, 0, &tok);
   return lums_park_finish(L, t, 0, sleep_k);
 }
 
@@ -804,7 +845,7 @@ static int l_task_join(lua_State *L) {
     t->capjoiners = cap;
   }
   ums_park_token_t tok;
-  lums_park_begin(L, me, deadline, 0, &tok);
+  lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id, &tok);
   t->joiners[t->njoiners++].tok = tok;
   return lums_park_finish(L, me, (lua_KContext)tok.seq, join_k);
 }
@@ -856,6 +897,11 @@ static int l_task_name(lua_State *L) {
     push_extras(L, 1);
     lua_pushvalue(L, 2);
     lua_setfield(L, -2, X_NAME);
+    /* The runtime keeps it too, for ums.tasks() and stall reports, which
+    ** must not need this VM. */
+    lhandle *h = to_task(L, 1);
+    if (h->t && h->t->run && h->state != T_DONE)
+      ums_task_set_name(h->t->run->rt, h->id, lua_tostring(L, 2));
   }
   lua_settop(L, 1);
   push_name(L, 1);
@@ -972,6 +1018,7 @@ static void report_errors(lua_State *L, lhandle *main) {
 }
 
 static void run_free(lua_State *L, lrun *r) {
+  lums_stall_free(r->stall);
   for (int i = 0; i < r->npool; i++) free_task(L, r->pool[i]);
   free(r->pool);
   luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
@@ -1053,6 +1100,13 @@ static int l_run(lua_State *L) {
   lua_pop(L, 1);
   cfg.io_pool_threads = config_int(L, cfgi, "io_threads", 0);
   cfg.preempt_threads = config_int(L, cfgi, "preempt_threads", 0);
+  /* stats: a boolean (nil: on, unless UMS_STATS=off); stall_threshold:
+  ** seconds, 0 turns stall detection off (init.lua checks both). */
+  if (lua_getfield(L, cfgi, "stats") == LUA_TBOOLEAN)
+    cfg.stats = lua_toboolean(L, -1) ? UMS_STATS_ON : UMS_STATS_OFF;
+  lua_pop(L, 1);
+  double stall = config_num(L, cfgi, "stall_threshold", 1.0);
+  cfg.stall_threshold = stall > 0 ? (int64_t)(stall * 1e9) : -1;
   lua_pop(L, 1);
 
   lrun *r = calloc(1, sizeof *r);
@@ -1060,10 +1114,16 @@ static int l_run(lua_State *L) {
   r->quantum = quantum > 0 ? (int64_t)(quantum * 1e9) : 0;
   r->SL = lua_newthread(L);
   r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  if (cfg.stall_threshold > 0) {
+    r->stall = lums_stall_new(L, cfg.stall_threshold);
+    cfg.on_stall = lums_stall_cb;
+    cfg.on_stall_arg = r;
+  }
   int err;
   r->rt = ums_runtime_new(&cfg, &err);
   if (!r->rt) {
     luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
+    lums_stall_free(r->stall);
     free(r);
     return luaL_error(L, "ums.run: cannot start the runtime: %s",
                       ums_strerror(err));
@@ -1087,6 +1147,8 @@ static int l_run(lua_State *L) {
   ums_runtime_shutdown(r->rt, main->ok && !exiting ? UMS_FOREVER : 0);
   r->rt = NULL;
   monitor_stop(r);
+  /* A report the VM never got to (the run ended first). */
+  if (lums_stall_pending(r)) lums_stall_flush(r, L);
   swap_os_exit(L, false);
   if (exiting) {
     /* Every runtime thread is gone: the real os.exit may close the VM. */
@@ -1167,7 +1229,7 @@ int luaopen_ums_core(lua_State *L) {
       {"join", l_task_join},     {"cancel", l_task_cancel},
       {"status", l_task_status}, {"name", l_task_name},
       {"id", l_task_id},         {"locals", l_task_locals},
-      {NULL, NULL}};
+      {"info", lums_task_info},  {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"self", l_self},
       {"yield", l_yield},
@@ -1238,6 +1300,7 @@ int luaopen_ums_core(lua_State *L) {
   lua_pushcclosure(L, l_spawn, 1);
   lua_setfield(L, -2, "spawn");
   lums_open_chan(L);
+  lums_open_stats(L);
   lums_open_fs(L);
   lums_open_ffi(L);
   lua_pushvalue(L, cancelled);

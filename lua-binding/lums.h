@@ -18,6 +18,7 @@
 #define LUMS_HIDDEN __attribute__((visibility("hidden")))
 
 typedef struct lrun lrun;
+typedef struct lstall lstall;  /* lstats.c: stall reports of a run */
 
 enum { T_NEW, T_LIVE, T_DONE };
 
@@ -157,6 +158,11 @@ struct lrun {
   ** (no lua_newthread or luaL_ref per task). */
   ltask **pool;
   int npool, cappool;
+  /* Stall reports (lstats.c): the monitor thread posts one and raises
+  ** stall_pending; the Lua thread delivers it from a hook or at its next
+  ** step. */
+  lstall *stall;
+  _Atomic int stall_pending;
 };
 
 /* The task whose step is running on this thread (a scheduler thread).
@@ -178,6 +184,23 @@ LUMS_HIDDEN int lums_raise_cancelled(lua_State *L);
 ** core.CANCELLED if t was cancelled, or an error. */
 LUMS_HIDDEN int lums_park_begin(lua_State *L, ltask *t, int64_t deadline,
                                 int flags, ums_park_token_t *tok);
+/* Raises for a park that could not begin (r from ums_park_begin_*). */
+LUMS_HIDDEN int lums_park_failed(lua_State *L, int r);
+/* The same as lums_park_begin, saying what the task waits for
+** (ums_park_begin_wait): a UMS_WAIT_* type, the object waited on (its
+** address, as tostring shows it) and the task holding it (0: none or
+** unknown). Inline: it is on the path of every channel message. */
+static inline int lums_park_begin_wait(lua_State *L, ltask *t,
+                                       int64_t deadline, int flags,
+                                       int type, const void *object,
+                                       ums_task_t blocker,
+                                       ums_park_token_t *tok) {
+  int r = ums_park_begin_wait(deadline, flags, type, object, blocker, tok);
+  if (__builtin_expect(r != 0, 0)) return lums_park_failed(L, r);
+  t->park_begun = true;
+  t->park_tok = *tok;
+  return 0;
+}
 /* Ends the wait begun by lums_park_begin: yields to the scheduler with
 ** continuation k where Lua can yield, else blocks only this task; k then
 ** reads the outcome with ums_park_result(). */
@@ -202,5 +225,35 @@ LUMS_HIDDEN void lums_open_ffi(lua_State *L);
 
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);
+
+/* ---- lstats.c: stats, tasks, waits, stall reports ---- */
+
+/* Adds stats, tasks, waits, waits_reset, on_stall and the WAIT table to
+** the module table at the top. */
+LUMS_HIDDEN void lums_open_stats(lua_State *L);
+/* task:info() (the handle at index 1). */
+LUMS_HIDDEN int lums_task_info(lua_State *L);
+/* A run's stall state: made before its runtime starts (the runtime's
+** on_stall callback is lums_stall_cb with the run as argument), freed
+** after its runtime is gone. L: the main thread, to read the handler. */
+LUMS_HIDDEN lstall *lums_stall_new(lua_State *L, int64_t threshold);
+LUMS_HIDDEN void lums_stall_free(lstall *s);
+LUMS_HIDDEN void lums_stall_cb(const ums_stall_t *st, void *arg);
+/* In a hook on the Lua thread, task t running L: delivers a pending
+** stall report of t (with its traceback) if there is one. */
+LUMS_HIDDEN void lums_stall_hook(lua_State *L, ltask *t);
+/* Delivers a pending report without a traceback: the stalled step ended
+** before it ran Lua code again. L: a thread of the run's VM that may run
+** the handler (the run's own thread at a step, the main thread at the
+** end of the run). */
+LUMS_HIDDEN void lums_stall_flush(lrun *r, lua_State *L);
+static inline bool lums_stall_pending(lrun *r) {
+  return atomic_load_explicit(&r->stall_pending, memory_order_relaxed);
+}
+
+/* lums.c: asks the Lua thread of run r for a hook on the coroutine it
+** runs (what the quantum does), so that lums_stall_hook runs as soon as
+** that coroutine runs Lua code. Any thread. */
+LUMS_HIDDEN void lums_request_hook(lrun *r);
 
 #endif

@@ -38,6 +38,14 @@ describe("examples", function()
         assert.matches("6%. mutex: 4 tasks x 10 increments = 40", r.stdout)
         assert.matches("7%. files: 6 lines, 84 bytes", r.stdout)
         assert.matches("tour done\n$", r.stdout)
+      elseif name == "top.lua" then
+        -- not a terminal: one table, every part of it filled in
+        assert.matches("SCHEDULER.*SWITCH/s", r.stdout)
+        assert.matches("\n  preemptive ", r.stdout)
+        assert.matches("\n%d+ +cruncher%-%d", r.stdout)
+        assert.matches("\nsleep ", r.stdout)
+        assert.matches("\nmutex ", r.stdout)
+        assert.matches("top done\n$", r.stdout)
       end
     end)
 

@@ -20,7 +20,7 @@ end
 local DEFAULTS = {
   schedulers = 1, max_workers = 0, quantum = 0.004, stack_size = 1024 * 1024,
   worker_idle_timeout = 10, idle_workers_kept = 16, io = "auto",
-  io_threads = 0, preempt_threads = 0,
+  io_threads = 0, preempt_threads = 0, stats = true, stall_threshold = 1,
 }
 
 local function restore_config() ums.config(DEFAULTS) end
@@ -963,6 +963,8 @@ describe("ums.config", function()
     io = {"io_uring", "", 1, true, {}},
     io_threads = {-1, 1.5, "4", {}},
     preempt_threads = {-1, 1.5, "4", {}},
+    stats = {1, "yes", {}},
+    stall_threshold = {-1, 0 / 0, "1", true, {}},
   }
   for key, values in pairs(bad) do
     it("raises for bad values of " .. key, function()

@@ -34,6 +34,9 @@ local settings = {
                 "a non-negative integer (0: the default, 64)"},
   preempt_threads = {non_negative_int,
                      "a non-negative integer (0: the default, 64)"},
+  stats = {function(v) return type(v) == "boolean" end, "a boolean"},
+  stall_threshold = {non_negative_number,
+                     "a non-negative number of seconds (0: off)"},
 }
 
 local defaults = {
@@ -46,6 +49,8 @@ local defaults = {
   io = "auto",
   io_threads = 0,
   preempt_threads = 0,
+  stats = true,
+  stall_threshold = 1,
 }
 
 --- ums.config([settings]) -> the settings in force for the next ums.run.

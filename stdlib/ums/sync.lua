@@ -40,6 +40,9 @@ core.nopreempt_chunk()
 
 local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
   core.unpark
+-- Wait types, so that ums.tasks() and ums.waits() say what a task waits
+-- for (and on which object, held by whom).
+local W = core.WAIT
 local current_task = core.self
 
 local error, getmetatable, pcall, rawget, setmetatable, type =
@@ -211,7 +214,7 @@ function Mutex:lock(timeout)
     return nil, "would deadlock: the mutex is already locked by this task"
   end
   if timeout == 0 then return nil, "timeout" end
-  local seq = park_begin(timeout)
+  local seq = park_begin(timeout, false, W.mutex, self, owner)
   local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   -- Granted: unlock already made us the owner.
@@ -275,7 +278,7 @@ function Semaphore:acquire(timeout)
   end
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("semaphore:acquire")
-  local seq = park_begin(timeout)
+  local seq = park_begin(timeout, false, W.semaphore, self)
   local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   return true
@@ -355,7 +358,7 @@ function Event:wait(timeout)
   end
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("event:wait")
-  local seq = park_begin(timeout)
+  local seq = park_begin(timeout, false, W.event, self)
   local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   return true
@@ -383,7 +386,7 @@ local function relock(m, me, err)
   if m.owner == nil then
     m.owner = me
   elseif m.owner ~= me then
-    local seq = park_begin(nil, true)
+    local seq = park_begin(nil, true, W.mutex, m, m.owner)
     push(m.q, me, seq)
     park_wait()  -- only unlock ends it, and unlock made us the owner
   end
@@ -408,7 +411,7 @@ function Cond:wait(m, timeout)
   if timeout == 0 then return nil, "timeout" end
   -- Begin the park before giving up m: if the task is already cancelled
   -- it raises here, with m still held as the caller expects.
-  local seq = park_begin(timeout)
+  local seq = park_begin(timeout, false, W.cond, self)
   local node = push(self.q, me, seq)
   unlock(m)
   local ok, outcome, msg = pcall(park_wait)
@@ -473,7 +476,7 @@ function WaitGroup:wait(timeout)
   if self.count == 0 then return true end
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("waitgroup:wait")
-  local seq = park_begin(timeout)
+  local seq = park_begin(timeout, false, W.waitgroup, self)
   local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   return true

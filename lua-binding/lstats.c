@@ -1,0 +1,504 @@
+/*
+** lstats.c: observability for Lua: ums.stats(), ums.tasks(), ums.waits(),
+** ums.waits_reset(), task:info() and stall reports (ums.on_stall), over
+** the runtime's calls (ums.h, "Observability").
+**
+** Everything but tracebacks comes from the runtime, which keeps what may
+** be read across threads (names, states, waits, CPU time) in its own task
+** records: so these calls will not need the VM of the tasks they list
+** once tasks live in several VMs. A traceback can only come from a task's
+** own VM, and only from the thread running it.
+**
+** Stall reports. The runtime's monitor thread finds a stalled scheduler
+** and calls lums_stall_cb there. That thread must not touch the VM (its
+** scheduler thread is inside it, stalled or not), so the report waits in
+** the run's lstall and the Lua thread is asked for a hook
+** (lums_request_hook, the quantum's signal): as soon as the stalled task
+** runs Lua code again, the hook takes its traceback and delivers the
+** report. With the default handler the monitor thread itself prints the
+** report's one line, once it has the traceback's first frame or after a
+** short wait for it (a task stuck in a blocking C call never reaches
+** Lua), so the line comes out within the time the issue allows (twice the
+** threshold) in every case. A Lua handler (ums.on_stall(fn)) runs on the
+** Lua thread: from the hook, inside the stalled task (it must not wait),
+** or, when the stalled step ended without running Lua again, at the next
+** step or the end of the run, without a traceback.
+*/
+#define _GNU_SOURCE
+#include "lums.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ONSTALL_KEY "ums.on_stall"
+#define TB_MAX 4096
+/* How long the monitor thread waits for the traceback's first frame before
+** it prints the default line without one: at most half the threshold. */
+#define WHERE_WAIT_MAX (500 * UMS_NSEC_PER_MSEC)
+
+/* ---------------------------------------------------------------------- */
+/* Stall reports                                                           */
+/* ---------------------------------------------------------------------- */
+
+enum { ST_NONE, ST_WANT, ST_HAVE, ST_DONE };
+
+struct lstall {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;         /* the hook captured a traceback */
+  int state;                   /* [lock] ST_* of the latest report */
+  ums_stall_t report;          /* [lock] the latest report */
+  char tb[TB_MAX];             /* [lock] its traceback; "" when none */
+  _Atomic int custom;          /* a Lua handler is set: the VM delivers */
+  int64_t where_wait;          /* [const] see WHERE_WAIT_MAX */
+};
+
+static bool has_handler(lua_State *L) {
+  bool yes = lua_getfield(L, LUA_REGISTRYINDEX, ONSTALL_KEY) == LUA_TFUNCTION;
+  lua_pop(L, 1);
+  return yes;
+}
+
+lstall *lums_stall_new(lua_State *L, int64_t threshold) {
+  lstall *s = calloc(1, sizeof *s);
+  if (!s) return NULL; /* no reports, rather than no run */
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  s->where_wait = threshold / 2 < WHERE_WAIT_MAX ? threshold / 2
+                                                 : WHERE_WAIT_MAX;
+  atomic_store(&s->custom, has_handler(L));
+  return s;
+}
+
+void lums_stall_free(lstall *s) {
+  if (!s) return;
+  pthread_cond_destroy(&s->cond);
+  pthread_mutex_destroy(&s->lock);
+  free(s);
+}
+
+/* The first frame of a traceback ("file:line: in ..."), into out. */
+static void first_frame(const char *tb, char *out, size_t n) {
+  out[0] = '\0';
+  const char *p = strstr(tb, "\n\t");
+  if (!p) return;
+  p += 2;
+  size_t len = strcspn(p, "\n");
+  if (len >= n) len = n - 1;
+  memcpy(out, p, len);
+  out[len] = '\0';
+}
+
+static void print_report(const ums_stall_t *st, const char *tb) {
+  char where[256];
+  first_frame(tb, where, sizeof where);
+  fprintf(stderr,
+          "ums: scheduler %d stalled: task %llu%s%s%s has not yielded for "
+          "%.2f s (non-yielding scheduler)%s%s\n",
+          st->sched, (unsigned long long)st->task, st->name[0] ? " '" : "",
+          st->name, st->name[0] ? "'" : "", (double)st->stalled_ns / 1e9,
+          where[0] ? ", at " : ", in a C call", where);
+  fflush(stderr);
+}
+
+static void deadline_in(struct timespec *ts, int64_t ns) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  int64_t t = ts->tv_nsec + ns;
+  ts->tv_sec += t / UMS_NSEC_PER_SEC;
+  ts->tv_nsec = t % UMS_NSEC_PER_SEC;
+}
+
+/* The monitor thread. */
+void lums_stall_cb(const ums_stall_t *st, void *arg) {
+  lrun *r = arg;
+  lstall *s = r->stall;
+  if (!s) return;
+  pthread_mutex_lock(&s->lock);
+  s->report = *st;
+  s->tb[0] = '\0';
+  s->state = ST_WANT;
+  atomic_store(&r->stall_pending, 1);
+  pthread_mutex_unlock(&s->lock);
+  lums_request_hook(r);
+  if (atomic_load(&s->custom)) return;
+
+  /* The default handler: one line, from here. */
+  struct timespec ts;
+  deadline_in(&ts, s->where_wait);
+  pthread_mutex_lock(&s->lock);
+  while (s->state == ST_WANT && s->report.seq == st->seq &&
+         pthread_cond_timedwait(&s->cond, &s->lock, &ts) != ETIMEDOUT) {
+  }
+  bool print = s->report.seq == st->seq && s->state != ST_DONE;
+  ums_stall_t rep = s->report;
+  static char tb[TB_MAX]; /* only the monitor thread prints */
+  memcpy(tb, s->tb, sizeof tb);
+  if (print) {
+    s->state = ST_DONE;
+    atomic_store(&r->stall_pending, 0);
+  }
+  pthread_mutex_unlock(&s->lock);
+  if (print) print_report(&rep, tb);
+}
+
+/* Calls the Lua handler with an info table. The traceback (or nil) is at
+** the top of L's stack, popped; the task's handle is pushed when t is the
+** stalled task. */
+static void call_handler(lua_State *L, const ums_stall_t *st, ltask *t) {
+  luaL_checkstack(L, 8, "ums: stall report");
+  int tb = lua_gettop(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, ONSTALL_KEY);
+  if (!lua_isfunction(L, -1)) {
+    lua_pop(L, 2);
+    return;
+  }
+  lua_createtable(L, 0, 7);
+  lua_pushinteger(L, st->sched);
+  lua_setfield(L, -2, "scheduler");
+  lua_pushinteger(L, (lua_Integer)st->task);
+  lua_setfield(L, -2, "id");
+  lua_pushstring(L, st->name);
+  lua_setfield(L, -2, "name");
+  lua_pushnumber(L, (lua_Number)st->stalled_ns / 1e9);
+  lua_setfield(L, -2, "duration");
+  lua_pushinteger(L, (lua_Integer)st->seq);
+  lua_setfield(L, -2, "seq");
+  lua_pushvalue(L, tb);
+  lua_setfield(L, -2, "traceback");
+  if (t && t->h && t->h->id == st->task) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
+    lua_setfield(L, -2, "task");
+  }
+  if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+    fprintf(stderr, "ums: error in the on_stall handler: %s\n",
+            lua_tostring(L, -1));
+    fflush(stderr);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1); /* the traceback */
+}
+
+/* The Lua thread, in a hook in task t. */
+void lums_stall_hook(lua_State *L, ltask *t) {
+  lrun *r = t->run;
+  lstall *s = r->stall;
+  if (!s) {
+    atomic_store(&r->stall_pending, 0);
+    return;
+  }
+  pthread_mutex_lock(&s->lock);
+  bool want = s->state == ST_WANT;
+  bool mine = want && s->report.task == t->h->id;
+  pthread_mutex_unlock(&s->lock);
+  if (!want) return;
+  /* The traceback is built without the lock held: it allocates, and may
+  ** raise. Level 0 is the function the hook interrupted. */
+  if (mine)
+    luaL_traceback(L, L, NULL, 0);
+  else
+    lua_pushnil(L);
+  pthread_mutex_lock(&s->lock);
+  bool call = false;
+  ums_stall_t rep = s->report;
+  if (s->state == ST_WANT) {
+    const char *tb = lua_tostring(L, -1);
+    snprintf(s->tb, sizeof s->tb, "%s", tb ? tb : "");
+    s->state = ST_HAVE;
+    pthread_cond_signal(&s->cond);
+    if ((call = atomic_load(&s->custom))) {
+      s->state = ST_DONE;
+      atomic_store(&r->stall_pending, 0);
+    }
+  }
+  pthread_mutex_unlock(&s->lock);
+  if (call)
+    call_handler(L, &rep, t);
+  else
+    lua_pop(L, 1);
+}
+
+void lums_stall_flush(lrun *r, lua_State *L) {
+  lstall *s = r->stall;
+  if (!s) {
+    atomic_store(&r->stall_pending, 0);
+    return;
+  }
+  pthread_mutex_lock(&s->lock);
+  bool call = false;
+  ums_stall_t rep = s->report;
+  /* Without a Lua handler the monitor thread prints, and clears the flag
+  ** once it has. */
+  if ((s->state == ST_WANT || s->state == ST_HAVE) &&
+      atomic_load(&s->custom)) {
+    call = true;
+    s->state = ST_DONE;
+  }
+  if (s->state == ST_DONE || s->state == ST_NONE)
+    atomic_store(&r->stall_pending, 0);
+  pthread_mutex_unlock(&s->lock);
+  if (call) {
+    lua_pushnil(L);
+    call_handler(L, &rep, NULL);
+  }
+}
+
+/* core.on_stall(fn | nil): fn(info) for each stall; nil: the default. */
+static int l_on_stall(lua_State *L) {
+  if (!lua_isnoneornil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, ONSTALL_KEY);
+  ltask *t = lums_cur_task;
+  if (t && t->run && t->run->stall)
+    atomic_store(&t->run->stall->custom, has_handler(L));
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Readers                                                                 */
+/* ---------------------------------------------------------------------- */
+
+/* The runtime of the calling task's run, or NULL outside one. */
+static ums_runtime_t *current_rt(void) {
+  ltask *t = lums_cur_task;
+  return t && t->run ? t->run->rt : NULL;
+}
+
+static int no_run(lua_State *L, const char *fname) {
+  lua_pushnil(L);
+  lua_pushfstring(L, "ums.%s: not inside a run", fname);
+  return 2;
+}
+
+static void set_int(lua_State *L, const char *k, lua_Integer v) {
+  lua_pushinteger(L, v);
+  lua_setfield(L, -2, k);
+}
+
+static void set_num(lua_State *L, const char *k, lua_Number v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+static void set_bool(lua_State *L, const char *k, bool v) {
+  lua_pushboolean(L, v);
+  lua_setfield(L, -2, k);
+}
+
+static void set_str(lua_State *L, const char *k, const char *v) {
+  lua_pushstring(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* core.stats() -> rows: one per scheduler, then one per hidden pool. */
+static int l_stats(lua_State *L) {
+  ums_runtime_t *rt = current_rt();
+  if (!rt) return no_run(L, "stats");
+  int n = ums_runtime_schedulers(rt);
+  ums_sched_stats_t *rows =
+      (ums_sched_stats_t *)lua_newuserdatauv(L, (size_t)n * sizeof *rows, 0);
+  n = ums_runtime_stats(rt, rows, n);
+  ums_pool_stats_t pools[2];
+  int np = ums_runtime_pool_stats(rt, pools, 2);
+  lua_createtable(L, n + np, 0);
+  for (int i = 0; i < n; i++) {
+    const ums_sched_stats_t *r = &rows[i];
+    lua_createtable(L, 0, 24);
+    set_int(L, "id", r->id);
+    set_bool(L, "hidden", false);
+    set_bool(L, "idle", r->idle != 0);
+    set_int(L, "tasks", (lua_Integer)r->tasks);
+    set_int(L, "runnable", (lua_Integer)r->runnable);
+    set_int(L, "workers_active", (lua_Integer)r->workers_active);
+    set_int(L, "workers_idle", (lua_Integer)r->workers_idle);
+    set_int(L, "pending", (lua_Integer)r->pending);
+    set_int(L, "io_pending", (lua_Integer)r->io_pending);
+    set_int(L, "timers", (lua_Integer)r->timers);
+    set_int(L, "context_switches", (lua_Integer)r->context_switches);
+    set_int(L, "yields", (lua_Integer)r->yields);
+    set_int(L, "idle_switches", (lua_Integer)r->idle_waits);
+    set_int(L, "preemptive_switches", (lua_Integer)r->preempt_calls);
+    set_int(L, "preempt_pending", (lua_Integer)r->preempt_pending);
+    set_int(L, "quantum_expiries", (lua_Integer)r->quantum_expiries);
+    set_int(L, "stalls", (lua_Integer)r->stalls);
+    set_int(L, "load_factor", (lua_Integer)r->load_factor);
+    set_int(L, "tasks_spawned", (lua_Integer)r->tasks_spawned);
+    set_int(L, "fiber_switches", (lua_Integer)r->fiber_switches);
+    set_int(L, "io_requests", (lua_Integer)r->io_requests);
+    if (r->running) {
+      set_int(L, "running", (lua_Integer)r->running);
+      set_str(L, "running_name", r->running_name);
+    }
+    lua_rawseti(L, -2, i + 1);
+  }
+  for (int i = 0; i < np; i++) {
+    const ums_pool_stats_t *p = &pools[i];
+    lua_createtable(L, 0, 8);
+    set_int(L, "id", n + i);
+    set_bool(L, "hidden", true);
+    set_str(L, "name", p->name);
+    set_bool(L, "idle", p->active == 0 && p->queued == 0);
+    set_int(L, "pending", (lua_Integer)p->queued);
+    set_int(L, "threads", (lua_Integer)p->threads);
+    set_int(L, "workers_active", (lua_Integer)p->active);
+    set_int(L, "workers_idle", (lua_Integer)p->idle);
+    set_int(L, "completed", (lua_Integer)p->completed);
+    lua_rawseti(L, -2, n + i + 1);
+  }
+  return 1;
+}
+
+/* What tostring gives for the object a wait of this type is on (a Lua
+** primitive's __name and address), so that Lua code can compare. */
+static const char *object_kind(int type) {
+  switch (type) {
+    case UMS_WAIT_MUTEX: return "ums.mutex";
+    case UMS_WAIT_SEMAPHORE: return "ums.semaphore";
+    case UMS_WAIT_EVENT: return "ums.event";
+    case UMS_WAIT_COND: return "ums.cond";
+    case UMS_WAIT_CHAN_SEND:
+    case UMS_WAIT_CHAN_RECV: return "ums.channel";
+    case UMS_WAIT_WAITGROUP: return "ums.waitgroup";
+    case UMS_WAIT_JOIN: return "ums.task";
+    default: return "object";
+  }
+}
+
+/* Fills the table at the top with what the runtime knows of a task. */
+static void push_info_fields(lua_State *L, const ums_task_info_t *info) {
+  set_int(L, "id", (lua_Integer)info->id);
+  set_str(L, "name", info->name);
+  set_int(L, "scheduler", info->sched);
+  set_str(L, "state", ums_task_state_name(info->state));
+  if (info->spawner) set_int(L, "spawner", (lua_Integer)info->spawner);
+  if (info->cpu_ns >= 0) set_num(L, "cpu_time", (lua_Number)info->cpu_ns / 1e9);
+  if (info->wait_type == UMS_WAIT_NONE) return;
+  set_str(L, "wait_type", ums_wait_type_name(info->wait_type));
+  if (info->wait_ns >= 0)
+    set_num(L, "wait_time", (lua_Number)info->wait_ns / 1e9);
+  if (info->runnable_ns >= 0)
+    set_num(L, "runnable_time", (lua_Number)info->runnable_ns / 1e9);
+  if (info->wait_object) {
+    lua_pushfstring(L, "%s: %p", object_kind(info->wait_type),
+                    info->wait_object);
+    lua_setfield(L, -2, "wait_object");
+  }
+  if (info->blocker) set_int(L, "blocker", (lua_Integer)info->blocker);
+}
+
+static int visit_task(const ums_task_info_t *info, void *arg) {
+  lua_State *L = arg;
+  lua_createtable(L, 0, 12);
+  push_info_fields(L, info);
+  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  return 0;
+}
+
+/* core.tasks() -> one row per live task of the run. */
+static int l_tasks(lua_State *L) {
+  ums_runtime_t *rt = current_rt();
+  if (!rt) return no_run(L, "tasks");
+  lua_newtable(L);
+  ums_runtime_tasks(rt, visit_task, L);
+  return 1;
+}
+
+static int by_total(const void *a, const void *b) {
+  const ums_wait_stats_t *x = a, *y = b;
+  return (x->total_ns < y->total_ns) - (x->total_ns > y->total_ns);
+}
+
+/* core.waits() -> one row per wait type seen, longest total first. */
+static int l_waits(lua_State *L) {
+  ums_runtime_t *rt = current_rt();
+  if (!rt) return no_run(L, "waits");
+  ums_wait_stats_t rows[UMS_WAIT_NTYPES];
+  int n = ums_runtime_waits(rt, rows, UMS_WAIT_NTYPES);
+  qsort(rows, (size_t)n, sizeof rows[0], by_total);
+  lua_createtable(L, n, 0);
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    const ums_wait_stats_t *w = &rows[i];
+    if (!w->count) continue;
+    lua_createtable(L, 0, 7);
+    set_str(L, "type", w->name);
+    set_int(L, "count", (lua_Integer)w->count);
+    set_num(L, "total", (lua_Number)w->total_ns / 1e9);
+    set_num(L, "max", (lua_Number)w->max_ns / 1e9);
+    set_num(L, "signal", (lua_Number)w->signal_ns / 1e9);
+    set_num(L, "resource", (lua_Number)(w->total_ns - w->signal_ns) / 1e9);
+    set_num(L, "average", (lua_Number)w->total_ns / 1e9 / (lua_Number)w->count);
+    lua_rawseti(L, -2, ++k);
+  }
+  return 1;
+}
+
+static int l_waits_reset(lua_State *L) {
+  ums_runtime_t *rt = current_rt();
+  if (!rt) return no_run(L, "waits_reset");
+  ums_runtime_waits_reset(rt);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* task:info() -> a table like a row of ums.tasks(), plus traceback. */
+int lums_task_info(lua_State *L) {
+  lhandle *h = (lhandle *)lua_touserdata(L, 1);
+  if (!h || lua_rawlen(L, 1) != sizeof *h || h->tag != &lums_task_tag)
+    return luaL_typeerror(L, 1, "ums.task");
+  lua_settop(L, 1);
+  lua_createtable(L, 0, 14);
+  ltask *me = lums_cur_task;
+  ltask *t = h->t;
+  ums_task_info_t info;
+  if (h->state != T_DONE && t && t->run &&
+      ums_task_info(t->run->rt, h->id, &info) == 0) {
+    push_info_fields(L, &info);
+    if (t == me) set_str(L, "state", "running");
+    /* Only from the task's own VM, on the thread running it (the caller
+    ** is a task of that run). */
+    if (me && me->run == t->run) {
+      if (t == me)
+        luaL_traceback(L, L, NULL, 1);
+      else
+        luaL_traceback(L, t->co, NULL, 0);
+      lua_setfield(L, -2, "traceback");
+    }
+    return 1;
+  }
+  set_int(L, "id", (lua_Integer)h->id);
+  if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE)
+    lua_getfield(L, -1, X_NAME);
+  else
+    lua_pushnil(L);
+  lua_setfield(L, 2, "name");
+  lua_settop(L, 2);
+  /* Finished (a live handle the runtime no longer knows is finishing). */
+  set_str(L, "state", h->state == T_DONE && !h->ok
+                          ? (h->cancelled ? "cancelled" : "error")
+                          : "done");
+  return 1;
+}
+
+void lums_open_stats(lua_State *L) {
+  static const luaL_Reg funcs[] = {{"stats", l_stats},
+                                   {"tasks", l_tasks},
+                                   {"waits", l_waits},
+                                   {"waits_reset", l_waits_reset},
+                                   {"on_stall", l_on_stall},
+                                   {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+  /* core.WAIT: wait type names to the values core.park_begin takes. */
+  lua_createtable(L, 0, UMS_WAIT_NTYPES);
+  for (int i = UMS_WAIT_NONE + 1; i < UMS_WAIT_NTYPES; i++) {
+    lua_pushinteger(L, i);
+    lua_setfield(L, -2, ums_wait_type_name(i));
+  }
+  lua_setfield(L, -2, "WAIT");
+}
