@@ -143,8 +143,8 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static ums_runtime_t *runtime(int schedulers) {
-  ums_config_t cfg = {.schedulers = schedulers};
+static ums_runtime_t *runtime_cfg(int schedulers, int stats) {
+  ums_config_t cfg = {.schedulers = schedulers, .stats = stats};
   int err = 0;
   ums_runtime_t *rt = ums_runtime_new(&cfg, &err);
   if (!rt) {
@@ -152,6 +152,10 @@ static ums_runtime_t *runtime(int schedulers) {
     exit(1);
   }
   return rt;
+}
+
+static ums_runtime_t *runtime(int schedulers) {
+  return runtime_cfg(schedulers, UMS_STATS_DEFAULT);
 }
 
 static void shutdown_rt(ums_runtime_t *rt) {
@@ -174,7 +178,7 @@ static uint64_t total_switches(ums_runtime_t *rt) {
   ums_sched_stats_t rows[64];
   int n = ums_runtime_stats(rt, rows, 64);
   uint64_t sum = 0;
-  for (int i = 0; i < n && i < 64; i++) sum += rows[i].context_switches;
+  for (int i = 0; i < n && i < 64; i++) sum += rows[i].fiber_switches;
   return sum;
 }
 
@@ -493,28 +497,52 @@ static void *yield_driver(void *arg) {
   return NULL;
 }
 
+/* One repetition of the yield benchmark on rt: ns per yield. */
+static double yield_rep(ums_runtime_t *rt, double *switches_per_yield) {
+  yield_run_t run = {.per_task = S.yields / 2};
+  yield_arg_t args[2] = {{&run, 0}, {&run, 1}};
+  uint64_t sw0 = total_switches(rt);
+  run_task(rt, 0, yield_driver, args);
+  uint64_t sw1 = total_switches(rt);
+  int64_t t0 = run.start[0] < run.start[1] ? run.start[0] : run.start[1];
+  int64_t t1 = run.end[0] > run.end[1] ? run.end[0] : run.end[1];
+  long total = 2 * run.per_task;
+  *switches_per_yield = (double)(sw1 - sw0) / (double)total;
+  return (double)(t1 - t0) / (double)total;
+}
+
+/* The ratio of medians on/off, for the notes of a stats-off row. */
+static void note_stats_cost(result_t *off, const double *on_s,
+                            const double *off_s, int n) {
+  double r[64];
+  for (int i = 0; i < n; i++) r[i] = off_s[i] > 0 ? on_s[i] / off_s[i] : 0;
+  snprintf(off->notes, sizeof off->notes,
+           "wait stats and CPU sampling off (UMS_STATS_OFF); on/off %.3f "
+           "(median of per-rep ratios)",
+           median(r, n));
+}
+
 static void bench_yield(void) {
-  double samples[64];
-  double switches_per_yield = 0;
-  ums_runtime_t *rt = runtime(1);
+  double samples[64], off[64], on_copy[64], off_copy[64];
+  double switches_per_yield = 0, ignored;
+  /* Stats on (the default) and off, repetitions interleaved. */
+  ums_runtime_t *rt = runtime(1), *rt_off = runtime_cfg(1, UMS_STATS_OFF);
   for (int rep = 0; rep < S.reps; rep++) {
-    yield_run_t run = {.per_task = S.yields / 2};
-    yield_arg_t args[2] = {{&run, 0}, {&run, 1}};
-    uint64_t sw0 = total_switches(rt);
-    run_task(rt, 0, yield_driver, args);
-    uint64_t sw1 = total_switches(rt);
-    int64_t t0 = run.start[0] < run.start[1] ? run.start[0] : run.start[1];
-    int64_t t1 = run.end[0] > run.end[1] ? run.end[0] : run.end[1];
-    long total = 2 * run.per_task;
-    samples[rep] = (double)(t1 - t0) / (double)total;
-    switches_per_yield = (double)(sw1 - sw0) / (double)total;
+    samples[rep] = yield_rep(rt, &switches_per_yield);
+    off[rep] = yield_rep(rt_off, &ignored);
   }
   shutdown_rt(rt);
+  shutdown_rt(rt_off);
+  memcpy(on_copy, samples, sizeof samples);
+  memcpy(off_copy, off, sizeof off);
   result_t *r = add_result("yield", "ns/yield", true, samples, S.reps);
   snprintf(r->notes, sizeof r->notes,
            "2 tasks, 1 scheduler, %ld yields/rep; %.2f fiber switches/yield",
            S.yields, switches_per_yield);
   set_ratio(r, "ctx_switch");
+  r = add_result("yield_stats_off", "ns/yield", true, off, S.reps);
+  set_ratio(r, "ctx_switch");
+  note_stats_cost(r, on_copy, off_copy, S.reps);
 }
 
 /* ====================================================================== */
@@ -811,6 +839,44 @@ static void *chan_driver(void *arg) {
   return NULL;
 }
 
+static double chan_rep(ums_runtime_t *rt, int cross, long *rounds) {
+  chan_run_t run = {ums_chan_new(sizeof(int), 0), ums_chan_new(sizeof(int), 0),
+                    0, 0};
+  if (!run.ab || !run.ba) {
+    fail("ums_chan_new", UMS_ENOMEM);
+    exit(1);
+  }
+  ums_spawn_opts_t opts = {.sched = cross ? 1 : 0, .name = "echo"};
+  ums_task_t echo;
+  CHECK(ums_task_spawn(rt, &opts, chan_echo, &run, &echo));
+  run_task(rt, 0, chan_driver, &run);
+  CHECK(ums_task_join(rt, echo, UMS_FOREVER, NULL, NULL));
+  CHECK(ums_chan_delete(run.ab));
+  CHECK(ums_chan_delete(run.ba));
+  *rounds = run.rounds;
+  return run.ns_per_msg;
+}
+
+/* Channel messages on one scheduler with stats on and off, interleaved. */
+static void bench_chan_stats(void) {
+  double on[64], off[64], on_copy[64], off_copy[64];
+  long rounds;
+  ums_runtime_t *rt = runtime(1), *rt_off = runtime_cfg(1, UMS_STATS_OFF);
+  for (int rep = 0; rep < S.reps; rep++) {
+    on[rep] = chan_rep(rt, 0, &rounds);
+    off[rep] = chan_rep(rt_off, 0, &rounds);
+  }
+  shutdown_rt(rt);
+  shutdown_rt(rt_off);
+  memcpy(on_copy, on, sizeof on);
+  memcpy(off_copy, off, sizeof off);
+  result_t *r = add_result("chan_same_stats_off", "ns/msg", true, off,
+                           S.reps);
+  set_ratio(r, "ctx_switch");
+  note_stats_cost(r, on_copy, off_copy, S.reps);
+  (void)on;
+}
+
 static void bench_chan(void) {
   double samples[64];
   ums_runtime_t *rt = runtime(2);
@@ -966,6 +1032,7 @@ int main(int argc, char **argv) {
   bench_spawn();
   bench_timers();
   bench_chan();
+  bench_chan_stats();
 
   if (S.json)
     print_json();

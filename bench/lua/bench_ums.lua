@@ -31,6 +31,11 @@ Figures
   channel  N messages from one task to another on an unbuffered
            ums.channel, ns per message. Floor: a value carried by raw
            coroutine.resume / coroutine.yield.
+  stats    switch and channel once more with ums.config{stats = false}
+           (wait timing and CPU sampling off, issue 7), interleaved with
+           the rest; stats.*_cost = time on / time off per repetition
+           (target <= 1.05). bench/lua/stats_cost.sh counts instructions
+           instead, which this VM's noise does not move.
   memory   N tasks parked in ums.sleep, each in a fresh child process:
            Lua heap (collectgarbage "count") and RSS (/proc/self/status)
            growth per task; the same for N bare coroutines parked in
@@ -354,15 +359,25 @@ local function ums_switch()
   end)
 end
 
-local function with_quantum(q, fn)
+local function with_config(settings, fn)
   return function()
-    local old = ums.config().quantum
-    ums.config { quantum = q }
+    local old = ums.config()
+    ums.config(settings)
     local ok, v, w = pcall(fn)
-    ums.config { quantum = old }
+    ums.config(old)
     if not ok then error(v, 0) end
     return v, w
   end
+end
+
+local function with_quantum(q, fn)
+  return with_config({ quantum = q }, fn)
+end
+
+-- Wait statistics and CPU sampling off (issue 7), to measure what they
+-- cost on the same workload in the same run.
+local function without_stats(fn)
+  return with_config({ stats = false }, fn)
 end
 
 local function bench_switch()
@@ -374,6 +389,7 @@ local function bench_switch()
   end
   fns[#fns + 1] = {"ums", ums_switch}
   fns[#fns + 1] = {"ums_q0", with_quantum(0, ums_switch)}
+  fns[#fns + 1] = {"ums_nostats", without_stats(ums_switch)}
   local s, sw = interleaved(fns)
   add { id = "floor.switch_lua", group = "switch", kind = "floor",
         what = "two raw coroutines resumed by a Lua loop",
@@ -398,6 +414,16 @@ local function bench_switch()
         n = N.switch, unit = "ns/op", samples = s.ums_q0, wall_samples = sw.ums_q0,
         floor = "floor.switch_lua", ratio_samples = ratios(s.ums_q0, s.lua) }
   if floor then r.ratio_c = median(ratios(s.ums_q0, s.c)) end
+  add { id = "ums.switch_nostats", group = "switch", kind = "ums",
+        what = "the same as ums.switch with stats = false",
+        n = N.switch, unit = "ns/op", samples = s.ums_nostats,
+        wall_samples = sw.ums_nostats,
+        floor = "floor.switch_lua", ratio_samples = ratios(s.ums_nostats, s.lua) }
+  r = add { id = "stats.switch_cost", group = "switch", kind = "ums",
+        what = "ums.switch time, stats on / off",
+        n = N.switch, unit = "x", samples = ratios(s.ums, s.ums_nostats),
+        target = "<= 1.05" }
+  if r.median then r.pass = r.median <= 1.05 end
 end
 
 -- ---------------------------------------------------------------------
@@ -450,6 +476,7 @@ local function bench_channel()
     {"floor", floor_message},
     {"ums", ums_channel},
     {"ums_q0", with_quantum(0, ums_channel)},
+    {"ums_nostats", without_stats(ums_channel)},
   }
   add { id = "floor.message", group = "channel", kind = "floor",
         what = "a value carried by coroutine.resume/yield",
@@ -464,6 +491,16 @@ local function bench_channel()
         what = "the same with quantum = 0",
         n = N.channel, unit = "ns/op", samples = s.ums_q0, wall_samples = sw.ums_q0,
         floor = "floor.message", ratio_samples = ratios(s.ums_q0, s.floor) }
+  add { id = "ums.channel_nostats", group = "channel", kind = "ums",
+        what = "the same as ums.channel with stats = false",
+        n = N.channel, unit = "ns/op", samples = s.ums_nostats,
+        wall_samples = sw.ums_nostats,
+        floor = "floor.message", ratio_samples = ratios(s.ums_nostats, s.floor) }
+  local r2 = add { id = "stats.channel_cost", group = "channel", kind = "ums",
+        what = "ums.channel time, stats on / off",
+        n = N.channel, unit = "x", samples = ratios(s.ums, s.ums_nostats),
+        target = "<= 1.05" }
+  if r2.median then r2.pass = r2.median <= 1.05 end
 end
 
 -- ---------------------------------------------------------------------

@@ -49,7 +49,9 @@ local defaults = {
   io = "auto",
   io_threads = 0,
   preempt_threads = 0,
-  stats = true,
+  -- UMS_STATS=off in the environment turns them off by default (the
+  -- runtime reads the same variable), for measuring what they cost.
+  stats = os.getenv("UMS_STATS") ~= "off",
   stall_threshold = 1,
 }
 
