@@ -4,9 +4,14 @@
 **
 ** A wait has three moments: the task parks (ums__wait_begin), something
 ** makes it runnable (ums__wait_ready, on whichever thread woke it), and
-** its scheduler picks it (ums__wait_end, through ums__obs_pick). The wait
-** lasts from the first to the third; the signal wait, from the second to
-** the third, is the time the task was ready but its scheduler busy.
+** its scheduler picks it (ums__obs_pick). The wait lasts from the first
+** to the third; the signal wait, from the second to the third, is the
+** time the task was ready but its scheduler busy. Their fast paths are
+** inline, in internal.h; this file has the slow paths and the readers.
+**
+** What a task waits for lives in its own record (t->obs, wait_obj,
+** wait_blocker, the stamps), where any thread can read it under the
+** task's lock (stats.c), never in the waiter, which may be on a stack.
 **
 ** Cost is the point of the design: stats are meant to stay on. Only waits
 ** that park are timed (a yield is counted by the scheduler, never timed),

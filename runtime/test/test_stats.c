@@ -55,6 +55,19 @@ static void *yield_fn(void *arg) {
   return NULL;
 }
 
+/* Spawns two yielders on its own scheduler and joins them: both are queued
+** before either runs, so every yield switches to the other (spawned from
+** the host thread, the first could be done before the second arrives). */
+static void *two_yielders_fn(void *arg) {
+  ums_spawn_opts_t o = {.sched = ums_current_sched(), .name = "yielder"};
+  ums_task_t t[2];
+  for (int i = 0; i < 2; i++)
+    CHECK_RC(ums_task_spawn(rt, &o, yield_fn, arg, &t[i]), 0);
+  for (int i = 0; i < 2; i++)
+    CHECK_RC(ums_task_join(rt, t[i], UMS_FOREVER, NULL, NULL), 0);
+  return NULL;
+}
+
 static void *expire_fn(void *arg) {
   for (int i = 0; i < (int)(uintptr_t)arg; i++) ums_quantum_expired();
   return NULL;
@@ -64,10 +77,7 @@ static void test_sched_rows(void) {
   rt = tu_runtime_new(2);
   ums_sched_stats_t b = tu_stats(rt, 0);
   CHECK_EQ(b.hidden, 0);
-  ums_task_t y1 = spawn_named(0, "y1", yield_fn, PTR(100));
-  ums_task_t y2 = spawn_named(0, "y2", yield_fn, PTR(100));
-  join_ok(y1);
-  join_ok(y2);
+  join_ok(spawn_named(0, "driver", two_yielders_fn, PTR(100)));
   ums_sched_stats_t a = tu_stats(rt, 0);
   /* Every yield is a task switch (C tasks: a fiber switch too). */
   CHECK_GE(a.context_switches - b.context_switches, 200);
