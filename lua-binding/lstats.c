@@ -52,6 +52,7 @@ struct lstall {
   int state;                   /* [lock] ST_* of the latest report */
   ums_stall_t report;          /* [lock] the latest report */
   char tb[TB_MAX];             /* [lock] its traceback; "" when none */
+  char tb_out[TB_MAX];         /* [the monitor thread] a copy to print */
   _Atomic int custom;          /* a Lua handler is set: the VM delivers */
   int64_t where_wait;          /* [const] see WHERE_WAIT_MAX */
 };
@@ -138,14 +139,13 @@ void lums_stall_cb(const ums_stall_t *st, void *arg) {
   }
   bool print = s->report.seq == st->seq && s->state != ST_DONE;
   ums_stall_t rep = s->report;
-  static char tb[TB_MAX]; /* only the monitor thread prints */
-  memcpy(tb, s->tb, sizeof tb);
+  memcpy(s->tb_out, s->tb, sizeof s->tb_out);
   if (print) {
     s->state = ST_DONE;
     atomic_store(&r->stall_pending, 0);
   }
   pthread_mutex_unlock(&s->lock);
-  if (print) print_report(&rep, tb);
+  if (print) print_report(&rep, s->tb_out);
 }
 
 /* Calls the Lua handler with an info table. The traceback (or nil) is at

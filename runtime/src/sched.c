@@ -114,7 +114,8 @@ static ums__task_t *pending_pop(ums__sched_t *s) {
 }
 
 void ums__sched_start_now(ums__sched_t *s, ums__task_t *t) {
-  ums__wait_ready(t); /* the end of a wait for a worker, if it had one */
+  /* The end of its wait for a worker, if it had one. */
+  if (t->state == UMS__T_PENDING) ums__wait_ready(t);
   set_relaxed(&s->nactive,
               atomic_load_explicit(&s->nactive, memory_order_relaxed) + 1);
   t->state = UMS__T_RUNNABLE;
