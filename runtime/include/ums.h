@@ -803,7 +803,8 @@ typedef struct ums_task_info {
 /* Calls fn(info, arg) for every task of rt that is alive or finished and
 ** not yet joined, in no particular order, without holding any lock of the
 ** runtime while fn runs (fn may call anything, spawn and stop tasks
-** included). Stops early when fn returns nonzero. Returns the number of
+** included, but not ums_runtime_shutdown). Stops early when fn returns
+** nonzero. Returns the number of
 ** tasks visited, or UMS_EINVAL. Tasks spawned or ended meanwhile may or
 ** may not be seen. */
 typedef int (*ums_task_visit_fn)(const ums_task_info_t *info, void *arg);
