@@ -1,7 +1,9 @@
 /*
 ** lums.h: what the files of the ums.core module share (not installed).
 ** lums.c owns tasks, runs, parking and the quantum; lchan.c builds the
-** channel and select on its parking calls.
+** channel and select on its parking calls; lvm.h adds the VMs of other
+** schedulers, value copying and shared objects (lvm.c, lcopy.c,
+** lshared.c).
 */
 #ifndef LUMS_H
 #define LUMS_H
@@ -18,6 +20,7 @@
 #define LUMS_HIDDEN __attribute__((visibility("hidden")))
 
 typedef struct lrun lrun;
+typedef struct lvms lvms;
 
 enum { T_NEW, T_LIVE, T_DONE };
 
@@ -130,8 +133,16 @@ struct lhandle {
 #define X_LOCALS "locals"  /* task-local storage */
 #define X_NAME "name"      /* the task's name */
 
+/* One VM's part of a run. A run has one VM per scheduler that runs Lua
+** (the caller's own VM on scheduler 0, the others created by lvm.c), and
+** one lrun for each; a VM and its lrun are touched only by the thread of
+** their scheduler while the run lasts. What the VMs share (the runtime,
+** work queues, the quantum monitor, os.exit) is in lvms (lvm.c). */
 struct lrun {
   ums_runtime_t *rt;
+  lvms *vms;             /* [const] the run's VMs (lvm.c) */
+  int sched;             /* [const] index of the scheduler running this VM */
+  struct lnopreempt *nopreempt;  /* [const] this VM's nopreempt chunks */
   lua_State *SL;         /* the run's own thread, for scheduler-side work */
   int sl_ref;
   int64_t quantum;       /* ns; 0: off */
@@ -143,16 +154,17 @@ struct lrun {
   _Atomic int stop;                 /* monitor: leave */
   pthread_t lua_thread;             /* the scheduler thread running Lua */
   _Atomic int lua_thread_known;
+  /* The monitor thread, one per run: only in the main VM's lrun. */
   pthread_t monitor;
   bool monitor_started;
   pthread_mutex_t mon_lock;
   pthread_cond_t mon_cond;
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
   _Atomic uint64_t preempt_seq;     /* QUANTUM_POLL: step to preempt */
-  lhandle *main;                    /* the run's first task, set before it
-                                       is spawned (its id is stored by
-                                       the runtime before it can start) */
-  bool exit_requested;              /* os.exit was called in a task */
+  lhandle *main;                    /* main VM: the run's first task, set
+                                       before it is spawned (its id is
+                                       stored by the runtime before it
+                                       can start); NULL in other VMs */
   /* Pool of ltasks, each with its reset coroutine and registry slots
   ** (no lua_newthread or luaL_ref per task). */
   ltask **pool;
@@ -202,5 +214,34 @@ LUMS_HIDDEN void lums_open_ffi(lua_State *L);
 
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);
+
+/* ---- For lvm.c: VMs of other schedulers ---- */
+
+/* Begins a park of t like lums_park_begin, but returns the runtime's
+** error code (UMS_ECANCELED, ...) instead of raising: for callers that
+** hold a lock they must release first. */
+LUMS_HIDDEN int lums_park_try_begin(ltask *t, int64_t deadline, int flags,
+                                    ums_park_token_t *tok);
+/* Fills a fresh lrun for the VM whose main thread is L, running on
+** scheduler `sched` of vms's runtime (lvm.c creates the VM, on that
+** scheduler's thread). Returns NULL when out of memory. */
+LUMS_HIDDEN lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt,
+                               int sched, int64_t quantum);
+/* Frees r and its pooled tasks. With close_vm, the VM is about to be
+** closed and its registry is left alone. */
+LUMS_HIDDEN void lums_run_free(lua_State *L, lrun *r, bool close_vm);
+/* Starts a task in r's VM, on r's scheduler, running the function below
+** the nargs values at the top of r->SL (all popped). Raises on failure;
+** call it protected. */
+LUMS_HIDDEN void lums_task_start(lrun *r, int nargs);
+/* Installs the run's os.exit in L (lums.c's run_os_exit). */
+LUMS_HIDDEN void lums_swap_os_exit(lua_State *L, bool install);
+/* Reports the errors of tasks nobody joined in L's VM (end of a run). */
+LUMS_HIDDEN void lums_report_errors(lua_State *L);
+
+/* lshared.c: shared objects (ums.shared.*), registered in every VM. */
+LUMS_HIDDEN void lums_open_shared(lua_State *L);
+/* lvm.c: ums.submit and the rest of the many-VM API. */
+LUMS_HIDDEN void lums_open_vm(lua_State *L);
 
 #endif

@@ -34,6 +34,9 @@ local settings = {
                 "a non-negative integer (0: the default, 64)"},
   preempt_threads = {non_negative_int,
                      "a non-negative integer (0: the default, 64)"},
+  -- Loaded (require) first in every VM that runs submitted work.
+  init = {function(v) return v == false or (type(v) == "string" and v ~= "")
+          end, "a module name, or false for none"},
 }
 
 local defaults = {
@@ -46,6 +49,7 @@ local defaults = {
   io = "auto",
   io_threads = 0,
   preempt_threads = 0,
+  init = false,
 }
 
 --- ums.config([settings]) -> the settings in force for the next ums.run.

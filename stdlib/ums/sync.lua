@@ -40,6 +40,7 @@ core.nopreempt_chunk()
 
 local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
   core.unpark
+local pairs, tostring = pairs, tostring
 local current_task = core.self
 
 local error, getmetatable, pcall, rawget, setmetatable, type =
@@ -97,6 +98,25 @@ local function check_integer(v, narg, fname)
     argerror(3, narg, fname, "number has no integer representation")
   end
   return n
+end
+
+-- The options table every constructor takes after its usual arguments:
+-- {shared = true} makes the object with core.shared instead (an object
+-- every VM of a run may use: lua-binding/lshared.c). Returns whether.
+local function shared_opt(opts, narg, fname)
+  if opts == nil then return false end
+  if type(opts) ~= "table" then
+    argerror(3, narg, fname, "table expected, got " .. typename(opts))
+  end
+  for k, v in pairs(opts) do
+    if k ~= "shared" then
+      argerror(3, narg, fname, format("unknown option '%s'", tostring(k)))
+    elseif type(v) ~= "boolean" then
+      argerror(3, narg, fname, "option 'shared' must be a boolean, got "
+        .. typename(v))
+    end
+  end
+  return opts.shared == true
 end
 
 -- Returns the timeout in seconds, or nil for "forever" (nil or math.huge).
@@ -191,7 +211,8 @@ end
 local Mutex = { __name = "ums.mutex" }
 Mutex.__index = Mutex
 
-local function mutex()
+local function mutex(opts)
+  if shared_opt(opts, 1, "mutex") then return core.shared.mutex() end
   return setmetatable({ owner = nil, q = newq() }, Mutex)
 end
 
@@ -255,7 +276,8 @@ end
 local Semaphore = { __name = "ums.semaphore" }
 Semaphore.__index = Semaphore
 
-local function semaphore(n)
+local function semaphore(n, opts)
+  if shared_opt(opts, 2, "semaphore") then return core.shared.semaphore(n) end
   n = check_integer(n, 1, "semaphore")
   if n < 0 then
     argerror(2, 1, "semaphore", "initial value must not be negative")
@@ -314,7 +336,8 @@ end
 local Event = { __name = "ums.event" }
 Event.__index = Event
 
-local function event(manual)
+local function event(manual, opts)
+  if shared_opt(opts, 2, "event") then return core.shared.event(manual) end
   if manual ~= nil and type(manual) ~= "boolean" then
     argerror(2, 1, "event", "boolean expected, got " .. typename(manual))
   end
@@ -438,7 +461,8 @@ end
 local WaitGroup = { __name = "ums.waitgroup" }
 WaitGroup.__index = WaitGroup
 
-local function waitgroup()
+local function waitgroup(opts)
+  if shared_opt(opts, 1, "waitgroup") then return core.shared.waitgroup() end
   return setmetatable({ count = 0, q = newq() }, WaitGroup)
 end
 
