@@ -171,9 +171,9 @@ static bool is_name(const char *s, size_t len) {
   return true;
 }
 
-/* Appends one path step: the key at stack index k. */
-static void append_key(enc *e, size_t *len, int k) {
-  lua_State *L = e->L;
+/* Appends one path step, the key at stack index k of L, to buf. */
+static void append_key(lua_State *L, char *buf, size_t bufsz, size_t *len,
+                       int k) {
   char tmp[96];
   switch (lua_type(L, k)) {
     case LUA_TSTRING: {
@@ -206,25 +206,45 @@ static void append_key(enc *e, size_t *len, int k) {
       snprintf(tmp, sizeof tmp, "[<%s>]", luaL_typename(L, k));
       break;
   }
-  append(e->err, e->errsz, len, tmp);
+  append(buf, bufsz, len, tmp);
 }
 
-/* Records the failure "<path to the value at depth>: <what>". */
+/* Records the failure "<path to the value at depth>: <what>". A path too
+** long for err loses its middle ("..."), never the description. */
 static void fail(enc *e, int depth, const char *what) {
-  size_t len = 0;
+  char path[512];
+  size_t len = 0, keep;
   char tmp[64];
   e->failed = true;
-  e->err[0] = '\0';
-  append(e->err, e->errsz, &len, e->root);
+  path[0] = '\0';
+  append(path, sizeof path, &len, e->root);
   if (e->indexed) {
     snprintf(tmp, sizeof tmp, "[%d]", e->top + 1);
-    append(e->err, e->errsz, &len, tmp);
+    append(path, sizeof path, &len, tmp);
   }
+  keep = len;  /* the root always stays */
   for (int d = 1; d <= depth; d++) {
+    size_t before = len;
     if (e->path[d] == 0)
-      append(e->err, e->errsz, &len, "[<key>]");
+      append(path, sizeof path, &len, "[<key>]");
     else
-      append_key(e, &len, e->path[d]);
+      append_key(e->L, path, sizeof path, &len, e->path[d]);
+    if (len == before) break;  /* full */
+  }
+  size_t wlen = strlen(what) + 2;
+  size_t room = e->errsz > wlen + 1 ? e->errsz - wlen - 1 : 0;
+  len = 0;
+  e->err[0] = '\0';
+  if (strlen(path) <= room) {
+    append(e->err, e->errsz, &len, path);
+  } else if (room > keep + 3) {
+    /* root ... tail of the path */
+    size_t tail = room - keep - 3;
+    memcpy(e->err, path, keep);
+    memcpy(e->err + keep, "...", 3);
+    memcpy(e->err + keep + 3, path + strlen(path) - tail, tail);
+    len = room;
+    e->err[len] = '\0';
   }
   append(e->err, e->errsz, &len, ": ");
   append(e->err, e->errsz, &len, what);
@@ -271,27 +291,25 @@ static void fail_object(enc *e, int depth, int idx, bool table) {
   fail(e, depth, what);
 }
 
-/* Checks the upvalues of the Lua function at idx: only _ENV, holding the
-** global table, may cross (the receiving VM puts its own there). */
+/* Checks the upvalues of the Lua function at idx: only _ENV may cross,
+** and it becomes the receiving VM's global table (lua_load puts that in
+** the first upvalue of what it loads, and a function whose only upvalue
+** is _ENV has it first). Whatever _ENV held here (the global table, or a
+** sandbox such as Busted's) stays behind. */
 static bool check_upvalues(enc *e, int depth, int idx) {
   lua_State *L = e->L;
   char bad[128];
   size_t len = 0;
-  bool env_bad = false;
   const char *name;
   bad[0] = '\0';
   for (int i = 1; (name = lua_getupvalue(L, idx, i)) != NULL; i++) {
-    bool env = strcmp(name, "_ENV") == 0;
-    /* A function loaded from a stripped chunk has no upvalue names. */
+    /* A function loaded from a stripped chunk has no upvalue names: its
+    ** only upvalue is taken for _ENV if it holds the global table. */
     bool anon = name[0] == '\0' || strcmp(name, "(no name)") == 0;
-    bool globals = lua_rawequal(L, -1, e->globals);
+    bool env = i == 1 && (strcmp(name, "_ENV") == 0 ||
+                          (anon && lua_rawequal(L, -1, e->globals)));
     lua_pop(L, 1);
-    /* lua_load sets the first upvalue of what it loads to the globals. */
-    if (i == 1 && (env || anon) && globals) continue;
-    if (env) {
-      env_bad = true;
-      continue;
-    }
+    if (env) continue;
     if (len) append(bad, sizeof bad, &len, ", ");
     append(bad, sizeof bad, &len, anon ? "?" : name);
   }
@@ -299,10 +317,6 @@ static bool check_upvalues(enc *e, int depth, int idx) {
     char what[192];
     snprintf(what, sizeof what, "function with upvalues (%s)", bad);
     fail(e, depth, what);
-    return false;
-  }
-  if (env_bad) {
-    fail(e, depth, "function whose _ENV is not the global table");
     return false;
   }
   return true;

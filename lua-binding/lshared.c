@@ -772,8 +772,9 @@ static const lshared_kind event_kind = {"ums.shared.event", plain_destroy,
 static int event_new(lua_State *L) {
   if (!lua_isnoneornil(L, 1) && !lua_isboolean(L, 1))
     lums_typeerr(L, 1, "event", "boolean");
+  bool manual = lua_toboolean(L, 1);
   sevent *e = lshared_new(L, sizeof(sevent), &event_kind);
-  e->manual = lua_toboolean(L, 1);
+  e->manual = manual;
   return 1;
 }
 

@@ -367,6 +367,8 @@ static void task_finish(ltask *t, int st, int nres) {
     lua_pop(SL, 1);
     lua_setfield(SL, -2, X_ERR);
     lua_pop(SL, 1);  /* the extras */
+    /* The run has failed: work not started yet never starts now. */
+    if (h == r->main) lums_vms_stop(r->vms);
     if (!h->cancelled) {
       /* Nobody may ever join it: its handle now has a finalizer that
       ** reports the error if it is collected unjoined, and the run

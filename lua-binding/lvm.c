@@ -95,6 +95,7 @@ struct lvms {
   ums_sched_stats_t *rows; /* [lock] scratch for placement */
 
   _Atomic int64_t live;  /* [atomic] holds (see the top of this file) */
+  _Atomic bool stopping; /* [atomic] the run failed: start nothing more */
   pthread_mutex_t quiet_lock; /* guards the wait for live == 0 and exit */
   pthread_cond_t quiet_cond;
   bool exit_requested;   /* [quiet_lock] */
@@ -267,10 +268,13 @@ void lums_vms_request_exit(lvms *v, int code, bool close) {
   }
   pthread_cond_broadcast(&v->quiet_cond);
   pthread_mutex_unlock(&v->quiet_lock);
+  lums_vms_stop(v);
   /* The first task's id was stored before it could start, hence before
   ** any task that can call os.exit existed. */
   ums_task_cancel(v->rt, v->main->main->id);
 }
+
+void lums_vms_stop(lvms *v) { atomic_store(&v->stopping, true); }
 
 bool lums_vms_exit_requested(lvms *v, int *code, bool *close) {
   pthread_mutex_lock(&v->quiet_lock);
@@ -437,6 +441,17 @@ static const char *vm_init(lvms *v, lrun *r) {
 static int req_msgh(lua_State *L) {
   const char *msg = lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : NULL;
   luaL_traceback(L, L, msg, 1);
+  /* The two C frames below the work's function are this file's (req_body
+  ** and req_main): the traceback ends at the work, as a task's does. */
+  size_t len;
+  const char *tb = lua_tolstring(L, -1, &len);
+  static const char cframe[] = "\n\t[C]: in ?";
+  size_t n = sizeof cframe - 1;
+  for (int i = 0; i < 2 && len >= n && memcmp(tb + len - n, cframe, n) == 0;
+       i++)
+    len -= n;
+  lua_pushlstring(L, tb, len);
+  lua_remove(L, -2);
   lua_createtable(L, 2, 0);
   lua_pushvalue(L, 1);
   lua_rawseti(L, -2, 1);
@@ -691,7 +706,9 @@ static int disp_step(void *arg) {
   ldisp *d = arg;
   lvms *v = d->v;
   int s = d->sched;
-  bool cancelled = ums_cancelled();
+  /* Cancelled: the run is being torn down. Stopping: it failed. Either
+  ** way the requests left are cancelled by lums_vms_close. */
+  bool cancelled = ums_cancelled() || atomic_load(&v->stopping);
   if (!cancelled && !sched_free(d)) return UMS_STEP_YIELD;
   pthread_mutex_lock(&v->lock);
   lreq *r = cancelled ? NULL : take_request(v, s);

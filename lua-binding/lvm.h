@@ -45,6 +45,9 @@ LUMS_HIDDEN void lums_vms_wait_quiet(lvms *v);
 ** run's first task and ends lums_vms_wait_quiet. */
 LUMS_HIDDEN void lums_vms_request_exit(lvms *v, int code, bool close);
 LUMS_HIDDEN bool lums_vms_exit_requested(lvms *v, int *code, bool *close);
+/* The run is failing (its first task raised, or os.exit): requests not
+** started yet are not started any more. Any thread. */
+LUMS_HIDDEN void lums_vms_stop(lvms *v);
 /* After ums_runtime_shutdown (no scheduler thread is left): ends the
 ** requests never started (cancelled), reports through L's on_error the
 ** errors of submitted work nobody joined, closes the VMs of the other

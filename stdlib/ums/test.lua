@@ -25,9 +25,9 @@
 -- (debug.getregistry()["ums.on_error"]); if that is not available, the
 -- default handler (print to stderr) is installed afterwards.
 --
--- While the test runs, ums.spawn (the field of the `ums` module) is
--- wrapped to note the tasks started, so that the helper knows when all of
--- them have ended (it polls their status after fn returns; joining them
+-- While the test runs, ums.spawn, ums.submit and ums.submit_on (fields of
+-- the `ums` module) are wrapped to note the tasks and work started, so
+-- that the helper knows when all of them have ended (it polls their status after fn returns; joining them
 -- would hide their errors). A task started through a copy of ums.spawn
 -- taken before the test is not seen: if it is still running when fn
 -- returns, the run waits for it without a timeout. On timeout, every task
@@ -87,6 +87,7 @@ local function test(fn, timeout)
 
   local prev_handler = current_handler()
   local prev_spawn = ums.spawn
+  local prev_submit, prev_submit_on = ums.submit, ums.submit_on
   core.on_error(function(err, traceback, task)
     unjoined[#unjoined + 1] = {err = err, traceback = traceback, task = task}
   end)
@@ -94,6 +95,19 @@ local function test(fn, timeout)
     local t = prev_spawn(...)
     spawned[#spawned + 1] = t
     return t
+  end
+  -- Submitted work (ums.submit): its handle has status and cancel too.
+  if prev_submit then
+    ums.submit = function(...)
+      local w = prev_submit(...)
+      spawned[#spawned + 1] = w
+      return w
+    end
+    ums.submit_on = function(...)
+      local w = prev_submit_on(...)
+      spawned[#spawned + 1] = w
+      return w
+    end
   end
 
   local function others_live()
@@ -137,6 +151,7 @@ local function test(fn, timeout)
   -- traceback appended).
   local ok, res = pcall(core.run, main)
   ums.spawn = prev_spawn
+  ums.submit, ums.submit_on = prev_submit, prev_submit_on
   core.on_error(prev_handler or default_handler)
 
   local failure
