@@ -860,7 +860,9 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a) {
 /* Calls                                                                   */
 /* ---------------------------------------------------------------------- */
 
-static int host_errno; /* errno of the last call made outside tasks */
+/* errno of the last call made outside tasks, per thread: the init module
+** of a new VM runs outside tasks too, on its scheduler's thread (lvm.c). */
+static _Thread_local int host_errno;
 
 static void save_errno(int err) {
   ltask *t = lums_cur_task;

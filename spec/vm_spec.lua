@@ -793,3 +793,37 @@ describe("bad input", function()
       "ums.config: 'init' must be a module name, or false for none")
   end)
 end)
+
+-- ---------------------------------------------------------------------
+describe("os.exit in another VM", function()
+  local sp = require "subprocess"
+  local it = sp.guard(it, pending)
+  after_each(sp.cleanup)
+
+  it("ends the whole run with its status, also after the first task ended",
+    function()
+      for _, case in ipairs {
+        -- The first task still waits: the exit cancels it.
+        {7, [[ums.run(function()
+            ums.submit(function() require("ums").sleep(1000) end)
+            ums.submit_on(2, function() os.exit(7, true) end)
+            ums.sleep(1000)
+          end)]]},
+        -- The first task has returned; the run waits for the work.
+        {3, [[ums.run(function()
+            ums.submit(function() require("ums").sleep(1000) end)
+            ums.submit(function()
+              require("ums").sleep(0.05)
+              os.exit(3)
+            end)
+          end)]]},
+      } do
+        local script = sp.temp("local ums = require 'ums'\n"
+          .. "ums.config{schedulers = 2}\n" .. case[2] .. "\n"
+          .. "print('not reached')\n")
+        local r = sp.lua_run({script})
+        sp.assert_exit(r, case[1])
+        assert.equal("", r.stdout, sp.describe(r))
+      end
+    end)
+end)
