@@ -365,9 +365,10 @@ static int vm_setup(lua_State *L) {
   lua_getglobal(L, "require");
   lua_pushliteral(L, "ums");
   lua_call(L, 1, 0);
+  lums_swap_os_exit(L, true);
+  /* Last: nothing after it may fail and leave it behind. */
   lrun *r = lums_run_new(L, v, v->rt, s, v->quantum);
   if (!r) return luaL_error(L, "out of memory");
-  lums_swap_os_exit(L, true);
   lua_pushlightuserdata(L, r);
   return 1;
 }
@@ -408,6 +409,15 @@ static lrun *vm_get(lvms *v, int s, const char **err) {
   return r;
 }
 
+/* Protected: require(name). */
+static int require_protected(lua_State *L) {
+  const char *name = (const char *)lua_touserdata(L, 1);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, name);
+  lua_call(L, 1, 0);
+  return 0;
+}
+
 /* Loads the init module in VM r (once per VM, before its first request).
 ** Returns NULL or why it failed. On r's scheduler thread. */
 static const char *vm_init(lvms *v, lrun *r) {
@@ -415,8 +425,8 @@ static const char *vm_init(lvms *v, lrun *r) {
   if (!v->init || sl->init_state == 1) return NULL;
   if (sl->init_state == 2) return sl->init_err;
   lua_State *L = r->SL;
-  lua_getglobal(L, "require");
-  lua_pushstring(L, v->init);
+  lua_pushcfunction(L, require_protected);
+  lua_pushlightuserdata(L, v->init);
   if (lua_pcall(L, 1, 0, 0) == LUA_OK) {
     sl->init_state = 1;
     return NULL;
@@ -1077,6 +1087,11 @@ static void report_failed(lua_State *L, lvms *v) {
   }
 }
 
+static int report_protected(lua_State *L) {
+  lums_report_errors(L);
+  return 0;
+}
+
 void lums_vms_close(lua_State *L, lvms *v) {
   /* Requests never started: the run ended first. */
   for (int i = 0; v->q && i < v->nsched; i++) {
@@ -1096,7 +1111,10 @@ void lums_vms_close(lua_State *L, lvms *v) {
     lvmslot *sl = &v->slot[i];
     lrun *r = atomic_load_explicit(&v->vm[i], memory_order_acquire);
     if (sl->L) {
-      lums_report_errors(sl->L);
+      /* Nothing in that VM protects this call: a memory error must not
+      ** reach its panic function. */
+      lua_pushcfunction(sl->L, report_protected);
+      if (lua_pcall(sl->L, 0, 0, 0) != LUA_OK) lua_pop(sl->L, 1);
       lua_close(sl->L);
       lums_run_free(NULL, r, true);
     }

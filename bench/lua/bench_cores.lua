@@ -14,7 +14,15 @@ usage: lua5.4 bench/lua/bench_cores.lua [--quick] [--reps N] [--json]
                  submit_on: only stealing puts work on scheduler 2
   cpu_2sched_on2 the same, all submitted to scheduler 2
   floor          the same count in a plain Lua loop, no ums (one core)
+  floor_2proc    the same split over two plain lua5.4 processes (every
+                 other range each), started together: what two cores give
+                 plain Lua at this moment on this machine
   speedup        cpu_1sched / cpu_2sched..., per repetition, median
+  speedup_floor  floor / floor_2proc: the speedup two processes get;
+                 on a machine busy with other work it falls below 2, and
+                 the ums speedups with it
+  cpu_util_*     process CPU time / wall time of the 2-scheduler runs
+                 (2.0: both schedulers had a CPU all the time)
   chan_*         messages per second through a channel between two tasks:
                  same_vm (ums.channel, both tasks in one VM), shared_same
                  (ums.shared.channel, both in one VM), shared_cross (the
@@ -38,7 +46,11 @@ local opt = { quick = false, reps = 5, json = false }
 do
   local i = 1
   while i <= #arg do
-    if arg[i] == "--quick" then opt.quick = true
+    if arg[i] == "--child" then
+      -- A floor_2proc child: every n-th range from k, no ums run.
+      opt.child = { tonumber(arg[i + 1]), tonumber(arg[i + 2]) }
+      i = i + 2
+    elseif arg[i] == "--quick" then opt.quick = true
     elseif arg[i] == "--json" then opt.json = true
     elseif arg[i] == "--reps" then
       i = i + 1
@@ -115,12 +127,35 @@ local function floor()
   return now() - t0, total
 end
 
+if opt.child then
+  local k, n = opt.child[1], opt.child[2]
+  local total = 0
+  for i = k, REQUESTS, n do total = total + count_primes(chunk(i)) end
+  print(total)
+  os.exit(0)
+end
+
+-- Two plain lua5.4 processes, each with every other range.
+local function floor_2proc()
+  local lua = arg[-1] or "lua5.4"
+  local me = debug.getinfo(1, "S").source:match("^@(.*)$")
+  local cmd = string.format("'%s' '%s' --child %%d 2%s", lua, me,
+    opt.quick and " --quick" or "")
+  local t0 = now()
+  local a = assert(io.popen(cmd:format(1)))
+  local b = assert(io.popen(cmd:format(2)))
+  local total = tonumber(a:read("a")) + tonumber(b:read("a"))
+  a:close()
+  b:close()
+  return now() - t0, total
+end
+
 -- One run with `scheds` schedulers; `on` nil: ums.submit's placement,
 -- else every request submit_on(on). Returns the wall time, the count and
 -- how many requests each scheduler ran.
 local function cpu(scheds, on)
   ums.config { schedulers = scheds, quantum = 0.004 }
-  local t0 = now()
+  local t0, c0 = now(), os.clock()
   local total, ran = ums.run(function()
     local ws = {}
     for i = 1, REQUESTS do
@@ -137,7 +172,8 @@ local function cpu(scheds, on)
     end
     return sum, per
   end)
-  return now() - t0, total, ran
+  local wall = now() - t0
+  return wall, total, ran, (os.clock() - c0) / wall
 end
 
 -- Starts fn(...) as work on scheduler 2 for sure: the calling task keeps
@@ -196,9 +232,12 @@ local load_start = loadavg()
 io.stderr:write(fmt("bench_cores: load %s; %d repetitions\n", load_start,
   opt.reps))
 
-local samples = { floor = {}, cpu_1sched = {}, cpu_2sched = {},
+local samples = { floor = {}, floor_2proc = {}, speedup_floor = {},
+                  cpu_1sched = {}, cpu_2sched = {},
                   cpu_2sched_on1 = {}, cpu_2sched_on2 = {},
-                  speedup = {}, speedup_on1 = {}, speedup_on2 = {} }
+                  speedup = {}, speedup_on1 = {}, speedup_on2 = {},
+                  cpu_util_2sched = {}, cpu_util_on1 = {},
+                  cpu_util_on2 = {} }
 local spread = {}
 local expect
 for rep = 1, opt.reps do
@@ -206,13 +245,20 @@ for rep = 1, opt.reps do
   local f, total = floor()
   expect = expect or total
   assert(total == expect)
+  local f2, total2 = floor_2proc()
+  assert(total2 == expect, "floor_2proc: wrong count")
   local t1, n1 = cpu(1)
-  local t2, n2, ran2 = cpu(2)
-  local t3, n3, ran3 = cpu(2, 1)
-  local t4, n4, ran4 = cpu(2, 2)
+  local t2, n2, ran2, u2 = cpu(2)
+  local t3, n3, ran3, u3 = cpu(2, 1)
+  local t4, n4, ran4, u4 = cpu(2, 2)
   assert(n1 == expect and n2 == expect and n3 == expect and n4 == expect,
     "wrong count")
   table.insert(samples.floor, f)
+  table.insert(samples.floor_2proc, f2)
+  table.insert(samples.speedup_floor, f / f2)
+  table.insert(samples.cpu_util_2sched, u2)
+  table.insert(samples.cpu_util_on1, u3)
+  table.insert(samples.cpu_util_on2, u4)
   table.insert(samples.cpu_1sched, t1)
   table.insert(samples.cpu_2sched, t2)
   table.insert(samples.cpu_2sched_on1, t3)
@@ -275,6 +321,8 @@ local function line(k, what, unit, scale)
     unit, lo * scale, hi * scale))
 end
 line("floor", "64 prime counts in a plain Lua loop", "s", 1)
+line("floor_2proc", "the same in two plain lua5.4 processes", "s", 1)
+line("speedup_floor", "plain Lua, 1 -> 2 processes", "x", 1)
 line("cpu_1sched", "64 requests, 1 scheduler", "s", 1)
 line("cpu_2sched", "64 requests, 2 schedulers, ums.submit", "s", 1)
 line("cpu_2sched_on1", "64 requests, 2 schedulers, all submit_on(1)", "s", 1)
@@ -282,6 +330,9 @@ line("cpu_2sched_on2", "64 requests, 2 schedulers, all submit_on(2)", "s", 1)
 line("speedup", "1 -> 2 schedulers, ums.submit (target >= 1.8)", "x", 1)
 line("speedup_on1", "1 -> 2 schedulers, all on 1 (target >= 1.8)", "x", 1)
 line("speedup_on2", "1 -> 2 schedulers, all on 2 (target >= 1.8)", "x", 1)
+line("cpu_util_2sched", "CPU time / wall, 2 schedulers, ums.submit", "", 1)
+line("cpu_util_on1", "CPU time / wall, 2 schedulers, all on 1", "", 1)
+line("cpu_util_on2", "CPU time / wall, 2 schedulers, all on 2", "", 1)
 line("chan_same_vm", "ums.channel, unbuffered, one VM", "k/s", 1e-3)
 line("chan_shared_same", "ums.shared.channel, unbuffered, one VM", "k/s",
   1e-3)
@@ -297,5 +348,8 @@ print(fmt("requests run on scheduler 1/2 (submit, on1, on2) per repetition: "
   .. "%s", table.concat(spread, "; ")))
 print(fmt("the floor / 1 scheduler: %.2f (ums's cost on one core)",
   m.floor / m.cpu_1sched))
+print(fmt("ums speedup / two-process speedup: %.2f (submit), %.2f (all on "
+  .. "1), %.2f (all on 2)", m.speedup / m.speedup_floor,
+  m.speedup_on1 / m.speedup_floor, m.speedup_on2 / m.speedup_floor))
 print(fmt("load average at the start: %s; at the end: %s; %d repetitions, "
   .. "medians of wall time", load_start, load_end, opt.reps))
