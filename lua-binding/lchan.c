@@ -5,8 +5,8 @@
 ** on the way: a parked sender leaves its value on its own Lua stack, where
 ** the receiver copies it from; a receiver that parks gets the value pushed
 ** onto its stack by the sender, above its waiting frame, where its
-** continuation finds it. Both threads belong to the run's one VM and the
-** one scheduler thread runs them all, so this is plain single-threaded
+** continuation finds it. Both threads belong to one VM, whose one
+** scheduler thread runs them all, so this is plain single-threaded
 ** API use (the way lua_resume's arguments are pushed onto a coroutine).
 **
 ** A waker unparks before it moves a value: a failed unpark means that park

@@ -28,8 +28,8 @@ typedef struct ltask ltask;
 typedef struct lhandle lhandle;
 typedef struct lwait lwait;
 
-/* A FIFO of waiters on one side of a channel. Every Lua task of a run
-** runs on the run's one scheduler thread, so queues need no lock: the
+/* A FIFO of waiters on one side of a channel. Every Lua task of a VM
+** runs on that VM's one scheduler thread, so queues need no lock: the
 ** code between two waits runs as one atomic step. */
 typedef struct lwaitq {
   lwait *head, *tail;
