@@ -306,3 +306,29 @@ describe("ums.test", function()
     end)
   end)
 end)
+
+describe("ums.test with submitted work (ums.submit)", function()
+  local prev
+  before_each(function()
+    prev = ums.config().schedulers
+    ums.config{schedulers = 2}
+  end)
+  after_each(function() ums.config{schedulers = prev} end)
+
+  it("fails on timeout when the work never ends, and cancels it", function()
+    local ok, err = pcall(ums.test, function()
+      ums.submit(function() require("ums").sleep(1000) end)
+    end, 0.5)
+    assert.is_false(ok)
+    assert.equal("ums.test: timed out after 0.5 s", err)
+  end)
+
+  it("fails when work nobody joined failed", function()
+    local ok, err = pcall(ums.test, function()
+      ums.submit(function() error("lost in another VM") end)
+    end)
+    assert.is_false(ok)
+    assert.matches("1 task%(s%) failed and nobody joined them", err)
+    assert.matches("lost in another VM", err)
+  end)
+end)
