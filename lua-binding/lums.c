@@ -71,7 +71,8 @@ _Thread_local ltask *lums_cur_task;
 /* The VM whose tasks this scheduler thread runs, for the signal handler.
 ** Initial-exec like lums_cur_task: the first use of a dlopen'ed module's
 ** dynamic TLS may allocate, which a signal handler must not do. */
-static _Thread_local lrun *thread_run __attribute__((tls_model("initial-exec")));
+static _Thread_local lrun *thread_run
+    __attribute__((tls_model("initial-exec")));
 
 /* The nopreempt chunks of one VM (core.nopreempt_chunk), in a userdata
 ** under this registry key. The sources are compared by address; their

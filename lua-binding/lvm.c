@@ -869,7 +869,8 @@ static int l_submit_on(lua_State *L) {
   int isint;
   lua_Integer i = lua_tointegerx(L, 1, &isint);
   if (!isint) {
-    if (lua_type(L, 1) != LUA_TNUMBER) lums_typeerr(L, 1, "submit_on", "number");
+    if (lua_type(L, 1) != LUA_TNUMBER)
+      lums_typeerr(L, 1, "submit_on", "number");
     lums_argerr(L, 1, "submit_on", "number has no integer representation");
   }
   ltask *me = lums_need_task(L, "submit_on");

@@ -307,7 +307,9 @@ describe("the init module", function()
     local ran_on_1
     run(function()
       local ws = {on2(function() return require("vm_work").where() end)}
-      for i = 1, 40 do ws[#ws + 1] = ums.submit_on(i % 2 + 1, "vm_work.where") end
+      for i = 1, 40 do
+        ws[#ws + 1] = ums.submit_on(i % 2 + 1, "vm_work.where")
+      end
       local seen = {}
       for i = 1, #ws do
         local r = results(ws[i])
@@ -670,7 +672,9 @@ describe("placement and stealing", function()
       wait_until(function() return hog:status() == "running" end, "the hog")
       local ws = {}
       for i = 1, 8 do
-        ws[i] = ums.submit_on(2, function() return require("ums").scheduler() end)
+        ws[i] = ums.submit_on(2, function()
+          return require("ums").scheduler()
+        end)
       end
       for i = 1, 8 do assert.equal(1, results(ws[i])[1]) end
       stop:set()

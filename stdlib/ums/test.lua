@@ -27,8 +27,8 @@
 --
 -- While the test runs, ums.spawn, ums.submit and ums.submit_on (fields of
 -- the `ums` module) are wrapped to note the tasks and work started, so
--- that the helper knows when all of them have ended (it polls their status after fn returns; joining them
--- would hide their errors). A task started through a copy of ums.spawn
+-- that the helper knows when all of them have ended (it polls their
+-- status after fn returns; joining them would hide their errors). A task started through a copy of ums.spawn
 -- taken before the test is not seen: if it is still running when fn
 -- returns, the run waits for it without a timeout. On timeout, every task
 -- of the run is cancelled, seen or not.
