@@ -29,7 +29,6 @@
 /* Deeper nesting is refused: each level is a C frame on a task's stack. */
 #define MAX_DEPTH 200
 
-#define GUARD_MT "ums.copy.guard"
 
 /* ---------------------------------------------------------------------- */
 /* Messages                                                                */
@@ -41,32 +40,6 @@ void lcopy_free(lmsg *m) {
   free(m->refs);
   if (m->data != m->inl) free(m->data);
   free(m);
-}
-
-/* While a message is being encoded a userdata on the encoding stack owns
-** it, so that a memory error raised by the Lua API in the middle frees it
-** (its __gc); success takes it back. */
-typedef struct guard {
-  lmsg *m;
-} guard;
-
-static int guard_gc(lua_State *L) {
-  guard *g = (guard *)lua_touserdata(L, 1);
-  lcopy_free(g->m);
-  g->m = NULL;
-  return 0;
-}
-
-/* Pushes an empty guard. */
-static guard *new_guard(lua_State *L) {
-  guard *g = (guard *)lua_newuserdatauv(L, sizeof *g, 0);
-  g->m = NULL;
-  if (luaL_newmetatable(L, GUARD_MT)) {
-    lua_pushcfunction(L, guard_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
-  return g;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -454,12 +427,33 @@ static void encode(enc *e, int idx, int depth) {
   }
 }
 
+/* The encoding proper, in a protected call: (e, values...). */
+static int encode_all(lua_State *L) {
+  enc *e = (enc *)lua_touserdata(L, 1);
+  int n = lua_gettop(L) - 1;
+  e->L = L;
+  lua_pushglobaltable(L);
+  e->globals = lua_gettop(L);
+  /* Scalars need no table of seen objects; most messages are scalars. */
+  for (int i = 0; i < n; i++) {
+    int t = lua_type(L, 2 + i);
+    if ((t == LUA_TTABLE || t == LUA_TFUNCTION) && !e->seen) {
+      lua_newtable(L);
+      e->seen = lua_gettop(L);
+    }
+  }
+  for (int i = 0; i < n && !e->failed; i++) {
+    e->top = i;
+    e->path[0] = 0;
+    encode(e, 2 + i, 0);
+  }
+  return 0;
+}
+
 lmsg *lcopy_encode(lua_State *L, int first, int n, const char *root,
                    bool indexed, char *err, size_t errsz, int *bad) {
   first = lua_absindex(L, first);
-  luaL_checkstack(L, 8, "not enough stack to copy values");
-  guard *g = new_guard(L);
-  int base = lua_gettop(L);
+  luaL_checkstack(L, n + 2, "too many values to copy");
   lmsg *m = malloc(sizeof *m);
   if (!m) luaL_error(L, "not enough memory");
   m->data = m->inl;
@@ -469,10 +463,7 @@ lmsg *lcopy_encode(lua_State *L, int first, int n, const char *root,
   m->nrefs = m->caprefs = 0;
   m->nvalues = n;
   m->nids = 0;
-  g->m = m;
-
   enc e;
-  e.L = L;
   e.m = m;
   e.nids = 0;
   e.root = root;
@@ -481,24 +472,15 @@ lmsg *lcopy_encode(lua_State *L, int first, int n, const char *root,
   e.errsz = errsz;
   e.failed = false;
   e.seen = 0;
-  lua_pushglobaltable(L);
-  e.globals = lua_gettop(L);
-  /* Scalars need no table of seen objects; most messages are scalars. */
-  for (int i = 0; i < n; i++) {
-    int t = lua_type(L, first + i);
-    if ((t == LUA_TTABLE || t == LUA_TFUNCTION) && !e.seen) {
-      lua_newtable(L);
-      e.seen = lua_gettop(L);
-    }
+  /* Protected, so that a memory error raised by the Lua API half-way
+  ** cannot leak m: it is freed here and the error raised again. */
+  lua_pushcfunction(L, encode_all);
+  lua_pushlightuserdata(L, &e);
+  for (int i = 0; i < n; i++) lua_pushvalue(L, first + i);
+  if (lua_pcall(L, n + 1, 0, 0) != LUA_OK) {
+    lcopy_free(m);
+    lua_error(L);
   }
-  for (int i = 0; i < n && !e.failed; i++) {
-    e.top = i;
-    e.path[0] = 0;
-    encode(&e, first + i, 0);
-  }
-  lua_settop(L, base);
-  g->m = NULL;
-  lua_pop(L, 1);  /* the guard */
   if (e.failed) {
     *bad = e.top;
     lcopy_free(m);
@@ -631,16 +613,20 @@ static void decode(dec *d) {
   }
 }
 
+static int decode_all(lua_State *L) {
+  return lcopy_decode(L, (const lmsg *)lua_touserdata(L, 1));
+}
+
 int lcopy_decode_free(lua_State *L, lmsg *m) {
-  luaL_checkstack(L, 2, "too many values");
-  guard *g = new_guard(L);
-  g->m = m;
   int base = lua_gettop(L);
-  int n = lcopy_decode(L, m);
-  g->m = NULL;
+  luaL_checkstack(L, 2, "too many values");
+  /* Protected, so that m is freed also when decoding raises. */
+  lua_pushcfunction(L, decode_all);
+  lua_pushlightuserdata(L, m);
+  int st = lua_pcall(L, 1, LUA_MULTRET, 0);
   lcopy_free(m);
-  lua_remove(L, base);
-  return n;
+  if (st != LUA_OK) lua_error(L);
+  return lua_gettop(L) - base;
 }
 
 int lcopy_decode(lua_State *L, const lmsg *m) {
