@@ -228,6 +228,7 @@ describe("ums.submit refuses values it cannot copy", function()
     refused("args[1].list[3]: thread (a coroutine)",
       {list = {1, 2, coroutine.create(print)}})
     refused("args[1]: C function", print)
+    refused("args[1].id: light userdata", {id = debug.upvalueid(with_up, 1)})
     refused("args[1][\"a key\"]: table with a metatable",
       {["a key"] = setmetatable({}, {})})
     refused("args[1][<key>]: userdata (FILE*)", {[io.stderr] = true})
