@@ -209,6 +209,52 @@ describe("ums.submit copies", function()
   end)
 end)
 
+describe("work handles", function()
+  it("join with a timeout, then again; several joiners in several VMs",
+    function()
+      run(function()
+        local go = ums.shared.event(true)
+        local w = ums.submit(function(go)
+          go:wait()
+          return "result", {n = 1}
+        end, go)
+        assert.same({nil, "timeout"}, {w:join(0.01)})
+        assert.same({nil, "timeout"}, {w:join(0)})
+        -- Another joiner, in a VM of its own (or this one, if stolen).
+        local other = ums.submit(function(w)
+          local ok, v, t = w:join(20)
+          return ok, v, t.n
+        end, w)
+        wait_until(function() return other:status() == "running" end,
+          "the other joiner")
+        go:set()
+        local r = results(w)
+        assert.equal("result", r[1])
+        assert.same({n = 1}, r[2])
+        assert.same({true, "result", 1}, {unpack(results(other), 1, 3)})
+        -- Done: joins keep giving the same outcome, fresh copies each.
+        local again = results(w)
+        assert.same({n = 1}, again[2])
+        assert.are_not.equal(r[2], again[2])
+        assert.equal("done", w:status())
+      end)
+    end)
+
+  it("work cannot join itself", function()
+    run(function()
+      local ch = ums.shared.channel(1)
+      local w = ums.submit(function(ch)
+        local me = ch:recv(20)
+        return pcall(me.join, me)
+      end, ch)
+      ch:send(w)
+      local r = results(w)
+      assert.is_false(r[1])
+      assert.matches("work cannot join itself", r[2])
+    end)
+  end)
+end)
+
 -- ---------------------------------------------------------------------
 describe("ums.submit refuses values it cannot copy", function()
   local function refused(msg, ...)
