@@ -75,6 +75,9 @@ struct ums__pool_thread {
                                     have freed it already */
   _Atomic int stop;              /* [atomic] destroy interrupts whatever
                                     this thread runs */
+  _Atomic bool in_work;          /* [atomic] inside run() right now; unlike
+                                    current, false while it waits for the
+                                    pool's lock after the work */
   bool exited;                   /* [pool lock] left its loop */
   ums__pool_thread_t *next;      /* [pool lock] */
   pid_t tid;                     /* [pool lock] set when it starts; 0
@@ -231,7 +234,9 @@ static void *pool_main(void *arg) {
     atomic_store_explicit(&p->queued_hint, p->nqueued, memory_order_relaxed);
     self->current = w;
     pthread_mutex_unlock(&p->lock);
+    atomic_store_explicit(&self->in_work, true, memory_order_relaxed);
     w->run(w); /* may free w */
+    atomic_store_explicit(&self->in_work, false, memory_order_relaxed);
     pthread_mutex_lock(&p->lock);
     self->current = NULL;
     spun = false; /* after work, another spin is worth it */
@@ -307,8 +312,8 @@ static int64_t thread_cpu(const ums__pool_thread_t *th) {
 ** threads blocked in their work: running the same work as at the last
 ** look, asleep now, and on a CPU for less than half the time since (a
 ** thread that computes, even one waiting for a CPU on a crowded machine,
-** is not blocked; one that waits for the pool's lock is not either: it
-** has moved on by the next look). [lock] */
+** is not blocked; one that waits for the pool's lock after its work is
+** not in its work: in_work). [lock] */
 static void grow_check(ums__pool_t *p) {
   int64_t now = ums__clock_now();
   int64_t interval = p->sampled_at ? now - p->sampled_at : 0;
@@ -317,7 +322,11 @@ static void grow_check(ums__pool_t *p) {
     const ums__pool_work_t *was = th->seen_work;
     int64_t cpu0 = th->seen_cpu;
     th->seen_work = th->exited ? NULL : th->current;
-    if (!th->seen_work) continue;
+    if (!th->seen_work ||
+        !atomic_load_explicit(&th->in_work, memory_order_relaxed)) {
+      th->seen_work = NULL; /* between works (maybe asleep on our lock) */
+      continue;
+    }
     th->seen_cpu = thread_cpu(th);
     if (interval && was == th->seen_work && cpu0 >= 0 &&
         th->seen_cpu >= 0 && 2 * (th->seen_cpu - cpu0) < interval &&
