@@ -39,6 +39,12 @@
 /* Going preemptive: shared by ums.ffi and ums_lua_preempt                 */
 /* ---------------------------------------------------------------------- */
 
+/* The name for a message: the caller's, or the running function's. Only
+** computed on error paths (it may search the loaded modules). */
+static const char *name_or_fname(lua_State *L, const char *name) {
+  return name ? name : ums_lua_pushfname(L);
+}
+
 int lums_preempt_start(lua_State *L, ltask *t, const char *name,
                        ums_preempt_fn fn, void *arg, ums_preempt_fn release,
                        int64_t deadline, ums_preempt_call_t **call,
@@ -48,8 +54,10 @@ int lums_preempt_start(lua_State *L, ltask *t, const char *name,
   if (rc == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (rc == UMS_EBUSY)
     return luaL_error(L, "%s: cannot call between ums.park_begin and "
-                         "ums.park_wait", name);
-  if (rc) return luaL_error(L, "%s: %s", name, ums_strerror(rc));
+                         "ums.park_wait", name_or_fname(L, name));
+  if (rc)
+    return luaL_error(L, "%s: %s", name_or_fname(L, name),
+                      ums_strerror(rc));
   return lums_park_finish(L, t, ctx, k);
 }
 
@@ -58,7 +66,7 @@ int lums_preempt_settle(lua_State *L, ums_preempt_call_t *call,
   int rc = ums_preempt_end(call);
   if (rc == 0 || rc == UMS_ETIMEDOUT) return rc;
   if (rc == UMS_ECANCELED) return lums_raise_cancelled(L);
-  return luaL_error(L, "%s: %s", name, ums_strerror(rc));
+  return luaL_error(L, "%s: %s", name_or_fname(L, name), ums_strerror(rc));
 }
 
 /* ---------------------------------------------------------------------- */
@@ -192,7 +200,7 @@ static int ext_k(lua_State *L, int status, lua_KContext ctx) {
   ** runtime frees a given-up job only after that CAS). */
   if (ums_park_result() < 0)
     atomic_store_explicit(&j->gave_up, 1, memory_order_relaxed);
-  int rc = lums_preempt_settle(L, j->call, ums_lua_fname(L));
+  int rc = lums_preempt_settle(L, j->call, NULL);
   if (rc == 0) {
     /* The work returned: the job is ours, ud the guard's again. */
     g->owned = true;
@@ -225,8 +233,8 @@ static int ext_preempt(lua_State *L, ums_lua_work_fn work, void *ud,
   if (bad || !lua_checkstack(L, 4)) {
     if (release) release(ud);
     if (!bad) bad = "stack overflow";
-    return luaL_error(L, "ums_lua_preempt (in '%s'): %s", ums_lua_fname(L),
-                      bad);
+    return luaL_error(L, "ums_lua_preempt (in '%s'): %s",
+                      ums_lua_pushfname(L), bad);
   }
   lua_pushcfunction(L, new_guard);
   if (lua_pcall(L, 0, 1, 0) != LUA_OK) {
@@ -254,11 +262,12 @@ static int ext_preempt(lua_State *L, ums_lua_work_fn work, void *ud,
     return call_k(L, gidx);
   }
   job *j = malloc(sizeof *j);
-  if (!j) return luaL_error(L, "%s: out of memory", ums_lua_fname(L));
+  if (!j)
+    return luaL_error(L, "%s: out of memory", ums_lua_pushfname(L));
   job_init(j, work, ud, release, flags);
   g->owned = false;  /* the job's now */
   g->j = j;
-  return lums_preempt_start(L, t, ums_lua_fname(L), job_run, j, job_release,
+  return lums_preempt_start(L, t, NULL, job_run, j, job_release,
                             to_deadline(timeout), &j->call, gidx, ext_k);
 }
 

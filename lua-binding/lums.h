@@ -208,7 +208,7 @@ LUMS_HIDDEN void lums_open_ext(lua_State *L);
 ** storing the call in *call) and ends the park with lums_park_finish,
 ** so k runs once the call has returned or been given up. On failure to
 ** start, the runtime has called release(arg) and this raises (naming
-** `name`, or ums.CANCELLED). */
+** `name`, or, if it is NULL, the running function; or ums.CANCELLED). */
 LUMS_HIDDEN int lums_preempt_start(lua_State *L, ltask *t, const char *name,
                                    ums_preempt_fn fn, void *arg,
                                    ums_preempt_fn release, int64_t deadline,

@@ -36,6 +36,7 @@
 #include <lua.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -134,12 +135,45 @@ static inline int ums_lua_api_error(lua_State *L, const char *who,
                        "ums)", who, (int)api->version, (int)version);
 }
 
-/* The name the running C function was called by, for messages. */
-static inline const char *ums_lua_fname(lua_State *L) {
+/* Pushes the name of the running C function, for error messages, and
+** returns it: the name its caller used ("crc32_file"), else where a
+** loaded module holds it ("zutil.crc32_file", as luaL_argerror finds
+** it), else "?". */
+static inline const char *ums_lua_pushfname(lua_State *L) {
   lua_Debug ar;
-  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.name)
-    return ar.name;
-  return "?";
+  int fn;
+  luaL_checkstack(L, 8, NULL);
+  if (!lua_getstack(L, 0, &ar) || !lua_getinfo(L, "nf", &ar))
+    return lua_pushliteral(L, "?");
+  if (ar.name) {
+    lua_pop(L, 1);
+    return lua_pushstring(L, ar.name);
+  }
+  fn = lua_gettop(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  lua_pushnil(L);
+  while (lua_next(L, fn + 1)) {          /* modname, module */
+    if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TTABLE) {
+      lua_pushnil(L);
+      while (lua_next(L, -2)) {          /* field, value */
+        if (lua_type(L, -2) == LUA_TSTRING && lua_rawequal(L, -1, fn)) {
+          const char *mod = lua_tostring(L, -4);
+          const char *field = lua_tostring(L, -2);
+          if (strcmp(mod, LUA_GNAME) == 0)
+            lua_pushstring(L, field);
+          else
+            lua_pushfstring(L, "%s.%s", mod, field);
+          lua_replace(L, fn);
+          lua_settop(L, fn);
+          return lua_tostring(L, fn);
+        }
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);
+  }
+  lua_settop(L, fn - 1);
+  return lua_pushliteral(L, "?");
 }
 
 /* For a module's luaopen_ function: raises "<who>: ums is not loaded ..."
@@ -236,7 +270,7 @@ static inline int ums_lua_preempt(lua_State *L, ums_lua_work_fn work,
   if (api == NULL) {
     /* ud is still ours: release it before raising. */
     if (release) release(ud);
-    return ums_lua_api_error(L, ums_lua_fname(L), 1);
+    return ums_lua_api_error(L, ums_lua_pushfname(L), 1);
   }
   return api->preempt(L, work, ud, release, k, timeout, flags);
 }
