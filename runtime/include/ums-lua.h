@@ -150,7 +150,10 @@ static inline const char *ums_lua_pushfname(lua_State *L) {
     return lua_pushstring(L, ar.name);
   }
   fn = lua_gettop(L);
-  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE) != LUA_TTABLE) {
+    lua_settop(L, fn - 1);
+    return lua_pushliteral(L, "?");
+  }
   lua_pushnil(L);
   while (lua_next(L, fn + 1)) {          /* modname, module */
     if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TTABLE) {
@@ -242,7 +245,7 @@ static inline int ums_lua_check(lua_State *L, const char *who) {
 ** the error goes up through the caller's pcall or ends the task, and
 ** reaches its joiner or the runtime's error handler; ud is still
 ** released. Errors of ums_lua_preempt itself are raised naming the Lua
-** function ("crc32: out of memory").
+** function ("crc32_file: out of memory").
 **
 ** Stack. k sees the values the lua_CFunction had on its stack when it
 ** called ums_lua_preempt, at the same indices (its arguments, typically),
