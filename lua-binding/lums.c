@@ -1240,6 +1240,7 @@ int luaopen_ums_core(lua_State *L) {
   lums_open_chan(L);
   lums_open_fs(L);
   lums_open_ffi(L);
+  lums_open_ext(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
   return 1;
