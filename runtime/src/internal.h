@@ -69,6 +69,32 @@ static inline void ums__cpu_relax(void) {
 #endif
 }
 
+/* Adaptive spinning (pool.c, sched.c). A spin-wait for another thread
+** pays only when that thread runs on another CPU and answers within a few
+** microseconds; on a crowded machine the spinner holds the very CPU its
+** partner waits for (measured: a preemptive round trip took 19 us with
+** spinning against 10.5 us without, at load 3 on 2 CPUs). Each spin site
+** keeps a running average of how long its spins took, a miss counting as
+** twice the limit; above a quarter of the limit it sleeps at once, and
+** spins anyway every UMS__SPIN_PROBE-th time to notice calmer times. */
+#define UMS__SPIN_PROBE 32
+typedef struct ums__spin_gauge {
+  int64_t avg;      /* ns */
+  uint32_t skipped; /* sleeps without a spin since the last probe */
+} ums__spin_gauge_t;
+
+static inline bool ums__spin_worth(ums__spin_gauge_t *g, int64_t limit) {
+  if (g->avg <= limit / 4) return true;
+  if (++g->skipped < UMS__SPIN_PROBE) return false;
+  g->skipped = 0;
+  return true;
+}
+
+static inline void ums__spin_note(ums__spin_gauge_t *g, int64_t took,
+                                  bool hit, int64_t limit) {
+  g->avg += ((hit ? took : 2 * limit) - g->avg) / 8;
+}
+
 /* ====================================================================== */
 /* Clock and futex (clock.c)                                               */
 /* ====================================================================== */
@@ -488,6 +514,7 @@ typedef struct ums__pool {
   int64_t sampled_at;                /* [lock] the monitor's last look at
                                         its threads' times; 0: none */
   uint64_t grown;                    /* [lock] threads the monitor started */
+  ums__spin_gauge_t spin;            /* [lock] how the spinners fare */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
 
@@ -673,6 +700,7 @@ struct ums__sched {
   _Atomic int is_idle;            /* [atomic, owner writes] */
   _Atomic uint32_t io_pending;    /* [atomic] requests of this scheduler's
                                      tasks not yet completed */
+  ums__spin_gauge_t spin;         /* [owner] how its completion spins fare */
   _Atomic uint32_t preempt_pending; /* [atomic] preemptive calls of this
                                      scheduler's tasks not yet returned;
                                      while nonzero the idle wait spins

@@ -168,19 +168,20 @@ static void join_exited(ums__pool_t *p) {
 }
 
 /* Spins without the lock until work is queued, the pool stops or spin_ns
-** passes. The caller then takes the lock and looks again: the hint only
-** says when looking is worth it. */
-static void spin_for_work(ums__pool_t *p) {
-  int64_t until = ums__clock_now() + p->cfg.spin_ns;
+** passes; returns how long it spun, negative if nothing came. The caller
+** then takes the lock and looks again: the hint only says when looking is
+** worth it. */
+static int64_t spin_for_work(ums__pool_t *p) {
+  int64_t start = ums__clock_now(), until = start + p->cfg.spin_ns;
   for (unsigned i = 1;; i++) {
     if (atomic_load_explicit(&p->queued_hint, memory_order_relaxed))
-      return;
+      return ums__clock_now() - start;
     ums__cpu_relax();
     /* The clock costs ~30 ns; a pause is ~40 cycles or more. Now and then
     ** give the CPU to whoever waits for it: on a crowded machine that may
     ** be the very thread that would hand us work. */
     if ((i & 63) == 0) {
-      if (ums__clock_now() >= until) return;
+      if (ums__clock_now() >= until) return -1;
       if ((i & 255) == 0) sched_yield();
     }
   }
@@ -201,16 +202,18 @@ static void *pool_main(void *arg) {
     ums__pool_work_t *w = p->head;
     if (!w) {
       if (p->stopping) break;
-      if (p->cfg.spin_ns && !spun && p->nspinning < MAX_SPINNERS) {
+      if (p->cfg.spin_ns && !spun && p->nspinning < MAX_SPINNERS &&
+          ums__spin_worth(&p->spin, p->cfg.spin_ns)) {
         /* Counted as idle, so a submitter relies on it rather than start
         ** a thread, and as spinning, so it does not signal either. */
         p->nidle++;
         p->nspinning++;
         pthread_mutex_unlock(&p->lock);
-        spin_for_work(p);
+        int64_t took = spin_for_work(p);
         pthread_mutex_lock(&p->lock);
         p->nspinning--;
         p->nidle--;
+        ums__spin_note(&p->spin, took, took >= 0, p->cfg.spin_ns);
         spun = true;
         continue;
       }

@@ -285,20 +285,25 @@ static void maybe_trim(ums__sched_t *s, int64_t now) {
 ** arrived. idle_state stays 0 meanwhile, so posters make no system call. */
 static bool spin_for_completion(ums__sched_t *s, int64_t now,
                                 int64_t deadline) {
-  if (!atomic_load_explicit(&s->preempt_pending, memory_order_relaxed))
+  if (!atomic_load_explicit(&s->preempt_pending, memory_order_relaxed) ||
+      !ums__spin_worth(&s->spin, SCHED_SPIN_NS))
     return false;
   int64_t until = now + SCHED_SPIN_NS;
   if (until > deadline) until = deadline;
   for (unsigned i = 1;; i++) {
     if (atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
         atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
-        atomic_load_explicit(&s->rt->exiting, memory_order_relaxed))
+        atomic_load_explicit(&s->rt->exiting, memory_order_relaxed)) {
+      ums__spin_note(&s->spin, ums__clock_now() - now, true, SCHED_SPIN_NS);
       return true;
+    }
     ums__cpu_relax();
     if ((i & 63) == 0) {
       if (ums__clock_now() >= until ||
-          !atomic_load_explicit(&s->preempt_pending, memory_order_relaxed))
+          !atomic_load_explicit(&s->preempt_pending, memory_order_relaxed)) {
+        ums__spin_note(&s->spin, 0, false, SCHED_SPIN_NS);
         return false;
+      }
       /* On a crowded machine the pool thread we wait for may be waiting
       ** for this very CPU. */
       if ((i & 255) == 0) sched_yield();
