@@ -181,9 +181,9 @@ UMS_API void ums_runtime_config(const ums_runtime_t *rt, ums_config_t *out);
 /* ---------------------------------------------------------------------- */
 /*
 ** With cfg.clock = UMS_CLOCK_VIRTUAL, time inside the runtime is virtual,
-** for tests and simulations: it starts at the real CLOCK_MONOTONIC reading
-** taken when the runtime is created, and stands still while any task can
-** run. When nothing is runnable, no file I/O or preemptive call of its
+** for tests and simulations: it starts at 0 when the runtime is created
+** (so every run reads the same times), and stands still while any task
+** can run. When nothing is runnable, no file I/O or preemptive call of its
 ** tasks is in flight and no ums_wait_idle waiter is left to wake, the
 ** scheduler sets the clock to the earliest timer's deadline at once
 ** instead of sleeping: an hour of sleeps and timeouts passes in

@@ -651,7 +651,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
   rt->cfg = c;
   rt->vclock = c.clock == UMS_CLOCK_VIRTUAL;
-  atomic_init(&rt->vnow, ums__clock_real());
+  atomic_init(&rt->vnow, 0);
   pthread_mutex_init(&rt->table_lock, NULL);
   size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;
   rt->scheds = aligned_alloc(UMS__CACHELINE, bytes);

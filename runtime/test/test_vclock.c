@@ -79,9 +79,8 @@ static void test_config(void) {
   ums_runtime_config(rt, &c);
   CHECK_EQ(c.clock, UMS_CLOCK_VIRTUAL);
   CHECK_EQ(c.schedulers, 1);
-  /* Starts at the real clock; the host thread lives in real time. */
-  int64_t v = ums_runtime_now(rt), r = ums_now();
-  CHECK(v <= r && r - v < 60 * SEC);
+  /* Starts at 0, whatever the real clock says. */
+  CHECK_EQ(ums_runtime_now(rt), 0);
   tu_runtime_shutdown(rt);
 
   rt = tu_runtime_new(1);
@@ -119,10 +118,11 @@ static void test_hour(void) {
   CHECK_EQ(h.deadline_seen, HOUR);
   CHECK_EQ(h.after - h.before, HOUR);
   /* Nothing else was armed: the clock stopped where the sleep ended. */
-  CHECK_EQ(ums_runtime_now(rt), h.after);
+  CHECK_EQ(h.before, 0);
+  CHECK_EQ(ums_runtime_now(rt), HOUR);
   CHECK_LT(tu_elapsed_ms(real0), REAL_LIMIT_MS);
-  /* The host's clock is real: an hour behind the runtime's. */
-  CHECK_GT(ums_runtime_now(rt) - ums_now(), HOUR - 60 * SEC);
+  /* The host's clock is real: ums_now() there is not the runtime's. */
+  CHECK_GT(ums_now(), real0);
   tu_runtime_shutdown(rt);
 }
 
