@@ -13,8 +13,6 @@ local function run(body)
   return ums.test(body, { clock = "virtual" })
 end
 
-local function near(a, b) return math.abs(a - b) < 1e-6 end
-
 -- Real seconds f takes (ums.now() outside a run reads the real clock).
 local function real_time(f)
   local t0 = ums.now()
