@@ -159,6 +159,7 @@ local function test(fn, timeout)
   -- main thread's cancellation of the rest of the run arrives.
   local main_over = false
   local over_mt = {__close = function() main_over = true end}
+  local fn_returned = false
 
   local function main()
     local over <close> = setmetatable({}, over_mt)
@@ -166,20 +167,26 @@ local function test(fn, timeout)
     me:name("ums.test")
     local watchdog = prev_spawn(function()
       core.sleep(virtual and limit or timeout)
-      if main_over then return end
+      -- Everything had ended, and the helper's next look (below) is due
+      -- later: not a timeout.
+      if main_over or (fn_returned and not others_live()) then return end
       timed_out = true
       cancel_all()
       me:cancel()
     end)
     watchdog:name("ums.test watchdog")
     local r = table.pack(fn())
+    fn_returned = true
     -- fn returned; wait for the tasks it started, polling their status
     -- (joining them here would hide their errors from on_error). On
     -- timeout the watchdog cancels this task: the sleep then raises.
+    -- With the virtual clock the pause keeps doubling: sleeping costs no
+    -- real time there, but every look does, and tasks that run for a
+    -- virtual hour would otherwise be looked at 180,000 times.
     local pause = 0.001
     while others_live() do
       core.sleep(pause)
-      pause = math.min(pause * 2, 0.02)
+      pause = virtual and pause * 2 or math.min(pause * 2, 0.02)
     end
     watchdog:cancel()
     -- Failed task handles and queue items that are garbage now report
