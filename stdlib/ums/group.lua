@@ -69,8 +69,7 @@ local function member_end(m, err)
       g.failed[#g.failed + 1] = m
       if g.cancel_on_error and not g.cancelled then
         g.cancelled = true
-        -- cancel_members, defined below, is an upvalue by then.
-        M.cancel_members(g)
+        M.cancel_members(g)  -- through M: it is defined below
       end
     end
   end
@@ -100,7 +99,8 @@ end
 
 -- The task body, from a chunk of its own: it calls user code, which the
 -- quantum must be able to preempt (ums.waitq.preemptible). `returned` is
--- not a tail call, so the member's <close> runs after fn returns.
+-- not a tail call (a function with a <close> variable makes none), so
+-- the member's <close> runs after fn has returned and `ok` is set.
 local body = wq.preemptible("ums.group task", [[
   return function(member, fn, ...)
     local guard <close> = member
