@@ -99,7 +99,15 @@ static inline void ums__spin_note(ums__spin_gauge_t *g, int64_t took,
 /* Clock and futex (clock.c)                                               */
 /* ====================================================================== */
 
+/* The clock the runtime's code reads: real CLOCK_MONOTONIC, except on the
+** thread of a scheduler whose runtime has a virtual clock, where it is
+** that runtime's virtual time. Anything that measures real waiting (spins,
+** the idle wait's kernel timeouts) reads ums__clock_real instead. */
 int64_t ums__clock_now(void);
+int64_t ums__clock_real(void);
+/* Moves rt's virtual clock forward to `to` (never back). [owner of the
+** runtime's one scheduler] */
+void ums__clock_advance(ums_runtime_t *rt, int64_t to);
 /* Blocks while *addr == expected, until woken or the absolute monotonic
 ** deadline (UMS_FOREVER: none). Returns 0, or -ETIMEDOUT, -EAGAIN, -EINTR
 ** as the kernel says; callers always re-check their condition. */
@@ -737,6 +745,11 @@ struct ums__sched {
   ums__ring_t *ring;           /* [const pointer; the ring itself: owner]
                                   NULL: the pool backend */
   ums__buf_cache_t bufs;       /* [owner] I/O buffer cache */
+  /* Parks to end when the scheduler goes idle (ums_wait_idle). Tokens,
+  ** not task pointers: one whose park already ended (timeout, cancel) is
+  ** refused by ums_unpark and simply dropped. */
+  ums_park_token_t *idle_waiters; /* [owner] */
+  uint32_t nidle_waiters, cap_idle_waiters; /* [owner] */
 
   /* Constant. */
   int id;
@@ -758,6 +771,9 @@ struct ums_runtime {
                                   own threads still touching it; shutdown
                                   frees nothing until this is zero */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks; futex word */
+  bool vclock;                 /* [const] the clock is virtual (clock.c) */
+  _Atomic int64_t vnow;        /* [atomic, owner of scheduler 0 writes]
+                                  the virtual time, ns */
 
   int io_backend;              /* [const] UMS_IO_URING or UMS_IO_POOL */
   ums__pool_t io_pool;         /* the hidden scheduler for file I/O */
