@@ -777,6 +777,36 @@ static int l_sleep(lua_State *L) {
   return lums_park_finish(L, t, 0, sleep_k);
 }
 
+static int idle_k(lua_State *L, int status, lua_KContext ctx) {
+  int r = ums_park_result();
+  (void)status;
+  (void)ctx;
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r == UMS_ETIMEDOUT) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.run_until_idle([timeout]) -> true | nil, "timeout": parks until
+** no other task can run (ums_wait_idle); with a virtual clock, before the
+** clock moves. */
+static int l_run_until_idle(lua_State *L) {
+  int64_t deadline = timeout_to_deadline(L, 1);
+  ltask *t = lums_need_task(L, "run_until_idle");
+  if (t->park_begun)
+    return luaL_error(L, "ums.run_until_idle: cannot wait between "
+                         "park_begin and park_wait");
+  int r = ums_park_begin_idle(deadline, &t->park_tok);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r) return luaL_error(L, "ums.run_until_idle: %s", ums_strerror(r));
+  t->park_begun = true;
+  return lums_park_finish(L, t, 0, idle_k);
+}
+
 /* core.io_backend() -> "uring" | "pool" in force for the run; nil
 ** outside a run. */
 static int l_io_backend(lua_State *L) {
@@ -1113,8 +1143,9 @@ static void swap_os_exit(lua_State *L, bool install) {
   lua_pop(L, 1);
 }
 
-/* core.run(fn, ...) */
-static int l_run(lua_State *L) {
+/* core.run(fn, ...) and core.run_limit: limit is a real time in seconds
+** after which the run is cancelled (0: none). */
+static int run(lua_State *L, double limit) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   if (get_run(L))
     return luaL_error(L, "ums.run: a run is already in progress "
@@ -1140,7 +1171,15 @@ static int l_run(lua_State *L) {
   lua_pop(L, 1);
   cfg.io_pool_threads = config_int(L, cfgi, "io_threads", 0);
   cfg.preempt_threads = config_int(L, cfgi, "preempt_threads", 0);
+  cfg.clock = UMS_CLOCK_REAL;
+  if (lua_getfield(L, cfgi, "clock") == LUA_TSTRING &&
+      strcmp(lua_tostring(L, -1), "virtual") == 0)
+    cfg.clock = UMS_CLOCK_VIRTUAL;
   lua_pop(L, 1);
+  lua_pop(L, 1);
+  if (cfg.clock == UMS_CLOCK_VIRTUAL && cfg.schedulers > 1)
+    return luaL_error(L, "ums.run: clock = \"virtual\" needs schedulers = 1 "
+                         "(got %d)", cfg.schedulers);
 
   int err;
   ums_runtime_t *rt = ums_runtime_new(&cfg, &err);
@@ -1166,18 +1205,33 @@ static int l_run(lua_State *L) {
   lhandle *main = task_new(L, r, 1, true, lua_upvalueindex(1));
   /* From here until the runtime is shut down, the VM belongs to the
   ** scheduler thread; this thread only waits. */
-  ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
+  /* The limit is real time (this is a host thread), also when the run's
+  ** clock is virtual: it bounds a test that never blocks, where virtual
+  ** time stands still. */
+  bool over = false;
+  int64_t until = limit > 0 ? ums_deadline((int64_t)(limit * 1e9)) :
+                  UMS_FOREVER;
+  if (ums_task_join(r->rt, main->id, until, NULL, NULL) == UMS_ETIMEDOUT) {
+    over = true;
+    ums_task_cancel(r->rt, main->id);
+    ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
+  }
   /* Its outcome goes to our caller (results, or the error raised again):
   ** never to on_error, whenever its handle is collected. */
   main->joined = true;
   /* Tasks and submitted work still running may start more (spawn,
   ** submit): only once all of it has ended may the runtime stop taking
-  ** work. An os.exit (in any VM) ends the wait at once. */
-  if (main->ok) lums_vms_wait_quiet(vms);
+  ** work. An os.exit (in any VM) ends the wait at once; the limit ends it
+  ** as it ends the first task's. */
+  if (main->ok && !over && !lums_vms_wait_quiet(vms, until)) {
+    over = true;
+    lums_vms_stop(vms);
+  }
   int exit_code;
   bool exit_close;
   bool exiting = lums_vms_exit_requested(vms, &exit_code, &exit_close);
-  ums_runtime_shutdown(r->rt, main->ok && !exiting ? UMS_FOREVER : 0);
+  ums_runtime_shutdown(r->rt,
+                       main->ok && !exiting && !over ? UMS_FOREVER : 0);
   r->rt = NULL;
   monitor_stop(r);
   swap_os_exit(L, false);
@@ -1195,6 +1249,9 @@ static int l_run(lua_State *L) {
   }
   run_free(L, r);
   report_errors(L, main);
+  if (over)
+    return luaL_error(L, "ums.run: time limit of %f s reached; every task "
+                         "was cancelled", limit);
   if (main->ok) {
     int n = push_outcome(L, 1, main);
     return n - 1;  /* drop the leading true */
@@ -1208,6 +1265,17 @@ static int l_run(lua_State *L) {
     lua_getfield(L, -1, X_TB);
   }
   return lua_error(L);
+}
+
+static int l_run(lua_State *L) { return run(L, 0); }
+
+/* core.run_limit(seconds, fn, ...): core.run, cancelled after that many
+** real seconds (then it raises "ums.run: time limit ..."). */
+static int l_run_limit(lua_State *L) {
+  lua_Number limit = luaL_checknumber(L, 1);
+  luaL_argcheck(L, limit > 0, 1, "time limit must be a positive number");
+  lua_remove(L, 1);
+  return run(L, limit);
 }
 
 /* core.config([tbl]) */
@@ -1268,6 +1336,7 @@ int luaopen_ums_core(lua_State *L) {
       {"sleep", l_sleep},
       {"now", l_now},
       {"io_backend", l_io_backend},
+      {"run_until_idle", l_run_until_idle},
       {"park_begin", l_park_begin},
       {"park_wait", l_park_wait},
       {"unpark", l_unpark},
@@ -1335,11 +1404,15 @@ int luaopen_ums_core(lua_State *L) {
   lua_pushcclosure(L, l_run, 1);
   lua_setfield(L, -2, "run");
   lua_pushvalue(L, task_mt);
+  lua_pushcclosure(L, l_run_limit, 1);
+  lua_setfield(L, -2, "run_limit");
+  lua_pushvalue(L, task_mt);
   lua_pushcclosure(L, l_spawn, 1);
   lua_setfield(L, -2, "spawn");
   lums_open_chan(L);
   lums_open_fs(L);
   lums_open_ffi(L);
+  lums_open_ext(L);
   lums_open_shared(L);
   lums_open_vm(L);
   lua_pushvalue(L, cancelled);

@@ -212,6 +212,26 @@ LUMS_HIDDEN void lums_open_fs(lua_State *L);
 /* lffi.c: adds the ffi table to the module table at the top. */
 LUMS_HIDDEN void lums_open_ffi(lua_State *L);
 
+/* lext.c: publishes the C extension API (ums-lua.h) in L's registry. */
+LUMS_HIDDEN void lums_open_ext(lua_State *L);
+
+/* lext.c: going preemptive from a C function of the binding, for the
+** current task t: hands fn(arg) to the C-call pool (ums_preempt_begin,
+** storing the call in *call) and ends the park with lums_park_finish,
+** so k runs once the call has returned or been given up. On failure to
+** start, the runtime has called release(arg) and this raises (naming
+** `name`, or, if it is NULL, the running function; or ums.CANCELLED). */
+LUMS_HIDDEN int lums_preempt_start(lua_State *L, ltask *t, const char *name,
+                                   ums_preempt_fn fn, void *arg,
+                                   ums_preempt_fn release, int64_t deadline,
+                                   ums_preempt_call_t **call,
+                                   lua_KContext ctx, lua_KFunction k);
+/* lext.c: in k, settles the call: returns 0 (it returned; arg is the
+** caller's again) or UMS_ETIMEDOUT (given up; arg is the runtime's);
+** raises ums.CANCELLED when the task was cancelled, or an error. */
+LUMS_HIDDEN int lums_preempt_settle(lua_State *L, ums_preempt_call_t *call,
+                                    const char *name);
+
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);
 

@@ -43,10 +43,12 @@
 #define _GNU_SOURCE  /* strdup */
 #include "lvm.h"
 
+#include <errno.h>
+#include <lualib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <lualib.h>
+#include <time.h>
 
 /* A request passed over this long by a busy scheduler starts anyway. */
 #define STARVE_NS (100 * UMS_NSEC_PER_MSEC)
@@ -252,11 +254,23 @@ void lums_vms_release(lvms *v) {
   }
 }
 
-void lums_vms_wait_quiet(lvms *v) {
+bool lums_vms_wait_quiet(lvms *v, int64_t deadline) {
+  struct timespec ts = {(time_t)(deadline / UMS_NSEC_PER_SEC),
+                        (long)(deadline % UMS_NSEC_PER_SEC)};
+  bool quiet = true;
   pthread_mutex_lock(&v->quiet_lock);
-  while (atomic_load(&v->live) > 0 && !v->exit_requested)
-    pthread_cond_wait(&v->quiet_cond, &v->quiet_lock);
+  while (atomic_load(&v->live) > 0 && !v->exit_requested) {
+    if (deadline == UMS_FOREVER) {
+      pthread_cond_wait(&v->quiet_cond, &v->quiet_lock);
+    } else if (pthread_cond_timedwait(&v->quiet_cond, &v->quiet_lock,
+                                      &ts) == ETIMEDOUT &&
+               atomic_load(&v->live) > 0 && !v->exit_requested) {
+      quiet = false;
+      break;
+    }
+  }
   pthread_mutex_unlock(&v->quiet_lock);
+  return quiet;
 }
 
 void lums_vms_request_exit(lvms *v, int code, bool close) {
@@ -313,7 +327,12 @@ lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt) {
   v->rows = calloc((size_t)n, sizeof *v->rows);
   pthread_mutex_init(&v->lock, NULL);
   pthread_mutex_init(&v->quiet_lock, NULL);
-  pthread_cond_init(&v->quiet_cond, NULL);
+  /* Deadlines are ums_now() readings: CLOCK_MONOTONIC. */
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&v->quiet_cond, &ca);
+  pthread_condattr_destroy(&ca);
   int top = lua_gettop(L);
   v->path = dup_field(L, "package", "path");
   v->cpath = dup_field(L, "package", "cpath");

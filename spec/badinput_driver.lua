@@ -76,6 +76,15 @@ local entries = {
   end},
   park_wait = {core.park_wait, {}},
   unpark = {core.unpark, {"TASK", 1, 0}},
+  run_until_idle = {ums.run_until_idle, {0}},
+  applock_acquire = {ums.applock.acquire, {"badinput", "S", 0},
+    after = function(r)
+      if getmetatable(r[1]) == ums.applock.Lock then r[1]:release() end
+    end},
+  applock_release = {ums.applock.release, {"badinput"}},
+  applock_compatible = {ums.applock.compatible, {"S", "IX"}},
+  workqueue = {ums.workqueue, {{readers = 1}}},
+  group = {ums.group, {{cancel_on_error = true}}},
   join = {"join", {"TASK", 0}},
   cancel = {"cancel", {"TASK"}},
   status = {"status", {"TASK"}},

@@ -39,7 +39,9 @@ end
 
 local FUNCTIONS = {
   "run", "spawn", "yield", "sleep", "self", "now", "config", "on_error",
-  "locals", "test", "park_begin", "park_wait", "unpark",
+  "locals", "test", "park_begin", "park_wait", "unpark", "run_until_idle",
+  "applock_acquire", "applock_release", "applock_compatible", "workqueue",
+  "group",
   -- task methods
   "join", "cancel", "status", "name", "id", "task_locals",
   -- many VMs: submitted work, its handle, shared objects

@@ -289,11 +289,14 @@ describe("ums.test", function()
     end)
 
     it("timeout must be a positive number", function()
-      for _, v in ipairs{0, -1, 0 / 0, "1", {}, true} do
+      for _, v in ipairs{0, -1, 0 / 0, "1", true, {timeout = 0},
+                         {timeout = "1"}} do
         local ok, err = pcall(ums.test, function() end, v)
         assert.is_false(ok, tostring(v))
         assert.matches("bad argument #2 to 'test'", err)
       end
+      -- A table is the options form: {} takes every default.
+      assert.is_nil(ums.test(function() end, {}))
     end)
 
     it("cannot be called inside a run", function()

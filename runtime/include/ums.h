@@ -106,10 +106,11 @@ UMS_API const char *ums_err_name(int err);
 #define UMS_NSEC_PER_MSEC INT64_C(1000000)
 #define UMS_NSEC_PER_USEC INT64_C(1000)
 
-/* CLOCK_MONOTONIC in nanoseconds. */
+/* CLOCK_MONOTONIC in nanoseconds; inside a task of a runtime with a
+** virtual clock, that runtime's virtual time (see "Virtual clock"). */
 UMS_API int64_t ums_now(void);
-/* A deadline ns nanoseconds from now; UMS_FOREVER when ns < 0 or the sum
-** overflows. */
+/* A deadline ns nanoseconds from now (ums_now()); UMS_FOREVER when ns < 0
+** or the sum overflows. */
 UMS_API int64_t ums_deadline(int64_t ns);
 
 /* ====================================================================== */
@@ -133,7 +134,12 @@ typedef struct ums_config {
   int io_pool_threads;          /* most threads of the I/O pool; default 64 */
   int preempt_threads;          /* most threads of the C-call pool (see
                                    "Going preemptive"); default 64 */
+  int clock;                    /* UMS_CLOCK_REAL (default) or
+                                   UMS_CLOCK_VIRTUAL; see "Virtual clock" */
 } ums_config_t;
+
+/* Clocks (ums_config_t.clock). */
+enum { UMS_CLOCK_REAL = 0, UMS_CLOCK_VIRTUAL = 1 };
 
 /* File I/O backends (ums_config_t.io_backend). AUTO uses io_uring when the
 ** kernel lets the process set up a ring and the thread pool otherwise;
@@ -169,6 +175,42 @@ UMS_API int ums_runtime_schedulers(const ums_runtime_t *rt);
 
 /* The configuration in force (defaults filled in). */
 UMS_API void ums_runtime_config(const ums_runtime_t *rt, ums_config_t *out);
+
+/* ---------------------------------------------------------------------- */
+/* Virtual clock                                                           */
+/* ---------------------------------------------------------------------- */
+/*
+** With cfg.clock = UMS_CLOCK_VIRTUAL, time inside the runtime is virtual,
+** for tests and simulations: it starts at 0 when the runtime is created
+** (so every run reads the same times), and stands still while any task
+** can run. When nothing is runnable, no file I/O or preemptive call of its
+** tasks is in flight and no ums_wait_idle waiter is left to wake, the
+** scheduler sets the clock to the earliest timer's deadline at once
+** instead of sleeping: an hour of sleeps and timeouts passes in
+** microseconds, and tasks wake in deadline order (ties in the order they
+** went to sleep), the same on every run.
+**
+**   - Only the runtime's own threads see virtual time: ums_now(),
+**     ums_deadline() and every deadline computed inside a task. Host
+**     threads, pool threads and the C functions run by ums_preempt live in
+**     real time; a host thread's wait on the runtime (a join from main)
+**     takes a real deadline. ums_runtime_now() reads the virtual clock
+**     from anywhere.
+**   - While file I/O or a preemptive call of its tasks is in flight, time
+**     does not move: the scheduler really waits for the completion (its
+**     deadline, in virtual time, cannot pass meanwhile).
+**   - A wake-up that comes from a host thread (an event it sets, a task it
+**     cancels or spawns) is not waited for: if every task is blocked and a
+**     timer is armed, the clock moves on. With no timer armed, the
+**     scheduler sleeps until such a wake-up, without using CPU.
+**   - It needs exactly one scheduler: schedulers = 0 means 1, more is
+**     refused (UMS_EINVAL), because two schedulers cannot agree on when
+**     "nothing can run" holds without stopping each other.
+*/
+
+/* The runtime's clock: ums_now() for a real clock, the virtual time for a
+** virtual one. Any thread. */
+UMS_API int64_t ums_runtime_now(const ums_runtime_t *rt);
 
 /* ====================================================================== */
 /* Tasks                                                                   */
@@ -241,6 +283,13 @@ UMS_API int ums_yield(void);
 ** ever wake it). */
 UMS_API int ums_sleep(int64_t ns);
 UMS_API int ums_sleep_until(int64_t deadline);
+/* Parks the calling task until its scheduler is idle: no other task is
+** runnable and no file I/O or preemptive call of its tasks is in flight
+** (tasks waiting for a timer count as blocked). With a virtual clock this
+** is "run until idle": it returns before the clock moves. Returns 0,
+** UMS_ETIMEDOUT, UMS_ECANCELED, or UMS_EPERM outside a task. Several
+** tasks may wait; they all wake at the same idle moment. */
+UMS_API int ums_wait_idle(int64_t deadline);
 /* Ends the calling task now with this result and status; never returns.
 ** The fiber's stack is abandoned, so only call it where nothing on the
 ** stack needs cleaning up. Aborts the process outside a C task. */
@@ -310,6 +359,10 @@ UMS_API int ums_park_begin_ex(int64_t deadline, int flags,
 UMS_API int ums_park_wait(void);
 /* The outcome of the calling task's last park. */
 UMS_API int ums_park_result(void);
+/* Begins a park (as ums_park_begin) that the task's scheduler ends with
+** outcome 0 once it is idle (see ums_wait_idle): the step-task form of
+** ums_wait_idle. Also UMS_ENOMEM. */
+UMS_API int ums_park_begin_idle(int64_t deadline, ums_park_token_t *token);
 /* Ends the park with outcome. Returns 0, or UMS_ESRCH when that park has
 ** already ended (or the task is gone), UMS_EINVAL for a negative outcome.
 ** Callable from any thread. */

@@ -145,9 +145,14 @@ void ums__io_complete(ums__io_req_t *r, int64_t res) {
     ** stale token (the caller's wait already ended by its deadline) is
     ** refused by ums_unpark, and the caller then finds DONE. */
     ums_park_token_t token = r->token;
-    if (s) atomic_fetch_sub_explicit(&s->io_pending, 1, memory_order_relaxed);
     ums__io_req_unref(r);
-    if (s) ums_unpark(s->rt, token, 0);
+    if (s) {
+      ums_unpark(s->rt, token, 0);
+      /* After the unpark (release): a virtual clock may move once this
+      ** count is zero, and must then find the task in the inbox (sched.c,
+      ** work_in_flight). s outlives this: the pool is destroyed first. */
+      atomic_fetch_sub_explicit(&s->io_pending, 1, memory_order_release);
+    }
     return;
   }
   drop_result(r);
