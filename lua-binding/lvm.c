@@ -37,8 +37,9 @@
 ** run (lvms.live); core.run waits until nothing holds it before it shuts
 ** the runtime down, because once ums_runtime_shutdown begins, nothing may
 ** spawn, and a dispatcher must. On a failed run (the first task raised,
-** or os.exit) the runtime cancels every task instead, and the requests
-** never started are cancelled by lums_vms_close.
+** os.exit, or core.run_limit's time limit passed) dispatchers start
+** nothing more (lums_vms_stop), the runtime cancels every task, and the
+** requests never started are cancelled by lums_vms_close.
 */
 #define _GNU_SOURCE  /* strdup */
 #include "lvm.h"
