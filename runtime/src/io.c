@@ -252,8 +252,11 @@ static int check_end(ums__io_req_t *r, ums__task_t *t) {
 ** reference stays with the caller, who copies results out of r and then
 ** drops it. */
 static int64_t collect(ums__io_req_t *r, ums__task_t *t) {
-  int expect = UMS__IO_INFLIGHT;
-  if (!atomic_compare_exchange_strong(&r->state, &expect,
+  /* The usual case, the completer's unpark ended the park: DONE is
+  ** final, so a load (acquire: the result is visible) spares the CAS. */
+  int expect = atomic_load_explicit(&r->state, memory_order_acquire);
+  if (expect == UMS__IO_DONE ||
+      !atomic_compare_exchange_strong(&r->state, &expect,
                                       UMS__IO_ABANDONED))
     return r->res;  /* DONE: the operation finished first */
   /* Timed out or cancelled while the operation runs on: it finishes
