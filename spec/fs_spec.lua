@@ -797,7 +797,11 @@ describe("ums.fs with several tasks", function()
       for t = 1, 4 do
         tasks[t] = ums.spawn(function()
           for l in f:lines() do
-            got[#got + 1] = tonumber(l)
+            -- One call, not got[#got + 1] = ...: the quantum may preempt
+            -- a task between any two instructions, and another task
+            -- appending between the length and the store would lose a
+            -- line (seen under load).
+            table.insert(got, tonumber(l))
             if #got % 10 == t then ums.yield() end
           end
         end)
