@@ -249,6 +249,7 @@ static int step_small(void *arg) {
   small_step_t *j = arg;
   char p[640];
   int64_t r;
+next:
   switch (j->phase) {
     case 0:
       if (!j->b) j->b = ums_buf_new(4096);
@@ -282,7 +283,7 @@ static int step_small(void *arg) {
       if ((r = ums_fs_end(j->q))) die("ums_fs_close (step)", r);
       j->done++;
       j->phase = 0;
-      return UMS_STEP_YIELD;
+      goto next;
   }
 }
 
