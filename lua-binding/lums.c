@@ -141,10 +141,14 @@ static int64_t timeout_to_deadline(lua_State *L, int idx) {
 /* Finishes a wait whose park has begun: yields with continuation k where
 ** Lua can yield here, else blocks this task's worker. k reads the outcome
 ** with ums_park_result(). */
+bool lums_can_yield(lua_State *L, ltask *t) {
+  return L == t->co && lua_isyieldable(L);
+}
+
 int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
                        lua_KFunction k) {
   t->park_begun = false;
-  if (L == t->co && lua_isyieldable(L)) {
+  if (lums_can_yield(L, t)) {
     t->parking = true;
     return lua_yieldk(L, 0, ctx, k);
   }

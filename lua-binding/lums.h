@@ -190,6 +190,12 @@ LUMS_HIDDEN int lums_raise_cancelled(lua_State *L);
 ** core.CANCELLED if t was cancelled, or an error. */
 LUMS_HIDDEN int lums_park_begin(lua_State *L, ltask *t, int64_t deadline,
                                 int flags, ums_park_token_t *tok);
+/* Whether a wait of task t, made on Lua thread L, yields to the scheduler
+** (t's own coroutine, where Lua can yield) rather than blocking t's
+** worker: the choice lums_park_finish makes, for callers that loop over
+** several waits and must not recurse into their continuation when they
+** block (lfs.c). */
+LUMS_HIDDEN bool lums_can_yield(lua_State *L, ltask *t);
 /* Ends the wait begun by lums_park_begin: yields to the scheduler with
 ** continuation k where Lua can yield, else blocks only this task; k then
 ** reads the outcome with ums_park_result(). */

@@ -595,6 +595,82 @@ UMS_API int ums_fs_readdir(const char *path, ums_dirlist_t **out,
                            int64_t deadline);
 UMS_API void ums_dirlist_free(ums_dirlist_t *list);
 
+/* Deferred form: each call above in two halves, for step tasks that must
+** not block their worker while the kernel works (a language binding
+** yields its coroutine in between, as with ums_preempt_begin).
+**
+** A _begin call begins a park of the calling task (ums_park_begin, with
+** the call's deadline), starts the request and returns at once, storing
+** it in *req. The caller then ends that park like any other (its step
+** returns UMS_STEP_PARK, or it calls ums_park_wait) and, once the park
+** has ended, ends the request with exactly one end call: ums_fs_end, or
+** ums_fs_stat_end / ums_fs_readdir_end to take a stat or a directory list
+** as well. The end call returns what the blocking call would have
+** returned (its real result when the operation completed, also past the
+** deadline; UMS_ETIMEDOUT or UMS_ECANCELED when the park ended first, the
+** request then going on without the caller as described under
+** "Ownership") and frees the caller's part of the request. The task must
+** not begin another park between the two halves.
+**
+** _begin fails, starting nothing and leaving *req untouched, with the
+** blocking call's argument errors (UMS_EINVAL, UMS_EBADF), UMS_EPERM
+** outside a task (a host thread calls the blocking form), UMS_EBUSY when
+** the task has a park begun already, UMS_ECANCELED when the task was
+** cancelled, UMS_ENOMEM. Like ums_fs_close, ums_fs_close_begin in a
+** cancelled task closes fd at once and returns UMS_ECANCELED.
+**
+** Ownership is that of the blocking calls: arguments are copied by
+** _begin, and a buffer is referenced by the request until the operation
+** really ends, so the caller may release its own reference at any time;
+** it must not look at the data before the end call has returned a
+** success. An end call that cannot end the request yet leaves it alone
+** and says why: UMS_EBUSY while its park has not ended (end the park,
+** then call again), UMS_EPERM from another task than the one that began
+** it, UMS_EINVAL for NULL or (ums_fs_stat_end, ums_fs_readdir_end) a
+** request of another kind. */
+typedef struct ums_fs_req ums_fs_req_t;
+
+UMS_API int ums_fs_open_begin(const char *path, int flags, int mode,
+                              int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_fs_close_begin(int fd, int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_fs_read_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                              int64_t offset, int64_t deadline,
+                              ums_fs_req_t **req);
+UMS_API int ums_fs_write_begin(int fd, ums_buf_t *buf, size_t pos,
+                               size_t len, int64_t offset, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_readv_begin(int fd, const ums_iov_t *iov, int iovcnt,
+                               int64_t offset, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_writev_begin(int fd, const ums_iov_t *iov, int iovcnt,
+                                int64_t offset, int64_t deadline,
+                                ums_fs_req_t **req);
+UMS_API int ums_fs_fsync_begin(int fd, int flags, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_stat_begin(const char *path, int flags, int64_t deadline,
+                              ums_fs_req_t **req);
+UMS_API int ums_fs_fstat_begin(int fd, int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_fs_unlink_begin(const char *path, int64_t deadline,
+                                ums_fs_req_t **req);
+UMS_API int ums_fs_rmdir_begin(const char *path, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_rename_begin(const char *from, const char *to,
+                                int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_fs_mkdir_begin(const char *path, int mode, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_readdir_begin(const char *path, int64_t deadline,
+                                 ums_fs_req_t **req);
+
+/* Ends any request: its result (for stat and readdir requests, 0 or the
+** error; the stat or the list is dropped). */
+UMS_API int64_t ums_fs_end(ums_fs_req_t *req);
+/* Ends a stat or fstat request; *out is written only when the result is
+** 0. */
+UMS_API int ums_fs_stat_end(ums_fs_req_t *req, ums_stat_t *out);
+/* Ends a readdir request; on 0 the caller owns the list stored in *out
+** (ums_dirlist_free), otherwise *out is untouched. */
+UMS_API int ums_fs_readdir_end(ums_fs_req_t *req, ums_dirlist_t **out);
+
 /* ====================================================================== */
 /* Going preemptive                                                        */
 /* ====================================================================== */

@@ -550,6 +550,17 @@ uint64_t ums__pool_grown(ums__pool_t *p);
 /* I/O buffers (buf.c)                                                     */
 /* ====================================================================== */
 
+/* Objects kept in a cache (buffers, I/O requests) are poisoned in ASan
+** builds, so that a stale pointer into one is reported. */
+#if defined(UMS_ASAN)
+#include <sanitizer/asan_interface.h>
+#define UMS__POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UMS__UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define UMS__POISON(p, n) ((void)(p), (void)(n))
+#define UMS__UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 /* Size classes of the per-scheduler buffer cache: 4 KiB << 0..10 (4 KiB to
 ** 4 MiB). Larger buffers are never cached. */
 #define UMS__BUF_CLASSES 11
@@ -589,14 +600,17 @@ enum { UMS__IO_INFLIGHT = 0, UMS__IO_DONE = 1, UMS__IO_ABANDONED = 2 };
 #define UMS__IO_INLINE_IOV 4
 #define UMS__IO_INLINE_PATH 96
 
-/* One file operation. Heap-allocated and shared by reference count: one
-** reference for the caller (dropped when it has taken the result or given
-** up), one for the operation (dropped when it completed: its CQE was
-** reaped, or the pool thread finished), one per kernel cancel request in
-** flight (dropped at its CQE: a request is never freed, and its address
-** never reused as a user_data, while the kernel may still match a cancel
-** against it). */
-typedef struct ums__io_req {
+/* One file operation: the public ums_fs_req_t (ums.h, "deferred form").
+** Shared by reference count: one reference for the caller (dropped when it
+** has taken the result or given up: ums_fs_end), one for the operation
+** (dropped when it completed: its CQE was reaped, or the pool thread
+** finished), one per kernel cancel request in flight (dropped at its CQE:
+** a request is never freed, and its address never reused as a user_data,
+** while the kernel may still match a cancel against it). The last
+** reference dropped on a scheduler thread puts the struct in that
+** scheduler's request cache (io.c), elsewhere it is freed. */
+typedef struct ums_fs_req ums__io_req_t;
+struct ums_fs_req {
   _Atomic uint32_t refs;        /* [atomic] */
   _Atomic int state;            /* [atomic] UMS__IO_INFLIGHT/DONE/ABANDONED */
   int op;                       /* [const] enum ums__io_op */
@@ -618,14 +632,36 @@ typedef struct ums__io_req {
   int iovcnt;
 
   /* Results beyond res, written by the completer before the state CAS. */
-  void *stx;                    /* struct statx (heap) for UMS__IO_STATX */
-  ums_dirlist_t *list;          /* UMS__IO_READDIR */
+  void *stx;                    /* struct statx for UMS__IO_STATX: points
+                                   to stx_space */
+  ums_dirlist_t *list;          /* UMS__IO_READDIR; owned by the request
+                                   until the caller takes it */
 
   ums__pool_work_t work;        /* pool backend */
-  struct iovec iov_inline[UMS__IO_INLINE_IOV];
-  ums_buf_t *bufs_inline[UMS__IO_INLINE_IOV];
+  ums__io_req_t *cache_next;    /* [owner of the cache] while cached */
+
+  /* Inline room, not zeroed when a request is made (io.c: req_new). A
+  ** stat has no buffers, a read or write no statx. */
+  union {
+    struct {
+      struct iovec iov_inline[UMS__IO_INLINE_IOV];
+      ums_buf_t *bufs_inline[UMS__IO_INLINE_IOV];
+    };
+    uint64_t stx_space[32];     /* a struct statx (256 bytes; io.c checks) */
+  };
   char path_inline[UMS__IO_INLINE_PATH];
-} ums__io_req_t;
+};
+
+/* Free request structs kept by a scheduler, so that a task's request
+** costs no malloc once the cache is warm. Bounded (io.c). */
+typedef struct ums__io_req_cache {
+  ums__io_req_t *head;          /* [owner] */
+  uint32_t n;                   /* [owner] */
+} ums__io_req_cache_t;
+
+/* Frees every cached request. [owner, at teardown, after the ring has
+** been drained] */
+void ums__io_req_cache_clear(ums__io_req_cache_t *c);
 
 /* Ends r with result res: the caller gets it if it is still waiting,
 ** otherwise (abandoned) the result's resources are released. Drops the
@@ -750,6 +786,7 @@ struct ums__sched {
   ** refused by ums_unpark and simply dropped. */
   ums_park_token_t *idle_waiters; /* [owner] */
   uint32_t nidle_waiters, cap_idle_waiters; /* [owner] */
+  ums__io_req_cache_t reqs;    /* [owner] I/O request cache */
 
   /* Constant. */
   int id;

@@ -544,6 +544,7 @@ static void *sched_thread(void *arg) {
   ** the ring still holds was abandoned; it must end before the ring and
   ** the buffers it references go. */
   if (s->ring) ums__ring_drain(s);
+  ums__io_req_cache_clear(&s->reqs);
   ums__buf_cache_clear(&s->bufs);
   ums__worker_free_all(s);
   ums__ctx_destroy(&s->main_ctx);
