@@ -14,6 +14,13 @@
 **                     files per second.
 **   small64_uring/pool  the same files opened, read and closed by 64
 **                     tasks with ums_fs_open/read/close.
+**   small64_1s        the same with io_uring on a runtime of one
+**                     scheduler (the Lua binding's case: every Lua task
+**                     runs on scheduler 0): the ceiling for one thread.
+**   small64_step_1s   the same, one scheduler, with 64 step tasks using
+**                     the deferred form (ums_fs_*_begin, return
+**                     UMS_STEP_PARK, ums_fs_end): no worker per request
+**                     in flight, as ums.fs runs.
 **
 ** Usage: bench_io [--quick] [--reps N] [--dir PATH]
 **   --dir    where the test files live (default /tmp/ums-bench-io); they
@@ -225,6 +232,69 @@ static void *read_small(void *arg) {
   return NULL;
 }
 
+/* A step task reading small files with the deferred form: each request
+** is begun in one step and ended in the next, the task holding no worker
+** in between. */
+typedef struct small_step {
+  _Atomic int *next;
+  int phase;             /* 0: take a file; 1, 2, 3: open, read, close in
+                            flight */
+  int i, fd;
+  ums_buf_t *b;
+  ums_fs_req_t *q;
+  int done;
+} small_step_t;
+
+static int step_small(void *arg) {
+  small_step_t *j = arg;
+  char p[640];
+  int64_t r;
+next:
+  switch (j->phase) {
+    case 0:
+      if (!j->b) j->b = ums_buf_new(4096);
+      j->i = atomic_fetch_add(j->next, 1);
+      if (j->i >= S.nsmall) {
+        ums_buf_release(j->b);
+        return UMS_STEP_DONE;
+      }
+      small_path(p, j->i);
+      if ((r = ums_fs_open_begin(p, O_RDONLY, 0, UMS_FOREVER, &j->q)))
+        die("ums_fs_open_begin", r);
+      j->phase = 1;
+      return UMS_STEP_PARK;
+    case 1:
+      if ((r = ums_fs_end(j->q)) < 0) die("ums_fs_open (step)", r);
+      j->fd = (int)r;
+      if ((r = ums_fs_read_begin(j->fd, j->b, 0, 4096, 0, UMS_FOREVER,
+                                 &j->q)))
+        die("ums_fs_read_begin", r);
+      j->phase = 2;
+      return UMS_STEP_PARK;
+    case 2:
+      r = ums_fs_end(j->q);
+      if (r != 4096 || ((uint8_t *)ums_buf_data(j->b))[100] != (uint8_t)j->i)
+        die("ums_fs_read small (step)", r);
+      if ((r = ums_fs_close_begin(j->fd, UMS_FOREVER, &j->q)))
+        die("ums_fs_close_begin", r);
+      j->phase = 3;
+      return UMS_STEP_PARK;
+    default:
+      if ((r = ums_fs_end(j->q))) die("ums_fs_close (step)", r);
+      j->done++;
+      j->phase = 0;
+      goto next;
+  }
+}
+
+static ums_runtime_t *runtime_n(int backend, int schedulers) {
+  ums_config_t cfg = {.io_backend = backend, .schedulers = schedulers};
+  int err = 0;
+  ums_runtime_t *rt = ums_runtime_new(&cfg, &err);
+  if (!rt) die("ums_runtime_new", err);
+  return rt;
+}
+
 static ums_runtime_t *runtime(int backend) {
   ums_config_t cfg = {.io_backend = backend};
   int err = 0;
@@ -273,6 +343,25 @@ static double ums_small(ums_runtime_t *rt) {
   int done = 0;
   for (int i = 0; i < NTASKS; i++) done += jobs[i].done;
   if (done != S.nsmall) die("ums_small: files missed", 0);
+  return rate;
+}
+
+static double ums_small_step(ums_runtime_t *rt) {
+  _Atomic int next = 0;
+  small_step_t jobs[NTASKS];
+  ums_task_t t[NTASKS];
+  memset(jobs, 0, sizeof jobs);
+  int64_t t0 = now_ns();
+  for (int i = 0; i < NTASKS; i++) {
+    jobs[i].next = &next;
+    int rc = ums_task_spawn_step(rt, NULL, step_small, &jobs[i], &t[i]);
+    if (rc) die("spawn step", rc);
+  }
+  for (int i = 0; i < NTASKS; i++) ums_task_join(rt, t[i], UMS_FOREVER, NULL, NULL);
+  double rate = S.nsmall / ((double)(now_ns() - t0) / 1e9);
+  int done = 0;
+  for (int i = 0; i < NTASKS; i++) done += jobs[i].done;
+  if (done != S.nsmall) die("ums_small_step: files missed", 0);
   return rate;
 }
 
@@ -330,8 +419,9 @@ int main(int argc, char **argv) {
   ums_runtime_config(rt_u, &c);
   bool have_uring = c.io_backend == UMS_IO_URING;
   ums_runtime_t *rt_p = runtime(UMS_IO_POOL);
+  ums_runtime_t *rt_1 = have_uring ? runtime_n(UMS_IO_URING, 1) : NULL;
 
-  double v[8][64];
+  double v[10][64];
   uint64_t sub0 = 0, req0 = 0, sub1 = 0, req1 = 0;
   for (int rep = 0; rep < S.reps; rep++) {
     v[0][rep] = c_big();
@@ -346,6 +436,8 @@ int main(int argc, char **argv) {
     s1 = submits(rt_u, &r1);
     sub0 += s0, req0 += r0, sub1 += s1, req1 += r1;
     v[7][rep] = ums_small(rt_p);
+    v[8][rep] = have_uring ? ums_small(rt_1) : 0;
+    v[9][rep] = have_uring ? ums_small_step(rt_1) : 0;
   }
   result_t *r;
   add("big_c_read", "MB/s", v[0], S.reps);
@@ -377,8 +469,18 @@ int main(int argc, char **argv) {
   ratio(r, "small_c");
   snprintf(r->notes, sizeof r->notes, "64 tasks, pool of %d threads",
            c.io_pool_threads);
+  if (have_uring) {
+    r = add("small64_1s", "files/s", v[8], S.reps);
+    ratio(r, "small_c");
+    snprintf(r->notes, sizeof r->notes, "64 tasks, one scheduler");
+    r = add("small64_step_1s", "files/s", v[9], S.reps);
+    ratio(r, "small_c");
+    snprintf(r->notes, sizeof r->notes,
+             "64 step tasks, deferred form, one scheduler");
+  }
   ums_runtime_shutdown(rt_u, UMS_FOREVER);
   ums_runtime_shutdown(rt_p, UMS_FOREVER);
+  if (rt_1) ums_runtime_shutdown(rt_1, UMS_FOREVER);
 
   printf("ums bench_io: median and best of %d reps%s; %s, %" PRId64
          " MiB file, %d small files, %d schedulers\n\n",

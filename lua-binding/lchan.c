@@ -5,8 +5,8 @@
 ** on the way: a parked sender leaves its value on its own Lua stack, where
 ** the receiver copies it from; a receiver that parks gets the value pushed
 ** onto its stack by the sender, above its waiting frame, where its
-** continuation finds it. Both threads belong to the run's one VM and the
-** one scheduler thread runs them all, so this is plain single-threaded
+** continuation finds it. Both threads belong to one VM, whose one
+** scheduler thread runs them all, so this is plain single-threaded
 ** API use (the way lua_resume's arguments are pushed onto a coroutine).
 **
 ** A waker unparks before it moves a value: a failed unpark means that park
@@ -22,6 +22,7 @@
 ** sender's, so the order of sends is kept across buffer and parked senders.
 */
 #include "lums.h"
+#include "lvm.h"
 
 #include <math.h>
 #include <string.h>
@@ -255,9 +256,31 @@ static int wait_outcome(lua_State *L) {
 /* Channel methods                                                         */
 /* ---------------------------------------------------------------------- */
 
-/* core.channel([size]) */
+/* core.channel([size [, opts]]); opts {shared = true} makes a channel
+** every VM of a run may use instead (lshared.c). */
 static int l_channel(lua_State *L) {
   lua_Integer size = 0;
+  if (!lua_isnoneornil(L, 2)) {
+    if (!lua_istable(L, 2)) typeerr(L, 2, "channel", "table");
+    bool shared = false;
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+      if (lua_type(L, -2) != LUA_TSTRING ||
+          strcmp(lua_tostring(L, -2), "shared") != 0)
+        argerr(L, 2, "channel", lua_pushfstring(L, "unknown option '%s'",
+                                                luaL_tolstring(L, -2, NULL)));
+      if (!lua_isboolean(L, -1))
+        argerr(L, 2, "channel", lua_pushfstring(L, "option 'shared' must be "
+                                                "a boolean, got %s",
+                                                tname(L, -1)));
+      shared = lua_toboolean(L, -1);
+      lua_pop(L, 1);
+    }
+    if (shared) {
+      lua_settop(L, 1);
+      return lums_shared_channel(L);
+    }
+  }
   if (!lua_isnoneornil(L, 1)) {
     int isint;
     size = lua_tointegerx(L, 1, &isint);
@@ -575,4 +598,19 @@ void lums_open_chan(lua_State *L) {
   lua_setfield(L, -2, "select");
   lua_pushcfunction(L, l_channel_queues);
   lua_setfield(L, -2, "channel_queues");
+}
+
+/* The checks above, for the other files of the module (lvm.h). */
+int lums_argerr(lua_State *L, int narg, const char *fname, const char *msg) {
+  return argerr(L, narg, fname, msg);
+}
+
+int lums_typeerr(lua_State *L, int narg, const char *fname,
+                 const char *expected) {
+  return typeerr(L, narg, fname, expected);
+}
+
+int64_t lums_opt_timeout(lua_State *L, int idx, const char *fname,
+                         bool *poll) {
+  return opt_timeout(L, idx, fname, poll);
 }

@@ -860,7 +860,9 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a) {
 /* Calls                                                                   */
 /* ---------------------------------------------------------------------- */
 
-static int host_errno; /* errno of the last call made outside tasks */
+/* errno of the last call made outside tasks, per thread: the init module
+** of a new VM runs outside tasks too, on its scheduler's thread (lvm.c). */
+static _Thread_local int host_errno;
 
 static void save_errno(int err) {
   ltask *t = lums_cur_task;
@@ -908,7 +910,7 @@ static ffn *upvalue_fn(lua_State *L) {
 static int call_k(lua_State *L, int status, lua_KContext ctx) {
   freq *r = (freq *)ctx;
   (void)status;
-  int rc = ums_preempt_end(r->call);
+  int rc = lums_preempt_settle(L, r->call, r->f->d.name);
   if (rc == 0) {
     save_errno(r->err);
     int n = push_result(L, r->f, &r->ret,
@@ -916,15 +918,11 @@ static int call_k(lua_State *L, int status, lua_KContext ctx) {
     freq_free(r);
     return n;
   }
-  /* Given up: the request is the runtime's now (freq_free runs when the
+  /* Timed out: the request is the runtime's now (freq_free runs when the
   ** call returns). */
-  if (rc == UMS_ETIMEDOUT) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "timeout");
-    return 2;
-  }
-  if (rc == UMS_ECANCELED) return lums_raise_cancelled(L);
-  return luaL_error(L, "%s: %s", r->f->d.name, ums_strerror(rc));
+  lua_pushnil(L);
+  lua_pushliteral(L, "timeout");
+  return 2;
 }
 
 /* A declared function. Upvalue 1: its fbox; upvalue 2 (ffi.timeout's
@@ -949,9 +947,6 @@ static int l_call(lua_State *L) {
     save_errno(r.err);
     return push_result(L, f, &r.ret, timed);
   }
-  if (t->park_begun)
-    return luaL_error(L, "%s: cannot call between ums.park_begin and "
-                         "ums.park_wait", f->d.name);
   int64_t deadline = UMS_FOREVER;
   if (timed) {
     lua_Number s = lua_tonumber(L, lua_upvalueindex(2));
@@ -962,11 +957,9 @@ static int l_call(lua_State *L) {
     freq_free(r);
     return luaL_error(L, "%s: libffi cannot prepare this call", f->d.name);
   }
-  int rc = ums_preempt_begin(freq_run, r, freq_free, deadline, &r->call);
-  /* On failure the runtime has freed r through freq_free. */
-  if (rc == UMS_ECANCELED) return lums_raise_cancelled(L);
-  if (rc) return luaL_error(L, "%s: %s", f->d.name, ums_strerror(rc));
-  return lums_park_finish(L, t, (lua_KContext)r, call_k);
+  /* On failure the runtime frees r through freq_free. */
+  return lums_preempt_start(L, t, f->d.name, freq_run, r, freq_free,
+                            deadline, &r->call, (lua_KContext)r, call_k);
 }
 
 static int fbox_gc(lua_State *L) {

@@ -5,22 +5,39 @@
 ** runtime's file I/O (io_uring, or the I/O pool), so a task that reads or
 ** writes parks only itself while its scheduler runs the others.
 **
-** Waiting: an I/O call parks the task on the worker it runs on (the
-** runtime's ums_fs_* calls park with ums_park_wait, which binds the worker
-** and lets another worker run the scheduler, DESIGN.md section 4). That
-** works from every context, yieldable or not, at the price of a C stack
-** per request in flight. Outside a task (the main thread outside ums.run)
-** the same calls are plain system calls.
+** Waiting. A call that needs the kernel is written as a state machine: a
+** method's step runs until it needs one I/O, describes it (lop.io) and
+** returns STEP_IO; the driver (method_loop) starts that I/O with the
+** runtime's deferred form (ums_fs_*_begin) and then
+**   - where Lua can yield (the task's own coroutine: lums_can_yield),
+**     yields the coroutine with a continuation (io_k) that ends the
+**     request (ums_fs_end) and steps the method again. A task waiting for
+**     the kernel then holds no worker and no C stack, and costs no fiber
+**     switch;
+**   - elsewhere (a table.sort comparator, a C call without continuation,
+**     the user's own coroutine), waits on the task's worker (ums_park_wait
+**     binds it while another worker runs the scheduler, DESIGN.md section
+**     4), then loops: it never recurses, so a long read in such a place
+**     costs one C frame however many requests it takes.
+** Outside a task (the main thread outside ums.run) the runtime's blocking
+** calls are plain system calls, made in the same loop.
 **
-** A file is shared by the tasks that hold it: a per-file lock (a FIFO of
+** A method holds its file (the file lock) from its first step to its
+** last, so its progress lives in the file (lfile.op) and survives the
+** yields; results it has produced wait on the Lua stack. The calls that
+** have no file (stat, remove, rename, mkdir, dir) make one request at a
+** time, carried to their continuation as its context.
+**
+** A file is shared by the tasks that hold it: the file lock (a FIFO of
 ** parked tasks) keeps one method at a time on its buffer, so a log file
 ** written by many tasks gets whole writes, in order.
 **
 ** Buffering is stdio's: one buffer per file, holding either read-ahead
 ** (the kernel's file position is ahead of the logical one by the unread
 ** bytes) or pending writes (behind it by the pending bytes). Reads and
-** writes that are larger than the buffer go straight between the kernel
-** and a page-aligned ums_buf, then one copy into (or from) the Lua string.
+** writes larger than the buffer go straight between the kernel and a
+** page-aligned ums_buf (the method's accumulator), then one copy into (or
+** from) the Lua string.
 */
 #define _GNU_SOURCE
 #include "lums.h"
@@ -40,14 +57,86 @@
 #define BUF_SIZE (64 * 1024)
 /* Largest single transfer asked of the runtime. */
 #define CHUNK_MAX ((size_t)16 * 1024 * 1024)
+/* read("a") goes through the file buffer up to this much, then straight
+** into the accumulator in growing chunks. */
+#define ALL_BUFFERED (16 * (size_t)BUF_SIZE)
+/* The longest numeral read("n") accepts (liolib's L_MAXLENNUM). */
+#define MAXNUM 200
+
+/* A step's answer besides a result count: it asked for an I/O. */
+#define STEP_IO (-1)
+/* A sub-operation's answer while its I/O is asked for (no real result is
+** this small). */
+#define AGAIN INT64_MIN
 
 static const char file_tag = 0;
 
-typedef struct lfile {
+typedef struct lfile lfile;
+
+enum { IO_READ, IO_WRITE, IO_CLOSE, IO_FSYNC, IO_OPEN };
+
+/* The one I/O a step asks for. */
+typedef struct lio {
+  int kind;              /* IO_* */
+  int fd;
+  ums_buf_t *buf;        /* read, write: the file's buffer or the
+                            method's accumulator; the request holds its
+                            own reference until it really ends */
+  size_t pos, len;
+  int64_t off;           /* >= 0, or UMS_FS_CUR */
+  const char *path;      /* open: anchored on the caller's Lua stack */
+  int flags, mode;       /* open */
+} lio;
+
+/* A method: how it runs once it holds the file. */
+typedef struct lmethod {
+  /* Sets up op from the arguments on the stack (NULL: nothing to do). */
+  void (*init)(lua_State *L, lfile *f);
+  /* Runs the method on: returns STEP_IO after asking for an I/O, or the
+  ** number of results pushed once it has ended (its error, if any, in
+  ** op.err). Steps again after each I/O, with the answer in op.res. */
+  int (*step)(lua_State *L, lfile *f);
+  /* After the file is given back: the call's results (may raise). */
+  int (*done)(lua_State *L, lfile *f, int nres, int64_t err);
+  /* A closed file is fine (the step copes): no "closed file" error. */
+  bool closed_ok;
+} lmethod;
+
+/* The method running on a file. Touched only by the holder of the file
+** (the task whose method holds it, or the host thread), from its first
+** step to its last. */
+typedef struct lop {
+  const lmethod *m;
+  int phase;             /* the method's own progress */
+  int sub;               /* progress inside the current format, argument
+                            or close */
+  int i, last;           /* read: the formats (stack indices); write: the
+                            arguments */
+  int first;             /* read: stack index of the first result */
+  bool hit_eof;          /* read: a read in this format returned 0 */
+  bool close_at_end;     /* lines: close the file at its end */
+  size_t done;           /* bytes of the current item done; read("a"):
+                            the next chunk */
+  size_t wdone;          /* flush: pending bytes written so far */
+  size_t wpos;           /* write_acc: accumulator bytes written so far */
+  int64_t err;           /* the method's error (0: none) */
+  int64_t err2;          /* close: the flush's error */
+  const char *path;      /* open: the path (on the stack) */
+  int oflags, omode;     /* open */
+  ums_buf_t *acc;        /* data being gathered for a result, or a chunk
+                            being written: the op's reference, dropped at
+                            the method's end */
+  size_t acclen;
+  lio io;                /* the I/O asked for */
+  bool answered;         /* res answers io, for the one who asked */
+  int64_t res;
+  ums_fs_req_t *req;     /* io in flight (a task), between begin and end */
+} lop;
+
+struct lfile {
   const char *tag;       /* &file_tag */
-  int fd;                /* -1 once closed */
+  int fd;                /* -1 once closed (and before an open ends) */
   bool readable, writable;
-  bool eof;              /* the last read hit end of file */
   ums_buf_t *buf;        /* BUF_SIZE bytes, made on first use */
   size_t rpos, rlen;     /* unread read-ahead: buf[rpos, rlen) */
   size_t wlen;           /* pending writes: buf[0, wlen) */
@@ -55,32 +144,33 @@ typedef struct lfile {
   ltask *owner;          /* the task whose method holds it (NULL outside
                             tasks) */
   lwaitq waiters;        /* tasks waiting for it, FIFO */
-} lfile;
+  lop op;                /* the method holding it */
+};
 
 /* ---------------------------------------------------------------------- */
 /* Errors                                                                  */
 /* ---------------------------------------------------------------------- */
 
 /* Pushes nil, "what: message", errno (positive) as io does; returns 3. */
-static int push_fail(lua_State *L, const char *what, int err) {
+static int push_fail(lua_State *L, const char *what, int64_t err) {
   lua_pushnil(L);
   if (what)
-    lua_pushfstring(L, "%s: %s", what, strerror(-err));
+    lua_pushfstring(L, "%s: %s", what, strerror((int)-err));
   else
-    lua_pushstring(L, strerror(-err));
-  lua_pushinteger(L, -err);
+    lua_pushstring(L, strerror((int)-err));
+  lua_pushinteger(L, (lua_Integer)-err);
   return 3;
 }
 
 /* A runtime call failed with err: a cancelled task raises core.CANCELLED
 ** (as every wait does); any other failure is a result. */
-static void check_cancel(lua_State *L, int err) {
+static void check_cancel(lua_State *L, int64_t err) {
   if (err == UMS_ECANCELED && lums_cur_task) lums_raise_cancelled(L);
 }
 
 /* A call failed with err: a cancelled task raises core.CANCELLED, any
 ** other failure is the result nil, "what: message", errno. */
-static int fail(lua_State *L, const char *what, int err) {
+static int fail(lua_State *L, const char *what, int64_t err) {
   check_cancel(L, err);
   return push_fail(L, what, err);
 }
@@ -98,82 +188,18 @@ static void file_check_cancel(lua_State *L, lfile *f, int64_t err) {
     f->buf = NULL;
   }
   f->rpos = f->rlen = f->wlen = 0;
-  f->eof = false;
-  check_cancel(L, (int)err);
+  check_cancel(L, err);
 }
 
 /* file_check_cancel, then the result nil, message, errno. */
 static int file_fail(lua_State *L, lfile *f, int64_t err) {
   file_check_cancel(L, f, err);
-  return push_fail(L, NULL, (int)err);
-}
-
-/* After a call that may have parked task me on its worker, other steps
-** ran on this thread meanwhile: me is the current task again. me is NULL
-** outside tasks. */
-static void resumed(ltask *me) {
-  if (me) lums_become_current(me);
-}
-
-/* ---------------------------------------------------------------------- */
-/* Runtime calls (they park only the calling task)                         */
-/* ---------------------------------------------------------------------- */
-
-static int64_t do_read(ltask *me, int fd, ums_buf_t *b, size_t pos,
-                       size_t len, int64_t offset) {
-  int64_t r;
-  do {
-    lums_before_block(me);
-    r = ums_fs_read(fd, b, pos, len, offset, UMS_FOREVER);
-    resumed(me);
-  } while (r == UMS_EINTR || r == UMS_EAGAIN);
-  return r;
-}
-
-/* Writes all of b[pos, pos + len); returns 0 or an error. */
-static int64_t do_write_all(ltask *me, int fd, ums_buf_t *b, size_t pos,
-                            size_t len, int64_t offset) {
-  while (len > 0) {
-    lums_before_block(me);
-    int64_t r = ums_fs_write(fd, b, pos, len, offset, UMS_FOREVER);
-    resumed(me);
-    if (r == UMS_EINTR || r == UMS_EAGAIN) continue;
-    if (r < 0) return r;
-    if (r == 0) return UMS_EIO;
-    pos += (size_t)r;
-    len -= (size_t)r;
-    if (offset >= 0) offset += r;
-  }
-  return 0;
+  return push_fail(L, NULL, err);
 }
 
 /* ---------------------------------------------------------------------- */
 /* The file lock                                                           */
 /* ---------------------------------------------------------------------- */
-
-/* Takes the file for this method. Outside a task nothing else can run, so
-** it is free. A cancelled task raises here, holding nothing. */
-static void file_lock(lua_State *L, lfile *f) {
-  ltask *me = lums_cur_task;
-  while (f->busy && me) {
-    lwait *w = &me->wait;
-    int r = ums_park_begin(UMS_FOREVER, &w->tok);
-    if (r == UMS_ECANCELED) lums_raise_cancelled(L);
-    if (r) luaL_error(L, "ums.fs: cannot wait for the file: %s",
-                      ums_strerror(r));
-    w->task = me;
-    w->L = L;
-    w->kase = 0;
-    lums_q_push(&f->waiters, w);
-    lums_before_block(me);
-    r = ums_park_wait();
-    resumed(me);
-    lums_q_unlink(w);
-    if (r == UMS_ECANCELED) lums_raise_cancelled(L);
-  }
-  f->busy = true;
-  f->owner = me;
-}
 
 /* Gives the file back; the first waiter still waiting tries again. */
 static void file_unlock(lfile *f) {
@@ -185,21 +211,6 @@ static void file_unlock(lfile *f) {
     if (lums_unpark(w->task, w->tok, 0)) break;
   }
 }
-
-/* file_lock for a method of an open file: a task that waited for the file
-** may find that the one holding it closed it meanwhile; it then raises as
-** for any closed file, having touched nothing. */
-static void method_lock(lua_State *L, lfile *f) {
-  file_lock(L, f);
-  if (f->fd < 0) {
-    file_unlock(f);
-    luaL_error(L, "attempt to use a closed file");
-  }
-}
-
-/* ---------------------------------------------------------------------- */
-/* Buffer                                                                  */
-/* ---------------------------------------------------------------------- */
 
 static lfile *to_file(lua_State *L, int idx) {
   lfile *f = (lfile *)lua_touserdata(L, idx);
@@ -216,17 +227,371 @@ static lfile *check_file(lua_State *L, int idx) {
   return f;
 }
 
-static int ensure_buf(lfile *f) {
+/* ---------------------------------------------------------------------- */
+/* The driver                                                              */
+/* ---------------------------------------------------------------------- */
+
+/* Forgets the method's state; drops the accumulator. */
+static void op_clear(lop *o) {
+  ums_buf_release(o->acc);
+  memset(o, 0, sizeof *o);
+}
+
+/* Starts the I/O the step asked for (a task): 0, or the error of the
+** begin (then nothing was started). */
+static int io_begin(lfile *f) {
+  lop *o = &f->op;
+  lio *io = &o->io;
+  switch (io->kind) {
+    case IO_READ:
+      return ums_fs_read_begin(io->fd, io->buf, io->pos, io->len, io->off,
+                               UMS_FOREVER, &o->req);
+    case IO_WRITE:
+      return ums_fs_write_begin(io->fd, io->buf, io->pos, io->len, io->off,
+                                UMS_FOREVER, &o->req);
+    case IO_CLOSE:
+      return ums_fs_close_begin(io->fd, UMS_FOREVER, &o->req);
+    case IO_FSYNC:
+      return ums_fs_fsync_begin(io->fd, 0, UMS_FOREVER, &o->req);
+    default:
+      return ums_fs_open_begin(io->path, io->flags, io->mode, UMS_FOREVER,
+                               &o->req);
+  }
+}
+
+/* The same I/O made outside a task: the plain system call. */
+static int64_t io_now(lfile *f) {
+  lio *io = &f->op.io;
+  switch (io->kind) {
+    case IO_READ:
+      return ums_fs_read(io->fd, io->buf, io->pos, io->len, io->off,
+                         UMS_FOREVER);
+    case IO_WRITE:
+      return ums_fs_write(io->fd, io->buf, io->pos, io->len, io->off,
+                          UMS_FOREVER);
+    case IO_CLOSE:
+      return ums_fs_close(io->fd, UMS_FOREVER);
+    case IO_FSYNC:
+      return ums_fs_fsync(io->fd, 0, UMS_FOREVER);
+    default:
+      return ums_fs_open(io->path, io->flags, io->mode, UMS_FOREVER);
+  }
+}
+
+/* The request's park has ended: its result answers the step. */
+static void io_end(lfile *f) {
+  lop *o = &f->op;
+  o->res = ums_fs_end(o->req);
+  o->req = NULL;
+  o->answered = true;
+}
+
+static int method_loop(lua_State *L, lfile *f);
+
+/* Continuation of a yield for an I/O. The file is anchored on this
+** thread's stack by the running method, so its address is the context. */
+static int io_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  lfile *f = (lfile *)ctx;
+  io_end(f);
+  return method_loop(L, f);
+}
+
+/* The method has ended: gives the file back, then the call's results. */
+static int method_end(lua_State *L, lfile *f, int nres) {
+  lop *o = &f->op;
+  const lmethod *m = o->m;
+  int64_t err = o->err;
+  op_clear(o);
+  file_unlock(f);
+  return m->done(L, f, nres, err);
+}
+
+/* Steps the method holding f until it ends, making the I/O it asks for. */
+static int method_loop(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  ltask *me = f->owner;
+  for (;;) {
+    int n = o->m->step(L, f);
+    if (n != STEP_IO) return method_end(L, f, n);
+    if (!me) {
+      o->res = io_now(f);
+      o->answered = true;
+      continue;
+    }
+    int rc = io_begin(f);
+    if (rc) {
+      /* Nothing started (a cancelled task, a park begun by ums.park_begin
+      ** in the way): the step gets the error as its answer. */
+      o->res = rc;
+      o->answered = true;
+      continue;
+    }
+    if (lums_can_yield(L, me))
+      return lums_park_finish(L, me, (lua_KContext)f, io_k);
+    lums_before_block(me);
+    ums_park_wait();
+    lums_become_current(me);
+    io_end(f);
+  }
+}
+
+static int method_start(lua_State *L, lfile *f, const lmethod *m);
+
+/* Continuation of a yield waiting for the file (the file is the method's
+** self, at index 1). */
+static int lock_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  ltask *me = lums_cur_task;
+  lums_q_unlink(&me->wait);
+  if (ums_park_result() == UMS_ECANCELED) return lums_raise_cancelled(L);
+  return method_start(L, to_file(L, 1), (const lmethod *)ctx);
+}
+
+/* Runs method m on f for the caller: takes the file (waiting for it while
+** another task's method holds it; outside tasks nothing else can run, so
+** it is free), then steps the method to its end. A task that waited may
+** find that the holder closed the file meanwhile: it then raises as for
+** any closed file, having touched nothing. A cancelled task raises while
+** it waits, holding nothing. */
+static int method_start(lua_State *L, lfile *f, const lmethod *m) {
+  ltask *me = lums_cur_task;
+  while (f->busy && me) {
+    lwait *w = &me->wait;
+    int r = ums_park_begin(UMS_FOREVER, &w->tok);
+    if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+    if (r)
+      return luaL_error(L, "ums.fs: cannot wait for the file: %s",
+                        ums_strerror(r));
+    w->task = me;
+    w->L = L;
+    w->kase = 0;
+    lums_q_push(&f->waiters, w);
+    if (lums_can_yield(L, me))
+      return lums_park_finish(L, me, (lua_KContext)m, lock_k);
+    lums_before_block(me);
+    r = ums_park_wait();
+    lums_become_current(me);
+    lums_q_unlink(w);
+    if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  }
+  if (f->fd < 0 && !m->closed_ok) {
+    file_unlock(f);  /* the next waiter finds out for itself */
+    return luaL_error(L, "attempt to use a closed file");
+  }
+  f->busy = true;
+  f->owner = me;
+  op_clear(&f->op);
+  f->op.m = m;
+  if (m->init) m->init(L, f);
+  return method_loop(L, f);
+}
+
+/* The answer to the I/O the calling sub-operation asked for, if it has
+** come. A read or write interrupted before it moved anything (EINTR, or
+** EAGAIN on a non-blocking descriptor) is not an answer: the caller finds
+** none and asks for the same I/O again. */
+static bool op_answer(lfile *f, int64_t *res) {
+  lop *o = &f->op;
+  if (!o->answered) return false;
+  o->answered = false;
+  if ((o->io.kind == IO_READ || o->io.kind == IO_WRITE) &&
+      (o->res == UMS_EINTR || o->res == UMS_EAGAIN))
+    return false;
+  *res = o->res;
+  return true;
+}
+
+/* Asks for a read or write of b[pos, pos + len) at off. Returns AGAIN. */
+static int64_t ask_rw(lfile *f, int kind, ums_buf_t *b, size_t pos,
+                      size_t len, int64_t off) {
+  f->op.io = (lio){.kind = kind, .fd = f->fd, .buf = b, .pos = pos,
+                   .len = len, .off = off};
+  return AGAIN;
+}
+
+/* The next format or argument starts from scratch. */
+static void op_next_item(lop *o) {
+  o->sub = 0;
+  o->done = 0;
+  o->acclen = 0;
+  o->hit_eof = false;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Buffers                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static int64_t ensure_buf(lfile *f) {
   if (!f->buf && !(f->buf = ums_buf_new(BUF_SIZE))) return UMS_ENOMEM;
   return 0;
 }
 
-/* Writes the pending bytes. */
-static int64_t flush_writes(lfile *f) {
-  if (f->wlen == 0) return 0;
+/* Makes room for `need` bytes in all in the accumulator, keeping what it
+** holds. */
+static int64_t acc_reserve(lfile *f, size_t need) {
+  lop *o = &f->op;
+  size_t cap = o->acc ? ums_buf_size(o->acc) : 0;
+  if (need <= cap) return 0;
+  size_t ncap = cap * 2 > need ? cap * 2 : need;
+  if (ncap < 4096) ncap = 4096;
+  ums_buf_t *b = ums_buf_new(ncap);
+  if (!b) return UMS_ENOMEM;
+  if (o->acclen) memcpy(ums_buf_data(b), ums_buf_data(o->acc), o->acclen);
+  ums_buf_release(o->acc);
+  o->acc = b;
+  return 0;
+}
+
+static int64_t acc_add(lfile *f, const char *p, size_t n) {
+  lop *o = &f->op;
+  if (n == 0) return 0;
+  int64_t r = acc_reserve(f, o->acclen + n);
+  if (r) return r;
+  memcpy((char *)ums_buf_data(o->acc) + o->acclen, p, n);
+  o->acclen += n;
+  return 0;
+}
+
+/* Pushes the accumulator's bytes as a string and empties it. */
+static void push_acc(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  if (o->acclen)
+    lua_pushlstring(L, ums_buf_data(o->acc), o->acclen);
+  else
+    lua_pushliteral(L, "");
+  o->acclen = 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Sub-operations: each returns AGAIN while its I/O is asked for, and is   */
+/* called again (from the same place of its step) until it returns        */
+/* anything else.                                                         */
+/* ---------------------------------------------------------------------- */
+
+/* Writes the pending bytes buf[0, wlen): 0, or an error (they are dropped
+** then). */
+static int64_t sub_flush(lfile *f) {
+  lop *o = &f->op;
+  int64_t r;
+  if (op_answer(f, &r)) {
+    if (r <= 0) {
+      f->wlen = o->wdone = 0;
+      return r < 0 ? r : UMS_EIO;
+    }
+    o->wdone += (size_t)r;
+  }
+  if (o->wdone < f->wlen)
+    return ask_rw(f, IO_WRITE, f->buf, o->wdone, f->wlen - o->wdone,
+                  UMS_FS_CUR);
+  f->wlen = o->wdone = 0;
+  return 0;
+}
+
+/* Writes acc[0, acclen) at off (UMS_FS_CUR: at the file position): 0 or
+** an error. */
+static int64_t sub_write_acc(lfile *f, int64_t off) {
+  lop *o = &f->op;
+  int64_t r;
+  if (op_answer(f, &r)) {
+    if (r <= 0) return r < 0 ? r : UMS_EIO;
+    o->wpos += (size_t)r;
+  }
+  if (o->wpos < o->acclen)
+    return ask_rw(f, IO_WRITE, o->acc, o->wpos, o->acclen - o->wpos,
+                  off < 0 ? UMS_FS_CUR : off + (int64_t)o->wpos);
+  o->wpos = 0;
+  return 0;
+}
+
+/* Reads into the file buffer after its unread bytes (moved to its start
+** first; the caller leaves room): > 0 bytes, 0 at end of file, or an
+** error. */
+static int64_t sub_fill(lfile *f) {
+  int64_t r;
+  if (op_answer(f, &r)) {
+    if (r > 0) f->rlen += (size_t)r;
+    if (r == 0) f->op.hit_eof = true;
+    return r;
+  }
+  if (f->rpos > 0) {
+    char *data = ums_buf_data(f->buf);
+    memmove(data, data + f->rpos, f->rlen - f->rpos);
+    f->rlen -= f->rpos;
+    f->rpos = 0;
+  }
+  return ask_rw(f, IO_READ, f->buf, f->rlen, BUF_SIZE - f->rlen,
+                UMS_FS_CUR);
+}
+
+/* Writes the pending bytes with plain system calls (no park): for __gc,
+** and for a task that was cancelled, whose runtime calls would all fail
+** with UMS_ECANCELED before doing anything. */
+static int64_t flush_plain(lfile *f) {
+  const char *p = f->buf ? ums_buf_data(f->buf) : NULL;
   size_t n = f->wlen;
   f->wlen = 0;
-  return do_write_all(f->owner, f->fd, f->buf, 0, n, UMS_FS_CUR);
+  while (n > 0) {
+    ssize_t w = write(f->fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return -errno;
+    if (w == 0) return UMS_EIO;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* Flushes and closes: 0 or the first error. The descriptor is closed in
+** every case. In a cancelled task (a <close> file unwound by the cancel,
+** a close after catching it) the runtime refuses to park, so its calls
+** would neither write nor close anything: plain system calls then, as in
+** __gc. Uses op.sub. */
+static int64_t sub_close(lfile *f) {
+  lop *o = &f->op;
+  int64_t r;
+  if (o->sub == 0) {
+    o->sub = 1;
+    if (f->owner && ums_cancelled()) {
+      o->err2 = flush_plain(f);
+      goto plain;
+    }
+  }
+  if (o->sub == 1) {
+    r = sub_flush(f);
+    if (r == AGAIN) return r;
+    o->err2 = r;
+    /* cancelled during the flush: the close goes the plain way */
+    if (r == UMS_ECANCELED && f->owner) goto plain;
+    o->sub = 2;
+    o->io = (lio){.kind = IO_CLOSE, .fd = f->fd};
+    f->fd = -1;
+    return AGAIN;
+  }
+  if (!op_answer(f, &r)) r = UMS_EIO;  /* a close is answered, always */
+  ums_buf_release(f->buf);
+  f->buf = NULL;
+  return o->err2 ? o->err2 : r;
+plain:
+  r = close(f->fd) == 0 ? 0 : -errno;
+  f->fd = -1;
+  ums_buf_release(f->buf);
+  f->buf = NULL;
+  return o->err2 ? o->err2 : r;
+}
+
+/* Opens op.path for a file made before its descriptor: 0 or an error. */
+static int64_t sub_open(lfile *f) {
+  lop *o = &f->op;
+  int64_t r;
+  if (op_answer(f, &r)) {
+    if (r < 0) return r;
+    f->fd = (int)r;
+    return 0;
+  }
+  o->io = (lio){.kind = IO_OPEN, .path = o->path, .flags = o->oflags,
+                .mode = o->omode};
+  return AGAIN;
 }
 
 /* Drops unread read-ahead, moving the kernel's position back to the
@@ -238,165 +603,172 @@ static void drop_readahead(lfile *f) {
   if (unread) lseek(f->fd, -(off_t)unread, SEEK_CUR);
 }
 
-/* Before a write: no read-ahead. */
-static int64_t to_write_mode(lfile *f) {
-  drop_readahead(f);
-  return ensure_buf(f);
-}
-
-/* Before a read: nothing pending. */
-static int64_t to_read_mode(lfile *f) {
-  int64_t r = flush_writes(f);
-  if (r) return r;
-  return ensure_buf(f);
-}
-
-/* Refills an empty read buffer: > 0 bytes, 0 at end of file, or < 0. */
-static int64_t refill(lfile *f) {
-  f->rpos = f->rlen = 0;
-  int64_t r = do_read(f->owner, f->fd, f->buf, 0, BUF_SIZE, UMS_FS_CUR);
-  if (r > 0) f->rlen = (size_t)r;
-  if (r == 0) f->eof = true;
-  return r;
-}
-
-/* Next byte, without consuming it: the byte, or -1 at end of file or on
-** an error (then stored in *err). */
-static int64_t peek(lfile *f, int64_t *err) {
-  if (f->rpos == f->rlen) {
-    int64_t r = refill(f);
-    if (r < 0) {
-      *err = r;
-      return -1;
-    }
-    if (r == 0) return -1;
-  }
-  return ((unsigned char *)ums_buf_data(f->buf))[f->rpos];
-}
-
 /* ---------------------------------------------------------------------- */
-/* Reading                                                                 */
+/* Reading: one format at a time. Each returns AGAIN, an error, or 1 (its */
+/* value pushed) / 0 (it failed: something pushed, io's nil replaces it). */
 /* ---------------------------------------------------------------------- */
 
-/* Reads up to n bytes into the luaL_Buffer; returns bytes read or an
-** error. Big reads skip the file buffer. */
-static int64_t read_count(lfile *f, luaL_Buffer *b, size_t n) {
-  size_t got = 0;
-  char *data = ums_buf_data(f->buf);
-  size_t avail = f->rlen - f->rpos;
-  if (avail) {
-    size_t k = avail < n ? avail : n;
-    luaL_addlstring(b, data + f->rpos, k);
-    f->rpos += k;
-    got = k;
-  }
-  while (got < n) {
-    size_t want = n - got;
-    if (want < BUF_SIZE) {
-      int64_t r = refill(f);
-      if (r < 0) return r;
-      if (r == 0) break;
-      size_t k = (size_t)r < want ? (size_t)r : want;
-      luaL_addlstring(b, data, k);
-      f->rpos = k;
-      got += k;
-    } else {
-      size_t chunk = want < CHUNK_MAX ? want : CHUNK_MAX;
-      ums_buf_t *big = ums_buf_new(chunk);
-      if (!big) return UMS_ENOMEM;
-      int64_t r = do_read(f->owner, f->fd, big, 0, chunk, UMS_FS_CUR);
-      if (r > 0) luaL_addlstring(b, ums_buf_data(big), (size_t)r);
-      ums_buf_release(big);
-      if (r < 0) return r;
-      if (r == 0) {
-        f->eof = true;
-        break;
-      }
-      got += (size_t)r;
-    }
-  }
-  return (int64_t)got;
-}
-
-/* Reads a line into b; keep: keep the newline. Returns 1 if anything was
-** read (a line, possibly without newline at the end of file), 0 at end of
-** file, or an error. */
-static int64_t read_line(lfile *f, luaL_Buffer *b, bool keep) {
-  bool any = false;
+/* A line; keep: keep the newline. At end of file, what was read is the
+** last line (it fails when nothing was). */
+static int64_t fmt_line(lua_State *L, lfile *f, bool keep) {
+  lop *o = &f->op;
   for (;;) {
     if (f->rpos == f->rlen) {
-      int64_t r = refill(f);
-      if (r < 0) return r;
-      if (r == 0) return any;
+      int64_t r = sub_fill(f);
+      if (r == AGAIN || r < 0) return r;
+      if (r == 0) {
+        bool any = o->acclen > 0;
+        push_acc(L, f);
+        return any;
+      }
     }
-    char *data = ums_buf_data(f->buf) + f->rpos;
+    char *data = (char *)ums_buf_data(f->buf) + f->rpos;
     size_t avail = f->rlen - f->rpos;
     char *nl = memchr(data, '\n', avail);
     if (nl) {
       size_t k = (size_t)(nl - data);
-      luaL_addlstring(b, data, k + (keep ? 1 : 0));
+      if (o->acclen == 0) {
+        lua_pushlstring(L, data, k + (keep ? 1 : 0));
+      } else {
+        int64_t r = acc_add(f, data, k + (keep ? 1 : 0));
+        if (r) return r;
+        push_acc(L, f);
+      }
       f->rpos += k + 1;
       return 1;
     }
-    luaL_addlstring(b, data, avail);
+    int64_t r = acc_add(f, data, avail);
+    if (r) return r;
     f->rpos = f->rlen;
-    any = true;
   }
 }
 
-/* Reads the rest of the file into b: through the file buffer first (a
-** small file costs no allocation), then, once the file proves big, in
-** growing direct chunks. */
-static int64_t read_all(lfile *f, luaL_Buffer *b) {
-  size_t total = 0;
+enum { COUNT_START = 0, COUNT_DIRECT, COUNT_GATHER };
+
+/* Up to n bytes (n > 0). A big count with nothing read ahead goes
+** straight from the kernel into one page-aligned buffer of n bytes, then
+** one copy into the string. */
+static int64_t fmt_count(lua_State *L, lfile *f, size_t n) {
+  lop *o = &f->op;
   char *data = ums_buf_data(f->buf);
-  if (f->rpos < f->rlen) {
-    luaL_addlstring(b, data + f->rpos, f->rlen - f->rpos);
-    total = f->rlen - f->rpos;
-    f->rpos = f->rlen;
+  int64_t r;
+  if (o->sub == COUNT_START) {
+    size_t avail = f->rlen - f->rpos;
+    if (n <= avail) {
+      lua_pushlstring(L, data + f->rpos, n);
+      f->rpos += n;
+      return 1;
+    }
+    if (n >= BUF_SIZE && avail == 0 && n <= CHUNK_MAX) {
+      o->sub = COUNT_DIRECT;
+      if ((r = acc_reserve(f, n))) return r;
+    } else {
+      o->sub = COUNT_GATHER;
+      if ((r = acc_add(f, data + f->rpos, avail))) return r;
+      f->rpos = f->rlen;
+    }
   }
-  while (total < 16 * (size_t)BUF_SIZE) {
-    int64_t r = refill(f);
-    if (r <= 0) return r;
-    luaL_addlstring(b, data, (size_t)r);
-    f->rpos = f->rlen;
-    total += (size_t)r;
+  if (o->sub == COUNT_DIRECT) {
+    /* Until n bytes or the end of file; an error after some data ends
+    ** the read with that data. */
+    if (op_answer(f, &r)) {
+      if (r > 0) o->acclen += (size_t)r;
+      if (r < 0 && o->acclen == 0) return r;
+      if (r <= 0) n = o->acclen;
+    }
+    if (o->acclen < n)
+      return ask_rw(f, IO_READ, o->acc, o->acclen, n - o->acclen,
+                    UMS_FS_CUR);
+    if (o->acclen == 0) {
+      lua_pushnil(L);
+      return 0;
+    }
+    push_acc(L, f);
+    return 1;
   }
-  for (size_t chunk = 16 * (size_t)BUF_SIZE;; ) {
-    int64_t r = read_count(f, b, chunk);
-    if (r <= 0) return r;
-    if (chunk < CHUNK_MAX) chunk *= 2;
+  /* COUNT_GATHER: small pieces through the file buffer, big ones
+  ** straight into the accumulator. */
+  while (o->acclen < n) {
+    size_t want = n - o->acclen;
+    if (want < BUF_SIZE) {
+      if (f->rpos == f->rlen) {
+        r = sub_fill(f);
+        if (r == AGAIN || r < 0) return r;
+        if (r == 0) break;
+      }
+      size_t avail = f->rlen - f->rpos;
+      size_t k = avail < want ? avail : want;
+      if ((r = acc_add(f, data + f->rpos, k))) return r;
+      f->rpos += k;
+    } else {
+      if (op_answer(f, &r)) {
+        if (r < 0) return r;
+        if (r == 0) break;
+        o->acclen += (size_t)r;
+        continue;
+      }
+      size_t chunk = want < CHUNK_MAX ? want : CHUNK_MAX;
+      if ((r = acc_reserve(f, o->acclen + chunk))) return r;
+      return ask_rw(f, IO_READ, o->acc, o->acclen, chunk, UMS_FS_CUR);
+    }
   }
+  bool any = o->acclen > 0;
+  push_acc(L, f);
+  return any;
 }
 
-/* f:read(n) for a big n with nothing read ahead: straight from the kernel
-** into one page-aligned buffer, then one copy into the string (a
-** luaL_Buffer would copy twice). Pushes the string, or nothing at end of
-** file; returns bytes read or an error. */
-static int64_t read_direct(lua_State *L, lfile *f, size_t n) {
-  if (n > CHUNK_MAX) n = CHUNK_MAX;
-  ums_buf_t *big = ums_buf_new(n);
-  if (!big) return UMS_ENOMEM;
-  size_t got = 0;
-  int64_t r = 0;
-  while (got < n) {
-    r = do_read(f->owner, f->fd, big, got, n - got, UMS_FS_CUR);
-    if (r <= 0) break;
-    got += (size_t)r;
+/* The rest of the file: through the file buffer while it is small (a
+** small file ends up whole in the buffer and costs one copy), then
+** straight into the accumulator in growing chunks. Never fails but for
+** an error. */
+static int64_t fmt_all(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  char *data = ums_buf_data(f->buf);
+  int64_t r;
+  while (o->sub == 0) {
+    if (f->rlen - f->rpos == BUF_SIZE) {
+      /* Full: its bytes go to the accumulator. */
+      if ((r = acc_add(f, data + f->rpos, BUF_SIZE))) return r;
+      f->rpos = f->rlen;
+      if (o->acclen >= ALL_BUFFERED) {
+        o->sub = 1;
+        o->done = ALL_BUFFERED;
+        break;
+      }
+    }
+    r = sub_fill(f);
+    if (r == AGAIN || r < 0) return r;
+    if (r == 0) {
+      size_t avail = f->rlen - f->rpos;
+      if (o->acclen == 0) {
+        lua_pushlstring(L, data + f->rpos, avail);
+      } else {
+        if ((r = acc_add(f, data + f->rpos, avail))) return r;
+        push_acc(L, f);
+      }
+      f->rpos = f->rlen;
+      return 1;
+    }
   }
-  if (r == 0) f->eof = true;
-  if (got > 0) lua_pushlstring(L, ums_buf_data(big), got);
-  ums_buf_release(big);
-  if (r < 0 && got == 0) return r;
-  return (int64_t)got;
+  if (op_answer(f, &r)) {
+    if (r < 0) return r;
+    if (r == 0) {
+      push_acc(L, f);
+      return 1;
+    }
+    o->acclen += (size_t)r;
+    if (o->done < CHUNK_MAX) o->done *= 2;
+  }
+  if ((r = acc_reserve(f, o->acclen + o->done))) return r;
+  return ask_rw(f, IO_READ, o->acc, o->acclen, o->done, UMS_FS_CUR);
 }
 
-/* The number reader of liolib, on this file's buffer: at most 200
-** characters of what looks like a numeral, then lua_stringtonumber. */
-#define MAXNUM 200
+/* The number reader of liolib, on this file's buffer: at most MAXNUM
+** characters of what looks like a numeral, then lua_stringtonumber. The
+** step first makes sure the buffer holds more than MAXNUM bytes (or the
+** rest of the file), so the parse itself never needs the kernel. */
 typedef struct {
-  lfile *f;
-  int64_t err;
+  const unsigned char *p, *end;
   int c;
   int n;
   char buff[MAXNUM + 1];
@@ -408,8 +780,8 @@ static bool nextc(numbuf *rn) {
     return false;
   }
   rn->buff[rn->n++] = (char)rn->c;
-  rn->f->rpos++;
-  rn->c = (int)peek(rn->f, &rn->err);
+  rn->p++;
+  rn->c = rn->p < rn->end ? *rn->p : -1;
   return true;
 }
 
@@ -426,8 +798,29 @@ static int readdigits(numbuf *rn, bool hex) {
   return count;
 }
 
-/* Pushes the number read, or nil (fail). Returns an I/O error or 0. */
-static int64_t read_number(lua_State *L, lfile *f) {
+static bool is_space(int c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+static int64_t fmt_number(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  int64_t r;
+  if (o->sub == 0) {
+    /* Skip white space. */
+    for (;;) {
+      if (f->rpos == f->rlen) {
+        r = sub_fill(f);
+        if (r == AGAIN || r < 0) return r;
+        if (r == 0) break;
+      }
+      const unsigned char *d = ums_buf_data(f->buf);
+      while (f->rpos < f->rlen && is_space(d[f->rpos])) f->rpos++;
+      if (f->rpos < f->rlen) break;
+    }
+    o->sub = 1;
+  }
+  while (f->rlen - f->rpos <= MAXNUM && !o->hit_eof) {
+    r = sub_fill(f);
+    if (r == AGAIN || r < 0) return r;
+  }
   numbuf rn;
   int count = 0;
   bool hex = false;
@@ -437,17 +830,10 @@ static int64_t read_number(lua_State *L, lfile *f) {
   char decp[2];
   decp[0] = lua_getlocaledecpoint();
   decp[1] = '.';
-  rn.f = f;
+  rn.p = (const unsigned char *)ums_buf_data(f->buf) + f->rpos;
+  rn.end = (const unsigned char *)ums_buf_data(f->buf) + f->rlen;
+  rn.c = rn.p < rn.end ? *rn.p : -1;
   rn.n = 0;
-  rn.err = 0;
-  do {
-    rn.c = (int)peek(f, &rn.err);
-    if (rn.err) return rn.err;
-    if (rn.c >= 0 && (rn.c == ' ' || (rn.c >= '\t' && rn.c <= '\r')))
-      f->rpos++;
-    else
-      break;
-  } while (1);
   test2(&rn, "-+");
   if (test2(&rn, "00")) {
     if (test2(&rn, "xX"))
@@ -461,24 +847,88 @@ static int64_t read_number(lua_State *L, lfile *f) {
     test2(&rn, "-+");
     readdigits(&rn, false);
   }
-  if (rn.err) return rn.err;
+  f->rpos = (size_t)(rn.p - (const unsigned char *)ums_buf_data(f->buf));
   rn.buff[rn.n] = '\0';
-  if (lua_stringtonumber(L, rn.buff) == 0) lua_pushnil(L);
-  return 0;
+  if (lua_stringtonumber(L, rn.buff) == 0) {
+    lua_pushnil(L);
+    return 0;
+  }
+  return 1;
+}
+
+static int64_t read_format(lua_State *L, lfile *f, int i) {
+  if (lua_type(L, i) == LUA_TNUMBER) {
+    size_t n = (size_t)lua_tointeger(L, i);
+    if (n > 0) return fmt_count(L, f, n);
+    /* io's test for end of file */
+    if (f->rpos == f->rlen) {
+      int64_t r = sub_fill(f);
+      if (r == AGAIN || r < 0) return r;
+    }
+    lua_pushliteral(L, "");
+    return f->rpos < f->rlen;
+  }
+  const char *p = lua_tostring(L, i);
+  if (*p == '*') p++;
+  switch (*p) {
+    case 'n': return fmt_number(L, f);
+    case 'a': return fmt_all(L, f);
+    default: return fmt_line(L, f, *p == 'L');
+  }
+}
+
+/* Stack: file, then the formats (read, lines) or values (write). */
+static void items_init(lua_State *L, lfile *f) {
+  f->op.i = 2;
+  f->op.last = lua_gettop(L);
 }
 
 /* file:read(...) with the formats of io: "n", "l", "L", "a" (with or
 ** without a leading '*'), or a byte count. */
-static int f_read(lua_State *L) {
-  lfile *f = check_file(L, 1);
-  int nargs = lua_gettop(L) - 1;
-  if (nargs == 0) {
-    lua_pushliteral(L, "l");
-    nargs = 1;
+static int step_read(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  if (o->phase == 0) {
+    /* Nothing pending. */
+    int64_t r = sub_flush(f);
+    if (r == AGAIN) return STEP_IO;
+    if (!r) r = ensure_buf(f);
+    if (r) {
+      o->err = r;
+      return 0;
+    }
+    o->phase = 1;
+    o->first = lua_gettop(L) + 1;
   }
-  /* Check every format first: nothing may raise while the file is held
-  ** except cancellation. */
-  for (int i = 2; i <= nargs + 1; i++) {
+  while (o->i <= o->last) {
+    int64_t r = read_format(L, f, o->i);
+    if (r == AGAIN) return STEP_IO;
+    if (r < 0) {
+      o->err = r;
+      return 0;
+    }
+    op_next_item(o);
+    o->i++;
+    if (r == 0) {
+      /* fail: io returns nil for the format that failed, and stops */
+      lua_pop(L, 1);
+      lua_pushnil(L);
+      break;
+    }
+  }
+  return lua_gettop(L) - o->first + 1;
+}
+
+static int done_result(lua_State *L, lfile *f, int nres, int64_t err) {
+  if (err) return file_fail(L, f, err);
+  return nres;
+}
+
+static const lmethod m_read = {items_init, step_read, done_result, false};
+
+/* Checks the formats at [first, last] before the file is taken: nothing
+** may raise while it is held but cancellation. */
+static void check_formats(lua_State *L, int first, int last) {
+  for (int i = first; i <= last; i++) {
     if (lua_type(L, i) == LUA_TNUMBER) {
       lua_Integer n = luaL_checkinteger(L, i);
       luaL_argcheck(L, n >= 0, i, "count must not be negative");
@@ -488,100 +938,127 @@ static int f_read(lua_State *L) {
       luaL_argcheck(L, *p && strchr("nlLa", *p), i, "invalid format");
     }
   }
+}
+
+static int f_read(lua_State *L) {
+  lfile *f = check_file(L, 1);
+  if (lua_gettop(L) == 1) lua_pushliteral(L, "l");
+  int nargs = lua_gettop(L) - 1;
+  check_formats(L, 2, nargs + 1);
   if (!f->readable) return push_fail(L, NULL, UMS_EBADF);
   luaL_checkstack(L, nargs + LUA_MINSTACK, "too many arguments");
-  method_lock(L, f);
-  int64_t err = to_read_mode(f);
-  int first = lua_gettop(L) + 1, n;
-  bool ok = err == 0;
-  for (n = 2; ok && n <= nargs + 1; n++) {
-    if (lua_type(L, n) == LUA_TNUMBER) {
-      size_t count = (size_t)lua_tointeger(L, n);
-      luaL_Buffer b;
-      luaL_buffinit(L, &b);
-      if (count == 0) {
-        /* io's test for end of file */
-        int64_t c = peek(f, &err);
-        luaL_pushresult(&b);
-        ok = err == 0 && c >= 0;
-      } else if (count >= BUF_SIZE && f->rpos == f->rlen &&
-                 count <= CHUNK_MAX) {
-        luaL_pushresult(&b);  /* unused: drop it */
-        lua_pop(L, 1);
-        int64_t r = read_direct(L, f, count);
-        if (r < 0) err = r;
-        if (r <= 0) lua_pushnil(L);
-        ok = r > 0;
-      } else {
-        int64_t r = read_count(f, &b, count);
-        luaL_pushresult(&b);
-        if (r < 0) err = r;
-        ok = r > 0;
-      }
-    } else {
-      const char *p = lua_tostring(L, n);
-      if (*p == '*') p++;
-      if (*p == 'n') {
-        err = read_number(L, f);
-        ok = err == 0 && !lua_isnil(L, -1);
-      } else if (*p == 'a') {
-        luaL_Buffer b;
-        luaL_buffinit(L, &b);
-        err = read_all(f, &b);
-        luaL_pushresult(&b);
-        ok = err == 0;
-      } else {
-        luaL_Buffer b;
-        luaL_buffinit(L, &b);
-        int64_t r = read_line(f, &b, *p == 'L');
-        luaL_pushresult(&b);
-        if (r < 0) err = r;
-        ok = r > 0;
-      }
-    }
-  }
-  file_unlock(f);
-  if (err) return file_fail(L, f, err);
-  if (!ok) {
-    lua_pop(L, 1);
-    lua_pushnil(L);  /* fail: io returns nil for the format that failed */
-  }
-  return lua_gettop(L) - first + 1;
+  return method_start(L, f, &m_read);
 }
 
 /* ---------------------------------------------------------------------- */
 /* Writing                                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* Appends s to the pending writes, writing out what does not fit. */
-static int64_t write_bytes(lfile *f, const char *s, size_t len) {
-  char *data = ums_buf_data(f->buf);
-  if (f->wlen + len <= BUF_SIZE) {
-    memcpy(data + f->wlen, s, len);
-    f->wlen += len;
-    return 0;
+/* The bytes of argument i (a string, or a number written as io does:
+** integers with LUA_INTEGER_FMT, floats with LUA_NUMBER_FMT). The same
+** each time it is asked, so a write can go on after a yield. */
+static const char *item_bytes(lua_State *L, int i, char *num, size_t *len) {
+  if (lua_type(L, i) == LUA_TNUMBER) {
+    int k = lua_isinteger(L, i)
+                ? snprintf(num, 64, LUA_INTEGER_FMT,
+                           (LUAI_UACINT)lua_tointeger(L, i))
+                : snprintf(num, 64, LUA_NUMBER_FMT,
+                           (LUAI_UACNUMBER)lua_tonumber(L, i));
+    *len = (size_t)k;
+    return num;
   }
-  int64_t r = flush_writes(f);
-  if (r) return r;
-  if (len <= BUF_SIZE) {
-    memcpy(data, s, len);
-    f->wlen = len;
-    return 0;
-  }
-  /* Big: one copy into a page-aligned buffer the kernel can own. */
-  while (len > 0) {
-    size_t chunk = len < CHUNK_MAX ? len : CHUNK_MAX;
-    ums_buf_t *big = ums_buf_new(chunk);
-    if (!big) return UMS_ENOMEM;
-    memcpy(ums_buf_data(big), s, chunk);
-    r = do_write_all(f->owner, f->fd, big, 0, chunk, UMS_FS_CUR);
-    ums_buf_release(big);
+  return lua_tolstring(L, i, len);
+}
+
+/* Writes s[done, len) in chunks, each copied into the accumulator (a
+** page-aligned buffer the kernel can own), at off + done (off < 0: at the
+** file position). Progress in op.done. */
+static int64_t write_chunks(lfile *f, const char *s, size_t len,
+                            int64_t off) {
+  lop *o = &f->op;
+  for (;;) {
+    if (o->acclen == 0) {
+      if (o->done == len) return 0;
+      size_t chunk = len - o->done < CHUNK_MAX ? len - o->done : CHUNK_MAX;
+      int64_t r = acc_reserve(f, chunk);
+      if (r) return r;
+      memcpy(ums_buf_data(o->acc), s + o->done, chunk);
+      o->acclen = chunk;
+    }
+    int64_t r = sub_write_acc(f, off < 0 ? off : off + (int64_t)o->done);
     if (r) return r;
-    s += chunk;
-    len -= chunk;
+    o->done += o->acclen;
+    o->acclen = 0;
+  }
+}
+
+/* Appends s to the pending writes, writing out what does not fit; big
+** strings go out directly. */
+static int64_t write_bytes(lfile *f, const char *s, size_t len) {
+  lop *o = &f->op;
+  char *data = ums_buf_data(f->buf);
+  switch (o->sub) {
+    case 0:
+      if (f->wlen + len <= BUF_SIZE) {
+        memcpy(data + f->wlen, s, len);
+        f->wlen += len;
+        return 0;
+      }
+      o->sub = 1;
+      /* fall through */
+    case 1: {
+      int64_t r = sub_flush(f);
+      if (r) return r;
+      if (len <= BUF_SIZE) {
+        memcpy(data, s, len);
+        f->wlen = len;
+        return 0;
+      }
+      o->sub = 2;
+    }
+      /* fall through */
+    default:
+      return write_chunks(f, s, len, UMS_FS_CUR);
+  }
+}
+
+/* Stack: file, values; the values were checked. */
+static int step_write(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  if (o->phase == 0) {
+    /* No read-ahead. */
+    drop_readahead(f);
+    int64_t r = ensure_buf(f);
+    if (r) {
+      o->err = r;
+      return 0;
+    }
+    o->phase = 1;
+  }
+  while (o->i <= o->last) {
+    char num[64];
+    size_t len;
+    const char *s = item_bytes(L, o->i, num, &len);
+    int64_t r = write_bytes(f, s, len);
+    if (r == AGAIN) return STEP_IO;
+    if (r < 0) {
+      o->err = r;
+      return 0;
+    }
+    op_next_item(o);
+    o->i++;
   }
   return 0;
 }
+
+static int done_write(lua_State *L, lfile *f, int nres, int64_t err) {
+  (void)nres;
+  if (err) return file_fail(L, f, err);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static const lmethod m_write = {items_init, step_write, done_write, false};
 
 /* file:write(...): strings and numbers, as io's. Returns the file. */
 static int f_write(lua_State *L) {
@@ -591,76 +1068,150 @@ static int f_write(lua_State *L) {
     if (lua_type(L, i) != LUA_TNUMBER) luaL_checkstring(L, i);
   }
   if (!f->writable) return push_fail(L, NULL, UMS_EBADF);
-  method_lock(L, f);
-  int64_t err = to_write_mode(f);
-  for (int i = 2; err == 0 && i <= nargs; i++) {
-    size_t len;
-    const char *s;
-    char num[64];
-    if (lua_type(L, i) == LUA_TNUMBER) {
-      /* io writes integers with LUA_INTEGER_FMT, floats with
-      ** LUA_NUMBER_FMT */
-      int k = lua_isinteger(L, i)
-                  ? snprintf(num, sizeof num, LUA_INTEGER_FMT,
-                             (LUAI_UACINT)lua_tointeger(L, i))
-                  : snprintf(num, sizeof num, LUA_NUMBER_FMT,
-                             (LUAI_UACNUMBER)lua_tonumber(L, i));
-      s = num;
-      len = (size_t)k;
-    } else {
-      s = lua_tolstring(L, i, &len);
-    }
-    err = write_bytes(f, s, len);
-  }
-  file_unlock(f);
-  if (err) return file_fail(L, f, err);
-  lua_settop(L, 1);
+  return method_start(L, f, &m_write);
+}
+
+/* ---------------------------------------------------------------------- */
+/* flush, seek, sync                                                       */
+/* ---------------------------------------------------------------------- */
+
+static int step_flush(lua_State *L, lfile *f) {
+  int64_t r = sub_flush(f);
+  if (r == AGAIN) return STEP_IO;
+  f->op.err = r;
+  if (!r) lua_pushboolean(L, 1);
   return 1;
 }
+
+static const lmethod m_flush = {NULL, step_flush, done_result, false};
 
 /* file:flush() -> true | nil, msg, errno (io's result, not the file) */
 static int f_flush(lua_State *L) {
   lfile *f = check_file(L, 1);
-  method_lock(L, f);
-  int64_t err = flush_writes(f);
-  file_unlock(f);
-  if (err) return file_fail(L, f, err);
-  lua_pushboolean(L, 1);
-  return 1;
+  return method_start(L, f, &m_flush);
 }
 
-/* file:seek([whence [, offset]]) -> position */
-static int f_seek(lua_State *L) {
+/* Stack: file, whence (an option index, pushed by f_seek), offset. */
+static int step_seek(lua_State *L, lfile *f) {
   static const int mode[] = {SEEK_SET, SEEK_CUR, SEEK_END};
-  static const char *const modenames[] = {"set", "cur", "end", NULL};
-  lfile *f = check_file(L, 1);
-  int op = luaL_checkoption(L, 2, "cur", modenames);
-  lua_Integer off = luaL_optinteger(L, 3, 0);
-  method_lock(L, f);
-  int64_t err = flush_writes(f);
-  off_t pos = -1;
-  if (!err) {
-    /* The logical position is behind the kernel's by the read-ahead. */
-    lua_Integer unread = (lua_Integer)(f->rlen - f->rpos);
-    if (op == 1) off -= unread;
-    f->rpos = f->rlen = 0;
-    pos = lseek(f->fd, (off_t)off, mode[op]);
-    if (pos < 0) err = -errno;
-    f->eof = false;
+  int64_t r = sub_flush(f);
+  if (r == AGAIN) return STEP_IO;
+  if (r) {
+    f->op.err = r;
+    return 0;
   }
-  file_unlock(f);
-  if (err) return file_fail(L, f, err);
+  int op = (int)lua_tointeger(L, 2);
+  lua_Integer off = lua_tointeger(L, 3);
+  /* The logical position is behind the kernel's by the read-ahead. */
+  lua_Integer unread = (lua_Integer)(f->rlen - f->rpos);
+  if (op == 1) off -= unread;
+  f->rpos = f->rlen = 0;
+  off_t pos = lseek(f->fd, (off_t)off, mode[op]);
+  if (pos < 0) {
+    f->op.err = -errno;
+    return 0;
+  }
   lua_pushinteger(L, (lua_Integer)pos);
   return 1;
 }
 
+static const lmethod m_seek = {NULL, step_seek, done_result, false};
+
+/* file:seek([whence [, offset]]) -> position */
+static int f_seek(lua_State *L) {
+  static const char *const modenames[] = {"set", "cur", "end", NULL};
+  lfile *f = check_file(L, 1);
+  int op = luaL_checkoption(L, 2, "cur", modenames);
+  lua_Integer off = luaL_optinteger(L, 3, 0);
+  lua_settop(L, 1);
+  lua_pushinteger(L, op);
+  lua_pushinteger(L, off);
+  return method_start(L, f, &m_seek);
+}
+
+/* file:sync() -> true: pending writes out, then fsync. */
+static int step_sync(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  int64_t r;
+  if (o->phase == 0) {
+    r = sub_flush(f);
+    if (r == AGAIN) return STEP_IO;
+    if (r) {
+      o->err = r;
+      return 0;
+    }
+    o->phase = 1;
+    o->io = (lio){.kind = IO_FSYNC, .fd = f->fd};
+    return STEP_IO;
+  }
+  if (!op_answer(f, &r)) r = UMS_EIO;
+  if (r) {
+    o->err = r;
+    return 0;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static const lmethod m_sync = {NULL, step_sync, done_result, false};
+
+static int f_sync(lua_State *L) {
+  lfile *f = check_file(L, 1);
+  return method_start(L, f, &m_sync);
+}
+
 /* ---------------------------------------------------------------------- */
-/* Positional I/O and sync                                                 */
+/* Positional I/O                                                          */
 /* ---------------------------------------------------------------------- */
+
+/* Stack: file, n (> 0), offset. Reads of more than CHUNK_MAX go in
+** several requests, straight into the accumulator. */
+static int step_pread(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  size_t n = (size_t)lua_tointeger(L, 2);
+  lua_Integer off = lua_tointeger(L, 3);
+  int64_t r;
+  if (o->phase == 0) {
+    /* This file's own pending writes come first, as they would with
+    ** pread(2) after write(2) on the descriptor. */
+    r = sub_flush(f);
+    if (r == AGAIN) return STEP_IO;
+    if (r) {
+      o->err = r;
+      return 0;
+    }
+    o->phase = 1;
+  } else if (op_answer(f, &r)) {
+    if (r < 0) {
+      o->err = r;
+      return 0;
+    }
+    if (r == 0) goto out;
+    o->acclen += (size_t)r;
+  }
+  if (o->acclen < n && off <= LUA_MAXINTEGER - (lua_Integer)o->acclen) {
+    size_t want = n - o->acclen < CHUNK_MAX ? n - o->acclen : CHUNK_MAX;
+    if ((r = acc_reserve(f, o->acclen + want))) {
+      o->err = r;
+      return 0;
+    }
+    ask_rw(f, IO_READ, o->acc, o->acclen, want,
+           (int64_t)off + (int64_t)o->acclen);
+    return STEP_IO;
+  }
+out:
+  if (o->acclen == 0)
+    lua_pushnil(L);
+  else
+    push_acc(L, f);
+  return 1;
+}
+
+static const lmethod m_pread = {NULL, step_pread, done_result, false};
 
 /* file:pread(n, offset) -> string (shorter only at the end of the file;
 ** nil when offset is at or past it) | nil, msg, errno. Does not move the
-** file's position. Reads of more than CHUNK_MAX go in several requests. */
+** file's position. */
 static int f_pread(lua_State *L) {
   lfile *f = check_file(L, 1);
   lua_Integer n = luaL_checkinteger(L, 2);
@@ -672,88 +1223,207 @@ static int f_pread(lua_State *L) {
     lua_pushliteral(L, "");
     return 1;
   }
-  size_t want = (size_t)n < CHUNK_MAX ? (size_t)n : CHUNK_MAX;
-  method_lock(L, f);
-  ums_buf_t *b = ums_buf_new(want);
-  if (!b) {
-    file_unlock(f);
-    return push_fail(L, NULL, UMS_ENOMEM);
+  lua_settop(L, 3);
+  return method_start(L, f, &m_pread);
+}
+
+/* Stack: file, s, offset. */
+static int step_pwrite(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  size_t len;
+  const char *s = lua_tolstring(L, 2, &len);
+  int64_t r;
+  if (o->phase == 0) {
+    /* Program order: this file's pending writes go out first, and its
+    ** read-ahead, which the write may change, is dropped. */
+    r = sub_flush(f);
+    if (r == AGAIN) return STEP_IO;
+    drop_readahead(f);
+    if (r) {
+      o->err = r;
+      return 0;
+    }
+    o->phase = 1;
   }
-  luaL_Buffer lb;
-  luaL_buffinit(L, &lb);
-  size_t got = 0;
-  /* This file's own pending writes come first, as they would with
-  ** pread(2) after write(2) on the descriptor. */
-  int64_t r = flush_writes(f);
-  while (r == 0 && got < (size_t)n &&
-         off <= LUA_MAXINTEGER - (lua_Integer)got) {
-    size_t left = (size_t)n - got;
-    r = do_read(f->owner, f->fd, b, 0, left < want ? left : want,
-                (int64_t)off + (int64_t)got);
-    if (r <= 0) break;
-    luaL_addlstring(&lb, ums_buf_data(b), (size_t)r);
-    got += (size_t)r;
-    r = 0;
+  r = write_chunks(f, s, len, (int64_t)lua_tointeger(L, 3));
+  if (r == AGAIN) return STEP_IO;
+  if (r) {
+    o->err = r;
+    return 0;
   }
-  file_unlock(f);
-  ums_buf_release(b);
-  luaL_pushresult(&lb);
-  if (r < 0) return file_fail(L, f, r);
-  if (got == 0) lua_pushnil(L);
+  lua_pushinteger(L, (lua_Integer)len);
   return 1;
 }
+
+static const lmethod m_pwrite = {NULL, step_pwrite, done_result, false};
 
 /* file:pwrite(s, offset) -> bytes written | nil, msg, errno */
 static int f_pwrite(lua_State *L) {
   lfile *f = check_file(L, 1);
-  size_t len;
-  const char *s = luaL_checklstring(L, 2, &len);
+  luaL_checkstring(L, 2);
   lua_Integer off = luaL_checkinteger(L, 3);
   luaL_argcheck(L, off >= 0, 3, "offset must not be negative");
   if (!f->writable) return push_fail(L, NULL, UMS_EBADF);
-  size_t done = 0;
-  method_lock(L, f);
-  /* Program order: this file's pending writes go out first, and its
-  ** read-ahead, which the write may change, is dropped. */
-  int64_t err = flush_writes(f);
-  drop_readahead(f);
-  while (done < len && !err) {
-    size_t chunk = len - done < CHUNK_MAX ? len - done : CHUNK_MAX;
-    ums_buf_t *b = ums_buf_new(chunk);
-    if (!b) {
-      err = UMS_ENOMEM;
-      break;
-    }
-    memcpy(ums_buf_data(b), s + done, chunk);
-    err = do_write_all(f->owner, f->fd, b, 0, chunk,
-                       (int64_t)off + (int64_t)done);
-    ums_buf_release(b);
-    if (!err) done += chunk;
-  }
-  file_unlock(f);
-  if (err) return file_fail(L, f, err);
-  lua_pushinteger(L, (lua_Integer)done);
-  return 1;
+  lua_settop(L, 3);
+  return method_start(L, f, &m_pwrite);
 }
 
-/* file:sync() -> true: pending writes out, then fsync. */
-static int f_sync(lua_State *L) {
-  lfile *f = check_file(L, 1);
-  method_lock(L, f);
-  int64_t err = flush_writes(f);
-  if (!err) {
-    lums_before_block(f->owner);
-    err = ums_fs_fsync(f->fd, 0, UMS_FOREVER);
-    resumed(f->owner);
-  }
-  file_unlock(f);
-  if (err) return file_fail(L, f, err);
+/* ---------------------------------------------------------------------- */
+/* Closing                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static int step_close(lua_State *L, lfile *f) {
+  (void)L;
+  /* another task may have closed it while this one waited (__close) */
+  if (f->fd < 0 && f->op.sub == 0) return 0;
+  int64_t r = sub_close(f);
+  if (r == AGAIN) return STEP_IO;
+  f->op.err = r;
+  return 0;
+}
+
+static int done_close(lua_State *L, lfile *f, int nres, int64_t err) {
+  (void)f;
+  (void)nres;
+  if (err) return fail(L, NULL, err);  /* closed all the same */
   lua_pushboolean(L, 1);
   return 1;
 }
 
+static const lmethod m_close = {NULL, step_close, done_close, false};
+
+static int f_close(lua_State *L) {
+  lfile *f = check_file(L, 1);
+  return method_start(L, f, &m_close);
+}
+
+/* __close (a <close> variable going out of scope): file:close, which may
+** wait like any method; an error closing is raised. */
+static int done_tbc(lua_State *L, lfile *f, int nres, int64_t err) {
+  (void)f;
+  (void)nres;
+  if (err) {
+    check_cancel(L, err);
+    return luaL_error(L, "ums.fs: closing the file: %s",
+                      strerror((int)-err));
+  }
+  return 0;
+}
+
+static const lmethod m_tbc = {NULL, step_close, done_tbc, true};
+
+static int f_tbc(lua_State *L) {
+  lfile *f = to_file(L, 1);
+  if (!f || f->fd < 0) return 0;
+  lua_settop(L, 1);
+  return method_start(L, f, &m_tbc);
+}
+
+/* __gc: a file nobody closed is closed; pending writes go out first.
+** Plain system calls, as io's __gc: a finalizer runs inside whatever
+** allocated, and must not park that task (it may be half-way through a
+** channel operation). Errors cannot be reported here. A file cannot be
+** collected while a method runs on it (the method's stack holds it). */
+static int f_gc(lua_State *L) {
+  lfile *f = to_file(L, 1);
+  if (!f) return 0;
+  if (f->fd >= 0) {
+    flush_plain(f);
+    close(f->fd);
+    f->fd = -1;
+  }
+  ums_buf_release(f->buf);
+  f->buf = NULL;
+  op_clear(&f->op);
+  return 0;
+}
+
+static int f_tostring(lua_State *L) {
+  lfile *f = to_file(L, 1);
+  if (!f) return luaL_typeerror(L, 1, FILE_MT);
+  if (f->fd < 0)
+    lua_pushliteral(L, "ums.fs.file (closed)");
+  else
+    lua_pushfstring(L, "ums.fs.file (%p)", (void *)f);
+  return 1;
+}
+
 /* ---------------------------------------------------------------------- */
-/* Opening and closing                                                     */
+/* lines                                                                   */
+/* ---------------------------------------------------------------------- */
+
+#define PH_CLOSING 100
+
+/* Stack: file, formats; upvalue 3 says whether to close at the end. */
+static void lines_init(lua_State *L, lfile *f) {
+  items_init(L, f);
+  f->op.close_at_end = lua_toboolean(L, lua_upvalueindex(3));
+}
+
+static int step_lines(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  if (o->phase != PH_CLOSING) {
+    int n = step_read(L, f);
+    if (n == STEP_IO || o->err) return n;
+    if (n >= 1 && !lua_isnil(L, o->first)) return n;
+    /* End of file (or a format that failed). */
+    lua_settop(L, o->first - 1);
+    if (!o->close_at_end || f->fd < 0) return 0;
+    o->phase = PH_CLOSING;
+    op_next_item(o);
+  }
+  if (sub_close(f) == AGAIN) return STEP_IO;
+  return 0;  /* an error closing is not the loop's business */
+}
+
+static int done_lines(lua_State *L, lfile *f, int nres, int64_t err) {
+  if (err) {
+    file_check_cancel(L, f, err);
+    return luaL_error(L, "%s", strerror((int)-err));
+  }
+  return nres;
+}
+
+static const lmethod m_lines = {lines_init, step_lines, done_lines, false};
+
+/* lines iterator: upvalues file, number of formats, close at end,
+** formats... */
+static int lines_iter(lua_State *L) {
+  lfile *f = to_file(L, lua_upvalueindex(1));
+  if (!f || f->fd < 0) return luaL_error(L, "file is already closed");
+  int n = (int)lua_tointeger(L, lua_upvalueindex(2));
+  lua_settop(L, 0);
+  luaL_checkstack(L, n + LUA_MINSTACK, "too many arguments");
+  lua_pushvalue(L, lua_upvalueindex(1));
+  for (int i = 1; i <= n; i++) lua_pushvalue(L, lua_upvalueindex(3 + i));
+  if (n == 0) lua_pushliteral(L, "l");
+  check_formats(L, 2, lua_gettop(L));
+  if (!f->readable) {
+    push_fail(L, NULL, UMS_EBADF);
+    return luaL_error(L, "%s", lua_tostring(L, -2));
+  }
+  return method_start(L, f, &m_lines);
+}
+
+static void push_lines(lua_State *L, int file, int first, bool close) {
+  int n = lua_gettop(L) - first + 1;
+  luaL_argcheck(L, n <= 250, first, "too many arguments");
+  lua_pushvalue(L, file);
+  lua_pushinteger(L, n);
+  lua_pushboolean(L, close);
+  for (int i = 0; i < n; i++) lua_pushvalue(L, first + i);
+  lua_pushcclosure(L, lines_iter, 3 + n);
+}
+
+/* file:lines(...) -> iterator reading with the formats (default "l") */
+static int f_lines(lua_State *L) {
+  check_file(L, 1);
+  push_lines(L, 1, 2, false);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Opening, and whole files                                                */
 /* ---------------------------------------------------------------------- */
 
 /* io's modes: r, w, a, optionally +, then any number of b. */
@@ -777,185 +1447,75 @@ static bool parse_mode(const char *m, int *flags, bool *rd, bool *wr) {
   return *m == '\0';
 }
 
-static lfile *new_file(lua_State *L, int fd, bool rd, bool wr) {
+/* Pushes a file whose descriptor its open method will set. */
+static lfile *new_file(lua_State *L, bool rd, bool wr) {
   lfile *f = (lfile *)lua_newuserdatauv(L, sizeof *f, 0);
   memset(f, 0, sizeof *f);
   f->tag = &file_tag;
-  f->fd = fd;
+  f->fd = -1;
   f->readable = rd;
   f->writable = wr;
   luaL_setmetatable(L, FILE_MT);
   return f;
 }
 
+/* Stack: path, ..., the new file. */
+static int step_open(lua_State *L, lfile *f) {
+  (void)L;
+  int64_t r = sub_open(f);
+  if (r == AGAIN) return STEP_IO;
+  f->op.err = r;
+  return 1;  /* the file, on top */
+}
+
+static int done_open(lua_State *L, lfile *f, int nres, int64_t err) {
+  (void)f;
+  if (err) return fail(L, lua_tostring(L, 1), err);
+  return nres;
+}
+
+static void open_init(lua_State *L, lfile *f);
+
+static const lmethod m_open = {open_init, step_open, done_open, true};
+
+/* The open's path, flags and mode: the path at index 1; the flags and
+** mode from the file's access and the method. */
+static void open_init(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  o->path = lua_tostring(L, 1);
+  o->omode = 0666;
+  if (o->m == &m_open) {
+    bool rd, wr;
+    parse_mode(luaL_optstring(L, 2, "r"), &o->oflags, &rd, &wr);
+  } else if (f->writable) {
+    o->oflags = O_WRONLY | O_CREAT | O_TRUNC;
+  } else {
+    o->oflags = O_RDONLY;
+  }
+}
+
 /* ums.fs.open(path [, mode]) -> file | nil, msg, errno */
 static int fs_open(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
+  luaL_checkstring(L, 1);
   const char *mode = luaL_optstring(L, 2, "r");
   int flags = 0;
   bool rd = false, wr = false;
   luaL_argcheck(L, parse_mode(mode, &flags, &rd, &wr), 2, "invalid mode");
-  ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int fd = ums_fs_open(path, flags, 0666, UMS_FOREVER);
-  resumed(me);
-  if (fd < 0) {
-    return fail(L, path, (int)fd);
-  }
-  new_file(L, fd, rd, wr);
-  return 1;
-}
-
-/* Writes the pending bytes with plain system calls (no park): for __gc,
-** and for a task that was cancelled, whose runtime calls would all fail
-** with UMS_ECANCELED before doing anything. */
-static int64_t flush_plain(lfile *f) {
-  const char *p = f->buf ? ums_buf_data(f->buf) : NULL;
-  size_t n = f->wlen;
-  f->wlen = 0;
-  while (n > 0) {
-    ssize_t w = write(f->fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return -errno;
-    if (w == 0) return UMS_EIO;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-/* Flushes and closes; returns 0 or the first error. The descriptor is
-** closed in every case. In a cancelled task (a <close> file unwound by
-** the cancel, a close after catching it) the runtime refuses to park, so
-** its calls would neither write nor close anything: plain system calls
-** then, as in __gc. */
-static int64_t close_file(lfile *f) {
-  bool plain = f->owner && ums_cancelled();
-  int64_t err = plain ? flush_plain(f) : flush_writes(f);
-  /* cancelled during the flush: the close goes the plain way */
-  if (err == UMS_ECANCELED && f->owner) plain = true;
-  int fd = f->fd;
-  f->fd = -1;
-  int r;
-  if (plain) {
-    r = close(fd) == 0 ? 0 : -errno;
-  } else {
-    lums_before_block(f->owner);
-    r = ums_fs_close(fd, UMS_FOREVER);
-    resumed(f->owner);
-  }
-  ums_buf_release(f->buf);
-  f->buf = NULL;
-  return err ? err : r;
-}
-
-static int f_close(lua_State *L) {
-  lfile *f = check_file(L, 1);
-  method_lock(L, f);
-  int64_t err = close_file(f);
-  file_unlock(f);
-  if (err) return fail(L, NULL, (int)err);  /* closed all the same */
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* __gc: a file nobody closed is closed; pending writes go out first.
-** Plain system calls, as io's __gc: a finalizer runs inside whatever
-** allocated, and must not park that task (it may be half-way through a
-** channel operation). Errors cannot be reported here. */
-static int f_gc(lua_State *L) {
-  lfile *f = to_file(L, 1);
-  if (!f || f->fd < 0) return 0;
-  flush_plain(f);
-  close(f->fd);
-  f->fd = -1;
-  ums_buf_release(f->buf);
-  f->buf = NULL;
-  return 0;
-}
-
-/* __close (a <close> variable going out of scope): file:close, which may
-** wait like any method; an error closing is raised. */
-static int f_tbc(lua_State *L) {
-  lfile *f = to_file(L, 1);
-  if (!f || f->fd < 0) return 0;
-  file_lock(L, f);
-  /* another task may have closed it while this one waited */
-  int64_t err = f->fd >= 0 ? close_file(f) : 0;
-  file_unlock(f);
-  if (err) {
-    check_cancel(L, (int)err);
-    return luaL_error(L, "ums.fs: closing the file: %s",
-                      strerror((int)-err));
-  }
-  return 0;
-}
-
-static int f_tostring(lua_State *L) {
-  lfile *f = to_file(L, 1);
-  if (!f) return luaL_typeerror(L, 1, FILE_MT);
-  if (f->fd < 0)
-    lua_pushliteral(L, "ums.fs.file (closed)");
-  else
-    lua_pushfstring(L, "ums.fs.file (%p)", (void *)f);
-  return 1;
-}
-
-/* lines iterator: upvalues file, number of formats, formats... */
-static int lines_iter(lua_State *L) {
-  lfile *f = to_file(L, lua_upvalueindex(1));
-  if (!f || f->fd < 0) return luaL_error(L, "file is already closed");
-  int n = (int)lua_tointeger(L, lua_upvalueindex(2));
-  bool close_at_end = lua_toboolean(L, lua_upvalueindex(3));
-  lua_settop(L, 0);
-  lua_pushcfunction(L, f_read);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  for (int i = 1; i <= n; i++) lua_pushvalue(L, lua_upvalueindex(3 + i));
-  lua_call(L, n + 1, LUA_MULTRET);
-  int got = lua_gettop(L);
-  if (got >= 1 && !lua_isnil(L, 1)) return got;
-  /* nil: end of file, or nil, msg, errno */
-  if (got > 1 && lua_isstring(L, 2))
-    return luaL_error(L, "%s", lua_tostring(L, 2));
-  if (close_at_end) {
-    file_lock(L, f);
-    if (f->fd >= 0) close_file(f);
-    file_unlock(f);
-  }
-  return 0;
-}
-
-static void push_lines(lua_State *L, int file, int first, bool close) {
-  int n = lua_gettop(L) - first + 1;
-  luaL_argcheck(L, n <= 250, first, "too many arguments");
-  lua_pushvalue(L, file);
-  lua_pushinteger(L, n);
-  lua_pushboolean(L, close);
-  for (int i = 0; i < n; i++) lua_pushvalue(L, first + i);
-  lua_pushcclosure(L, lines_iter, 3 + n);
-}
-
-/* file:lines(...) -> iterator reading with the formats (default "l") */
-static int f_lines(lua_State *L) {
-  check_file(L, 1);
-  push_lines(L, 1, 2, false);
-  return 1;
+  lua_settop(L, 2);
+  return method_start(L, new_file(L, rd, wr), &m_open);
 }
 
 /* ums.fs.lines(path, ...) -> iterator that closes the file at its end;
 ** raises when the file cannot be opened, as io.lines does. */
-static int fs_lines(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int fd = ums_fs_open(path, O_RDONLY, 0, UMS_FOREVER);
-  resumed(me);
-  if (fd < 0) {
-    check_cancel(L, fd);
-    return luaL_error(L, "%s: %s", path, strerror(-fd));
+static int done_lines_open(lua_State *L, lfile *f, int nres, int64_t err) {
+  (void)f;
+  (void)nres;
+  if (err) {
+    check_cancel(L, err);
+    return luaL_error(L, "%s: %s", lua_tostring(L, 1),
+                      strerror((int)-err));
   }
-  new_file(L, fd, true, false);
-  lua_replace(L, 1);
+  lua_replace(L, 1);  /* the file, in place of the path */
   push_lines(L, 1, 2, true);
   lua_pushnil(L);
   lua_pushnil(L);
@@ -963,61 +1523,121 @@ static int fs_lines(lua_State *L) {
   return 4;
 }
 
-/* ---------------------------------------------------------------------- */
-/* Whole files and the file system                                         */
-/* ---------------------------------------------------------------------- */
+static const lmethod m_lines_open = {open_init, step_open, done_lines_open,
+                                     true};
 
-/* ums.fs.readfile(path) -> string | nil, msg, errno */
-static int fs_readfile(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int fd = ums_fs_open(path, O_RDONLY, 0, UMS_FOREVER);
-  resumed(me);
-  if (fd < 0) {
-    return fail(L, path, (int)fd);
+static int fs_lines(lua_State *L) {
+  luaL_checkstring(L, 1);
+  lfile *f = new_file(L, true, false);
+  return method_start(L, f, &m_lines_open);
+}
+
+/* ums.fs.readfile(path) -> string | nil, msg, errno. Stack: path, file. */
+static int step_readfile(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  int64_t r;
+  switch (o->phase) {
+    case 0:
+      r = sub_open(f);
+      if (r == AGAIN) return STEP_IO;
+      if (!r) r = ensure_buf(f);
+      if (r) {
+        o->err = r;
+        if (f->fd < 0) return 0;
+        o->phase = 2;  /* opened, no buffer: close it */
+        break;
+      }
+      o->phase = 1;
+      op_next_item(o);
+      /* fall through */
+    case 1:
+      r = fmt_all(L, f);
+      if (r == AGAIN) return STEP_IO;
+      if (r < 0) o->err = r;
+      o->phase = 2;
+      op_next_item(o);
+      break;
   }
-  lfile *f = new_file(L, fd, true, false);  /* closes it if we raise */
-  file_lock(L, f);
-  int64_t err = ensure_buf(f);
-  luaL_Buffer b;
-  luaL_buffinit(L, &b);
-  if (!err) err = read_all(f, &b);
-  luaL_pushresult(&b);
-  int64_t cerr = close_file(f);
-  file_unlock(f);
-  if (!err) err = cerr;
-  if (err) {
-    return fail(L, path, (int)err);
-  }
+  r = sub_close(f);
+  if (r == AGAIN) return STEP_IO;
+  if (!o->err) o->err = r;
   return 1;
 }
 
-/* ums.fs.writefile(path, s) -> true | nil, msg, errno (truncates) */
-static int fs_writefile(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  size_t len;
-  const char *s = luaL_checklstring(L, 2, &len);
-  ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int fd = ums_fs_open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666,
-                       UMS_FOREVER);
-  resumed(me);
-  if (fd < 0) {
-    return fail(L, path, (int)fd);
+static int done_path_result(lua_State *L, lfile *f, int nres, int64_t err) {
+  (void)f;
+  if (err) return fail(L, lua_tostring(L, 1), err);
+  return nres;
+}
+
+static const lmethod m_readfile = {open_init, step_readfile,
+                                   done_path_result, true};
+
+static int fs_readfile(lua_State *L) {
+  luaL_checkstring(L, 1);
+  lua_settop(L, 1);
+  lfile *f = new_file(L, true, false);  /* closes it if we raise */
+  return method_start(L, f, &m_readfile);
+}
+
+/* ums.fs.writefile(path, s) -> true | nil, msg, errno (truncates). Stack:
+** path, s, file. */
+static int step_writefile(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  int64_t r;
+  switch (o->phase) {
+    case 0:
+      r = sub_open(f);
+      if (r == AGAIN) return STEP_IO;
+      if (!r) r = ensure_buf(f);
+      if (r) {
+        o->err = r;
+        if (f->fd < 0) return 0;
+        o->phase = 2;
+        break;
+      }
+      o->phase = 1;
+      op_next_item(o);
+      /* fall through */
+    case 1: {
+      size_t len;
+      const char *s = lua_tolstring(L, 2, &len);
+      r = write_bytes(f, s, len);
+      if (r == AGAIN) return STEP_IO;
+      if (r < 0) o->err = r;
+      o->phase = 2;
+      op_next_item(o);
+      break;
+    }
   }
-  lfile *f = new_file(L, fd, false, true);
-  file_lock(L, f);
-  int64_t err = ensure_buf(f);
-  if (!err) err = write_bytes(f, s, len);
-  int64_t cerr = close_file(f);
-  file_unlock(f);
-  if (!err) err = cerr;
-  if (err) {
-    return fail(L, path, (int)err);
-  }
+  r = sub_close(f);
+  if (r == AGAIN) return STEP_IO;
+  if (!o->err) o->err = r;
   lua_pushboolean(L, 1);
   return 1;
+}
+
+static const lmethod m_writefile = {open_init, step_writefile,
+                                    done_path_result, true};
+
+static int fs_writefile(lua_State *L) {
+  luaL_checkstring(L, 1);
+  luaL_checkstring(L, 2);
+  lua_settop(L, 2);
+  lfile *f = new_file(L, false, true);
+  return method_start(L, f, &m_writefile);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The file system: one request at a time, the request as the context of  */
+/* the continuation                                                        */
+/* ---------------------------------------------------------------------- */
+
+/* Waits for req, begun by the current task me, then k(L, LUA_YIELD, req):
+** by yielding where Lua can, else on the worker. */
+static int await(lua_State *L, ltask *me, ums_fs_req_t *req,
+                 lua_KFunction k) {
+  return lums_park_finish(L, me, (lua_KContext)req, k);
 }
 
 static const char *type_name(uint32_t mode) {
@@ -1043,68 +1663,111 @@ static void set_int(lua_State *L, const char *k, lua_Integer v) {
   lua_setfield(L, -2, k);
 }
 
+/* stat's result (the path at index 1). */
+static int stat_result(lua_State *L, int r, const ums_stat_t *st) {
+  if (r < 0) return fail(L, lua_tostring(L, 1), r);
+  lua_createtable(L, 0, 14);
+  lua_pushstring(L, type_name(st->mode));
+  lua_setfield(L, -2, "type");
+  set_int(L, "size", (lua_Integer)st->size);
+  set_int(L, "mode", (lua_Integer)(st->mode & 07777));
+  set_int(L, "ino", (lua_Integer)st->ino);
+  set_int(L, "dev", (lua_Integer)st->dev);
+  set_int(L, "nlink", (lua_Integer)st->nlink);
+  set_int(L, "uid", (lua_Integer)st->uid);
+  set_int(L, "gid", (lua_Integer)st->gid);
+  set_int(L, "blocks", (lua_Integer)st->blocks);
+  set_int(L, "blksize", (lua_Integer)st->blksize);
+  set_time(L, "atime", st->atime);
+  set_time(L, "mtime", st->mtime);
+  set_time(L, "ctime", st->ctime);
+  return 1;
+}
+
+static int stat_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  ums_stat_t st;
+  int r = ums_fs_stat_end((ums_fs_req_t *)ctx, &st);
+  return stat_result(L, r, &st);
+}
+
 /* ums.fs.stat(path [, nofollow]) -> table | nil, msg, errno */
 static int fs_stat(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   int flags = lua_toboolean(L, 2) ? UMS_FS_NOFOLLOW : 0;
-  ums_stat_t st;
   ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int r = ums_fs_stat(path, flags, &st, UMS_FOREVER);
-  resumed(me);
-  if (r < 0) {
-    return fail(L, path, (int)r);
+  ums_stat_t st;
+  if (!me) {
+    int r = ums_fs_stat(path, flags, &st, UMS_FOREVER);
+    return stat_result(L, r, &st);
   }
-  lua_createtable(L, 0, 14);
-  lua_pushstring(L, type_name(st.mode));
-  lua_setfield(L, -2, "type");
-  set_int(L, "size", (lua_Integer)st.size);
-  set_int(L, "mode", (lua_Integer)(st.mode & 07777));
-  set_int(L, "ino", (lua_Integer)st.ino);
-  set_int(L, "dev", (lua_Integer)st.dev);
-  set_int(L, "nlink", (lua_Integer)st.nlink);
-  set_int(L, "uid", (lua_Integer)st.uid);
-  set_int(L, "gid", (lua_Integer)st.gid);
-  set_int(L, "blocks", (lua_Integer)st.blocks);
-  set_int(L, "blksize", (lua_Integer)st.blksize);
-  set_time(L, "atime", st.atime);
-  set_time(L, "mtime", st.mtime);
-  set_time(L, "ctime", st.ctime);
+  ums_fs_req_t *req;
+  int r = ums_fs_stat_begin(path, flags, UMS_FOREVER, &req);
+  if (r) return stat_result(L, r, &st);
+  return await(L, me, req, stat_k);
+}
+
+/* true, or the failure (the path at index 1). */
+static int result(lua_State *L, int64_t r) {
+  if (r < 0) return fail(L, lua_tostring(L, 1), r);
+  lua_pushboolean(L, 1);
   return 1;
 }
 
-static int result(lua_State *L, int r, const char *path) {
-  if (r < 0) {
-    return fail(L, path, (int)r);
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+static int result_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return result(L, ums_fs_end((ums_fs_req_t *)ctx));
+}
+
+/* remove: the rmdir's answer; the unlink's error is at the top. */
+static int remove2_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  int64_t r2 = ums_fs_end((ums_fs_req_t *)ctx);
+  int64_t r = lua_tointeger(L, -1);
+  return result(L, r2 != UMS_ENOTDIR ? r2 : r);
+}
+
+/* remove: a directory's unlink fails with EISDIR (EPERM on some
+** systems): then it is an rmdir. */
+static int remove_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  int64_t r = ums_fs_end((ums_fs_req_t *)ctx);
+  if (r != UMS_EISDIR && r != UMS_EPERM) return result(L, r);
+  ums_fs_req_t *req;
+  int rc = ums_fs_rmdir_begin(lua_tostring(L, 1), UMS_FOREVER, &req);
+  if (rc) return result(L, rc != UMS_ENOTDIR ? rc : r);
+  lua_settop(L, 1);
+  lua_pushinteger(L, (lua_Integer)r);
+  return await(L, lums_cur_task, req, remove2_k);
 }
 
 /* ums.fs.remove(path): a file, or an empty directory (as os.remove) */
 static int fs_remove(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int r = ums_fs_unlink(path, UMS_FOREVER);
-  resumed(me);
-  if (r == UMS_EISDIR || r == UMS_EPERM) {
-    lums_before_block(me);
-    int r2 = ums_fs_rmdir(path, UMS_FOREVER);
-    resumed(me);
-    if (r2 != UMS_ENOTDIR) r = r2;
+  if (!me) {
+    int r = ums_fs_unlink(path, UMS_FOREVER);
+    if (r == UMS_EISDIR || r == UMS_EPERM) {
+      int r2 = ums_fs_rmdir(path, UMS_FOREVER);
+      if (r2 != UMS_ENOTDIR) r = r2;
+    }
+    return result(L, r);
   }
-  return result(L, r, path);
+  ums_fs_req_t *req;
+  int r = ums_fs_unlink_begin(path, UMS_FOREVER, &req);
+  if (r) return result(L, r);
+  return await(L, me, req, remove_k);
 }
 
 static int fs_rename(lua_State *L) {
   const char *from = luaL_checkstring(L, 1);
   const char *to = luaL_checkstring(L, 2);
   ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int r = ums_fs_rename(from, to, UMS_FOREVER);
-  resumed(me);
-  return result(L, r, from);
+  if (!me) return result(L, ums_fs_rename(from, to, UMS_FOREVER));
+  ums_fs_req_t *req;
+  int r = ums_fs_rename_begin(from, to, UMS_FOREVER, &req);
+  if (r) return result(L, r);
+  return await(L, me, req, result_k);
 }
 
 static int fs_mkdir(lua_State *L) {
@@ -1112,10 +1775,11 @@ static int fs_mkdir(lua_State *L) {
   lua_Integer mode = luaL_optinteger(L, 2, 0777);
   luaL_argcheck(L, mode >= 0 && mode <= 07777, 2, "invalid mode");
   ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int r = ums_fs_mkdir(path, (int)mode, UMS_FOREVER);
-  resumed(me);
-  return result(L, r, path);
+  if (!me) return result(L, ums_fs_mkdir(path, (int)mode, UMS_FOREVER));
+  ums_fs_req_t *req;
+  int r = ums_fs_mkdir_begin(path, (int)mode, UMS_FOREVER, &req);
+  if (r) return result(L, r);
+  return await(L, me, req, result_k);
 }
 
 /* dir iterator: upvalues the list (a table of names) and the next index */
@@ -1127,18 +1791,8 @@ static int dir_iter(lua_State *L) {
   return 1;
 }
 
-/* ums.fs.dir(path) -> iterator over the names ("." and ".." left out) |
-** nil, msg, errno. The directory is read whole when dir is called. */
-static int fs_dir(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  ums_dirlist_t *list;
-  ltask *me = lums_cur_task;
-  lums_before_block(me);
-  int r = ums_fs_readdir(path, &list, UMS_FOREVER);
-  resumed(me);
-  if (r < 0) {
-    return fail(L, path, (int)r);
-  }
+static int dir_result(lua_State *L, int r, ums_dirlist_t *list) {
+  if (r < 0) return fail(L, lua_tostring(L, 1), r);
   lua_createtable(L, (int)(list->count < INT_MAX ? list->count : 0), 0);
   for (size_t i = 0; i < list->count; i++) {
     lua_pushstring(L, list->entries[i].name);
@@ -1148,6 +1802,30 @@ static int fs_dir(lua_State *L) {
   lua_pushinteger(L, 1);
   lua_pushcclosure(L, dir_iter, 2);
   return 1;
+}
+
+static int dir_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  ums_dirlist_t *list = NULL;
+  int r = ums_fs_readdir_end((ums_fs_req_t *)ctx, &list);
+  return dir_result(L, r, list);
+}
+
+/* ums.fs.dir(path) -> iterator over the names ("." and ".." left out) |
+** nil, msg, errno. The directory is read whole when dir is called. */
+static int fs_dir(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  ltask *me = lums_cur_task;
+  ums_dirlist_t *list = NULL;
+  int r;
+  if (!me) {
+    r = ums_fs_readdir(path, &list, UMS_FOREVER);
+    return dir_result(L, r, list);
+  }
+  ums_fs_req_t *req;
+  r = ums_fs_readdir_begin(path, UMS_FOREVER, &req);
+  if (r) return dir_result(L, r, NULL);
+  return await(L, me, req, dir_k);
 }
 
 /* ums.fs.type(v) -> "file" | "closed file" | nil, as io.type */

@@ -10,22 +10,25 @@
 ** own VM, and only from the thread running it.
 **
 ** Stall reports. The runtime's monitor thread finds a stalled scheduler
-** and calls lums_stall_cb there. That thread must not touch the VM (its
-** scheduler thread is inside it, stalled or not), so the report waits in
-** the run's lstall and the Lua thread is asked for a hook
-** (lums_request_hook, the quantum's signal): as soon as the stalled task
-** runs Lua code again, the hook takes its traceback and delivers the
-** report. With the default handler the monitor thread itself prints the
-** report's one line, once it has the traceback's first frame or after a
-** short wait for it (a task stuck in a blocking C call never reaches
-** Lua), so the line comes out within the time the issue allows (twice the
-** threshold) in every case. A Lua handler (ums.on_stall(fn)) runs on the
-** Lua thread: from the hook, inside the stalled task (it must not wait),
-** or, when the stalled step ended without running Lua again, at the next
-** step or the end of the run, without a traceback.
+** and calls lums_stall_cb there. That thread must not touch a VM (the
+** stalled scheduler's thread is inside its VM, stalled or not), so the
+** report waits in the run's lstall and the VM of that scheduler is asked
+** for a hook (lums_request_hook, the quantum's signal): as soon as the
+** stalled task runs Lua code again, the hook takes its traceback and
+** delivers the report. With the default handler the monitor thread itself
+** prints the report's one line, once it has the traceback's first frame or
+** after a short wait for it (a task stuck in a blocking C call never
+** reaches Lua), so the line comes out within the time the issue allows
+** (twice the threshold) in every case. A Lua handler (ums.on_stall(fn),
+** set in the stalled scheduler's VM: each VM has its own, like its own
+** globals) runs on that VM's thread: from the hook, inside the stalled
+** task (it must not wait), or, when the stalled step ended without
+** running Lua again, at the VM's next step or the end of the run, without
+** a traceback.
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lvm.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -51,13 +54,14 @@ struct lstall {
   pthread_cond_t cond;         /* the hook captured a traceback */
   int state;                   /* [lock] ST_* of the latest report */
   ums_stall_t report;          /* [lock] the latest report */
+  lrun *target;                /* [lock] the VM of its scheduler, or NULL */
   char tb[TB_MAX];             /* [lock] its traceback; "" when none */
   char tb_out[TB_MAX];         /* [the monitor thread] a copy to print */
-  _Atomic int custom;          /* a Lua handler is set: the VM delivers */
+  _Atomic(lvms *) vms;         /* [atomic] the run's VMs, once made */
   int64_t where_wait;          /* [const] see WHERE_WAIT_MAX */
 };
 
-static bool has_handler(lua_State *L) {
+bool lums_stall_has_handler(lua_State *L) {
   bool yes = lua_getfield(L, LUA_REGISTRYINDEX, ONSTALL_KEY) == LUA_TFUNCTION;
   lua_pop(L, 1);
   return yes;
@@ -74,8 +78,12 @@ lstall *lums_stall_new(lua_State *L, int64_t threshold) {
   pthread_condattr_destroy(&ca);
   s->where_wait = threshold / 2 < WHERE_WAIT_MAX ? threshold / 2
                                                  : WHERE_WAIT_MAX;
-  atomic_store(&s->custom, has_handler(L));
+  (void)L;
   return s;
+}
+
+void lums_stall_attach(lstall *s, lvms *vms) {
+  if (s) atomic_store(&s->vms, vms);
 }
 
 void lums_stall_free(lstall *s) {
@@ -118,17 +126,25 @@ static void deadline_in(struct timespec *ts, int64_t ns) {
 
 /* The monitor thread. */
 void lums_stall_cb(const ums_stall_t *st, void *arg) {
-  lrun *r = arg;
-  lstall *s = r->stall;
+  lstall *s = arg;
   if (!s) return;
+  /* The VM of the stalled scheduler, if it has one yet (a scheduler runs
+  ** Lua only once a task of its VM has started). */
+  lvms *vms = atomic_load(&s->vms);
+  lrun *r = vms && st->sched < lums_vms_count(vms)
+                ? lums_vms_at(vms, st->sched)
+                : NULL;
   pthread_mutex_lock(&s->lock);
   s->report = *st;
+  s->target = r;
   s->tb[0] = '\0';
   s->state = ST_WANT;
-  atomic_store(&r->stall_pending, 1);
+  if (r) atomic_store(&r->stall_pending, 1);
   pthread_mutex_unlock(&s->lock);
-  lums_request_hook(r);
-  if (atomic_load(&s->custom)) return;
+  if (r) {
+    lums_request_hook(r);
+    if (atomic_load(&r->stall_custom)) return;
+  }
 
   /* The default handler: one line, from here. */
   struct timespec ts;
@@ -142,7 +158,7 @@ void lums_stall_cb(const ums_stall_t *st, void *arg) {
   memcpy(s->tb_out, s->tb, sizeof s->tb_out);
   if (print) {
     s->state = ST_DONE;
-    atomic_store(&r->stall_pending, 0);
+    if (r) atomic_store(&r->stall_pending, 0);
   }
   pthread_mutex_unlock(&s->lock);
   if (print) print_report(&rep, s->tb_out);
@@ -194,7 +210,7 @@ void lums_stall_hook(lua_State *L, ltask *t) {
     return;
   }
   pthread_mutex_lock(&s->lock);
-  bool want = s->state == ST_WANT;
+  bool want = s->state == ST_WANT && s->target == r;
   bool mine = want && s->report.task == t->h->id;
   pthread_mutex_unlock(&s->lock);
   if (!want) return;
@@ -207,12 +223,12 @@ void lums_stall_hook(lua_State *L, ltask *t) {
   pthread_mutex_lock(&s->lock);
   bool call = false;
   ums_stall_t rep = s->report;
-  if (s->state == ST_WANT) {
+  if (s->state == ST_WANT && s->target == r) {
     const char *tb = lua_tostring(L, -1);
     snprintf(s->tb, sizeof s->tb, "%s", tb ? tb : "");
     s->state = ST_HAVE;
     pthread_cond_signal(&s->cond);
-    if ((call = atomic_load(&s->custom))) {
+    if ((call = atomic_load(&r->stall_custom))) {
       s->state = ST_DONE;
       atomic_store(&r->stall_pending, 0);
     }
@@ -235,12 +251,14 @@ void lums_stall_flush(lrun *r, lua_State *L) {
   ums_stall_t rep = s->report;
   /* Without a Lua handler the monitor thread prints, and clears the flag
   ** once it has. */
-  if ((s->state == ST_WANT || s->state == ST_HAVE) &&
-      atomic_load(&s->custom)) {
+  bool mine = s->target == r;
+  if (mine && (s->state == ST_WANT || s->state == ST_HAVE) &&
+      atomic_load(&r->stall_custom)) {
     call = true;
     s->state = ST_DONE;
   }
-  if (s->state == ST_DONE || s->state == ST_NONE)
+  /* Not (or no longer) this VM's: a newer report went to another one. */
+  if (!mine || s->state == ST_DONE || s->state == ST_NONE)
     atomic_store(&r->stall_pending, 0);
   pthread_mutex_unlock(&s->lock);
   if (call) {
@@ -255,8 +273,8 @@ static int l_on_stall(lua_State *L) {
   lua_settop(L, 1);
   lua_setfield(L, LUA_REGISTRYINDEX, ONSTALL_KEY);
   ltask *t = lums_cur_task;
-  if (t && t->run && t->run->stall)
-    atomic_store(&t->run->stall->custom, has_handler(L));
+  if (t && t->run)
+    atomic_store(&t->run->stall_custom, lums_stall_has_handler(L));
   return 0;
 }
 

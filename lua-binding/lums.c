@@ -7,17 +7,19 @@
 ** ums_park_wait, which binds the worker to the task while another worker
 ** runs the scheduler (DESIGN.md section 4).
 **
-** Threads: every task of a run shares the caller's Lua VM and runs on
-** scheduler 0; the main thread is blocked inside core.run for the whole
-** run, so the VM is only ever touched by one thread at a time. The run's
-** own Lua thread (r->SL) does the binding's Lua work on the scheduler
-** side (results, tracebacks); the main thread's stack is never touched
-** while the run is in progress.
+** Threads: each VM of a run belongs to one scheduler (the caller's VM to
+** scheduler 0, the others to theirs: lvm.c) and its tasks run there; the
+** main thread is blocked inside core.run for the whole run, so a VM is
+** only ever touched by one thread at a time. Each VM's own Lua thread
+** (r->SL) does the binding's Lua work on the scheduler side (results,
+** tracebacks); the main thread's stack is never touched while the run is
+** in progress.
 **
 ** See CORE-API.md for the Lua-facing contract.
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lvm.h"
 
 #include <dlfcn.h>
 #include <lauxlib.h>
@@ -66,9 +68,21 @@
 
 _Thread_local ltask *lums_cur_task;
 
-/* The run in progress, for the signal handler (which must not touch
-** thread-local storage of a dlopen'ed module: its first use may allocate). */
-static _Atomic(lrun *) sig_run;
+/* The VM whose tasks this scheduler thread runs, for the signal handler.
+** Initial-exec like lums_cur_task: the first use of a dlopen'ed module's
+** dynamic TLS may allocate, which a signal handler must not do. */
+static _Thread_local lrun *thread_run
+    __attribute__((tls_model("initial-exec")));
+
+/* The nopreempt chunks of one VM (core.nopreempt_chunk), in a userdata
+** under this registry key. The sources are compared by address; their
+** functions are anchored in the registry, which keeps them alive. */
+#define NOPREEMPT_KEY "ums.nopreempt.sources"
+#define NOPREEMPT_MAX 8
+struct lnopreempt {
+  const char *src[NOPREEMPT_MAX];
+  int n;
+};
 
 /* Makes t current again on this thread: after a blocking wait, other
 ** steps have run on other workers of this thread meanwhile. */
@@ -127,10 +141,14 @@ static int64_t timeout_to_deadline(lua_State *L, int idx) {
 /* Finishes a wait whose park has begun: yields with continuation k where
 ** Lua can yield here, else blocks this task's worker. k reads the outcome
 ** with ums_park_result(). */
+bool lums_can_yield(lua_State *L, ltask *t) {
+  return L == t->co && lua_isyieldable(L);
+}
+
 int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
                        lua_KFunction k) {
   t->park_begun = false;
-  if (L == t->co && lua_isyieldable(L)) {
+  if (lums_can_yield(L, t)) {
     t->parking = true;
     return lua_yieldk(L, 0, ctx, k);
   }
@@ -138,6 +156,22 @@ int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
   ums_park_wait();
   lums_become_current(t);
   return k(L, LUA_YIELD, ctx);
+}
+
+int lums_park_try_begin(ltask *t, int64_t deadline, int flags,
+                        ums_park_token_t *tok) {
+  return lums_park_try_begin_wait(t, deadline, flags, UMS_WAIT_PARK, NULL,
+                                  tok);
+}
+
+int lums_park_try_begin_wait(ltask *t, int64_t deadline, int flags,
+                             int type, const void *object,
+                             ums_park_token_t *tok) {
+  int r = ums_park_begin_wait(deadline, flags, type, object, 0, tok);
+  if (r) return r;
+  t->park_begun = true;
+  t->park_tok = *tok;
+  return 0;
 }
 
 int lums_park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
@@ -359,6 +393,8 @@ static void task_finish(ltask *t, int st, int nres) {
     lua_pop(SL, 1);
     lua_setfield(SL, -2, X_ERR);
     lua_pop(SL, 1);  /* the extras */
+    /* The run has failed: work not started yet never starts now. */
+    if (h == r->main) lums_vms_stop(r->vms);
     if (!h->cancelled) {
       /* Nobody may ever join it: its handle now has a finalizer that
       ** reports the error if it is collected unjoined, and the run
@@ -378,6 +414,7 @@ static void task_finish(ltask *t, int st, int nres) {
   h->t = NULL;
   wake_joiners(t);
   give_back_task(r, t);
+  lums_vms_release(r->vms);  /* last: the run may end now */
 }
 
 static int task_step(void *arg) {
@@ -397,6 +434,7 @@ static int task_step(void *arg) {
   }
   if (!atomic_load_explicit(&t->run->lua_thread_known, memory_order_relaxed)) {
     t->run->lua_thread = pthread_self();
+    thread_run = t->run;
     atomic_store(&t->run->lua_thread_known, 1);
   }
   if (t->h->state == T_NEW) {
@@ -455,9 +493,10 @@ static int task_step(void *arg) {
 
 /* Creates a task running the function at index `first` with the values
 ** above it as arguments (all popped); its handle is left at `first`. L is
-** the caller's thread; upvalue 1 of the calling C function is the task
-** metatable. */
-static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable) {
+** the caller's thread; mt is the index of the task metatable. The task
+** runs on r's scheduler, where r's VM lives. */
+static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
+                         int mt) {
   int n = lua_gettop(L) - first;  /* arguments */
   ltask *t = take_task(r);
   if (!t) luaL_error(L, "ums.spawn: out of memory");
@@ -465,7 +504,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable) {
   memset(h, 0, sizeof *h);
   h->tag = &lums_task_tag;
   h->t = t;
-  lua_pushvalue(L, lua_upvalueindex(1));  /* the task metatable */
+  lua_pushvalue(L, mt);
   lua_setmetatable(L, -2);
   t->h = h;
   t->run = r;
@@ -482,21 +521,32 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable) {
   ** the runtime may recycle the task's slot as soon as it ends (a
   ** joinable one would stay allocated until the run's end). Only the
   ** run's first task is joined, by core.run itself. */
-  ums_spawn_opts_t opts = {0, joinable ? 0 : 1, NULL};
+  ums_spawn_opts_t opts = {r->sched, joinable ? 0 : 1, NULL};
   /* The run's first task is the joinable one; the main thread must not
   ** write anything the task may read once the spawn has started it. */
   if (joinable) r->main = h;
   /* The id goes straight into the handle: the runtime stores it before the
   ** task can start, and for the run's first task the scheduler thread may
   ** start it (and ums.self() read the id) before this call returns. */
+  lums_vms_hold(r->vms);  /* released by task_finish */
   int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &h->id);
   if (rc) {
     h->t = NULL;
     h->state = T_DONE;
     give_back_task(r, t);
+    lums_vms_release(r->vms);
     luaL_error(L, "ums.spawn: %s", ums_strerror(rc));
   }
   return h;
+}
+
+void lums_task_start(lrun *r, int nargs) {
+  lua_State *L = r->SL;
+  int first = lua_gettop(L) - nargs;
+  luaL_getmetatable(L, TASK_MT);
+  lua_insert(L, first);  /* below the function, which moves to first + 1 */
+  task_new(L, r, first + 1, false, first);
+  lua_settop(L, first - 1);
 }
 
 /* core.spawn(fn, ...) -> task */
@@ -506,7 +556,7 @@ static int l_spawn(lua_State *L) {
   if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
-  task_new(L, me->run, 1, false);
+  task_new(L, me->run, 1, false, lua_upvalueindex(1));
   lua_settop(L, 1);
   return 1;
 }
@@ -517,19 +567,14 @@ static int l_spawn(lua_State *L) {
 
 /* Chunks the quantum never interrupts (core.nopreempt_chunk): Lua code
 ** that relies on running atomically between its waits, such as ums.sync.
-** Their functions are anchored in the registry, so the source strings,
-** compared by address, stay alive. */
-#define NOPREEMPT_MAX 8
-static const char *nopreempt_src[NOPREEMPT_MAX];
-static int n_nopreempt;
-
-static bool in_nopreempt_chunk(lua_State *L) {
+** Each VM has its own list (struct lnopreempt), read by its own thread. */
+static bool in_nopreempt_chunk(lua_State *L, const struct lnopreempt *np) {
   lua_Debug d;
-  if (n_nopreempt == 0) return false;
+  if (!np || np->n == 0) return false;
   for (int level = 0; lua_getstack(L, level, &d); level++) {
     lua_getinfo(L, "S", &d);
-    for (int i = 0; i < n_nopreempt; i++)
-      if (d.source == nopreempt_src[i]) return true;
+    for (int i = 0; i < np->n; i++)
+      if (d.source == np->src[i]) return true;
   }
   return false;
 }
@@ -539,9 +584,13 @@ static int l_nopreempt_chunk(lua_State *L) {
   lua_Debug d;
   if (!lua_getstack(L, 1, &d) || !lua_getinfo(L, "Sf", &d))
     return luaL_error(L, "ums.nopreempt_chunk: no calling function");
-  for (int i = 0; i < n_nopreempt; i++)
-    if (nopreempt_src[i] == d.source) return 0;
-  if (n_nopreempt == NOPREEMPT_MAX)
+  lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY);
+  struct lnopreempt *np = (struct lnopreempt *)lua_touserdata(L, -1);
+  lua_pop(L, 1);  /* the registry anchors it */
+  if (!np) return luaL_error(L, "ums.nopreempt_chunk: ums.core not open");
+  for (int i = 0; i < np->n; i++)
+    if (np->src[i] == d.source) return 0;
+  if (np->n == NOPREEMPT_MAX)
     return luaL_error(L, "ums.nopreempt_chunk: too many chunks");
   lua_getfield(L, LUA_REGISTRYINDEX, "ums.nopreempt");
   if (lua_isnil(L, -1)) {
@@ -552,7 +601,7 @@ static int l_nopreempt_chunk(lua_State *L) {
   }
   lua_pushvalue(L, -2);  /* the function: keeps its Proto's source alive */
   lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
-  nopreempt_src[n_nopreempt++] = d.source;
+  np->src[np->n++] = d.source;
   return 0;
 }
 
@@ -577,12 +626,14 @@ static void qhook(lua_State *L, lua_Debug *ar) {
   /* A task that computes without ever waiting learns of its cancellation
   ** here, the first time its quantum runs out; raising is allowed even
   ** where yielding is not. */
-  if (ums_cancelled() && !t->park_begun && !in_nopreempt_chunk(L)) {
+  if (ums_cancelled() && !t->park_begun &&
+      !in_nopreempt_chunk(L, t->run->nopreempt)) {
     lua_sethook(L, NULL, 0, 0);
     lums_raise_cancelled(L);
     return;
   }
-  if (t->park_begun || !lua_isyieldable(L) || in_nopreempt_chunk(L)) {
+  if (t->park_begun || !lua_isyieldable(L) ||
+      in_nopreempt_chunk(L, t->run->nopreempt)) {
     lua_sethook(L, qhook, LUA_MASKCOUNT, QUANTUM_RETRY_COUNT);
     return;
   }
@@ -596,21 +647,51 @@ static void qhook(lua_State *L, lua_Debug *ar) {
 /* Runs on the Lua thread, anywhere in it. lua_sethook is safe here: it is
 ** what lua.c's own SIGINT handler does. */
 static void quantum_signal(int sig) {
-  lrun *r = atomic_load(&sig_run);
+  lrun *r = thread_run;
   (void)sig;
   if (!r) return;
   lua_State *co = atomic_load_explicit(&r->running_co, memory_order_relaxed);
   if (co) lua_sethook(co, qhook, LUA_MASKCOUNT, 1);
 }
 
-/* Looks every half quantum at the step running; once the same step has
-** been seen for a whole quantum, signals it, once (a step blocked in a long
-** C call is not signalled again, so it sees at most one EINTR). A step is
-** thus preempted between one and one and a half quanta after it began. */
+/* What the monitor remembers of one VM between its looks. */
+typedef struct qwatch {
+  uint64_t seen_seq, signalled_seq;
+  int64_t seen_at;
+} qwatch;
+
+/* One look at VM v (see quantum_monitor). */
+static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
+  uint64_t seq = atomic_load_explicit(&v->step_seq, memory_order_relaxed);
+  bool running = atomic_load_explicit(&v->running_co,
+                                      memory_order_relaxed) != NULL;
+  if (seq != w->seen_seq || !running) {
+    w->seen_seq = seq;
+    w->seen_at = now;
+  } else if (now - w->seen_at >= v->quantum - period / 2 &&
+             seq != w->signalled_seq &&
+             atomic_load(&v->lua_thread_known)) {
+    w->signalled_seq = seq;
+#ifdef QUANTUM_POLL
+    atomic_store(&v->preempt_seq, seq);
+#else
+    pthread_kill(v->lua_thread, QUANTUM_SIGNAL);
+#endif
+  }
+}
+
+/* Looks every half quantum at the step running in each VM of the run;
+** once the same step has been seen for a whole quantum, signals it, once
+** (a step blocked in a long C call is not signalled again, so it sees at
+** most one EINTR). A step is thus preempted between one and one and a
+** half quanta after it began. One thread watches every VM: r is the main
+** VM's lrun, the others are found through r->vms as they appear. */
 static void *quantum_monitor(void *arg) {
   lrun *r = arg;
-  uint64_t seen_seq = 0, signalled_seq = 0;
-  int64_t seen_at = 0, period = r->quantum / 2;
+  int n = lums_vms_count(r->vms);
+  qwatch *watch = calloc((size_t)n, sizeof *watch);
+  int64_t period = r->quantum / 2;
+  if (!watch) return NULL;  /* no quantum for this run, rather than none */
   pthread_mutex_lock(&r->mon_lock);
   while (!atomic_load(&r->stop)) {
     struct timespec ts;
@@ -621,24 +702,13 @@ static void *quantum_monitor(void *arg) {
     pthread_cond_timedwait(&r->mon_cond, &r->mon_lock, &ts);
     if (atomic_load(&r->stop)) break;
     int64_t now = ums_now();
-    uint64_t seq = atomic_load_explicit(&r->step_seq, memory_order_relaxed);
-    bool running = atomic_load_explicit(&r->running_co,
-                                        memory_order_relaxed) != NULL;
-    if (seq != seen_seq || !running) {
-      seen_seq = seq;
-      seen_at = now;
-    } else if (now - seen_at >= r->quantum - period / 2 &&
-               seq != signalled_seq &&
-               atomic_load(&r->lua_thread_known)) {
-      signalled_seq = seq;
-#ifdef QUANTUM_POLL
-      atomic_store(&r->preempt_seq, seq);
-#else
-      pthread_kill(r->lua_thread, QUANTUM_SIGNAL);
-#endif
+    for (int i = 0; i < n; i++) {
+      lrun *v = lums_vms_at(r->vms, i);
+      if (v) quantum_check(v, &watch[i], now, period);
     }
   }
   pthread_mutex_unlock(&r->mon_lock);
+  free(watch);
   return NULL;
 }
 
@@ -677,7 +747,6 @@ static void monitor_start(lrun *r) {
   /* The signal also serves stall reports (lums_request_hook). */
   if (r->quantum <= 0 && !r->stall) return;
   install_quantum_signal();
-  atomic_store(&sig_run, r);
   if (r->quantum <= 0) return;
   r->monitor_started = pthread_create(&r->monitor, NULL, quantum_monitor,
                                       r) == 0;
@@ -704,7 +773,6 @@ static void monitor_stop(lrun *r) {
     pthread_mutex_unlock(&r->mon_lock);
     pthread_join(r->monitor, NULL);
   }
-  atomic_store(&sig_run, NULL);
   pthread_cond_destroy(&r->mon_cond);
   pthread_mutex_destroy(&r->mon_lock);
 }
@@ -761,6 +829,36 @@ static int l_sleep(lua_State *L) {
       s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9));
   lums_park_begin_wait(L, t, deadline, 0, UMS_WAIT_SLEEP, NULL, 0, &tok);
   return lums_park_finish(L, t, 0, sleep_k);
+}
+
+static int idle_k(lua_State *L, int status, lua_KContext ctx) {
+  int r = ums_park_result();
+  (void)status;
+  (void)ctx;
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r == UMS_ETIMEDOUT) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.run_until_idle([timeout]) -> true | nil, "timeout": parks until
+** no other task can run (ums_wait_idle); with a virtual clock, before the
+** clock moves. */
+static int l_run_until_idle(lua_State *L) {
+  int64_t deadline = timeout_to_deadline(L, 1);
+  ltask *t = lums_need_task(L, "run_until_idle");
+  if (t->park_begun)
+    return luaL_error(L, "ums.run_until_idle: cannot wait between "
+                         "park_begin and park_wait");
+  int r = ums_park_begin_idle(deadline, &t->park_tok);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r) return luaL_error(L, "ums.run_until_idle: %s", ums_strerror(r));
+  t->park_begun = true;
+  return lums_park_finish(L, t, 0, idle_k);
 }
 
 /* core.io_backend() -> "uring" | "pool" in force for the run; nil
@@ -1017,22 +1115,58 @@ static void report_errors(lua_State *L, lhandle *main) {
   new_errors_set(L);
 }
 
-static void run_free(lua_State *L, lrun *r) {
-  lums_stall_free(r->stall);
-  for (int i = 0; i < r->npool; i++) free_task(L, r->pool[i]);
-  free(r->pool);
-  luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
-  free(r);
-  lua_pushnil(L);
+void lums_report_errors(lua_State *L) { report_errors(L, NULL); }
+
+lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
+                   int64_t quantum) {
+  lrun *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->rt = rt;
+  r->vms = vms;
+  r->sched = sched;
+  r->quantum = quantum;
+  /* Every VM shares the run's stall state, which the main VM made (set
+  ** after this for the main VM itself). */
+  lrun *m = vms ? lums_vms_at(vms, 0) : NULL;
+  r->stall = m ? m->stall : NULL;
+  atomic_store(&r->stall_custom, lums_stall_has_handler(L));
+  lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY);
+  r->nopreempt = (struct lnopreempt *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  r->SL = lua_newthread(L);
+  r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushlightuserdata(L, r);
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+  return r;
 }
 
-/* os.exit while a run is in progress. Lua's own would close the state
-** from this task, freeing the VM under the run's other threads and under
-** the main thread still inside core.run. Instead the request is kept, the
-** run is cancelled, and core.run calls the real os.exit with the same
-** arguments on the main thread once every runtime thread is gone, so
-** finalizers and <close> variables still run and the status is kept. */
+void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
+  for (int i = 0; i < r->npool; i++) {
+    if (close_vm)
+      free(r->pool[i]);
+    else
+      free_task(L, r->pool[i]);
+  }
+  free(r->pool);
+  if (!close_vm) {
+    luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
+    lua_pushnil(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+  }
+  free(r);
+}
+
+static void run_free(lua_State *L, lrun *r) { lums_run_free(L, r, false); }
+
+/* os.exit while a run is in progress, in any VM of the run. Lua's own
+** would close the state from this task, freeing the VM under the run's
+** other threads and under the main thread still inside core.run. Instead
+** the request is kept (the first one wins), the run is cancelled, and
+** core.run calls the real os.exit with the same status on the main
+** thread once every runtime thread is gone, so finalizers and <close>
+** variables still run and the status is kept. */
+static void swap_os_exit(lua_State *L, bool install);
+
 static int run_os_exit(lua_State *L) {
   ltask *t = lums_cur_task;
   if (!t || !t->run) {
@@ -1042,18 +1176,18 @@ static int run_os_exit(lua_State *L) {
     lua_call(L, lua_gettop(L) - 1, 0);
     return 0;
   }
-  lrun *r = t->run;
-  if (!r->exit_requested) {
-    r->exit_requested = true;
-    lua_settop(L, 2);
-    lua_createtable(L, 2, 0);
-    lua_insert(L, 1);
-    lua_rawseti(L, 1, 2);
-    lua_rawseti(L, 1, 1);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ums.exit_args");
-  }
-  ums_task_cancel(r->rt, r->main->id);
+  /* The status as the real os.exit reads it. */
+  int code;
+  if (lua_isboolean(L, 1))
+    code = lua_toboolean(L, 1) ? EXIT_SUCCESS : EXIT_FAILURE;
+  else
+    code = (int)luaL_optinteger(L, 1, EXIT_SUCCESS);
+  lums_vms_request_exit(t->run->vms, code, lua_toboolean(L, 2));
   return lums_raise_cancelled(L);
+}
+
+void lums_swap_os_exit(lua_State *L, bool install) {
+  swap_os_exit(L, install);
 }
 
 /* Swaps os.exit for run_os_exit (install) or back (the saved one). */
@@ -1073,8 +1207,9 @@ static void swap_os_exit(lua_State *L, bool install) {
   lua_pop(L, 1);
 }
 
-/* core.run(fn, ...) */
-static int l_run(lua_State *L) {
+/* core.run(fn, ...) and core.run_limit: limit is a real time in seconds
+** after which the run is cancelled (0: none). */
+static int run(lua_State *L, double limit) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   if (get_run(L))
     return luaL_error(L, "ums.run: a run is already in progress "
@@ -1100,6 +1235,11 @@ static int l_run(lua_State *L) {
   lua_pop(L, 1);
   cfg.io_pool_threads = config_int(L, cfgi, "io_threads", 0);
   cfg.preempt_threads = config_int(L, cfgi, "preempt_threads", 0);
+  cfg.clock = UMS_CLOCK_REAL;
+  if (lua_getfield(L, cfgi, "clock") == LUA_TSTRING &&
+      strcmp(lua_tostring(L, -1), "virtual") == 0)
+    cfg.clock = UMS_CLOCK_VIRTUAL;
+  lua_pop(L, 1);
   /* stats: a boolean (nil: on, unless UMS_STATS=off); stall_threshold:
   ** seconds, 0 turns stall detection off (init.lua checks both). */
   if (lua_getfield(L, cfgi, "stats") == LUA_TBOOLEAN)
@@ -1108,61 +1248,99 @@ static int l_run(lua_State *L) {
   double stall = config_num(L, cfgi, "stall_threshold", 1.0);
   cfg.stall_threshold = stall > 0 ? (int64_t)(stall * 1e9) : -1;
   lua_pop(L, 1);
-
-  lrun *r = calloc(1, sizeof *r);
-  if (!r) return luaL_error(L, "ums.run: out of memory");
-  r->quantum = quantum > 0 ? (int64_t)(quantum * 1e9) : 0;
-  r->SL = lua_newthread(L);
-  r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  /* The stall state exists before the runtime, whose monitor may call
+  ** lums_stall_cb from its first tick; it learns the VMs below. */
+  lstall *stall_state = NULL;
   if (cfg.stall_threshold > 0) {
-    r->stall = lums_stall_new(L, cfg.stall_threshold);
+    stall_state = lums_stall_new(L, cfg.stall_threshold);
     cfg.on_stall = lums_stall_cb;
-    cfg.on_stall_arg = r;
+    cfg.on_stall_arg = stall_state;
   }
+  if (cfg.clock == UMS_CLOCK_VIRTUAL && cfg.schedulers > 1)
+    return luaL_error(L, "ums.run: clock = \"virtual\" needs schedulers = 1 "
+                         "(got %d)", cfg.schedulers);
+
   int err;
-  r->rt = ums_runtime_new(&cfg, &err);
-  if (!r->rt) {
-    luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
-    lums_stall_free(r->stall);
-    free(r);
+  ums_runtime_t *rt = ums_runtime_new(&cfg, &err);
+  if (!rt) {
+    lums_stall_free(stall_state);
     return luaL_error(L, "ums.run: cannot start the runtime: %s",
                       ums_strerror(err));
   }
-  lua_pushlightuserdata(L, r);
-  lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+  /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
+  lvms *vms = lums_vms_new(L, rt);
+  lrun *r = vms ? lums_run_new(L, vms, rt, 0, quantum > 0 ?
+                               (int64_t)(quantum * 1e9) : 0) : NULL;
+  if (!r) {
+    ums_runtime_shutdown(rt, 0);
+    if (vms) lums_vms_close(L, vms);
+    lums_stall_free(stall_state);
+    return luaL_error(L, "ums.run: out of memory");
+  }
+  r->stall = stall_state;
+  lums_vms_set_main(vms, r);
+  lums_stall_attach(stall_state, vms);
   monitor_start(r);
 
   swap_os_exit(L, true);
   /* After this the scheduler thread may be running Lua (its collector
   ** walks this thread's stack too): this thread must not touch the VM
   ** until the run is over. task_new leaves the handle alone at index 1. */
-  lhandle *main = task_new(L, r, 1, true);
+  lhandle *main = task_new(L, r, 1, true, lua_upvalueindex(1));
   /* From here until the runtime is shut down, the VM belongs to the
   ** scheduler thread; this thread only waits. */
-  ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
+  /* The limit is real time (this is a host thread), also when the run's
+  ** clock is virtual: it bounds a test that never blocks, where virtual
+  ** time stands still. */
+  bool over = false;
+  int64_t until = limit > 0 ? ums_deadline((int64_t)(limit * 1e9)) :
+                  UMS_FOREVER;
+  if (ums_task_join(r->rt, main->id, until, NULL, NULL) == UMS_ETIMEDOUT) {
+    over = true;
+    ums_task_cancel(r->rt, main->id);
+    ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
+  }
   /* Its outcome goes to our caller (results, or the error raised again):
   ** never to on_error, whenever its handle is collected. */
   main->joined = true;
-  bool exiting = r->exit_requested;
-  ums_runtime_shutdown(r->rt, main->ok && !exiting ? UMS_FOREVER : 0);
+  /* Tasks and submitted work still running may start more (spawn,
+  ** submit): only once all of it has ended may the runtime stop taking
+  ** work. An os.exit (in any VM) ends the wait at once; the limit ends it
+  ** as it ends the first task's. */
+  if (main->ok && !over && !lums_vms_wait_quiet(vms, until)) {
+    over = true;
+    lums_vms_stop(vms);
+  }
+  int exit_code;
+  bool exit_close;
+  bool exiting = lums_vms_exit_requested(vms, &exit_code, &exit_close);
+  ums_runtime_shutdown(r->rt,
+                       main->ok && !exiting && !over ? UMS_FOREVER : 0);
   r->rt = NULL;
   monitor_stop(r);
-  /* A report the VM never got to (the run ended first). */
+  /* A report the main VM never got to (the run ended first). */
   if (lums_stall_pending(r)) lums_stall_flush(r, L);
   swap_os_exit(L, false);
+  /* Every scheduler thread has been joined: the other VMs are this
+  ** thread's to close, and work never started is cancelled. */
+  lums_vms_close(L, vms);
+  /* The runtime's monitor and every VM but this one are gone. */
+  lums_stall_free(stall_state);
+  r->stall = NULL;
   if (exiting) {
     /* Every runtime thread is gone: the real os.exit may close the VM. */
     run_free(L, r);
     lua_getglobal(L, "os");
     lua_getfield(L, -1, "exit");
-    lua_getfield(L, LUA_REGISTRYINDEX, "ums.exit_args");
-    lua_rawgeti(L, -1, 1);
-    lua_rawgeti(L, -2, 2);
-    lua_remove(L, -3);
+    lua_pushinteger(L, exit_code);
+    lua_pushboolean(L, exit_close);
     lua_call(L, 2, 0);
   }
   run_free(L, r);
   report_errors(L, main);
+  if (over)
+    return luaL_error(L, "ums.run: time limit of %f s reached; every task "
+                         "was cancelled", limit);
   if (main->ok) {
     int n = push_outcome(L, 1, main);
     return n - 1;  /* drop the leading true */
@@ -1176,6 +1354,17 @@ static int l_run(lua_State *L) {
     lua_getfield(L, -1, X_TB);
   }
   return lua_error(L);
+}
+
+static int l_run(lua_State *L) { return run(L, 0); }
+
+/* core.run_limit(seconds, fn, ...): core.run, cancelled after that many
+** real seconds (then it raises "ums.run: time limit ..."). */
+static int l_run_limit(lua_State *L) {
+  lua_Number limit = luaL_checknumber(L, 1);
+  luaL_argcheck(L, limit > 0, 1, "time limit must be a positive number");
+  lua_remove(L, 1);
+  return run(L, limit);
 }
 
 /* core.config([tbl]) */
@@ -1229,13 +1418,15 @@ int luaopen_ums_core(lua_State *L) {
       {"join", l_task_join},     {"cancel", l_task_cancel},
       {"status", l_task_status}, {"name", l_task_name},
       {"id", l_task_id},         {"locals", l_task_locals},
-      {"info", lums_task_info},  {NULL, NULL}};
+      {"info", lums_task_info},
+      {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"self", l_self},
       {"yield", l_yield},
       {"sleep", l_sleep},
       {"now", l_now},
       {"io_backend", l_io_backend},
+      {"run_until_idle", l_run_until_idle},
       {"park_begin", l_park_begin},
       {"park_wait", l_park_wait},
       {"unpark", l_unpark},
@@ -1276,6 +1467,12 @@ int luaopen_ums_core(lua_State *L) {
   }
   lua_pop(L, 1);
   new_errors_set(L);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY) == LUA_TNIL) {
+    struct lnopreempt *np = lua_newuserdatauv(L, sizeof *np, 0);
+    memset(np, 0, sizeof *np);
+    lua_setfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY);
+  }
+  lua_pop(L, 1);
   /* The metatable of a failed task's handle: the same methods, and a
   ** finalizer that reports an error nobody joined. */
   if (luaL_newmetatable(L, FAILED_MT)) {
@@ -1297,12 +1494,18 @@ int luaopen_ums_core(lua_State *L) {
   lua_pushcclosure(L, l_run, 1);
   lua_setfield(L, -2, "run");
   lua_pushvalue(L, task_mt);
+  lua_pushcclosure(L, l_run_limit, 1);
+  lua_setfield(L, -2, "run_limit");
+  lua_pushvalue(L, task_mt);
   lua_pushcclosure(L, l_spawn, 1);
   lua_setfield(L, -2, "spawn");
   lums_open_chan(L);
   lums_open_stats(L);
   lums_open_fs(L);
   lums_open_ffi(L);
+  lums_open_ext(L);
+  lums_open_shared(L);
+  lums_open_vm(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
   return 1;

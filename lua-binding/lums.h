@@ -1,7 +1,9 @@
 /*
 ** lums.h: what the files of the ums.core module share (not installed).
 ** lums.c owns tasks, runs, parking and the quantum; lchan.c builds the
-** channel and select on its parking calls.
+** channel and select on its parking calls; lvm.h adds the VMs of other
+** schedulers, value copying and shared objects (lvm.c, lcopy.c,
+** lshared.c).
 */
 #ifndef LUMS_H
 #define LUMS_H
@@ -18,6 +20,7 @@
 #define LUMS_HIDDEN __attribute__((visibility("hidden")))
 
 typedef struct lrun lrun;
+typedef struct lvms lvms;
 typedef struct lstall lstall;  /* lstats.c: stall reports of a run */
 
 enum { T_NEW, T_LIVE, T_DONE };
@@ -26,8 +29,8 @@ typedef struct ltask ltask;
 typedef struct lhandle lhandle;
 typedef struct lwait lwait;
 
-/* A FIFO of waiters on one side of a channel. Every Lua task of a run
-** runs on the run's one scheduler thread, so queues need no lock: the
+/* A FIFO of waiters on one side of a channel. Every Lua task of a VM
+** runs on that VM's one scheduler thread, so queues need no lock: the
 ** code between two waits runs as one atomic step. */
 typedef struct lwaitq {
   lwait *head, *tail;
@@ -131,8 +134,16 @@ struct lhandle {
 #define X_LOCALS "locals"  /* task-local storage */
 #define X_NAME "name"      /* the task's name */
 
+/* One VM's part of a run. A run has one VM per scheduler that runs Lua
+** (the caller's own VM on scheduler 0, the others created by lvm.c), and
+** one lrun for each; a VM and its lrun are touched only by the thread of
+** their scheduler while the run lasts. What the VMs share (the runtime,
+** work queues, the quantum monitor, os.exit) is in lvms (lvm.c). */
 struct lrun {
   ums_runtime_t *rt;
+  lvms *vms;             /* [const] the run's VMs (lvm.c) */
+  int sched;             /* [const] index of the scheduler running this VM */
+  struct lnopreempt *nopreempt;  /* [const] this VM's nopreempt chunks */
   lua_State *SL;         /* the run's own thread, for scheduler-side work */
   int sl_ref;
   int64_t quantum;       /* ns; 0: off */
@@ -144,25 +155,28 @@ struct lrun {
   _Atomic int stop;                 /* monitor: leave */
   pthread_t lua_thread;             /* the scheduler thread running Lua */
   _Atomic int lua_thread_known;
+  /* The monitor thread, one per run: only in the main VM's lrun. */
   pthread_t monitor;
   bool monitor_started;
   pthread_mutex_t mon_lock;
   pthread_cond_t mon_cond;
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
   _Atomic uint64_t preempt_seq;     /* QUANTUM_POLL: step to preempt */
-  lhandle *main;                    /* the run's first task, set before it
-                                       is spawned (its id is stored by
-                                       the runtime before it can start) */
-  bool exit_requested;              /* os.exit was called in a task */
+  lhandle *main;                    /* main VM: the run's first task, set
+                                       before it is spawned (its id is
+                                       stored by the runtime before it
+                                       can start); NULL in other VMs */
   /* Pool of ltasks, each with its reset coroutine and registry slots
   ** (no lua_newthread or luaL_ref per task). */
   ltask **pool;
   int npool, cappool;
-  /* Stall reports (lstats.c): the monitor thread posts one and raises
-  ** stall_pending; the Lua thread delivers it from a hook or at its next
-  ** step. */
-  lstall *stall;
+  /* Stall reports (lstats.c). The run's state is shared by its VMs; the
+  ** monitor thread posts a report for this VM's scheduler and raises
+  ** stall_pending, and this VM's thread delivers it from a hook or at its
+  ** next step. */
+  lstall *stall;                    /* [const] NULL: no stall detection */
   _Atomic int stall_pending;
+  _Atomic int stall_custom;         /* this VM has an on_stall handler */
 };
 
 /* The task whose step is running on this thread (a scheduler thread).
@@ -201,6 +215,12 @@ static inline int lums_park_begin_wait(lua_State *L, ltask *t,
   t->park_tok = *tok;
   return 0;
 }
+/* Whether a wait of task t, made on Lua thread L, yields to the scheduler
+** (t's own coroutine, where Lua can yield) rather than blocking t's
+** worker: the choice lums_park_finish makes, for callers that loop over
+** several waits and must not recurse into their continuation when they
+** block (lfs.c). */
+LUMS_HIDDEN bool lums_can_yield(lua_State *L, ltask *t);
 /* Ends the wait begun by lums_park_begin: yields to the scheduler with
 ** continuation k where Lua can yield, else blocks only this task; k then
 ** reads the outcome with ums_park_result(). */
@@ -223,6 +243,26 @@ LUMS_HIDDEN void lums_open_fs(lua_State *L);
 /* lffi.c: adds the ffi table to the module table at the top. */
 LUMS_HIDDEN void lums_open_ffi(lua_State *L);
 
+/* lext.c: publishes the C extension API (ums-lua.h) in L's registry. */
+LUMS_HIDDEN void lums_open_ext(lua_State *L);
+
+/* lext.c: going preemptive from a C function of the binding, for the
+** current task t: hands fn(arg) to the C-call pool (ums_preempt_begin,
+** storing the call in *call) and ends the park with lums_park_finish,
+** so k runs once the call has returned or been given up. On failure to
+** start, the runtime has called release(arg) and this raises (naming
+** `name`, or, if it is NULL, the running function; or ums.CANCELLED). */
+LUMS_HIDDEN int lums_preempt_start(lua_State *L, ltask *t, const char *name,
+                                   ums_preempt_fn fn, void *arg,
+                                   ums_preempt_fn release, int64_t deadline,
+                                   ums_preempt_call_t **call,
+                                   lua_KContext ctx, lua_KFunction k);
+/* lext.c: in k, settles the call: returns 0 (it returned; arg is the
+** caller's again) or UMS_ETIMEDOUT (given up; arg is the runtime's);
+** raises ums.CANCELLED when the task was cancelled, or an error. */
+LUMS_HIDDEN int lums_preempt_settle(lua_State *L, ums_preempt_call_t *call,
+                                    const char *name);
+
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);
 
@@ -234,26 +274,64 @@ LUMS_HIDDEN void lums_open_stats(lua_State *L);
 /* task:info() (the handle at index 1). */
 LUMS_HIDDEN int lums_task_info(lua_State *L);
 /* A run's stall state: made before its runtime starts (the runtime's
-** on_stall callback is lums_stall_cb with the run as argument), freed
-** after its runtime is gone. L: the main thread, to read the handler. */
+** on_stall callback is lums_stall_cb with the state as argument), told
+** the run's VMs once they exist, freed after the runtime and every VM
+** but the main one are gone. NULL when out of memory (no reports). */
 LUMS_HIDDEN lstall *lums_stall_new(lua_State *L, int64_t threshold);
+LUMS_HIDDEN void lums_stall_attach(lstall *s, lvms *vms);
 LUMS_HIDDEN void lums_stall_free(lstall *s);
 LUMS_HIDDEN void lums_stall_cb(const ums_stall_t *st, void *arg);
-/* In a hook on the Lua thread, task t running L: delivers a pending
-** stall report of t (with its traceback) if there is one. */
+/* Whether the VM of L has an on_stall handler. */
+LUMS_HIDDEN bool lums_stall_has_handler(lua_State *L);
+/* In a hook on a VM's thread, task t running L: delivers a pending stall
+** report of t (with its traceback) if there is one. */
 LUMS_HIDDEN void lums_stall_hook(lua_State *L, ltask *t);
-/* Delivers a pending report without a traceback: the stalled step ended
-** before it ran Lua code again. L: a thread of the run's VM that may run
-** the handler (the run's own thread at a step, the main thread at the
-** end of the run). */
+/* Delivers a pending report of r's VM without a traceback: the stalled
+** step ended before it ran Lua code again. L: a thread of r's VM that may
+** run the handler (r's own thread at a step, the main thread at the end
+** of the run). */
 LUMS_HIDDEN void lums_stall_flush(lrun *r, lua_State *L);
 static inline bool lums_stall_pending(lrun *r) {
   return atomic_load_explicit(&r->stall_pending, memory_order_relaxed);
 }
 
-/* lums.c: asks the Lua thread of run r for a hook on the coroutine it
-** runs (what the quantum does), so that lums_stall_hook runs as soon as
-** that coroutine runs Lua code. Any thread. */
+/* lums.c: asks the thread of VM r for a hook on the coroutine it runs
+** (what the quantum does), so that lums_stall_hook runs as soon as that
+** coroutine runs Lua code. Any thread. */
 LUMS_HIDDEN void lums_request_hook(lrun *r);
+
+/* ---- For lvm.c: VMs of other schedulers ---- */
+
+/* Begins a park of t like lums_park_begin, but returns the runtime's
+** error code (UMS_ECANCELED, ...) instead of raising: for callers that
+** hold a lock they must release first. */
+LUMS_HIDDEN int lums_park_try_begin(ltask *t, int64_t deadline, int flags,
+                                    ums_park_token_t *tok);
+/* The same, saying what the task waits for (see lums_park_begin_wait). */
+LUMS_HIDDEN int lums_park_try_begin_wait(ltask *t, int64_t deadline,
+                                         int flags, int type,
+                                         const void *object,
+                                         ums_park_token_t *tok);
+/* Fills a fresh lrun for the VM whose main thread is L, running on
+** scheduler `sched` of vms's runtime (lvm.c creates the VM, on that
+** scheduler's thread). Returns NULL when out of memory. */
+LUMS_HIDDEN lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt,
+                               int sched, int64_t quantum);
+/* Frees r and its pooled tasks. With close_vm, the VM is about to be
+** closed and its registry is left alone. */
+LUMS_HIDDEN void lums_run_free(lua_State *L, lrun *r, bool close_vm);
+/* Starts a task in r's VM, on r's scheduler, running the function below
+** the nargs values at the top of r->SL (all popped). Raises on failure;
+** call it protected. */
+LUMS_HIDDEN void lums_task_start(lrun *r, int nargs);
+/* Installs the run's os.exit in L (lums.c's run_os_exit). */
+LUMS_HIDDEN void lums_swap_os_exit(lua_State *L, bool install);
+/* Reports the errors of tasks nobody joined in L's VM (end of a run). */
+LUMS_HIDDEN void lums_report_errors(lua_State *L);
+
+/* lshared.c: shared objects (ums.shared.*), registered in every VM. */
+LUMS_HIDDEN void lums_open_shared(lua_State *L);
+/* lvm.c: ums.submit and the rest of the many-VM API. */
+LUMS_HIDDEN void lums_open_vm(lua_State *L);
 
 #endif

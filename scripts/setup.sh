@@ -10,6 +10,7 @@ PACKAGES=(
   libffi-dev liburing-dev                        # runtime dependencies
   lua5.4 liblua5.4-dev lua-busted                # Lua binding and specs
   strace                                         # fault-injection tests
+  zlib1g-dev                                     # examples/cmod (zutil)
 )
 
 missing=()

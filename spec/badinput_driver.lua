@@ -43,8 +43,10 @@ local values = {
 }
 
 -- A finished task, for the task methods (a live one would make a nil
--- timeout block forever, which is valid input).
+-- timeout block forever, which is valid input); a finished work request
+-- and a shared channel, for theirs.
 local done_task
+local objects = {}
 
 -- Each entry: the function and its valid arguments; each position from 1
 -- to #valid + 1 gets every value in turn, the others keeping valid ones.
@@ -74,12 +76,38 @@ local entries = {
   end},
   park_wait = {core.park_wait, {}},
   unpark = {core.unpark, {"TASK", 1, 0}},
+  run_until_idle = {ums.run_until_idle, {0}},
+  applock_acquire = {ums.applock.acquire, {"badinput", "S", 0},
+    after = function(r)
+      if getmetatable(r[1]) == ums.applock.Lock then r[1]:release() end
+    end},
+  applock_release = {ums.applock.release, {"badinput"}},
+  applock_compatible = {ums.applock.compatible, {"S", "IX"}},
+  workqueue = {ums.workqueue, {{readers = 1}}},
+  group = {ums.group, {{cancel_on_error = true}}},
   join = {"join", {"TASK", 0}},
   cancel = {"cancel", {"TASK"}},
   status = {"status", {"TASK"}},
   name = {"name", {"TASK", "n"}},
   id = {"id", {"TASK"}},
   task_locals = {"locals", {"TASK"}},
+  -- many VMs (lvm.c, lshared.c)
+  submit = {ums.submit, {function() end, 1}},
+  submit_on = {ums.submit_on, {1, function() end, 1}},
+  scheduler = {ums.scheduler, {}},
+  schedulers = {ums.schedulers, {}},
+  work_join = {"join", {"WORK", 0}, of = "WORK"},
+  work_cancel = {"cancel", {"WORK"}, of = "WORK"},
+  work_status = {"status", {"WORK"}, of = "WORK"},
+  work_scheduler = {"scheduler", {"WORK"}, of = "WORK"},
+  shared_channel = {ums.shared.channel, {1}},
+  shared_mutex = {ums.shared.mutex, {}},
+  shared_semaphore = {ums.shared.semaphore, {1}},
+  shared_event = {ums.shared.event, {true}},
+  shared_waitgroup = {ums.shared.waitgroup, {}},
+  -- a buffer that never fills: a send never waits
+  shared_send = {"send", {"SCHAN", 1, 0}, of = "SCHAN"},
+  shared_try_send = {"try_send", {"SCHAN", 1}, of = "SCHAN"},
 }
 
 local function describe_call(pos, vname, n)
@@ -92,14 +120,14 @@ local function sweep()
   local e = assert(entries[fname], "no such function: " .. tostring(fname))
   local f, valid = e[1], e[2]
   if type(f) == "string" then
-    f = getmetatable(done_task).__index[f]
+    f = getmetatable(objects[e.of or "TASK"]).__index[f]
   end
   local calls = 0
   for pos = 1, #valid + 1 do
     for _, v in ipairs(values) do
       local args = {}
       for i = 1, #valid do
-        args[i] = valid[i] == "TASK" and done_task or valid[i]
+        args[i] = objects[valid[i]] or valid[i]
       end
       args[pos] = v[2]
       local n = math.max(#valid, pos)
@@ -140,7 +168,11 @@ end
 ums.run(function()
   done_task = ums.spawn(function() return 1 end)
   done_task:join()
+  objects.WORK = ums.submit(function() return 1 end)
+  objects.WORK:join()
 end)
+objects.TASK = done_task
+objects.SCHAN = ums.shared.channel(100000)
 
 local calls
 if where == "outside" then

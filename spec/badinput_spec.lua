@@ -39,9 +39,16 @@ end
 
 local FUNCTIONS = {
   "run", "spawn", "yield", "sleep", "self", "now", "config", "on_error",
-  "locals", "test", "park_begin", "park_wait", "unpark",
+  "locals", "test", "park_begin", "park_wait", "unpark", "run_until_idle",
+  "applock_acquire", "applock_release", "applock_compatible", "workqueue",
+  "group",
   -- task methods
   "join", "cancel", "status", "name", "id", "task_locals",
+  -- many VMs: submitted work, its handle, shared objects
+  "submit", "submit_on", "scheduler", "schedulers", "work_join",
+  "work_cancel", "work_status", "work_scheduler", "shared_channel",
+  "shared_mutex", "shared_semaphore", "shared_event", "shared_waitgroup",
+  "shared_send", "shared_try_send",
 }
 
 describe("bad input", function()

@@ -1,6 +1,7 @@
 -- Every Lua example is a smoke test: examples/*.lua must run to the end
 -- with exit 0 (and no crash report) under plain lua5.4 and under the ums
--- command.
+-- command. The tour and ordered_batches.lua are also checked for what
+-- they print.
 local sp = require "subprocess"
 local it = sp.guard(it, pending)
 
@@ -46,8 +47,38 @@ describe("examples", function()
         assert.matches("\nsleep ", r.stdout)
         assert.matches("\nmutex ", r.stdout)
         assert.matches("top done\n$", r.stdout)
+      elseif name == "ordered_batches.lua" then
+        -- it checks its own log and fails if phases overlap or more than
+        -- five items run at once; here: every phase is there, in order
+        assert.matches("real clock, delays scaled by 0%.01", r.stdout)
+        local phases = {}
+        for o, n in r.stdout:gmatch("phase (%d+): (%d) item") do
+          phases[#phases + 1] = o .. "x" .. n
+        end
+        assert.same({ "100x4", "200x2", "300x1", "400x2", "500x1" }, phases)
+        assert.matches("phases never overlap; at most [1-5] items ran at "
+          .. "once %(readers = 5%)\n$", r.stdout)
       end
     end)
+
+    if name == "ordered_batches.lua" then
+      it(name .. " --virtual prints the seed's schedule, the same each run",
+         function()
+        local first
+        for _ = 1, 2 do
+          local r = sp.lua_run({path, "--virtual"}, {timeout = 60})
+          sp.assert_exit(r, 0)
+          assert.matches("phase 100: 4 item%(s%), 0%.000 %.%. 10%.100\n"
+            .. "phase 200: 2 item%(s%), 10%.100 %.%. 19%.300\n"
+            .. "phase 300: 1 item%(s%), 19%.300 %.%. 27%.600\n"
+            .. "phase 400: 2 item%(s%), 27%.600 %.%. 35%.000\n"
+            .. "phase 500: 1 item%(s%), 35%.000 %.%. 41%.500\n", r.stdout)
+          assert.matches("at most 4 items ran at once", r.stdout)
+          if first then assert.equal(first, r.stdout) end
+          first = r.stdout
+        end
+      end)
+    end
 
     it(name .. " runs with the ums command", function()
       local r = sp.ums({path}, {timeout = 60})

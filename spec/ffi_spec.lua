@@ -248,6 +248,43 @@ describe("ums.ffi", function()
       :format(gaps[1] * 1e3, limit * 1e3))
   end)
 
+  describe("the two hidden pools", function()
+    before_each(function() ums.config{preempt_threads = 2, io = "pool"} end)
+    after_each(function() ums.config{preempt_threads = 0, io = "auto"} end)
+
+    it("100 slow calls queued do not delay a file read", function()
+      local path = os.tmpname()
+      local f = assert(io.open(path, "wb"))
+      f:write("on the other pool")
+      f:close()
+      run(function()
+        assert.equal("pool", ums.io_backend())
+        local finished = 0
+        local callers = {}
+        for i = 1, 100 do
+          callers[i] = ums.spawn(function()
+            C.usleep(200000)
+            finished = finished + 1
+          end)
+        end
+        -- Every call has been handed to the C-call pool: 2 run, 98 wait.
+        ums.yield()
+        local t0 = ums.now()
+        assert.equal("on the other pool", ums.fs.readfile(path))
+        local took = ums.now() - t0
+        -- The read went through the I/O pool's own threads while every
+        -- C-call thread was still in its 200 ms call.
+        assert.equal(0, finished, ("read after %d calls ended (%.1f ms)")
+          :format(finished, took * 1e3))
+        -- Queued calls that never started never will: cancelling their
+        -- tasks leaves only the two running ones to finish.
+        for _, t in ipairs(callers) do t:cancel() end
+        for _, t in ipairs(callers) do t:join() end
+      end)
+      os.remove(path)
+    end)
+  end)
+
   describe("timeout and cancel during a call", function()
     before_each(function() ums.config{preempt_threads = 1} end)
     after_each(function() ums.config{preempt_threads = 0} end)

@@ -289,11 +289,14 @@ describe("ums.test", function()
     end)
 
     it("timeout must be a positive number", function()
-      for _, v in ipairs{0, -1, 0 / 0, "1", {}, true} do
+      for _, v in ipairs{0, -1, 0 / 0, "1", true, {timeout = 0},
+                         {timeout = "1"}} do
         local ok, err = pcall(ums.test, function() end, v)
         assert.is_false(ok, tostring(v))
         assert.matches("bad argument #2 to 'test'", err)
       end
+      -- A table is the options form: {} takes every default.
+      assert.is_nil(ums.test(function() end, {}))
     end)
 
     it("cannot be called inside a run", function()
@@ -304,5 +307,31 @@ describe("ums.test", function()
       assert.is_false(ok)
       assert.matches("ums.test: cannot be called inside a task", err)
     end)
+  end)
+end)
+
+describe("ums.test with submitted work (ums.submit)", function()
+  local prev
+  before_each(function()
+    prev = ums.config().schedulers
+    ums.config{schedulers = 2}
+  end)
+  after_each(function() ums.config{schedulers = prev} end)
+
+  it("fails on timeout when the work never ends, and cancels it", function()
+    local ok, err = pcall(ums.test, function()
+      ums.submit(function() require("ums").sleep(1000) end)
+    end, 0.5)
+    assert.is_false(ok)
+    assert.equal("ums.test: timed out after 0.5 s", err)
+  end)
+
+  it("fails when work nobody joined failed", function()
+    local ok, err = pcall(ums.test, function()
+      ums.submit(function() error("lost in another VM") end)
+    end)
+    assert.is_false(ok)
+    assert.matches("1 task%(s%) failed and nobody joined them", err)
+    assert.matches("lost in another VM", err)
   end)
 end)

@@ -23,7 +23,10 @@ contenders interleaved so that drift hits all alike.
            fs_open -> fs_read -> fs_close callbacks.
 
 ums runs with both backends (io = "uring" and "pool"). The files are
-created when missing (bench/bench_io.c uses the same layout).
+created when missing (bench/bench_io.c uses the same layout). Every Lua
+task of a run is on scheduler 0, so ums.fs has one thread for the Lua
+work and the kernel's; bench_io's small64_1s and small64_step_1s are the
+same shape in C on one scheduler, the ceiling for this one.
 --quick: a 64 MiB file and 500 small files (ctest: bench_fs_smoke).
 ]]
 

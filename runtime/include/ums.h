@@ -106,10 +106,11 @@ UMS_API const char *ums_err_name(int err);
 #define UMS_NSEC_PER_MSEC INT64_C(1000000)
 #define UMS_NSEC_PER_USEC INT64_C(1000)
 
-/* CLOCK_MONOTONIC in nanoseconds. */
+/* CLOCK_MONOTONIC in nanoseconds; inside a task of a runtime with a
+** virtual clock, that runtime's virtual time (see "Virtual clock"). */
 UMS_API int64_t ums_now(void);
-/* A deadline ns nanoseconds from now; UMS_FOREVER when ns < 0 or the sum
-** overflows. */
+/* A deadline ns nanoseconds from now (ums_now()); UMS_FOREVER when ns < 0
+** or the sum overflows. */
 UMS_API int64_t ums_deadline(int64_t ns);
 
 /* ====================================================================== */
@@ -135,6 +136,8 @@ typedef struct ums_config {
   int io_pool_threads;          /* most threads of the I/O pool; default 64 */
   int preempt_threads;          /* most threads of the C-call pool (see
                                    "Going preemptive"); default 64 */
+  int clock;                    /* UMS_CLOCK_REAL (default) or
+                                   UMS_CLOCK_VIRTUAL; see "Virtual clock" */
   int stats;                    /* UMS_STATS_ON (default) or UMS_STATS_OFF:
                                    wait timing and CPU sampling (see
                                    "Observability"); with the default,
@@ -149,6 +152,9 @@ typedef struct ums_config {
                                    stall; NULL: one line on stderr */
   void *on_stall_arg;           /* passed to on_stall */
 } ums_config_t;
+
+/* Clocks (ums_config_t.clock). */
+enum { UMS_CLOCK_REAL = 0, UMS_CLOCK_VIRTUAL = 1 };
 
 /* ums_config_t.stats. */
 enum { UMS_STATS_DEFAULT = 0, UMS_STATS_ON = 1, UMS_STATS_OFF = 2 };
@@ -187,6 +193,42 @@ UMS_API int ums_runtime_schedulers(const ums_runtime_t *rt);
 
 /* The configuration in force (defaults filled in). */
 UMS_API void ums_runtime_config(const ums_runtime_t *rt, ums_config_t *out);
+
+/* ---------------------------------------------------------------------- */
+/* Virtual clock                                                           */
+/* ---------------------------------------------------------------------- */
+/*
+** With cfg.clock = UMS_CLOCK_VIRTUAL, time inside the runtime is virtual,
+** for tests and simulations: it starts at 0 when the runtime is created
+** (so every run reads the same times), and stands still while any task
+** can run. When nothing is runnable, no file I/O or preemptive call of its
+** tasks is in flight and no ums_wait_idle waiter is left to wake, the
+** scheduler sets the clock to the earliest timer's deadline at once
+** instead of sleeping: an hour of sleeps and timeouts passes in
+** microseconds, and tasks wake in deadline order (ties in the order they
+** went to sleep), the same on every run.
+**
+**   - Only the runtime's own threads see virtual time: ums_now(),
+**     ums_deadline() and every deadline computed inside a task. Host
+**     threads, pool threads and the C functions run by ums_preempt live in
+**     real time; a host thread's wait on the runtime (a join from main)
+**     takes a real deadline. ums_runtime_now() reads the virtual clock
+**     from anywhere.
+**   - While file I/O or a preemptive call of its tasks is in flight, time
+**     does not move: the scheduler really waits for the completion (its
+**     deadline, in virtual time, cannot pass meanwhile).
+**   - A wake-up that comes from a host thread (an event it sets, a task it
+**     cancels or spawns) is not waited for: if every task is blocked and a
+**     timer is armed, the clock moves on. With no timer armed, the
+**     scheduler sleeps until such a wake-up, without using CPU.
+**   - It needs exactly one scheduler: schedulers = 0 means 1, more is
+**     refused (UMS_EINVAL), because two schedulers cannot agree on when
+**     "nothing can run" holds without stopping each other.
+*/
+
+/* The runtime's clock: ums_now() for a real clock, the virtual time for a
+** virtual one. Any thread. */
+UMS_API int64_t ums_runtime_now(const ums_runtime_t *rt);
 
 /* ====================================================================== */
 /* Tasks                                                                   */
@@ -259,6 +301,13 @@ UMS_API int ums_yield(void);
 ** ever wake it). */
 UMS_API int ums_sleep(int64_t ns);
 UMS_API int ums_sleep_until(int64_t deadline);
+/* Parks the calling task until its scheduler is idle: no other task is
+** runnable and no file I/O or preemptive call of its tasks is in flight
+** (tasks waiting for a timer count as blocked). With a virtual clock this
+** is "run until idle": it returns before the clock moves. Returns 0,
+** UMS_ETIMEDOUT, UMS_ECANCELED, or UMS_EPERM outside a task. Several
+** tasks may wait; they all wake at the same idle moment. */
+UMS_API int ums_wait_idle(int64_t deadline);
 /* Ends the calling task now with this result and status; never returns.
 ** The fiber's stack is abandoned, so only call it where nothing on the
 ** stack needs cleaning up. Aborts the process outside a C task. */
@@ -337,6 +386,10 @@ UMS_API int ums_park_begin_wait(int64_t deadline, int flags, int type,
 UMS_API int ums_park_wait(void);
 /* The outcome of the calling task's last park. */
 UMS_API int ums_park_result(void);
+/* Begins a park (as ums_park_begin) that the task's scheduler ends with
+** outcome 0 once it is idle (see ums_wait_idle): the step-task form of
+** ums_wait_idle. Also UMS_ENOMEM. */
+UMS_API int ums_park_begin_idle(int64_t deadline, ums_park_token_t *token);
 /* Ends the park with outcome. Returns 0, or UMS_ESRCH when that park has
 ** already ended (or the task is gone), UMS_EINVAL for a negative outcome.
 ** Callable from any thread. */
@@ -568,6 +621,82 @@ typedef struct ums_dirlist {
 UMS_API int ums_fs_readdir(const char *path, ums_dirlist_t **out,
                            int64_t deadline);
 UMS_API void ums_dirlist_free(ums_dirlist_t *list);
+
+/* Deferred form: each call above in two halves, for step tasks that must
+** not block their worker while the kernel works (a language binding
+** yields its coroutine in between, as with ums_preempt_begin).
+**
+** A _begin call begins a park of the calling task (ums_park_begin, with
+** the call's deadline), starts the request and returns at once, storing
+** it in *req. The caller then ends that park like any other (its step
+** returns UMS_STEP_PARK, or it calls ums_park_wait) and, once the park
+** has ended, ends the request with exactly one end call: ums_fs_end, or
+** ums_fs_stat_end / ums_fs_readdir_end to take a stat or a directory list
+** as well. The end call returns what the blocking call would have
+** returned (its real result when the operation completed, also past the
+** deadline; UMS_ETIMEDOUT or UMS_ECANCELED when the park ended first, the
+** request then going on without the caller as described under
+** "Ownership") and frees the caller's part of the request. The task must
+** not begin another park between the two halves.
+**
+** _begin fails, starting nothing and leaving *req untouched, with the
+** blocking call's argument errors (UMS_EINVAL, UMS_EBADF), UMS_EPERM
+** outside a task (a host thread calls the blocking form), UMS_EBUSY when
+** the task has a park begun already, UMS_ECANCELED when the task was
+** cancelled, UMS_ENOMEM. Like ums_fs_close, ums_fs_close_begin in a
+** cancelled task closes fd at once and returns UMS_ECANCELED.
+**
+** Ownership is that of the blocking calls: arguments are copied by
+** _begin, and a buffer is referenced by the request until the operation
+** really ends, so the caller may release its own reference at any time;
+** it must not look at the data before the end call has returned a
+** success. An end call that cannot end the request yet leaves it alone
+** and says why: UMS_EBUSY while its park has not ended (end the park,
+** then call again), UMS_EPERM from another task than the one that began
+** it, UMS_EINVAL for NULL or (ums_fs_stat_end, ums_fs_readdir_end) a
+** request of another kind. */
+typedef struct ums_fs_req ums_fs_req_t;
+
+UMS_API int ums_fs_open_begin(const char *path, int flags, int mode,
+                              int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_fs_close_begin(int fd, int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_fs_read_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                              int64_t offset, int64_t deadline,
+                              ums_fs_req_t **req);
+UMS_API int ums_fs_write_begin(int fd, ums_buf_t *buf, size_t pos,
+                               size_t len, int64_t offset, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_readv_begin(int fd, const ums_iov_t *iov, int iovcnt,
+                               int64_t offset, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_writev_begin(int fd, const ums_iov_t *iov, int iovcnt,
+                                int64_t offset, int64_t deadline,
+                                ums_fs_req_t **req);
+UMS_API int ums_fs_fsync_begin(int fd, int flags, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_stat_begin(const char *path, int flags, int64_t deadline,
+                              ums_fs_req_t **req);
+UMS_API int ums_fs_fstat_begin(int fd, int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_fs_unlink_begin(const char *path, int64_t deadline,
+                                ums_fs_req_t **req);
+UMS_API int ums_fs_rmdir_begin(const char *path, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_rename_begin(const char *from, const char *to,
+                                int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_fs_mkdir_begin(const char *path, int mode, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_fs_readdir_begin(const char *path, int64_t deadline,
+                                 ums_fs_req_t **req);
+
+/* Ends any request: its result (for stat and readdir requests, 0 or the
+** error; the stat or the list is dropped). */
+UMS_API int64_t ums_fs_end(ums_fs_req_t *req);
+/* Ends a stat or fstat request; *out is written only when the result is
+** 0. */
+UMS_API int ums_fs_stat_end(ums_fs_req_t *req, ums_stat_t *out);
+/* Ends a readdir request; on 0 the caller owns the list stored in *out
+** (ums_dirlist_free), otherwise *out is untouched. */
+UMS_API int ums_fs_readdir_end(ums_fs_req_t *req, ums_dirlist_t **out);
 
 /* ====================================================================== */
 /* Going preemptive                                                        */

@@ -16,15 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(UMS_ASAN)
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
-
 #define PAGE 4096
 /* Bytes a class may keep cached per scheduler, and a cap on the count. */
 #define CACHE_BYTES_PER_CLASS (8u << 20)
@@ -45,7 +36,7 @@ static uint32_t cache_limit(int cls) {
 }
 
 static void buf_free(ums_buf_t *b) {
-  UNPOISON(b->data, b->cap);
+  UMS__UNPOISON(b->data, b->cap);
   free(b->data);
   free(b);
 }
@@ -58,7 +49,7 @@ ums_buf_t *ums_buf_new(size_t size) {
   if (s && cls >= 0 && (b = s->bufs.head[cls]) != NULL) {
     s->bufs.head[cls] = b->next;
     s->bufs.n[cls]--;
-    UNPOISON(b->data, b->cap);
+    UMS__UNPOISON(b->data, b->cap);
   } else {
     size_t cap = cls >= 0 ? (size_t)1 << (UMS__BUF_MIN_SHIFT + cls)
                           : (size + PAGE - 1) & ~(size_t)(PAGE - 1);
@@ -88,7 +79,7 @@ void ums_buf_release(ums_buf_t *b) {
   ums__sched_t *s = ums__sched_current();
   if (s && b->cls >= 0 && s->bufs.n[b->cls] < cache_limit(b->cls)) {
     /* Poisoned while cached: a stale pointer into it is reported. */
-    POISON(b->data, b->cap);
+    UMS__POISON(b->data, b->cap);
     b->next = s->bufs.head[b->cls];
     s->bufs.head[b->cls] = b;
     s->bufs.n[b->cls]++;

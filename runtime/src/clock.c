@@ -1,7 +1,18 @@
 /*
-** clock.c: the monotonic clock, futex waits and the spinlock's slow path.
-** Everything here is a thin layer over the kernel; it exists so the rest
-** of the runtime speaks in absolute monotonic nanoseconds.
+** clock.c: the monotonic clock (real or virtual), futex waits and the
+** spinlock's slow path. Everything here is a thin layer over the kernel;
+** it exists so the rest of the runtime speaks in absolute monotonic
+** nanoseconds.
+**
+** The virtual clock (ums.h, "Virtual clock") is one number per runtime.
+** Its runtime has a single scheduler, whose thread alone moves it
+** (sched.c's idle wait, when nothing can run), so it needs no lock; it is
+** atomic only because ums_runtime_now() may read it from other threads.
+** The choice between the clocks is made per thread: code running on a
+** virtual runtime's scheduler thread (its tasks, its pass) reads virtual
+** time, every other thread reads real time. That keeps the real clock for
+** what really waits (pool threads, host threads' futex deadlines, the Lua
+** binding's quantum monitor) without passing a runtime to every reading.
 */
 #include "internal.h"
 
@@ -12,13 +23,31 @@
 #include <time.h>
 #include <unistd.h>
 
-int64_t ums__clock_now(void) {
+int64_t ums__clock_real(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * UMS_NSEC_PER_SEC + ts.tv_nsec;
 }
 
+int64_t ums__clock_now(void) {
+  ums__sched_t *s = ums__tls_sched;
+  if (UMS__UNLIKELY(s && s->rt->vclock))
+    return atomic_load_explicit(&s->rt->vnow, memory_order_relaxed);
+  return ums__clock_real();
+}
+
+void ums__clock_advance(ums_runtime_t *rt, int64_t to) {
+  if (to > atomic_load_explicit(&rt->vnow, memory_order_relaxed))
+    atomic_store_explicit(&rt->vnow, to, memory_order_relaxed);
+}
+
 int64_t ums_now(void) { return ums__clock_now(); }
+
+int64_t ums_runtime_now(const ums_runtime_t *rt) {
+  if (rt && rt->vclock)
+    return atomic_load_explicit(&rt->vnow, memory_order_relaxed);
+  return ums__clock_real();
+}
 
 int64_t ums_deadline(int64_t ns) {
   if (ns < 0) return UMS_FOREVER;

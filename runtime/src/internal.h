@@ -73,11 +73,45 @@ static inline void ums__cpu_relax(void) {
 #endif
 }
 
+/* Adaptive spinning (pool.c, sched.c). A spin-wait for another thread
+** pays only when that thread runs on another CPU and answers within a few
+** microseconds; on a crowded machine the spinner holds the very CPU its
+** partner waits for (measured: a preemptive round trip took 19 us with
+** spinning against 10.5 us without, at load 3 on 2 CPUs). Each spin site
+** keeps a running average of how long its spins took, a miss counting as
+** twice the limit; above a quarter of the limit it sleeps at once, and
+** spins anyway every UMS__SPIN_PROBE-th time to notice calmer times. */
+#define UMS__SPIN_PROBE 32
+typedef struct ums__spin_gauge {
+  int64_t avg;      /* ns */
+  uint32_t skipped; /* sleeps without a spin since the last probe */
+} ums__spin_gauge_t;
+
+static inline bool ums__spin_worth(ums__spin_gauge_t *g, int64_t limit) {
+  if (g->avg <= limit / 4) return true;
+  if (++g->skipped < UMS__SPIN_PROBE) return false;
+  g->skipped = 0;
+  return true;
+}
+
+static inline void ums__spin_note(ums__spin_gauge_t *g, int64_t took,
+                                  bool hit, int64_t limit) {
+  g->avg += ((hit ? took : 2 * limit) - g->avg) / 8;
+}
+
 /* ====================================================================== */
 /* Clock and futex (clock.c)                                               */
 /* ====================================================================== */
 
+/* The clock the runtime's code reads: real CLOCK_MONOTONIC, except on the
+** thread of a scheduler whose runtime has a virtual clock, where it is
+** that runtime's virtual time. Anything that measures real waiting (spins,
+** the idle wait's kernel timeouts) reads ums__clock_real instead. */
 int64_t ums__clock_now(void);
+int64_t ums__clock_real(void);
+/* Moves rt's virtual clock forward to `to` (never back). [owner of the
+** runtime's one scheduler] */
+void ums__clock_advance(ums_runtime_t *rt, int64_t to);
 /* Blocks while *addr == expected, until woken or the absolute monotonic
 ** deadline (UMS_FOREVER: none). Returns 0, or -ETIMEDOUT, -EAGAIN, -EINTR
 ** as the kernel says; callers always re-check their condition. */
@@ -563,6 +597,7 @@ typedef struct ums__pool {
                                         its threads' times; 0: none */
   uint64_t grown;                    /* [lock] threads the monitor started */
   uint64_t completed;                /* [lock] work run to its end */
+  ums__spin_gauge_t spin;            /* [lock] how the spinners fare */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
 
@@ -591,6 +626,17 @@ void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out);
 /* ====================================================================== */
 /* I/O buffers (buf.c)                                                     */
 /* ====================================================================== */
+
+/* Objects kept in a cache (buffers, I/O requests) are poisoned in ASan
+** builds, so that a stale pointer into one is reported. */
+#if defined(UMS_ASAN)
+#include <sanitizer/asan_interface.h>
+#define UMS__POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UMS__UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define UMS__POISON(p, n) ((void)(p), (void)(n))
+#define UMS__UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 /* Size classes of the per-scheduler buffer cache: 4 KiB << 0..10 (4 KiB to
 ** 4 MiB). Larger buffers are never cached. */
@@ -631,14 +677,17 @@ enum { UMS__IO_INFLIGHT = 0, UMS__IO_DONE = 1, UMS__IO_ABANDONED = 2 };
 #define UMS__IO_INLINE_IOV 4
 #define UMS__IO_INLINE_PATH 96
 
-/* One file operation. Heap-allocated and shared by reference count: one
-** reference for the caller (dropped when it has taken the result or given
-** up), one for the operation (dropped when it completed: its CQE was
-** reaped, or the pool thread finished), one per kernel cancel request in
-** flight (dropped at its CQE: a request is never freed, and its address
-** never reused as a user_data, while the kernel may still match a cancel
-** against it). */
-typedef struct ums__io_req {
+/* One file operation: the public ums_fs_req_t (ums.h, "deferred form").
+** Shared by reference count: one reference for the caller (dropped when it
+** has taken the result or given up: ums_fs_end), one for the operation
+** (dropped when it completed: its CQE was reaped, or the pool thread
+** finished), one per kernel cancel request in flight (dropped at its CQE:
+** a request is never freed, and its address never reused as a user_data,
+** while the kernel may still match a cancel against it). The last
+** reference dropped on a scheduler thread puts the struct in that
+** scheduler's request cache (io.c), elsewhere it is freed. */
+typedef struct ums_fs_req ums__io_req_t;
+struct ums_fs_req {
   _Atomic uint32_t refs;        /* [atomic] */
   _Atomic int state;            /* [atomic] UMS__IO_INFLIGHT/DONE/ABANDONED */
   int op;                       /* [const] enum ums__io_op */
@@ -660,14 +709,36 @@ typedef struct ums__io_req {
   int iovcnt;
 
   /* Results beyond res, written by the completer before the state CAS. */
-  void *stx;                    /* struct statx (heap) for UMS__IO_STATX */
-  ums_dirlist_t *list;          /* UMS__IO_READDIR */
+  void *stx;                    /* struct statx for UMS__IO_STATX: points
+                                   to stx_space */
+  ums_dirlist_t *list;          /* UMS__IO_READDIR; owned by the request
+                                   until the caller takes it */
 
   ums__pool_work_t work;        /* pool backend */
-  struct iovec iov_inline[UMS__IO_INLINE_IOV];
-  ums_buf_t *bufs_inline[UMS__IO_INLINE_IOV];
+  ums__io_req_t *cache_next;    /* [owner of the cache] while cached */
+
+  /* Inline room, not zeroed when a request is made (io.c: req_new). A
+  ** stat has no buffers, a read or write no statx. */
+  union {
+    struct {
+      struct iovec iov_inline[UMS__IO_INLINE_IOV];
+      ums_buf_t *bufs_inline[UMS__IO_INLINE_IOV];
+    };
+    uint64_t stx_space[32];     /* a struct statx (256 bytes; io.c checks) */
+  };
   char path_inline[UMS__IO_INLINE_PATH];
-} ums__io_req_t;
+};
+
+/* Free request structs kept by a scheduler, so that a task's request
+** costs no malloc once the cache is warm. Bounded (io.c). */
+typedef struct ums__io_req_cache {
+  ums__io_req_t *head;          /* [owner] */
+  uint32_t n;                   /* [owner] */
+} ums__io_req_cache_t;
+
+/* Frees every cached request. [owner, at teardown, after the ring has
+** been drained] */
+void ums__io_req_cache_clear(ums__io_req_cache_t *c);
 
 /* Ends r with result res: the caller gets it if it is still waiting,
 ** otherwise (abandoned) the result's resources are released. Drops the
@@ -758,6 +829,7 @@ struct ums__sched {
   _Atomic int is_idle;            /* [atomic, owner writes] */
   _Atomic uint32_t io_pending;    /* [atomic] requests of this scheduler's
                                      tasks not yet completed */
+  ums__spin_gauge_t spin;         /* [owner] how its completion spins fare */
   _Atomic uint32_t preempt_pending; /* [atomic] preemptive calls of this
                                      scheduler's tasks not yet returned;
                                      while nonzero the idle wait spins
@@ -811,6 +883,14 @@ struct ums__sched {
   int64_t seg_start;           /* [owner] when the running task's turn
                                   began, if that was stamped; 0: unknown */
   bool timing;                 /* [const] stats on: waits are timed */
+  bool vstamps;                /* [const] on the runtime's virtual clock
+                                  (waits last what the tasks saw) */
+  /* Parks to end when the scheduler goes idle (ums_wait_idle). Tokens,
+  ** not task pointers: one whose park already ended (timeout, cancel) is
+  ** refused by ums_unpark and simply dropped. */
+  ums_park_token_t *idle_waiters; /* [owner] */
+  uint32_t nidle_waiters, cap_idle_waiters; /* [owner] */
+  ums__io_req_cache_t reqs;    /* [owner] I/O request cache */
 
   /* Constant. */
   int id;
@@ -848,6 +928,9 @@ struct ums_runtime {
                                   own threads still touching it; shutdown
                                   frees nothing until this is zero */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks; futex word */
+  bool vclock;                 /* [const] the clock is virtual (clock.c) */
+  _Atomic int64_t vnow;        /* [atomic, owner of scheduler 0 writes]
+                                  the virtual time, ns */
 
   int io_backend;              /* [const] UMS_IO_URING or UMS_IO_POOL */
   ums__pool_t io_pool;         /* the hidden scheduler for file I/O */
@@ -943,6 +1026,14 @@ static inline int64_t ums__sched_load(const ums__sched_t *s) {
 #define UMS__LOADR(x) atomic_load_explicit(&(x), memory_order_relaxed)
 #define UMS__STORER(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
 
+/* A stamp on s's clock: the stamp clock, or the virtual time of a
+** virtual-clock runtime, where a sleep of 10 s lasts 10 s of it. */
+static inline int64_t ums__stamp_sched(const ums__sched_t *s) {
+  if (UMS__UNLIKELY(s->vstamps))
+    return atomic_load_explicit(&s->rt->vnow, memory_order_relaxed);
+  return ums__stamp_now();
+}
+
 /* The three moments of a wait (waits.c has the reasoning). They run on
 ** every switch that parks, hence inline: the fast paths are a few stores
 ** and at most one clock reading. */
@@ -959,7 +1050,7 @@ static inline void ums__wait_begin(ums__sched_t *s, ums__task_t *t,
   if (s->timing) {
     /* ready_at stays `now` for a task queued before it parked (a park
     ** unparked before the step returned): runnable all along. */
-    int64_t now = ums__stamp_now();
+    int64_t now = ums__stamp_sched(s);
     UMS__STORER(t->wait_since, now);
     UMS__STORER(t->ready_at, now);
     s->now_hint = now;
@@ -981,7 +1072,7 @@ static inline void ums__wait_ready(ums__task_t *t) {
   if (!s->timing) return;
   int64_t now;
   if (ums__sched_current() != s)
-    now = ums__stamp_now();
+    now = ums__stamp_sched(s);
   else if ((now = s->seg_start) <= 0)
     now = ums__wait_ready_stamp(s);
   UMS__STORER(t->ready_at, now);
@@ -1012,7 +1103,7 @@ static inline void ums__obs_pick(ums__sched_t *s, ums__task_t *t) {
     s->seg_start = hint;
     return;
   }
-  int64_t now = hint ? hint : ums__stamp_now();
+  int64_t now = hint ? hint : ums__stamp_sched(s);
   s->seg_start = now;
   /* Not clamped here, to keep the switch short: a stamp reused from
   ** earlier in the pass can precede a wake later in the same pass by a

@@ -1,9 +1,18 @@
 /*
 ** io.c: file I/O requests, from the public calls to their completion.
 **
-** A call builds a request (arguments copied, buffer references taken),
-** begins a park of the calling task, hands the request to a backend and
-** waits on the park:
+** Every call in a task goes through two halves (ums.h, "deferred form"):
+**
+**   start    build the request (arguments copied, buffer references
+**            taken), begin a park of the calling task, hand the request
+**            to a backend;
+**   collect  once the park has ended, settle the request's fate and take
+**            its result.
+**
+** The blocking calls (ums_fs_read, ...) are start, ums_park_wait, collect;
+** the _begin/_end pairs let a step task end the park by returning
+** UMS_STEP_PARK instead, so that no worker is held while the kernel works
+** (the Lua binding yields its coroutine there).
 **
 **   backend      where the system call runs      who completes the park
 **   io-uring.c   the kernel, via s's own ring    s's pass, reaping the CQE
@@ -19,9 +28,12 @@
 ** fd, frees a directory list). The park's own protocol (park.c) settles
 ** which of unpark, timeout and cancel ends the wait; the two layers never
 ** disagree because the caller looks at the request's state only after its
-** wait has ended.
+** wait has ended (collect refuses to run before that).
 **
-** Memory: see the reference rules on ums__io_req_t (internal.h).
+** Memory: see the reference rules on struct ums_fs_req (internal.h).
+** Request structs come from a per-scheduler cache (like buffers, buf.c):
+** the last reference dropped on a scheduler thread keeps the struct there
+** for the next request, so a task's read costs no malloc.
 */
 #include "internal.h"
 
@@ -33,16 +45,31 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+_Static_assert(sizeof(struct statx) <=
+                   sizeof(((ums__io_req_t *)0)->stx_space),
+               "stx_space must hold a struct statx");
+
+/* Request structs a scheduler keeps: enough for a few hundred requests in
+** flight, about 100 KiB at most. */
+#define REQ_CACHE_MAX 256u
+
 /* ---------------------------------------------------------------------- */
 /* Requests                                                                */
 /* ---------------------------------------------------------------------- */
 
 /* A new request holding the caller's reference only; submission adds the
-** operation's. */
+** operation's. From this scheduler's cache when it has one. */
 static ums__io_req_t *req_new(int op) {
-  ums__io_req_t *r = malloc(sizeof *r);
-  if (!r) return NULL;
-  /* The inline arrays are the bulk of the struct; zero only the head. */
+  ums__sched_t *s = ums__sched_current();
+  ums__io_req_t *r = s ? s->reqs.head : NULL;
+  if (r) {
+    UMS__UNPOISON(r, sizeof *r);
+    s->reqs.head = r->cache_next;
+    s->reqs.n--;
+  } else if (!(r = malloc(sizeof *r))) {
+    return NULL;
+  }
+  /* The inline room is the bulk of the struct; zero only the head. */
   memset(r, 0, offsetof(ums__io_req_t, iov_inline));
   r->op = op;
   r->fd = -1;
@@ -51,24 +78,44 @@ static ums__io_req_t *req_new(int op) {
   return r;
 }
 
+static bool inline_path(const ums__io_req_t *r, const char *p) {
+  return p >= r->path_inline && p < r->path_inline + UMS__IO_INLINE_PATH;
+}
+
 static void req_free(ums__io_req_t *r) {
   for (int i = 0; i < r->iovcnt; i++) ums_buf_release(r->bufs[i]);
   if (r->bufs != r->bufs_inline) free(r->bufs);
   if (r->iov != r->iov_inline) free(r->iov);
-  if (r->path && (r->path < r->path_inline ||
-                  r->path >= r->path_inline + UMS__IO_INLINE_PATH))
-    free(r->path);
-  if (r->path2 && (r->path2 < r->path_inline ||
-                   r->path2 >= r->path_inline + UMS__IO_INLINE_PATH))
-    free(r->path2);
-  free(r->stx);
+  if (r->path && !inline_path(r, r->path)) free(r->path);
+  if (r->path2 && !inline_path(r, r->path2)) free(r->path2);
   if (r->list) ums_dirlist_free(r->list);
+  /* The last reference may go on a pool thread (an abandoned request), or
+  ** after this scheduler emptied its cache at exit (it no longer runs
+  ** then): only a scheduler thread keeps the struct. */
+  ums__sched_t *s = ums__sched_current();
+  if (s && s->reqs.n < REQ_CACHE_MAX) {
+    r->cache_next = s->reqs.head;
+    s->reqs.head = r;
+    s->reqs.n++;
+    UMS__POISON(r, sizeof *r);
+    return;
+  }
   free(r);
 }
 
 void ums__io_req_unref(ums__io_req_t *r) {
   if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1)
     req_free(r);
+}
+
+void ums__io_req_cache_clear(ums__io_req_cache_t *c) {
+  while (c->head) {
+    ums__io_req_t *r = c->head;
+    UMS__UNPOISON(r, sizeof *r);
+    c->head = r->cache_next;
+    free(r);
+  }
+  c->n = 0;
 }
 
 /* Copies one or two paths into the request, inline when they fit. */
@@ -145,9 +192,14 @@ void ums__io_complete(ums__io_req_t *r, int64_t res) {
     ** stale token (the caller's wait already ended by its deadline) is
     ** refused by ums_unpark, and the caller then finds DONE. */
     ums_park_token_t token = r->token;
-    if (s) atomic_fetch_sub_explicit(&s->io_pending, 1, memory_order_relaxed);
     ums__io_req_unref(r);
-    if (s) ums_unpark(s->rt, token, 0);
+    if (s) {
+      ums_unpark(s->rt, token, 0);
+      /* After the unpark (release): a virtual clock may move once this
+      ** count is zero, and must then find the task in the inbox (sched.c,
+      ** work_in_flight). s outlives this: the pool is destroyed first. */
+      atomic_fetch_sub_explicit(&s->io_pending, 1, memory_order_release);
+    }
     return;
   }
   drop_result(r);
@@ -156,28 +208,24 @@ void ums__io_complete(ums__io_req_t *r, int64_t res) {
 }
 
 /* ---------------------------------------------------------------------- */
-/* Running a request                                                       */
+/* Starting and collecting                                                 */
 /* ---------------------------------------------------------------------- */
 
 static bool use_ring(ums__sched_t *s, int op) {
   return s->ring && ums__ring_supports(s->ring, op);
 }
 
-/* Runs r for the caller and returns its result. The caller's reference
-** stays with the caller, who copies results out of r and then drops it. */
-static int64_t run(ums__io_req_t *r, int64_t deadline) {
+/* Begins the calling task's park and hands r to its backend. r keeps the
+** caller's reference either way; on failure nothing was started. */
+static int start(ums__io_req_t *r, int64_t deadline) {
   ums__task_t *t = ums__task_current();
-  if (!t) {
-    /* A host thread: the system call right here. */
-    r->res = ums__io_exec(r);
-    return r->res;
-  }
-  ums__sched_t *s = t->sched;
+  if (!t) return UMS_EPERM;
   /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
   ** park the task has begun itself. */
   int rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_FILE_IO, NULL, 0,
                                &r->token);
   if (rc) return rc;
+  ums__sched_t *s = t->sched;
   r->sched = s;
   atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->io_pending, 1, memory_order_relaxed);
@@ -188,25 +236,62 @@ static int64_t run(ums__io_req_t *r, int64_t deadline) {
   } else {
     ums__io_pool_submit(s->rt, r);
   }
-  rc = ums_park_wait();
-
-  int expect = UMS__IO_INFLIGHT;
-  if (atomic_compare_exchange_strong(&r->state, &expect,
-                                     UMS__IO_ABANDONED)) {
-    /* Timed out or cancelled while the operation runs on: it finishes
-    ** without us, and its completion releases what it produced. */
-    if (r->on_ring)
-      ums__ring_cancel(s, r);
-    else
-      ums__pool_interrupt(&s->rt->io_pool, &r->work);
-    return rc;
-  }
-  return r->res;
+  return 0;
 }
 
-/* ---------------------------------------------------------------------- */
-/* The public calls                                                        */
-/* ---------------------------------------------------------------------- */
+/* Whether t may collect r now: r is t's, and the park r began has ended.
+** Returns 0 or the reason it may not. */
+static int check_end(ums__io_req_t *r, ums__task_t *t) {
+  if (!t || atomic_load_explicit(&t->id, memory_order_relaxed) != r->token.task)
+    return UMS_EPERM;
+  /* t->park_seq is written only by t itself (under its lock). A later
+  ** park means r's has ended. */
+  if (t->park_seq == r->token.seq &&
+      (t->park_pending ||
+       atomic_load_explicit(&t->park.state, memory_order_acquire) ==
+           UMS__WAITING))
+    return UMS_EBUSY;
+  return 0;
+}
+
+/* Settles r once its park has ended and returns its result. The caller's
+** reference stays with the caller, who copies results out of r and then
+** drops it. */
+static int64_t collect(ums__io_req_t *r, ums__task_t *t) {
+  /* The usual case, the completer's unpark ended the park: DONE is
+  ** final, so a load (acquire: the result is visible) spares the CAS. */
+  int expect = atomic_load_explicit(&r->state, memory_order_acquire);
+  if (expect == UMS__IO_DONE ||
+      !atomic_compare_exchange_strong(&r->state, &expect,
+                                      UMS__IO_ABANDONED))
+    return r->res;  /* DONE: the operation finished first */
+  /* Timed out or cancelled while the operation runs on: it finishes
+  ** without us, and its completion releases what it produced. */
+  int rc = t->park_seq == r->token.seq ? ums_park_result() : UMS_ECANCELED;
+  if (rc >= 0) rc = UMS_ECANCELED;  /* a foreign unpark: given up all the
+                                       same */
+  ums__sched_t *s = r->sched;
+  if (r->on_ring)
+    ums__ring_cancel(s, r);
+  else
+    ums__pool_interrupt(&s->rt->io_pool, &r->work);
+  return rc;
+}
+
+/* The blocking form: runs r for the caller and returns its result. The
+** caller's reference stays with the caller. */
+static int64_t run(ums__io_req_t *r, int64_t deadline) {
+  ums__task_t *t = ums__task_current();
+  if (!t) {
+    /* A host thread: the system call right here. */
+    r->res = ums__io_exec(r);
+    return r->res;
+  }
+  int rc = start(r, deadline);
+  if (rc) return rc;
+  ums_park_wait();
+  return collect(r, t);
+}
 
 static int64_t simple(ums__io_req_t *r, int64_t deadline) {
   int64_t res = run(r, deadline);
@@ -214,7 +299,33 @@ static int64_t simple(ums__io_req_t *r, int64_t deadline) {
   return res;
 }
 
-int ums_fs_open(const char *path, int flags, int mode, int64_t deadline) {
+/* The first half of the deferred form: r is the caller's on success. */
+static int begin(ums__io_req_t *r, int64_t deadline, ums_fs_req_t **out) {
+  int rc = start(r, deadline);
+  if (rc) return req_fail(r, rc);
+  *out = r;
+  return 0;
+}
+
+int64_t ums_fs_end(ums_fs_req_t *r) {
+  if (!r) return UMS_EINVAL;
+  ums__task_t *t = ums__task_current();
+  int rc = check_end(r, t);
+  if (rc) return rc;
+  int64_t res = collect(r, t);
+  ums__io_req_unref(r);
+  return res;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Building requests                                                       */
+/* ---------------------------------------------------------------------- */
+
+/* Each builder checks the arguments, makes the request and stores it in
+** *out, or returns an error with nothing made. */
+
+static int mk_open(ums__io_req_t **out, const char *path, int flags,
+                   int mode) {
   if (!path) return UMS_EINVAL;
   ums__io_req_t *r = req_new(UMS__IO_OPEN);
   if (!r) return UMS_ENOMEM;
@@ -222,73 +333,96 @@ int ums_fs_open(const char *path, int flags, int mode, int64_t deadline) {
   if (rc) return req_fail(r, rc);
   r->flags = flags | O_CLOEXEC;
   r->mode = mode;
-  return (int)simple(r, deadline);
+  *out = r;
+  return 0;
 }
 
-int ums_fs_close(int fd, int64_t deadline) {
-  if (fd < 0) return UMS_EBADF;
-  /* A cancelled task may not wait, but the close it asks for must still
-  ** happen (ums.h: the descriptor is closed all the same); close(2) does
-  ** not block for long, so it runs right here. */
-  if (ums__task_current() && ums_cancelled()) {
-    close(fd);
-    return UMS_ECANCELED;
-  }
+/* A cancelled task may not wait, but the close it asks for must still
+** happen (ums.h: the descriptor is closed all the same); close(2) does not
+** block for long, so it runs right here. Returns 1 when it did. */
+static int close_cancelled(int fd) {
+  if (!ums__task_current() || !ums_cancelled()) return 0;
+  close(fd);
+  return 1;
+}
+
+static int mk_close(ums__io_req_t **out, int fd) {
   ums__io_req_t *r = req_new(UMS__IO_CLOSE);
   if (!r) return UMS_ENOMEM;
   r->fd = fd;
-  return (int)simple(r, deadline);
+  *out = r;
+  return 0;
 }
 
-static int check_offset(int64_t offset) {
-  return offset < 0 && offset != UMS_FS_CUR ? UMS_EINVAL : 0;
-}
-
-static int64_t rw(int op, int fd, const ums_iov_t *iov, int n, int64_t offset,
-                  int64_t deadline) {
+static int mk_rw(ums__io_req_t **out, int op, int fd, const ums_iov_t *iov,
+                 int n, int64_t offset) {
   if (fd < 0) return UMS_EBADF;
-  if (check_offset(offset)) return UMS_EINVAL;
+  if (offset < 0 && offset != UMS_FS_CUR) return UMS_EINVAL;
   ums__io_req_t *r = req_new(op);
   if (!r) return UMS_ENOMEM;
   int rc = req_iov(r, iov, n);
   if (rc) return req_fail(r, rc);
   r->fd = fd;
   r->off = offset;
-  return simple(r, deadline);
+  *out = r;
+  return 0;
 }
 
-int64_t ums_fs_read(int fd, ums_buf_t *buf, size_t pos, size_t len,
-                    int64_t offset, int64_t deadline) {
+static int mk_one(ums__io_req_t **out, int op, int fd, ums_buf_t *buf,
+                  size_t pos, size_t len, int64_t offset) {
   if (len > UMS_FS_MAX_RW) len = UMS_FS_MAX_RW;
   ums_iov_t v = {buf, pos, len};
-  return rw(UMS__IO_READ, fd, &v, 1, offset, deadline);
+  return mk_rw(out, op, fd, &v, 1, offset);
 }
 
-int64_t ums_fs_write(int fd, ums_buf_t *buf, size_t pos, size_t len,
-                     int64_t offset, int64_t deadline) {
-  if (len > UMS_FS_MAX_RW) len = UMS_FS_MAX_RW;
-  ums_iov_t v = {buf, pos, len};
-  return rw(UMS__IO_WRITE, fd, &v, 1, offset, deadline);
-}
-
-int64_t ums_fs_readv(int fd, const ums_iov_t *iov, int iovcnt, int64_t offset,
-                     int64_t deadline) {
-  return rw(UMS__IO_READV, fd, iov, iovcnt, offset, deadline);
-}
-
-int64_t ums_fs_writev(int fd, const ums_iov_t *iov, int iovcnt,
-                      int64_t offset, int64_t deadline) {
-  return rw(UMS__IO_WRITEV, fd, iov, iovcnt, offset, deadline);
-}
-
-int ums_fs_fsync(int fd, int flags, int64_t deadline) {
+static int mk_fsync(ums__io_req_t **out, int fd, int flags) {
   if (flags & ~UMS_FS_DATASYNC) return UMS_EINVAL;
   if (fd < 0) return UMS_EBADF;
   ums__io_req_t *r = req_new(UMS__IO_FSYNC);
   if (!r) return UMS_ENOMEM;
   r->fd = fd;
   r->flags = flags;
-  return (int)simple(r, deadline);
+  *out = r;
+  return 0;
+}
+
+static int mk_stat(ums__io_req_t **out, int fd, const char *path,
+                   int flags) {
+  ums__io_req_t *r = req_new(UMS__IO_STATX);
+  if (!r) return UMS_ENOMEM;
+  int rc = req_paths(r, path ? path : "", NULL);
+  if (rc) return req_fail(r, rc);
+  r->stx = r->stx_space;
+  memset(r->stx_space, 0, sizeof r->stx_space);
+  r->fd = fd;
+  r->flags = flags;
+  *out = r;
+  return 0;
+}
+
+static int mk_path_stat(ums__io_req_t **out, const char *path, int flags) {
+  if (!path || (flags & ~UMS_FS_NOFOLLOW)) return UMS_EINVAL;
+  return mk_stat(out, AT_FDCWD, path,
+                 (flags & UMS_FS_NOFOLLOW) ? AT_SYMLINK_NOFOLLOW : 0);
+}
+
+static int mk_fstat(ums__io_req_t **out, int fd) {
+  if (fd < 0) return UMS_EBADF;
+  return mk_stat(out, fd, NULL, AT_EMPTY_PATH);
+}
+
+/* unlink, rmdir (unlinkat with AT_REMOVEDIR), rename, mkdir, readdir. */
+static int mk_path(ums__io_req_t **out, int op, const char *a, const char *b,
+                   int mode, int flags) {
+  if (!a || (op == UMS__IO_RENAME && !b)) return UMS_EINVAL;
+  ums__io_req_t *r = req_new(op);
+  if (!r) return UMS_ENOMEM;
+  int rc = req_paths(r, a, b);
+  if (rc) return req_fail(r, rc);
+  r->mode = mode;
+  r->flags = flags;
+  *out = r;
+  return 0;
 }
 
 /* Converts the statx result the completer left in r->stx. */
@@ -312,16 +446,59 @@ static void stat_out(const struct statx *x, ums_stat_t *out) {
 #undef TS
 }
 
-static int do_stat(int fd, const char *path, int flags, ums_stat_t *out,
-                   int64_t deadline) {
-  if (!out) return UMS_EINVAL;
-  ums__io_req_t *r = req_new(UMS__IO_STATX);
-  if (!r) return UMS_ENOMEM;
-  int rc = req_paths(r, path ? path : "", NULL);
-  if (!rc && !(r->stx = calloc(1, sizeof(struct statx)))) rc = UMS_ENOMEM;
-  if (rc) return req_fail(r, rc);
-  r->fd = fd;
-  r->flags = flags;
+/* ---------------------------------------------------------------------- */
+/* The public calls: blocking form                                         */
+/* ---------------------------------------------------------------------- */
+
+int ums_fs_open(const char *path, int flags, int mode, int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_open(&r, path, flags, mode);
+  return rc ? rc : (int)simple(r, deadline);
+}
+
+int ums_fs_close(int fd, int64_t deadline) {
+  if (fd < 0) return UMS_EBADF;
+  if (close_cancelled(fd)) return UMS_ECANCELED;
+  ums__io_req_t *r;
+  int rc = mk_close(&r, fd);
+  return rc ? rc : (int)simple(r, deadline);
+}
+
+int64_t ums_fs_read(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                    int64_t offset, int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_one(&r, UMS__IO_READ, fd, buf, pos, len, offset);
+  return rc ? rc : simple(r, deadline);
+}
+
+int64_t ums_fs_write(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                     int64_t offset, int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_one(&r, UMS__IO_WRITE, fd, buf, pos, len, offset);
+  return rc ? rc : simple(r, deadline);
+}
+
+int64_t ums_fs_readv(int fd, const ums_iov_t *iov, int iovcnt, int64_t offset,
+                     int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_rw(&r, UMS__IO_READV, fd, iov, iovcnt, offset);
+  return rc ? rc : simple(r, deadline);
+}
+
+int64_t ums_fs_writev(int fd, const ums_iov_t *iov, int iovcnt,
+                      int64_t offset, int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_rw(&r, UMS__IO_WRITEV, fd, iov, iovcnt, offset);
+  return rc ? rc : simple(r, deadline);
+}
+
+int ums_fs_fsync(int fd, int flags, int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_fsync(&r, fd, flags);
+  return rc ? rc : (int)simple(r, deadline);
+}
+
+static int stat_run(ums__io_req_t *r, ums_stat_t *out, int64_t deadline) {
   int64_t res = run(r, deadline);
   if (res == 0) stat_out(r->stx, out);
   ums__io_req_unref(r);
@@ -330,57 +507,49 @@ static int do_stat(int fd, const char *path, int flags, ums_stat_t *out,
 
 int ums_fs_stat(const char *path, int flags, ums_stat_t *out,
                 int64_t deadline) {
-  if (!path || (flags & ~UMS_FS_NOFOLLOW)) return UMS_EINVAL;
-  return do_stat(AT_FDCWD, path,
-                 (flags & UMS_FS_NOFOLLOW) ? AT_SYMLINK_NOFOLLOW : 0, out,
-                 deadline);
+  if (!out) return UMS_EINVAL;
+  ums__io_req_t *r;
+  int rc = mk_path_stat(&r, path, flags);
+  return rc ? rc : stat_run(r, out, deadline);
 }
 
 int ums_fs_fstat(int fd, ums_stat_t *out, int64_t deadline) {
   if (fd < 0) return UMS_EBADF;
-  return do_stat(fd, NULL, AT_EMPTY_PATH, out, deadline);
-}
-
-static int path_op(int op, const char *a, const char *b, int mode,
-                   int64_t deadline) {
-  if (!a || (op == UMS__IO_RENAME && !b)) return UMS_EINVAL;
-  ums__io_req_t *r = req_new(op);
-  if (!r) return UMS_ENOMEM;
-  int rc = req_paths(r, a, b);
-  if (rc) return req_fail(r, rc);
-  r->mode = mode;
-  return (int)simple(r, deadline);
+  if (!out) return UMS_EINVAL;
+  ums__io_req_t *r;
+  int rc = mk_fstat(&r, fd);
+  return rc ? rc : stat_run(r, out, deadline);
 }
 
 int ums_fs_unlink(const char *path, int64_t deadline) {
-  return path_op(UMS__IO_UNLINK, path, NULL, 0, deadline);
+  ums__io_req_t *r;
+  int rc = mk_path(&r, UMS__IO_UNLINK, path, NULL, 0, 0);
+  return rc ? rc : (int)simple(r, deadline);
 }
 
 int ums_fs_rmdir(const char *path, int64_t deadline) {
-  /* unlinkat(AT_REMOVEDIR): the same operation with a flag. */
-  if (!path) return UMS_EINVAL;
-  ums__io_req_t *r = req_new(UMS__IO_UNLINK);
-  if (!r) return UMS_ENOMEM;
-  int rc = req_paths(r, path, NULL);
-  if (rc) return req_fail(r, rc);
-  r->flags = AT_REMOVEDIR;
-  return (int)simple(r, deadline);
+  ums__io_req_t *r;
+  int rc = mk_path(&r, UMS__IO_UNLINK, path, NULL, 0, AT_REMOVEDIR);
+  return rc ? rc : (int)simple(r, deadline);
 }
 
 int ums_fs_rename(const char *from, const char *to, int64_t deadline) {
-  return path_op(UMS__IO_RENAME, from, to, 0, deadline);
+  ums__io_req_t *r;
+  int rc = mk_path(&r, UMS__IO_RENAME, from, to, 0, 0);
+  return rc ? rc : (int)simple(r, deadline);
 }
 
 int ums_fs_mkdir(const char *path, int mode, int64_t deadline) {
-  return path_op(UMS__IO_MKDIR, path, NULL, mode, deadline);
+  ums__io_req_t *r;
+  int rc = mk_path(&r, UMS__IO_MKDIR, path, NULL, mode, 0);
+  return rc ? rc : (int)simple(r, deadline);
 }
 
 int ums_fs_readdir(const char *path, ums_dirlist_t **out, int64_t deadline) {
-  if (!path || !out) return UMS_EINVAL;
-  ums__io_req_t *r = req_new(UMS__IO_READDIR);
-  if (!r) return UMS_ENOMEM;
-  int rc = req_paths(r, path, NULL);
-  if (rc) return req_fail(r, rc);
+  if (!out) return UMS_EINVAL;
+  ums__io_req_t *r;
+  int rc = mk_path(&r, UMS__IO_READDIR, path, NULL, 0, 0);
+  if (rc) return rc;
   int64_t res = run(r, deadline);
   if (res == 0) {
     *out = r->list;
@@ -391,3 +560,149 @@ int ums_fs_readdir(const char *path, ums_dirlist_t **out, int64_t deadline) {
 }
 
 void ums_dirlist_free(ums_dirlist_t *list) { free(list); }
+
+/* ---------------------------------------------------------------------- */
+/* The public calls: deferred form                                         */
+/* ---------------------------------------------------------------------- */
+
+/* Every _begin: rc is the builder's; on success r goes to begin. */
+#define BEGIN(rc, r, deadline, out) \
+  ((rc) ? (rc) : begin((r), (deadline), (out)))
+
+int ums_fs_open_begin(const char *path, int flags, int mode,
+                      int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_open(&r, path, flags, mode);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_close_begin(int fd, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  if (fd < 0) return UMS_EBADF;
+  if (close_cancelled(fd)) return UMS_ECANCELED;
+  ums__io_req_t *r = NULL;
+  int rc = mk_close(&r, fd);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_read_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                      int64_t offset, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_one(&r, UMS__IO_READ, fd, buf, pos, len, offset);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_write_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                       int64_t offset, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_one(&r, UMS__IO_WRITE, fd, buf, pos, len, offset);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_readv_begin(int fd, const ums_iov_t *iov, int iovcnt,
+                       int64_t offset, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_rw(&r, UMS__IO_READV, fd, iov, iovcnt, offset);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_writev_begin(int fd, const ums_iov_t *iov, int iovcnt,
+                        int64_t offset, int64_t deadline,
+                        ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_rw(&r, UMS__IO_WRITEV, fd, iov, iovcnt, offset);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_fsync_begin(int fd, int flags, int64_t deadline,
+                       ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_fsync(&r, fd, flags);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_stat_begin(const char *path, int flags, int64_t deadline,
+                      ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_path_stat(&r, path, flags);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_fstat_begin(int fd, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_fstat(&r, fd);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_unlink_begin(const char *path, int64_t deadline,
+                        ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_path(&r, UMS__IO_UNLINK, path, NULL, 0, 0);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_rmdir_begin(const char *path, int64_t deadline,
+                       ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_path(&r, UMS__IO_UNLINK, path, NULL, 0, AT_REMOVEDIR);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_rename_begin(const char *from, const char *to, int64_t deadline,
+                        ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_path(&r, UMS__IO_RENAME, from, to, 0, 0);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_mkdir_begin(const char *path, int mode, int64_t deadline,
+                       ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_path(&r, UMS__IO_MKDIR, path, NULL, mode, 0);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_readdir_begin(const char *path, int64_t deadline,
+                         ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_path(&r, UMS__IO_READDIR, path, NULL, 0, 0);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_stat_end(ums_fs_req_t *r, ums_stat_t *out) {
+  if (!r || !out || r->op != UMS__IO_STATX) return UMS_EINVAL;
+  ums__task_t *t = ums__task_current();
+  int rc = check_end(r, t);
+  if (rc) return rc;
+  int64_t res = collect(r, t);
+  if (res == 0) stat_out(r->stx, out);
+  ums__io_req_unref(r);
+  return (int)res;
+}
+
+int ums_fs_readdir_end(ums_fs_req_t *r, ums_dirlist_t **out) {
+  if (!r || !out || r->op != UMS__IO_READDIR) return UMS_EINVAL;
+  ums__task_t *t = ums__task_current();
+  int rc = check_end(r, t);
+  if (rc) return rc;
+  int64_t res = collect(r, t);
+  if (res == 0) {
+    *out = r->list;
+    r->list = NULL;
+  }
+  ums__io_req_unref(r);
+  return (int)res;
+}

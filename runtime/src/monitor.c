@@ -195,13 +195,13 @@ static void *monitor_main(void *arg) {
   ums__monitor_t *m = &rt->monitor;
   int64_t threshold = rt->cfg.stall_threshold;
   pthread_setname_np(pthread_self(), "ums-monitor");
-  int64_t last = ums__clock_now();
+  int64_t last = ums__clock_real();
   reset_slots(rt, last);
   while (!atomic_load(&m->stop)) {
     uint32_t w = atomic_load(&m->word);
     ums__futex_wait(&m->word, w, last + m->tick);
     if (atomic_load(&m->stop)) break;
-    int64_t now = ums__clock_now();
+    int64_t now = ums__clock_real();
     last = now;
     /* Schedulers leaving their loops at shutdown are not stalled. */
     if (atomic_load(&rt->exiting)) continue;
@@ -234,7 +234,7 @@ static void *monitor_main(void *arg) {
     }
     if (!busy) {
       sleep_until_busy(rt);
-      last = ums__clock_now();
+      last = ums__clock_real();
       reset_slots(rt, last);
     }
   }

@@ -75,6 +75,9 @@ struct ums__pool_thread {
                                     have freed it already */
   _Atomic int stop;              /* [atomic] destroy interrupts whatever
                                     this thread runs */
+  _Atomic bool in_work;          /* [atomic] inside run() right now; unlike
+                                    current, false while it waits for the
+                                    pool's lock after the work */
   bool exited;                   /* [pool lock] left its loop */
   ums__pool_thread_t *next;      /* [pool lock] */
   pid_t tid;                     /* [pool lock] set when it starts; 0
@@ -165,19 +168,20 @@ static void join_exited(ums__pool_t *p) {
 }
 
 /* Spins without the lock until work is queued, the pool stops or spin_ns
-** passes. The caller then takes the lock and looks again: the hint only
-** says when looking is worth it. */
-static void spin_for_work(ums__pool_t *p) {
-  int64_t until = ums__clock_now() + p->cfg.spin_ns;
+** passes; returns how long it spun, negative if nothing came. The caller
+** then takes the lock and looks again: the hint only says when looking is
+** worth it. */
+static int64_t spin_for_work(ums__pool_t *p) {
+  int64_t start = ums__clock_now(), until = start + p->cfg.spin_ns;
   for (unsigned i = 1;; i++) {
     if (atomic_load_explicit(&p->queued_hint, memory_order_relaxed))
-      return;
+      return ums__clock_now() - start;
     ums__cpu_relax();
     /* The clock costs ~30 ns; a pause is ~40 cycles or more. Now and then
     ** give the CPU to whoever waits for it: on a crowded machine that may
     ** be the very thread that would hand us work. */
     if ((i & 63) == 0) {
-      if (ums__clock_now() >= until) return;
+      if (ums__clock_now() >= until) return -1;
       if ((i & 255) == 0) sched_yield();
     }
   }
@@ -198,16 +202,18 @@ static void *pool_main(void *arg) {
     ums__pool_work_t *w = p->head;
     if (!w) {
       if (p->stopping) break;
-      if (p->cfg.spin_ns && !spun && p->nspinning < MAX_SPINNERS) {
+      if (p->cfg.spin_ns && !spun && p->nspinning < MAX_SPINNERS &&
+          ums__spin_worth(&p->spin, p->cfg.spin_ns)) {
         /* Counted as idle, so a submitter relies on it rather than start
         ** a thread, and as spinning, so it does not signal either. */
         p->nidle++;
         p->nspinning++;
         pthread_mutex_unlock(&p->lock);
-        spin_for_work(p);
+        int64_t took = spin_for_work(p);
         pthread_mutex_lock(&p->lock);
         p->nspinning--;
         p->nidle--;
+        ums__spin_note(&p->spin, took, took >= 0, p->cfg.spin_ns);
         spun = true;
         continue;
       }
@@ -231,7 +237,9 @@ static void *pool_main(void *arg) {
     atomic_store_explicit(&p->queued_hint, p->nqueued, memory_order_relaxed);
     self->current = w;
     pthread_mutex_unlock(&p->lock);
+    atomic_store_explicit(&self->in_work, true, memory_order_relaxed);
     w->run(w); /* may free w */
+    atomic_store_explicit(&self->in_work, false, memory_order_relaxed);
     pthread_mutex_lock(&p->lock);
     self->current = NULL;
     p->completed++;
@@ -308,8 +316,8 @@ static int64_t thread_cpu(const ums__pool_thread_t *th) {
 ** threads blocked in their work: running the same work as at the last
 ** look, asleep now, and on a CPU for less than half the time since (a
 ** thread that computes, even one waiting for a CPU on a crowded machine,
-** is not blocked; one that waits for the pool's lock is not either: it
-** has moved on by the next look). [lock] */
+** is not blocked; one that waits for the pool's lock after its work is
+** not in its work: in_work). [lock] */
 static void grow_check(ums__pool_t *p) {
   int64_t now = ums__clock_now();
   int64_t interval = p->sampled_at ? now - p->sampled_at : 0;
@@ -318,7 +326,11 @@ static void grow_check(ums__pool_t *p) {
     const ums__pool_work_t *was = th->seen_work;
     int64_t cpu0 = th->seen_cpu;
     th->seen_work = th->exited ? NULL : th->current;
-    if (!th->seen_work) continue;
+    if (!th->seen_work ||
+        !atomic_load_explicit(&th->in_work, memory_order_relaxed)) {
+      th->seen_work = NULL; /* between works (maybe asleep on our lock) */
+      continue;
+    }
     th->seen_cpu = thread_cpu(th);
     if (interval && was == th->seen_work && cpu0 >= 0 &&
         th->seen_cpu >= 0 && 2 * (th->seen_cpu - cpu0) < interval &&

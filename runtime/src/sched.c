@@ -40,6 +40,14 @@ _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 ** bench/bench_preempt.c measures both settings. */
 #define PREEMPT_POOL_SPIN_NS (50 * UMS_NSEC_PER_USEC)
 #define SCHED_SPIN_NS (50 * UMS_NSEC_PER_USEC)
+/* With a virtual clock, how long the idle wait sleeps at most while file
+** I/O or a preemptive call is in flight. The pool thread that completes
+** one posts the task first and lowers the in-flight count after, so the
+** wake-up for the post can come before the count drops; a bounded sleep
+** notices the drop without a wake-up of its own. Only while something is
+** in flight: a virtual runtime with nothing in flight sleeps without a
+** deadline (or moves its clock). */
+#define VCLOCK_INFLIGHT_POLL_NS (1 * UMS_NSEC_PER_MSEC)
 
 static inline void set_relaxed(_Atomic uint32_t *a, uint32_t v) {
   atomic_store_explicit(a, v, memory_order_relaxed);
@@ -287,23 +295,29 @@ static void maybe_trim(ums__sched_t *s, int64_t now) {
 ** in flight: the pool thread that finishes one posts its task to the
 ** completion list, and catching that by spinning costs far less than the
 ** futex wake-up it would need once we sleep. Returns true when something
-** arrived. idle_state stays 0 meanwhile, so posters make no system call. */
+** arrived. idle_state stays 0 meanwhile, so posters make no system call.
+** now and deadline are real time (ums__clock_real). */
 static bool spin_for_completion(ums__sched_t *s, int64_t now,
                                 int64_t deadline) {
-  if (!atomic_load_explicit(&s->preempt_pending, memory_order_relaxed))
+  if (!atomic_load_explicit(&s->preempt_pending, memory_order_relaxed) ||
+      !ums__spin_worth(&s->spin, SCHED_SPIN_NS))
     return false;
   int64_t until = now + SCHED_SPIN_NS;
   if (until > deadline) until = deadline;
   for (unsigned i = 1;; i++) {
     if (atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
         atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
-        atomic_load_explicit(&s->rt->exiting, memory_order_relaxed))
+        atomic_load_explicit(&s->rt->exiting, memory_order_relaxed)) {
+      ums__spin_note(&s->spin, ums__clock_real() - now, true, SCHED_SPIN_NS);
       return true;
+    }
     ums__cpu_relax();
     if ((i & 63) == 0) {
-      if (ums__clock_now() >= until ||
-          !atomic_load_explicit(&s->preempt_pending, memory_order_relaxed))
+      if (ums__clock_real() >= until ||
+          !atomic_load_explicit(&s->preempt_pending, memory_order_relaxed)) {
+        ums__spin_note(&s->spin, 0, false, SCHED_SPIN_NS);
         return false;
+      }
       /* On a crowded machine the pool thread we wait for may be waiting
       ** for this very CPU. */
       if ((i & 255) == 0) sched_yield();
@@ -311,27 +325,28 @@ static bool spin_for_completion(ums__sched_t *s, int64_t now,
   }
 }
 
-static void idle_wait(ums__sched_t *s) {
-  ums_runtime_t *rt = s->rt;
-  int64_t now = ums__clock_now();
-  maybe_trim(s, now);
-  int64_t deadline = ums__timer_next(&s->timers);
-  if (idle_timeout(s) >= 0 &&
-      s->nidle + (s->cur && !s->cur->task) >
-          (uint32_t)rt->cfg.idle_workers_kept &&
-      s->next_trim < deadline)
-    deadline = s->next_trim;
-  if (deadline <= now) return;
+/* File I/O or a preemptive call of this scheduler's tasks has not
+** completed yet. Acquire loads: both counters drop after their task was
+** posted, so a zero here means that post is visible in the inbox. */
+static bool work_in_flight(ums__sched_t *s) {
+  return atomic_load_explicit(&s->io_pending, memory_order_acquire) ||
+         atomic_load_explicit(&s->preempt_pending, memory_order_acquire);
+}
+
+static bool wake_pending(ums__sched_t *s) {
+  return atomic_load(&s->inbox) || atomic_load(&s->cancels) ||
+         atomic_load(&s->rt->exiting);
+}
+
+/* Sleeps until a wake-up, an I/O completion or the real-time deadline.
+** now is a real clock reading (the ring takes its timeout relative). */
+static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
   /* A stamp from before the idle wait cannot stand for "now" after it. */
   s->now_hint = 0;
-  if (spin_for_completion(s, now, deadline)) return;
-  if (s->preempt_pending) now = ums__clock_now();
-
   atomic_store(&s->idle_state, 1);
-  if (atomic_load(&s->inbox) || atomic_load(&s->cancels) ||
-      atomic_load(&rt->exiting)) {
+  if (wake_pending(s)) {
     atomic_store(&s->idle_state, 0);
-    ums__monitor_busy(rt);
+    ums__monitor_busy(s->rt);
     return;
   }
   UMS__COUNT(s, idle_waits);
@@ -342,7 +357,114 @@ static void idle_wait(ums__sched_t *s) {
     ums__futex_wait(&s->idle_state, 1, deadline);
   atomic_store_explicit(&s->is_idle, 0, memory_order_relaxed);
   atomic_store(&s->idle_state, 0);
-  ums__monitor_busy(rt);
+  ums__monitor_busy(s->rt);
+}
+
+/* The idle wait of a runtime with a virtual clock: time moves only here,
+** and only when nothing can happen without it. */
+static void idle_wait_virtual(ums__sched_t *s) {
+  maybe_trim(s, ums__clock_now());
+  int64_t now = ums__clock_real();
+  if (work_in_flight(s)) {
+    if (spin_for_completion(s, now, UMS_FOREVER)) return;
+    now = ums__clock_real();
+    block(s, now + VCLOCK_INFLIGHT_POLL_NS, now);
+    return;
+  }
+  int64_t next = ums__timer_next(&s->timers);
+  if (next == UMS_FOREVER) {
+    /* Nothing will happen by itself: only another thread can wake a
+    ** task now. No deadline, so no CPU meanwhile. */
+    block(s, UMS_FOREVER, now);
+    return;
+  }
+  /* A wake-up posted since the pass drained the lists goes first. */
+  if (wake_pending(s)) return;
+  ums__clock_advance(s->rt, next);
+}
+
+static void idle_wait(ums__sched_t *s) {
+  if (s->rt->vclock) {
+    idle_wait_virtual(s);
+    return;
+  }
+  ums_runtime_t *rt = s->rt;
+  int64_t now = ums__clock_now();
+  maybe_trim(s, now);
+  int64_t deadline = ums__timer_next(&s->timers);
+  if (idle_timeout(s) >= 0 &&
+      s->nidle + (s->cur && !s->cur->task) >
+          (uint32_t)rt->cfg.idle_workers_kept &&
+      s->next_trim < deadline)
+    deadline = s->next_trim;
+  if (deadline <= now) return;
+  if (spin_for_completion(s, now, deadline)) return;
+  if (s->preempt_pending) now = ums__clock_now();
+  block(s, deadline, now);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Idle waiters (ums_wait_idle)                                            */
+/* ---------------------------------------------------------------------- */
+
+/* Whether the park of tok has not ended yet. */
+static bool token_live(ums_runtime_t *rt, ums_park_token_t tok) {
+  ums__task_t *t = ums__task_lookup(rt, tok.task);
+  if (!t) return false;
+  ums__lock(&t->lock);
+  bool live =
+      atomic_load_explicit(&t->id, memory_order_relaxed) == tok.task &&
+      t->park_seq == tok.seq &&
+      atomic_load_explicit(&t->park.state, memory_order_relaxed) ==
+          UMS__WAITING;
+  ums__unlock(&t->lock);
+  return live;
+}
+
+int ums_park_begin_idle(int64_t deadline, ums_park_token_t *token) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return UMS_EPERM;
+  ums__sched_t *s = t->sched;
+  if (s->nidle_waiters == s->cap_idle_waiters) {
+    /* Parks that ended without the scheduler going idle (timeouts,
+    ** cancels) leave stale tokens; drop them before growing, so the
+    ** array stays as large as the live waiters at most. */
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->nidle_waiters; i++)
+      if (token_live(s->rt, s->idle_waiters[i]))
+        s->idle_waiters[n++] = s->idle_waiters[i];
+    s->nidle_waiters = n;
+  }
+  if (s->nidle_waiters == s->cap_idle_waiters) {
+    uint32_t cap = s->cap_idle_waiters ? 2 * s->cap_idle_waiters : 8;
+    ums_park_token_t *w = realloc(s->idle_waiters, cap * sizeof *w);
+    if (!w) return UMS_ENOMEM;
+    s->idle_waiters = w;
+    s->cap_idle_waiters = cap;
+  }
+  ums_park_token_t tok;
+  int r = ums_park_begin(deadline, &tok);
+  if (r) return r;
+  s->idle_waiters[s->nidle_waiters++] = tok;
+  if (token) *token = tok;
+  return 0;
+}
+
+int ums_wait_idle(int64_t deadline) {
+  int r = ums_park_begin_idle(deadline, NULL);
+  return r ? r : ums_park_wait();
+}
+
+/* Called when nothing is runnable: if nothing is in flight either, ends
+** every idle waiter's park. Returns true when that made a task runnable. */
+static bool wake_idle_waiters(ums__sched_t *s) {
+  if (work_in_flight(s) || wake_pending(s)) return false;
+  bool woke = false;
+  uint32_t n = s->nidle_waiters;
+  s->nidle_waiters = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (ums_unpark(s->rt, s->idle_waiters[i], 0) == 0) woke = true;
+  return woke;
 }
 
 /* Housekeeping plus the pick; NULL only when the runtime is exiting and
@@ -361,6 +483,7 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
     ums__task_t *t = runq_pop(s);
     if (t) return t;
     if (atomic_load(&s->rt->exiting) && s->nlocal == 0) return NULL;
+    if (s->nidle_waiters && wake_idle_waiters(s)) continue;
     idle_wait(s);
   }
 }
@@ -433,6 +556,7 @@ static void *sched_thread(void *arg) {
   ** the ring still holds was abandoned; it must end before the ring and
   ** the buffers it references go. */
   if (s->ring) ums__ring_drain(s);
+  ums__io_req_cache_clear(&s->reqs);
   ums__buf_cache_clear(&s->bufs);
   ums__worker_free_all(s);
   ums__ctx_destroy(&s->main_ctx);
@@ -445,6 +569,7 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
   s->id = id;
   s->rt = rt;
   s->timing = rt->cfg.stats == UMS_STATS_ON;
+  s->vstamps = rt->cfg.clock == UMS_CLOCK_VIRTUAL;
   ums__timer_heap_init(&s->timers);
   s->next_trim = 0;
   return ums__stack_pool_init(&s->stacks, rt->cfg.stack_size);
@@ -453,6 +578,8 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
 static void sched_destroy(ums__sched_t *s) {
   ums__ring_free(s->ring);
   s->ring = NULL;
+  free(s->idle_waiters);
+  s->idle_waiters = NULL;
   ums__stack_pool_destroy(&s->stacks);
   ums__timer_heap_destroy(&s->timers);
 }
@@ -530,11 +657,14 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
       c.io_pool_threads < 0 || c.preempt_threads < 0 ||
       c.stats < UMS_STATS_DEFAULT || c.stats > UMS_STATS_OFF ||
       (c.stack_size != 0 && c.stack_size < MIN_STACK_SIZE) ||
-      c.stack_size > ((size_t)1 << 30)) {
+      c.stack_size > ((size_t)1 << 30) ||
+      (c.clock != UMS_CLOCK_REAL && c.clock != UMS_CLOCK_VIRTUAL) ||
+      (c.clock == UMS_CLOCK_VIRTUAL && c.schedulers > 1)) {
     e = UMS_EINVAL;
     goto fail;
   }
-  if (c.schedulers == 0) c.schedulers = cpu_count();
+  if (c.schedulers == 0)
+    c.schedulers = c.clock == UMS_CLOCK_VIRTUAL ? 1 : cpu_count();
   if (c.stack_size == 0) c.stack_size = DEFAULT_STACK_SIZE;
   if (c.worker_idle_timeout == 0) c.worker_idle_timeout = DEFAULT_IDLE_TIMEOUT;
   if (c.idle_workers_kept == 0) c.idle_workers_kept = DEFAULT_IDLE_KEPT;
@@ -552,6 +682,8 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
     goto fail;
   }
   rt->cfg = c;
+  rt->vclock = c.clock == UMS_CLOCK_VIRTUAL;
+  atomic_init(&rt->vnow, 0);
   pthread_mutex_init(&rt->table_lock, NULL);
   pthread_mutex_init(&rt->waits_lock, NULL);
   size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;

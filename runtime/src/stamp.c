@@ -38,9 +38,9 @@ static _Atomic int calibrating;     /* one thread computes the rate */
 /* A (counter, clock) pair read as close together as possible: the clock
 ** readings bracket the counter's, and their midpoint is kept. */
 static void read_pair(uint64_t *ticks, int64_t *ns) {
-  int64_t a = ums__clock_now();
+  int64_t a = ums__clock_real();
   *ticks = ums__stamp_ticks();
-  int64_t b = ums__clock_now();
+  int64_t b = ums__clock_real();
   *ns = a + (b - a) / 2;
 }
 
@@ -86,7 +86,8 @@ static void init(void) {
 
 int64_t ums__stamp_slow(void) {
   pthread_once(&once, init);
-  int64_t now = ums__clock_now();
+  /* Real time, also on a scheduler thread of a virtual-clock runtime. */
+  int64_t now = ums__clock_real();
   if (!usable || now - anchor_ns < CALIBRATE_NS ||
       atomic_load_explicit(&calibrating, memory_order_relaxed) ||
       atomic_exchange(&calibrating, 1))

@@ -99,8 +99,7 @@ const char *ums_task_state_name(int state) {
 /* Copies what is known of t into *out if t is still the task `id` (any
 ** id when id is 0). Returns false if it is not (any more), or if it has
 ** finished and nobody may join it: gone, as far as its caller knows. */
-static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out,
-                      int64_t now) {
+static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out) {
   ums__lock(&t->lock);
   uint64_t cur = LOAD(t->id);
   if (!cur || (id && cur != id) || (t->done && t->detached)) {
@@ -121,6 +120,8 @@ static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out,
   int64_t since = LOAD(t->wait_since), ready = LOAD(t->ready_at);
   int64_t cpu = LOAD(t->cpu_ns);
   ums__unlock(&t->lock);
+  /* After the task's own stamps, on its scheduler's clock. */
+  int64_t now = timing ? ums__stamp_sched(t->sched) : 0;
 
   /* Woken, not yet running: its waker stamped it (with stats on; the
   ** stamp is what tells, so that a wake-up stores nothing else). */
@@ -135,7 +136,7 @@ static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out,
     out->wait_type = type;
     out->wait_object = obj;
     out->blocker = blocker;
-    if (timing && since) {
+    if (timing) {
       out->wait_ns = now > since ? now - since : 0;
       out->runnable_ns = ready > since && now > ready ? now - ready : 0;
     }
@@ -154,7 +155,7 @@ int ums_runtime_tasks(ums_runtime_t *rt, ums_task_visit_fn fn, void *arg) {
     ums__task_t *t = &chunk[slot % UMS__TASK_CHUNK];
     if (!atomic_load_explicit(&t->id, memory_order_acquire)) continue;
     ums_task_info_t info;
-    if (!read_task(t, 0, &info, ums__stamp_now())) continue;
+    if (!read_task(t, 0, &info)) continue;
     seen++;
     if (fn(&info, arg)) break;
   }
@@ -166,7 +167,7 @@ int ums_task_info(ums_runtime_t *rt, ums_task_t id, ums_task_info_t *out) {
   if (!rt || !out) return UMS_EINVAL;
   bool ext = ums__rt_enter_ext(rt);
   ums__task_t *t = ums__task_lookup(rt, id);
-  int r = t && read_task(t, id, out, ums__stamp_now()) ? 0 : UMS_ESRCH;
+  int r = t && read_task(t, id, out) ? 0 : UMS_ESRCH;
   ums__rt_leave_ext(rt, ext);
   return r;
 }

@@ -65,7 +65,7 @@ void ums__wait_begin_pending(ums__sched_t *s, ums__task_t *t) {
   STORER(t->wait_blocker, 0);
   STORER(t->obs, UMS__OBS(UMS_TASK_PENDING, UMS_WAIT_PENDING_WORKER));
   if (s->timing) {
-    STORER(t->wait_since, ums__stamp_now());
+    STORER(t->wait_since, ums__stamp_sched(s));
     STORER(t->ready_at, 0);
   }
 }
@@ -76,7 +76,7 @@ int64_t ums__wait_ready_stamp(ums__sched_t *s) {
   ** taken here serves the rest of that pass (as the pick's "now" too), or
   ** of that turn. */
   int64_t now = s->now_hint;
-  if (!now) now = ums__stamp_now();
+  if (!now) now = ums__stamp_sched(s);
   if (s->seg_start < 0)
     s->now_hint = now;
   else

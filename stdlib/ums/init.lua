@@ -6,6 +6,8 @@ local core = require "ums.core"
 
 local ums = {}
 for k, v in pairs(core) do ums[k] = v end
+-- core.run_limit is the test helper's (stdlib/ums/test.lua), not API.
+ums.run_limit = nil
 
 -- Configuration: every key is checked here, so a typo fails at once
 -- rather than silently running with a default.
@@ -37,6 +39,11 @@ local settings = {
   stats = {function(v) return type(v) == "boolean" end, "a boolean"},
   stall_threshold = {non_negative_number,
                      "a non-negative number of seconds (0: off)"},
+  clock = {function(v) return v == "real" or v == "virtual" end,
+           '"real" or "virtual"'},
+  -- Loaded (require) first in every VM that runs submitted work.
+  init = {function(v) return v == false or (type(v) == "string" and v ~= "")
+          end, "a module name, or false for none"},
 }
 
 local defaults = {
@@ -53,6 +60,8 @@ local defaults = {
   -- runtime reads the same variable), for measuring what they cost.
   stats = os.getenv("UMS_STATS") ~= "off",
   stall_threshold = 1,
+  clock = "real",
+  init = false,
 }
 
 --- ums.config([settings]) -> the settings in force for the next ums.run.
@@ -71,6 +80,18 @@ function ums.config(t)
         error(("ums.config: '%s' must be %s, got %s"):format(
           k, rule[2], tostring(v)), 2)
       end
+    end
+    -- The virtual clock needs the run's one scheduler to itself
+    -- (runtime/include/ums.h, "Virtual clock").
+    local cur = core.config()
+    local function get(k)
+      if t[k] ~= nil then return t[k] end
+      if cur[k] ~= nil then return cur[k] end
+      return defaults[k]
+    end
+    if get("clock") == "virtual" and get("schedulers") ~= 1 then
+      error(('ums.config: clock = "virtual" needs schedulers = 1, got %s')
+            :format(tostring(get("schedulers"))), 2)
     end
     core.config(t)
   end
@@ -101,7 +122,8 @@ function ums.locals()
   return t:locals()
 end
 
---- ums.test(fn [, timeout]) -> runs fn as a task in a fresh run; raises
+--- ums.test(fn [, timeout | opts]) -> runs fn as a task in a fresh run
+-- (opts.clock = "virtual": on the virtual clock); raises
 -- on timeout or on an error of any task nobody joined (stdlib/ums/test.lua).
 function ums.test(fn, timeout)
   return require("ums.test")(fn, timeout)
@@ -113,5 +135,17 @@ if has_sync then
 elseif not tostring(sync):find("module 'ums.sync' not found", 1, true) then
   error(sync, 0)
 end
+
+-- ums.run_until_idle([timeout]) -> true | nil, "timeout" (copied from
+-- core above): waits until no other task of the run can go on without
+-- time passing (every one is blocked: on a lock, a channel, a sleep...)
+-- and no file I/O or C call is in flight. With the virtual clock, it
+-- returns before the clock moves.
+
+-- The standard library for programs (issue 9): work queues, application
+-- locks, task groups. Each module also works on its own through require.
+ums.applock = require "ums.applock"
+ums.group = require("ums.group").new
+ums.workqueue = require("ums.workqueue").new
 
 return ums

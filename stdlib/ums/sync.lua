@@ -4,12 +4,13 @@
 --
 -- Everything here is plain Lua on three calls of ums.core (see
 -- lua-binding/CORE-API.md): `core.park_begin`, `core.park_wait` and
--- `core.unpark`. All tasks of a run share one Lua VM and run on one
--- scheduler thread, and nothing in this file yields except `park_wait`, so
--- the state of a primitive needs no lock: the code between two waits runs
--- as one atomic step. For the same reason these objects belong to the VM
--- that created them; work on other cores talks through the runtime's own
--- shared objects, never through these.
+-- `core.unpark`. All tasks of a VM run on that VM's one scheduler
+-- thread, and nothing in this file yields except `park_wait`, so the
+-- state of a primitive needs no lock: the code between two waits runs as
+-- one atomic step. For the same reason these objects belong to the VM
+-- that created them; work on other cores talks through shared objects
+-- (core.shared, lua-binding/lshared.c), which the constructors here make
+-- when given {shared = true}.
 --
 -- Conventions (DESIGN.md section 8):
 --   * a bad argument raises, with luaL_argerror's wording;
@@ -43,6 +44,7 @@ local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
 -- Wait types, so that ums.tasks() and ums.waits() say what a task waits
 -- for (and on which object, held by whom).
 local W = core.WAIT
+local pairs, tostring = pairs, tostring
 local current_task = core.self
 
 local error, getmetatable, pcall, rawget, setmetatable, type =
@@ -100,6 +102,25 @@ local function check_integer(v, narg, fname)
     argerror(3, narg, fname, "number has no integer representation")
   end
   return n
+end
+
+-- The options table every constructor takes after its usual arguments:
+-- {shared = true} makes the object with core.shared instead (an object
+-- every VM of a run may use: lua-binding/lshared.c). Returns whether.
+local function shared_opt(opts, narg, fname)
+  if opts == nil then return false end
+  if type(opts) ~= "table" then
+    argerror(3, narg, fname, "table expected, got " .. typename(opts))
+  end
+  for k, v in pairs(opts) do
+    if k ~= "shared" then
+      argerror(3, narg, fname, format("unknown option '%s'", tostring(k)))
+    elseif type(v) ~= "boolean" then
+      argerror(3, narg, fname, "option 'shared' must be a boolean, got "
+        .. typename(v))
+    end
+  end
+  return opts.shared == true
 end
 
 -- Returns the timeout in seconds, or nil for "forever" (nil or math.huge).
@@ -194,7 +215,8 @@ end
 local Mutex = { __name = "ums.mutex" }
 Mutex.__index = Mutex
 
-local function mutex()
+local function mutex(opts)
+  if shared_opt(opts, 1, "mutex") then return core.shared.mutex() end
   return setmetatable({ owner = nil, q = newq() }, Mutex)
 end
 
@@ -258,7 +280,8 @@ end
 local Semaphore = { __name = "ums.semaphore" }
 Semaphore.__index = Semaphore
 
-local function semaphore(n)
+local function semaphore(n, opts)
+  if shared_opt(opts, 2, "semaphore") then return core.shared.semaphore(n) end
   n = check_integer(n, 1, "semaphore")
   if n < 0 then
     argerror(2, 1, "semaphore", "initial value must not be negative")
@@ -317,7 +340,8 @@ end
 local Event = { __name = "ums.event" }
 Event.__index = Event
 
-local function event(manual)
+local function event(manual, opts)
+  if shared_opt(opts, 2, "event") then return core.shared.event(manual) end
   if manual ~= nil and type(manual) ~= "boolean" then
     argerror(2, 1, "event", "boolean expected, got " .. typename(manual))
   end
@@ -441,7 +465,8 @@ end
 local WaitGroup = { __name = "ums.waitgroup" }
 WaitGroup.__index = WaitGroup
 
-local function waitgroup()
+local function waitgroup(opts)
+  if shared_opt(opts, 1, "waitgroup") then return core.shared.waitgroup() end
   return setmetatable({ count = 0, q = newq() }, WaitGroup)
 end
 

@@ -1,7 +1,24 @@
---- ums.test(fn [, timeout]): runs fn as a task inside a fresh ums.run,
--- for test frameworks such as Busted:
+--- ums.test(fn [, timeout | opts]): runs fn as a task inside a fresh
+-- ums.run, for test frameworks such as Busted:
 --
 --   it("sends", function() ums.test(function() ... end) end)
+--   it("expires", function()
+--     ums.test(function() ums.sleep(3600) end, {clock = "virtual"})
+--   end)
+--
+-- opts: timeout (seconds, as the plain number form), clock ("real", the
+-- default, or "virtual") and, with the virtual clock, limit (virtual
+-- seconds, default 1e7, about four months).
+--
+-- With clock = "virtual" the run uses the runtime's virtual clock
+-- (README, "Deterministic time"): sleeps and timeouts take no real time
+-- and tasks wake in the same order on every run. The run gets one
+-- scheduler; the settings are restored afterwards. `timeout` is then a
+-- real-time limit on the whole run (it catches a test that never blocks,
+-- where virtual time stands still), and `limit` a virtual one: if every
+-- task is blocked with nothing to wake it, the clock jumps to the limit
+-- at once, so a deadlocked test fails in milliseconds with
+-- "ums.test: timed out after <limit> s of virtual time".
 --
 -- Raises (so the surrounding `it` fails)
 --   * when fn raises: a string error is raised again with the task's
@@ -25,10 +42,10 @@
 -- (debug.getregistry()["ums.on_error"]); if that is not available, the
 -- default handler (print to stderr) is installed afterwards.
 --
--- While the test runs, ums.spawn (the field of the `ums` module) is
--- wrapped to note the tasks started, so that the helper knows when all of
--- them have ended (it polls their status after fn returns; joining them
--- would hide their errors). A task started through a copy of ums.spawn
+-- While the test runs, ums.spawn, ums.submit and ums.submit_on (fields of
+-- the `ums` module) are wrapped to note the tasks and work started, so
+-- that the helper knows when all of them have ended (it polls their
+-- status after fn returns; joining them would hide their errors). A task started through a copy of ums.spawn
 -- taken before the test is not seen: if it is still running when fn
 -- returns, the run waits for it without a timeout. On timeout, every task
 -- of the run is cancelled, seen or not.
@@ -63,17 +80,44 @@ local function format_timeout(timeout)
   return tostring(timeout)
 end
 
+local function bad_timeout(v, what)
+  error(("bad argument #2 to 'test' (%s must be a positive number of "
+         .. "seconds, got %s)"):format(what, type(v) == "number"
+                                       and tostring(v) or type(v)), 3)
+end
+
 local function test(fn, timeout)
   if type(fn) ~= "function" then
     error(("bad argument #1 to 'test' (function expected, got %s)")
           :format(type(fn)), 2)
   end
+  local virtual, limit = false, 1e7
+  if type(timeout) == "table" then
+    local opts = timeout
+    for k in pairs(opts) do
+      if k ~= "timeout" and k ~= "clock" and k ~= "limit" then
+        error(("bad argument #2 to 'test' (unknown option '%s')")
+              :format(tostring(k)), 2)
+      end
+    end
+    if opts.clock ~= nil and opts.clock ~= "real" and
+       opts.clock ~= "virtual" then
+      error(("bad argument #2 to 'test' (clock must be \"real\" or "
+             .. "\"virtual\", got %s)"):format(tostring(opts.clock)), 2)
+    end
+    virtual = opts.clock == "virtual"
+    if opts.limit ~= nil then
+      if type(opts.limit) ~= "number" or not (opts.limit > 0) then
+        bad_timeout(opts.limit, "limit")
+      end
+      limit = opts.limit
+    end
+    timeout = opts.timeout
+  end
   if timeout == nil then
     timeout = 10
   elseif type(timeout) ~= "number" or not (timeout > 0) then
-    error(("bad argument #2 to 'test' (positive number of seconds expected,"
-           .. " got %s)"):format(type(timeout) == "number"
-                                 and tostring(timeout) or type(timeout)), 2)
+    bad_timeout(timeout, "the timeout")
   end
   if core.self() then
     error("ums.test: cannot be called inside a task (ums.run cannot be "
@@ -87,6 +131,7 @@ local function test(fn, timeout)
 
   local prev_handler = current_handler()
   local prev_spawn = ums.spawn
+  local prev_submit, prev_submit_on = ums.submit, ums.submit_on
   core.on_error(function(err, traceback, task)
     unjoined[#unjoined + 1] = {err = err, traceback = traceback, task = task}
   end)
@@ -94,6 +139,19 @@ local function test(fn, timeout)
     local t = prev_spawn(...)
     spawned[#spawned + 1] = t
     return t
+  end
+  -- Submitted work (ums.submit): its handle has status and cancel too.
+  if prev_submit then
+    ums.submit = function(...)
+      local w = prev_submit(...)
+      spawned[#spawned + 1] = w
+      return w
+    end
+    ums.submit_on = function(...)
+      local w = prev_submit_on(...)
+      spawned[#spawned + 1] = w
+      return w
+    end
   end
 
   local function others_live()
@@ -109,38 +167,72 @@ local function test(fn, timeout)
 
   -- The run's first task runs fn itself, so that the helper adds only one
   -- task (the watchdog) to the run.
+  -- Set when the test task ends, however it ends. The watchdog must not
+  -- fire after that: with the virtual clock, once the test task has
+  -- failed, the clock may jump to the watchdog's deadline before the
+  -- main thread's cancellation of the rest of the run arrives.
+  local main_over = false
+  local over_mt = {__close = function() main_over = true end}
+  local fn_returned = false
+
   local function main()
+    local over <close> = setmetatable({}, over_mt)
     local me = core.self()
     me:name("ums.test")
     local watchdog = prev_spawn(function()
-      core.sleep(timeout)
+      core.sleep(virtual and limit or timeout)
+      -- Everything had ended, and the helper's next look (below) is due
+      -- later: not a timeout.
+      if main_over or (fn_returned and not others_live()) then return end
       timed_out = true
       cancel_all()
       me:cancel()
     end)
     watchdog:name("ums.test watchdog")
     local r = table.pack(fn())
+    fn_returned = true
     -- fn returned; wait for the tasks it started, polling their status
     -- (joining them here would hide their errors from on_error). On
     -- timeout the watchdog cancels this task: the sleep then raises.
+    -- With the virtual clock the pause keeps doubling: sleeping costs no
+    -- real time there, but every look does, and tasks that run for a
+    -- virtual hour would otherwise be looked at 180,000 times.
     local pause = 0.001
     while others_live() do
       core.sleep(pause)
-      pause = math.min(pause * 2, 0.02)
+      pause = virtual and pause * 2 or math.min(pause * 2, 0.02)
     end
     watchdog:cancel()
+    -- Failed task handles and queue items that are garbage now report
+    -- their errors to the handler above, inside the test.
+    collectgarbage()
     return r
   end
 
   -- If fn raises, ums.run cancels every task left (also those the helper
   -- does not know of) and raises the error again (a string with fn's
   -- traceback appended).
-  local ok, res = pcall(core.run, main)
+  local prev_config = core.config()
+  local prev_clock, prev_scheds = prev_config.clock, prev_config.schedulers
+  local ok, res
+  if virtual then
+    core.config{clock = "virtual", schedulers = 1}
+    ok, res = pcall(core.run_limit, timeout, main)
+    core.config{clock = prev_clock or "real", schedulers = prev_scheds}
+  else
+    ok, res = pcall(core.run, main)
+  end
   ums.spawn = prev_spawn
+  ums.submit, ums.submit_on = prev_submit, prev_submit_on
   core.on_error(prev_handler or default_handler)
 
   local failure
   if timed_out then
+    failure = ("ums.test: timed out after %s s%s"):format(
+      format_timeout(virtual and limit or timeout),
+      virtual and " of virtual time" or "")
+  elseif not ok and type(res) == "string" and
+         res:find("ums.run: time limit of", 1, true) then
     failure = ("ums.test: timed out after %s s"):format(
       format_timeout(timeout))
   elseif not ok then

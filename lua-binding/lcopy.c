@@ -1,0 +1,648 @@
+/*
+** lcopy.c: values out of one Lua VM into C memory (an lmsg), and from
+** there into another VM. Work submitted to another scheduler, its
+** results, and the values sent through shared channels cross VMs this
+** way: the sending VM's thread encodes, the receiving VM's thread
+** decodes, and in between the message is plain malloc'ed memory that no
+** VM owns, so no VM ever touches another's objects.
+**
+** The encoding is a byte stream (native byte order: a message never
+** leaves the process), one tag byte per value:
+**   'n' nil, 'f' false, 't' true
+**   'i' int64 (an integer)            'd' double (a float)
+**   's' size_t length, the bytes
+**   'T' uint32 array size hint, then key and value pairs, then 'e':
+**       a table, which gets the next id
+**   'F' size_t length, lua_dump output: a Lua function, the next id
+**   'r' uint32 id: the table or function with that id again (a shared
+**       reference or a cycle)
+**   'o' uint32 index into m->refs: a shared object, by reference
+** Ids are given in the order tables and functions are first met, by the
+** encoder and the decoder alike.
+*/
+#include "lvm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Deeper nesting is refused: each level is a C frame on a task's stack. */
+#define MAX_DEPTH 200
+
+
+/* ---------------------------------------------------------------------- */
+/* Messages                                                                */
+/* ---------------------------------------------------------------------- */
+
+void lcopy_free(lmsg *m) {
+  if (!m) return;
+  for (uint32_t i = 0; i < m->nrefs; i++) lshared_unref(m->refs[i]);
+  free(m->refs);
+  if (m->data != m->inl) free(m->data);
+  free(m);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Encoding                                                                */
+/* ---------------------------------------------------------------------- */
+
+typedef struct enc {
+  lua_State *L;
+  lmsg *m;
+  int seen;              /* stack index: table or function -> id */
+  uint32_t nids;
+  int globals;           /* stack index: the global table */
+  /* The path to the value being encoded: path[d] is the stack index of
+  ** the key that leads from level d - 1 to level d, or 0 where the value
+  ** at level d is itself a key (it is shown as "[key]"). */
+  int path[MAX_DEPTH + 1];
+  const char *root;
+  bool indexed;
+  int top;               /* which top-level value (0-based) */
+  char *err;
+  size_t errsz;
+  bool failed;
+} enc;
+
+static void grow(enc *e, size_t more) {
+  lmsg *m = e->m;
+  if (m->len + more <= m->cap) return;
+  size_t cap = m->cap * 2;
+  while (cap < m->len + more) cap *= 2;
+  char *p;
+  if (m->data == m->inl) {
+    p = malloc(cap);
+    if (p) memcpy(p, m->inl, m->len);
+  } else {
+    p = realloc(m->data, cap);
+  }
+  if (!p) luaL_error(e->L, "not enough memory");
+  m->data = p;
+  m->cap = cap;
+}
+
+static void put(enc *e, const void *p, size_t n) {
+  grow(e, n);
+  memcpy(e->m->data + e->m->len, p, n);
+  e->m->len += n;
+}
+
+static void put_tag(enc *e, char tag) { put(e, &tag, 1); }
+
+static void put_u32(enc *e, uint32_t v) { put(e, &v, sizeof v); }
+
+static void put_size(enc *e, size_t v) { put(e, &v, sizeof v); }
+
+static int dump_writer(lua_State *L, const void *p, size_t n, void *ud) {
+  enc *e = ud;
+  (void)L;
+  lmsg *m = e->m;
+  if (m->len + n > m->cap) {
+    size_t cap = m->cap * 2;
+    while (cap < m->len + n) cap *= 2;
+    char *q = m->data == m->inl ? malloc(cap) : realloc(m->data, cap);
+    if (!q) return 1;
+    if (m->data == m->inl) memcpy(q, m->inl, m->len);
+    m->data = q;
+    m->cap = cap;
+  }
+  memcpy(m->data + m->len, p, n);
+  m->len += n;
+  return 0;
+}
+
+static void add_ref(enc *e, lshared *o) {
+  lmsg *m = e->m;
+  if (m->nrefs == m->caprefs) {
+    uint32_t cap = m->caprefs ? m->caprefs * 2 : 4;
+    lshared **r = realloc(m->refs, cap * sizeof *r);
+    if (!r) luaL_error(e->L, "not enough memory");
+    m->refs = r;
+    m->caprefs = cap;
+  }
+  lshared_ref(o);
+  m->refs[m->nrefs++] = o;
+}
+
+/* Appends to buf (size n, at *len) as much of s as fits. */
+static void append(char *buf, size_t n, size_t *len, const char *s) {
+  while (*s && *len + 1 < n) buf[(*len)++] = *s++;
+  buf[*len] = '\0';
+}
+
+static bool is_name(const char *s, size_t len) {
+  if (len == 0 || len > 40) return false;
+  if (!((s[0] >= 'a' && s[0] <= 'z') || (s[0] >= 'A' && s[0] <= 'Z') ||
+        s[0] == '_'))
+    return false;
+  for (size_t i = 1; i < len; i++) {
+    char c = s[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '_'))
+      return false;
+  }
+  return true;
+}
+
+/* Appends one path step, the key at stack index k of L, to buf. */
+static void append_key(lua_State *L, char *buf, size_t bufsz, size_t *len,
+                       int k) {
+  char tmp[96];
+  switch (lua_type(L, k)) {
+    case LUA_TSTRING: {
+      size_t n;
+      const char *s = lua_tolstring(L, k, &n);
+      if (is_name(s, n)) {
+        snprintf(tmp, sizeof tmp, ".%s", s);
+      } else {
+        /* Quoted, printable bytes only, cut at 32. */
+        char q[40];
+        size_t j = 0;
+        for (size_t i = 0; i < n && j < 32; i++)
+          q[j++] = (s[i] >= 32 && s[i] < 127 && s[i] != '"' && s[i] != '\\')
+                       ? s[i] : '?';
+        q[j] = '\0';
+        snprintf(tmp, sizeof tmp, "[\"%s%s\"]", q, n > 32 ? "..." : "");
+      }
+      break;
+    }
+    case LUA_TNUMBER:
+      if (lua_isinteger(L, k))
+        snprintf(tmp, sizeof tmp, "[%lld]", (long long)lua_tointeger(L, k));
+      else
+        snprintf(tmp, sizeof tmp, "[%.14g]", (double)lua_tonumber(L, k));
+      break;
+    case LUA_TBOOLEAN:
+      snprintf(tmp, sizeof tmp, "[%s]", lua_toboolean(L, k) ? "true" : "false");
+      break;
+    default:
+      snprintf(tmp, sizeof tmp, "[<%s>]", luaL_typename(L, k));
+      break;
+  }
+  append(buf, bufsz, len, tmp);
+}
+
+/* Records the failure "<path to the value at depth>: <what>". A path too
+** long for err loses its middle ("..."), never the description. */
+static void fail(enc *e, int depth, const char *what) {
+  char path[512];
+  size_t len = 0, keep;
+  char tmp[64];
+  e->failed = true;
+  path[0] = '\0';
+  append(path, sizeof path, &len, e->root);
+  if (e->indexed) {
+    snprintf(tmp, sizeof tmp, "[%d]", e->top + 1);
+    append(path, sizeof path, &len, tmp);
+  }
+  keep = len;  /* the root always stays */
+  for (int d = 1; d <= depth; d++) {
+    size_t before = len;
+    if (e->path[d] == 0)
+      append(path, sizeof path, &len, "[<key>]");
+    else
+      append_key(e->L, path, sizeof path, &len, e->path[d]);
+    if (len == before) break;  /* full */
+  }
+  size_t wlen = strlen(what) + 2;
+  size_t room = e->errsz > wlen + 1 ? e->errsz - wlen - 1 : 0;
+  len = 0;
+  e->err[0] = '\0';
+  if (strlen(path) <= room) {
+    append(e->err, e->errsz, &len, path);
+  } else if (room > keep + 3) {
+    /* root ... tail of the path */
+    size_t tail = room - keep - 3;
+    memcpy(e->err, path, keep);
+    memcpy(e->err + keep, "...", 3);
+    memcpy(e->err + keep + 3, path + strlen(path) - tail, tail);
+    len = room;
+    e->err[len] = '\0';
+  }
+  append(e->err, e->errsz, &len, ": ");
+  append(e->err, e->errsz, &len, what);
+}
+
+/* The __name of the metatable of the value at idx, or NULL. */
+static const char *mt_name(lua_State *L, int idx) {
+  const char *name = NULL;
+  if (luaL_getmetafield(L, idx, "__name") != LUA_TNIL) {
+    if (lua_type(L, -1) == LUA_TSTRING) name = lua_tostring(L, -1);
+    lua_pop(L, 1);  /* the metatable keeps the string alive */
+  }
+  return name;
+}
+
+/* Why the userdata or table at idx cannot be copied, with a hint for the
+** ums objects that have a shared counterpart. */
+static void fail_object(enc *e, int depth, int idx, bool table) {
+  char what[160];
+  const char *name = mt_name(e->L, idx);
+  static const char *const shareable[] = {
+      "ums.channel", "ums.mutex", "ums.semaphore", "ums.event",
+      "ums.waitgroup", NULL};
+  for (int i = 0; name && shareable[i]; i++) {
+    if (strcmp(name, shareable[i]) == 0) {
+      snprintf(what, sizeof what,
+               "%s is not shared (create it with {shared = true} or "
+               "ums.shared.%s)", name, name + 4);
+      fail(e, depth, what);
+      return;
+    }
+  }
+  if (name && strcmp(name, "ums.task") == 0) {
+    fail(e, depth, "ums.task (a task stays in its VM; submit work with "
+                   "ums.submit and pass its handle)");
+    return;
+  }
+  if (table)
+    snprintf(what, sizeof what, "table with a metatable%s%s%s",
+             name ? " (" : "", name ? name : "", name ? ")" : "");
+  else
+    snprintf(what, sizeof what, "userdata%s%s%s", name ? " (" : "",
+             name ? name : "", name ? ")" : "");
+  fail(e, depth, what);
+}
+
+/* Checks the upvalues of the Lua function at idx: only _ENV may cross,
+** and it becomes the receiving VM's global table (lua_load puts that in
+** the first upvalue of what it loads, and a function whose only upvalue
+** is _ENV has it first). Whatever _ENV held here (the global table, or a
+** sandbox such as Busted's) stays behind. */
+static bool check_upvalues(enc *e, int depth, int idx) {
+  lua_State *L = e->L;
+  char bad[128];
+  size_t len = 0;
+  const char *name;
+  bad[0] = '\0';
+  for (int i = 1; (name = lua_getupvalue(L, idx, i)) != NULL; i++) {
+    /* A function loaded from a stripped chunk has no upvalue names: its
+    ** only upvalue is taken for _ENV if it holds the global table. */
+    bool anon = name[0] == '\0' || strcmp(name, "(no name)") == 0;
+    bool env = i == 1 && (strcmp(name, "_ENV") == 0 ||
+                          (anon && lua_rawequal(L, -1, e->globals)));
+    lua_pop(L, 1);
+    if (env) continue;
+    if (len) append(bad, sizeof bad, &len, ", ");
+    append(bad, sizeof bad, &len, anon ? "?" : name);
+  }
+  if (len) {
+    char what[192];
+    snprintf(what, sizeof what, "function with upvalues (%s)", bad);
+    fail(e, depth, what);
+    return false;
+  }
+  return true;
+}
+
+static void encode(enc *e, int idx, int depth);
+
+/* A table or function met before is written as a reference. */
+static bool put_seen(enc *e, int idx) {
+  lua_State *L = e->L;
+  lua_pushvalue(L, idx);
+  if (lua_rawget(L, e->seen) == LUA_TNUMBER) {
+    uint32_t id = (uint32_t)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    put_tag(e, 'r');
+    put_u32(e, id);
+    return true;
+  }
+  lua_pop(L, 1);
+  return false;
+}
+
+static void mark_seen(enc *e, int idx) {
+  lua_State *L = e->L;
+  lua_pushvalue(L, idx);
+  lua_pushinteger(L, e->nids++);
+  lua_rawset(L, e->seen);
+}
+
+static void encode_table(enc *e, int idx, int depth) {
+  lua_State *L = e->L;
+  if (put_seen(e, idx)) return;
+  if (lua_getmetatable(L, idx)) {
+    lua_pop(L, 1);
+    fail_object(e, depth, idx, true);
+    return;
+  }
+  if (depth >= MAX_DEPTH) {
+    fail(e, depth, "tables nested too deeply");
+    return;
+  }
+  luaL_checkstack(L, 6, "tables nested too deeply");
+  mark_seen(e, idx);
+  put_tag(e, 'T');
+  lua_Unsigned n = lua_rawlen(L, idx);
+  put_u32(e, n > 0xffffffu ? 0xffffffu : (uint32_t)n);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    int k = lua_gettop(L) - 1;
+    e->path[depth + 1] = 0;
+    encode(e, k, depth + 1);
+    if (e->failed) return;
+    e->path[depth + 1] = k;
+    encode(e, k + 1, depth + 1);
+    if (e->failed) return;
+    lua_pop(L, 1);
+  }
+  put_tag(e, 'e');
+}
+
+static void encode_function(enc *e, int idx, int depth) {
+  lua_State *L = e->L;
+  if (put_seen(e, idx)) return;
+  if (lua_iscfunction(L, idx)) {
+    fail(e, depth, "C function");
+    return;
+  }
+  if (!check_upvalues(e, depth, idx)) return;
+  mark_seen(e, idx);
+  put_tag(e, 'F');
+  size_t at = e->m->len;
+  put_size(e, 0);  /* the length, patched below */
+  lua_pushvalue(L, idx);
+  int st = lua_dump(L, dump_writer, e, 0);
+  lua_pop(L, 1);
+  if (st != 0) luaL_error(L, "not enough memory");
+  size_t n = e->m->len - at - sizeof n;
+  memcpy(e->m->data + at, &n, sizeof n);
+}
+
+static void encode(enc *e, int idx, int depth) {
+  lua_State *L = e->L;
+  switch (lua_type(L, idx)) {
+    case LUA_TNIL:
+      put_tag(e, 'n');
+      break;
+    case LUA_TBOOLEAN:
+      put_tag(e, lua_toboolean(L, idx) ? 't' : 'f');
+      break;
+    case LUA_TNUMBER:
+      if (lua_isinteger(L, idx)) {
+        int64_t v = (int64_t)lua_tointeger(L, idx);
+        put_tag(e, 'i');
+        put(e, &v, sizeof v);
+      } else {
+        double v = (double)lua_tonumber(L, idx);
+        put_tag(e, 'd');
+        put(e, &v, sizeof v);
+      }
+      break;
+    case LUA_TSTRING: {
+      size_t n;
+      const char *s = lua_tolstring(L, idx, &n);
+      put_tag(e, 's');
+      put_size(e, n);
+      put(e, s, n);
+      break;
+    }
+    case LUA_TTABLE:
+      encode_table(e, idx, depth);
+      break;
+    case LUA_TFUNCTION:
+      encode_function(e, idx, depth);
+      break;
+    case LUA_TUSERDATA: {
+      lshared *o = lshared_test(L, idx);
+      if (!o) {
+        fail_object(e, depth, idx, false);
+        break;
+      }
+      put_tag(e, 'o');
+      put_u32(e, e->m->nrefs);
+      add_ref(e, o);
+      break;
+    }
+    case LUA_TLIGHTUSERDATA:
+      fail(e, depth, "light userdata");
+      break;
+    case LUA_TTHREAD:
+      fail(e, depth, "thread (a coroutine)");
+      break;
+    default:
+      fail(e, depth, luaL_typename(L, idx));
+      break;
+  }
+}
+
+/* The encoding proper, in a protected call: (e, values...). */
+static int encode_all(lua_State *L) {
+  enc *e = (enc *)lua_touserdata(L, 1);
+  int n = lua_gettop(L) - 1;
+  e->L = L;
+  lua_pushglobaltable(L);
+  e->globals = lua_gettop(L);
+  /* Scalars need no table of seen objects; most messages are scalars. */
+  for (int i = 0; i < n; i++) {
+    int t = lua_type(L, 2 + i);
+    if ((t == LUA_TTABLE || t == LUA_TFUNCTION) && !e->seen) {
+      lua_newtable(L);
+      e->seen = lua_gettop(L);
+    }
+  }
+  for (int i = 0; i < n && !e->failed; i++) {
+    e->top = i;
+    e->path[0] = 0;
+    encode(e, 2 + i, 0);
+  }
+  return 0;
+}
+
+lmsg *lcopy_encode(lua_State *L, int first, int n, const char *root,
+                   bool indexed, char *err, size_t errsz, int *bad) {
+  first = lua_absindex(L, first);
+  luaL_checkstack(L, n + 2, "too many values to copy");
+  lmsg *m = malloc(sizeof *m);
+  if (!m) luaL_error(L, "not enough memory");
+  m->data = m->inl;
+  m->len = 0;
+  m->cap = sizeof m->inl;
+  m->refs = NULL;
+  m->nrefs = m->caprefs = 0;
+  m->nvalues = n;
+  m->nids = 0;
+  enc e;
+  e.m = m;
+  e.nids = 0;
+  e.root = root;
+  e.indexed = indexed;
+  e.err = err;
+  e.errsz = errsz;
+  e.failed = false;
+  e.seen = 0;
+  /* Protected, so that a memory error raised by the Lua API half-way
+  ** cannot leak m: it is freed here and the error raised again. */
+  lua_pushcfunction(L, encode_all);
+  lua_pushlightuserdata(L, &e);
+  for (int i = 0; i < n; i++) lua_pushvalue(L, first + i);
+  if (lua_pcall(L, n + 1, 0, 0) != LUA_OK) {
+    lcopy_free(m);
+    lua_error(L);
+  }
+  if (e.failed) {
+    *bad = e.top;
+    lcopy_free(m);
+    return NULL;
+  }
+  m->nids = e.nids;
+  return m;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Decoding                                                                */
+/* ---------------------------------------------------------------------- */
+
+typedef struct dec {
+  lua_State *L;
+  const lmsg *m;
+  const char *p, *end;
+  int ids;               /* stack index: id + 1 -> table or function */
+  lua_Integer nids;
+} dec;
+
+static void get(dec *d, void *out, size_t n) {
+  if ((size_t)(d->end - d->p) < n) luaL_error(d->L, "ums: corrupt message");
+  memcpy(out, d->p, n);
+  d->p += n;
+}
+
+static char get_tag(dec *d) {
+  char c;
+  get(d, &c, 1);
+  return c;
+}
+
+typedef struct chunk {
+  const char *p;
+  size_t n;
+} chunk;
+
+static const char *chunk_reader(lua_State *L, void *ud, size_t *size) {
+  chunk *c = ud;
+  (void)L;
+  *size = c->n;
+  c->n = 0;
+  return *size ? c->p : NULL;
+}
+
+static void new_id(dec *d) {
+  lua_pushvalue(d->L, -1);
+  lua_rawseti(d->L, d->ids, ++d->nids);
+}
+
+static void decode(dec *d) {
+  lua_State *L = d->L;
+  luaL_checkstack(L, 4, "tables nested too deeply");
+  char tag = get_tag(d);
+  switch (tag) {
+    case 'n':
+      lua_pushnil(L);
+      break;
+    case 'f':
+    case 't':
+      lua_pushboolean(L, tag == 't');
+      break;
+    case 'i': {
+      int64_t v;
+      get(d, &v, sizeof v);
+      lua_pushinteger(L, (lua_Integer)v);
+      break;
+    }
+    case 'd': {
+      double v;
+      get(d, &v, sizeof v);
+      lua_pushnumber(L, (lua_Number)v);
+      break;
+    }
+    case 's': {
+      size_t n;
+      get(d, &n, sizeof n);
+      if ((size_t)(d->end - d->p) < n) luaL_error(L, "ums: corrupt message");
+      lua_pushlstring(L, d->p, n);
+      d->p += n;
+      break;
+    }
+    case 'T': {
+      uint32_t narr;
+      get(d, &narr, sizeof narr);
+      lua_createtable(L, (int)(narr > 1u << 20 ? 1u << 20 : narr), 0);
+      new_id(d);
+      int t = lua_gettop(L);
+      for (;;) {
+        if (d->p < d->end && *d->p == 'e') {
+          d->p++;
+          break;
+        }
+        decode(d);
+        decode(d);
+        lua_rawset(L, t);
+      }
+      break;
+    }
+    case 'F': {
+      size_t n;
+      get(d, &n, sizeof n);
+      if ((size_t)(d->end - d->p) < n) luaL_error(L, "ums: corrupt message");
+      chunk c = {d->p, n};
+      d->p += n;
+      /* A binary chunk keeps its own source name (tracebacks point at
+      ** the original file and lines); load puts the global table into
+      ** its first upvalue, which can only be _ENV (lcopy_encode). */
+      if (lua_load(L, chunk_reader, &c, "=(copied function)", "b") != LUA_OK)
+        lua_error(L);
+      new_id(d);
+      break;
+    }
+    case 'r': {
+      uint32_t id;
+      get(d, &id, sizeof id);
+      lua_rawgeti(L, d->ids, (lua_Integer)id + 1);
+      break;
+    }
+    case 'o': {
+      uint32_t i;
+      get(d, &i, sizeof i);
+      if (i >= d->m->nrefs) luaL_error(L, "ums: corrupt message");
+      lshared_push(L, d->m->refs[i]);
+      break;
+    }
+    default:
+      luaL_error(L, "ums: corrupt message");
+  }
+}
+
+static int decode_all(lua_State *L) {
+  return lcopy_decode(L, (const lmsg *)lua_touserdata(L, 1));
+}
+
+int lcopy_decode_free(lua_State *L, lmsg *m) {
+  int base = lua_gettop(L);
+  luaL_checkstack(L, 2, "too many values");
+  /* Protected, so that m is freed also when decoding raises. */
+  lua_pushcfunction(L, decode_all);
+  lua_pushlightuserdata(L, m);
+  int st = lua_pcall(L, 1, LUA_MULTRET, 0);
+  lcopy_free(m);
+  if (st != LUA_OK) lua_error(L);
+  return lua_gettop(L) - base;
+}
+
+int lcopy_decode(lua_State *L, const lmsg *m) {
+  luaL_checkstack(L, m->nvalues + 4, "too many values");
+  dec d;
+  d.L = L;
+  d.m = m;
+  d.p = m->data;
+  d.end = m->data + m->len;
+  d.nids = 0;
+  d.ids = 0;
+  if (m->nids) {  /* only tables and functions need the table of ids */
+    lua_createtable(L, (int)(m->nids > 1024 ? 1024 : m->nids), 0);
+    d.ids = lua_gettop(L);
+  }
+  for (int i = 0; i < m->nvalues; i++) decode(&d);
+  if (d.ids) lua_remove(L, d.ids);
+  return m->nvalues;
+}

@@ -1,0 +1,964 @@
+/*
+** lshared.c: objects that every VM of a run may use: ums.shared.channel,
+** mutex, semaphore, event and waitgroup (also made by the plain
+** constructors with {shared = true}: init.lua).
+**
+** An object is a C struct (struct lshared first) with an atomic reference
+** count and a mutex over its state; nothing in it is a Lua value. Each VM
+** that has the object holds one proxy userdata for it (a weak table per
+** VM maps objects to proxies, so an object has one identity inside a VM,
+** however often it arrives), and the proxy holds one reference. Objects
+** travel between VMs inside copied values (lcopy.c), which hold a
+** reference of their own while in flight. Channel values are copied too:
+** the sender encodes into an lmsg, the receiver decodes it into its VM.
+**
+** Waits. A task that must wait allocates an lswait, begins its park and
+** queues the waiter, all under the object's lock, then yields (or blocks
+** its worker where Lua cannot yield) through lums_park_finish, with the
+** waiter as the continuation's context. A waker, under the same lock,
+** takes waiters off the queue and ends their parks with ums_unpark, which
+** puts a task of another scheduler on that scheduler's completion list;
+** an unpark that fails means that park already ended (timeout, cancel),
+** and the waker drops that waiter and tries the next. The woken task's
+** continuation takes the lock once more to leave the queue (if a timeout
+** ended its park, it is still on it) and to take what it was handed. The
+** lock orders every access to a waiter between the two threads, and the
+** park protocol (exactly one of unpark, timeout and cancel wins) decides
+** the outcome.
+**
+** Lock order: an object's lock, then the runtime's task locks inside
+** ums_unpark and ums_park_begin. No two object locks are ever held at
+** once.
+*/
+#include "lvm.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Outcomes of a wait on a shared object. */
+enum { GRANTED = 0, CLOSED = 1 };
+
+/* Every proxy starts with this address (see lchan.c's chan_tag). */
+static const char proxy_tag = 0;
+/* Registry key of the VM's weak table object -> proxy. */
+static const char proxies_key = 0;
+
+typedef struct proxy {
+  const char *tag;       /* &proxy_tag */
+  lshared *o;            /* one reference; NULL until taken */
+} proxy;
+
+/* ---------------------------------------------------------------------- */
+/* Objects and proxies                                                     */
+/* ---------------------------------------------------------------------- */
+
+static void lshared_init(lshared *o, const lshared_kind *k) {
+  o->kind = k;
+  atomic_init(&o->refs, 1);
+  pthread_mutex_init(&o->lock, NULL);
+}
+
+void lshared_ref(lshared *o) {
+  atomic_fetch_add_explicit(&o->refs, 1, memory_order_relaxed);
+}
+
+void lshared_unref(lshared *o) {
+  if (atomic_fetch_sub_explicit(&o->refs, 1, memory_order_acq_rel) == 1) {
+    pthread_mutex_destroy(&o->lock);
+    o->kind->destroy(o);
+  }
+}
+
+lshared *lshared_test(lua_State *L, int idx) {
+  proxy *p = (proxy *)lua_touserdata(L, idx);
+  if (!p || lua_rawlen(L, idx) != sizeof *p || p->tag != &proxy_tag)
+    return NULL;
+  return p->o;
+}
+
+lshared *lshared_check(lua_State *L, int idx, const lshared_kind *k,
+                       const char *fname) {
+  lshared *o = lshared_test(L, idx);
+  if (!o || o->kind != k) lums_typeerr(L, idx, fname, k->name);
+  return o;
+}
+
+/* Pushes a proxy of kind k that holds no object yet. */
+static proxy *new_proxy(lua_State *L, const lshared_kind *k) {
+  proxy *p = (proxy *)lua_newuserdatauv(L, sizeof *p, 0);
+  p->tag = &proxy_tag;
+  p->o = NULL;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, k) != LUA_TTABLE)
+    luaL_error(L, "ums: %s is not registered in this VM", k->name);
+  lua_setmetatable(L, -2);
+  return p;
+}
+
+/* Remembers the proxy on top as L's proxy for o. */
+static void cache_proxy(lua_State *L, lshared *o) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &proxies_key);
+  lua_pushvalue(L, -2);
+  lua_rawsetp(L, -2, o);
+  lua_pop(L, 1);
+}
+
+void lshared_push(lua_State *L, lshared *o) {
+  luaL_checkstack(L, 3, "too many values");
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &proxies_key);
+  if (lua_rawgetp(L, -1, o) == LUA_TUSERDATA) {
+    lua_remove(L, -2);
+    return;
+  }
+  lua_pop(L, 2);
+  proxy *p = new_proxy(L, o->kind);
+  lshared_ref(o);
+  p->o = o;
+  cache_proxy(L, o);
+}
+
+void *lshared_new(lua_State *L, size_t size, const lshared_kind *k) {
+  /* The proxy first: if Lua runs out of memory, nothing leaks. */
+  proxy *p = new_proxy(L, k);
+  lshared *o = calloc(1, size);
+  if (!o) luaL_error(L, "ums: out of memory");
+  lshared_init(o, k);
+  p->o = o;
+  cache_proxy(L, o);
+  return o;
+}
+
+static int proxy_gc(lua_State *L) {
+  proxy *p = (proxy *)lua_touserdata(L, 1);
+  if (p && p->o) {
+    lshared *o = p->o;
+    p->o = NULL;
+    lshared_unref(o);
+  }
+  return 0;
+}
+
+static int proxy_tostring(lua_State *L) {
+  lshared *o = lshared_test(L, 1);
+  if (!o) return luaL_error(L, "ums: not a shared object");
+  lua_pushfstring(L, "%s (%p)", o->kind->name, (void *)o);
+  return 1;
+}
+
+void lshared_register(lua_State *L, const lshared_kind *k) {
+  lua_createtable(L, 0, 4);
+  lua_newtable(L);
+  luaL_setfuncs(L, k->methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pushstring(L, k->name);
+  lua_setfield(L, -2, "__name");
+  lua_pushcfunction(L, proxy_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, proxy_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_rawsetp(L, LUA_REGISTRYINDEX, k);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Waiters                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static void q_push(lswaitq *q, lswait *w) {
+  w->q = q;
+  w->next = NULL;
+  w->prev = q->tail;
+  if (q->tail)
+    q->tail->next = w;
+  else
+    q->head = w;
+  q->tail = w;
+}
+
+static void q_unlink(lswait *w) {
+  lswaitq *q = w->q;
+  if (!q) return;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    q->head = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  else
+    q->tail = w->prev;
+  w->q = NULL;
+  w->prev = w->next = NULL;
+}
+
+/* What a wait on o is, for ums.tasks() and ums.waits(): a send is the
+** only wait that carries a message. */
+static int wait_type(const lshared *o, bool sending) {
+  static const struct { const char *kind; int type; } types[] = {
+      {"ums.shared.mutex", UMS_WAIT_MUTEX},
+      {"ums.shared.semaphore", UMS_WAIT_SEMAPHORE},
+      {"ums.shared.event", UMS_WAIT_EVENT},
+      {"ums.shared.waitgroup", UMS_WAIT_WAITGROUP},
+      {"ums.work", UMS_WAIT_JOIN}};
+  if (strcmp(o->kind->name, "ums.shared.channel") == 0)
+    return sending ? UMS_WAIT_CHAN_SEND : UMS_WAIT_CHAN_RECV;
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+    if (strcmp(o->kind->name, types[i].kind) == 0) return types[i].type;
+  return UMS_WAIT_PARK;
+}
+
+/* Besides the lock, a failed wait_begin gives up msg (freed). */
+static lswait *wait_begin_msg(lua_State *L, ltask *me, lshared *o,
+                              lswaitq *q, int64_t deadline, lmsg *msg) {
+  lswait *w = malloc(sizeof *w);
+  int rc = w ? lums_park_try_begin_wait(me, deadline, 0,
+                                        wait_type(o, msg != NULL), o,
+                                        &w->tok)
+             : UMS_ENOMEM;
+  if (rc) {
+    pthread_mutex_unlock(&o->lock);
+    free(w);
+    lcopy_free(msg);
+    if (rc == UMS_ECANCELED) lums_raise_cancelled(L);
+    luaL_error(L, "ums: cannot wait: %s", ums_strerror(rc));
+  }
+  w->obj = o;
+  w->rt = me->run->rt;
+  w->task = ums_self();
+  w->msg = msg;
+  q_push(q, w);
+  return w;
+}
+
+lswait *lshared_wait_begin(lua_State *L, ltask *me, lshared *o, lswaitq *q,
+                           int64_t deadline) {
+  return wait_begin_msg(L, me, o, q, deadline, NULL);
+}
+
+int lshared_wait_end(lswait *w, lmsg **msg) {
+  lshared *o = w->obj;
+  pthread_mutex_lock(&o->lock);
+  q_unlink(w);
+  lmsg *m = w->msg;
+  w->msg = NULL;
+  pthread_mutex_unlock(&o->lock);
+  int r = ums_park_result();
+  free(w);
+  if (msg)
+    *msg = m;
+  else
+    lcopy_free(m);
+  return r;
+}
+
+lswait *lshared_grant(lswaitq *q, int outcome, lmsg *msg) {
+  lswait *w;
+  while ((w = q->head) != NULL) {
+    q_unlink(w);
+    if (msg) w->msg = msg;
+    if (ums_unpark(w->rt, w->tok, outcome) == 0) return w;
+    if (msg) w->msg = NULL;
+  }
+  return NULL;
+}
+
+void lshared_grant_all(lswaitq *q, int outcome) {
+  while (lshared_grant(q, outcome, NULL)) {
+  }
+}
+
+/* The current task for a wait that must park, or raises (after
+** releasing o's lock and freeing msg) outside tasks. */
+static ltask *wait_task(lua_State *L, lshared *o, const char *fname,
+                        lmsg *msg) {
+  ltask *me = lums_cur_task;
+  if (!me || !me->run) {
+    pthread_mutex_unlock(&o->lock);
+    lcopy_free(msg);
+    lums_need_task(L, fname);
+  }
+  return me;
+}
+
+static int push_timeout(lua_State *L) {
+  lua_pushnil(L);
+  lua_pushliteral(L, "timeout");
+  return 2;
+}
+
+static int push_closed(lua_State *L) {
+  lua_pushnil(L);
+  lua_pushliteral(L, "closed");
+  return 2;
+}
+
+/* Returns what a wait that ended with outcome r gives back when granted
+** means `true`: raises on cancellation. */
+static int push_wait_result(lua_State *L, int r) {
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r < 0) return push_timeout(L);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int simple_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return push_wait_result(L, lshared_wait_end((lswait *)ctx, NULL));
+}
+
+/* With o locked: queues the current task on q and parks; the wait
+** returns true when granted, nil, "timeout" or raises CANCELLED. */
+static int park_simple(lua_State *L, lshared *o, lswaitq *q,
+                       int64_t deadline, const char *fname) {
+  ltask *me = wait_task(L, o, fname, NULL);
+  lswait *w = lshared_wait_begin(L, me, o, q, deadline);
+  pthread_mutex_unlock(&o->lock);
+  return lums_park_finish(L, me, (lua_KContext)w, simple_k);
+}
+
+static int64_t check_count(lua_State *L, int idx, const char *fname) {
+  int isint;
+  lua_Integer n = lua_tointegerx(L, idx, &isint);
+  if (!isint) {
+    if (lua_type(L, idx) != LUA_TNUMBER) lums_typeerr(L, idx, fname, "number");
+    lums_argerr(L, idx, fname, "number has no integer representation");
+  }
+  return (int64_t)n;
+}
+
+
+/* ---------------------------------------------------------------------- */
+/* Channel                                                                 */
+/* ---------------------------------------------------------------------- */
+
+/* A ring of `cap` encoded values holding `count` from `head`; recvq holds
+** receivers (only while the ring is empty), sendq senders with their
+** value in their waiter (only while it is full). A value taken from a
+** full ring is replaced by the first parked sender's, which keeps the
+** order of sends. */
+typedef struct schan {
+  lshared h;
+  lswaitq recvq, sendq;  /* [h.lock] */
+  lmsg **ring;           /* [h.lock] */
+  size_t cap;            /* [const] */
+  size_t head, count;    /* [h.lock] */
+  bool closed;           /* [h.lock] */
+} schan;
+
+static void chan_destroy(lshared *o) {
+  schan *c = (schan *)o;
+  for (size_t i = 0; i < c->count; i++)
+    lcopy_free(c->ring[(c->head + i) % c->cap]);
+  free(c->ring);
+  free(c);
+}
+
+static const luaL_Reg chan_methods[];
+static const lshared_kind chan_kind = {"ums.shared.channel", chan_destroy,
+                                       chan_methods};
+
+static schan *check_chan(lua_State *L, const char *fname) {
+  return (schan *)lshared_check(L, 1, &chan_kind, fname);
+}
+
+/* Encodes the value at idx for a send, or raises "bad argument ... to
+** 'fname' (value.path: what)". */
+static lmsg *encode_value(lua_State *L, int idx, const char *fname) {
+  char err[256];
+  int bad;
+  lmsg *m = lcopy_encode(L, idx, 1, "value", false, err, sizeof err, &bad);
+  if (!m) lums_argerr(L, idx, fname, err);
+  return m;
+}
+
+static void ring_push(schan *c, lmsg *m) {
+  c->ring[(c->head + c->count) % c->cap] = m;
+  c->count++;
+}
+
+static lmsg *ring_pop(schan *c) {
+  lmsg *m = c->ring[c->head];
+  c->head = (c->head + 1) % c->cap;
+  c->count--;
+  return m;
+}
+
+/* Takes the value of the first parked sender whose park has not ended,
+** ending that park. NULL if there is none. */
+static lmsg *take_sender(schan *c) {
+  lswait *s;
+  while ((s = c->sendq.head) != NULL) {
+    q_unlink(s);
+    if (ums_unpark(s->rt, s->tok, GRANTED) == 0) {
+      lmsg *m = s->msg;
+      s->msg = NULL;
+      return m;
+    }
+  }
+  return NULL;
+}
+
+/* Without parking: hands m to a waiting receiver or the ring. With the
+** lock held; false if it would block (m is still the caller's). */
+static bool send_now(schan *c, lmsg *m) {
+  if (lshared_grant(&c->recvq, GRANTED, m)) return true;
+  if (c->count < c->cap) {
+    ring_push(c, m);
+    return true;
+  }
+  return false;
+}
+
+/* Without parking: the next value, or NULL. With the lock held. */
+static lmsg *recv_now(schan *c) {
+  if (c->count > 0) {
+    lmsg *m = ring_pop(c);
+    lmsg *s = take_sender(c);
+    if (s) ring_push(c, s);
+    return m;
+  }
+  return take_sender(c);
+}
+
+int lums_shared_channel(lua_State *L) {
+  lua_Integer size = 0;
+  if (!lua_isnoneornil(L, 1)) {
+    size = check_count(L, 1, "channel");
+    if (size < 0) lums_argerr(L, 1, "channel", "size must not be negative");
+    if (size > (lua_Integer)(SIZE_MAX / sizeof(lmsg *) / 2))
+      lums_argerr(L, 1, "channel", "size too large");
+  }
+  schan *c = lshared_new(L, sizeof *c, &chan_kind);
+  /* An unbuffered channel has no ring. Until the ring is there cap stays
+  ** 0, which chan_destroy is fine with. */
+  if (size > 0) {
+    if (!(c->ring = calloc((size_t)size, sizeof *c->ring)))
+      return luaL_error(L, "ums: out of memory");
+    c->cap = (size_t)size;
+  }
+  return 1;
+}
+
+static int send_k(lua_State *L, int status, lua_KContext ctx) {
+  lmsg *m;
+  (void)status;
+  int r = lshared_wait_end((lswait *)ctx, &m);
+  lcopy_free(m);  /* not taken: the send did not happen */
+  if (r == CLOSED) return push_closed(L);
+  return push_wait_result(L, r);
+}
+
+/* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed" */
+static int chan_send(lua_State *L) {
+  schan *c = check_chan(L, "send");
+  bool poll;
+  int64_t deadline = lums_opt_timeout(L, 3, "send", &poll);
+  lua_settop(L, 2);
+  lmsg *m = encode_value(L, 2, "send");
+  pthread_mutex_lock(&c->h.lock);
+  if (c->closed) {
+    pthread_mutex_unlock(&c->h.lock);
+    lcopy_free(m);
+    return push_closed(L);
+  }
+  if (send_now(c, m)) {
+    pthread_mutex_unlock(&c->h.lock);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (poll) {
+    pthread_mutex_unlock(&c->h.lock);
+    lcopy_free(m);
+    return push_timeout(L);
+  }
+  ltask *me = wait_task(L, &c->h, "channel:send", m);
+  lswait *w = wait_begin_msg(L, me, &c->h, &c->sendq, deadline, m);
+  pthread_mutex_unlock(&c->h.lock);
+  return lums_park_finish(L, me, (lua_KContext)w, send_k);
+}
+
+static int recv_k(lua_State *L, int status, lua_KContext ctx) {
+  lmsg *m;
+  (void)status;
+  int r = lshared_wait_end((lswait *)ctx, &m);
+  if (r == GRANTED && m) return lcopy_decode_free(L, m);
+  lcopy_free(m);
+  if (r == CLOSED) return push_closed(L);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  return push_timeout(L);
+}
+
+/* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */
+static int chan_recv(lua_State *L) {
+  schan *c = check_chan(L, "recv");
+  bool poll;
+  int64_t deadline = lums_opt_timeout(L, 2, "recv", &poll);
+  lua_settop(L, 1);
+  pthread_mutex_lock(&c->h.lock);
+  lmsg *m = recv_now(c);
+  if (m) {
+    pthread_mutex_unlock(&c->h.lock);
+    return lcopy_decode_free(L, m);
+  }
+  if (c->closed) {
+    pthread_mutex_unlock(&c->h.lock);
+    return push_closed(L);
+  }
+  if (poll) {
+    pthread_mutex_unlock(&c->h.lock);
+    return push_timeout(L);
+  }
+  ltask *me = wait_task(L, &c->h, "channel:recv", NULL);
+  lswait *w = lshared_wait_begin(L, me, &c->h, &c->recvq, deadline);
+  pthread_mutex_unlock(&c->h.lock);
+  return lums_park_finish(L, me, (lua_KContext)w, recv_k);
+}
+
+/* ch:try_send(v) -> true | false, "full" | false, "closed" */
+static int chan_try_send(lua_State *L) {
+  schan *c = check_chan(L, "try_send");
+  lua_settop(L, 2);
+  lmsg *m = encode_value(L, 2, "try_send");
+  pthread_mutex_lock(&c->h.lock);
+  bool closed = c->closed, sent = !closed && send_now(c, m);
+  pthread_mutex_unlock(&c->h.lock);
+  lua_pushboolean(L, sent);
+  if (sent) return 1;
+  lcopy_free(m);
+  if (closed)
+    lua_pushliteral(L, "closed");
+  else
+    lua_pushliteral(L, "full");
+  return 2;
+}
+
+/* ch:try_recv() -> true, v | false, nil, "empty" | false, nil, "closed" */
+static int chan_try_recv(lua_State *L) {
+  schan *c = check_chan(L, "try_recv");
+  lua_settop(L, 1);
+  pthread_mutex_lock(&c->h.lock);
+  lmsg *m = recv_now(c);
+  bool closed = c->closed;
+  pthread_mutex_unlock(&c->h.lock);
+  if (m) {
+    lua_pushboolean(L, 1);
+    lcopy_decode_free(L, m);
+    return 2;
+  }
+  lua_pushboolean(L, 0);
+  lua_pushnil(L);
+  if (closed)
+    lua_pushliteral(L, "closed");
+  else
+    lua_pushliteral(L, "empty");
+  return 3;
+}
+
+/* ch:close() -> true | nil, "closed". Parked receivers and senders get
+** nil, "closed"; values already in the ring can still be received. */
+static int chan_close(lua_State *L) {
+  schan *c = check_chan(L, "close");
+  pthread_mutex_lock(&c->h.lock);
+  bool was = c->closed;
+  if (!was) {
+    c->closed = true;
+    lshared_grant_all(&c->recvq, CLOSED);
+    lshared_grant_all(&c->sendq, CLOSED);
+  }
+  pthread_mutex_unlock(&c->h.lock);
+  if (was) return push_closed(L);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int chan_len(lua_State *L) {
+  schan *c = check_chan(L, "len");
+  pthread_mutex_lock(&c->h.lock);
+  size_t n = c->count;
+  pthread_mutex_unlock(&c->h.lock);
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+static int chan_cap(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)check_chan(L, "cap")->cap);
+  return 1;
+}
+
+static int chan_closed(lua_State *L) {
+  schan *c = check_chan(L, "closed");
+  pthread_mutex_lock(&c->h.lock);
+  bool closed = c->closed;
+  pthread_mutex_unlock(&c->h.lock);
+  lua_pushboolean(L, closed);
+  return 1;
+}
+
+static const luaL_Reg chan_methods[] = {
+    {"send", chan_send},         {"recv", chan_recv},
+    {"try_send", chan_try_send}, {"try_recv", chan_try_recv},
+    {"close", chan_close},       {"len", chan_len},
+    {"cap", chan_cap},           {"closed", chan_closed},
+    {NULL, NULL}};
+
+/* ---------------------------------------------------------------------- */
+/* Mutex                                                                   */
+/* ---------------------------------------------------------------------- */
+
+/* FIFO, not recursive, owned by a task (of any VM); unlock hands it to
+** the first waiter, so nobody barges in. A task that ends holding it
+** leaves it locked, as in C. */
+typedef struct smutex {
+  lshared h;
+  ums_task_t owner;      /* [h.lock] 0: unlocked */
+  lswaitq q;             /* [h.lock] */
+} smutex;
+
+static void plain_destroy(lshared *o) { free(o); }
+
+static const luaL_Reg mutex_methods[];
+static const lshared_kind mutex_kind = {"ums.shared.mutex", plain_destroy,
+                                        mutex_methods};
+
+static int mutex_new(lua_State *L) {
+  lshared_new(L, sizeof(smutex), &mutex_kind);
+  return 1;
+}
+
+/* m:lock([timeout]) -> true | nil, "timeout" | nil, msg (already ours) */
+static int mutex_lock(lua_State *L) {
+  smutex *m = (smutex *)lshared_check(L, 1, &mutex_kind, "lock");
+  bool poll;
+  int64_t deadline = lums_opt_timeout(L, 2, "lock", &poll);
+  ums_task_t me = ums_self();
+  if (!me) lums_need_task(L, "mutex:lock");
+  pthread_mutex_lock(&m->h.lock);
+  if (m->owner == 0) {
+    m->owner = me;
+    pthread_mutex_unlock(&m->h.lock);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (m->owner == me) {
+    pthread_mutex_unlock(&m->h.lock);
+    lua_pushnil(L);
+    lua_pushliteral(L, "would deadlock: the mutex is already locked by this "
+                       "task");
+    return 2;
+  }
+  if (poll) {
+    pthread_mutex_unlock(&m->h.lock);
+    return push_timeout(L);
+  }
+  /* Granted means unlock made us the owner. */
+  return park_simple(L, &m->h, &m->q, deadline, "mutex:lock");
+}
+
+/* m:trylock() -> true | false */
+static int mutex_trylock(lua_State *L) {
+  smutex *m = (smutex *)lshared_check(L, 1, &mutex_kind, "trylock");
+  ums_task_t me = ums_self();
+  if (!me) lums_need_task(L, "mutex:trylock");
+  pthread_mutex_lock(&m->h.lock);
+  bool ok = m->owner == 0;
+  if (ok) m->owner = me;
+  pthread_mutex_unlock(&m->h.lock);
+  lua_pushboolean(L, ok);
+  return 1;
+}
+
+/* m:unlock() -> true; raises unless the calling task holds it. */
+static int mutex_unlock(lua_State *L) {
+  smutex *m = (smutex *)lshared_check(L, 1, &mutex_kind, "unlock");
+  ums_task_t me = ums_self();
+  if (!me) lums_need_task(L, "mutex:unlock");
+  pthread_mutex_lock(&m->h.lock);
+  ums_task_t owner = m->owner;
+  if (owner == me) {
+    lswait *w = lshared_grant(&m->q, GRANTED, NULL);
+    m->owner = w ? w->task : 0;
+  }
+  pthread_mutex_unlock(&m->h.lock);
+  if (owner != me)
+    return luaL_error(L, owner == 0
+                             ? "ums.mutex:unlock: the mutex is not locked"
+                             : "ums.mutex:unlock: the mutex is locked by "
+                               "another task");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static const luaL_Reg mutex_methods[] = {{"lock", mutex_lock},
+                                         {"trylock", mutex_trylock},
+                                         {"unlock", mutex_unlock},
+                                         {NULL, NULL}};
+
+/* ---------------------------------------------------------------------- */
+/* Semaphore                                                               */
+/* ---------------------------------------------------------------------- */
+
+/* Release hands units straight to waiters, FIFO: a positive count means
+** nobody is waiting. */
+typedef struct ssem {
+  lshared h;
+  int64_t count;         /* [h.lock] */
+  lswaitq q;             /* [h.lock] */
+} ssem;
+
+static const luaL_Reg sem_methods[];
+static const lshared_kind sem_kind = {"ums.shared.semaphore", plain_destroy,
+                                      sem_methods};
+
+static int sem_new(lua_State *L) {
+  int64_t n = check_count(L, 1, "semaphore");
+  if (n < 0)
+    lums_argerr(L, 1, "semaphore", "initial value must not be negative");
+  ssem *s = lshared_new(L, sizeof(ssem), &sem_kind);
+  s->count = n;  /* not yet visible to any other thread */
+  return 1;
+}
+
+/* s:acquire([timeout]) -> true | nil, "timeout" */
+static int sem_acquire(lua_State *L) {
+  ssem *s = (ssem *)lshared_check(L, 1, &sem_kind, "acquire");
+  bool poll;
+  int64_t deadline = lums_opt_timeout(L, 2, "acquire", &poll);
+  pthread_mutex_lock(&s->h.lock);
+  if (s->count > 0) {
+    s->count--;
+    pthread_mutex_unlock(&s->h.lock);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (poll) {
+    pthread_mutex_unlock(&s->h.lock);
+    return push_timeout(L);
+  }
+  return park_simple(L, &s->h, &s->q, deadline, "semaphore:acquire");
+}
+
+/* s:release([n]) -> true | nil, msg (the value would overflow) */
+static int sem_release(lua_State *L) {
+  ssem *s = (ssem *)lshared_check(L, 1, &sem_kind, "release");
+  int64_t n = 1;
+  if (!lua_isnoneornil(L, 2)) {
+    n = check_count(L, 2, "release");
+    if (n < 1) lums_argerr(L, 2, "release", "count must be positive");
+  }
+  pthread_mutex_lock(&s->h.lock);
+  if (n > INT64_MAX - s->count) {
+    pthread_mutex_unlock(&s->h.lock);
+    lua_pushnil(L);
+    lua_pushliteral(L, "semaphore value out of range");
+    return 2;
+  }
+  while (n > 0 && lshared_grant(&s->q, GRANTED, NULL)) n--;
+  s->count += n;
+  pthread_mutex_unlock(&s->h.lock);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int sem_value(lua_State *L) {
+  ssem *s = (ssem *)lshared_check(L, 1, &sem_kind, "value");
+  pthread_mutex_lock(&s->h.lock);
+  int64_t n = s->count;
+  pthread_mutex_unlock(&s->h.lock);
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+static const luaL_Reg sem_methods[] = {{"acquire", sem_acquire},
+                                       {"release", sem_release},
+                                       {"value", sem_value},
+                                       {NULL, NULL}};
+
+/* ---------------------------------------------------------------------- */
+/* Event                                                                   */
+/* ---------------------------------------------------------------------- */
+
+/* Manual reset: set wakes every waiter and stays set until reset. Auto
+** reset: set wakes one waiter, or stays set until one wait consumes it. */
+typedef struct sevent {
+  lshared h;
+  bool manual;           /* [const] */
+  bool set;              /* [h.lock] */
+  lswaitq q;             /* [h.lock] */
+} sevent;
+
+static const luaL_Reg event_methods[];
+static const lshared_kind event_kind = {"ums.shared.event", plain_destroy,
+                                        event_methods};
+
+static int event_new(lua_State *L) {
+  if (!lua_isnoneornil(L, 1) && !lua_isboolean(L, 1))
+    lums_typeerr(L, 1, "event", "boolean");
+  bool manual = lua_toboolean(L, 1);
+  sevent *e = lshared_new(L, sizeof(sevent), &event_kind);
+  e->manual = manual;
+  return 1;
+}
+
+static int event_set(lua_State *L) {
+  sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "set");
+  pthread_mutex_lock(&e->h.lock);
+  if (e->manual) {
+    e->set = true;
+    lshared_grant_all(&e->q, GRANTED);
+  } else if (!lshared_grant(&e->q, GRANTED, NULL)) {
+    e->set = true;
+  }
+  pthread_mutex_unlock(&e->h.lock);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int event_reset(lua_State *L) {
+  sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "reset");
+  pthread_mutex_lock(&e->h.lock);
+  e->set = false;
+  pthread_mutex_unlock(&e->h.lock);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int event_is_set(lua_State *L) {
+  sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "is_set");
+  pthread_mutex_lock(&e->h.lock);
+  bool set = e->set;
+  pthread_mutex_unlock(&e->h.lock);
+  lua_pushboolean(L, set);
+  return 1;
+}
+
+/* e:wait([timeout]) -> true | nil, "timeout" */
+static int event_wait(lua_State *L) {
+  sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "wait");
+  bool poll;
+  int64_t deadline = lums_opt_timeout(L, 2, "wait", &poll);
+  pthread_mutex_lock(&e->h.lock);
+  if (e->set) {
+    if (!e->manual) e->set = false;
+    pthread_mutex_unlock(&e->h.lock);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (poll) {
+    pthread_mutex_unlock(&e->h.lock);
+    return push_timeout(L);
+  }
+  return park_simple(L, &e->h, &e->q, deadline, "event:wait");
+}
+
+static const luaL_Reg event_methods[] = {{"set", event_set},
+                                         {"reset", event_reset},
+                                         {"is_set", event_is_set},
+                                         {"wait", event_wait},
+                                         {NULL, NULL}};
+
+/* ---------------------------------------------------------------------- */
+/* Wait group                                                              */
+/* ---------------------------------------------------------------------- */
+
+typedef struct swg {
+  lshared h;
+  int64_t count;         /* [h.lock] */
+  lswaitq q;             /* [h.lock] */
+} swg;
+
+static const luaL_Reg wg_methods[];
+static const lshared_kind wg_kind = {"ums.shared.waitgroup", plain_destroy,
+                                     wg_methods};
+
+static int wg_new(lua_State *L) {
+  lshared_new(L, sizeof(swg), &wg_kind);
+  return 1;
+}
+
+static int wg_change(lua_State *L, swg *g, int64_t n, const char *fname) {
+  pthread_mutex_lock(&g->h.lock);
+  int64_t c = g->count;
+  bool bad = n < 0 ? c + n < 0 : c > INT64_MAX - n;
+  if (!bad) {
+    g->count = c + n;
+    if (g->count == 0) lshared_grant_all(&g->q, GRANTED);
+  }
+  pthread_mutex_unlock(&g->h.lock);
+  if (bad)
+    return luaL_error(L, "ums.waitgroup:%s: the counter would become %s",
+                      fname, n < 0 ? "negative" : "too large");
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int wg_add(lua_State *L) {
+  swg *g = (swg *)lshared_check(L, 1, &wg_kind, "add");
+  return wg_change(L, g, check_count(L, 2, "add"), "add");
+}
+
+static int wg_done(lua_State *L) {
+  swg *g = (swg *)lshared_check(L, 1, &wg_kind, "done");
+  return wg_change(L, g, -1, "done");
+}
+
+/* g:wait([timeout]) -> true | nil, "timeout" */
+static int wg_wait(lua_State *L) {
+  swg *g = (swg *)lshared_check(L, 1, &wg_kind, "wait");
+  bool poll;
+  int64_t deadline = lums_opt_timeout(L, 2, "wait", &poll);
+  pthread_mutex_lock(&g->h.lock);
+  if (g->count == 0) {
+    pthread_mutex_unlock(&g->h.lock);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (poll) {
+    pthread_mutex_unlock(&g->h.lock);
+    return push_timeout(L);
+  }
+  return park_simple(L, &g->h, &g->q, deadline, "waitgroup:wait");
+}
+
+static int wg_count(lua_State *L) {
+  swg *g = (swg *)lshared_check(L, 1, &wg_kind, "count");
+  pthread_mutex_lock(&g->h.lock);
+  int64_t c = g->count;
+  pthread_mutex_unlock(&g->h.lock);
+  lua_pushinteger(L, (lua_Integer)c);
+  return 1;
+}
+
+static const luaL_Reg wg_methods[] = {{"add", wg_add},
+                                      {"done", wg_done},
+                                      {"wait", wg_wait},
+                                      {"count", wg_count},
+                                      {NULL, NULL}};
+
+/* ---------------------------------------------------------------------- */
+/* Registration                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* Adds `shared` (the constructors) to the module table at the top, and
+** the proxy metatables and cache to this VM's registry. */
+void lums_open_shared(lua_State *L) {
+  static const luaL_Reg ctors[] = {{"channel", lums_shared_channel},
+                                   {"mutex", mutex_new},
+                                   {"semaphore", sem_new},
+                                   {"event", event_new},
+                                   {"waitgroup", wg_new},
+                                   {NULL, NULL}};
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &proxies_key) != LUA_TTABLE) {
+    lua_newtable(L);
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "v");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &proxies_key);
+  }
+  lua_pop(L, 1);
+  lshared_register(L, &chan_kind);
+  lshared_register(L, &mutex_kind);
+  lshared_register(L, &sem_kind);
+  lshared_register(L, &event_kind);
+  lshared_register(L, &wg_kind);
+  luaL_newlib(L, ctors);
+  lua_setfield(L, -2, "shared");
+}

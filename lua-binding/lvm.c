@@ -1,0 +1,1171 @@
+/*
+** lvm.c: one Lua VM per scheduler, and work submitted to them by value.
+**
+** A Lua VM is single-threaded, so using every CPU from Lua takes one VM
+** per scheduler. The caller's VM is scheduler 0's; the VM of any other
+** scheduler is created the first time that scheduler starts submitted
+** work, on that scheduler's own thread, with the main VM's package.path
+** and package.cpath (read when the run began) and the init module
+** (ums.config{init = ...}) loaded first. A VM is touched only by its
+** scheduler's thread while the run lasts; once ums_runtime_shutdown has
+** joined the scheduler threads, core.run closes the VMs on the main
+** thread (lums_vms_close), where nothing else can touch them any more.
+**
+** ums.submit(fn, ...) makes a work request: the function (bytecode, or a
+** "module.function" name) and the arguments are copied into C memory
+** (lcopy.c) and the request is queued for the least-loaded scheduler
+** (fewest tasks plus queued requests), or for the one submit_on names.
+** The handle is a shared object (lshared.c), so any VM may join or cancel
+** it and pass it on.
+**
+** Placement and stealing. Requests wait in per-scheduler queues until a
+** dispatcher starts them. A dispatcher is a C step task, at most one per
+** scheduler, that exists while any queue holds work: each step it starts
+** one request if its scheduler has nothing else runnable, taking the
+** oldest request of its own queue or, when that is empty, stealing the
+** oldest of the longest other queue; otherwise it yields and looks again
+** after the others have run. So a scheduler keeps at most one runnable
+** request of its own at a time (more may wait: a request that parks makes
+** room for the next), and a scheduler with nothing to do takes work that
+** has not started yet from a busy one. Once started, a request is a task
+** of its VM and stays there. SQL Server never moves a connection: two
+** heavy connections on one scheduler leave another CPU idle. Here the
+** unstarted ones move. A request passed over for STARVE_NS starts anyway,
+** so a scheduler whose tasks keep yielding cannot starve its queue.
+**
+** Ending a run. Every Lua task, queued request and dispatcher holds the
+** run (lvms.live); core.run waits until nothing holds it before it shuts
+** the runtime down, because once ums_runtime_shutdown begins, nothing may
+** spawn, and a dispatcher must. On a failed run (the first task raised,
+** os.exit, or core.run_limit's time limit passed) dispatchers start
+** nothing more (lums_vms_stop), the runtime cancels every task, and the
+** requests never started are cancelled by lums_vms_close.
+*/
+#define _GNU_SOURCE  /* strdup */
+#include "lvm.h"
+
+#include <errno.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A request passed over this long by a busy scheduler starts anyway. */
+#define STARVE_NS (100 * UMS_NSEC_PER_MSEC)
+
+#define CANCELLED_KEY "ums.CANCELLED"  /* lums.c */
+#define ONERROR_KEY "ums.on_error"     /* lums.c */
+
+/* ---------------------------------------------------------------------- */
+/* Run-wide state                                                          */
+/* ---------------------------------------------------------------------- */
+
+typedef struct lreq lreq;
+
+typedef struct lreqq {
+  lreq *head, *tail;
+  int n;
+} lreqq;
+
+/* Scheduler-side state of one VM. [owner]: the scheduler's thread. */
+typedef struct lvmslot {
+  lua_State *L;          /* [owner; the main thread after the run] the
+                            VM's main thread; NULL for scheduler 0 (the
+                            caller's VM) and until created */
+  int init_state;        /* [owner] 0 init module not run, 1 ok, 2 failed */
+  char *init_err;        /* [owner] why, when it failed */
+  bool failed;           /* [owner] the VM could not be created */
+} lvmslot;
+
+struct lvms {
+  ums_runtime_t *rt;     /* [const] */
+  int nsched;            /* [const] */
+  int64_t quantum;       /* [const] from the main VM's lrun */
+  lrun *main;            /* [const once set] the main VM's lrun */
+  char *path, *cpath;    /* [const] package.path, package.cpath */
+  char *init;            /* [const] the init module, or NULL */
+  _Atomic(lrun *) *vm;   /* [atomic; written once by the scheduler] */
+  lvmslot *slot;         /* [owner: scheduler i's thread] */
+
+  pthread_mutex_t lock;  /* guards what follows; never held while a
+                            request's own lock is taken */
+  lreqq *q;              /* [lock] per scheduler: requests not started */
+  bool *disp;            /* [lock] per scheduler: a dispatcher exists */
+  lreq *active;          /* [lock] requests not done (one reference each) */
+  lreq *failed;          /* [lock] failed requests, kept for on_error at
+                            the end of the run (one reference each) */
+  ums_sched_stats_t *rows; /* [lock] scratch for placement */
+
+  _Atomic int64_t live;  /* [atomic] holds (see the top of this file) */
+  _Atomic bool stopping; /* [atomic] the run failed: start nothing more */
+  pthread_mutex_t quiet_lock; /* guards the wait for live == 0 and exit */
+  pthread_cond_t quiet_cond;
+  bool exit_requested;   /* [quiet_lock] */
+  int exit_code;         /* [quiet_lock] */
+  bool exit_close;       /* [quiet_lock] */
+};
+
+/* ---------------------------------------------------------------------- */
+/* Work requests                                                           */
+/* ---------------------------------------------------------------------- */
+
+enum { R_QUEUED, R_STARTING, R_RUNNING, R_DONE };
+enum { O_OK, O_ERROR, O_CANCELLED };
+
+/* A work request and its handle (a shared object, "ums.work"). The
+** handles in any VM hold references; so does the run while the request
+** is not done (active list) and, if it failed, until the run's end
+** (failed list). */
+struct lreq {
+  lshared h;
+  ums_runtime_t *rt;     /* [const] */
+  lvms *vms;             /* [const] valid while the request is not done */
+  char *name;            /* [const] "module.function", or NULL */
+  lmsg *fn;              /* [owner: the queue, then its task] the function
+                            (NULL with a name) */
+  lmsg *args;            /* [owner: the queue, then its task] */
+  /* [h.lock] */
+  int state;             /* R_* */
+  bool cancel_req;       /* cancel asked after it left its queue, before
+                            its task began */
+  bool joined;           /* somebody took the outcome */
+  ums_task_t task;       /* R_RUNNING: its task */
+  int sched;             /* where it runs or ran; -1 before */
+  lswaitq joiners;
+  /* [h.lock; const once R_DONE] */
+  int outcome;           /* O_* */
+  lmsg *results;         /* the results (O_OK) or the error value */
+  char *traceback;
+  /* [vms->lock] */
+  lreq *qprev, *qnext;   /* in vms->q[home] while queued */
+  int home;              /* the queue it is in */
+  bool queued;
+  lreq *lprev, *lnext;   /* in vms->active or vms->failed */
+};
+
+static void req_destroy(lshared *o) {
+  lreq *r = (lreq *)o;
+  free(r->name);
+  lcopy_free(r->fn);
+  lcopy_free(r->args);
+  lcopy_free(r->results);
+  free(r->traceback);
+  free(r);
+}
+
+static const luaL_Reg work_methods[];
+static const lshared_kind work_kind = {"ums.work", req_destroy, work_methods};
+
+static void q_push(lreqq *q, lreq *r) {
+  r->qnext = NULL;
+  r->qprev = q->tail;
+  if (q->tail)
+    q->tail->qnext = r;
+  else
+    q->head = r;
+  q->tail = r;
+  q->n++;
+}
+
+static void q_remove(lreqq *q, lreq *r) {
+  if (r->qprev)
+    r->qprev->qnext = r->qnext;
+  else
+    q->head = r->qnext;
+  if (r->qnext)
+    r->qnext->qprev = r->qprev;
+  else
+    q->tail = r->qprev;
+  r->qprev = r->qnext = NULL;
+  q->n--;
+}
+
+static void list_push(lreq **head, lreq *r) {
+  r->lprev = NULL;
+  r->lnext = *head;
+  if (*head) (*head)->lprev = r;
+  *head = r;
+}
+
+static void list_remove(lreq **head, lreq *r) {
+  if (r->lprev)
+    r->lprev->lnext = r->lnext;
+  else
+    *head = r->lnext;
+  if (r->lnext) r->lnext->lprev = r->lprev;
+  r->lprev = r->lnext = NULL;
+}
+
+/* Ends request r with its outcome: wakes its joiners and moves it off
+** the run's active list. results and tb become r's. Any thread; r's lock
+** and the run's lock must not be held. */
+static void req_finish(lreq *r, int outcome, lmsg *results, const char *tb) {
+  lvms *v = r->vms;
+  char *tbcopy = tb ? strdup(tb) : NULL;
+  pthread_mutex_lock(&r->h.lock);
+  r->outcome = outcome;
+  r->results = results;
+  r->traceback = tbcopy;
+  r->state = R_DONE;
+  lshared_grant_all(&r->joiners, 0);
+  pthread_mutex_unlock(&r->h.lock);
+  pthread_mutex_lock(&v->lock);
+  list_remove(&v->active, r);
+  bool keep = outcome == O_ERROR;
+  if (keep) list_push(&v->failed, r);
+  pthread_mutex_unlock(&v->lock);
+  if (!keep) lshared_unref(&r->h);
+}
+
+/* Ends r with an error message made here (no Lua error value). */
+static void req_fail(lreq *r, const char *msg) {
+  lmsg *m = NULL;
+  /* A string is all an lmsg needs; built by hand, no VM at hand. */
+  size_t n = strlen(msg);
+  m = calloc(1, sizeof *m);
+  char *data = m ? malloc(1 + sizeof n + n) : NULL;
+  if (m && data) {
+    data[0] = 's';
+    memcpy(data + 1, &n, sizeof n);
+    memcpy(data + 1 + sizeof n, msg, n);
+    m->data = data;
+    m->len = m->cap = 1 + sizeof n + n;
+    m->nvalues = 1;
+  } else {
+    free(m);
+    m = NULL;  /* join then reports the error value as nil */
+  }
+  req_finish(r, O_ERROR, m, msg);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Holding the run                                                         */
+/* ---------------------------------------------------------------------- */
+
+void lums_vms_hold(lvms *v) {
+  atomic_fetch_add_explicit(&v->live, 1, memory_order_relaxed);
+}
+
+void lums_vms_release(lvms *v) {
+  if (atomic_fetch_sub_explicit(&v->live, 1, memory_order_acq_rel) == 1) {
+    pthread_mutex_lock(&v->quiet_lock);
+    pthread_cond_broadcast(&v->quiet_cond);
+    pthread_mutex_unlock(&v->quiet_lock);
+  }
+}
+
+bool lums_vms_wait_quiet(lvms *v, int64_t deadline) {
+  struct timespec ts = {(time_t)(deadline / UMS_NSEC_PER_SEC),
+                        (long)(deadline % UMS_NSEC_PER_SEC)};
+  bool quiet = true;
+  pthread_mutex_lock(&v->quiet_lock);
+  while (atomic_load(&v->live) > 0 && !v->exit_requested) {
+    if (deadline == UMS_FOREVER) {
+      pthread_cond_wait(&v->quiet_cond, &v->quiet_lock);
+    } else if (pthread_cond_timedwait(&v->quiet_cond, &v->quiet_lock,
+                                      &ts) == ETIMEDOUT &&
+               atomic_load(&v->live) > 0 && !v->exit_requested) {
+      quiet = false;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&v->quiet_lock);
+  return quiet;
+}
+
+void lums_vms_request_exit(lvms *v, int code, bool close) {
+  pthread_mutex_lock(&v->quiet_lock);
+  if (!v->exit_requested) {
+    v->exit_requested = true;
+    v->exit_code = code;
+    v->exit_close = close;
+  }
+  pthread_cond_broadcast(&v->quiet_cond);
+  pthread_mutex_unlock(&v->quiet_lock);
+  lums_vms_stop(v);
+  /* The first task's id was stored before it could start, hence before
+  ** any task that can call os.exit existed. */
+  ums_task_cancel(v->rt, v->main->main->id);
+}
+
+void lums_vms_stop(lvms *v) { atomic_store(&v->stopping, true); }
+
+bool lums_vms_exit_requested(lvms *v, int *code, bool *close) {
+  pthread_mutex_lock(&v->quiet_lock);
+  bool r = v->exit_requested;
+  *code = v->exit_code;
+  *close = v->exit_close;
+  pthread_mutex_unlock(&v->quiet_lock);
+  return r;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The run's VMs                                                           */
+/* ---------------------------------------------------------------------- */
+
+/* A copy of the string field `key` of the global table `tbl`, or NULL. */
+static char *dup_field(lua_State *L, const char *tbl, const char *key) {
+  int top = lua_gettop(L);
+  char *s = NULL;
+  if (lua_getglobal(L, tbl) == LUA_TTABLE &&
+      lua_getfield(L, -1, key) == LUA_TSTRING)
+    s = strdup(lua_tostring(L, -1));
+  lua_settop(L, top);
+  return s;
+}
+
+lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt) {
+  int n = ums_runtime_schedulers(rt);
+  lvms *v = calloc(1, sizeof *v);
+  if (!v) return NULL;
+  v->rt = rt;
+  v->nsched = n;
+  v->vm = calloc((size_t)n, sizeof *v->vm);
+  v->slot = calloc((size_t)n, sizeof *v->slot);
+  v->q = calloc((size_t)n, sizeof *v->q);
+  v->disp = calloc((size_t)n, sizeof *v->disp);
+  v->rows = calloc((size_t)n, sizeof *v->rows);
+  pthread_mutex_init(&v->lock, NULL);
+  pthread_mutex_init(&v->quiet_lock, NULL);
+  /* Deadlines are ums_now() readings: CLOCK_MONOTONIC. */
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&v->quiet_cond, &ca);
+  pthread_condattr_destroy(&ca);
+  int top = lua_gettop(L);
+  v->path = dup_field(L, "package", "path");
+  v->cpath = dup_field(L, "package", "cpath");
+  if (lua_getfield(L, LUA_REGISTRYINDEX, "ums.config") == LUA_TTABLE &&
+      lua_getfield(L, -1, "init") == LUA_TSTRING)
+    v->init = strdup(lua_tostring(L, -1));
+  lua_settop(L, top);
+  if (!v->vm || !v->slot || !v->q || !v->disp || !v->rows) {
+    lums_vms_close(L, v);
+    return NULL;
+  }
+  return v;
+}
+
+void lums_vms_set_main(lvms *v, lrun *main) {
+  v->main = main;
+  v->quantum = main->quantum;
+  atomic_store_explicit(&v->vm[0], main, memory_order_release);
+}
+
+int lums_vms_count(lvms *v) { return v->nsched; }
+
+lrun *lums_vms_at(lvms *v, int i) {
+  return atomic_load_explicit(&v->vm[i], memory_order_acquire);
+}
+
+/* Sets up a new VM: standard libraries, the main VM's paths, ums itself,
+** the os.exit of runs, and the lrun. Protected call on the new VM:
+** (lvms, scheduler) -> lrun. */
+static int vm_setup(lua_State *L) {
+  lvms *v = (lvms *)lua_touserdata(L, 1);
+  int s = (int)lua_tointeger(L, 2);
+  luaL_openlibs(L);
+  lua_getglobal(L, "package");
+  if (v->path) {
+    lua_pushstring(L, v->path);
+    lua_setfield(L, -2, "path");
+  }
+  if (v->cpath) {
+    lua_pushstring(L, v->cpath);
+    lua_setfield(L, -2, "cpath");
+  }
+  /* This module itself, however the main VM got it (a host may have
+  ** linked it in rather than put it on package.cpath). */
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_ums_core);
+  lua_setfield(L, -2, "ums.core");
+  lua_pop(L, 2);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "ums");
+  lua_call(L, 1, 0);
+  lums_swap_os_exit(L, true);
+  /* Last: nothing after it may fail and leave it behind. */
+  lrun *r = lums_run_new(L, v, v->rt, s, v->quantum);
+  if (!r) return luaL_error(L, "out of memory");
+  lua_pushlightuserdata(L, r);
+  return 1;
+}
+
+/* The VM of scheduler s, created if need be. On s's thread only. NULL,
+** with *err set, when it cannot be created. */
+static lrun *vm_get(lvms *v, int s, const char **err) {
+  lrun *r = atomic_load_explicit(&v->vm[s], memory_order_relaxed);
+  lvmslot *sl = &v->slot[s];
+  if (r) return r;
+  if (sl->failed) {
+    *err = sl->init_err;
+    return NULL;
+  }
+  lua_State *L = luaL_newstate();
+  if (!L) {
+    *err = "cannot create a Lua state: out of memory";
+    return NULL;
+  }
+  lua_pushcfunction(L, vm_setup);
+  lua_pushlightuserdata(L, v);
+  lua_pushinteger(L, s);
+  if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
+    const char *msg = lua_tostring(L, -1);
+    char buf[512];
+    snprintf(buf, sizeof buf, "ums: cannot set up the Lua VM of scheduler "
+             "%d: %s", s + 1, msg ? msg : "(error object is not a string)");
+    sl->failed = true;
+    sl->init_err = strdup(buf);
+    lua_close(L);
+    *err = sl->init_err ? sl->init_err : "ums: cannot set up a Lua VM";
+    return NULL;
+  }
+  r = (lrun *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  sl->L = L;
+  atomic_store_explicit(&v->vm[s], r, memory_order_release);
+  return r;
+}
+
+/* Protected: require(name). */
+static int require_protected(lua_State *L) {
+  const char *name = (const char *)lua_touserdata(L, 1);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, name);
+  lua_call(L, 1, 0);
+  return 0;
+}
+
+/* Loads the init module in VM r (once per VM, before its first request).
+** Returns NULL or why it failed. On r's scheduler thread. */
+static const char *vm_init(lvms *v, lrun *r) {
+  lvmslot *sl = &v->slot[r->sched];
+  if (!v->init || sl->init_state == 1) return NULL;
+  if (sl->init_state == 2) return sl->init_err;
+  lua_State *L = r->SL;
+  lua_pushcfunction(L, require_protected);
+  lua_pushlightuserdata(L, v->init);
+  if (lua_pcall(L, 1, 0, 0) == LUA_OK) {
+    sl->init_state = 1;
+    return NULL;
+  }
+  const char *msg = lua_tostring(L, -1);
+  char buf[1024];
+  snprintf(buf, sizeof buf, "ums: the init module '%s' failed in the VM of "
+           "scheduler %d: %s", v->init, r->sched + 1,
+           msg ? msg : "(error object is not a string)");
+  lua_pop(L, 1);
+  sl->init_state = 2;
+  sl->init_err = strdup(buf);
+  return sl->init_err ? sl->init_err : "ums: the init module failed";
+}
+
+/* ---------------------------------------------------------------------- */
+/* Running a request (in its VM, as a task)                                */
+/* ---------------------------------------------------------------------- */
+
+/* Message handler: the error value and the traceback where it was
+** raised, in a table. */
+static int req_msgh(lua_State *L) {
+  const char *msg = lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : NULL;
+  luaL_traceback(L, L, msg, 1);
+  /* The two C frames below the work's function are this file's (req_body
+  ** and req_main): the traceback ends at the work, as a task's does. */
+  size_t len;
+  const char *tb = lua_tolstring(L, -1, &len);
+  static const char cframe[] = "\n\t[C]: in ?";
+  size_t n = sizeof cframe - 1;
+  for (int i = 0; i < 2 && len >= n && memcmp(tb + len - n, cframe, n) == 0;
+       i++)
+    len -= n;
+  lua_pushlstring(L, tb, len);
+  lua_remove(L, -2);
+  lua_createtable(L, 2, 0);
+  lua_pushvalue(L, 1);
+  lua_rawseti(L, -2, 1);
+  lua_pushvalue(L, -2);
+  lua_rawseti(L, -2, 2);
+  return 1;
+}
+
+static int body_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  return lua_gettop(L);
+}
+
+/* The request's function with its arguments, in the request's VM: (r) ->
+** the function's results. */
+static int req_body(lua_State *L) {
+  lreq *r = (lreq *)lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  if (r->name) {
+    /* "a.b.c": require "a.b", then its field c. */
+    const char *dot = strrchr(r->name, '.');
+    lua_getglobal(L, "require");
+    lua_pushlstring(L, r->name, (size_t)(dot - r->name));
+    lua_call(L, 1, 1);
+    if (!lua_istable(L, 1))
+      return luaL_error(L, "ums.submit: the module of '%s' is not a table "
+                        "(%s)", r->name, luaL_typename(L, 1));
+    if (lua_getfield(L, 1, dot + 1) != LUA_TFUNCTION)
+      return luaL_error(L, "ums.submit: '%s' is not a function (%s)",
+                        r->name, luaL_typename(L, -1));
+    lua_remove(L, 1);
+  } else {
+    lmsg *fn = r->fn;
+    r->fn = NULL;  /* this task's now */
+    lcopy_decode_free(L, fn);
+  }
+  lmsg *args = r->args;
+  r->args = NULL;
+  int n = lcopy_decode_free(L, args);
+  lua_callk(L, n, LUA_MULTRET, 0, body_k);
+  return lua_gettop(L);
+}
+
+/* Encodes what the request gives back, protected: (r, outcome, values...)
+** -> nothing; the message is left in r->results by req_finish's caller. */
+typedef struct encode_out {
+  lmsg *m;
+  char err[256];
+  int bad;
+} encode_out;
+
+static int encode_protected(lua_State *L) {
+  encode_out *o = (encode_out *)lua_touserdata(L, 1);
+  const char *root = lua_tostring(L, 2);
+  int n = lua_gettop(L) - 2;
+  o->m = lcopy_encode(L, 3, n, root, strcmp(root, "results") == 0, o->err,
+                      sizeof o->err, &o->bad);
+  return 0;
+}
+
+/* Encodes the n values at the top of L; NULL and err filled when one
+** cannot be copied (or memory runs out). */
+static lmsg *encode_values(lua_State *L, int n, const char *root,
+                           encode_out *o) {
+  o->m = NULL;
+  o->err[0] = '\0';
+  lua_pushcfunction(L, encode_protected);
+  lua_pushlightuserdata(L, o);
+  lua_pushstring(L, root);
+  lua_rotate(L, -(n + 3), 3);
+  if (lua_pcall(L, n + 2, 0, 0) != LUA_OK) {
+    snprintf(o->err, sizeof o->err, "%s", lua_tostring(L, -1)
+             ? lua_tostring(L, -1) : "out of memory");
+    lua_pop(L, 1);
+    return NULL;
+  }
+  return o->m;
+}
+
+static int req_main_k(lua_State *L, int status, lua_KContext ctx) {
+  lreq *r = (lreq *)ctx;
+  encode_out o;
+  if (status == LUA_OK || status == LUA_YIELD) {
+    int n = lua_gettop(L) - 1;  /* above the message handler */
+    lmsg *m = encode_values(L, n, "results", &o);
+    if (m) {
+      req_finish(r, O_OK, m, NULL);
+    } else {
+      char buf[320];
+      snprintf(buf, sizeof buf, "ums.submit: cannot copy the results: %s",
+               o.err);
+      req_fail(r, buf);
+    }
+    return 0;
+  }
+  /* The handler's {err, traceback}, or a bare error if it failed. */
+  const char *tb = NULL;
+  if (lua_type(L, -1) == LUA_TTABLE) {
+    lua_rawgeti(L, -1, 2);
+    tb = lua_tostring(L, -1);
+    lua_rawgeti(L, -2, 1);
+  } else {
+    lua_pushnil(L);
+    lua_pushvalue(L, -2);
+  }
+  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+  bool cancelled = lua_rawequal(L, -1, -2);
+  lua_pop(L, 1);
+  lmsg *m = NULL;
+  if (!cancelled) {
+    lua_pushvalue(L, -1);
+    m = encode_values(L, 1, "error", &o);
+    if (!m) {
+      /* An error value that cannot cross: its string form does. */
+      luaL_tolstring(L, -1, NULL);
+      m = encode_values(L, 1, "error", &o);
+    }
+  }
+  req_finish(r, cancelled ? O_CANCELLED : O_ERROR, m,
+             tb ? tb : "(no traceback)");
+  return 0;
+}
+
+/* The body of a request's task: (r). Catches every error, so that the
+** outcome always reaches the request; the task itself ends normally. */
+static int req_main(lua_State *L) {
+  lreq *r = (lreq *)lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  pthread_mutex_lock(&r->h.lock);
+  bool cancel = r->cancel_req;
+  if (!cancel) {
+    r->state = R_RUNNING;
+    r->task = ums_self();
+  }
+  pthread_mutex_unlock(&r->h.lock);
+  if (cancel) {
+    req_finish(r, O_CANCELLED, NULL, "cancelled before it started");
+    return 0;
+  }
+  lua_pushcfunction(L, req_msgh);
+  lua_pushcfunction(L, req_body);
+  lua_pushlightuserdata(L, r);
+  int st = lua_pcallk(L, 1, LUA_MULTRET, 1, (lua_KContext)r, req_main_k);
+  return req_main_k(L, st, (lua_KContext)r);
+}
+
+/* Protected on the VM's own thread: (r) -> starts r's task. */
+static int start_protected(lua_State *L) {
+  lrun *vm = (lrun *)lua_touserdata(L, 1);
+  lreq *r = (lreq *)lua_touserdata(L, 2);
+  lua_settop(L, 0);
+  lua_pushcfunction(L, req_main);
+  lua_pushlightuserdata(L, r);
+  lums_task_start(vm, 1);
+  return 0;
+}
+
+/* Starts request r, just taken off a queue, on scheduler s: in s's VM
+** (created if need be) as a new task. Releases the queue's hold on the
+** run. On s's thread, in its dispatcher. */
+static void start_request(lvms *v, int s, lreq *r) {
+  pthread_mutex_lock(&r->h.lock);
+  bool cancel = r->cancel_req;
+  if (!cancel) {
+    r->state = R_STARTING;
+    r->sched = s;
+  }
+  pthread_mutex_unlock(&r->h.lock);
+  const char *err = NULL;
+  if (cancel) {
+    req_finish(r, O_CANCELLED, NULL, "cancelled before it started");
+  } else {
+    /* Lua code runs here outside any task (the init module, finalizers):
+    ** ums waits must see "not inside a task", not a task blocked on
+    ** another worker of this thread. */
+    ltask *prev = lums_cur_task;
+    lums_cur_task = NULL;
+    lrun *vm = vm_get(v, s, &err);
+    if (vm) err = vm_init(v, vm);
+    if (!err) {
+      lua_State *L = vm->SL;
+      lua_pushcfunction(L, start_protected);
+      lua_pushlightuserdata(L, vm);
+      lua_pushlightuserdata(L, r);
+      if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "ums.submit: cannot start the work: %s",
+                 lua_tostring(L, -1) ? lua_tostring(L, -1) : "?");
+        lua_pop(L, 1);
+        req_fail(r, buf);
+      }
+    }
+    lums_cur_task = prev;
+    if (err) req_fail(r, err);
+  }
+  lums_vms_release(v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Dispatchers                                                             */
+/* ---------------------------------------------------------------------- */
+
+typedef struct ldisp {
+  lvms *v;               /* [const] */
+  int sched;             /* [const] */
+  int64_t busy_since;    /* [owner] when it first found the scheduler
+                            busy since it last started work; 0: not */
+  ums_sched_stats_t *rows; /* [owner] sched + 1 rows of scratch */
+} ldisp;
+
+/* Whether scheduler d->sched should start a request now: nothing else is
+** runnable there, or the queue has been passed over for STARVE_NS. */
+static bool sched_free(ldisp *d) {
+  int s = d->sched;
+  ums_runtime_stats(d->v->rt, d->rows, s + 1);
+  if (d->rows[s].runnable == 0) return true;
+  int64_t now = ums_now();
+  if (d->busy_since == 0) {
+    d->busy_since = now;
+    return false;
+  }
+  return now - d->busy_since >= STARVE_NS;
+}
+
+/* Takes the next request for scheduler s: the oldest of its own queue,
+** else the oldest of the longest other queue. [v->lock] */
+static lreq *take_request(lvms *v, int s) {
+  lreqq *q = &v->q[s];
+  if (!q->head) {
+    int best = -1;
+    for (int i = 0; i < v->nsched; i++)
+      if (i != s && v->q[i].n > 0 && (best < 0 || v->q[i].n > v->q[best].n))
+        best = i;
+    if (best < 0) return NULL;
+    q = &v->q[best];
+  }
+  lreq *r = q->head;
+  q_remove(q, r);
+  r->queued = false;
+  return r;
+}
+
+static void disp_end(ldisp *d) {
+  lvms *v = d->v;
+  free(d->rows);
+  free(d);
+  lums_vms_release(v);
+}
+
+static int disp_step(void *arg) {
+  ldisp *d = arg;
+  lvms *v = d->v;
+  int s = d->sched;
+  /* Cancelled: the run is being torn down. Stopping: it failed. Either
+  ** way the requests left are cancelled by lums_vms_close. */
+  bool cancelled = ums_cancelled() || atomic_load(&v->stopping);
+  if (!cancelled && !sched_free(d)) return UMS_STEP_YIELD;
+  pthread_mutex_lock(&v->lock);
+  lreq *r = cancelled ? NULL : take_request(v, s);
+  if (!r) v->disp[s] = false;
+  pthread_mutex_unlock(&v->lock);
+  if (!r) {
+    disp_end(d);
+    return UMS_STEP_DONE;
+  }
+  d->busy_since = 0;
+  start_request(v, s, r);
+  return UMS_STEP_YIELD;
+}
+
+/* Starts a dispatcher on scheduler s, whose v->disp[s] the caller set.
+** Returns 0 or the spawn's error (v->disp[s] is then cleared again). */
+static int disp_spawn(lvms *v, int s) {
+  ldisp *d = calloc(1, sizeof *d);
+  ums_sched_stats_t *rows = calloc((size_t)s + 1, sizeof *rows);
+  int rc = UMS_ENOMEM;
+  if (d && rows) {
+    d->v = v;
+    d->sched = s;
+    d->rows = rows;
+    lums_vms_hold(v);
+    ums_spawn_opts_t opts = {s, 1, "ums.dispatch"};
+    rc = ums_task_spawn_step(v->rt, &opts, disp_step, d, NULL);
+    if (rc == 0) return 0;
+    lums_vms_release(v);
+  }
+  free(d);
+  free(rows);
+  pthread_mutex_lock(&v->lock);
+  v->disp[s] = false;
+  pthread_mutex_unlock(&v->lock);
+  return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* ums.submit, ums.submit_on                                               */
+/* ---------------------------------------------------------------------- */
+
+/* The scheduler with the fewest tasks plus queued requests; the caller's
+** own wins ties. [v->lock] */
+static int least_loaded(lvms *v, int here) {
+  ums_runtime_stats(v->rt, v->rows, v->nsched);
+  int best = here;
+  int64_t best_n = -1;
+  for (int i = 0; i < v->nsched; i++) {
+    /* A dispatcher is not work of its scheduler's. */
+    int64_t n = (int64_t)v->rows[i].tasks + v->q[i].n - (v->disp[i] ? 1 : 0);
+    if (best_n < 0 || n < best_n || (n == best_n && i == here)) {
+      best = i;
+      best_n = n;
+    }
+  }
+  return best;
+}
+
+/* Checks a "module.function" name. */
+static bool good_name(const char *s, size_t len) {
+  const char *dot = strrchr(s, '.');
+  return len > 0 && strlen(s) == len && dot && dot != s && dot[1] != '\0';
+}
+
+/* Submits the function (or name) at fidx with the values above it. */
+static int submit(lua_State *L, int target, int fidx, const char *fname) {
+  const int ufidx = fidx;  /* argument numbers in messages */
+  ltask *me = lums_need_task(L, fname);
+  lvms *v = me->run->vms;
+  int t = lua_type(L, fidx);
+  char err[256];
+  int bad;
+  const char *name = NULL;
+  if (t == LUA_TSTRING) {
+    size_t len;
+    name = lua_tolstring(L, fidx, &len);
+    if (!good_name(name, len))
+      lums_argerr(L, fidx, fname, "\"module.function\" expected");
+  } else if (t != LUA_TFUNCTION) {
+    lums_typeerr(L, fidx, fname, "function or \"module.function\"");
+  }
+  /* The handle first: if anything below raises, it frees what it has. */
+  lreq *r = lshared_new(L, sizeof *r, &work_kind);
+  lua_insert(L, fidx);  /* below the function; the arguments stay last */
+  fidx++;
+  r->rt = v->rt;
+  r->vms = v;
+  r->sched = -1;
+  r->state = R_QUEUED;
+  if (name && !(r->name = strdup(name)))
+    return luaL_error(L, "ums.%s: out of memory", fname);
+  if (!name) {
+    r->fn = lcopy_encode(L, fidx, 1, "fn", false, err, sizeof err, &bad);
+    if (!r->fn) lums_argerr(L, ufidx, fname, err);
+  }
+  int nargs = lua_gettop(L) - fidx;
+  r->args = lcopy_encode(L, fidx + 1, nargs, "args", true, err, sizeof err,
+                         &bad);
+  if (!r->args) lums_argerr(L, ufidx + 1 + bad, fname, err);
+
+  bool spawn[v->nsched];
+  lshared_ref(&r->h);  /* the run's, until done */
+  lums_vms_hold(v);    /* the queue's, until started or cancelled */
+  pthread_mutex_lock(&v->lock);
+  if (target < 0) target = least_loaded(v, me->run->sched);
+  r->home = target;
+  r->queued = true;
+  q_push(&v->q[target], r);
+  list_push(&v->active, r);
+  /* A dispatcher on every scheduler: the target's starts it, an idle
+  ** one may steal it. */
+  for (int i = 0; i < v->nsched; i++) {
+    spawn[i] = !v->disp[i];
+    if (spawn[i]) v->disp[i] = true;
+  }
+  pthread_mutex_unlock(&v->lock);
+  int rc = 0;
+  for (int i = 0; i < v->nsched; i++) {
+    if (!spawn[i]) continue;
+    int e = disp_spawn(v, i);
+    if (e && !rc) rc = e;
+  }
+  if (rc == UMS_ESHUTDOWN) {
+    /* The run is ending: nothing will start it. */
+    pthread_mutex_lock(&v->lock);
+    bool was = r->queued;
+    if (was) {
+      q_remove(&v->q[r->home], r);
+      r->queued = false;
+    }
+    pthread_mutex_unlock(&v->lock);
+    if (was) {
+      req_finish(r, O_CANCELLED, NULL, "the run is ending");
+      lums_vms_release(v);
+      return luaL_error(L, "ums.%s: the run is ending", fname);
+    }
+  }
+  lua_settop(L, fidx - 1);  /* the handle */
+  return 1;
+}
+
+/* ums.submit(fn | "module.function", ...) -> work */
+static int l_submit(lua_State *L) { return submit(L, -1, 1, "submit"); }
+
+/* ums.submit_on(i, fn | "module.function", ...) -> work */
+static int l_submit_on(lua_State *L) {
+  int isint;
+  lua_Integer i = lua_tointegerx(L, 1, &isint);
+  if (!isint) {
+    if (lua_type(L, 1) != LUA_TNUMBER)
+      lums_typeerr(L, 1, "submit_on", "number");
+    lums_argerr(L, 1, "submit_on", "number has no integer representation");
+  }
+  ltask *me = lums_need_task(L, "submit_on");
+  int n = me->run->vms->nsched;
+  if (i < 1 || i > n)
+    lums_argerr(L, 1, "submit_on",
+                lua_pushfstring(L, "scheduler %I out of range (1 to %d)",
+                                (LUAI_UACINT)i, n));
+  return submit(L, (int)i - 1, 2, "submit_on");
+}
+
+/* ums.scheduler() -> the index (1-based) of the current task's
+** scheduler; nil outside tasks. */
+static int l_scheduler(lua_State *L) {
+  ltask *t = lums_cur_task;
+  if (!t || !t->run)
+    lua_pushnil(L);
+  else
+    lua_pushinteger(L, t->run->sched + 1);
+  return 1;
+}
+
+/* ums.schedulers() -> the number of schedulers of the run; nil outside. */
+static int l_schedulers(lua_State *L) {
+  ltask *t = lums_cur_task;
+  if (!t || !t->run)
+    lua_pushnil(L);
+  else
+    lua_pushinteger(L, t->run->vms->nsched);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Work handles                                                            */
+/* ---------------------------------------------------------------------- */
+
+static lreq *check_work(lua_State *L, const char *fname) {
+  return (lreq *)lshared_check(L, 1, &work_kind, fname);
+}
+
+/* Pushes a done request's outcome as join returns it. */
+static int push_outcome(lua_State *L, lreq *r) {
+  if (r->outcome == O_OK) {
+    lua_pushboolean(L, 1);
+    return 1 + (r->results ? lcopy_decode(L, r->results) : 0);
+  }
+  lua_pushboolean(L, 0);
+  if (r->outcome == O_CANCELLED)
+    lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+  else if (r->results)
+    lcopy_decode(L, r->results);
+  else
+    lua_pushnil(L);
+  lua_pushstring(L, r->traceback ? r->traceback : "");
+  return 3;
+}
+
+static int join_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  lreq *r = (lreq *)lshared_test(L, 1);
+  int res = lshared_wait_end((lswait *)ctx, NULL);
+  if (res == UMS_ECANCELED) return lums_raise_cancelled(L);
+  pthread_mutex_lock(&r->h.lock);
+  bool done = r->state == R_DONE;
+  if (done) r->joined = true;
+  pthread_mutex_unlock(&r->h.lock);
+  if (!done) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  return push_outcome(L, r);
+}
+
+/* w:join([timeout]) -> true, results... | false, err, traceback |
+** nil, "timeout" */
+static int work_join(lua_State *L) {
+  lreq *r = check_work(L, "join");
+  bool poll;
+  int64_t deadline = lums_opt_timeout(L, 2, "join", &poll);
+  lua_settop(L, 1);
+  ltask *me = lums_cur_task;
+  pthread_mutex_lock(&r->h.lock);
+  if (r->state == R_DONE) {
+    r->joined = true;
+    pthread_mutex_unlock(&r->h.lock);
+    return push_outcome(L, r);
+  }
+  if (poll) {
+    pthread_mutex_unlock(&r->h.lock);
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  bool self = r->state == R_RUNNING && r->task == ums_self();
+  if (!me || !me->run || self) {
+    pthread_mutex_unlock(&r->h.lock);
+    if (self) return luaL_error(L, "ums.work:join: work cannot join itself");
+    lums_need_task(L, "work:join");
+  }
+  lswait *w = lshared_wait_begin(L, me, &r->h, &r->joiners, deadline);
+  pthread_mutex_unlock(&r->h.lock);
+  return lums_park_finish(L, me, (lua_KContext)w, join_k);
+}
+
+/* w:cancel() -> true if the request was not done: one not started never
+** starts; a running one sees ums.CANCELLED at its next wait (its quantum,
+** if it computes). false once done. */
+static int work_cancel(lua_State *L) {
+  lreq *r = check_work(L, "cancel");
+  lvms *v = r->vms;
+  bool dequeued = false, ok = true;
+  ums_task_t task = 0;
+  pthread_mutex_lock(&r->h.lock);
+  switch (r->state) {
+    case R_DONE:
+      ok = false;
+      break;
+    case R_RUNNING:
+      task = r->task;
+      break;
+    case R_STARTING:
+      r->cancel_req = true;
+      break;
+    default: /* R_QUEUED: still in its queue, or taken by a dispatcher */
+      pthread_mutex_lock(&v->lock);
+      if (r->queued) {
+        q_remove(&v->q[r->home], r);
+        r->queued = false;
+        dequeued = true;
+      }
+      pthread_mutex_unlock(&v->lock);
+      if (!dequeued) r->cancel_req = true;
+      break;
+  }
+  pthread_mutex_unlock(&r->h.lock);
+  if (dequeued) {
+    /* Off its queue, nobody else can start it now. */
+    req_finish(r, O_CANCELLED, NULL, "cancelled before it started");
+    lums_vms_release(v);
+  }
+  if (task) ums_task_cancel(r->rt, task);
+  lua_pushboolean(L, ok);
+  return 1;
+}
+
+/* w:status() -> "pending" | "running" | "done" | "error" | "cancelled" */
+static int work_status(lua_State *L) {
+  lreq *r = check_work(L, "status");
+  pthread_mutex_lock(&r->h.lock);
+  int st = r->state, out = r->outcome;
+  pthread_mutex_unlock(&r->h.lock);
+  const char *s = st == R_RUNNING ? "running"
+                  : st != R_DONE  ? "pending"
+                  : out == O_OK   ? "done"
+                  : out == O_ERROR ? "error"
+                                   : "cancelled";
+  lua_pushstring(L, s);
+  return 1;
+}
+
+/* w:scheduler() -> where it started (1-based), nil before. */
+static int work_scheduler(lua_State *L) {
+  lreq *r = check_work(L, "scheduler");
+  pthread_mutex_lock(&r->h.lock);
+  int s = r->sched;
+  pthread_mutex_unlock(&r->h.lock);
+  if (s < 0)
+    lua_pushnil(L);
+  else
+    lua_pushinteger(L, s + 1);
+  return 1;
+}
+
+/* w:name() -> "module.function", or "" for a function. */
+static int work_name(lua_State *L) {
+  lreq *r = check_work(L, "name");
+  lua_pushstring(L, r->name ? r->name : "");
+  return 1;
+}
+
+static const luaL_Reg work_methods[] = {{"join", work_join},
+                                        {"cancel", work_cancel},
+                                        {"status", work_status},
+                                        {"scheduler", work_scheduler},
+                                        {"name", work_name},
+                                        {NULL, NULL}};
+
+/* ---------------------------------------------------------------------- */
+/* The end of a run                                                        */
+/* ---------------------------------------------------------------------- */
+
+/* Calls L's on_error for each failed request nobody joined. */
+static void report_failed(lua_State *L, lvms *v) {
+  lreq *r;
+  while ((r = v->failed) != NULL) {
+    list_remove(&v->failed, r);
+    bool report = !r->joined;
+    r->joined = true;
+    if (report) {
+      lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
+      if (r->results)
+        lcopy_decode(L, r->results);
+      else
+        lua_pushnil(L);
+      lua_pushstring(L, r->traceback ? r->traceback : "");
+      lshared_push(L, &r->h);
+      if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
+        fprintf(stderr, "ums: error in the on_error handler: %s\n",
+                lua_tostring(L, -1));
+        lua_pop(L, 1);
+      }
+    }
+    lshared_unref(&r->h);
+  }
+}
+
+static int report_protected(lua_State *L) {
+  lums_report_errors(L);
+  return 0;
+}
+
+void lums_vms_close(lua_State *L, lvms *v) {
+  /* Requests never started: the run ended first. */
+  for (int i = 0; v->q && i < v->nsched; i++) {
+    lreq *r;
+    while ((r = v->q[i].head) != NULL) {
+      q_remove(&v->q[i], r);
+      r->queued = false;
+      req_finish(r, O_CANCELLED, NULL, "the run ended before it started");
+    }
+  }
+  /* Requests whose task was cancelled before it began. */
+  while (v->active)
+    req_finish(v->active, O_CANCELLED, NULL,
+               "the run ended before it started");
+  if (v->main) report_failed(L, v);
+  for (int i = 1; v->slot && i < v->nsched; i++) {
+    lvmslot *sl = &v->slot[i];
+    lrun *r = atomic_load_explicit(&v->vm[i], memory_order_acquire);
+    if (sl->L) {
+      /* Nothing in that VM protects this call: a memory error must not
+      ** reach its panic function. */
+      lua_pushcfunction(sl->L, report_protected);
+      if (lua_pcall(sl->L, 0, 0, 0) != LUA_OK) lua_pop(sl->L, 1);
+      lua_close(sl->L);
+      lums_run_free(NULL, r, true);
+    }
+    free(sl->init_err);
+  }
+  if (v->slot) free(v->slot[0].init_err);
+  free(v->vm);
+  free(v->slot);
+  free(v->q);
+  free(v->disp);
+  free(v->rows);
+  free(v->path);
+  free(v->cpath);
+  free(v->init);
+  pthread_mutex_destroy(&v->lock);
+  pthread_mutex_destroy(&v->quiet_lock);
+  pthread_cond_destroy(&v->quiet_cond);
+  free(v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Registration                                                            */
+/* ---------------------------------------------------------------------- */
+
+void lums_open_vm(lua_State *L) {
+  static const luaL_Reg funcs[] = {{"submit", l_submit},
+                                   {"submit_on", l_submit_on},
+                                   {"scheduler", l_scheduler},
+                                   {"schedulers", l_schedulers},
+                                   {NULL, NULL}};
+  lshared_register(L, &work_kind);
+  luaL_setfuncs(L, funcs, 0);
+}

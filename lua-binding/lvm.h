@@ -1,0 +1,187 @@
+/*
+** lvm.h: many Lua VMs in one run (not installed). Three files share it:
+**   lvm.c     one VM per scheduler, created on that scheduler's thread;
+**             work submitted by value (ums.submit), placement on the
+**             least-loaded scheduler, and stealing of work not started;
+**   lcopy.c   values copied out of one VM into a C buffer and from there
+**             into another VM, so that no VM touches another's memory;
+**   lshared.c objects any VM may use (ums.shared.*): reference counted C
+**             structs, one proxy userdata per VM, waits that park the task
+**             and wake-ups that go through the runtime's unpark (so a task
+**             of another scheduler is woken through its completion list).
+** lums.c calls the lums_vms_* functions around a run.
+*/
+#ifndef LVM_H
+#define LVM_H
+
+#include "lums.h"
+
+#include <pthread.h>
+
+int luaopen_ums_core(lua_State *L);
+
+/* ====================================================================== */
+/* The VMs of a run (lvm.c)                                                */
+/* ====================================================================== */
+
+/* Makes the run-wide state for a run on rt, on the main thread before the
+** run starts: package.path, package.cpath and the init module are read
+** from L (the main VM) now. NULL when out of memory. */
+LUMS_HIDDEN lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt);
+/* Records the main VM's lrun as the VM of scheduler 0. */
+LUMS_HIDDEN void lums_vms_set_main(lvms *v, lrun *main);
+/* Number of schedulers, and the VM of scheduler i (NULL: none yet). Any
+** thread; a VM once there stays until lums_vms_close. */
+LUMS_HIDDEN int lums_vms_count(lvms *v);
+LUMS_HIDDEN lrun *lums_vms_at(lvms *v, int i);
+/* Counts work that may still start other work: each Lua task, each
+** request not started, each dispatcher. Any thread. */
+LUMS_HIDDEN void lums_vms_hold(lvms *v);
+LUMS_HIDDEN void lums_vms_release(lvms *v);
+/* Blocks the main thread until nothing is held any more or an os.exit
+** was requested (true), or until the absolute monotonic deadline
+** (false; UMS_FOREVER: none). */
+LUMS_HIDDEN bool lums_vms_wait_quiet(lvms *v, int64_t deadline);
+/* os.exit in a task of any VM: the first request is kept; cancels the
+** run's first task and ends lums_vms_wait_quiet. */
+LUMS_HIDDEN void lums_vms_request_exit(lvms *v, int code, bool close);
+LUMS_HIDDEN bool lums_vms_exit_requested(lvms *v, int *code, bool *close);
+/* The run is failing (its first task raised, or os.exit): requests not
+** started yet are not started any more. Any thread. */
+LUMS_HIDDEN void lums_vms_stop(lvms *v);
+/* After ums_runtime_shutdown (no scheduler thread is left): ends the
+** requests never started (cancelled), reports through L's on_error the
+** errors of submitted work nobody joined, closes the VMs of the other
+** schedulers and frees v. L is the main VM, on the main thread. */
+LUMS_HIDDEN void lums_vms_close(lua_State *L, lvms *v);
+
+/* ====================================================================== */
+/* Copying values (lcopy.c)                                                */
+/* ====================================================================== */
+
+typedef struct lshared lshared;
+
+/* Encoded values in C memory: no Lua object, so any thread may hold,
+** move and free it. Whoever holds the pointer owns it (a request, a
+** channel's buffer, a waiter) and frees it with lcopy_free. */
+#define LMSG_INLINE 48
+typedef struct lmsg {
+  char *data;            /* the encoding: inl or malloc'ed */
+  size_t len, cap;
+  lshared **refs;        /* shared objects named by the values, one
+                            reference each, dropped by lcopy_free */
+  uint32_t nrefs, caprefs;
+  int nvalues;
+  uint32_t nids;         /* tables and functions in it */
+  char inl[LMSG_INLINE];
+} lmsg;
+
+/* Encodes the n values from index first of L. nil, booleans, integers
+** and floats (kept apart), strings, tables (nested; shared references and
+** cycles kept) without metatables, Lua functions whose only upvalue is
+** _ENV (as bytecode; _ENV becomes the receiving VM's globals) and shared
+** objects (by reference). For anything else returns NULL, sets *bad to
+** the position (0-based) of the top-level value it is in, and writes
+** "<root><path>: <what it is>" into err, e.g.
+** "args[2].config.callback: function with upvalues (n)". The root is
+** root[i] for the i-th value, or root alone when `indexed` is false.
+** Raises only for memory errors, freeing what it built. */
+LUMS_HIDDEN lmsg *lcopy_encode(lua_State *L, int first, int n,
+                               const char *root, bool indexed, char *err,
+                               size_t errsz, int *bad);
+/* Pushes fresh copies of m's values onto L and returns their number. m
+** is left as it was (it may be decoded again). Raises on memory errors. */
+LUMS_HIDDEN int lcopy_decode(lua_State *L, const lmsg *m);
+/* The same, then frees m, also when decoding raises. */
+LUMS_HIDDEN int lcopy_decode_free(lua_State *L, lmsg *m);
+/* Frees m and drops its references. NULL is ignored. Any thread. */
+LUMS_HIDDEN void lcopy_free(lmsg *m);
+
+/* ====================================================================== */
+/* Shared objects (lshared.c)                                              */
+/* ====================================================================== */
+
+typedef struct lshared_kind {
+  const char *name;            /* __name of the proxies, "ums.shared.x" */
+  void (*destroy)(lshared *o); /* the last reference is gone: free o */
+  const luaL_Reg *methods;     /* methods of the proxies */
+} lshared_kind;
+
+/* The header of every shared object. refs counts the proxies (one per VM
+** that has the object, however many Lua references point to it there),
+** the messages that name it, and whatever else holds it; the last
+** lshared_unref calls kind->destroy on whatever thread drops it. */
+struct lshared {
+  const lshared_kind *kind;    /* [const] */
+  _Atomic uint32_t refs;       /* [atomic] */
+  pthread_mutex_t lock;        /* guards the kind's own state */
+};
+
+LUMS_HIDDEN void lshared_ref(lshared *o);
+LUMS_HIDDEN void lshared_unref(lshared *o);
+/* The shared object at idx of L, or NULL. */
+LUMS_HIDDEN lshared *lshared_test(lua_State *L, int idx);
+/* The object of kind k at idx, or raises "bad argument ... (k->name
+** expected, got ...)" naming fname. */
+LUMS_HIDDEN lshared *lshared_check(lua_State *L, int idx,
+                                   const lshared_kind *k, const char *fname);
+/* Pushes L's proxy for o: the one L already has, or a new one holding a
+** reference of its own. */
+LUMS_HIDDEN void lshared_push(lua_State *L, lshared *o);
+/* Creates a zeroed object of `size` bytes (struct lshared first) and
+** pushes its proxy, which holds its only reference. Raises when out of
+** memory. */
+LUMS_HIDDEN void *lshared_new(lua_State *L, size_t size,
+                              const lshared_kind *k);
+/* Creates kind k's proxy metatable in L's VM (each VM, at luaopen). */
+LUMS_HIDDEN void lshared_register(lua_State *L, const lshared_kind *k);
+
+/* A task waiting on a shared object. Allocated by lshared_wait_begin and
+** freed by lshared_wait_end, in between reachable only through the
+** object's queue (under its lock) and the waiting task's continuation
+** context. A waker sets msg (a channel value handed over) before it
+** unparks, under the lock, and takes it back if the unpark fails. */
+typedef struct lswait lswait;
+typedef struct lswaitq {
+  lswait *head, *tail;         /* [object lock] */
+} lswaitq;
+struct lswait {
+  lswait *prev, *next;         /* [object lock] */
+  lswaitq *q;                  /* [object lock] its queue; NULL once off */
+  lshared *obj;                /* [const] the object (a proxy on the
+                                  waiting task's stack keeps it alive) */
+  ums_runtime_t *rt;           /* [const] the waiting task's runtime */
+  ums_park_token_t tok;        /* [const] its park */
+  ums_task_t task;             /* [const] the waiting task */
+  lmsg *msg;                   /* [object lock] a value handed over */
+};
+
+/* With o->lock held by the current task me: begins me's park with the
+** deadline and queues a new waiter on q. On failure (cancelled, out of
+** memory) releases the lock and raises. */
+LUMS_HIDDEN lswait *lshared_wait_begin(lua_State *L, ltask *me, lshared *o,
+                                       lswaitq *q, int64_t deadline);
+/* In the continuation, once the park has ended: takes w off its queue if
+** it is still on one, hands over w->msg (*msg; NULL if none), frees w and
+** returns the park's outcome (>= 0 granted, UMS_ETIMEDOUT,
+** UMS_ECANCELED). */
+LUMS_HIDDEN int lshared_wait_end(lswait *w, lmsg **msg);
+/* With the lock held: ends the park of the first waiter of q whose park
+** has not ended yet with outcome and returns it (off the queue), or NULL.
+** Waiters whose park ended otherwise are dropped from q on the way. If
+** msg is not NULL, the granted waiter gets it in w->msg. */
+LUMS_HIDDEN lswait *lshared_grant(lswaitq *q, int outcome, lmsg *msg);
+LUMS_HIDDEN void lshared_grant_all(lswaitq *q, int outcome);
+
+/* ums.shared.channel([size]), for lchan.c's channel{shared = true}. */
+LUMS_HIDDEN int lums_shared_channel(lua_State *L);
+
+/* lchan.c's argument checks, for the other files. */
+LUMS_HIDDEN int lums_argerr(lua_State *L, int narg, const char *fname,
+                            const char *msg);
+LUMS_HIDDEN int lums_typeerr(lua_State *L, int narg, const char *fname,
+                             const char *expected);
+LUMS_HIDDEN int64_t lums_opt_timeout(lua_State *L, int idx,
+                                     const char *fname, bool *poll);
+
+#endif

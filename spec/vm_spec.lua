@@ -1,0 +1,880 @@
+-- Specs for many VMs: ums.submit / ums.submit_on (work submitted by value
+-- to the VM of another scheduler), copying values between VMs, shared
+-- objects (ums.shared.*, {shared = true}), placement and stealing, the
+-- init module, cancellation, errors from other VMs and the end of a run
+-- (lua-binding/lvm.c, lcopy.c, lshared.c).
+--
+-- Every run here has two schedulers, so work really runs on two OS
+-- threads in two VMs. Nothing asserts on timing: where a spec needs one
+-- scheduler busy, it keeps it busy by computing without yielding
+-- (quantum 0), which no amount of machine noise can undo, and waits only
+-- with generous deadlines that fail the spec instead of hanging it.
+
+local ums = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
+  .. "helper.lua")
+local core = require "ums.core"
+
+local CANCELLED = core.CANCELLED
+local pack, unpack = table.pack, table.unpack
+
+-- Runs body as the first task of a fresh run with `n` schedulers (2 by
+-- default) and the settings in extra; fails on error, on a timeout (30 s:
+-- TSan is slow) and on an error nobody joined.
+local function run(body, opts)
+  opts = opts or {}
+  local prev = ums.config()
+  local cfg = {schedulers = opts.schedulers or 2,
+               quantum = opts.quantum or prev.quantum,
+               init = opts.init or false}
+  ums.config(cfg)
+  local ok, err = pcall(ums.test, body, opts.limit or 30)
+  ums.config{schedulers = prev.schedulers, quantum = prev.quantum,
+             init = prev.init}
+  if not ok then error(err, 0) end
+end
+
+-- Joins w, asserts it ended normally, returns its results (packed).
+local function results(w, timeout)
+  local r = pack(w:join(timeout or 20))
+  assert(r[1] == true, "work did not end normally: " .. tostring(r[2])
+    .. "\n" .. tostring(r[3]))
+  return pack(unpack(r, 2, r.n))
+end
+
+-- Asserts that f raises an error containing each of the strings given.
+local function assert_raises(f, ...)
+  local ok, err = pcall(f)
+  assert(not ok, "did not raise")
+  err = tostring(err)
+  for _, want in ipairs {...} do
+    assert(err:find(want, 1, true),
+      ("error %q does not contain %q"):format(err, want))
+  end
+  return err
+end
+
+-- Waits (sleeping) until pred() is true; fails after `limit` seconds.
+local function wait_until(pred, what, limit)
+  local deadline = ums.now() + (limit or 20)
+  while not pred() do
+    assert(ums.now() < deadline, "gave up waiting for " .. what)
+    ums.sleep(0.001)
+  end
+end
+
+-- An identity function for submit: what it gets, it gives back.
+local function echo(...) return ... end
+
+-- Submits fn(...) to scheduler 2 and makes sure it starts there: the
+-- main task keeps scheduler 1 busy until the work has started, never
+-- yielding (the run must have quantum = 0), so scheduler 1 cannot steal
+-- it. Returns the handle.
+local function on2(fn, ...)
+  local started = ums.shared.event(true)
+  local w = ums.submit_on(2, function(started, fn, ...)
+    started:set()
+    return fn(...)
+  end, started, fn, ...)
+  local t0 = os.time()
+  while not started:is_set() and os.time() - t0 < 20 do end
+  assert(started:is_set(), "the work never started on scheduler 2")
+  return w
+end
+
+-- ---------------------------------------------------------------------
+describe("ums.submit copies", function()
+  it("nil, booleans, integers and floats (kept apart), strings", function()
+    run(function()
+      local big = ("x\0y"):rep(100000)
+      local inf, nan = math.huge, 0 / 0
+      local r = results(ums.submit(echo, nil, true, false, 0, 1, -1,
+        math.maxinteger, math.mininteger, 1.0, -0.0, 0.5, inf, -inf, nan,
+        "", "a\0b", big, nil))
+      assert.equal(18, r.n)
+      assert.is_nil(r[1])
+      assert.is_true(r[2])
+      assert.is_false(r[3])
+      for i, v in ipairs {0, 1, -1, math.maxinteger, math.mininteger} do
+        assert.equal("integer", math.type(r[3 + i]))
+        assert.equal(v, r[3 + i])
+      end
+      for i, v in ipairs {1.0, -0.0, 0.5, inf, -inf} do
+        assert.equal("float", math.type(r[8 + i]))
+        assert.equal(v, r[8 + i])
+      end
+      assert.equal(-math.huge, 1 / r[10])  -- the sign of -0.0 survives
+      assert.is_true(r[14] ~= r[14])       -- NaN
+      assert.equal("", r[15])
+      assert.equal("a\0b", r[16])
+      assert.equal(big, r[17])
+      assert.is_nil(r[18])
+    end)
+  end)
+
+  it("the integer/float distinction inside the other VM too", function()
+    run(function()
+      local r = results(ums.submit(function(a, b, t)
+        return math.type(a), math.type(b), math.type(t[1]), math.type(t.f)
+      end, 3, 3.0, {7, f = 7.0}))
+      assert.same({"integer", "float", "integer", "float"},
+        {unpack(r, 1, 4)})
+    end)
+  end)
+
+  it("nested tables, shared references, cycles and table keys", function()
+    run(function()
+      local shared = {name = "shared"}
+      local t = {1, 2, 3, nested = {deep = {deeper = {"bottom"}}},
+                 a = shared, b = shared, [10] = "ten", [2.5] = "float key",
+                 [true] = "bool key"}
+      t.self = t
+      local key = {"key"}
+      t[key] = "table key"
+      local r = results(ums.submit(function(x)
+        -- In the other VM: the same shape, built there.
+        assert(x.self == x, "cycle")
+        assert(x.a == x.b, "shared reference")
+        local nkeys = 0
+        for k, v in pairs(x) do
+          if type(k) == "table" then
+            assert(k[1] == "key" and v == "table key")
+            nkeys = nkeys + 1
+          end
+        end
+        assert(nkeys == 1)
+        x.added = "in the other VM"
+        return x, x.a
+      end, t))
+      local c, a = r[1], r[2]
+      assert.are_not.equal(t, c)            -- a copy ...
+      assert.is_nil(t.added)                -- ... the original is untouched
+      assert.equal("in the other VM", c.added)
+      assert.equal(c, c.self)
+      assert.equal(c.a, c.b)
+      assert.equal(a, c.a)                  -- identity across the results
+      assert.same({1, 2, 3}, {c[1], c[2], c[3]})
+      assert.equal("bottom", c.nested.deep.deeper[1])
+      assert.equal("ten", c[10])
+      assert.equal("float key", c[2.5])
+      assert.equal("bool key", c[true])
+      local keys = 0
+      for k in pairs(c) do if type(k) == "table" then keys = keys + 1 end end
+      assert.equal(1, keys)
+    end)
+  end)
+
+  it("functions without upvalues but _ENV, which see the new VM's globals",
+    function()
+      run(function()
+        local r = results(ums.submit(function(f, t)
+          return f(20), t.g(1), type(rawget(_G, "ums")), type(string.format)
+        end, function(x) return x + 1 end,
+           {g = function(x) return tostring(x) .. math.type(x) end}))
+        -- `ums` is a local of this file, not a global of the other VM.
+        assert.same({21, "1integer", "nil", "function"}, {unpack(r, 1, 4)})
+        -- A function comes back as a function.
+        local back = results(ums.submit(function()
+          return function(a, b) return a * b end
+        end))
+        assert.equal(42, back[1](6, 7))
+      end)
+    end)
+
+  it("shared objects by reference, one proxy per VM", function()
+    run(function()
+      local ch = ums.shared.channel(4)
+      local r = results(ums.submit(function(a, b, t)
+        a:send("from the other VM")
+        return rawequal(a, b), rawequal(a, t.ch), a
+      end, ch, ch, {ch = ch}))
+      assert.is_true(r[1])
+      assert.is_true(r[2])
+      assert.equal(ch, r[3])  -- back home: the same proxy
+      assert.equal("from the other VM", ch:recv())
+    end)
+  end)
+
+  it("the work's results and its handle across VMs", function()
+    run(function()
+      -- Work that submits work, and joins work another VM submitted.
+      local inner = ums.submit_on(1, function() return "inner" end)
+      local r = results(on2(function(w)
+        local ums = require "ums"
+        local ok, v = w:join(10)
+        local nested = ums.submit_on(1, function(x) return x * 2 end, 21)
+        return ok, v, select(2, nested:join(10)), ums.scheduler()
+      end, inner))
+      assert.same({true, "inner", 42, 2}, {unpack(r, 1, 4)})
+    end, {quantum = 0})
+  end)
+end)
+
+describe("work handles", function()
+  it("join with a timeout, then again; several joiners in several VMs",
+    function()
+      run(function()
+        local go = ums.shared.event(true)
+        local w = ums.submit(function(go)
+          go:wait()
+          return "result", {n = 1}
+        end, go)
+        assert.same({nil, "timeout"}, {w:join(0.01)})
+        assert.same({nil, "timeout"}, {w:join(0)})
+        -- Another joiner, in a VM of its own (or this one, if stolen).
+        local other = ums.submit(function(w)
+          local ok, v, t = w:join(20)
+          return ok, v, t.n
+        end, w)
+        wait_until(function() return other:status() == "running" end,
+          "the other joiner")
+        go:set()
+        local r = results(w)
+        assert.equal("result", r[1])
+        assert.same({n = 1}, r[2])
+        assert.same({true, "result", 1}, {unpack(results(other), 1, 3)})
+        -- Done: joins keep giving the same outcome, fresh copies each.
+        local again = results(w)
+        assert.same({n = 1}, again[2])
+        assert.are_not.equal(r[2], again[2])
+        assert.equal("done", w:status())
+      end)
+    end)
+
+  it("work cannot join itself", function()
+    run(function()
+      local ch = ums.shared.channel(1)
+      local w = ums.submit(function(ch)
+        local me = ch:recv(20)
+        return pcall(me.join, me)
+      end, ch)
+      ch:send(w)
+      local r = results(w)
+      assert.is_false(r[1])
+      assert.matches("work cannot join itself", r[2])
+    end)
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("ums.submit refuses values it cannot copy", function()
+  local function refused(msg, ...)
+    local args = pack(...)
+    run(function()
+      assert_raises(function() ums.submit(echo, unpack(args, 1, args.n)) end,
+        "bad argument #", "to 'submit'", msg)
+    end)
+  end
+
+  it("naming each value and its path", function()
+    local up = 1
+    local function with_up() return up end
+    refused("args[2].config.callback: function with upvalues (up)",
+      1, {config = {callback = with_up}})
+    refused("args[1]: userdata (FILE*)", io.stdout)
+    refused("args[1].list[3]: thread (a coroutine)",
+      {list = {1, 2, coroutine.create(print)}})
+    refused("args[1]: C function", print)
+    refused("args[1].id: light userdata", {id = debug.upvalueid(with_up, 1)})
+    refused("args[1][\"a key\"]: table with a metatable",
+      {["a key"] = setmetatable({}, {})})
+    refused("args[1][<key>]: userdata (FILE*)", {[io.stderr] = true})
+    refused("args[2]: table with a metatable", 1, setmetatable({}, {}))
+  end)
+
+  it("with hints for ums objects that are not shared", function()
+    refused("args[1]: ums.channel is not shared (create it with "
+            .. "{shared = true} or ums.shared.channel)", ums.channel())
+    refused("args[1]: ums.mutex is not shared", ums.mutex())
+    refused("args[1]: ums.waitgroup is not shared", ums.waitgroup())
+    run(function()
+      assert_raises(function() ums.submit(echo, ums.self()) end,
+        "args[1]: ums.task (a task stays in its VM")
+    end)
+  end)
+
+  it("tables nested too deeply", function()
+    local deep = {}
+    local t = deep
+    for _ = 1, 300 do t.next = {}; t = t.next end
+    refused("tables nested too deeply", deep)
+  end)
+
+  it("a function with upvalues as the work itself", function()
+    local up = 0
+    run(function()
+      assert_raises(function() ums.submit(function() return up end) end,
+        "bad argument #1 to 'submit' (fn: function with upvalues (up))")
+    end)
+  end)
+
+  it("results it cannot copy fail the work, naming them", function()
+    run(function()
+      local ok, err = ums.submit(function()
+        return 1, coroutine.create(print)
+      end):join(20)
+      assert.is_false(ok)
+      assert.matches("cannot copy the results: results%[2%]: thread", err)
+    end)
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("ums.submit by module name", function()
+  it("runs module.function in the other VM", function()
+    run(function()
+      assert.equal(5, results(ums.submit("vm_work.add", 2, 3))[1])
+      -- Placed on 2, but an idle scheduler 1 may take it first.
+      local s = results(ums.submit_on(2, "vm_work.where"))[1]
+      assert.is_true(s == 1 or s == 2)
+    end)
+  end)
+
+  it("fails the work for a missing module or a field that is no function",
+    function()
+      run(function()
+        local ok, err = ums.submit("vm_no_such_module.f"):join(20)
+        assert.is_false(ok)
+        assert.matches("module 'vm_no_such_module' not found", err)
+        ok, err = ums.submit("vm_work.answer"):join(20)
+        assert.is_false(ok)
+        assert.matches("'vm_work.answer' is not a function %(number%)", err)
+      end)
+    end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("the init module", function()
+  -- The main VM's real globals (Busted runs specs in an environment of
+  -- its own).
+  local G = debug.getregistry()[2]
+
+  it("runs once in every VM, before its first work", function()
+    G.INIT_COUNT = nil
+    package.loaded.vm_init = nil
+    local ran_on_1
+    run(function()
+      local ws = {on2(function() return require("vm_work").where() end)}
+      for i = 1, 40 do
+        ws[#ws + 1] = ums.submit_on(i % 2 + 1, "vm_work.where")
+      end
+      local seen = {}
+      for i = 1, #ws do
+        local r = results(ws[i])
+        assert.equal(1, r[2], "init ran " .. tostring(r[2]) .. " times")
+        seen[r[1]] = true
+      end
+      assert.is_true(seen[2])
+      ran_on_1 = seen[1]
+    end, {init = "vm_init", quantum = 0})
+    -- The main VM is scheduler 1's: the init module ran there too if any
+    -- work did (scheduler 2 may have stolen all of it).
+    assert.equal(ran_on_1 and 1 or nil, G.INIT_COUNT)
+    G.INIT_COUNT = nil
+    package.loaded.vm_init = nil
+  end)
+
+  it("that fails fails the work with its error", function()
+    run(function()
+      local ok, err = ums.submit_on(2, echo, 1):join(20)
+      assert.is_false(ok)
+      assert.matches("the init module 'vm_no_such_init' failed in the VM of "
+        .. "scheduler %d: .*module 'vm_no_such_init' not found", err)
+    end, {init = "vm_no_such_init"})
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("shared objects", function()
+  it("a channel carries 100,000 messages between schedulers, none lost "
+     .. "or duplicated", function()
+    run(function()
+      local N, P = 100000, 2
+      local ch = ums.channel(64, {shared = true})
+      local producers = {}
+      for p = 1, P do
+        -- Each producer sends its own range of numbers from scheduler 2.
+        producers[p] = on2(function(ch, from, to)
+          for i = from, to do ch:send(i) end
+          return require("ums").scheduler()
+        end, ch, (p - 1) * N // P + 1, p * N // P)
+      end
+      local seen, count = {}, 0
+      for _ = 1, N do
+        local v = ch:recv(20)
+        assert(math.type(v) == "integer", "got " .. tostring(v))
+        assert(not seen[v], "duplicate " .. v)
+        seen[v] = true
+        count = count + 1
+      end
+      for p = 1, P do assert.equal(2, results(producers[p])[1]) end
+      assert.equal(N, count)
+      for i = 1, N do assert(seen[i], "lost " .. i) end
+      assert.same({false, nil, "empty"}, {ch:try_recv()})
+    end, {limit = 120, quantum = 0})
+  end)
+
+  it("an unbuffered channel hands over values in both directions", function()
+    run(function()
+      local ping = ums.shared.channel()
+      local pong = ums.shared.channel()
+      local w = on2(function(ping, pong)
+        while true do
+          local v, err = ping:recv()
+          if v == nil then return err end
+          pong:send({v = v, where = require("ums").scheduler()})
+        end
+      end, ping, pong)
+      for i = 1, 2000 do
+        assert.is_true(ping:send(i))
+        local r = pong:recv()
+        assert.equal(i, r.v)
+        assert.equal(2, r.where)
+      end
+      ping:close()
+      assert.equal("closed", results(w)[1])
+      assert.same({nil, "closed"}, {ping:send(1)})
+      assert.same({nil, "closed"}, {ping:recv()})
+      assert.same({nil, "timeout"}, {pong:recv(0.001)})
+    end, {quantum = 0})
+  end)
+
+  it("a channel keeps buffered values after close, and try_* and len",
+    function()
+      run(function()
+        local ch = ums.shared.channel(2)
+        assert.equal(2, ch:cap())
+        assert.is_true(ch:try_send("a"))
+        assert.is_true(ch:try_send({b = true}))
+        assert.same({false, "full"}, {ch:try_send("c")})
+        assert.equal(2, ch:len())
+        assert.is_true(ch:close())
+        assert.same({nil, "closed"}, {ch:close()})
+        assert.is_true(ch:closed())
+        assert.same({false, "closed"}, {ch:try_send("c")})
+        assert.equal("a", ch:recv())
+        assert.same({true, {b = true}}, {ch:try_recv()})
+        assert.same({false, nil, "closed"}, {ch:try_recv()})
+      end)
+    end)
+
+  it("a mutex, semaphore, event and wait group work across VMs", function()
+    run(function()
+      local m = ums.mutex{shared = true}
+      local sem = ums.semaphore(0, {shared = true})
+      local ev = ums.event(true, {shared = true})
+      local wg = ums.waitgroup{shared = true}
+      local log = ums.shared.channel(100)
+      assert.is_true(m:lock())
+      wg:add(3)
+      local ws = {}
+      for i = 1, 3 do
+        ws[i] = ums.submit_on(2, function(m, sem, ev, wg, log, i)
+          ev:wait()                 -- manual reset: wakes all three
+          assert(m:lock(10))        -- held by the main task until it
+          log:send(i)               -- unlocks; one at a time from there
+          m:unlock()
+          sem:release()
+          wg:done()
+          return true
+        end, m, sem, ev, wg, log, i)
+      end
+      ums.sleep(0.01)
+      assert.same({nil, "timeout"}, {wg:wait(0)})
+      ev:set()
+      assert.is_true(ev:is_set())
+      ums.sleep(0.01)
+      assert.equal(0, log:len())  -- the mutex is still ours
+      m:unlock()
+      for _ = 1, 3 do assert.is_true(sem:acquire(20)) end
+      assert.is_true(wg:wait(20))
+      for i = 1, 3 do assert.is_true(results(ws[i])[1]) end
+      assert.equal(3, log:len())
+      assert.equal(0, sem:value())
+    end)
+  end)
+
+  it("an auto-reset event wakes one waiter per set", function()
+    run(function()
+      local ev = ums.shared.event()
+      local got = ums.shared.channel(10)
+      local ws = {}
+      for i = 1, 2 do
+        ws[i] = ums.submit_on(2, function(ev, got, i)
+          assert(ev:wait(20))
+          got:send(i)
+        end, ev, got, i)
+      end
+      wait_until(function()
+        return ws[1]:status() == "running" and ws[2]:status() == "running"
+      end, "both waiting")
+      ums.sleep(0.01)
+      ev:set()
+      local first = got:recv(20)
+      assert.same({nil, "timeout"}, {got:recv(0.05)})
+      ev:set()
+      assert.equal(3 - first, got:recv(20))
+      assert.is_false(ev:is_set())
+      for i = 1, 2 do results(ws[i]) end
+    end)
+  end)
+
+  it("can be made outside a run and used after it", function()
+    local ev = ums.shared.event(true)
+    local ch = ums.shared.channel(1)
+    run(function()
+      -- Work nobody joins: the run still waits for it to end.
+      ums.submit_on(2, function(ev, ch)
+        require("ums").sleep(0.05)
+        ch:send("done")
+        ev:set()
+      end, ev, ch)
+    end)
+    assert.is_true(ev:is_set())
+    assert.equal("done", ch:recv())
+  end)
+
+  it("mutex misuse and waits outside tasks give clear errors", function()
+    local m = ums.shared.mutex()
+    assert_raises(function() m:lock() end, "ums.mutex:lock: not inside a task")
+    local ch = ums.shared.channel()
+    assert_raises(function() ch:recv() end,
+      "ums.channel:recv: not inside a task")
+    run(function()
+      assert_raises(function() m:unlock() end, "the mutex is not locked")
+      assert.is_true(m:lock())
+      assert.same({nil, "would deadlock: the mutex is already locked by this "
+                   .. "task"}, {m:lock()})
+      local ok, err = ums.submit_on(2, function(m) return m:unlock() end, m)
+        :join(20)
+      assert.is_false(ok)
+      assert.matches("locked by another task", err)
+      assert.is_true(m:unlock())
+    end)
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("cancelling submitted work", function()
+  it("before it starts: it never runs", function()
+    -- One scheduler, and the main task does not yield between submit and
+    -- cancel: nothing can start the work meanwhile.
+    run(function()
+      local ran = ums.shared.event(true)
+      local w = ums.submit(function(ran) ran:set() end, ran)
+      assert.equal("pending", w:status())
+      assert.is_true(w:cancel())
+      local ok, err, tb = w:join(20)
+      assert.is_false(ok)
+      assert.equal(CANCELLED, err)
+      assert.matches("cancelled before it started", tb)
+      assert.equal("cancelled", w:status())
+      ums.sleep(0.02)
+      assert.is_false(ran:is_set())
+      assert.is_false(w:cancel())  -- done: nothing to cancel
+    end, {schedulers = 1})
+  end)
+
+  it("while it waits in another VM", function()
+    run(function()
+      local never = ums.shared.event()
+      local w = ums.submit_on(2, function(never)
+        never:wait()
+        return "woke"
+      end, never)
+      wait_until(function() return w:status() == "running" end, "running")
+      assert.is_number(w:scheduler())
+      assert.is_true(w:cancel())
+      local ok, err, tb = w:join(20)
+      assert.is_false(ok)
+      assert.equal(CANCELLED, err)  -- this VM's own CANCELLED
+      assert.matches("stack traceback", tb)
+      assert.equal("cancelled", w:status())
+    end)
+  end)
+
+  it("while it computes in another VM (at its quantum)", function()
+    run(function()
+      local w = ums.submit_on(2, function()
+        local x = 0
+        while true do x = x + 1 end
+      end)
+      wait_until(function() return w:status() == "running" end, "running")
+      assert.is_true(w:cancel())
+      local ok, err = w:join(20)
+      assert.is_false(ok)
+      assert.equal(CANCELLED, err)
+    end, {quantum = 0.004})
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("errors in submitted work", function()
+  it("come back through join with the traceback from the other VM",
+    function()
+      run(function()
+        local ok, err, tb = ums.submit_on(2, function(x)
+          local function inner() error("boom " .. x) end
+          inner()
+        end, 7):join(20)
+        assert.is_false(ok)
+        assert.matches("vm_spec%.lua:%d+: boom 7", err)
+        assert.matches("stack traceback:", tb)
+        assert.matches("in %a+ 'inner'", tb)
+        assert.matches("vm_spec%.lua:%d+:", tb)
+      end)
+    end)
+
+  it("keep error values that can be copied, and the name's module in the "
+     .. "traceback", function()
+    run(function()
+      local ok, err = ums.submit(function() error({code = 42}) end):join(20)
+      assert.is_false(ok)
+      assert.same({code = 42}, err)
+      local tb
+      ok, err, tb = ums.submit("vm_work.fail", "by name"):join(20)
+      assert.is_false(ok)
+      assert.matches("vm_work%.lua:%d+: by name", err)
+      assert.matches("vm_work%.lua", tb)
+      -- A value that cannot cross becomes its string form.
+      ok, err = ums.submit(function() error(coroutine.create(print)) end)
+        :join(20)
+      assert.is_false(ok)
+      assert.matches("^thread: ", err)
+    end)
+  end)
+
+  it("reach on_error at the end of the run when nobody joined", function()
+    local got = {}
+    local prev = debug.getregistry()["ums.on_error"]
+    ums.on_error(function(err, tb, w)
+      got[#got + 1] = {err = err, tb = tb, name = w:name()}
+    end)
+    ums.config{schedulers = 2}
+    local ok, e = pcall(ums.run, function()
+      ums.submit_on(2, "vm_work.fail", "nobody joins")
+      local w = ums.submit_on(2, "vm_work.fail", "joined")
+      w:join(20)
+    end)
+    ums.config{schedulers = 1}
+    ums.on_error(prev)
+    assert(ok, e)
+    assert.equal(1, #got)
+    assert.matches("nobody joins", got[1].err)
+    assert.matches("stack traceback", got[1].tb)
+    assert.equal("vm_work.fail", got[1].name)
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("placement and stealing", function()
+  it("runs work on both schedulers at once", function()
+    -- Two works that each compute (never yielding: quantum 0) until both
+    -- have started: one scheduler cannot run both, so they finish only if
+    -- placement or stealing put them on different schedulers.
+    run(function()
+      local started = ums.shared.semaphore(0)
+      local ws = {}
+      for i = 1, 2 do
+        ws[i] = ums.submit(function(started)
+          started:release()
+          local t0 = os.time()
+          while started:value() < 2 and os.time() - t0 < 20 do end
+          return started:value() >= 2, require("ums").scheduler()
+        end, started)
+      end
+      local a, b = results(ws[1]), results(ws[2])
+      assert.is_true(a[1], "the second work never started")
+      assert.is_true(b[1])
+      assert.are_not.equal(a[2], b[2])
+    end, {quantum = 0})
+  end)
+
+  it("an idle scheduler steals queued work from a busy one", function()
+    -- The main task keeps scheduler 1 busy without ever yielding (quantum
+    -- off): work queued for scheduler 1 can only start if scheduler 2
+    -- steals it.
+    run(function()
+      local started = ums.shared.event(true)
+      local w = ums.submit_on(1, function(started)
+        started:set()
+        return require("ums").scheduler()
+      end, started)
+      local t0 = os.time()
+      while not started:is_set() and os.time() - t0 < 20 do end
+      assert.is_true(started:is_set(), "the queued work never started")
+      assert.equal(2, results(w)[1])
+      assert.equal(2, w:scheduler())
+    end, {quantum = 0})
+  end)
+
+  it("a busy scheduler's queue is emptied by the other one", function()
+    run(function()
+      -- Scheduler 2 computes until told to stop; everything queued for
+      -- it meanwhile runs on scheduler 1, where the main task only waits.
+      local stop = ums.shared.event(true)
+      local hog = on2(function(stop)
+        while not stop:is_set() do end
+        return "stopped"
+      end, stop)
+      wait_until(function() return hog:status() == "running" end, "the hog")
+      local ws = {}
+      for i = 1, 8 do
+        ws[i] = ums.submit_on(2, function()
+          return require("ums").scheduler()
+        end)
+      end
+      for i = 1, 8 do assert.equal(1, results(ws[i])[1]) end
+      stop:set()
+      assert.equal("stopped", results(hog)[1])
+    end, {quantum = 0})
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("the end of a run", function()
+  it("closes the other VMs, running their finalizers", function()
+    local ch = ums.shared.channel(1)
+    run(function()
+      results(on2(function(ch)
+        -- A global of the other VM, finalized when that VM is closed.
+        KEEP = setmetatable({}, {__gc = function() ch:try_send("closed") end})
+      end, ch))
+      assert.same({false, nil, "empty"}, {ch:try_recv()})
+    end, {quantum = 0})
+    assert.same({true, "closed"}, {ch:try_recv()})
+  end)
+
+  it("waits for work submitted by work", function()
+    local ev = ums.shared.event(true)
+    run(function()
+      ums.submit_on(2, function(ev)
+        local ums = require "ums"
+        ums.submit_on(1, function(ev)
+          require("ums").sleep(0.02)
+          ev:set()
+        end, ev)
+      end, ev)
+    end)
+    assert.is_true(ev:is_set())
+  end)
+
+  it("cancels work that never started when the run fails", function()
+    local w
+    ums.config{schedulers = 1}
+    local ok, err = pcall(ums.run, function()
+      w = ums.submit(function() return 1 end)
+      error("the run fails")
+    end)
+    assert.is_false(ok)
+    assert.matches("the run fails", err)
+    local jok, jerr, tb = w:join()  -- done: joinable outside a run
+    assert.is_false(jok)
+    assert.equal(CANCELLED, jerr)
+    assert.matches("before it started", tb)
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("bad input", function()
+  it("gives clear errors naming the function and the argument", function()
+    assert_raises(function() ums.submit(echo) end,
+      "ums.submit: not inside a task")
+    run(function()
+      assert_raises(function() ums.submit() end,
+        "bad argument #1 to 'submit' (function or \"module.function\" "
+        .. "expected, got no value)")
+      assert_raises(function() ums.submit(42) end,
+        "bad argument #1 to 'submit' (function or \"module.function\" "
+        .. "expected, got number)")
+      assert_raises(function() ums.submit("nodot") end,
+        "bad argument #1 to 'submit' (\"module.function\" expected)")
+      assert_raises(function() ums.submit(".f") end,
+        "bad argument #1 to 'submit' (\"module.function\" expected)")
+      assert_raises(function() ums.submit_on(0, echo) end,
+        "bad argument #1 to 'submit_on' (scheduler 0 out of range (1 to 2))")
+      assert_raises(function() ums.submit_on(3, echo) end,
+        "bad argument #1 to 'submit_on' (scheduler 3 out of range (1 to 2))")
+      assert_raises(function() ums.submit_on({}, echo) end,
+        "bad argument #1 to 'submit_on' (number expected, got table)")
+      assert_raises(function() ums.submit_on(1.5, echo) end,
+        "bad argument #1 to 'submit_on' (number has no integer "
+        .. "representation)")
+      assert_raises(function() ums.submit_on(1, echo, io.stdout) end,
+        "bad argument #3 to 'submit_on' (args[1]: userdata (FILE*))")
+      local w = ums.submit(echo)
+      assert_raises(function() w:join("soon") end,
+        "bad argument #1 to 'join' (number expected, got string)")
+      assert_raises(function() w:join(-1) end,
+        "bad argument #1 to 'join' (timeout must be a non-negative number)")
+      assert_raises(function() w.join({}) end,
+        "bad argument #1 to 'join' (ums.work expected, got table)")
+      results(w)
+      local ch = ums.shared.channel()
+      assert_raises(function() ch:send(io.stdout) end,
+        "bad argument #1 to 'send' (value: userdata (FILE*))")
+      assert_raises(function() ch:try_send({f = print}) end,
+        "bad argument #1 to 'try_send' (value.f: C function)")
+      assert_raises(function() ch.recv(ums.channel()) end,
+        "bad argument #1 to 'recv' (ums.shared.channel expected, got "
+        .. "ums.channel)")
+      assert_raises(function() ums.shared.channel(-1) end,
+        "bad argument #1 to 'channel' (size must not be negative)")
+      assert_raises(function() ums.shared.semaphore(-1) end,
+        "bad argument #1 to 'semaphore' (initial value must not be negative)")
+      assert_raises(function() ums.shared.semaphore() end,
+        "bad argument #1 to 'semaphore' (number expected, got no value)")
+      assert_raises(function() ums.shared.event(1) end,
+        "bad argument #1 to 'event' (boolean expected, got number)")
+      assert_raises(function() ums.channel(0, {bogus = true}) end,
+        "bad argument #2 to 'channel' (unknown option 'bogus')")
+      assert_raises(function() ums.channel(0, 5) end,
+        "bad argument #2 to 'channel' (table expected, got number)")
+      assert_raises(function() ums.mutex{shared = 1} end,
+        "bad argument #1 to 'mutex' (option 'shared' must be a boolean, "
+        .. "got number)")
+      assert_raises(function() ums.semaphore(1, {sharde = true}) end,
+        "bad argument #2 to 'semaphore' (unknown option 'sharde')")
+      local wg = ums.shared.waitgroup()
+      assert_raises(function() wg:done() end,
+        "ums.waitgroup:done: the counter would become negative")
+      assert_raises(function() wg:add(1.5) end,
+        "bad argument #1 to 'add' (number has no integer representation)")
+    end)
+    assert_raises(function() ums.config{init = 5} end,
+      "ums.config: 'init' must be a module name, or false for none")
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+describe("os.exit in another VM", function()
+  local sp = require "subprocess"
+  local it = sp.guard(it, pending)
+  after_each(sp.cleanup)
+
+  it("ends the whole run with its status, also after the first task ended",
+    function()
+      for _, case in ipairs {
+        -- The first task still waits: the exit cancels it.
+        {7, [[ums.run(function()
+            ums.submit(function() require("ums").sleep(1000) end)
+            ums.submit_on(2, function() os.exit(7, true) end)
+            ums.sleep(1000)
+          end)]]},
+        -- The first task has returned; the run waits for the work.
+        {3, [[ums.run(function()
+            ums.submit(function() require("ums").sleep(1000) end)
+            ums.submit(function()
+              require("ums").sleep(0.05)
+              os.exit(3)
+            end)
+          end)]]},
+      } do
+        local script = sp.temp("local ums = require 'ums'\n"
+          .. "ums.config{schedulers = 2}\n" .. case[2] .. "\n"
+          .. "print('not reached')\n")
+        local r = sp.lua_run({script})
+        sp.assert_exit(r, case[1])
+        assert.equal("", r.stdout, sp.describe(r))
+      end
+    end)
+end)
