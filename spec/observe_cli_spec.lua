@@ -71,6 +71,29 @@ end)
       or lines[1]:find(":%d+: in "), lines[1])
   end)
 
+  it("names the scheduler and task of another VM", function()
+    local path = script [[
+ums.config { schedulers = 2 }
+ums.run(function()
+  local stop = false
+  local busy = ums.spawn(function() while not stop do ums.yield() end end)
+  assert(ums.submit_on(2, function()
+    require("ums").self():name("far-cruncher")
+    local c0 = os.clock()
+    while os.clock() - c0 < 1 do end
+  end):join(30))
+  stop = true
+  busy:join()
+end)
+]]
+    local r = sp.lua_run({path}, {timeout = 60})
+    sp.assert_exit(r, 0)
+    local lines = stall_lines(r.stderr)
+    assert.equal(1, #lines, sp.describe(r))
+    assert.matches("^ums: scheduler 1 stalled: task %d+ 'far%-cruncher' ",
+      lines[1])
+  end)
+
   it("is silent for an idle run", function()
     local path = script [[
 ums.run(function() ums.sleep(1) end)

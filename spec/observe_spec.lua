@@ -414,6 +414,17 @@ describe("ums.waits", function()
     end)
   end)
 
+  it("are timed on the virtual clock of a virtual-clock run", function()
+    ums.test(function()
+      local t0 = ums.now()
+      ums.sleep(10)                     -- 10 virtual seconds, no real ones
+      assert.equal(10, ums.now() - t0)
+      local w = wait_row("sleep")
+      assert.is_true(w.count >= 1)
+      assert.is_true(w.max >= 10 and w.max < 10.5, w.max)
+    end, { clock = "virtual" })
+  end)
+
   it("can be described by the park API for primitives of one's own",
      function()
     run(function()
@@ -526,6 +537,30 @@ describe("the scheduler monitor", function()
       s:join()
       assert.equal(0, row_of(0).stalls)
     end)
+    assert.equal(0, n)
+  end)
+
+  it("reports a stall on another VM's scheduler there", function()
+    ums.config { schedulers = 2, quantum = 0, stall_threshold = 0.3 }
+    local n = 0
+    ums.on_stall(function() n = n + 1 end)  -- this VM's handler only
+    ums.run(function()
+      -- Scheduler 1 stays busy (yielding), so it does not steal the work.
+      local stop = false
+      local busy = ums.spawn(function() while not stop do ums.yield() end end)
+      local w = ums.submit_on(2, function()
+        require("ums").self():name("far-cruncher")
+        local c0 = os.clock()
+        while os.clock() - c0 < 1 do end
+        return true
+      end)
+      assert(w:join(30))
+      stop = true
+      busy:join()
+      assert.equal(0, row_of(0).stalls)
+      assert.equal(1, row_of(1).stalls)
+    end)
+    -- Reported in the far VM, which has no handler: the default line.
     assert.equal(0, n)
   end)
 

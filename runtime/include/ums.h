@@ -786,7 +786,9 @@ UMS_API int ums_preempt_end(ums_preempt_call_t *call);
 ** the scheduler reuses those readings where it can. A task's CPU time is
 ** sampled by the monitor thread (below), never measured on the switch.
 ** ums_config_t.stats = UMS_STATS_OFF (or UMS_STATS=off) turns the timing
-** and the sampling off; counts and states are kept.
+** and the sampling off; counts and states are kept. A runtime on the
+** virtual clock times its waits on that clock (a sleep of 10 s shows as
+** 10 s); CPU time and stalls are always real.
 **
 ** The monitor. One thread per runtime looks at every scheduler every
 ** 10 ms while one of them is busy (it sleeps while all are idle). It

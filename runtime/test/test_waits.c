@@ -482,6 +482,25 @@ static void test_stats_off(void) {
 }
 
 /* ====================================================================== */
+/* A virtual clock                                                         */
+/* ====================================================================== */
+
+static void test_virtual_clock(void) {
+  /* Waits last what the tasks saw: 5 s of virtual time, in no real time
+  ** to speak of. */
+  ums_config_t cfg = {.schedulers = 1, .clock = UMS_CLOCK_VIRTUAL};
+  rt = tu_runtime_new_cfg(&cfg);
+  int64_t real0 = ums_now();
+  join_ok(spawn_named(0, "sleeper", sleep_fn, PTR(5000)));
+  CHECK_LT(ums_now() - real0, 3 * UMS_NSEC_PER_SEC);
+  ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
+  CHECK_EQ(w.count, 1);
+  CHECK_GE(w.total_ns, 5 * UMS_NSEC_PER_SEC);
+  CHECK_LT(w.total_ns, 5 * UMS_NSEC_PER_SEC + 100 * MS);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
 /* The stamp clock                                                         */
 /* ====================================================================== */
 
@@ -599,6 +618,7 @@ int main(void) {
   RUN(test_signal_wait);
   RUN(test_yields_and_reset);
   RUN(test_stats_off);
+  RUN(test_virtual_clock);
   RUN(test_readers_race);
   return 0;
 }
