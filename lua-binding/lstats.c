@@ -272,9 +272,16 @@ static int l_on_stall(lua_State *L) {
   if (!lua_isnoneornil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
   lua_settop(L, 1);
   lua_setfield(L, LUA_REGISTRYINDEX, ONSTALL_KEY);
+  /* This VM's run, also outside its tasks (an init module that sets a
+  ** handler for the VM lums.c keeps under "ums.run"). */
   ltask *t = lums_cur_task;
-  if (t && t->run)
-    atomic_store(&t->run->stall_custom, lums_stall_has_handler(L));
+  lrun *r = t && t->run ? t->run : NULL;
+  if (!r) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "ums.run");
+    r = (lrun *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+  }
+  if (r) atomic_store(&r->stall_custom, lums_stall_has_handler(L));
   return 0;
 }
 

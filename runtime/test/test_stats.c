@@ -131,6 +131,9 @@ static void test_pools(void) {
   CHECK_EQ(p[0].completed, 0);
   CHECK_EQ(p[0].queued, 0);
   join_ok(spawn_named(0, "calls", preempt_n_fn, PTR(20)));
+  /* A pool thread counts its work done after it has woken the task. */
+  WAIT_UNTIL(ums_runtime_pool_stats(rt, p, 1) == 2 && p[0].completed == 20,
+             5000);
   memset(p, 0x5a, sizeof p);
   CHECK_EQ(ums_runtime_pool_stats(rt, p, 1), 2);
   CHECK_EQ(p[0].completed, 20);
