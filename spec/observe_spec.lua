@@ -15,6 +15,7 @@ local DEFAULTS = {
   schedulers = 1, max_workers = 0, quantum = 0.004, stack_size = 1024 * 1024,
   worker_idle_timeout = 10, idle_workers_kept = 16, io = "auto",
   io_threads = 0, preempt_threads = 0, stats = true, stall_threshold = 1,
+  clock = "real", init = false,
 }
 
 local STALL_THRESHOLD = os.getenv("UMS_TSAN") and 1.0 or 0.4
@@ -571,6 +572,33 @@ describe("the scheduler monitor", function()
       assert.equal(1, row_of(1).stalls)
     end)
     -- Reported in the far VM, which has no handler: the default line.
+    assert.equal(0, n)
+  end)
+
+  it("calls the handler of the stalled VM, set by its init module",
+     function()
+    ums.config { schedulers = 2, quantum = 0, stall_threshold = 0.3,
+                 init = "observe_init" }
+    local n = 0
+    ums.on_stall(function() n = n + 1 end)
+    ums.run(function()
+      local stop = false
+      local busy = ums.spawn(function()
+        while not stop do spin_cpu(0.001); ums.yield() end
+      end)
+      local ok, seen = ums.submit_on(2, function()
+        require("ums").self():name("far-cruncher")
+        local c0 = os.clock()
+        while os.clock() - c0 < 1 do end
+        return _G.last_stall
+      end):join(30)
+      stop = true
+      busy:join()
+      assert.is_true(ok)
+      assert.equal("far-cruncher", seen.name)
+      assert.equal(1, seen.scheduler)
+      assert.is_string(seen.traceback)
+    end)
     assert.equal(0, n)
   end)
 
