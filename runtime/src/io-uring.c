@@ -42,6 +42,8 @@
 #define CQ_ENTRIES (4 * RING_ENTRIES)
 #define BATCH_MAX 64
 #define DRAIN_RETRY_NS (10 * UMS_NSEC_PER_MSEC)
+/* A read this large is a "big read" (see big_read). */
+#define BIG_READ (256u << 10)
 
 /* What the ring is known to do, per enum ums__io_op. */
 enum { OP_NO = 0, OP_YES = 1, OP_ASSUMED = 2 /* no probe: try, and learn
@@ -56,6 +58,10 @@ struct ums__ring {
   uint32_t kernel_refs;        /* [owner] requests and cancels queued or in
                                   the kernel, not yet reaped */
   uint32_t budget;             /* [owner] passes before the batch is due */
+  bool async_ok;               /* [const] IOSQE_ASYNC is known (a kernel
+                                  with the opcode probe, 5.6 on, has it) */
+  uint32_t big_reads;          /* [owner] big reads queued or in the kernel,
+                                  not yet reaped */
   uint8_t ops[UMS__IO_NOPS];   /* [owner] OP_NO / OP_YES / OP_ASSUMED */
 };
 
@@ -97,6 +103,7 @@ int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from) {
   }
   if (probe_from) {
     memcpy(rg->ops, probe_from->ops, sizeof rg->ops);
+    rg->async_ok = probe_from->async_ok;
   } else {
     struct io_uring_probe *pr = io_uring_get_probe_ring(&rg->ring);
     for (int op = 0; op < UMS__IO_NOPS; op++)
@@ -108,6 +115,7 @@ int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from) {
     ** without them the ring cannot serve as this scheduler's idle wait. */
     bool usable = !pr || (io_uring_opcode_supported(pr, IORING_OP_READ) &&
                           io_uring_opcode_supported(pr, IORING_OP_ASYNC_CANCEL));
+    rg->async_ok = pr != NULL;
     if (pr) io_uring_free_probe(pr);
     if (!usable) {
       ums__ring_free(rg);
@@ -130,6 +138,20 @@ bool ums__ring_supports(const ums__ring_t *rg, int op) {
 }
 
 static void handle_cqe(ums__sched_t *s, uint64_t ud, int res);
+
+/* Big reads side by side go to the kernel's workers. The kernel serves a
+** read of cached pages inline, on the thread that submits it: this
+** scheduler's. One big read at a time is best served so (a hand-off to a
+** kernel worker per read costs more than it gives: a 1 GiB file in 1 MiB
+** reads by one task went from 0.85-1.0x to 0.6-0.8x the C read loop,
+** bench_fs.lua), but several in flight would all copy on this one CPU
+** while the others idle (64 tasks reading one file: 0.6-0.7x inline,
+** 0.95-1.15x with IOSQE_ASYNC). So a big read queued while another is
+** queued or in flight is marked IOSQE_ASYNC: the first copies inline, the
+** rest on the kernel's workers, on any CPU. */
+static bool big_read(const ums__io_req_t *r) {
+  return r->op == UMS__IO_READ && r->iov[0].iov_len >= BIG_READ;
+}
 
 /* Reaps every completion there is. The peek reads the ring's head and
 ** tail: no system call unless the kernel had to keep CQEs aside because
@@ -244,6 +266,8 @@ void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r) {
     default:
       abort(); /* ums__ring_supports said no */
   }
+  if (big_read(r) && rg->big_reads++ > 0 && rg->async_ok)
+    sqe->flags |= IOSQE_ASYNC;
   sqe->user_data = (uint64_t)(uintptr_t)r;
   rg->kernel_refs++;
   queued(s);
@@ -280,6 +304,7 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
     return;
   }
   ums__io_req_t *r = (ums__io_req_t *)(uintptr_t)ud;
+  if (big_read(r)) rg->big_reads--;
   bool unknown_op = res == -EINVAL && rg->ops[r->op] == OP_ASSUMED;
   if (unknown_op) rg->ops[r->op] = OP_NO;
   /* -EOPNOTSUPP: this file or this kernel does not do it through the
