@@ -465,6 +465,13 @@ static lptr *to_ptr(lua_State *L, int idx) {
   return (lptr *)luaL_testudata(L, idx, PTR_MT);
 }
 
+ums_buf_t *lums_test_buf(lua_State *L, int idx, size_t *size) {
+  lbuf *u = to_buf(L, idx);
+  if (!u || !u->b) return NULL;
+  *size = u->size;
+  return u->b;
+}
+
 /* ffi.buffer(n) -> a zero-filled buffer of n bytes */
 static int l_buffer(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 1);

@@ -145,6 +145,11 @@ struct lfile {
                             tasks) */
   lwaitq waiters;        /* tasks waiting for it, FIFO */
   lop op;                /* the method holding it */
+  int sharers;           /* positional reads in flight beside the file
+                            lock ("Positional reads side by side") */
+  int orphan_fd;         /* the descriptor of a file closed while sharers
+                            read from it: the last of them closes it;
+                            -1 when none */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -543,7 +548,7 @@ static int64_t flush_plain(lfile *f) {
 }
 
 /* Flushes and closes: 0 or the first error. The descriptor is closed in
-** every case. In a cancelled task (a <close> file unwound by the cancel,
+** every case (by the last positional read still using it, if any). In a cancelled task (a <close> file unwound by the cancel,
 ** a close after catching it) the runtime refuses to park, so its calls
 ** would neither write nor close anything: plain system calls then, as in
 ** __gc. Uses op.sub. */
@@ -563,6 +568,10 @@ static int64_t sub_close(lfile *f) {
     o->err2 = r;
     /* cancelled during the flush: the close goes the plain way */
     if (r == UMS_ECANCELED && f->owner) goto plain;
+    if (f->sharers > 0) {
+      r = 0;
+      goto hand_over;
+    }
     o->sub = 2;
     o->io = (lio){.kind = IO_CLOSE, .fd = f->fd};
     f->fd = -1;
@@ -573,7 +582,20 @@ static int64_t sub_close(lfile *f) {
   f->buf = NULL;
   return o->err2 ? o->err2 : r;
 plain:
+  if (f->sharers > 0) {
+    r = 0;
+    goto hand_over;
+  }
   r = close(f->fd) == 0 ? 0 : -errno;
+  f->fd = -1;
+  ums_buf_release(f->buf);
+  f->buf = NULL;
+  return o->err2 ? o->err2 : r;
+hand_over:
+  /* Positional reads of other tasks still use the descriptor: closing it
+  ** now would let a new open reuse its number under them. The file is
+  ** closed for Lua at once; the last reader closes the descriptor. */
+  f->orphan_fd = f->fd;
   f->fd = -1;
   ums_buf_release(f->buf);
   f->buf = NULL;
@@ -1161,6 +1183,165 @@ static int f_sync(lua_State *L) {
 }
 
 /* ---------------------------------------------------------------------- */
+/* Positional reads side by side                                           */
+/* ---------------------------------------------------------------------- */
+
+/* A positional read changes nothing in the file object: not its position,
+** not its buffer. When the file has no pending writes (which must reach
+** the kernel first) and no method holds it or waits for it, a task's
+** pread or pread_into runs beside the file lock instead of taking it, so
+** many tasks reading one file keep many reads in flight (the lock would
+** let one at a time). Such a reader counts itself in f->sharers while it
+** reads and carries its progress on its own stack (SH_* below); a close
+** meanwhile closes the file for Lua at once and leaves the descriptor to
+** the last reader (sub_close), so its number is not reused under them.
+** Outside a task, or when the file is busy, the method (m_pread,
+** m_read_into) runs under the lock as before. */
+
+enum { SH_FILE = 1, SH_BUF, SH_N, SH_OFF, SH_DONE, SH_FD, SH_STR };
+
+#define TMPBUF_MT "ums.fs.tmpbuf"
+
+/* A shared pread's accumulator, on the reader's stack: the reference is
+** dropped at the read's end or when the box is collected (the request
+** holds its own while the kernel writes). */
+typedef struct tmpbuf {
+  ums_buf_t *b;
+} tmpbuf;
+
+static int tmpbuf_gc(lua_State *L) {
+  tmpbuf *t = (tmpbuf *)luaL_checkudata(L, 1, TMPBUF_MT);
+  ums_buf_release(t->b);
+  t->b = NULL;
+  return 0;
+}
+
+static bool can_share(lfile *f) {
+  return lums_cur_task && !f->busy && f->wlen == 0 && !f->waiters.head;
+}
+
+static ums_buf_t *shared_buf(lua_State *L) {
+  if (lua_toboolean(L, SH_STR))
+    return ((tmpbuf *)lua_touserdata(L, SH_BUF))->b;
+  size_t cap;
+  return lums_test_buf(L, SH_BUF, &cap);
+}
+
+/* The reader leaves; the last one out closes a descriptor left to it. */
+static void sharer_leave(lfile *f) {
+  if (--f->sharers == 0 && f->orphan_fd >= 0) {
+    close(f->orphan_fd);
+    f->orphan_fd = -1;
+  }
+}
+
+/* Ends a shared read with res (bytes, or an error). */
+static int shared_end(lua_State *L, lfile *f, int64_t res) {
+  sharer_leave(f);
+  bool str = lua_toboolean(L, SH_STR);
+  if (res < 0) {
+    if (str) {
+      tmpbuf *t = (tmpbuf *)lua_touserdata(L, SH_BUF);
+      ums_buf_release(t->b);
+      t->b = NULL;
+    }
+    return fail(L, NULL, res);
+  }
+  if (!str) {
+    lua_pushinteger(L, (lua_Integer)res);
+    return 1;
+  }
+  tmpbuf *t = (tmpbuf *)lua_touserdata(L, SH_BUF);
+  if (res == 0)
+    lua_pushnil(L);
+  else
+    lua_pushlstring(L, ums_buf_data(t->b), (size_t)res);
+  ums_buf_release(t->b);
+  t->b = NULL;
+  return 1;
+}
+
+static int shared_k(lua_State *L, int status, lua_KContext ctx);
+
+/* Takes the answer r of the last read (AGAIN: none yet) and begins the
+** next one, or ends the read. */
+static int shared_step(lua_State *L, lfile *f, int64_t r) {
+  ltask *me = lums_cur_task;
+  ums_buf_t *b = shared_buf(L);
+  size_t n = (size_t)lua_tointeger(L, SH_N);
+  int64_t off = (int64_t)lua_tointeger(L, SH_OFF);
+  size_t done = (size_t)lua_tointeger(L, SH_DONE);
+  int fd = (int)lua_tointeger(L, SH_FD);
+  for (;;) {
+    /* EINTR or EAGAIN before anything moved: the same read again. */
+    if (r != AGAIN && r != UMS_EINTR && r != UMS_EAGAIN) {
+      if (r < 0 && (done == 0 || r == UMS_ECANCELED))
+        return shared_end(L, f, r);
+      if (r <= 0) break;  /* the end, or an error after some data */
+      done += (size_t)r;
+    }
+    if (done >= n || off > INT64_MAX - (int64_t)done) break;
+    size_t want = n - done < CHUNK_MAX ? n - done : CHUNK_MAX;
+    ums_fs_req_t *req;
+    int rc = ums_fs_read_begin(fd, b, done, want, off + (int64_t)done,
+                               UMS_FOREVER, &req);
+    if (rc) {
+      r = rc;
+      if (done == 0 || rc == UMS_ECANCELED) return shared_end(L, f, rc);
+      break;
+    }
+    lua_pushinteger(L, (lua_Integer)done);
+    lua_replace(L, SH_DONE);
+    if (lums_can_yield(L, me))
+      return lums_park_finish(L, me, (lua_KContext)req, shared_k);
+    lums_before_block(me);
+    ums_park_wait();
+    lums_become_current(me);
+    r = ums_fs_end(req);
+  }
+  return shared_end(L, f, (int64_t)done);
+}
+
+/* Continuation of a yield for a shared read: the request is the context,
+** the file at SH_FILE. */
+static int shared_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  int64_t r = ums_fs_end((ums_fs_req_t *)ctx);
+  return shared_step(L, to_file(L, SH_FILE), r);
+}
+
+/* Pushes the rest of a shared read's state (the buffer is at SH_BUF) and
+** starts it. */
+static int shared_start(lua_State *L, lfile *f, lua_Integer n,
+                        lua_Integer off, bool str) {
+  lua_pushinteger(L, n);
+  lua_pushinteger(L, off);
+  lua_pushinteger(L, 0);
+  lua_pushinteger(L, f->fd);
+  lua_pushboolean(L, str);
+  f->sharers++;
+  return shared_step(L, f, AGAIN);
+}
+
+/* pread(n, off) beside the lock, n <= CHUNK_MAX: into a buffer of n
+** bytes, then one copy into the string. */
+static int shared_pread(lua_State *L, lfile *f, lua_Integer n,
+                        lua_Integer off) {
+  lua_settop(L, 1);
+  tmpbuf *t = (tmpbuf *)lua_newuserdatauv(L, sizeof *t, 0);
+  t->b = NULL;
+  luaL_setmetatable(L, TMPBUF_MT);
+  if (!(t->b = ums_buf_new((size_t)n))) return push_fail(L, NULL, UMS_ENOMEM);
+  return shared_start(L, f, n, off, true);
+}
+
+/* pread_into(buf, n, off) beside the lock (the buffer at index 2). */
+static int shared_pread_into(lua_State *L, lfile *f, lua_Integer n,
+                             lua_Integer off) {
+  lua_settop(L, 2);
+  return shared_start(L, f, n, off, false);
+}
+/* ---------------------------------------------------------------------- */
 /* Positional I/O                                                          */
 /* ---------------------------------------------------------------------- */
 
@@ -1223,6 +1404,7 @@ static int f_pread(lua_State *L) {
     lua_pushliteral(L, "");
     return 1;
   }
+  if (can_share(f) && (size_t)n <= CHUNK_MAX) return shared_pread(L, f, n, off);
   lua_settop(L, 3);
   return method_start(L, f, &m_pread);
 }
@@ -1266,6 +1448,116 @@ static int f_pwrite(lua_State *L) {
   if (!f->writable) return push_fail(L, NULL, UMS_EBADF);
   lua_settop(L, 3);
   return method_start(L, f, &m_pwrite);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Reading into a buffer                                                   */
+/* ---------------------------------------------------------------------- */
+
+/* read_into and pread_into: the kernel writes straight into the caller's
+** ums.ffi.buffer, and no Lua string is made, so a read costs the kernel's
+** copy alone (a string result costs a second copy of every byte: Lua 5.4
+** cannot make a string of memory it did not allocate). The request holds
+** its own reference on the buffer (ums.h, "Ownership"): a task cancelled
+** with a read in flight may drop the buffer at once, and the kernel or a
+** pool thread still writes into live memory, freed when the request ends.
+**
+** Stack: file, buffer, n (> 0, at most the buffer's size), offset (>= 0,
+** or -1: at the file position, after what is read ahead). Progress in
+** op.done. Like pread, a read goes on until n bytes or the end of the
+** file; an error after some data ends it with that data. */
+static int step_read_into(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  size_t cap;
+  ums_buf_t *b = lums_test_buf(L, 2, &cap);
+  size_t n = (size_t)lua_tointeger(L, 3);
+  int64_t off = (int64_t)lua_tointeger(L, 4);
+  int64_t r;
+  if (o->phase == 0) {
+    /* Program order: this file's pending writes go out first. */
+    r = sub_flush(f);
+    if (r == AGAIN) return STEP_IO;
+    if (r) {
+      o->err = r;
+      return 0;
+    }
+    o->phase = 1;
+    if (off < 0 && f->rpos < f->rlen) {
+      /* What was read ahead comes first, as with any read. */
+      size_t k = f->rlen - f->rpos < n ? f->rlen - f->rpos : n;
+      memcpy(ums_buf_data(b), (char *)ums_buf_data(f->buf) + f->rpos, k);
+      f->rpos += k;
+      o->done = k;
+    }
+  } else if (op_answer(f, &r)) {
+    if (r < 0 && o->done == 0) {
+      o->err = r;
+      return 0;
+    }
+    if (r <= 0) goto out;
+    o->done += (size_t)r;
+  }
+  if (o->done < n && (off < 0 || off <= INT64_MAX - (int64_t)o->done)) {
+    ask_rw(f, IO_READ, b, o->done, n - o->done,
+           off < 0 ? UMS_FS_CUR : off + (int64_t)o->done);
+    return STEP_IO;
+  }
+out:
+  lua_pushinteger(L, (lua_Integer)o->done);
+  return 1;
+}
+
+static const lmethod m_read_into = {NULL, step_read_into, done_result,
+                                    false};
+
+/* The buffer at index 2 and the count at index 3 (nil: the buffer's
+** size), checked before the file is taken. */
+static lua_Integer check_into(lua_State *L) {
+  size_t cap;
+  if (!lums_test_buf(L, 2, &cap))
+    luaL_typeerror(L, 2, "ums.ffi.buffer");
+  lua_Integer n = luaL_optinteger(L, 3, (lua_Integer)cap);
+  luaL_argcheck(L, n >= 0, 3, "count must not be negative");
+  luaL_argcheck(L, (lua_Unsigned)n <= cap, 3,
+                "count larger than the buffer");
+  return n;
+}
+
+/* Pushes the count and offset of read_into/pread_into over the arguments
+** and starts the method. */
+static int start_into(lua_State *L, lfile *f, lua_Integer n,
+                      lua_Integer off) {
+  if (!f->readable) return push_fail(L, NULL, UMS_EBADF);
+  if (n == 0) {
+    lua_pushinteger(L, 0);
+    return 1;
+  }
+  lua_settop(L, 2);
+  lua_pushinteger(L, n);
+  lua_pushinteger(L, off);
+  return method_start(L, f, &m_read_into);
+}
+
+/* file:read_into(buf [, n]) -> bytes read into buf[0, n) (n defaults to
+** #buf; 0 at the end of the file) | nil, msg, errno. Reads at the file
+** position and moves it, after what file:read has read ahead. */
+static int f_read_into(lua_State *L) {
+  lfile *f = check_file(L, 1);
+  lua_Integer n = check_into(L);
+  return start_into(L, f, n, -1);
+}
+
+/* file:pread_into(buf, n, offset) -> bytes read into buf[0, n) (n nil:
+** #buf; 0 at or past the end of the file) | nil, msg, errno. Does not
+** move the file's position. */
+static int f_pread_into(lua_State *L) {
+  lfile *f = check_file(L, 1);
+  lua_Integer n = check_into(L);
+  lua_Integer off = luaL_checkinteger(L, 4);
+  luaL_argcheck(L, off >= 0, 4, "offset must not be negative");
+  if (f->readable && n > 0 && can_share(f))
+    return shared_pread_into(L, f, n, off);
+  return start_into(L, f, n, off);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1331,6 +1623,11 @@ static int f_gc(lua_State *L) {
     flush_plain(f);
     close(f->fd);
     f->fd = -1;
+  }
+  /* Only a reader whose coroutine was collected mid-read leaves this. */
+  if (f->orphan_fd >= 0) {
+    close(f->orphan_fd);
+    f->orphan_fd = -1;
   }
   ums_buf_release(f->buf);
   f->buf = NULL;
@@ -1453,6 +1750,7 @@ static lfile *new_file(lua_State *L, bool rd, bool wr) {
   memset(f, 0, sizeof *f);
   f->tag = &file_tag;
   f->fd = -1;
+  f->orphan_fd = -1;
   f->readable = rd;
   f->writable = wr;
   luaL_setmetatable(L, FILE_MT);
@@ -1846,6 +2144,7 @@ void lums_open_fs(lua_State *L) {
       {"read", f_read},   {"write", f_write}, {"lines", f_lines},
       {"seek", f_seek},   {"flush", f_flush}, {"close", f_close},
       {"pread", f_pread}, {"pwrite", f_pwrite}, {"sync", f_sync},
+      {"read_into", f_read_into}, {"pread_into", f_pread_into},
       {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"open", fs_open},           {"lines", fs_lines},
@@ -1863,6 +2162,11 @@ void lums_open_fs(lua_State *L) {
     lua_setfield(L, -2, "__close");
     lua_pushcfunction(L, f_tostring);
     lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, TMPBUF_MT)) {
+    lua_pushcfunction(L, tmpbuf_gc);
+    lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);
   luaL_newlib(L, funcs);

@@ -242,6 +242,12 @@ LUMS_HIDDEN void lums_open_fs(lua_State *L);
 
 /* lffi.c: adds the ffi table to the module table at the top. */
 LUMS_HIDDEN void lums_open_ffi(lua_State *L);
+/* lffi.c: the I/O buffer behind the ums.ffi.buffer at idx, storing its
+** size in *size; NULL for any other value. The userdata owns one
+** reference, dropped when it is collected: a caller that hands the buffer
+** to a request that may outlive the call takes its own (the runtime's
+** requests do, ums.h "Ownership"). */
+LUMS_HIDDEN ums_buf_t *lums_test_buf(lua_State *L, int idx, size_t *size);
 
 /* lext.c: publishes the C extension API (ums-lua.h) in L's registry. */
 LUMS_HIDDEN void lums_open_ext(lua_State *L);

@@ -1142,6 +1142,276 @@ describe("ums.fs waits without holding a worker", function()
 end)
 
 -- ---------------------------------------------------------------------
+-- Reading into a buffer (read_into, pread_into)
+-- ---------------------------------------------------------------------
+
+local ffi = ums.ffi
+
+-- n bytes of a pattern no two offsets of which look alike for long.
+local function pattern(n)
+  local t, i = {}, 0
+  while i < n do
+    local rec = ("%012d\n"):format(i)
+    t[#t + 1] = rec
+    i = i + #rec
+  end
+  return table.concat(t):sub(1, n)
+end
+
+describe("ums.fs reads into a buffer", function()
+  both("read_into reads at the file position, after what read read ahead",
+       function()
+    local text = "hello world, this is a test\nsecond line\n"
+    local f = assert(fs.open(put(tmpname(), text)))
+    local buf = ffi.buffer(8)
+    assert.equal("hel", f:read(3))
+    assert.equal(5, f:read_into(buf, 5))
+    assert.equal("lo wo", ffi.string(buf, 5))
+    assert.equal(8, f:read_into(buf))       -- n defaults to #buf
+    assert.equal("rld, thi", ffi.string(buf, 8))
+    assert.equal(16, f:seek())
+    assert.equal("s is", f:read(4))         -- the position moved
+    assert.equal(0, f:read_into(buf, 0))
+    local rest = {}
+    while true do
+      local n = assert(f:read_into(buf))
+      if n == 0 then break end
+      rest[#rest + 1] = ffi.string(buf, n)
+    end
+    assert.equal(text:sub(21), table.concat(rest))
+    assert.equal(0, f:read_into(buf))       -- still at the end
+    f:close()
+  end)
+
+  both("read_into and pread_into of several MiB, chunk by chunk", function()
+    local MiB = 1024 * 1024
+    local text = pattern(3 * MiB + 12345)
+    local path = put(tmpname(), text)
+    local f = assert(fs.open(path))
+    local buf = ffi.buffer(MiB)
+    local parts = {}
+    while true do
+      local n = assert(f:read_into(buf))
+      if n == 0 then break end
+      parts[#parts + 1] = ffi.string(buf, n)
+    end
+    assert.equal(text, table.concat(parts))
+    local big = ffi.buffer(#text + 100)
+    assert.equal(#text, f:pread_into(big, nil, 0))
+    assert.equal(text, ffi.string(big, #text))
+    assert.equal(#text - 7, f:pread_into(big, #text, 7))
+    assert.equal(text:sub(8), ffi.string(big, #text - 7))
+    f:close()
+  end)
+
+  both("pread_into reads at an offset and does not move the file",
+       function()
+    local f = assert(fs.open(put(tmpname(), "hello world"), "r+"))
+    local buf = ffi.buffer(32)
+    assert.equal(4, f:pread_into(buf, 4, 6))
+    assert.equal("worl", ffi.string(buf, 4))
+    assert.equal(0, f:seek())
+    assert.equal(11, f:pread_into(buf, nil, 0))   -- short only at the end
+    assert.equal("hello world", ffi.string(buf, 11))
+    assert.equal(0, f:pread_into(buf, 1, 11))
+    -- the kernel's answer for an offset + count past the largest file
+    assert.same({n = 3, nil, "Invalid argument", 22},
+                pack(f:pread_into(buf, 1, math.maxinteger)))
+    -- this file's pending writes reach the kernel first
+    assert(f:write("HELLO"))
+    assert.equal(5, f:pread_into(buf, 5, 0))
+    assert.equal("HELLO", ffi.string(buf, 5))
+    -- beyond 4 GiB (sparse)
+    assert.equal(4, f:pwrite("5GiB", 5 * GiB))
+    assert.equal(4, f:pread_into(buf, 4, 5 * GiB))
+    assert.equal("5GiB", ffi.string(buf, 4))
+    assert.equal(2, f:pread_into(buf, 2, 5 * GiB - 2))
+    assert.equal("\0\0", ffi.string(buf, 2))
+    f:close()
+  end)
+
+  both("bad input: wrong buffer, too large a count, negative offsets, a "
+       .. "closed or write-only file", function()
+    local path = put(tmpname(), "some bytes")
+    local f = assert(fs.open(path))
+    local buf = ffi.buffer(4)
+    for _, call in ipairs{
+        {"read_into", "ums.ffi.buffer expected", "string"},
+        {"read_into", "ums.ffi.buffer expected", {}},
+        {"read_into", "ums.ffi.buffer expected", nil},
+        {"read_into", "ums.ffi.buffer expected", f},
+        {"pread_into", "ums.ffi.buffer expected", "s", 1, 0},
+        {"read_into", "count larger than the buffer", buf, 5},
+        {"pread_into", "count larger than the buffer", buf, 5, 0},
+        {"read_into", "must not be negative", buf, -1},
+        {"pread_into", "must not be negative", buf, -1, 0},
+        {"pread_into", "offset must not be negative", buf, 1, -1},
+        {"pread_into", "offset must not be negative", buf, 1,
+         math.mininteger},
+        {"pread_into", "number expected", buf, 1},
+        {"read_into", "number has no integer representation", buf, 1.5}} do
+      local ok, err = pcall(f[call[1]], f, unpack(call, 3, 5))
+      assert.is_false(ok, call[2])
+      assert.matches(call[2], err, 1, true)
+    end
+    assert.equal("some", f:read(4))   -- the bad calls read nothing
+    f:close()
+    for _, call in ipairs{{"read_into", buf}, {"pread_into", buf, 1, 0}} do
+      local ok, err = pcall(f[call[1]], f, unpack(call, 2))
+      assert.is_false(ok)
+      assert.matches("attempt to use a closed file", err, 1, true)
+    end
+    local w = assert(fs.open(path, "a"))
+    assert.same({n = 3, nil, "Bad file descriptor", 9},
+                pack(w:read_into(buf)))
+    assert.same({n = 3, nil, "Bad file descriptor", 9},
+                pack(w:pread_into(buf, 1, 0)))
+    w:close()
+    local d = assert(fs.open(TMP))
+    assert.same({n = 3, nil, "Is a directory", 21}, pack(d:read_into(buf)))
+    assert.same({n = 3, nil, "Is a directory", 21},
+                pack(d:pread_into(buf, 1, 0)))
+    d:close()
+  end)
+
+  it("many tasks read one file object side by side, with pread_into and "
+     .. "pread, while it is closed under them", function()
+    local MiB = 1024 * 1024
+    local text = pattern(4 * MiB)
+    local path = put(tmpname(), text)
+    local before = nfds()
+    run(function()
+      local f = assert(fs.open(path))
+      local N, slice = 16, #text // 16
+      -- first each task reads its slice in pieces, all of them in flight
+      -- together (a spec of what they read, not of timing)
+      local function reader(k, buf)
+        local off, parts = k * slice, {}
+        while off < (k + 1) * slice do
+          local want = math.min(#buf, (k + 1) * slice - off)
+          local s
+          if k % 2 == 0 then
+            local n = assert(f:pread_into(buf, want, off))
+            s = ffi.string(buf, n)
+          else
+            s = assert(f:pread(want, off))
+          end
+          parts[#parts + 1] = s
+          off = off + #s
+          ums.yield()
+        end
+        return table.concat(parts)
+      end
+      local ts = {}
+      for k = 0, N - 1 do
+        ts[#ts + 1] = ums.spawn(reader, k, ffi.buffer(64 * 1024 + 3))
+      end
+      for k = 0, N - 1 do
+        assert.equal(text:sub(k * slice + 1, (k + 1) * slice),
+                     results(ts[k + 1]))
+      end
+      -- then each reads its whole slice in one call, and the file is
+      -- closed while those calls are under way: closed for Lua at once,
+      -- the readers keep the descriptor until the last one is done
+      ts = {}
+      for k = 0, N - 1 do
+        ts[#ts + 1] = ums.spawn(reader, k, ffi.buffer(slice))
+      end
+      ums.yield()
+      assert.is_true(f:close())
+      assert.equal("closed file", fs.type(f))
+      local ok, err = pcall(f.pread_into, f, ffi.buffer(1), 1, 0)
+      assert.is_false(ok)
+      assert.matches("attempt to use a closed file", err, 1, true)
+      for k = 0, N - 1 do
+        local got = results(ts[k + 1])
+        assert.equal(text:sub(k * slice + 1, (k + 1) * slice), got)
+      end
+    end)
+    assert.equal(before, nfds())
+  end)
+
+  it("cancelling tasks with reads into buffers in flight: the buffers stay "
+     .. "valid until the kernel is done, and nothing else is written",
+     function()
+    local MiB = 1024 * 1024
+    local text = pattern(4 * MiB)
+    local path = put(tmpname(), text)
+    local before = nfds()
+    run(function()
+      for _ = 1, 5 do
+        local f = assert(fs.open(path))
+        local ts = {}
+        for k = 1, 8 do
+          ts[k] = ums.spawn(function()
+            local buf = ffi.buffer(4 * MiB)
+            if k % 2 == 0 then
+              return f:pread_into(buf, nil, 0)
+            end
+            return f:read_into(buf)
+          end)
+        end
+        ums.yield()
+        for k = 1, 8 do ts[k]:cancel() end
+        for k = 1, 8 do
+          local ok, r = ts[k]:join(5)
+          -- a read that completed before the cancel was seen returns
+          assert(ok == false and r == ums.CANCELLED or ok == true, r)
+        end
+        ts = nil
+        collectgarbage()
+        collectgarbage()
+        -- Fresh buffers of the same size class take the memory back if a
+        -- request had let go of its buffer early: a late kernel write
+        -- would then show here (ASan, UMS_IO=pool: read(2) into freed
+        -- memory is reported).
+        local fresh = {}
+        for k = 1, 8 do fresh[k] = ffi.buffer(4 * MiB) end
+        ums.sleep(0.02)
+        for k = 1, 8 do
+          assert.equal(("\0"):rep(64), ffi.string(fresh[k], 64))
+        end
+        assert.is_true(f:close())
+      end
+    end)
+    assert.equal(before, nfds())
+  end)
+
+  local it_shell = NO_SHELL and pending or it
+  it_shell("cancelling a FIFO read_into in flight, then the writer writes: "
+           .. "the dropped buffer is still the kernel's", function()
+    local fifo = mkfifo()
+    run(function()
+      local f = assert(fs.open(fifo, "r+"))
+      for round = 1, 10 do
+        local t = ums.spawn(function()
+          local buf = ffi.buffer(64 * 1024)
+          return f:read_into(buf, 10)
+        end)
+        ums.yield()
+        t:cancel()
+        -- the data arrives while the cancel is on its way (plain write on
+        -- this thread: no park)
+        local w = assert(io.open(fifo, "w"))
+        w:write(("%010d"):format(round))
+        w:close()
+        local ok, r = t:join(5)
+        assert(ok == false and r == ums.CANCELLED or ok == true and r == 10,
+               r)
+        -- (a read the cancel gave up may have taken the data or not: the
+        -- next round's read may find it)
+        collectgarbage()
+        local fresh = ffi.buffer(64 * 1024)
+        ums.sleep(0.001)
+        assert.equal(("\0"):rep(16), ffi.string(fresh, 16))
+      end
+      f:close()
+    end)
+    assert.is_true(fs.remove(fifo))
+  end)
+end)
+
+-- ---------------------------------------------------------------------
 -- Bad input
 -- ---------------------------------------------------------------------
 
@@ -1212,7 +1482,9 @@ describe("ums.fs bad input", function()
     assert.is_true(f:close())
     for _, call in ipairs{{"read"}, {"read", "a"}, {"write", "x"},
                           {"lines"}, {"seek"}, {"flush"}, {"close"},
-                          {"pread", 1, 0}, {"pwrite", "x", 0}, {"sync"}} do
+                          {"pread", 1, 0}, {"pwrite", "x", 0}, {"sync"},
+                          {"read_into", ffi.buffer(1)},
+                          {"pread_into", ffi.buffer(1), 1, 0}} do
       local ok, err = pcall(f[call[1]], f, unpack(call, 2))
       assert.is_false(ok, call[1])
       assert.matches("attempt to use a closed file", err, 1, true)
@@ -1329,6 +1601,8 @@ describe("ums.fs bad input", function()
       {"f:pread", "pread", {"FILE", 1, 0}},
       {"f:pwrite", "pwrite", {"FILE", "s", 0}},
       {"f:sync", "sync", {"FILE"}},
+      {"f:read_into", "read_into", {"FILE", ffi.buffer(16), 1}},
+      {"f:pread_into", "pread_into", {"FILE", ffi.buffer(16), 1, 0}},
     }
     local calls, bad = 0, {}
     for _, e in ipairs(entries) do
