@@ -11,16 +11,21 @@ wall-clock medians of --reps repetitions (default 5), each shape's
 contenders interleaved so that drift hits all alike.
 
   big1     one 1 GiB file (DIR/big.dat) read in 1 MiB chunks by one task:
-           ums.fs file:read(1 MiB) until the end; floor: read(2) in C
+           ums.fs file:read(1 MiB) until the end (a Lua string per read),
+           and file:read_into(buf) into one 1 MiB ums.ffi.buffer (no
+           string: the kernel's copy only); floor: read(2) in C
            (bench_floor.read_file); also Lua's io (f:read(1 MiB)), which
-           pays the same copy into a Lua string as ums.fs.
-  big64    the same file read by 64 tasks, each a contiguous slice, with
-           file:pread(1 MiB, offset) on one shared file; luv: 64 chains of
-           uv.fs_read callbacks.
+           pays the same copy into a Lua string as ums.fs's string path.
+  big64    the same file read by 64 tasks, each a contiguous slice, on one
+           shared file: file:pread(1 MiB, offset) (strings) and
+           file:pread_into(buf, 1 MiB, offset) (a 1 MiB buffer per task);
+           luv: 64 chains of uv.fs_read callbacks.
   small64  10,000 files of 4 KiB (DIR/small/NN/fNNNNN) each opened, read
-           whole and closed, by 64 tasks; floor: the same in a C loop on
-           one thread (bench_floor.small_files); luv: 64 chains of
-           fs_open -> fs_read -> fs_close callbacks.
+           whole and closed, by 64 tasks: ums.fs.open, f:read("a"),
+           f:close(), and ums.fs.readfile(path) (the same three steps in
+           one call); floor: the same in a C loop on one thread
+           (bench_floor.small_files); luv: 64 chains of fs_open -> fs_read
+           -> fs_close callbacks.
 
 ums runs with both backends (io = "uring" and "pool"). The files are
 created when missing (bench/bench_io.c uses the same layout). Every Lua
@@ -164,17 +169,36 @@ local function ums_big1()
   assert(total == BIG_SIZE, total)
 end
 
-local function ums_big64()
+local function ums_big1_into()
+  local f = assert(ums.fs.open(big_path))
+  local buf = ums.ffi.buffer(CHUNK)
+  local total = 0
+  while true do
+    local n = assert(f:read_into(buf))
+    if n == 0 then break end
+    total = total + n
+  end
+  f:close()
+  assert(total == BIG_SIZE, total)
+end
+
+local function big64(into)
   local f = assert(ums.fs.open(big_path))
   local slice = BIG_SIZE // TASKS
   local ts = {}
   for k = 0, TASKS - 1 do
     ts[#ts + 1] = ums.spawn(function()
       local off, stop, got = k * slice, (k + 1) * slice, 0
+      local buf = into and ums.ffi.buffer(CHUNK)
       while off < stop do
-        local s = assert(f:pread(math.min(CHUNK, stop - off), off))
-        off = off + #s
-        got = got + #s
+        local n
+        if into then
+          n = assert(f:pread_into(buf, math.min(CHUNK, stop - off), off))
+        else
+          n = #assert(f:pread(math.min(CHUNK, stop - off), off))
+        end
+        off = off + n
+        got = got + n
       end
       return got
     end)
@@ -189,19 +213,29 @@ local function ums_big64()
   assert(total == BIG_SIZE)
 end
 
-local function ums_small64()
+local function ums_big64() big64(false) end
+local function ums_big64_into() big64(true) end
+
+local function small64(readfile)
   local ts = {}
   for k = 1, TASKS do
     ts[k] = ums.spawn(function()
       for i = k, NSMALL, TASKS do
-        local f = assert(ums.fs.open(small_paths[i]))
-        assert(#f:read("a") == 4096)
-        f:close()
+        if readfile then
+          assert(#ums.fs.readfile(small_paths[i]) == 4096)
+        else
+          local f = assert(ums.fs.open(small_paths[i]))
+          assert(#f:read("a") == 4096)
+          f:close()
+        end
       end
     end)
   end
   for _, t in ipairs(ts) do assert(t:join()) end
 end
+
+local function ums_small64() small64(false) end
+local function ums_small64_rf() small64(true) end
 
 local function c_small()
   assert(floor.small_files(small_paths) == NSMALL)
@@ -310,6 +344,8 @@ local big1 = {
   {"c", c_big}, {"io", io_big},
   {"uring", in_run("uring", ums_big1), in_run = true},
   {"pool", in_run("pool", ums_big1), in_run = true},
+  {"uring_into", in_run("uring", ums_big1_into), in_run = true},
+  {"pool_into", in_run("pool", ums_big1_into), in_run = true},
 }
 if has_luv then big1[#big1 + 1] = {"luv", function() luv_big(1) end} end
 local m = interleaved(big1)
@@ -319,7 +355,11 @@ add("io.big1", "Lua io f:read(1 MiB)", mbs(m.io), "MB/s", "floor.big1")
 add("ums.big1_uring", "ums.fs f:read(1 MiB), one task, io_uring",
   mbs(m.uring), "MB/s", "floor.big1", 0.8)
 add("ums.big1_pool", "ums.fs f:read(1 MiB), one task, pool",
-  mbs(m.pool), "MB/s", "floor.big1")
+  mbs(m.pool), "MB/s", "floor.big1", 0.8)
+add("ums.big1_into_uring", "ums.fs f:read_into(buf), one task, io_uring",
+  mbs(m.uring_into), "MB/s", "floor.big1", 0.8)
+add("ums.big1_into_pool", "ums.fs f:read_into(buf), one task, pool",
+  mbs(m.pool_into), "MB/s", "floor.big1", 0.8)
 if m.luv then
   add("luv.big1", "luv uv.fs_read(1 MiB) chain", mbs(m.luv), "MB/s",
     "floor.big1")
@@ -329,13 +369,19 @@ progress(fmt("big64: %d tasks, slices", TASKS))
 local big64 = {
   {"uring", in_run("uring", ums_big64), in_run = true},
   {"pool", in_run("pool", ums_big64), in_run = true},
+  {"uring_into", in_run("uring", ums_big64_into), in_run = true},
+  {"pool_into", in_run("pool", ums_big64_into), in_run = true},
 }
 if has_luv then big64[#big64 + 1] = {"luv", function() luv_big(TASKS) end} end
 m = interleaved(big64)
 add("ums.big64_uring", "ums.fs pread(1 MiB), 64 tasks, io_uring",
   mbs(m.uring), "MB/s", "floor.big1", 0.8)
 add("ums.big64_pool", "ums.fs pread(1 MiB), 64 tasks, pool", mbs(m.pool),
-  "MB/s", "floor.big1")
+  "MB/s", "floor.big1", 0.8)
+add("ums.big64_into_uring", "ums.fs pread_into(buf), 64 tasks, io_uring",
+  mbs(m.uring_into), "MB/s", "floor.big1", 0.8)
+add("ums.big64_into_pool", "ums.fs pread_into(buf), 64 tasks, pool",
+  mbs(m.pool_into), "MB/s", "floor.big1", 0.8)
 if m.luv then
   add("luv.big64", "luv uv.fs_read, 64 chains", mbs(m.luv), "MB/s",
     "floor.big1")
@@ -346,6 +392,8 @@ local small = {
   {"c", c_small}, {"io", io_small},
   {"uring", in_run("uring", ums_small64), in_run = true},
   {"pool", in_run("pool", ums_small64), in_run = true},
+  {"uring_rf", in_run("uring", ums_small64_rf), in_run = true},
+  {"pool_rf", in_run("pool", ums_small64_rf), in_run = true},
 }
 if has_luv then small[#small + 1] = {"luv", luv_small} end
 m = interleaved(small)
@@ -357,7 +405,11 @@ add("io.small", "Lua io open/read('a')/close loop", fps(m.io), "files/s",
 add("ums.small64_uring", "ums.fs open/read('a')/close, 64 tasks, io_uring",
   fps(m.uring), "files/s", "floor.small", 1.0)
 add("ums.small64_pool", "ums.fs open/read('a')/close, 64 tasks, pool",
-  fps(m.pool), "files/s", "floor.small")
+  fps(m.pool), "files/s", "floor.small", 1.0)
+add("ums.small64_rf_uring", "ums.fs.readfile, 64 tasks, io_uring",
+  fps(m.uring_rf), "files/s", "floor.small", 1.0)
+add("ums.small64_rf_pool", "ums.fs.readfile, 64 tasks, pool",
+  fps(m.pool_rf), "files/s", "floor.small", 1.0)
 if m.luv then
   add("luv.small64", "luv fs_open/read/close, 64 chains", fps(m.luv),
     "files/s", "floor.small")
@@ -396,14 +448,14 @@ for _, r in ipairs(results) do
   if r.floor then r.ratio = r.value / by_id[r.floor].value end
   if r.target then r.pass = r.ratio >= r.target end
 end
-local luv_small = by_id["luv.small64"]
-if luv_small then
-  local u = by_id["ums.small64_uring"]
-  u.vs_luv = u.value / luv_small.value
-end
-if by_id["tarantool.small64"] then
-  local u = by_id["ums.small64_uring"]
-  u.vs_tt = u.value / by_id["tarantool.small64"].value
+for _, id in ipairs{"ums.small64_uring", "ums.small64_rf_uring"} do
+  local u = by_id[id]
+  if by_id["luv.small64"] then
+    u.vs_luv = u.value / by_id["luv.small64"].value
+  end
+  if by_id["tarantool.small64"] then
+    u.vs_tt = u.value / by_id["tarantool.small64"].value
+  end
 end
 
 if opt.json then
@@ -421,7 +473,7 @@ if opt.json then
   end
   print("[\n" .. table.concat(parts, ",\n") .. "\n]")
 else
-  print(fmt("%-18s %-50s %14s %9s  %s", "figure", "what", "value",
+  print(fmt("%-22s %-46s %14s %9s  %s", "figure", "what", "value",
     "x floor", "target"))
   for _, r in ipairs(results) do
     local target = ""
@@ -434,7 +486,7 @@ else
       target = target .. fmt(", %.2fx tarantool (target >= 2x both)",
         r.vs_tt)
     end
-    print(fmt("%-18s %-50s %10.0f %-4s %8s  %s", r.id, r.what, r.value,
+    print(fmt("%-22s %-46s %10.0f %-4s %8s  %s", r.id, r.what, r.value,
       r.unit == "MB/s" and "MB/s" or "/s",
       r.ratio and fmt("%.2f", r.ratio) or "-", target))
   end
