@@ -1151,18 +1151,29 @@ static int f_seek(lua_State *L) {
   return method_start(L, f, &m_seek);
 }
 
+/* Phase 0 of a method that wants this file's pending writes in the
+** kernel before its own I/O (program order, as pread(2) after write(2) on
+** the descriptor): STEP_IO while they go out, 0 with the error in op.err,
+** or 1 once they are out (phase 1). */
+static int flush_first(lfile *f) {
+  lop *o = &f->op;
+  int64_t r = sub_flush(f);
+  if (r == AGAIN) return STEP_IO;
+  if (r) {
+    o->err = r;
+    return 0;
+  }
+  o->phase = 1;
+  return 1;
+}
+
 /* file:sync() -> true: pending writes out, then fsync. */
 static int step_sync(lua_State *L, lfile *f) {
   lop *o = &f->op;
   int64_t r;
   if (o->phase == 0) {
-    r = sub_flush(f);
-    if (r == AGAIN) return STEP_IO;
-    if (r) {
-      o->err = r;
-      return 0;
-    }
-    o->phase = 1;
+    int st = flush_first(f);
+    if (st != 1) return st;
     o->io = (lio){.kind = IO_FSYNC, .fd = f->fd};
     return STEP_IO;
   }
@@ -1353,15 +1364,8 @@ static int step_pread(lua_State *L, lfile *f) {
   lua_Integer off = lua_tointeger(L, 3);
   int64_t r;
   if (o->phase == 0) {
-    /* This file's own pending writes come first, as they would with
-    ** pread(2) after write(2) on the descriptor. */
-    r = sub_flush(f);
-    if (r == AGAIN) return STEP_IO;
-    if (r) {
-      o->err = r;
-      return 0;
-    }
-    o->phase = 1;
+    int st = flush_first(f);
+    if (st != 1) return st;
   } else if (op_answer(f, &r)) {
     if (r < 0) {
       o->err = r;
@@ -1474,14 +1478,8 @@ static int step_read_into(lua_State *L, lfile *f) {
   int64_t off = (int64_t)lua_tointeger(L, 4);
   int64_t r;
   if (o->phase == 0) {
-    /* Program order: this file's pending writes go out first. */
-    r = sub_flush(f);
-    if (r == AGAIN) return STEP_IO;
-    if (r) {
-      o->err = r;
-      return 0;
-    }
-    o->phase = 1;
+    int st = flush_first(f);
+    if (st != 1) return st;
     if (off < 0 && f->rpos < f->rlen) {
       /* What was read ahead comes first, as with any read. */
       size_t k = f->rlen - f->rpos < n ? f->rlen - f->rpos : n;

@@ -1158,6 +1158,17 @@ local function pattern(n)
   return table.concat(t):sub(1, n)
 end
 
+-- Reads f to its end with read_into(buf): the bytes, as one string.
+local function read_rest(f, buf)
+  local parts = {}
+  while true do
+    local n = assert(f:read_into(buf))
+    if n == 0 then break end
+    parts[#parts + 1] = ffi.string(buf, n)
+  end
+  return table.concat(parts)
+end
+
 describe("ums.fs reads into a buffer", function()
   both("read_into reads at the file position, after what read read ahead",
        function()
@@ -1172,13 +1183,7 @@ describe("ums.fs reads into a buffer", function()
     assert.equal(16, f:seek())
     assert.equal("s is", f:read(4))         -- the position moved
     assert.equal(0, f:read_into(buf, 0))
-    local rest = {}
-    while true do
-      local n = assert(f:read_into(buf))
-      if n == 0 then break end
-      rest[#rest + 1] = ffi.string(buf, n)
-    end
-    assert.equal(text:sub(21), table.concat(rest))
+    assert.equal(text:sub(21), read_rest(f, buf))
     assert.equal(0, f:read_into(buf))       -- still at the end
     f:close()
   end)
@@ -1188,14 +1193,7 @@ describe("ums.fs reads into a buffer", function()
     local text = pattern(3 * MiB + 12345)
     local path = put(tmpname(), text)
     local f = assert(fs.open(path))
-    local buf = ffi.buffer(MiB)
-    local parts = {}
-    while true do
-      local n = assert(f:read_into(buf))
-      if n == 0 then break end
-      parts[#parts + 1] = ffi.string(buf, n)
-    end
-    assert.equal(text, table.concat(parts))
+    assert.equal(text, read_rest(f, ffi.buffer(MiB)))
     local big = ffi.buffer(#text + 100)
     assert.equal(#text, f:pread_into(big, nil, 0))
     assert.equal(text, ffi.string(big, #text))
