@@ -145,7 +145,7 @@ struct lfile {
                             tasks) */
   lwaitq waiters;        /* tasks waiting for it, FIFO */
   lop op;                /* the method holding it */
-  int sharers;           /* positional reads in flight beside the file
+  int sharers;           /* pread_into calls in flight beside the file
                             lock ("Positional reads side by side") */
   int orphan_fd;         /* the descriptor of a file closed while sharers
                             read from it: the last of them closes it;
@@ -548,10 +548,11 @@ static int64_t flush_plain(lfile *f) {
 }
 
 /* Flushes and closes: 0 or the first error. The descriptor is closed in
-** every case (by the last positional read still using it, if any). In a cancelled task (a <close> file unwound by the cancel,
-** a close after catching it) the runtime refuses to park, so its calls
-** would neither write nor close anything: plain system calls then, as in
-** __gc. Uses op.sub. */
+** every case (by the last pread_into still using it, if any). In a
+** cancelled task (a <close> file unwound by the cancel, a close after
+** catching it) the runtime refuses to park, so its calls would neither
+** write nor close anything: plain system calls then, as in __gc. Uses
+** op.sub. */
 static int64_t sub_close(lfile *f) {
   lop *o = &f->op;
   int64_t r;
@@ -592,7 +593,7 @@ plain:
   f->buf = NULL;
   return o->err2 ? o->err2 : r;
 hand_over:
-  /* Positional reads of other tasks still use the descriptor: closing it
+  /* pread_into calls of other tasks still use the descriptor: closing it
   ** now would let a new open reuse its number under them. The file is
   ** closed for Lua at once; the last reader closes the descriptor. */
   f->orphan_fd = f->fd;
@@ -1197,45 +1198,28 @@ static int f_sync(lua_State *L) {
 /* Positional reads side by side                                           */
 /* ---------------------------------------------------------------------- */
 
-/* A positional read changes nothing in the file object: not its position,
-** not its buffer. When the file has no pending writes (which must reach
-** the kernel first) and no method holds it or waits for it, a task's
-** pread or pread_into runs beside the file lock instead of taking it, so
-** many tasks reading one file keep many reads in flight (the lock would
-** let one at a time). Such a reader counts itself in f->sharers while it
-** reads and carries its progress on its own stack (SH_* below); a close
-** meanwhile closes the file for Lua at once and leaves the descriptor to
-** the last reader (sub_close), so its number is not reused under them.
-** Outside a task, or when the file is busy, the method (m_pread,
-** m_read_into) runs under the lock as before. */
+/* A positional read into the caller's buffer changes nothing in the file
+** object: not its position, not its buffer. When the file has no pending
+** writes (which must reach the kernel first) and no method holds it or
+** waits for it, a task's pread_into runs beside the file lock instead of
+** taking it, so many tasks reading one file keep many reads in flight
+** (the lock lets one at a time). Such a reader counts itself in
+** f->sharers while it reads and carries its progress on its own stack
+** (SH_* below); a close meanwhile closes the file for Lua at once and
+** leaves the descriptor to the last reader (sub_close), so its number is
+** not reused under them. Outside a task, or when the file is busy,
+** m_read_into runs under the lock.
+**
+** pread (a string) stays under the lock: it needs a buffer of its own per
+** read, and 64 of them in flight at once (64 tasks, 1 MiB each) put every
+** byte through a 64 MiB working set twice (the kernel's copy, then the
+** string's): 0.33-0.38x the C read loop against 0.62-0.67x one at a time
+** (bench_fs.lua big64, one VM on scheduler 0). */
 
-enum { SH_FILE = 1, SH_BUF, SH_N, SH_OFF, SH_DONE, SH_FD, SH_STR };
-
-#define TMPBUF_MT "ums.fs.tmpbuf"
-
-/* A shared pread's accumulator, on the reader's stack: the reference is
-** dropped at the read's end or when the box is collected (the request
-** holds its own while the kernel writes). */
-typedef struct tmpbuf {
-  ums_buf_t *b;
-} tmpbuf;
-
-static int tmpbuf_gc(lua_State *L) {
-  tmpbuf *t = (tmpbuf *)luaL_checkudata(L, 1, TMPBUF_MT);
-  ums_buf_release(t->b);
-  t->b = NULL;
-  return 0;
-}
+enum { SH_FILE = 1, SH_BUF, SH_N, SH_OFF, SH_DONE, SH_FD };
 
 static bool can_share(lfile *f) {
   return lums_cur_task && !f->busy && f->wlen == 0 && !f->waiters.head;
-}
-
-static ums_buf_t *shared_buf(lua_State *L) {
-  if (lua_toboolean(L, SH_STR))
-    return ((tmpbuf *)lua_touserdata(L, SH_BUF))->b;
-  size_t cap;
-  return lums_test_buf(L, SH_BUF, &cap);
 }
 
 /* The reader leaves; the last one out closes a descriptor left to it. */
@@ -1249,26 +1233,8 @@ static void sharer_leave(lfile *f) {
 /* Ends a shared read with res (bytes, or an error). */
 static int shared_end(lua_State *L, lfile *f, int64_t res) {
   sharer_leave(f);
-  bool str = lua_toboolean(L, SH_STR);
-  if (res < 0) {
-    if (str) {
-      tmpbuf *t = (tmpbuf *)lua_touserdata(L, SH_BUF);
-      ums_buf_release(t->b);
-      t->b = NULL;
-    }
-    return fail(L, NULL, res);
-  }
-  if (!str) {
-    lua_pushinteger(L, (lua_Integer)res);
-    return 1;
-  }
-  tmpbuf *t = (tmpbuf *)lua_touserdata(L, SH_BUF);
-  if (res == 0)
-    lua_pushnil(L);
-  else
-    lua_pushlstring(L, ums_buf_data(t->b), (size_t)res);
-  ums_buf_release(t->b);
-  t->b = NULL;
+  if (res < 0) return fail(L, NULL, res);
+  lua_pushinteger(L, (lua_Integer)res);
   return 1;
 }
 
@@ -1278,7 +1244,8 @@ static int shared_k(lua_State *L, int status, lua_KContext ctx);
 ** next one, or ends the read. */
 static int shared_step(lua_State *L, lfile *f, int64_t r) {
   ltask *me = lums_cur_task;
-  ums_buf_t *b = shared_buf(L);
+  size_t cap;
+  ums_buf_t *b = lums_test_buf(L, SH_BUF, &cap);
   size_t n = (size_t)lua_tointeger(L, SH_N);
   int64_t off = (int64_t)lua_tointeger(L, SH_OFF);
   size_t done = (size_t)lua_tointeger(L, SH_DONE);
@@ -1297,7 +1264,6 @@ static int shared_step(lua_State *L, lfile *f, int64_t r) {
     int rc = ums_fs_read_begin(fd, b, done, want, off + (int64_t)done,
                                UMS_FOREVER, &req);
     if (rc) {
-      r = rc;
       if (done == 0 || rc == UMS_ECANCELED) return shared_end(L, f, rc);
       break;
     }
@@ -1321,37 +1287,18 @@ static int shared_k(lua_State *L, int status, lua_KContext ctx) {
   return shared_step(L, to_file(L, SH_FILE), r);
 }
 
-/* Pushes the rest of a shared read's state (the buffer is at SH_BUF) and
-** starts it. */
-static int shared_start(lua_State *L, lfile *f, lua_Integer n,
-                        lua_Integer off, bool str) {
+/* pread_into(buf, n, off) beside the lock: the buffer at index 2. */
+static int shared_pread_into(lua_State *L, lfile *f, lua_Integer n,
+                             lua_Integer off) {
+  lua_settop(L, SH_BUF);
   lua_pushinteger(L, n);
   lua_pushinteger(L, off);
   lua_pushinteger(L, 0);
   lua_pushinteger(L, f->fd);
-  lua_pushboolean(L, str);
   f->sharers++;
   return shared_step(L, f, AGAIN);
 }
 
-/* pread(n, off) beside the lock, n <= CHUNK_MAX: into a buffer of n
-** bytes, then one copy into the string. */
-static int shared_pread(lua_State *L, lfile *f, lua_Integer n,
-                        lua_Integer off) {
-  lua_settop(L, 1);
-  tmpbuf *t = (tmpbuf *)lua_newuserdatauv(L, sizeof *t, 0);
-  t->b = NULL;
-  luaL_setmetatable(L, TMPBUF_MT);
-  if (!(t->b = ums_buf_new((size_t)n))) return push_fail(L, NULL, UMS_ENOMEM);
-  return shared_start(L, f, n, off, true);
-}
-
-/* pread_into(buf, n, off) beside the lock (the buffer at index 2). */
-static int shared_pread_into(lua_State *L, lfile *f, lua_Integer n,
-                             lua_Integer off) {
-  lua_settop(L, 2);
-  return shared_start(L, f, n, off, false);
-}
 /* ---------------------------------------------------------------------- */
 /* Positional I/O                                                          */
 /* ---------------------------------------------------------------------- */
@@ -1408,7 +1355,6 @@ static int f_pread(lua_State *L) {
     lua_pushliteral(L, "");
     return 1;
   }
-  if (can_share(f) && (size_t)n <= CHUNK_MAX) return shared_pread(L, f, n, off);
   lua_settop(L, 3);
   return method_start(L, f, &m_pread);
 }
@@ -2162,11 +2108,7 @@ void lums_open_fs(lua_State *L) {
     lua_setfield(L, -2, "__tostring");
   }
   lua_pop(L, 1);
-  if (luaL_newmetatable(L, TMPBUF_MT)) {
-    lua_pushcfunction(L, tmpbuf_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+
   luaL_newlib(L, funcs);
   lua_setfield(L, -2, "fs");
 }
