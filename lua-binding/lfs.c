@@ -1774,13 +1774,15 @@ static int fs_lines(lua_State *L) {
   return method_start(L, f, &m_lines_open);
 }
 
-/* ums.fs.readfile(path) -> string | nil, msg, errno. Stack: path, file. */
+/* ums.fs.readfile(path) through the file: what ums_fs_readfile leaves
+** (a file larger than its buffer, or one that cannot be read at an
+** offset: then its descriptor, already open). Stack: path, file. */
 static int step_readfile(lua_State *L, lfile *f) {
   lop *o = &f->op;
   int64_t r;
   switch (o->phase) {
     case 0:
-      r = sub_open(f);
+      r = f->fd >= 0 ? 0 : sub_open(f);
       if (r == AGAIN) return STEP_IO;
       if (!r) r = ensure_buf(f);
       if (r) {
@@ -1815,11 +1817,65 @@ static int done_path_result(lua_State *L, lfile *f, int nres, int64_t err) {
 static const lmethod m_readfile = {open_init, step_readfile,
                                    done_path_result, true};
 
-static int fs_readfile(lua_State *L) {
-  luaL_checkstring(L, 1);
+/* ums.fs.readfile(path) -> string | nil, msg, errno. A file that fits
+** in BUF_SIZE, nearly every small file, is one request of the runtime
+** (ums_fs_readfile: open, read, read at the end, close; on io_uring one
+** chain, so the task parks once instead of four times), read into a
+** page-aligned buffer and copied once into the string. The buffer is
+** anchored in a box on the stack, dropped at the end or when the box is
+** collected (the request holds its own reference while it runs). */
+#define RFBUF_MT "ums.fs.readbuf"
+
+typedef struct rfbuf {
+  ums_buf_t *b;
+} rfbuf;
+
+static int rfbuf_gc(lua_State *L) {
+  rfbuf *box = (rfbuf *)luaL_checkudata(L, 1, RFBUF_MT);
+  ums_buf_release(box->b);
+  box->b = NULL;
+  return 0;
+}
+
+/* Stack: path, box. r is ums_fs_readfile's result, fd its descriptor. */
+static int readfile_result(lua_State *L, int64_t r, int fd) {
+  rfbuf *box = (rfbuf *)lua_touserdata(L, 2);
+  if (r >= 0) lua_pushlstring(L, ums_buf_data(box->b), (size_t)r);
+  ums_buf_release(box->b);
+  box->b = NULL;
+  if (r >= 0) return 1;
+  if (r != UMS_EFBIG && r != UMS_ESPIPE) return fail(L, lua_tostring(L, 1), r);
+  /* Larger than the buffer, or a stream: through a file, as io would. */
   lua_settop(L, 1);
   lfile *f = new_file(L, true, false);  /* closes it if we raise */
+  if (r == UMS_ESPIPE) f->fd = fd;
   return method_start(L, f, &m_readfile);
+}
+
+static int readfile_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  int fd = -1;
+  int64_t r = ums_fs_readfile_end((ums_fs_req_t *)ctx, &fd);
+  return readfile_result(L, r, fd);
+}
+
+static int fs_readfile(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  lua_settop(L, 1);
+  rfbuf *box = (rfbuf *)lua_newuserdatauv(L, sizeof *box, 0);
+  box->b = NULL;
+  luaL_setmetatable(L, RFBUF_MT);
+  if (!(box->b = ums_buf_new(BUF_SIZE))) return fail(L, path, UMS_ENOMEM);
+  ltask *me = lums_cur_task;
+  int fd = -1;
+  if (!me) {
+    int64_t r = ums_fs_readfile(path, box->b, &fd, UMS_FOREVER);
+    return readfile_result(L, r, fd);
+  }
+  ums_fs_req_t *req;
+  int rc = ums_fs_readfile_begin(path, box->b, UMS_FOREVER, &req);
+  if (rc) return readfile_result(L, rc, -1);
+  return lums_park_finish(L, me, (lua_KContext)req, readfile_k);
 }
 
 /* ums.fs.writefile(path, s) -> true | nil, msg, errno (truncates). Stack:
@@ -2106,6 +2162,11 @@ void lums_open_fs(lua_State *L) {
     lua_setfield(L, -2, "__close");
     lua_pushcfunction(L, f_tostring);
     lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, RFBUF_MT)) {
+    lua_pushcfunction(L, rfbuf_gc);
+    lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);
 

@@ -289,6 +289,20 @@ describe("ums.fs file:read matches io", function()
       assert.equal(s, fs.readfile(paths[name]), name)
     end
   end)
+
+  -- readfile is one request for a file of up to 64 KiB (ums_fs_readfile),
+  -- and goes on through a file beyond that, or for what is not a regular
+  -- file (the runtime hands its descriptor over, nothing read from it).
+  both("ums.fs.readfile around its one-request size, and a device",
+       function()
+    for _, n in ipairs{65535, 65536, 65537, 131073} do
+      local s = ("%07d\n"):rep(n // 8 + 1):sub(1, n)
+      assert.equal(s, fs.readfile(put(tmpname(), s)), n)
+    end
+    assert.equal("", fs.readfile("/dev/null"))
+    assert.equal(get("/proc/self/stat"):match("^%d+"),
+                 fs.readfile("/proc/self/stat"):match("^%d+"))
+  end)
 end)
 
 -- ---------------------------------------------------------------------
@@ -1376,6 +1390,45 @@ describe("ums.fs reads into a buffer", function()
   end)
 
   local it_shell = NO_SHELL and pending or it
+  it_shell("ums.fs.readfile of a FIFO takes nothing before it reads it "
+           .. "as a stream", function()
+    local fifo = mkfifo()
+    run(function()
+      -- the holder is a writer, so the open does not wait
+      local holder = assert(io.open(fifo, "r+"))
+      assert(holder:write("abc"):flush())
+      local t = ums.spawn(function() return fs.readfile(fifo) end)
+      ums.sleep(0.05)
+      holder:close()  -- the last writer: the reader then finds the end
+      assert.equal("abc", results(t))
+    end)
+    assert.is_true(fs.remove(fifo))
+  end)
+
+  it("cancelling tasks in ums.fs.readfile: nothing leaks, later calls "
+     .. "work", function()
+    local path = put(tmpname(), ("r"):rep(4096))
+    local before = nfds()
+    run(function()
+      for round = 1, 20 do
+        local ts = {}
+        for k = 1, 16 do
+          ts[k] = ums.spawn(function() return fs.readfile(path) end)
+        end
+        if round % 2 == 0 then ums.yield() end
+        for k = 1, 16 do ts[k]:cancel() end
+        for k = 1, 16 do
+          local ok, r = ts[k]:join(5)
+          assert(ok == false and r == ums.CANCELLED or ok == true
+                 and r == ("r"):rep(4096), r)
+        end
+      end
+      assert.equal(4096, #fs.readfile(path))
+    end)
+    collectgarbage()
+    assert.equal(before, nfds())
+  end)
+
   it_shell("cancelling a FIFO read_into in flight, then the writer writes: "
            .. "the dropped buffer is still the kernel's", function()
     local fifo = mkfifo()

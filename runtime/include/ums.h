@@ -622,6 +622,31 @@ UMS_API int ums_fs_readdir(const char *path, ums_dirlist_t **out,
                            int64_t deadline);
 UMS_API void ums_dirlist_free(ums_dirlist_t *list);
 
+/* Reads a whole file in one request: opens path for reading, reads it
+** from its start into buf's data at [0, size), and closes it. With
+** io_uring the scheduler's pass drives the steps (the open; then the
+** read, a read that finds the end and the close, linked in the kernel):
+** the task parks once, where open, read and close would park three or
+** four times. Returns:
+**   >= 0          the file's length: the whole file is in buf;
+**   UMS_EFBIG     the file holds more than buf's size (or grew while it
+**                 was read, or, on io_uring, a read came back short
+**                 before the end); nothing is returned, the file is
+**                 closed: read it with ums_fs_open and ums_fs_read;
+**   UMS_ESPIPE    not a regular file (a FIFO, a terminal, a device):
+**                 nothing was read from it, and it is left open for the
+**                 caller, its descriptor in *fd (the caller closes it),
+**                 so a stream loses nothing;
+**   another negative error, of the open or a read (the file is closed).
+** *fd is written only with UMS_ESPIPE; fd may be NULL, and the file is
+** then closed. Ownership, timeouts and cancellation are those of every
+** call (a descriptor left to a caller who gave up is closed by the
+** runtime); only the open can block for long (a FIFO without a writer)
+** and only it is cancelled in the kernel. A read that comes back short
+** before the end of a regular file (Linux's do not) reads as the end. */
+UMS_API int64_t ums_fs_readfile(const char *path, ums_buf_t *buf, int *fd,
+                                int64_t deadline);
+
 /* Deferred form: each call above in two halves, for step tasks that must
 ** not block their worker while the kernel works (a language binding
 ** yields its coroutine in between, as with ums_preempt_begin).
@@ -687,6 +712,8 @@ UMS_API int ums_fs_mkdir_begin(const char *path, int mode, int64_t deadline,
                                ums_fs_req_t **req);
 UMS_API int ums_fs_readdir_begin(const char *path, int64_t deadline,
                                  ums_fs_req_t **req);
+UMS_API int ums_fs_readfile_begin(const char *path, ums_buf_t *buf,
+                                  int64_t deadline, ums_fs_req_t **req);
 
 /* Ends any request: its result (for stat and readdir requests, 0 or the
 ** error; the stat or the list is dropped). */
@@ -697,6 +724,10 @@ UMS_API int ums_fs_stat_end(ums_fs_req_t *req, ums_stat_t *out);
 /* Ends a readdir request; on 0 the caller owns the list stored in *out
 ** (ums_dirlist_free), otherwise *out is untouched. */
 UMS_API int ums_fs_readdir_end(ums_fs_req_t *req, ums_dirlist_t **out);
+/* Ends a readfile request, as ums_fs_readfile returns (fd as there;
+** ums_fs_end closes a descriptor left to the caller). UMS_EINVAL for a
+** request of another kind. */
+UMS_API int64_t ums_fs_readfile_end(ums_fs_req_t *req, int *fd);
 
 /* ====================================================================== */
 /* Going preemptive                                                        */

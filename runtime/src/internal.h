@@ -667,7 +667,8 @@ void ums__buf_cache_clear(ums__buf_cache_t *c);
 enum ums__io_op {
   UMS__IO_OPEN, UMS__IO_CLOSE, UMS__IO_READ, UMS__IO_WRITE, UMS__IO_READV,
   UMS__IO_WRITEV, UMS__IO_FSYNC, UMS__IO_STATX, UMS__IO_UNLINK,
-  UMS__IO_RENAME, UMS__IO_MKDIR, UMS__IO_READDIR, UMS__IO_NOPS
+  UMS__IO_RENAME, UMS__IO_MKDIR, UMS__IO_READDIR, UMS__IO_READFILE,
+  UMS__IO_NOPS
 };
 
 /* Who decided a request's fate: the completion or the caller giving up
@@ -716,6 +717,20 @@ struct ums_fs_req {
 
   ums__pool_work_t work;        /* pool backend */
   ums__io_req_t *cache_next;    /* [owner of the cache] while cached */
+
+  /* UMS__IO_READFILE on a ring (io-uring.c, "Whole small files"), [the
+  ** ring's owner]: the stage, the entries still in the kernel for it, each
+  ** entry's result by its tag, the request's place in the ring's list of
+  ** stages to start, and one byte for the read that finds the end (also
+  ** the pool's). A readfile leaves a descriptor it hands back (UMS_ESPIPE)
+  ** in fd. */
+  int chain_stage;              /* 1: open and read; 2: what follows */
+  int chain_left;
+  int32_t chain_res[4];         /* by tag: open, read, the second step
+                                   (read at the end, or the descriptor's
+                                   install), close */
+  ums__io_req_t *chain_next;
+  char scratch[8];
 
   /* Inline room, not zeroed when a request is made (io.c: req_new). A
   ** stat has no buffers, a read or write no statx. */
@@ -767,7 +782,8 @@ void ums__ring_free(ums__ring_t *ring);
 bool ums__ring_supports(const ums__ring_t *ring, int op);
 /* Queues r's submission entry. [owner] */
 void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r);
-/* Queues a kernel cancel of r, which its caller abandoned. [owner] */
+/* Queues a kernel cancel of r, which its caller abandoned (a readfile
+** chain: of its open, the one step that may block). [owner] */
 void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r);
 /* The pass's I/O step: submits queued entries when their batch is due
 ** and reaps every completion, without a system call when there is none.

@@ -117,6 +117,49 @@ static int64_t readdir_exec(ums__io_req_t *r) {
   return err;
 }
 
+/* A whole file into the request's buffer (ums.h, ums_fs_readfile): reads
+** at offsets until the buffer is full or a read returns 0; a full buffer
+** is checked with one byte more. Anything but a regular file (or a
+** directory, whose read fails) is left open for the caller, nothing read
+** from it, as io-uring.c does. */
+static int64_t readfile_exec(ums__io_req_t *r) {
+  int fd = (int)RETRY(r, openat(AT_FDCWD, r->path, r->flags));
+  if (fd < 0) return fd;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int64_t err = -errno;
+    close(fd);
+    return err;
+  }
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    r->fd = fd;
+    return UMS_ESPIPE;
+  }
+  char *p = r->iov[0].iov_base;
+  size_t cap = r->iov[0].iov_len, got = 0;
+  int64_t res;
+  for (;;) {
+    int64_t n = got < cap ? RETRY(r, pread(fd, p + got, cap - got,
+                                           (off_t)got))
+                          : RETRY(r, pread(fd, r->scratch, 1, (off_t)got));
+    if (n < 0) {
+      res = n;
+      break;
+    }
+    if (n == 0) {
+      res = (int64_t)got;
+      break;
+    }
+    if (got == cap) {
+      res = UMS_EFBIG;
+      break;
+    }
+    got += (size_t)n;
+  }
+  if (close(fd) != 0 && res >= 0) res = -errno;
+  return res;
+}
+
 int64_t ums__io_exec(ums__io_req_t *r) {
   switch (r->op) {
     case UMS__IO_OPEN:
@@ -143,6 +186,8 @@ int64_t ums__io_exec(ums__io_req_t *r) {
       return RETRY(r, mkdirat(AT_FDCWD, r->path, (mode_t)r->mode));
     case UMS__IO_READDIR:
       return readdir_exec(r);
+    case UMS__IO_READFILE:
+      return readfile_exec(r);
     default:
       return UMS_EINVAL;
   }

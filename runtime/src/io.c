@@ -180,6 +180,21 @@ static int req_fail(ums__io_req_t *r, int err) {
 /* Releases what a result owns when nobody will take it. */
 static void drop_result(ums__io_req_t *r) {
   if (r->op == UMS__IO_OPEN && r->res >= 0) close((int)r->res);
+  if (r->op == UMS__IO_READFILE && r->res == UMS_ESPIPE && r->fd >= 0)
+    close(r->fd);
+}
+
+/* A readfile's result for its caller: a descriptor left open (UMS_ESPIPE)
+** goes to *fd, or is closed when the caller does not take it. */
+static int64_t readfile_take(ums__io_req_t *r, int64_t res, int *fd) {
+  if (res == UMS_ESPIPE && r->fd >= 0) {
+    if (fd)
+      *fd = r->fd;
+    else
+      close(r->fd);
+    r->fd = -1;
+  }
+  return res;
 }
 
 void ums__io_complete(ums__io_req_t *r, int64_t res) {
@@ -313,6 +328,7 @@ int64_t ums_fs_end(ums_fs_req_t *r) {
   int rc = check_end(r, t);
   if (rc) return rc;
   int64_t res = collect(r, t);
+  if (r->op == UMS__IO_READFILE) res = readfile_take(r, res, NULL);
   ums__io_req_unref(r);
   return res;
 }
@@ -421,6 +437,21 @@ static int mk_path(ums__io_req_t **out, int op, const char *a, const char *b,
   if (rc) return req_fail(r, rc);
   r->mode = mode;
   r->flags = flags;
+  *out = r;
+  return 0;
+}
+
+static int mk_readfile(ums__io_req_t **out, const char *path,
+                       ums_buf_t *buf) {
+  if (!path || !buf) return UMS_EINVAL;
+  ums__io_req_t *r = req_new(UMS__IO_READFILE);
+  if (!r) return UMS_ENOMEM;
+  int rc = req_paths(r, path, NULL);
+  ums_iov_t v = {buf, 0, buf->size < UMS_FS_MAX_RW ? buf->size
+                                                   : UMS_FS_MAX_RW};
+  if (!rc) rc = req_iov(r, &v, 1);
+  if (rc) return req_fail(r, rc);
+  r->flags = O_RDONLY | O_CLOEXEC;
   *out = r;
   return 0;
 }
@@ -559,6 +590,16 @@ int ums_fs_readdir(const char *path, ums_dirlist_t **out, int64_t deadline) {
   return (int)res;
 }
 
+int64_t ums_fs_readfile(const char *path, ums_buf_t *buf, int *fd,
+                        int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_readfile(&r, path, buf);
+  if (rc) return rc;
+  int64_t res = readfile_take(r, run(r, deadline), fd);
+  ums__io_req_unref(r);
+  return res;
+}
+
 void ums_dirlist_free(ums_dirlist_t *list) { free(list); }
 
 /* ---------------------------------------------------------------------- */
@@ -680,6 +721,24 @@ int ums_fs_readdir_begin(const char *path, int64_t deadline,
   ums__io_req_t *r = NULL;
   int rc = mk_path(&r, UMS__IO_READDIR, path, NULL, 0, 0);
   return BEGIN(rc, r, deadline, req);
+}
+
+int ums_fs_readfile_begin(const char *path, ums_buf_t *buf, int64_t deadline,
+                          ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_readfile(&r, path, buf);
+  return BEGIN(rc, r, deadline, req);
+}
+
+int64_t ums_fs_readfile_end(ums_fs_req_t *r, int *fd) {
+  if (!r || r->op != UMS__IO_READFILE) return UMS_EINVAL;
+  ums__task_t *t = ums__task_current();
+  int rc = check_end(r, t);
+  if (rc) return rc;
+  int64_t res = readfile_take(r, collect(r, t), fd);
+  ums__io_req_unref(r);
+  return res;
 }
 
 int ums_fs_stat_end(ums_fs_req_t *r, ums_stat_t *out) {

@@ -272,6 +272,136 @@ static void test_ops_other_sched(void) {
 static void test_ops_host(void) { CHECK(ops_suite("host")); }
 
 /* ====================================================================== */
+/* Whole files (ums_fs_readfile)                                           */
+/* ====================================================================== */
+
+static void put_file(const char *path, size_t n, uint8_t seed) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  CHECK(fd >= 0);
+  for (size_t i = 0; i < n; i++) {
+    uint8_t c = (uint8_t)(seed + i * 7);
+    CHECK_EQ(write(fd, &c, 1), 1);
+  }
+  close(fd);
+}
+
+static void *readfile_suite(void *arg) {
+  const char *tag = arg;
+  char small[512], empty[512], exact[512], big[512], fifo[512], name[64];
+  int64_t dl = UMS_FOREVER;
+  snprintf(name, sizeof name, "rf-small-%s", tag);
+  put_file(path_of(small, name), 100, 3);
+  snprintf(name, sizeof name, "rf-empty-%s", tag);
+  put_file(path_of(empty, name), 0, 0);
+  snprintf(name, sizeof name, "rf-exact-%s", tag);
+  put_file(path_of(exact, name), 4096, 5);
+  snprintf(name, sizeof name, "rf-big-%s", tag);
+  put_file(path_of(big, name), 4097, 9);
+  snprintf(name, sizeof name, "rf-fifo-%s", tag);
+  CHECK_EQ(mkfifo(path_of(fifo, name), 0600), 0);
+  int before = open_fds();
+  ums_buf_t *b = ums_buf_new(4096);
+  int fd = -7;
+
+  CHECK_EQ(ums_fs_readfile(small, b, &fd, dl), 100);
+  CHECK(same(b, 100, 3));
+  CHECK_EQ(fd, -7); /* written only with UMS_ESPIPE */
+  CHECK_EQ(ums_fs_readfile(empty, b, &fd, dl), 0);
+  CHECK_EQ(ums_fs_readfile(exact, b, NULL, dl), 4096); /* fits exactly */
+  CHECK(same(b, 4096, 5));
+  CHECK_EQ(ums_fs_readfile(big, b, NULL, dl), UMS_EFBIG);
+  char missing[512];
+  path_of(missing, "no/such/file");
+  CHECK_EQ(ums_fs_readfile(missing, b, &fd, dl), UMS_ENOENT);
+  CHECK_EQ(ums_fs_readfile(dir, b, &fd, dl), UMS_EISDIR);
+  CHECK_EQ(ums_fs_readfile(NULL, b, &fd, dl), UMS_EINVAL);
+  CHECK_EQ(ums_fs_readfile(small, NULL, &fd, dl), UMS_EINVAL);
+  CHECK_EQ(fd, -7);
+
+  /* A FIFO cannot be read at an offset: nothing is taken from it, and it
+  ** is handed over open. The holder is reader and writer, so no open
+  ** waits. */
+  int holder = open(fifo, O_RDWR);
+  CHECK(holder >= 0);
+  CHECK_EQ(write(holder, "abc", 3), 3);
+  CHECK_EQ(ums_fs_readfile(fifo, b, &fd, dl), UMS_ESPIPE);
+  CHECK(fd >= 0);
+  CHECK(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+  char got[4] = {0};
+  CHECK_EQ(read(fd, got, 3), 3);
+  CHECK(memcmp(got, "abc", 3) == 0);
+  close(fd);
+  /* Not taken (fd NULL, or ums_fs_end): closed by the runtime. */
+  CHECK_EQ(ums_fs_readfile(fifo, b, NULL, dl), UMS_ESPIPE);
+  if (ums_self()) {
+    ums_fs_req_t *q = NULL;
+    CHECK_RC(ums_fs_readfile_begin(small, b, dl, &q), 0);
+    CHECK_RC(ums_park_wait(), 0);
+    CHECK_EQ(ums_fs_readfile_end(q, &fd), 100);
+    /* ums_fs_end closes the descriptor nobody takes */
+    CHECK_RC(ums_fs_readfile_begin(fifo, b, dl, &q), 0);
+    CHECK_RC(ums_park_wait(), 0);
+    CHECK_EQ(ums_fs_end(q), UMS_ESPIPE);
+    /* the end call of another kind refuses a readfile request */
+    CHECK_RC(ums_fs_readfile_begin(small, b, dl, &q), 0);
+    CHECK_RC(ums_park_wait(), 0);
+    ums_stat_t st;
+    CHECK_RC(ums_fs_stat_end(q, &st), UMS_EINVAL);
+    CHECK_EQ(ums_fs_end(q), 100);
+  } else {
+    CHECK_RC(ums_fs_readfile_begin(small, b, dl, NULL), UMS_EINVAL);
+  }
+  CHECK_EQ(ums_fs_readfile_end(NULL, &fd), UMS_EINVAL);
+  close(holder);
+  CHECK_EQ(open_fds(), before);
+  ums_buf_release(b);
+  unlink(fifo);
+  return PTR(1);
+}
+
+static void test_readfile_task(void) {
+  CHECK(in_task(0, readfile_suite, "task"));
+}
+static void test_readfile_host(void) { CHECK(readfile_suite("host")); }
+
+/* Many tasks read many small files at once (ring slots in use together,
+** more of them than the pool's threads), each checked. */
+#define RF_FILES 300
+static void *readfile_many(void *arg) {
+  int k = (int)(uintptr_t)arg;
+  ums_buf_t *b = ums_buf_new(8192);
+  for (int i = k; i < RF_FILES; i += 32) {
+    char p[512], name[64];
+    snprintf(name, sizeof name, "rf-many-%d", i);
+    CHECK_EQ(ums_fs_readfile(path_of(p, name), b, NULL, UMS_FOREVER),
+             i * 11);
+    CHECK(same(b, (size_t)(i * 11), (uint8_t)i));
+  }
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void test_readfile_many(void) {
+  for (int i = 0; i < RF_FILES; i++) {
+    char p[512], name[64];
+    snprintf(name, sizeof name, "rf-many-%d", i);
+    put_file(path_of(p, name), (size_t)(i * 11), (uint8_t)i);
+  }
+  int before = open_fds();
+  ums_task_t t[32];
+  for (int k = 0; k < 32; k++) {
+    ums_spawn_opts_t o = {.sched = k % ums_runtime_schedulers(rt)};
+    CHECK_RC(ums_task_spawn(rt, &o, readfile_many, PTR(k), &t[k]), 0);
+  }
+  for (int k = 0; k < 32; k++) {
+    void *res = NULL;
+    CHECK_RC(ums_task_join(rt, t[k], UMS_FOREVER, &res, NULL), 0);
+    CHECK(res);
+  }
+  CHECK_EQ(open_fds(), before);
+}
+
+/* ====================================================================== */
 /* Bad input                                                               */
 /* ====================================================================== */
 
@@ -1316,6 +1446,9 @@ int main(int argc, char **argv) {
   RUN(test_ops_task);
   RUN(test_ops_other_sched);
   RUN(test_ops_host);
+  RUN(test_readfile_task);
+  RUN(test_readfile_host);
+  RUN(test_readfile_many);
   RUN(test_bad_input);
   RUN(test_buffers);
   RUN(test_big_file);
