@@ -1322,14 +1322,23 @@ describe("ums.fs reads into a buffer", function()
         assert.equal(text:sub(k * slice + 1, (k + 1) * slice),
                      results(ts[k + 1]))
       end
-      -- then each reads its whole slice in one call, and the file is
-      -- closed while those calls are under way: closed for Lua at once,
-      -- the readers keep the descriptor until the last one is done
-      ts = {}
-      for k = 0, N - 1 do
-        ts[#ts + 1] = ums.spawn(reader, k, ffi.buffer(slice))
+      -- then each reads its whole slice with one pread_into, and the file
+      -- is closed once every call has begun (a task runs until it parks,
+      -- so a reader that counted itself is inside its call or done):
+      -- closed for Lua at once, the readers keep the descriptor until the
+      -- last one is done. (A pread, under the file lock, would make the
+      -- others wait for the lock, and the close may take a free lock
+      -- before a woken waiter does: that waiter then raises, as any
+      -- method that waited for a file closed meanwhile.)
+      local begun = 0
+      local function whole(k)
+        local buf = ffi.buffer(slice)
+        begun = begun + 1
+        return ffi.string(buf, assert(f:pread_into(buf, slice, k * slice)))
       end
-      ums.yield()
+      ts = {}
+      for k = 0, N - 1 do ts[#ts + 1] = ums.spawn(whole, k) end
+      while begun < N do ums.yield() end
       assert.is_true(f:close())
       assert.equal("closed file", fs.type(f))
       local ok, err = pcall(f.pread_into, f, ffi.buffer(1), 1, 0)

@@ -297,6 +297,9 @@ static void chain_cqe(ums__sched_t *s, ums__io_req_t *r, int tag, int res) {
 static int64_t chain_result(const ums__io_req_t *r) {
   const int32_t *res = r->chain_res;
   int64_t out;
+  /* Only the cancel-everything of a draining ring cancels a close: the
+  ** descriptor (stage 1's result) is then closed here. */
+  if (res[CH_CLOSE] == -ECANCELED) close(res[CH_OPEN]);
   if (res[CH_READ] < 0)
     out = res[CH_READ];
   else if (res[CH_NEXT] < 0)
