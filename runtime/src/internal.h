@@ -755,6 +755,13 @@ typedef struct ums__io_req_cache {
 ** been drained] */
 void ums__io_req_cache_clear(ums__io_req_cache_t *c);
 
+/* A readfile has opened fd: 0 when it is a regular file or a directory
+** (read it; a directory's read fails), else the request's result: the
+** fstat's error (fd closed), or UMS_ESPIPE with fd left in r->fd for the
+** caller (a stream: nothing may be read from it first). Any thread.
+** (io.c) */
+int64_t ums__io_readfile_kind(ums__io_req_t *r, int fd);
+
 /* Ends r with result res: the caller gets it if it is still waiting,
 ** otherwise (abandoned) the result's resources are released. Drops the
 ** operation's reference. Any thread. (io.c) */

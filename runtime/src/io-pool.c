@@ -125,16 +125,8 @@ static int64_t readdir_exec(ums__io_req_t *r) {
 static int64_t readfile_exec(ums__io_req_t *r) {
   int fd = (int)RETRY(r, openat(AT_FDCWD, r->path, r->flags));
   if (fd < 0) return fd;
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int64_t err = -errno;
-    close(fd);
-    return err;
-  }
-  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-    r->fd = fd;
-    return UMS_ESPIPE;
-  }
+  int64_t what = ums__io_readfile_kind(r, fd);
+  if (what) return what;
   char *p = r->iov[0].iov_base;
   size_t cap = r->iov[0].iov_len, got = 0;
   int64_t res;

@@ -313,16 +313,8 @@ static int64_t chain_result(const ums__io_req_t *r) {
 ** (> INT64_MIN: the request is done with it). */
 static int64_t chain_stage2(ums__sched_t *s, ums__io_req_t *r, int fd) {
   ums__ring_t *rg = s->ring;
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int64_t err = -errno;
-    close(fd);
-    return err;
-  }
-  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-    r->fd = fd;
-    return UMS_ESPIPE;
-  }
+  int64_t what = ums__io_readfile_kind(r, fd);
+  if (what) return what;
   size_t len = r->iov[0].iov_len;
   r->chain_stage = 2;
   r->chain_left = 3;

@@ -184,6 +184,18 @@ static void drop_result(ums__io_req_t *r) {
     close(r->fd);
 }
 
+int64_t ums__io_readfile_kind(ums__io_req_t *r, int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int64_t err = -errno;
+    close(fd);
+    return err;
+  }
+  if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) return 0;
+  r->fd = fd;
+  return UMS_ESPIPE;
+}
+
 /* A readfile's result for its caller: a descriptor left open (UMS_ESPIPE)
 ** goes to *fd, or is closed when the caller does not take it. */
 static int64_t readfile_take(ums__io_req_t *r, int64_t res, int *fd) {
