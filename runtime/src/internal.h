@@ -883,6 +883,7 @@ struct ums__sched {
   int64_t seg_start;           /* [owner] when the running task's turn
                                   began, if that was stamped; 0: unknown */
   bool timing;                 /* [const] stats on: waits are timed */
+  const _Atomic int64_t *wait_clock; /* [const] &rt->wait_clock.ns */
   uint8_t stamps;              /* [const] the clock waits are timed on:
                                   UMS__STAMPS_WAIT_CLOCK (stats on),
                                   _PRECISE or _VIRTUAL (waits last what
@@ -1051,7 +1052,7 @@ enum {
 ** 10 s lasts 10 s of it. */
 static inline int64_t ums__stamp_sched(const ums__sched_t *s) {
   if (UMS__LIKELY(s->stamps == UMS__STAMPS_WAIT_CLOCK))
-    return atomic_load_explicit(&s->rt->wait_clock.ns, memory_order_relaxed);
+    return atomic_load_explicit(s->wait_clock, memory_order_relaxed);
   if (s->stamps == UMS__STAMPS_VIRTUAL)
     return atomic_load_explicit(&s->rt->vnow, memory_order_relaxed);
   return ums__stamp_now();
@@ -1081,7 +1082,8 @@ static inline void ums__wait_begin(ums__sched_t *s, ums__task_t *t,
     int64_t now = ums__stamp_sched(s);
     UMS__STORER(t->wait_since, now);
     UMS__STORER(t->ready_at, now);
-    s->now_hint = now;
+    /* A reading of the wait clock is cheaper than keeping it. */
+    if (s->stamps != UMS__STAMPS_WAIT_CLOCK) s->now_hint = now;
   }
 }
 
@@ -1099,7 +1101,9 @@ static inline void ums__wait_ready(ums__task_t *t) {
   ums__sched_t *s = t->sched;
   if (!s->timing) return;
   int64_t now;
-  if (ums__sched_current() != s)
+  if (s->stamps == UMS__STAMPS_WAIT_CLOCK)
+    now = ums__stamp_sched(s);
+  else if (ums__sched_current() != s)
     now = ums__stamp_sched(s);
   else if ((now = s->seg_start) <= 0)
     now = ums__wait_ready_stamp(s);
@@ -1127,14 +1131,21 @@ static inline void ums__obs_pick(ums__sched_t *s, ums__task_t *t) {
   uint32_t obs = UMS__LOADR(t->obs);
   UMS__STORER(t->obs, UMS__OBS(UMS_TASK_RUNNING, UMS_WAIT_NONE));
   if (!s->timing) return;
-  int64_t hint = s->now_hint;
-  s->now_hint = 0;
-  if (!UMS__OBS_TYPE(obs)) {
-    s->seg_start = hint;
-    return;
+  int64_t now;
+  if (s->stamps == UMS__STAMPS_WAIT_CLOCK) {
+    /* One load: nothing to carry along the pass (waits.c). */
+    if (!UMS__OBS_TYPE(obs)) return;
+    now = ums__stamp_sched(s);
+  } else {
+    int64_t hint = s->now_hint;
+    s->now_hint = 0;
+    if (!UMS__OBS_TYPE(obs)) {
+      s->seg_start = hint;
+      return;
+    }
+    now = hint ? hint : ums__stamp_sched(s);
+    s->seg_start = now;
   }
-  int64_t now = hint ? hint : ums__stamp_sched(s);
-  s->seg_start = now;
   /* Not clamped here, to keep the switch short: a stamp reused from
   ** earlier in the pass can precede a wake later in the same pass by a
   ** hair (a signal wait a hair below 0), and a waker's turn can begin
