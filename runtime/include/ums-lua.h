@@ -542,8 +542,11 @@ typedef void (*ums_lua_done_fn)(ums_lua_req_t *req,
 
 /* Submit options; NULL means: least-loaded scheduler, no callback. */
 typedef struct ums_lua_submit_opts {
-  int sched;                   /* UMS_ANY_SCHED (least loaded) or an
-                                  index; note that 0 is scheduler 0 */
+  int sched;                   /* the scheduler whose queue takes it:
+                                  UMS_ANY_SCHED (the least-loaded one) or
+                                  an index (0 is scheduler 0, not "any");
+                                  an idle scheduler may still take it
+                                  before it starts, as for ums.submit_on */
   ums_lua_done_fn done;        /* NULL: none */
   void *done_arg;
 } ums_lua_submit_opts_t;
