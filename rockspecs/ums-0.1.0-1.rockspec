@@ -17,6 +17,8 @@ ums gives Lua (and C hosts that embed Lua) green threads that never block
 each other: cooperative schedulers, one per CPU, a Lua VM per scheduler,
 timeouts on every wait, asynchronous file I/O and a preemptive pool for
 blocking C calls (ums.ffi).]],
+  -- No license has been chosen for ums yet; set it here when one is.
+  license = "unspecified",
   labels = { "scheduler", "coroutines", "async", "io_uring" },
 }
 dependencies = {

@@ -17,8 +17,8 @@ static int setup(lua_State *L, int sched, void *arg) {
 static void done(ums_lua_req_t *req, const ums_lua_result_t *res, void *arg) {
   (void)req;
   (void)arg;
-  if (res->status == UMS_LUA_REQ_ERROR)
-    printf("error: %s\n%s\n", res->error, res->traceback);
+  if (res->status == UMS_LUA_REQ_ERROR) /* the traceback starts with it */
+    printf("error: %s\n", res->traceback);
 }
 
 int main(void) {

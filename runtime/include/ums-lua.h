@@ -528,7 +528,10 @@ typedef struct ums_lua_result {
                                   non-string error: its type); CANCELLED:
                                   why; OK: NULL */
   const char *traceback;       /* ERROR: the traceback in the VM where it
-                                  was raised ("" if none); else NULL */
+                                  was raised, starting with the message
+                                  as luaL_traceback writes it ("" if
+                                  none); CANCELLED while it ran: where;
+                                  else NULL */
   int sched;                   /* the scheduler it ran on; -1: none */
 } ums_lua_result_t;
 
