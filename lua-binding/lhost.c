@@ -21,12 +21,18 @@
 ** host sees: its callback, its outcome as C values, and an event that
 ** waiters (host threads or C tasks) wait on.
 **
-** Shutdown and calls in flight. The host struct outlives its runtime: a
-** shutdown first turns the state to CLOSING, so no call starts any more,
-** and waits until the calls already inside (submits) have left; only then
-** does it touch the runtime. Every request has ended when it returns (the
-** runtime's shutdown ends the running ones, lums_vms_close the rest), so
-** no callback can run after it.
+** Shutdown and calls in flight. The host struct outlives its runtime.
+** Calls that touch the runtime or the VMs' queues (submits, cancels,
+** stats) count themselves in `calls` while inside. A shutdown turns the
+** state to CLOSING (submits are refused, cancels still work while the
+** work in flight may finish) and waits until the calls inside have left,
+** so that no request is half queued; after the grace period it turns it
+** to TEARDOWN (cancels are refused too: the shutdown cancels everything
+** itself) and waits for the calls inside again; only then does it shut
+** the runtime down and close the VMs, with nobody else in them. Every
+** request has ended when it returns (the runtime's shutdown ends the
+** running ones, lums_vms_close the rest), so no callback can run after
+** it.
 */
 #define _GNU_SOURCE /* strdup */
 #include "lvm.h"
@@ -41,7 +47,7 @@
 #define HOST_STACK_SIZE (1024 * 1024)
 #define HOST_QUANTUM_NS (4 * UMS_NSEC_PER_MSEC)
 
-enum { H_RUNNING, H_CLOSING, H_CLOSED };
+enum { H_RUNNING, H_CLOSING, H_TEARDOWN, H_CLOSED };
 
 struct ums_lua_host {
   ums_runtime_t *rt;     /* [lock: the pointer; owned, shut down and freed
@@ -53,7 +59,7 @@ struct ums_lua_host {
   pthread_mutex_t lock;  /* guards state and calls */
   pthread_cond_t cond;   /* calls reached 0; state reached H_CLOSED */
   int state;             /* [lock] H_* */
-  int calls;             /* [lock] submits inside, not yet left */
+  int calls;             /* [lock] calls inside (submit, cancel, stats) */
   int vms_made;          /* [lock] VMs made, counted at the shutdown */
   _Atomic uint64_t submitted, ok, errors, cancelled;  /* [atomic] */
 };
@@ -229,13 +235,20 @@ static bool good_name(const char *s) {
   return dot && dot != s && dot[1] != '\0';
 }
 
-/* Lets a call in: false once a shutdown has begun. */
-static bool enter(ums_lua_host_t *h) {
+/* Lets a call in: while running, or (closing) also while a shutdown
+** lets the work in flight finish. */
+static bool enter(ums_lua_host_t *h, bool closing) {
   pthread_mutex_lock(&h->lock);
-  bool in = h->state == H_RUNNING;
+  bool in = h->state == H_RUNNING || (closing && h->state == H_CLOSING);
   if (in) h->calls++;
   pthread_mutex_unlock(&h->lock);
   return in;
+}
+
+/* With h->lock held: moves to state and waits until no call is inside. */
+static void close_to(ums_lua_host_t *h, int state) {
+  h->state = state;
+  while (h->calls > 0) pthread_cond_wait(&h->cond, &h->lock);
 }
 
 static void leave(ums_lua_host_t *h) {
@@ -316,7 +329,7 @@ static int submit(ums_lua_host_t *h, const char *fname, const char *name,
   if (nargs < 0 || (nargs > 0 && !args))
     return fail(UMS_EINVAL, "%s: %d arguments at %p", fname, nargs,
                 (const void *)args);
-  if (!enter(h))
+  if (!enter(h, false))
     return fail(UMS_ESHUTDOWN, "%s: the host is shut down", fname);
   int rc = submit_in(h, fname, name, chunk, len, chunkname, args, nargs,
                      opts, out);
@@ -361,7 +374,16 @@ int ums_lua_req_wait(ums_lua_req_t *req, int64_t deadline,
 int ums_lua_req_cancel(ums_lua_req_t *req) {
   last_error[0] = '\0';
   if (!req) return fail(UMS_EINVAL, "ums_lua_req_cancel: request is NULL");
-  return lums_req_cancel(&req->r) ? 0 : UMS_ESRCH;
+  pthread_mutex_lock(&req->r.h.lock);
+  bool done = req->r.state == R_DONE;
+  pthread_mutex_unlock(&req->r.h.lock);
+  if (done) return UMS_ESRCH;
+  /* Not done, so its host is not shut down yet (that ends every request
+  ** first). Past the grace period the shutdown cancels it itself. */
+  if (!enter(req->host, true)) return 0;
+  int rc = lums_req_cancel(&req->r) ? 0 : UMS_ESRCH;
+  leave(req->host);
+  return rc;
 }
 
 void ums_lua_req_free(ums_lua_req_t *req) {
@@ -432,7 +454,7 @@ int ums_lua_host_stats(ums_lua_host_t *h, ums_lua_host_stats_t *out) {
   out->cancelled = atomic_load(&h->cancelled);
   out->submitted = atomic_load(&h->submitted);
   out->in_flight = out->submitted - out->ok - out->errors - out->cancelled;
-  if (enter(h)) {
+  if (enter(h, true)) {
     for (int i = 0; i < h->nsched; i++)
       if (lums_vms_at(h->vms, i)) out->vms++;
     leave(h);
@@ -458,13 +480,15 @@ int ums_lua_host_shutdown(ums_lua_host_t *h, int64_t deadline) {
     return fail(UMS_EDEADLK, "ums_lua_host_shutdown: called from a task "
                 "of the host's own runtime");
   }
-  h->state = H_CLOSING;
-  while (h->calls > 0) pthread_cond_wait(&h->cond, &h->lock);
+  close_to(h, H_CLOSING);
   pthread_mutex_unlock(&h->lock);
   /* No submit is inside any more, and none can start. The work there is
   ** (requests, the Lua tasks they spawned) may run until the deadline;
   ** what is left then is cancelled. */
   bool quiet = lums_vms_wait_quiet(h->vms, deadline);
+  pthread_mutex_lock(&h->lock);
+  close_to(h, H_TEARDOWN);
+  pthread_mutex_unlock(&h->lock);
   if (!quiet) lums_vms_stop(h->vms);
   int rc = ums_runtime_shutdown(h->rt, quiet ? deadline : 0);
   if (!quiet) rc = UMS_ETIMEDOUT;

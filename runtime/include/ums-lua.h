@@ -503,7 +503,10 @@ UMS_API int ums_lua_host_stats(ums_lua_host_t *h, ums_lua_host_stats_t *out);
 UMS_API int ums_lua_host_shutdown(ums_lua_host_t *h, int64_t deadline);
 
 /* Shuts down if that has not been done (deadline UMS_FOREVER) and frees
-** h. No other thread may be inside a call on h, nor make one after. */
+** h. No other thread may be inside a call on h or on one of its requests,
+** nor make one after, except ums_lua_req_wait and ums_lua_req_free
+** (request handles outlive their host) and ums_lua_req_cancel, which
+** returns UMS_ESRCH for an ended request without touching its host. */
 UMS_API void ums_lua_host_delete(ums_lua_host_t *h);
 
 /* ---- Work requests ---- */
@@ -594,7 +597,9 @@ UMS_API int ums_lua_req_wait(ums_lua_req_t *req, int64_t deadline,
 ** ends cancelled now, its callback called on this thread; a running one
 ** sees ums.CANCELLED at its next wait, or at its quantum if it computes,
 ** and ends cancelled unless it catches it), UMS_ESRCH once it has ended,
-** UMS_EINVAL (NULL). Any thread. */
+** UMS_EINVAL (NULL). Any thread. During a shutdown's grace period it
+** cancels as usual; after it, it returns 0 and leaves the cancelling to
+** the shutdown. */
 UMS_API int ums_lua_req_cancel(ums_lua_req_t *req);
 
 /* Lets go of the handle. The request goes on (its callback still comes);
