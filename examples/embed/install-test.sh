@@ -14,6 +14,15 @@ trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
 libdir=$(sed -n "s/^libdir=\${prefix}\///p" "$build/ums.pc")
 export PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig"
+for f in "$libdir/libums.so" "$libdir/libums.a" "$libdir/libums-lua.so" \
+         "$libdir/libums-lua.a" "$libdir/pkgconfig/ums.pc" \
+         "$libdir/lua/5.4/ums/core.so" include/ums.h include/ums-lua.h \
+         share/lua/5.4/ums/init.lua bin/ums; do
+  test -e "$prefix/$f" || { echo "not installed: $f"; exit 1; }
+done
+echo "installed: libums, libums-lua (shared, static), headers, ums.pc,"\
+     "ums/core.so, the stdlib, bin/ums"
+
 # ums.pc finds its prefix from where it is (${pcfiledir}).
 flags=$(pkg-config --cflags --libs ums)
 echo "pkg-config --cflags --libs ums: $flags"
@@ -28,6 +37,17 @@ export LUA_CPATH="$lua_lib/?.so;;"
 out=$("$prefix/jobrun" "$src/jobs.txt")
 echo "$out"
 echo "$out" | grep -q "summary: 8 jobs, 5 ok, 2 error, 1 timed out"
+
+# The same, linked with the static libraries.
+sflags=$(pkg-config --static --cflags --libs ums |
+         sed 's/-lums-lua -lums/-Wl,-Bstatic -lums-lua -lums -Wl,-Bdynamic/')
+"$cc" -o "$prefix/jobrun-static" "$src/jobrun.c" $sflags
+if ldd "$prefix/jobrun-static" | grep -q libums; then
+  echo "jobrun-static still needs a shared libums"; exit 1
+fi
+"$prefix/jobrun-static" "$src/jobs.txt" |
+  grep -q "summary: 8 jobs, 5 ok, 2 error, 1 timed out"
+echo "built and ran jobrun with the static libraries"
 
 # Plain lua5.4 finds the installed module; it reaches libums-lua by its
 # own run path (no LD_LIBRARY_PATH).

@@ -289,6 +289,14 @@ static void test_values(void) {
   CHECK(in && ums_lua_table_geti(in, 1)->u.number == 2.5);
   ums_lua_value_free(&kept);
 
+  /* The VM's `ums` is this library's (a second copy would not know the
+  ** running task: ums.scheduler() would be nil). */
+  req = call(h, "hostmod.sched", NULL, 0, &res);
+  CHECK_EQ(res->status, UMS_LUA_REQ_OK);
+  CHECK_EQ(res->values[0].type, UMS_LUA_TINTEGER);
+  CHECK_EQ(res->values[0].u.integer, res->sched + 1);
+  ums_lua_req_free(req);
+
   /* Arguments of a chunk are its `...`. */
   ums_lua_value_t two[2] = {ums_lua_integer(20), ums_lua_integer(22)};
   req = chunk(h, "local a, b = ...; return a + b, math.type(a + b)", two, 2,

@@ -455,7 +455,10 @@ typedef struct ums_lua_host_config {
   double quantum;              /* seconds a Lua task may compute before it
                                   is made to yield (and sees a
                                   cancellation): 0 gives 4 ms, negative
-                                  turns it off */
+                                  turns it off. A monitor thread signals
+                                  a scheduler thread with SIGURG when a
+                                  step runs past it: the handler is
+                                  installed unless the process has one */
 } ums_lua_host_config_t;
 
 /* Starts the runtime (no VM yet: each is made when its scheduler first
