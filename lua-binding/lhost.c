@@ -211,9 +211,10 @@ static void host_finish(lreq *r) {
       break;
     default:
       res->status = UMS_LUA_REQ_CANCELLED;
-      /* Not started: lvm.c says why in the traceback's place. Started:
-      ** that is the traceback where the cancellation hit. */
-      if (r->sched < 0 && r->traceback) {
+      /* Never run (no task id: it did not reach R_RUNNING): lvm.c says
+      ** why in the traceback's place. Ran: that is the traceback where
+      ** the cancellation hit. */
+      if (r->task == 0 && r->traceback) {
         res->error = r->traceback;
       } else {
         res->error = "cancelled while it ran";

@@ -371,7 +371,8 @@ static void test_wait_cancel(void) {
   CHECK_RC(ums_lua_req_cancel(req), 0);
   CHECK_RC(ums_lua_req_wait(req, UMS_FOREVER, &res), 0);
   CHECK_EQ(res->status, UMS_LUA_REQ_CANCELLED);
-  CHECK(res->error != NULL);
+  CHECK_STR_EQ(res->error, "cancelled while it ran");
+  CHECK_CONTAINS(res->traceback, "stack traceback:");
   CHECK_RC(ums_lua_req_cancel(req), UMS_ESRCH);
   ums_lua_req_free(req);
   /* Code that never waits is cancelled at its quantum. */
@@ -619,6 +620,8 @@ typedef struct race {
   _Atomic int *cancelled;
 } race;
 
+static _Atomic int never_started;
+
 typedef struct race_slot {
   race *r;
   int i;
@@ -629,8 +632,12 @@ static void race_done(ums_lua_req_t *req, const ums_lua_result_t *res,
                       void *arg) {
   (void)req;
   race_slot *s = arg;
-  if (res->status == UMS_LUA_REQ_CANCELLED)
+  if (res->status == UMS_LUA_REQ_CANCELLED) {
     atomic_fetch_add(s->r->cancelled, 1);
+    CHECK(res->error != NULL);
+    if (strstr(res->error, "before it started"))
+      atomic_fetch_add(&never_started, 1);
+  }
   atomic_fetch_add(&s->r->seen[s->i], 1);
 }
 
@@ -697,6 +704,7 @@ static void test_shutdown_in_flight(void) {
     race r[MANY_THREADS];
     pthread_t th[MANY_THREADS], w, canceller;
     atomic_store(&race_over, 0);
+    atomic_store(&never_started, 0);
     ums_lua_value_t forever[2] = {ums_lua_integer(3600), ums_lua_nil()};
     ums_lua_req_t *long_req;
     CHECK_RC(ums_lua_submit(h, "hostmod.sleep", forever, 2, NULL, &long_req),
@@ -731,6 +739,7 @@ static void test_shutdown_in_flight(void) {
     CHECK_EQ(st.ok + st.errors + st.cancelled, n + 1);
     CHECK_EQ(st.errors, 0);
     CHECK_GE(st.cancelled, 2);  /* the long one and a never-ending one */
+    CHECK_GE(atomic_load(&never_started), 1);
     printf("   round %d: %d accepted, %d cancelled by the shutdown\n", round,
            n, atomic_load(&cancelled));
     ums_lua_host_delete(h);
