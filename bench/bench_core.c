@@ -113,6 +113,13 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* CPU time of the calling thread: a task reads its scheduler thread's. */
+static int64_t thread_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static void fail(const char *what, int rc) {
   fprintf(stderr, "bench_core: %s: %s (%s)\n", what, ums_err_name(rc),
           ums_strerror(rc));
@@ -463,6 +470,7 @@ static void bench_timer_floor(void) {
 typedef struct yield_run {
   long per_task;
   int64_t start[2], end[2];
+  int64_t cpu_start[2], cpu_end[2]; /* the scheduler thread's CPU time */
 } yield_run_t;
 
 typedef struct yield_arg {
@@ -474,11 +482,13 @@ static void *yielder(void *arg) {
   yield_arg_t *a = arg;
   long n = a->run->per_task;
   a->run->start[a->index] = now_ns();
+  a->run->cpu_start[a->index] = thread_cpu_ns();
   for (long i = 0; i < n; i++)
     if (ums_yield() != 0) {
       fail("ums_yield", UMS_ECANCELED);
       break;
     }
+  a->run->cpu_end[a->index] = thread_cpu_ns();
   a->run->end[a->index] = now_ns();
   return NULL;
 }
@@ -497,8 +507,10 @@ static void *yield_driver(void *arg) {
   return NULL;
 }
 
-/* One repetition of the yield benchmark on rt: ns per yield. */
-static double yield_rep(ums_runtime_t *rt, double *switches_per_yield) {
+/* One repetition of the yield benchmark on rt: ns per yield (wall), and
+** in *cpu the scheduler thread's CPU ns per yield (both tasks run on it). */
+static double yield_rep(ums_runtime_t *rt, double *switches_per_yield,
+                        double *cpu) {
   yield_run_t run = {.per_task = S.yields / 2};
   yield_arg_t args[2] = {{&run, 0}, {&run, 1}};
   uint64_t sw0 = total_switches(rt);
@@ -506,35 +518,50 @@ static double yield_rep(ums_runtime_t *rt, double *switches_per_yield) {
   uint64_t sw1 = total_switches(rt);
   int64_t t0 = run.start[0] < run.start[1] ? run.start[0] : run.start[1];
   int64_t t1 = run.end[0] > run.end[1] ? run.end[0] : run.end[1];
+  int64_t c0 = run.cpu_start[0] < run.cpu_start[1] ? run.cpu_start[0]
+                                                   : run.cpu_start[1];
+  int64_t c1 = run.cpu_end[0] > run.cpu_end[1] ? run.cpu_end[0]
+                                               : run.cpu_end[1];
   long total = 2 * run.per_task;
   *switches_per_yield = (double)(sw1 - sw0) / (double)total;
+  *cpu = (double)(c1 - c0) / (double)total;
   return (double)(t1 - t0) / (double)total;
 }
 
-/* The ratio of medians on/off, for the notes of a stats-off row. */
-static void note_stats_cost(result_t *off, const double *on_s,
-                            const double *off_s, int n) {
-  double r[64];
-  for (int i = 0; i < n; i++) r[i] = off_s[i] > 0 ? on_s[i] / off_s[i] : 0;
+/* The cost of stats, for the notes of a stats-off row: medians of the
+** per-repetition ratios of the scheduler thread's CPU time (on this
+** shared VM, wall time also counts the time other jobs held the CPU),
+** default (wait clock) / off and precise / off. */
+static void note_stats_cost(result_t *off, const double *on_cpu,
+                            const double *precise_cpu, const double *off_cpu,
+                            int n) {
+  double r[64], p[64];
+  for (int i = 0; i < n; i++) {
+    r[i] = off_cpu[i] > 0 ? on_cpu[i] / off_cpu[i] : 0;
+    p[i] = off_cpu[i] > 0 ? precise_cpu[i] / off_cpu[i] : 0;
+  }
   snprintf(off->notes, sizeof off->notes,
-           "wait stats and CPU sampling off (UMS_STATS_OFF); on/off %.3f "
-           "(median of per-rep ratios)",
-           median(r, n));
+           "wait stats and CPU sampling off (UMS_STATS_OFF); CPU time "
+           "on/off %.3f, precise/off %.3f (medians of per-rep ratios)",
+           median(r, n), median(p, n));
 }
 
 static void bench_yield(void) {
-  double samples[64], off[64], on_copy[64], off_copy[64];
-  double switches_per_yield = 0, ignored;
-  /* Stats on (the default) and off, repetitions interleaved. */
-  ums_runtime_t *rt = runtime(1), *rt_off = runtime_cfg(1, UMS_STATS_OFF);
+  double samples[64], off[64], ignored[64];
+  double cpu_on[64], cpu_off[64], cpu_precise[64];
+  double switches_per_yield = 0, ignored_sw;
+  /* Stats on (the default), off and precise, repetitions interleaved. */
+  ums_runtime_t *rt = runtime(1), *rt_off = runtime_cfg(1, UMS_STATS_OFF),
+                *rt_precise = runtime_cfg(1, UMS_STATS_PRECISE);
   for (int rep = 0; rep < S.reps; rep++) {
-    samples[rep] = yield_rep(rt, &switches_per_yield);
-    off[rep] = yield_rep(rt_off, &ignored);
+    samples[rep] = yield_rep(rt, &switches_per_yield, &cpu_on[rep]);
+    off[rep] = yield_rep(rt_off, &ignored_sw, &cpu_off[rep]);
+    ignored[rep] = yield_rep(rt_precise, &ignored_sw, &cpu_precise[rep]);
   }
   shutdown_rt(rt);
   shutdown_rt(rt_off);
-  memcpy(on_copy, samples, sizeof samples);
-  memcpy(off_copy, off, sizeof off);
+  shutdown_rt(rt_precise);
+  (void)ignored;
   result_t *r = add_result("yield", "ns/yield", true, samples, S.reps);
   snprintf(r->notes, sizeof r->notes,
            "2 tasks, 1 scheduler, %ld yields/rep; %.2f fiber switches/yield",
@@ -542,7 +569,7 @@ static void bench_yield(void) {
   set_ratio(r, "ctx_switch");
   r = add_result("yield_stats_off", "ns/yield", true, off, S.reps);
   set_ratio(r, "ctx_switch");
-  note_stats_cost(r, on_copy, off_copy, S.reps);
+  note_stats_cost(r, cpu_on, cpu_precise, cpu_off, S.reps);
 }
 
 /* ====================================================================== */
@@ -805,6 +832,8 @@ typedef struct chan_run {
   ums_chan_t *ab, *ba; /* unbuffered channels of int */
   long rounds;
   double ns_per_msg;
+  double cpu_per_msg; /* the driver's thread's CPU ns per message (the
+                         whole run's, with both tasks on one scheduler) */
 } chan_run_t;
 
 /* Echoes every value back; -1 ends it. */
@@ -821,7 +850,7 @@ static void *chan_echo(void *arg) {
 static void *chan_driver(void *arg) {
   chan_run_t *run = arg;
   int64_t budget = (int64_t)(S.chan_budget * 1e9);
-  int64_t t0 = now_ns(), t1 = t0;
+  int64_t t0 = now_ns(), t1 = t0, c0 = thread_cpu_ns();
   long n = 0;
   int v = 0;
   while (n < S.chan_max) {
@@ -832,6 +861,7 @@ static void *chan_driver(void *arg) {
     if ((n & 63) == 0 && (t1 = now_ns()) - t0 >= budget) break;
   }
   t1 = now_ns();
+  run->cpu_per_msg = (double)(thread_cpu_ns() - c0) / (double)(2 * n);
   v = -1;
   CHECK(ums_chan_send(run->ab, &v, UMS_FOREVER));
   run->rounds = n;
@@ -839,9 +869,10 @@ static void *chan_driver(void *arg) {
   return NULL;
 }
 
-static double chan_rep(ums_runtime_t *rt, int cross, long *rounds) {
-  chan_run_t run = {ums_chan_new(sizeof(int), 0), ums_chan_new(sizeof(int), 0),
-                    0, 0};
+static double chan_rep(ums_runtime_t *rt, int cross, long *rounds,
+                       double *cpu) {
+  chan_run_t run = {.ab = ums_chan_new(sizeof(int), 0),
+                    .ba = ums_chan_new(sizeof(int), 0)};
   if (!run.ab || !run.ba) {
     fail("ums_chan_new", UMS_ENOMEM);
     exit(1);
@@ -854,27 +885,31 @@ static double chan_rep(ums_runtime_t *rt, int cross, long *rounds) {
   CHECK(ums_chan_delete(run.ab));
   CHECK(ums_chan_delete(run.ba));
   *rounds = run.rounds;
+  *cpu = run.cpu_per_msg;
   return run.ns_per_msg;
 }
 
 /* Channel messages on one scheduler with stats on and off, interleaved. */
 static void bench_chan_stats(void) {
-  double on[64], off[64], on_copy[64], off_copy[64];
+  double on[64], off[64], precise[64];
+  double cpu_on[64], cpu_off[64], cpu_precise[64];
   long rounds;
-  ums_runtime_t *rt = runtime(1), *rt_off = runtime_cfg(1, UMS_STATS_OFF);
+  ums_runtime_t *rt = runtime(1), *rt_off = runtime_cfg(1, UMS_STATS_OFF),
+                *rt_precise = runtime_cfg(1, UMS_STATS_PRECISE);
   for (int rep = 0; rep < S.reps; rep++) {
-    on[rep] = chan_rep(rt, 0, &rounds);
-    off[rep] = chan_rep(rt_off, 0, &rounds);
+    on[rep] = chan_rep(rt, 0, &rounds, &cpu_on[rep]);
+    off[rep] = chan_rep(rt_off, 0, &rounds, &cpu_off[rep]);
+    precise[rep] = chan_rep(rt_precise, 0, &rounds, &cpu_precise[rep]);
   }
   shutdown_rt(rt);
   shutdown_rt(rt_off);
-  memcpy(on_copy, on, sizeof on);
-  memcpy(off_copy, off, sizeof off);
+  shutdown_rt(rt_precise);
   result_t *r = add_result("chan_same_stats_off", "ns/msg", true, off,
                            S.reps);
   set_ratio(r, "ctx_switch");
-  note_stats_cost(r, on_copy, off_copy, S.reps);
+  note_stats_cost(r, cpu_on, cpu_precise, cpu_off, S.reps);
   (void)on;
+  (void)precise;
 }
 
 static void bench_chan(void) {
@@ -883,8 +918,8 @@ static void bench_chan(void) {
   for (int cross = 0; cross < 2; cross++) {
     long rounds = 0;
     for (int rep = 0; rep < S.reps; rep++) {
-      chan_run_t run = {ums_chan_new(sizeof(int), 0),
-                        ums_chan_new(sizeof(int), 0), 0, 0};
+      chan_run_t run = {.ab = ums_chan_new(sizeof(int), 0),
+                        .ba = ums_chan_new(sizeof(int), 0)};
       if (!run.ab || !run.ba) {
         fail("ums_chan_new", UMS_ENOMEM);
         exit(1);

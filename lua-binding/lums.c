@@ -1264,10 +1264,14 @@ static int run(lua_State *L, double limit) {
       strcmp(lua_tostring(L, -1), "virtual") == 0)
     cfg.clock = UMS_CLOCK_VIRTUAL;
   lua_pop(L, 1);
-  /* stats: a boolean (nil: on, unless UMS_STATS=off); stall_threshold:
-  ** seconds, 0 turns stall detection off (init.lua checks both). */
-  if (lua_getfield(L, cfgi, "stats") == LUA_TBOOLEAN)
+  /* stats: a boolean or "precise" (nil: the runtime's default, from
+  ** UMS_STATS); stall_threshold: seconds, 0 turns stall detection off
+  ** (init.lua checks both). */
+  int stype = lua_getfield(L, cfgi, "stats");
+  if (stype == LUA_TBOOLEAN)
     cfg.stats = lua_toboolean(L, -1) ? UMS_STATS_ON : UMS_STATS_OFF;
+  else if (stype == LUA_TSTRING && strcmp(lua_tostring(L, -1), "precise") == 0)
+    cfg.stats = UMS_STATS_PRECISE;
   lua_pop(L, 1);
   double stall = config_num(L, cfgi, "stall_threshold", 1.0);
   cfg.stall_threshold = stall > 0 ? (int64_t)(stall * 1e9) : -1;

@@ -138,11 +138,13 @@ typedef struct ums_config {
                                    "Going preemptive"); default 64 */
   int clock;                    /* UMS_CLOCK_REAL (default) or
                                    UMS_CLOCK_VIRTUAL; see "Virtual clock" */
-  int stats;                    /* UMS_STATS_ON (default) or UMS_STATS_OFF:
-                                   wait timing and CPU sampling (see
-                                   "Observability"); with the default,
-                                   UMS_STATS=off in the environment turns
-                                   them off */
+  int stats;                    /* UMS_STATS_ON (default), UMS_STATS_OFF
+                                   (no wait timing nor CPU sampling) or
+                                   UMS_STATS_PRECISE (waits timed to the
+                                   nanosecond, at a clock reading per
+                                   park); see "Observability". With the
+                                   default, UMS_STATS=off|on|precise in the
+                                   environment chooses */
   int64_t stall_threshold;      /* ns a busy scheduler may go without
                                    passing through its loop before the
                                    monitor reports a stall; default 1 s;
@@ -157,7 +159,12 @@ typedef struct ums_config {
 enum { UMS_CLOCK_REAL = 0, UMS_CLOCK_VIRTUAL = 1 };
 
 /* ums_config_t.stats. */
-enum { UMS_STATS_DEFAULT = 0, UMS_STATS_ON = 1, UMS_STATS_OFF = 2 };
+enum {
+  UMS_STATS_DEFAULT = 0,
+  UMS_STATS_ON = 1,
+  UMS_STATS_OFF = 2,
+  UMS_STATS_PRECISE = 3
+};
 
 /* File I/O backends (ums_config_t.io_backend). AUTO uses io_uring when the
 ** kernel lets the process set up a ring and the thread pool otherwise;
@@ -780,11 +787,17 @@ UMS_API int ums_preempt_end(ums_preempt_call_t *call);
 **
 ** What it costs. Counters are plain increments by the owning scheduler.
 ** A wait is timed only when the task really parks (a yield is counted,
-** never timed): one reading of a cheap clock (the CPU's time stamp
-** counter, calibrated against CLOCK_MONOTONIC; clock_gettime where there
-** is none) when it parks, one when it is woken from another thread, and
-** the scheduler reuses those readings where it can. A task's CPU time is
-** sampled by the monitor thread (below), never measured on the switch.
+** never timed), on the wait clock: a word the monitor thread (below) sets
+** every millisecond while a scheduler is busy, so timing a wait costs two
+** loads of it. Its resolution is a millisecond: a wait shorter than that
+** counts as 0 or 1 ms, with the chance of its length, so totals over many
+** waits are right on average and a single wait is right to +-1 ms.
+** (Reading a real clock on each park, even the CPU's time stamp counter,
+** costs 20-25 ns on a VM: a quarter of a channel message.)
+** UMS_STATS_PRECISE times each wait to the nanosecond instead, with one
+** reading of the stamp clock (the time stamp counter calibrated against
+** CLOCK_MONOTONIC; clock_gettime where there is none) per park. A task's
+** CPU time is sampled by the monitor, never measured on the switch.
 ** ums_config_t.stats = UMS_STATS_OFF (or UMS_STATS=off) turns the timing
 ** and the sampling off; counts and states are kept. A runtime on the
 ** virtual clock times its waits on that clock (a sleep of 10 s shows as

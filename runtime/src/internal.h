@@ -883,8 +883,10 @@ struct ums__sched {
   int64_t seg_start;           /* [owner] when the running task's turn
                                   began, if that was stamped; 0: unknown */
   bool timing;                 /* [const] stats on: waits are timed */
-  bool vstamps;                /* [const] on the runtime's virtual clock
-                                  (waits last what the tasks saw) */
+  uint8_t stamps;              /* [const] the clock waits are timed on:
+                                  UMS__STAMPS_WAIT_CLOCK (stats on),
+                                  _PRECISE or _VIRTUAL (waits last what
+                                  the tasks saw) */
   /* Parks to end when the scheduler goes idle (ums_wait_idle). Tokens,
   ** not task pointers: one whose park already ended (timeout, cancel) is
   ** refused by ums_unpark and simply dropped. */
@@ -929,6 +931,15 @@ struct ums_runtime {
                                   frees nothing until this is zero */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks; futex word */
   bool vclock;                 /* [const] the clock is virtual (clock.c) */
+  /* The wait clock (waits.c): stamp-clock ns, at most a tick behind,
+  ** moved forward only. Alone on its line: every scheduler reads it on
+  ** each timed park, the monitor writes it once a millisecond. */
+  struct {
+    _Alignas(64) _Atomic int64_t ns;
+    char pad[64 - sizeof(int64_t)];
+  } wait_clock;
+  bool wait_clock_ticks;       /* [const] the monitor keeps it: some
+                                  scheduler times waits on it */
   _Atomic int64_t vnow;        /* [atomic, owner of scheduler 0 writes]
                                   the virtual time, ns */
 
@@ -1026,13 +1037,30 @@ static inline int64_t ums__sched_load(const ums__sched_t *s) {
 #define UMS__LOADR(x) atomic_load_explicit(&(x), memory_order_relaxed)
 #define UMS__STORER(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
 
-/* A stamp on s's clock: the stamp clock, or the virtual time of a
-** virtual-clock runtime, where a sleep of 10 s lasts 10 s of it. */
+/* The clocks waits are timed on (ums__sched_t.stamps). */
+enum {
+  UMS__STAMPS_WAIT_CLOCK = 0, /* rt->wait_clock: one load */
+  UMS__STAMPS_PRECISE = 1,    /* the stamp clock (UMS_STATS_PRECISE) */
+  UMS__STAMPS_VIRTUAL = 2     /* the virtual clock */
+};
+
+/* A stamp on s's clock (waits.c has the reasoning): by default the wait
+** clock, a word the monitor sets from the stamp clock every millisecond
+** while a scheduler is busy; with UMS_STATS_PRECISE the stamp clock
+** itself; on a virtual-clock runtime the virtual time, where a sleep of
+** 10 s lasts 10 s of it. */
 static inline int64_t ums__stamp_sched(const ums__sched_t *s) {
-  if (UMS__UNLIKELY(s->vstamps))
+  if (UMS__LIKELY(s->stamps == UMS__STAMPS_WAIT_CLOCK))
+    return atomic_load_explicit(&s->rt->wait_clock.ns, memory_order_relaxed);
+  if (s->stamps == UMS__STAMPS_VIRTUAL)
     return atomic_load_explicit(&s->rt->vnow, memory_order_relaxed);
   return ums__stamp_now();
 }
+
+/* Moves the wait clock forward to now (a stamp-clock reading), never
+** back: the monitor at its ticks, a scheduler leaving its idle wait. Any
+** thread. */
+UMS__HIDDEN void ums__wait_clock_advance(ums_runtime_t *rt, int64_t now);
 
 /* The three moments of a wait (waits.c has the reasoning). They run on
 ** every switch that parks, hence inline: the fast paths are a few stores
@@ -1083,6 +1111,8 @@ static inline void ums__wait_record(ums__sched_t *s, int type, int64_t total,
                                     int64_t signal) {
   ums__waitstat_t *w = &s->waits[type];
   UMS__STORER(w->count, UMS__LOADR(w->count) + 1);
+  /* On the wait clock most short waits last 0 ticks. */
+  if (!(total | signal)) return;
   UMS__STORER(w->total_ns, UMS__LOADR(w->total_ns) + total);
   UMS__STORER(w->signal_ns, UMS__LOADR(w->signal_ns) + signal);
   if (total > UMS__LOADR(w->max_ns)) UMS__STORER(w->max_ns, total);

@@ -26,6 +26,10 @@
 ** computes without yielding); a runnable thread that got next to no CPU
 ** is only waiting for one, and is looked at again at the next tick.
 **
+** Between looks, while stats are on, it moves the wait clock forward
+** every millisecond (CLOCK_TICK_NS): the time waits are measured on
+** (waits.c).
+**
 ** When every scheduler is idle the monitor sleeps on a futex instead of
 ** ticking ("no CPU while idle"), and the first scheduler to leave its
 ** idle wait wakes it (ums__monitor_busy). That hand-off is the usual
@@ -46,6 +50,8 @@
 
 #define TICK_NS (10 * UMS_NSEC_PER_MSEC)
 #define MIN_TICK_NS UMS_NSEC_PER_MSEC
+/* The wait clock's tick (waits.c): its resolution. */
+#define CLOCK_TICK_NS UMS_NSEC_PER_MSEC
 
 /* CPU time a stuck thread must have used since it last moved to count
 ** as computing rather than starved. A yielding loop passes through the
@@ -195,13 +201,22 @@ static void *monitor_main(void *arg) {
   ums__monitor_t *m = &rt->monitor;
   int64_t threshold = rt->cfg.stall_threshold;
   pthread_setname_np(pthread_self(), "ums-monitor");
+  bool clock = rt->wait_clock_ticks;
   int64_t last = ums__clock_real();
   reset_slots(rt, last);
   while (!atomic_load(&m->stop)) {
     uint32_t w = atomic_load(&m->word);
-    ums__futex_wait(&m->word, w, last + m->tick);
+    /* Between looks, the wait clock's ticks (waits.c). */
+    int64_t wake = last + m->tick;
+    if (clock) {
+      int64_t t = ums__clock_real() + CLOCK_TICK_NS;
+      if (t < wake) wake = t;
+    }
+    ums__futex_wait(&m->word, w, wake);
     if (atomic_load(&m->stop)) break;
     int64_t now = ums__clock_real();
+    if (clock) ums__wait_clock_advance(rt, ums__stamp_now());
+    if (now < last + m->tick) continue;
     last = now;
     /* Schedulers leaving their loops at shutdown are not stalled. */
     if (atomic_load(&rt->exiting)) continue;
@@ -234,6 +249,7 @@ static void *monitor_main(void *arg) {
     }
     if (!busy) {
       sleep_until_busy(rt);
+      if (clock) ums__wait_clock_advance(rt, ums__stamp_now());
       last = ums__clock_real();
       reset_slots(rt, last);
     }

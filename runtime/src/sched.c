@@ -357,6 +357,10 @@ static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
     ums__futex_wait(&s->idle_state, 1, deadline);
   atomic_store_explicit(&s->is_idle, 0, memory_order_relaxed);
   atomic_store(&s->idle_state, 0);
+  /* The monitor may have slept through the wait (every scheduler idle):
+  ** the wait clock stopped with it, and what this pass stamps must not
+  ** predate the wait. */
+  if (s->rt->wait_clock_ticks) ums__wait_clock_advance(s->rt, ums__stamp_now());
   ums__monitor_busy(s->rt);
 }
 
@@ -568,8 +572,10 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
   memset(s, 0, sizeof *s);
   s->id = id;
   s->rt = rt;
-  s->timing = rt->cfg.stats == UMS_STATS_ON;
-  s->vstamps = rt->cfg.clock == UMS_CLOCK_VIRTUAL;
+  s->timing = rt->cfg.stats != UMS_STATS_OFF;
+  s->stamps = rt->cfg.clock == UMS_CLOCK_VIRTUAL ? UMS__STAMPS_VIRTUAL
+              : rt->cfg.stats == UMS_STATS_PRECISE ? UMS__STAMPS_PRECISE
+                                                   : UMS__STAMPS_WAIT_CLOCK;
   ums__timer_heap_init(&s->timers);
   s->next_trim = 0;
   return ums__stack_pool_init(&s->stacks, rt->cfg.stack_size);
@@ -655,7 +661,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
       c.max_workers < 0 || c.idle_workers_kept < 0 ||
       c.io_backend < UMS_IO_AUTO || c.io_backend > UMS_IO_POOL ||
       c.io_pool_threads < 0 || c.preempt_threads < 0 ||
-      c.stats < UMS_STATS_DEFAULT || c.stats > UMS_STATS_OFF ||
+      c.stats < UMS_STATS_DEFAULT || c.stats > UMS_STATS_PRECISE ||
       (c.stack_size != 0 && c.stack_size < MIN_STACK_SIZE) ||
       c.stack_size > ((size_t)1 << 30) ||
       (c.clock != UMS_CLOCK_REAL && c.clock != UMS_CLOCK_VIRTUAL) ||
@@ -673,7 +679,10 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   if (c.stall_threshold == 0) c.stall_threshold = DEFAULT_STALL_THRESHOLD;
   if (c.stats == UMS_STATS_DEFAULT) {
     const char *env = getenv("UMS_STATS");
-    c.stats = env && strcmp(env, "off") == 0 ? UMS_STATS_OFF : UMS_STATS_ON;
+    c.stats = !env                           ? UMS_STATS_ON
+              : strcmp(env, "off") == 0      ? UMS_STATS_OFF
+              : strcmp(env, "precise") == 0 ? UMS_STATS_PRECISE
+                                             : UMS_STATS_ON;
   }
 
   ums_runtime_t *rt = calloc(1, sizeof *rt);
@@ -683,6 +692,8 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
   rt->cfg = c;
   rt->vclock = c.clock == UMS_CLOCK_VIRTUAL;
+  rt->wait_clock_ticks = c.stats == UMS_STATS_ON && !rt->vclock;
+  atomic_init(&rt->wait_clock.ns, ums__stamp_now());
   atomic_init(&rt->vnow, 0);
   pthread_mutex_init(&rt->table_lock, NULL);
   pthread_mutex_init(&rt->waits_lock, NULL);
@@ -730,7 +741,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
     s->thread_started = true;
   }
   /* Only when it has something to do: stall detection, or sampling. */
-  if ((c.stall_threshold >= 0 || c.stats == UMS_STATS_ON) &&
+  if ((c.stall_threshold >= 0 || c.stats != UMS_STATS_OFF) &&
       (e = ums__monitor_start(rt)) != 0) {
     stop_threads(rt, rt->nsched);
     runtime_free(rt);

@@ -16,8 +16,22 @@
 ** Cost is the point of the design: stats are meant to stay on. Only waits
 ** that park are timed (a yield is counted by the scheduler, never timed),
 ** every figure is written by the scheduler that owns it with relaxed
-** stores (readers add the schedulers up; nothing is locked), and clock
-** readings are reused along the path a switch takes:
+** stores (readers add the schedulers up; nothing is locked), and no
+** clock is read on the switch: waits are timed on the wait clock
+** (rt->wait_clock), a word of stamp-clock time that the monitor thread
+** moves forward every millisecond while a scheduler is busy, and that a
+** scheduler leaving its idle wait moves forward itself (the monitor may
+** have slept meanwhile). Reading the time stamp counter costs 20-25 ns
+** on a VM, a quarter of a channel message between two C tasks; loading
+** the word costs one load of a line that changes once a millisecond.
+** Its resolution is the tick: a wait that starts and ends within one
+** tick counts 0, one that spans a tick boundary counts the time between
+** ticks, so a wait of length d is counted, on average over where the
+** ticks fall, as d (the way the kernel's tick accounting charges CPU
+** time); a long wait is right to a tick, plus how late the monitor thread
+** was scheduled on a crowded machine. UMS_STATS_PRECISE reads the stamp
+** clock instead (ums__stamp_sched). Either way readings are reused along
+** the path a switch takes:
 **   - the park's stamp is kept in s->now_hint and stands for "now" when
 **     the pass that follows picks the next task, which is microseconds
 **     later at most (the idle wait drops it);
@@ -82,6 +96,15 @@ int64_t ums__wait_ready_stamp(ums__sched_t *s) {
   else
     s->seg_start = now;
   return now;
+}
+
+void ums__wait_clock_advance(ums_runtime_t *rt, int64_t now) {
+  int64_t cur = atomic_load_explicit(&rt->wait_clock.ns, memory_order_relaxed);
+  while (now > cur &&
+         !atomic_compare_exchange_weak_explicit(&rt->wait_clock.ns, &cur, now,
+                                                memory_order_relaxed,
+                                                memory_order_relaxed)) {
+  }
 }
 
 /* ---------------------------------------------------------------------- */

@@ -476,9 +476,130 @@ static void test_stats_off(void) {
   tu_runtime_shutdown(rt);
   /* A bad value is refused. */
   int err = 0;
-  cfg.stats = 3;
+  cfg.stats = UMS_STATS_PRECISE + 1;
   CHECK(ums_runtime_new(&cfg, &err) == NULL);
   CHECK_RC(err, UMS_EINVAL);
+  cfg.stats = -1;
+  CHECK(ums_runtime_new(&cfg, &err) == NULL);
+  CHECK_RC(err, UMS_EINVAL);
+}
+
+/* ====================================================================== */
+/* The wait clock, and precise stats                                       */
+/* ====================================================================== */
+
+/* Two tasks passing a message back and forth for `ms` of real time: at
+** any moment one of them at least is in a channel wait. */
+typedef struct pingpong {
+  ums_chan_t *ab, *ba;
+  int64_t until;
+  _Atomic long msgs;
+} pingpong_t;
+
+static void *ping_fn(void *arg) {
+  pingpong_t *p = arg;
+  int v = 1;
+  while (ums_now() < p->until) {
+    CHECK_RC(ums_chan_send(p->ab, &v, UMS_FOREVER), 0);
+    CHECK_RC(ums_chan_recv(p->ba, &v, UMS_FOREVER), 0);
+    atomic_fetch_add(&p->msgs, 2);
+  }
+  v = 0;
+  CHECK_RC(ums_chan_send(p->ab, &v, UMS_FOREVER), 0);
+  return NULL;
+}
+
+static void *pong_fn(void *arg) {
+  pingpong_t *p = arg;
+  for (;;) {
+    int v;
+    CHECK_RC(ums_chan_recv(p->ab, &v, UMS_FOREVER), 0);
+    if (!v) return NULL;
+    CHECK_RC(ums_chan_send(p->ba, &v, UMS_FOREVER), 0);
+  }
+}
+
+/* Runs the ping-pong for 300 ms and checks that the channel waits add up
+** to about that time, whatever the clock: each wait is far shorter than
+** the wait clock's tick, but the ticks that fall inside waits add up. */
+static void check_pingpong_total(void) {
+  pingpong_t p = {.ab = ums_chan_new(sizeof(int), 0),
+                  .ba = ums_chan_new(sizeof(int), 0)};
+  CHECK(p.ab && p.ba);
+  CHECK_RC(ums_runtime_waits_reset(rt), 0);
+  int64_t t0 = ums_now();
+  p.until = t0 + 300 * MS;
+  ums_task_t a = spawn_named(0, "ping", ping_fn, &p);
+  ums_task_t b = spawn_named(0, "pong", pong_fn, &p);
+  join_ok(a);
+  join_ok(b);
+  int64_t elapsed = ums_now() - t0;
+  ums_wait_stats_t r = waits_of(UMS_WAIT_CHAN_RECV),
+                   sd = waits_of(UMS_WAIT_CHAN_SEND);
+  int64_t total = r.total_ns + sd.total_ns;
+  printf("   %ld messages, channel waits %.1f ms of %.1f ms, max %.3f ms\n",
+          atomic_load(&p.msgs), total / 1e6, elapsed / 1e6,
+          (r.max_ns > sd.max_ns ? r.max_ns : sd.max_ns) / 1e6);
+  CHECK_GE(r.count + sd.count, 100);
+  CHECK_GE(total, elapsed / 2);
+  CHECK_LE(total, elapsed * 5 / 2);
+  ums_chan_delete(p.ab);
+  ums_chan_delete(p.ba);
+}
+
+static void test_wait_clock(void) {
+  rt = tu_runtime_new(1);
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  CHECK_EQ(c.stats, UMS_STATS_ON);
+  /* It moves while a scheduler is busy, though no park reads a clock. */
+  check_pingpong_total();
+  /* Idle for 300 ms: the monitor sleeps and the wait clock with it. A
+  ** 20 ms sleep that starts right after must not be counted from where
+  ** the clock stopped. */
+  usleep(300 * 1000);
+  CHECK_RC(ums_runtime_waits_reset(rt), 0);
+  join_ok(spawn_named(0, "sleeper", sleep_fn, PTR(20)));
+  ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
+  CHECK_EQ(w.count, 1);
+  CHECK_GE(w.total_ns, 18 * MS);
+  CHECK_LT(w.total_ns, 200 * MS);
+  /* Never backwards, and within a few ticks of the stamp clock while a
+  ** task computes. */
+  ums_task_t h = spawn_named(0, "hog", spin_fn, PTR(100));
+  int64_t prev = atomic_load(&rt->wait_clock.ns), lag_max = 0;
+  for (int i = 0; i < 50; i++) {
+    usleep(1000);
+    int64_t wc = atomic_load(&rt->wait_clock.ns), now = ums__stamp_now();
+    CHECK_GE(wc, prev);
+    CHECK_LE(wc, now);
+    if (now - wc > lag_max) lag_max = now - wc;
+    prev = wc;
+  }
+  join_ok(h);
+  printf("   wait clock at most %.2f ms behind\n", lag_max / 1e6);
+  tu_runtime_shutdown(rt);
+}
+
+static void test_precise(void) {
+  ums_config_t cfg = {.schedulers = 1, .stats = UMS_STATS_PRECISE};
+  rt = tu_runtime_new_cfg(&cfg);
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  CHECK_EQ(c.stats, UMS_STATS_PRECISE);
+  check_pingpong_total();
+  /* Each wait is timed: a ping-pong's waits are microseconds, never a
+  ** tick, and none is zero-length on average. */
+  ums_wait_stats_t r = waits_of(UMS_WAIT_CHAN_RECV),
+                   sd = waits_of(UMS_WAIT_CHAN_SEND);
+  CHECK_GT(r.count + sd.count, 0);
+  CHECK_GT(r.total_ns + sd.total_ns, 0);
+  CHECK_LT((r.total_ns + sd.total_ns) / (r.count + sd.count), 1 * MS);
+  join_ok(spawn_named(0, "sleeper", sleep_fn, PTR(30)));
+  ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
+  CHECK_EQ(w.count, 1);
+  CHECK_GE(w.total_ns, 29 * MS);
+  tu_runtime_shutdown(rt);
 }
 
 /* ====================================================================== */
@@ -618,6 +739,8 @@ int main(void) {
   RUN(test_signal_wait);
   RUN(test_yields_and_reset);
   RUN(test_stats_off);
+  RUN(test_wait_clock);
+  RUN(test_precise);
   RUN(test_virtual_clock);
   RUN(test_readers_race);
   return 0;

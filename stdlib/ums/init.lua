@@ -36,7 +36,8 @@ local settings = {
                 "a non-negative integer (0: the default, 64)"},
   preempt_threads = {non_negative_int,
                      "a non-negative integer (0: the default, 64)"},
-  stats = {function(v) return type(v) == "boolean" end, "a boolean"},
+  stats = {function(v) return type(v) == "boolean" or v == "precise" end,
+           'a boolean or "precise"'},
   stall_threshold = {non_negative_number,
                      "a non-negative number of seconds (0: off)"},
   clock = {function(v) return v == "real" or v == "virtual" end,
@@ -56,9 +57,12 @@ local defaults = {
   io = "auto",
   io_threads = 0,
   preempt_threads = 0,
-  -- UMS_STATS=off in the environment turns them off by default (the
-  -- runtime reads the same variable), for measuring what they cost.
-  stats = os.getenv("UMS_STATS") ~= "off",
+  -- true: waits timed on the millisecond wait clock; "precise": to the
+  -- nanosecond, at a clock reading per park; false: off. UMS_STATS=off,
+  -- on or precise in the environment sets the default (the runtime reads
+  -- the same variable), for measuring what they cost.
+  stats = (os.getenv("UMS_STATS") == "precise" and "precise")
+          or os.getenv("UMS_STATS") ~= "off",
   stall_threshold = 1,
   clock = "real",
   init = false,
