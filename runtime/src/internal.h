@@ -587,6 +587,10 @@ typedef struct ums__pool {
   uint32_t nidle;                    /* [lock] threads waiting for work,
                                         spinning ones included */
   uint32_t nspinning;                /* [lock] threads spinning for work */
+  /* The spinner's hand-off slot (pool.c): UMS__POOL_SLOT_CLOSED while no
+  ** thread spins, NULL while one spins with nothing handed yet, else the
+  ** work a submitter put there for it, without the lock. */
+  _Atomic(ums__pool_work_t *) slot;  /* [atomic] */
   ums__pool_thread_t *threads;       /* [lock] every thread not yet joined */
   bool stopping;                     /* [lock] destroy has begun */
   /* The monitor (started the first time work queues beyond core). */
@@ -600,6 +604,8 @@ typedef struct ums__pool {
   ums__spin_gauge_t spin;            /* [lock] how the spinners fare */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
+
+#define UMS__POOL_SLOT_CLOSED ((ums__pool_work_t *)(uintptr_t)1)
 
 int ums__pool_init(ums__pool_t *p, const ums__pool_cfg_t *cfg);
 /* Queues w. Returns 0, or UMS_EAGAIN when the pool has no thread and
