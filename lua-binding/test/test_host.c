@@ -32,6 +32,15 @@
 
 static atomic_int setups;
 
+/* Calls of hostmod.sleep that have started (host.started()). */
+static atomic_int sleeps_started;
+
+static int l_started(lua_State *L) {
+  (void)L;
+  atomic_fetch_add(&sleeps_started, 1);
+  return 0;
+}
+
 /* host.twice(n): a C function the host registers in every VM. */
 static int l_twice(lua_State *L) {
   lua_pushinteger(L, 2 * luaL_checkinteger(L, 1));
@@ -47,7 +56,7 @@ static const char hostmod_src[] =
     "  function M.echo(...) return ... end\n"
     "  function M.fail(msg) error(msg, 1) end\n"
     "  function M.fail_table() error({code = 7}) end\n"
-    "  function M.sleep(s, v) ums.sleep(s); return v end\n"
+    "  function M.sleep(s, v) host.started(); ums.sleep(s); return v end\n"
     "  function M.spin() local n = 0; while true do n = n + 1 end end\n"
     "  function M.twice(n) return host.twice(n) end\n"
     "  function M.sched() return ums.scheduler() end\n"
@@ -68,6 +77,8 @@ static int setup(lua_State *L, int sched, void *arg) {
   lua_newtable(L);
   lua_pushcfunction(L, l_twice);
   lua_setfield(L, -2, "twice");
+  lua_pushcfunction(L, l_started);
+  lua_setfield(L, -2, "started");
   lua_setglobal(L, "host");
   if (luaL_dostring(L, hostmod_src) != LUA_OK) return lua_error(L);
   return 0;
@@ -364,10 +375,14 @@ static void test_wait_cancel(void) {
   const ums_lua_result_t *res;
   ums_lua_value_t args[2] = {ums_lua_integer(30), ums_lua_integer(5)};
   ums_lua_req_t *req = NULL;
+  int started = atomic_load(&sleeps_started);
   CHECK_RC(ums_lua_submit(h, "hostmod.sleep", args, 2, NULL, &req), 0);
   CHECK_RC(ums_lua_req_wait(req, 0, &res), UMS_ETIMEDOUT);
   CHECK_RC(ums_lua_req_wait(req, ums_deadline(tu_ms(20)), &res),
            UMS_ETIMEDOUT);
+  /* Cancelled once it runs (a new VM under TSan may take longer than
+  ** the 20 ms above to start it). */
+  WAIT_UNTIL(atomic_load(&sleeps_started) > started, 10000);
   CHECK_RC(ums_lua_req_cancel(req), 0);
   CHECK_RC(ums_lua_req_wait(req, UMS_FOREVER, &res), 0);
   CHECK_EQ(res->status, UMS_LUA_REQ_CANCELLED);
