@@ -601,6 +601,7 @@ typedef struct ums__pool {
                                         its threads' times; 0: none */
   uint64_t grown;                    /* [lock] threads the monitor started */
   uint64_t completed;                /* [lock] work run to its end */
+  uint64_t handed;                   /* [lock] work taken from the slot */
   ums__spin_gauge_t spin;            /* [lock] how the spinners fare */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
@@ -626,6 +627,8 @@ void ums__pool_destroy(ums__pool_t *p);
 uint32_t ums__pool_threads(ums__pool_t *p);
 /* Threads the monitor started beyond core (for tests). */
 uint64_t ums__pool_grown(ums__pool_t *p);
+/* Work handed to a spinner through the slot (for tests). */
+uint64_t ums__pool_handed(ums__pool_t *p);
 /* Fills a row of ums_runtime_pool_stats. */
 void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out);
 

@@ -253,6 +253,7 @@ static void *pool_main(void *arg) {
         ums__spin_note(&p->spin, took, took >= 0, p->cfg.spin_ns);
         spun = true;
         if (!w) continue;
+        p->handed++;
         goto run;
       }
       p->nidle++;
@@ -532,6 +533,13 @@ void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out) {
   out->active = p->nthreads > p->nidle ? p->nthreads - p->nidle : 0;
   out->completed = p->completed;
   pthread_mutex_unlock(&p->lock);
+}
+
+uint64_t ums__pool_handed(ums__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  uint64_t n = p->handed;
+  pthread_mutex_unlock(&p->lock);
+  return n;
 }
 
 uint64_t ums__pool_grown(ums__pool_t *p) {
