@@ -19,6 +19,11 @@
 **   'o' uint32 index into m->refs: a shared object, by reference
 ** Ids are given in the order tables and functions are first met, by the
 ** encoder and the decoder alike.
+**
+** A C host's values (ums_lua_value_t, ums-lua.h) use the same encoding:
+** lcopy_from_values writes it without a VM, lcopy_to_values reads it back
+** into C values, so host arguments and results go through the same
+** requests as Lua's.
 */
 #include "lvm.h"
 
@@ -64,9 +69,9 @@ typedef struct enc {
   bool failed;
 } enc;
 
-static void grow(enc *e, size_t more) {
-  lmsg *m = e->m;
-  if (m->len + more <= m->cap) return;
+/* Makes room for `more` bytes in m; false when out of memory. */
+static bool msg_grow(lmsg *m, size_t more) {
+  if (m->len + more <= m->cap) return true;
   size_t cap = m->cap * 2;
   while (cap < m->len + more) cap *= 2;
   char *p;
@@ -76,15 +81,36 @@ static void grow(enc *e, size_t more) {
   } else {
     p = realloc(m->data, cap);
   }
-  if (!p) luaL_error(e->L, "not enough memory");
+  if (!p) return false;
   m->data = p;
   m->cap = cap;
+  return true;
+}
+
+/* Appends n bytes to m; false when out of memory. */
+static bool msg_put(lmsg *m, const void *p, size_t n) {
+  if (!msg_grow(m, n)) return false;
+  memcpy(m->data + m->len, p, n);
+  m->len += n;
+  return true;
+}
+
+/* An empty message for n values; NULL when out of memory. */
+static lmsg *msg_new(int n) {
+  lmsg *m = malloc(sizeof *m);
+  if (!m) return NULL;
+  m->data = m->inl;
+  m->len = 0;
+  m->cap = sizeof m->inl;
+  m->refs = NULL;
+  m->nrefs = m->caprefs = 0;
+  m->nvalues = n;
+  m->nids = 0;
+  return m;
 }
 
 static void put(enc *e, const void *p, size_t n) {
-  grow(e, n);
-  memcpy(e->m->data + e->m->len, p, n);
-  e->m->len += n;
+  if (!msg_put(e->m, p, n)) luaL_error(e->L, "not enough memory");
 }
 
 static void put_tag(enc *e, char tag) { put(e, &tag, 1); }
@@ -94,21 +120,8 @@ static void put_u32(enc *e, uint32_t v) { put(e, &v, sizeof v); }
 static void put_size(enc *e, size_t v) { put(e, &v, sizeof v); }
 
 static int dump_writer(lua_State *L, const void *p, size_t n, void *ud) {
-  enc *e = ud;
   (void)L;
-  lmsg *m = e->m;
-  if (m->len + n > m->cap) {
-    size_t cap = m->cap * 2;
-    while (cap < m->len + n) cap *= 2;
-    char *q = m->data == m->inl ? malloc(cap) : realloc(m->data, cap);
-    if (!q) return 1;
-    if (m->data == m->inl) memcpy(q, m->inl, m->len);
-    m->data = q;
-    m->cap = cap;
-  }
-  memcpy(m->data + m->len, p, n);
-  m->len += n;
-  return 0;
+  return msg_put(((enc *)ud)->m, p, n) ? 0 : 1;
 }
 
 static void add_ref(enc *e, lshared *o) {
@@ -454,15 +467,8 @@ lmsg *lcopy_encode(lua_State *L, int first, int n, const char *root,
                    bool indexed, char *err, size_t errsz, int *bad) {
   first = lua_absindex(L, first);
   luaL_checkstack(L, n + 2, "too many values to copy");
-  lmsg *m = malloc(sizeof *m);
+  lmsg *m = msg_new(n);
   if (!m) luaL_error(L, "not enough memory");
-  m->data = m->inl;
-  m->len = 0;
-  m->cap = sizeof m->inl;
-  m->refs = NULL;
-  m->nrefs = m->caprefs = 0;
-  m->nvalues = n;
-  m->nids = 0;
   enc e;
   e.m = m;
   e.nids = 0;
@@ -645,4 +651,248 @@ int lcopy_decode(lua_State *L, const lmsg *m) {
   for (int i = 0; i < m->nvalues; i++) decode(&d);
   if (d.ids) lua_remove(L, d.ids);
   return m->nvalues;
+}
+
+/* ---------------------------------------------------------------------- */
+/* A C host's values (ums-lua.h), without a VM                             */
+/* ---------------------------------------------------------------------- */
+
+typedef struct henc {
+  lmsg *m;
+  uint32_t nids;
+  char *err;
+  size_t errsz;
+  const char *root;
+  int top;               /* which top-level value (0-based) */
+} henc;
+
+/* Records "<root>[top]: <what>"; false, for the callers' returns. */
+static bool hfail(henc *e, const char *what) {
+  snprintf(e->err, e->errsz, "%s[%d]: %s", e->root, e->top + 1, what);
+  return false;
+}
+
+static bool hput_tag(henc *e, char tag) {
+  return msg_put(e->m, &tag, 1) || hfail(e, "out of memory");
+}
+
+static bool hencode(henc *e, const ums_lua_value_t *v, int depth) {
+  lmsg *m = e->m;
+  switch (v->type) {
+    case UMS_LUA_TNIL:
+      return hput_tag(e, 'n');
+    case UMS_LUA_TBOOLEAN:
+      return hput_tag(e, v->u.boolean ? 't' : 'f');
+    case UMS_LUA_TINTEGER:
+      return (hput_tag(e, 'i') &&
+              msg_put(m, &v->u.integer, sizeof v->u.integer)) ||
+             hfail(e, "out of memory");
+    case UMS_LUA_TFLOAT:
+      return (hput_tag(e, 'd') &&
+              msg_put(m, &v->u.number, sizeof v->u.number)) ||
+             hfail(e, "out of memory");
+    case UMS_LUA_TSTRING: {
+      size_t n = v->u.string.len;
+      if (!v->u.string.ptr && n) return hfail(e, "string without bytes");
+      return (hput_tag(e, 's') && msg_put(m, &n, sizeof n) &&
+              msg_put(m, v->u.string.ptr, n)) ||
+             hfail(e, "out of memory");
+    }
+    case UMS_LUA_TTABLE: {
+      if (depth >= MAX_DEPTH) return hfail(e, "tables nested too deeply");
+      if (v->u.table.n && !v->u.table.fields)
+        return hfail(e, "table without fields");
+      uint32_t hint = 0;
+      e->nids++;
+      if (!hput_tag(e, 'T') || !msg_put(m, &hint, sizeof hint))
+        return hfail(e, "out of memory");
+      for (size_t i = 0; i < v->u.table.n; i++) {
+        const ums_lua_field_t *f = &v->u.table.fields[i];
+        if (f->key.type == UMS_LUA_TNIL) return hfail(e, "table key is nil");
+        if (f->key.type == UMS_LUA_TFLOAT && f->key.u.number != f->key.u.number)
+          return hfail(e, "table key is NaN");
+        if (!hencode(e, &f->key, depth + 1) ||
+            !hencode(e, &f->value, depth + 1))
+          return false;
+      }
+      return hput_tag(e, 'e');
+    }
+    default: {
+      char what[64];
+      snprintf(what, sizeof what, "unknown value type %d", v->type);
+      return hfail(e, what);
+    }
+  }
+}
+
+lmsg *lcopy_from_values(const ums_lua_value_t *v, int n, const char *root,
+                        char *err, size_t errsz) {
+  lmsg *m = msg_new(n);
+  if (!m) {
+    snprintf(err, errsz, "out of memory");
+    return NULL;
+  }
+  henc e = {m, 0, err, errsz, root, 0};
+  for (int i = 0; i < n; i++) {
+    e.top = i;
+    if (!hencode(&e, &v[i], 0)) {
+      lcopy_free(m);
+      return NULL;
+    }
+  }
+  m->nids = e.nids;
+  return m;
+}
+
+/* Reading a message back into host values. A reference ('r') to a table
+** met before is read again from where that table starts, with the same
+** ids given in the same order (ids count tables and functions in the
+** order they are met, and a table's inner ones follow its own), unless
+** that table is still open: a cycle, which C values cannot hold. */
+typedef struct hdec {
+  const lmsg *m;
+  size_t *at;            /* id -> offset of its 'T' or 'F' */
+  bool *open;            /* id -> a table being read, enclosing this one */
+  uint32_t known;        /* ids met so far */
+  size_t budget;         /* values left before "too large" */
+  char *err;
+  size_t errsz;
+  const char *root;
+  int top;
+} hdec;
+
+/* Values one message may expand to (references read again). */
+#define HOST_BUDGET ((size_t)1 << 24)
+
+static bool hdfail(hdec *d, const char *what) {
+  snprintf(d->err, d->errsz, "%s[%d]: %s", d->root, d->top + 1, what);
+  return false;
+}
+
+static bool hget(hdec *d, size_t *pos, void *out, size_t n) {
+  if (d->m->len - *pos < n) return hdfail(d, "corrupt message");
+  memcpy(out, d->m->data + *pos, n);
+  *pos += n;
+  return true;
+}
+
+static bool hdecode(hdec *d, size_t *pos, uint32_t *id,
+                    ums_lua_value_t *out, int depth);
+
+static bool hdecode_table(hdec *d, size_t *pos, uint32_t *id,
+                          ums_lua_value_t *out, int depth) {
+  uint32_t hint, me = (*id)++;
+  if (me >= d->m->nids) return hdfail(d, "corrupt message");
+  d->at[me] = *pos - 1;
+  if (me >= d->known) d->known = me + 1;
+  if (!hget(d, pos, &hint, sizeof hint)) return false;
+  if (depth >= MAX_DEPTH) return hdfail(d, "tables nested too deeply");
+  d->open[me] = true;
+  *out = ums_lua_table();
+  for (;;) {
+    if (*pos < d->m->len && d->m->data[*pos] == 'e') {
+      (*pos)++;
+      break;
+    }
+    ums_lua_field_t f;
+    f.key = f.value = ums_lua_nil();
+    if (!hdecode(d, pos, id, &f.key, depth + 1) ||
+        !hdecode(d, pos, id, &f.value, depth + 1)) {
+      ums_lua_value_free(&f.key);
+      ums_lua_value_free(&f.value);
+      return false;
+    }
+    if (ums_lua_table_set(out, f.key, f.value) != 0)
+      return hdfail(d, "out of memory");
+  }
+  d->open[me] = false;
+  return true;
+}
+
+static bool hdecode(hdec *d, size_t *pos, uint32_t *id,
+                    ums_lua_value_t *out, int depth) {
+  char tag;
+  *out = ums_lua_nil();
+  if (d->budget == 0) return hdfail(d, "too many values");
+  d->budget--;
+  if (!hget(d, pos, &tag, 1)) return false;
+  switch (tag) {
+    case 'n':
+      return true;
+    case 'f':
+    case 't':
+      *out = ums_lua_boolean(tag == 't');
+      return true;
+    case 'i': {
+      int64_t v;
+      if (!hget(d, pos, &v, sizeof v)) return false;
+      *out = ums_lua_integer(v);
+      return true;
+    }
+    case 'd': {
+      double v;
+      if (!hget(d, pos, &v, sizeof v)) return false;
+      *out = ums_lua_float(v);
+      return true;
+    }
+    case 's': {
+      size_t n;
+      if (!hget(d, pos, &n, sizeof n)) return false;
+      if (d->m->len - *pos < n) return hdfail(d, "corrupt message");
+      *out = ums_lua_lstring(d->m->data + *pos, n);
+      *pos += n;
+      return out->type == UMS_LUA_TSTRING || hdfail(d, "out of memory");
+    }
+    case 'T':
+      return hdecode_table(d, pos, id, out, depth);
+    case 'r': {
+      uint32_t ref;
+      if (!hget(d, pos, &ref, sizeof ref)) return false;
+      if (ref >= d->known) return hdfail(d, "corrupt message");
+      if (d->open[ref])
+        return hdfail(d, "a table that contains itself (a cycle cannot "
+                         "reach the host)");
+      if (d->m->data[d->at[ref]] != 'T')
+        return hdfail(d, "a function cannot reach the host");
+      size_t again = d->at[ref] + 1;
+      uint32_t rid = ref;
+      return hdecode_table(d, &again, &rid, out, depth);
+    }
+    case 'F':
+      return hdfail(d, "a function cannot reach the host");
+    case 'o':
+      return hdfail(d, "a ums shared object cannot reach the host");
+    default:
+      return hdfail(d, "corrupt message");
+  }
+}
+
+int lcopy_to_values(const lmsg *m, ums_lua_value_t **out, const char *root,
+                    char *err, size_t errsz) {
+  *out = NULL;
+  if (m->nvalues == 0) return 0;
+  ums_lua_value_t *v = calloc((size_t)m->nvalues, sizeof *v);
+  hdec d = {m, NULL, NULL, 0, HOST_BUDGET, err, errsz, root, 0};
+  if (m->nids) {
+    d.at = calloc(m->nids, sizeof *d.at);
+    d.open = calloc(m->nids, sizeof *d.open);
+  }
+  bool ok = v && (!m->nids || (d.at && d.open));
+  if (!ok) snprintf(err, errsz, "out of memory");
+  size_t pos = 0;
+  uint32_t id = 0;
+  int i;
+  for (i = 0; ok && i < m->nvalues; i++) {
+    d.top = i;
+    ok = hdecode(&d, &pos, &id, &v[i], 0);
+  }
+  free(d.at);
+  free(d.open);
+  if (!ok) {
+    for (int j = 0; v && j < i; j++) ums_lua_value_free(&v[j]);
+    free(v);
+    return -1;
+  }
+  *out = v;
+  return 0;
 }

@@ -53,7 +53,7 @@ typedef struct proxy {
 /* Objects and proxies                                                     */
 /* ---------------------------------------------------------------------- */
 
-static void lshared_init(lshared *o, const lshared_kind *k) {
+void lshared_init(lshared *o, const lshared_kind *k) {
   o->kind = k;
   atomic_init(&o->refs, 1);
   pthread_mutex_init(&o->lock, NULL);

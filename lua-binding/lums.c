@@ -752,6 +752,27 @@ static void monitor_start(lrun *r) {
                                       r) == 0;
 }
 
+/* A hosted run has no main VM to own the quantum monitor: an lrun that
+** is no VM (no Lua state, no tasks) owns it instead, made and freed by
+** lhost.c around the run. Its fields other than the monitor's, vms and
+** quantum stay zero. */
+static void monitor_stop(lrun *r);
+
+lrun *lums_monitor_new(lvms *vms, int64_t quantum) {
+  lrun *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->vms = vms;
+  r->quantum = quantum;
+  monitor_start(r);
+  return r;
+}
+
+void lums_monitor_free(lrun *r) {
+  if (!r) return;
+  monitor_stop(r);
+  free(r);
+}
+
 void lums_request_hook(lrun *r) {
 #ifndef QUANTUM_POLL
   /* With a quantum, the quantum monitor has signalled this long step
@@ -1169,6 +1190,9 @@ static void swap_os_exit(lua_State *L, bool install);
 
 static int run_os_exit(lua_State *L) {
   ltask *t = lums_cur_task;
+  if (t && t->run && lums_vms_hosted(t->run->vms))
+    return luaL_error(L, "os.exit: not available in work run by a C host "
+                         "(raise an error or return instead)");
   if (!t || !t->run) {
     /* Not from a task (a finalizer on the main thread): the real one. */
     lua_getfield(L, LUA_REGISTRYINDEX, "ums.os_exit");
@@ -1417,7 +1441,7 @@ static void pin_module(void) {
     dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
-int luaopen_ums_core(lua_State *L) {
+int lums_open(lua_State *L) {
   static const luaL_Reg task_methods[] = {
       {"join", l_task_join},     {"cancel", l_task_cancel},
       {"status", l_task_status}, {"name", l_task_name},

@@ -335,6 +335,13 @@ LUMS_HIDDEN void lums_swap_os_exit(lua_State *L, bool install);
 /* Reports the errors of tasks nobody joined in L's VM (end of a run). */
 LUMS_HIDDEN void lums_report_errors(lua_State *L);
 
+/* The quantum monitor of a hosted run (lhost.c), which has no main VM to
+** own it: started now for every VM of vms (none when quantum <= 0),
+** stopped and freed by lums_monitor_free (NULL is ignored). NULL when
+** out of memory. */
+LUMS_HIDDEN lrun *lums_monitor_new(lvms *vms, int64_t quantum);
+LUMS_HIDDEN void lums_monitor_free(lrun *r);
+
 /* lshared.c: shared objects (ums.shared.*), registered in every VM. */
 LUMS_HIDDEN void lums_open_shared(lua_State *L);
 /* lvm.c: ums.submit and the rest of the many-VM API. */

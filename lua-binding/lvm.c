@@ -61,8 +61,6 @@
 /* Run-wide state                                                          */
 /* ---------------------------------------------------------------------- */
 
-typedef struct lreq lreq;
-
 typedef struct lreqq {
   lreq *head, *tail;
   int n;
@@ -85,6 +83,9 @@ struct lvms {
   lrun *main;            /* [const once set] the main VM's lrun */
   char *path, *cpath;    /* [const] package.path, package.cpath */
   char *init;            /* [const] the init module, or NULL */
+  lums_vm_setup_fn setup;  /* [const] hosted: the host's setup, or NULL */
+  void *setup_arg;       /* [const] */
+  bool hosted;           /* [const] no main VM (lhost.c) */
   _Atomic(lrun *) *vm;   /* [atomic; written once by the scheduler] */
   lvmslot *slot;         /* [owner: scheduler i's thread] */
 
@@ -110,48 +111,21 @@ struct lvms {
 /* Work requests                                                           */
 /* ---------------------------------------------------------------------- */
 
-enum { R_QUEUED, R_STARTING, R_RUNNING, R_DONE };
-enum { O_OK, O_ERROR, O_CANCELLED };
+/* struct lreq is in lvm.h: lhost.c makes requests too. */
 
-/* A work request and its handle (a shared object, "ums.work"). The
-** handles in any VM hold references; so does the run while the request
-** is not done (active list) and, if it failed, until the run's end
-** (failed list). */
-struct lreq {
-  lshared h;
-  ums_runtime_t *rt;     /* [const] */
-  lvms *vms;             /* [const] valid while the request is not done */
-  char *name;            /* [const] "module.function", or NULL */
-  lmsg *fn;              /* [owner: the queue, then its task] the function
-                            (NULL with a name) */
-  lmsg *args;            /* [owner: the queue, then its task] */
-  /* [h.lock] */
-  int state;             /* R_* */
-  bool cancel_req;       /* cancel asked after it left its queue, before
-                            its task began */
-  bool joined;           /* somebody took the outcome */
-  ums_task_t task;       /* R_RUNNING: its task */
-  int sched;             /* where it runs or ran; -1 before */
-  lswaitq joiners;
-  /* [h.lock; const once R_DONE] */
-  int outcome;           /* O_* */
-  lmsg *results;         /* the results (O_OK) or the error value */
-  char *traceback;
-  /* [vms->lock] */
-  lreq *qprev, *qnext;   /* in vms->q[home] while queued */
-  int home;              /* the queue it is in */
-  bool queued;
-  lreq *lprev, *lnext;   /* in vms->active or vms->failed */
-};
-
-static void req_destroy(lshared *o) {
-  lreq *r = (lreq *)o;
+void lums_req_clear(lreq *r) {
   free(r->name);
+  free(r->chunk);
+  free(r->chunkname);
   lcopy_free(r->fn);
   lcopy_free(r->args);
   lcopy_free(r->results);
   free(r->traceback);
-  free(r);
+}
+
+static void req_destroy(lshared *o) {
+  lums_req_clear((lreq *)o);
+  free(o);
 }
 
 static const luaL_Reg work_methods[];
@@ -212,9 +186,12 @@ static void req_finish(lreq *r, int outcome, lmsg *results, const char *tb) {
   pthread_mutex_unlock(&r->h.lock);
   pthread_mutex_lock(&v->lock);
   list_remove(&v->active, r);
-  bool keep = outcome == O_ERROR;
+  /* A host request's outcome always reaches the host (on_finish); only
+  ** Lua ones wait for on_error at the end of the run. */
+  bool keep = outcome == O_ERROR && !r->on_finish;
   if (keep) list_push(&v->failed, r);
   pthread_mutex_unlock(&v->lock);
+  if (r->on_finish) r->on_finish(r);
   if (!keep) lshared_unref(&r->h);
 }
 
@@ -315,7 +292,8 @@ static char *dup_field(lua_State *L, const char *tbl, const char *key) {
   return s;
 }
 
-lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt) {
+/* The run-wide state without any VM's settings; NULL when out of memory. */
+static lvms *vms_alloc(ums_runtime_t *rt) {
   int n = ums_runtime_schedulers(rt);
   lvms *v = calloc(1, sizeof *v);
   if (!v) return NULL;
@@ -334,6 +312,16 @@ lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&v->quiet_cond, &ca);
   pthread_condattr_destroy(&ca);
+  if (!v->vm || !v->slot || !v->q || !v->disp || !v->rows) {
+    lums_vms_close(NULL, v);
+    return NULL;
+  }
+  return v;
+}
+
+lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt) {
+  lvms *v = vms_alloc(rt);
+  if (!v) return NULL;
   int top = lua_gettop(L);
   v->path = dup_field(L, "package", "path");
   v->cpath = dup_field(L, "package", "cpath");
@@ -341,12 +329,38 @@ lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt) {
       lua_getfield(L, -1, "init") == LUA_TSTRING)
     v->init = strdup(lua_tostring(L, -1));
   lua_settop(L, top);
-  if (!v->vm || !v->slot || !v->q || !v->disp || !v->rows) {
-    lums_vms_close(L, v);
+  return v;
+}
+
+/* strdup of NULL is NULL; *ok turns false when memory runs out. */
+static char *dup_opt(const char *s, bool *ok) {
+  char *d = s ? strdup(s) : NULL;
+  if (s && !d) *ok = false;
+  return d;
+}
+
+lvms *lums_vms_new_hosted(ums_runtime_t *rt, const char *path,
+                          const char *cpath, const char *init,
+                          int64_t quantum, lums_vm_setup_fn setup,
+                          void *setup_arg) {
+  lvms *v = vms_alloc(rt);
+  if (!v) return NULL;
+  bool ok = true;
+  v->hosted = true;
+  v->path = dup_opt(path, &ok);
+  v->cpath = dup_opt(cpath, &ok);
+  v->init = dup_opt(init, &ok);
+  v->quantum = quantum;
+  v->setup = setup;
+  v->setup_arg = setup_arg;
+  if (!ok) {
+    lums_vms_close(NULL, v);
     return NULL;
   }
   return v;
 }
+
+bool lums_vms_hosted(lvms *v) { return v->hosted; }
 
 void lums_vms_set_main(lvms *v, lrun *main) {
   v->main = main;
@@ -379,13 +393,18 @@ static int vm_setup(lua_State *L) {
   /* This module itself, however the main VM got it (a host may have
   ** linked it in rather than put it on package.cpath). */
   lua_getfield(L, -1, "preload");
-  lua_pushcfunction(L, luaopen_ums_core);
+  lua_pushcfunction(L, lums_open);
   lua_setfield(L, -2, "ums.core");
   lua_pop(L, 2);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "ums");
   lua_call(L, 1, 0);
   lums_swap_os_exit(L, true);
+  if (v->setup) {
+    int rc = v->setup(L, s, v->setup_arg);
+    if (rc != 0)
+      return luaL_error(L, "the host's setup function returned %d", rc);
+  }
   /* Last: nothing after it may fail and leave it behind. */
   lrun *r = lums_run_new(L, v, v->rt, s, v->quantum);
   if (!r) return luaL_error(L, "out of memory");
@@ -514,6 +533,10 @@ static int req_body(lua_State *L) {
       return luaL_error(L, "ums.submit: '%s' is not a function (%s)",
                         r->name, luaL_typename(L, -1));
     lua_remove(L, 1);
+  } else if (r->chunk) {
+    if (luaL_loadbufferx(L, r->chunk, r->chunklen, r->chunkname, "t") !=
+        LUA_OK)
+      return lua_error(L);
   } else {
     lmsg *fn = r->fn;
     r->fn = NULL;  /* this task's now */
@@ -672,7 +695,12 @@ static void start_request(lvms *v, int s, lreq *r) {
         snprintf(buf, sizeof buf, "ums.submit: cannot start the work: %s",
                  lua_tostring(L, -1) ? lua_tostring(L, -1) : "?");
         lua_pop(L, 1);
-        req_fail(r, buf);
+        /* The runtime refused the task because the run is being shut
+        ** down: that is a cancellation, not an error of the work. */
+        if (atomic_load(&v->stopping))
+          req_finish(r, O_CANCELLED, NULL, "the run ended before it started");
+        else
+          req_fail(r, buf);
       }
     }
     lums_cur_task = prev;
@@ -782,7 +810,7 @@ static int disp_spawn(lvms *v, int s) {
 /* ---------------------------------------------------------------------- */
 
 /* The scheduler with the fewest tasks plus queued requests; the caller's
-** own wins ties. [v->lock] */
+** own (here; -1: none, a host thread) wins ties. [v->lock] */
 static int least_loaded(lvms *v, int here) {
   ums_runtime_stats(v->rt, v->rows, v->nsched);
   int best = here;
@@ -802,6 +830,47 @@ static int least_loaded(lvms *v, int here) {
 static bool good_name(const char *s, size_t len) {
   const char *dot = strrchr(s, '.');
   return len > 0 && strlen(s) == len && dot && dot != s && dot[1] != '\0';
+}
+
+int lums_req_queue(lvms *v, lreq *r, int target, int here) {
+  bool spawn[v->nsched];
+  lshared_ref(&r->h);  /* the run's, until done */
+  lums_vms_hold(v);    /* the queue's, until started or cancelled */
+  pthread_mutex_lock(&v->lock);
+  if (target < 0) target = least_loaded(v, here);
+  r->home = target;
+  r->queued = true;
+  q_push(&v->q[target], r);
+  list_push(&v->active, r);
+  /* A dispatcher on every scheduler: the target's starts it, an idle
+  ** one may steal it. */
+  for (int i = 0; i < v->nsched; i++) {
+    spawn[i] = !v->disp[i];
+    if (spawn[i]) v->disp[i] = true;
+  }
+  pthread_mutex_unlock(&v->lock);
+  int rc = 0;
+  for (int i = 0; i < v->nsched; i++) {
+    if (!spawn[i]) continue;
+    int e = disp_spawn(v, i);
+    if (e && !rc) rc = e;
+  }
+  if (rc == UMS_ESHUTDOWN) {
+    /* The run is ending: nothing will start it. */
+    pthread_mutex_lock(&v->lock);
+    bool was = r->queued;
+    if (was) {
+      q_remove(&v->q[r->home], r);
+      r->queued = false;
+    }
+    pthread_mutex_unlock(&v->lock);
+    if (was) {
+      req_finish(r, O_CANCELLED, NULL, "the run is ending");
+      lums_vms_release(v);
+      return UMS_ESHUTDOWN;
+    }
+  }
+  return 0;
 }
 
 /* Submits the function (or name) at fidx with the values above it. */
@@ -840,43 +909,8 @@ static int submit(lua_State *L, int target, int fidx, const char *fname) {
                          &bad);
   if (!r->args) lums_argerr(L, ufidx + 1 + bad, fname, err);
 
-  bool spawn[v->nsched];
-  lshared_ref(&r->h);  /* the run's, until done */
-  lums_vms_hold(v);    /* the queue's, until started or cancelled */
-  pthread_mutex_lock(&v->lock);
-  if (target < 0) target = least_loaded(v, me->run->sched);
-  r->home = target;
-  r->queued = true;
-  q_push(&v->q[target], r);
-  list_push(&v->active, r);
-  /* A dispatcher on every scheduler: the target's starts it, an idle
-  ** one may steal it. */
-  for (int i = 0; i < v->nsched; i++) {
-    spawn[i] = !v->disp[i];
-    if (spawn[i]) v->disp[i] = true;
-  }
-  pthread_mutex_unlock(&v->lock);
-  int rc = 0;
-  for (int i = 0; i < v->nsched; i++) {
-    if (!spawn[i]) continue;
-    int e = disp_spawn(v, i);
-    if (e && !rc) rc = e;
-  }
-  if (rc == UMS_ESHUTDOWN) {
-    /* The run is ending: nothing will start it. */
-    pthread_mutex_lock(&v->lock);
-    bool was = r->queued;
-    if (was) {
-      q_remove(&v->q[r->home], r);
-      r->queued = false;
-    }
-    pthread_mutex_unlock(&v->lock);
-    if (was) {
-      req_finish(r, O_CANCELLED, NULL, "the run is ending");
-      lums_vms_release(v);
-      return luaL_error(L, "ums.%s: the run is ending", fname);
-    }
-  }
+  if (lums_req_queue(v, r, target, me->run->sched) == UMS_ESHUTDOWN)
+    return luaL_error(L, "ums.%s: the run is ending", fname);
   lua_settop(L, fidx - 1);  /* the handle */
   return 1;
 }
@@ -996,11 +1030,7 @@ static int work_join(lua_State *L) {
   return lums_park_finish(L, me, (lua_KContext)w, join_k);
 }
 
-/* w:cancel() -> true if the request was not done: one not started never
-** starts; a running one sees ums.CANCELLED at its next wait (its quantum,
-** if it computes). false once done. */
-static int work_cancel(lua_State *L) {
-  lreq *r = check_work(L, "cancel");
+bool lums_req_cancel(lreq *r) {
   lvms *v = r->vms;
   bool dequeued = false, ok = true;
   ums_task_t task = 0;
@@ -1033,7 +1063,14 @@ static int work_cancel(lua_State *L) {
     lums_vms_release(v);
   }
   if (task) ums_task_cancel(r->rt, task);
-  lua_pushboolean(L, ok);
+  return ok;
+}
+
+/* w:cancel() -> true if the request was not done: one not started never
+** starts; a running one sees ums.CANCELLED at its next wait (its quantum,
+** if it computes). false once done. */
+static int work_cancel(lua_State *L) {
+  lua_pushboolean(L, lums_req_cancel(check_work(L, "cancel")));
   return 1;
 }
 
@@ -1127,8 +1164,22 @@ void lums_vms_close(lua_State *L, lvms *v) {
   while (v->active)
     req_finish(v->active, O_CANCELLED, NULL,
                "the run ended before it started");
-  if (v->main) report_failed(L, v);
-  for (int i = 1; v->slot && i < v->nsched; i++) {
+  /* The main VM reports the failed requests nobody joined; a hosted run
+  ** has none, and the first VM it made does it. */
+  lua_State *RL = L;
+  int first = v->main ? 1 : 0;
+  for (int i = first; !v->main && v->slot && i < v->nsched && !RL; i++)
+    RL = v->slot[i].L;
+  if (RL) {
+    report_failed(RL, v);
+  } else {
+    lreq *r;
+    while ((r = v->failed) != NULL) {
+      list_remove(&v->failed, r);
+      lshared_unref(&r->h);
+    }
+  }
+  for (int i = first; v->slot && i < v->nsched; i++) {
     lvmslot *sl = &v->slot[i];
     lrun *r = atomic_load_explicit(&v->vm[i], memory_order_acquire);
     if (sl->L) {
@@ -1141,7 +1192,7 @@ void lums_vms_close(lua_State *L, lvms *v) {
     }
     free(sl->init_err);
   }
-  if (v->slot) free(v->slot[0].init_err);
+  if (v->slot && first == 1) free(v->slot[0].init_err);
   free(v->vm);
   free(v->slot);
   free(v->q);

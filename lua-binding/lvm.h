@@ -9,7 +9,8 @@
 **             structs, one proxy userdata per VM, waits that park the task
 **             and wake-ups that go through the runtime's unpark (so a task
 **             of another scheduler is woken through its completion list).
-** lums.c calls the lums_vms_* functions around a run.
+** lums.c calls the lums_vms_* functions around a run; lhost.c (the C
+** host API of ums-lua.h) drives the same machinery without a main VM.
 */
 #ifndef LVM_H
 #define LVM_H
@@ -18,7 +19,10 @@
 
 #include <pthread.h>
 
-int luaopen_ums_core(lua_State *L);
+#include "ums-lua.h"
+
+/* What require "ums.core" runs (lums.c); public as ums_lua_open. */
+LUMS_HIDDEN int lums_open(lua_State *L);
 
 /* ====================================================================== */
 /* The VMs of a run (lvm.c)                                                */
@@ -28,6 +32,19 @@ int luaopen_ums_core(lua_State *L);
 ** run starts: package.path, package.cpath and the init module are read
 ** from L (the main VM) now. NULL when out of memory. */
 LUMS_HIDDEN lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt);
+/* A hosted run (lhost.c): no main VM; every scheduler's VM, scheduler 0's
+** included, is made by lvm.c on its own thread, with these paths (NULL:
+** Lua's defaults), init module (NULL: none) and quantum (ns, 0: none),
+** and setup(L, sched, arg) called in it after require "ums" and before
+** the init module (may raise; the VM then refuses its work). Any thread.
+** NULL when out of memory. Closed by lums_vms_close(NULL, v). */
+typedef int (*lums_vm_setup_fn)(lua_State *L, int sched, void *arg);
+LUMS_HIDDEN lvms *lums_vms_new_hosted(ums_runtime_t *rt, const char *path,
+                                      const char *cpath, const char *init,
+                                      int64_t quantum, lums_vm_setup_fn setup,
+                                      void *setup_arg);
+/* Whether v is a hosted run (no main VM, no os.exit of its own). */
+LUMS_HIDDEN bool lums_vms_hosted(lvms *v);
 /* Records the main VM's lrun as the VM of scheduler 0. */
 LUMS_HIDDEN void lums_vms_set_main(lvms *v, lrun *main);
 /* Number of schedulers, and the VM of scheduler i (NULL: none yet). Any
@@ -54,6 +71,15 @@ LUMS_HIDDEN void lums_vms_stop(lvms *v);
 ** errors of submitted work nobody joined, closes the VMs of the other
 ** schedulers and frees v. L is the main VM, on the main thread. */
 LUMS_HIDDEN void lums_vms_close(lua_State *L, lvms *v);
+
+/* ====================================================================== */
+/* Work requests (lvm.c)                                                   */
+/* ====================================================================== */
+
+typedef struct lreq lreq;
+
+/* Copying values needs lmsg and lshared (below); the request itself is
+** defined after them. */
 
 /* ====================================================================== */
 /* Copying values (lcopy.c)                                                */
@@ -97,6 +123,21 @@ LUMS_HIDDEN int lcopy_decode_free(lua_State *L, lmsg *m);
 /* Frees m and drops its references. NULL is ignored. Any thread. */
 LUMS_HIDDEN void lcopy_free(lmsg *m);
 
+/* A C host's values (ums_lua_value_t, trees of nil, booleans, integers,
+** floats, strings and tables) to a message, without a VM: NULL with err
+** set to "<root>[i]<path>: <why>" for a bad value (an unknown type, a nil
+** or NaN key) or "out of memory". Any thread. */
+LUMS_HIDDEN lmsg *lcopy_from_values(const ums_lua_value_t *v, int n,
+                                    const char *root, char *err,
+                                    size_t errsz);
+/* A message to the host's values: 0 with *out (m->nvalues values, NULL
+** when none; the caller frees each and the array) or -1 with err set:
+** functions and shared objects cannot reach the host, nor a table that
+** contains itself. A table met twice without a cycle is copied twice.
+** Any thread. */
+LUMS_HIDDEN int lcopy_to_values(const lmsg *m, ums_lua_value_t **out,
+                                const char *root, char *err, size_t errsz);
+
 /* ====================================================================== */
 /* Shared objects (lshared.c)                                              */
 /* ====================================================================== */
@@ -117,6 +158,8 @@ struct lshared {
   pthread_mutex_t lock;        /* guards the kind's own state */
 };
 
+/* Fills the header of a zeroed object made in C (no proxy): refs 1. */
+LUMS_HIDDEN void lshared_init(lshared *o, const lshared_kind *k);
 LUMS_HIDDEN void lshared_ref(lshared *o);
 LUMS_HIDDEN void lshared_unref(lshared *o);
 /* The shared object at idx of L, or NULL. */
@@ -172,6 +215,64 @@ LUMS_HIDDEN int lshared_wait_end(lswait *w, lmsg **msg);
 ** msg is not NULL, the granted waiter gets it in w->msg. */
 LUMS_HIDDEN lswait *lshared_grant(lswaitq *q, int outcome, lmsg *msg);
 LUMS_HIDDEN void lshared_grant_all(lswaitq *q, int outcome);
+
+/* ---- Work requests (lvm.c) ---- */
+
+enum { R_QUEUED, R_STARTING, R_RUNNING, R_DONE };
+enum { O_OK, O_ERROR, O_CANCELLED };
+
+/* A work request. Made by ums.submit (a shared object, "ums.work", whose
+** handles in any VM hold references) or by a C host (lhost.c, kind
+** "ums.host.work", held by the host's handle). The run holds a reference
+** while the request is not done (active list) and, for a Lua request
+** that failed, until the run's end (failed list). */
+struct lreq {
+  lshared h;
+  ums_runtime_t *rt;     /* [const] */
+  lvms *vms;             /* [const] valid while the request is not done */
+  char *name;            /* [const] "module.function", or NULL */
+  char *chunk;           /* [const] host: Lua source to load, or NULL */
+  size_t chunklen;       /* [const] */
+  char *chunkname;       /* [const] host: its name in tracebacks */
+  lmsg *fn;              /* [owner: the queue, then its task] the function
+                            (NULL with a name or a chunk) */
+  lmsg *args;            /* [owner: the queue, then its task] */
+  /* Called once by req_finish, after the outcome is stored and before
+  ** the run lets go of the request, on the thread that ends it (host
+  ** requests: results to the host, its callback). NULL for Lua ones. */
+  void (*on_finish)(lreq *r);  /* [const] */
+  /* [h.lock] */
+  int state;             /* R_* */
+  bool cancel_req;       /* cancel asked after it left its queue, before
+                            its task began */
+  bool joined;           /* somebody took the outcome */
+  ums_task_t task;       /* R_RUNNING: its task */
+  int sched;             /* where it runs or ran; -1 before */
+  lswaitq joiners;
+  /* [h.lock; const once R_DONE] */
+  int outcome;           /* O_* */
+  lmsg *results;         /* the results (O_OK) or the error value */
+  char *traceback;
+  /* [vms->lock] */
+  lreq *qprev, *qnext;   /* in vms->q[home] while queued */
+  int home;              /* the queue it is in */
+  bool queued;
+  lreq *lprev, *lnext;   /* in vms->active or vms->failed */
+};
+
+/* Frees what a request owns (not r itself): its kind's destroy calls it. */
+LUMS_HIDDEN void lums_req_clear(lreq *r);
+/* Queues r, filled by its maker (rt, vms, the work, state R_QUEUED,
+** sched -1) and holding its maker's reference, on scheduler target (< 0:
+** the least-loaded one, here winning ties; here may be -1), and starts
+** dispatchers. Takes the run's reference and hold. Returns 0, or
+** UMS_ESHUTDOWN when the run is ending (r is then finished cancelled).
+** Any thread. */
+LUMS_HIDDEN int lums_req_queue(lvms *v, lreq *r, int target, int here);
+/* Cancels r: one not started never starts (finished cancelled here, on
+** the calling thread); a running one sees ums.CANCELLED at its next wait
+** (or quantum). false once done. Any thread. */
+LUMS_HIDDEN bool lums_req_cancel(lreq *r);
 
 /* ums.shared.channel([size]), for lchan.c's channel{shared = true}. */
 LUMS_HIDDEN int lums_shared_channel(lua_State *L);

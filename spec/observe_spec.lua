@@ -421,6 +421,36 @@ describe("ums.waits", function()
     end)
   end)
 
+  it("are timed to the nanosecond with stats = \"precise\"", function()
+    ums.config { stats = "precise" }
+    assert.equal("precise", ums.config().stats)
+    run(function()
+      -- Channel waits far shorter than the default wait clock's 1 ms tick
+      -- are timed one by one.
+      local ch = ums.channel()
+      local p = ums.spawn(function()
+        for i = 1, 200 do ch:send(i) end
+      end)
+      for _ = 1, 200 do ch:recv() end
+      p:join()
+      local r, s = wait_row("channel_recv"), wait_row("channel_send")
+      local n = (r and r.count or 0) + (s and s.count or 0)
+      local total = (r and r.total or 0) + (s and s.total or 0)
+      assert.is_true(n > 0)
+      assert.is_true(total > 0 and total / n < 0.001, total / n)
+      ums.sleep(0.03)
+      assert.is_true(wait_row("sleep").max >= 0.029)
+    end)
+  end)
+
+  it("refuses a stats setting that is neither a boolean nor \"precise\"",
+     function()
+    local ok, err = pcall(ums.config, { stats = "fast" })
+    assert.is_false(ok)
+    assert.matches('stats', err)
+    assert.matches('"precise"', err, 1, true)
+  end)
+
   it("are timed on the virtual clock of a virtual-clock run", function()
     ums.test(function()
       local t0 = ums.now()

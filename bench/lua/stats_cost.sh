@@ -2,7 +2,8 @@
 # The cost of wait statistics and CPU sampling (issue 7) on the switch and
 # channel benchmarks, in instructions per operation (callgrind), stats on
 # against stats off in the same tree, and optionally against another tree
-# (a build of an earlier commit: --base).
+# (a build of an earlier commit: --base); UMS_STATS=precise as well, and
+# the same channel between two C tasks (c_channel, bench/stats_pingpong.c).
 #
 #   bench/lua/stats_cost.sh [--build-dir DIR] [--base ROOT:BUILD] [--n N]
 #
@@ -24,7 +25,7 @@ while (($#)); do
     --build-dir) build=$2; shift ;;
     --base) base=$2; shift ;;
     --n) n=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "stats_cost.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -32,7 +33,7 @@ done
 command -v valgrind >/dev/null || { echo "stats_cost.sh: no valgrind" >&2; exit 2; }
 [[ -f "$build/CMakeCache.txt" ]] ||
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target ums_lua fixed_time >/dev/null
+cmake --build "$build" --target ums_lua fixed_time stats_pingpong >/dev/null
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -42,12 +43,21 @@ mktree() { # name root build
   ln -s "$2/stdlib" "$tmp/$1/stdlib"
   ln -s "$3/lua-binding" "$tmp/$1/lb"
   ln -s "$root/bench/lua/stats_cost.lua" "$tmp/$1/w.lua"
+  ln -s "$3/bench/stats_pingpong" "$tmp/$1/pingpong"
 }
 mktree new "$root" "$build"
 if [[ -n "$base" ]]; then mktree old "${base%%:*}" "${base#*:}"; fi
 
-count() { # tree stats(yes|off) workload n
+count() { # tree stats(yes|off|precise) workload n
   local d="$tmp/$1"
+  if [[ $3 == c_channel ]]; then
+    # The same channel between two C tasks (bench/stats_pingpong.c).
+    env UMS_STATS="$2" UMS_IO=pool \
+      valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        "$d/pingpong" "$4" 2>&1 |
+      sed -n 's/.*Collected : //p'
+    return
+  fi
   env UMS_STATS="$2" UMS_IO=pool LD_PRELOAD="$build/bench/lua/fixed_time.so" \
     LUA_PATH="$d/stdlib/?.lua;$d/stdlib/?/init.lua;;" \
     LUA_CPATH="$d/lb/?.so;;" \
@@ -63,18 +73,24 @@ per_op() { # tree stats workload
 }
 
 echo "command: $0 --n $n${base:+ --base $base} (build: $build)"
-printf "%-8s %14s %14s %8s" workload "stats on" "stats off" "on/off"
-[[ -n "$base" ]] && printf " %14s %8s" "base" "on/base"
+printf "%-9s %11s %11s %8s %11s %8s" workload "stats on" "stats off" \
+  "on/off" "precise" "prec/off"
+[[ -n "$base" ]] && printf " %11s %8s" "base" "on/base"
 printf "   (instructions per op)\n"
-for w in switch channel; do
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+for w in switch channel c_channel; do
   on=$(per_op new yes "$w")
   off=$(per_op new off "$w")
-  printf "%-8s %14s %14s %8s" "$w" "$on" "$off" \
-    "$(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.3f", a / b }')"
+  precise=$(per_op new precise "$w")
+  printf "%-9s %11s %11s %8s %11s %8s" "$w" "$on" "$off" "$(ratio "$on" "$off")" \
+    "$precise" "$(ratio "$precise" "$off")"
   if [[ -n "$base" ]]; then
-    old=$(per_op old off "$w")
-    printf " %14s %8s" "$old" \
-      "$(awk -v a="$on" -v b="$old" 'BEGIN { printf "%.3f", a / b }')"
+    if [[ $w != c_channel || -x "${base#*:}/bench/stats_pingpong" ]]; then
+      old=$(per_op old off "$w")
+      printf " %11s %8s" "$old" "$(ratio "$on" "$old")"
+    else
+      printf " %11s %8s" "-" "-"
+    fi
   fi
   printf "\n"
 done

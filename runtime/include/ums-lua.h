@@ -9,9 +9,11 @@
 **     pool behind ums_preempt, runtime/PREEMPT.md) and resumes the calling
 **     task through a continuation with the results. Only the calling task
 **     waits; its scheduler keeps running the others.
-**   - C hosts that embed ums with Lua VMs will get their section here too;
-**     it follows the same rules (one function table, versioned, append
-**     only).
+**   - C hosts (section "Embedding: a C host runs Lua work"): a program
+**     that links libums-lua and libums (`pkg-config --cflags --libs ums`)
+**     creates a runtime with a Lua VM per scheduler and submits Lua work
+**     to it from any of its threads. Those are ordinary exported
+**     functions, not the table below: a host links against them.
 **
 ** Why a function table. Lua loads C modules with dlopen(RTLD_LOCAL), so a
 ** third-party module cannot link against the symbols of ums.core (the
@@ -37,6 +39,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "ums.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -292,6 +296,337 @@ static inline double ums_lua_opttimeout(lua_State *L, int arg) {
   luaL_argcheck(L, s >= 0, arg, "timeout must be a non-negative number");
   return (double)s;
 }
+
+/* ====================================================================== */
+/* Embedding: a C host runs Lua work                                       */
+/* ====================================================================== */
+/*
+** A host is a C program that owns a ums runtime whose schedulers run Lua.
+** Each scheduler gets its own Lua VM, made on that scheduler's thread the
+** first time it starts Lua work; the host itself owns no VM and never
+** touches one (its setup function runs inside each new VM, on that VM's
+** thread). Work requests go from any host thread to the least-loaded
+** scheduler and come back as C values:
+**
+**   ums_lua_host_t *h = ums_lua_host_new(&cfg, &err);
+**   ums_lua_value_t args[2] = {ums_lua_integer(2), ums_lua_integer(40)};
+**   ums_lua_req_t *req;
+**   ums_lua_submit(h, "mymod.add", args, 2, NULL, &req);
+**   const ums_lua_result_t *res;
+**   if (ums_lua_req_wait(req, ums_deadline(UMS_NSEC_PER_SEC), &res) == 0)
+**     ... res->status, res->values[0].u.integer ...
+**   ums_lua_req_free(req);
+**   ums_lua_host_delete(h);   (or ums_lua_host_shutdown first)
+**
+** The same runtime runs the host's own C tasks (ums_task_spawn on
+** ums_lua_host_runtime(h)), with every wait, timer, file call and
+** preemptive call of ums.h; and Lua code in the VMs may `require "ums"`
+** and use all of it (ums.spawn, ums.submit, channels, ums.fs, ums.ffi):
+** the VMs are given this library's own module, never a second copy from
+** package.cpath.
+**
+** Errors: functions return 0 or a negative UMS_E* code (ums.h);
+** ums_lua_last_error() says why in words, on the thread that failed.
+*/
+
+/* ---- Values ---- */
+
+/* The types of the values that cross between the host and Lua. */
+enum {
+  UMS_LUA_TNIL = 0,
+  UMS_LUA_TBOOLEAN,
+  UMS_LUA_TINTEGER,   /* a Lua integer (math.type "integer") */
+  UMS_LUA_TFLOAT,     /* a Lua float: 1.0 stays a float */
+  UMS_LUA_TSTRING,    /* bytes, any content; also NUL-terminated */
+  UMS_LUA_TTABLE      /* key/value pairs of these types */
+};
+
+typedef struct ums_lua_value ums_lua_value_t;
+typedef struct ums_lua_field ums_lua_field_t;
+
+/* A value. Whoever holds one owns its string or table memory and frees
+** it with ums_lua_value_free (a value made by a constructor below, or one
+** taken out of a result with ums_lua_value_copy). Plain struct: copying
+** it copies the ownership, not the memory. */
+struct ums_lua_value {
+  int type;                               /* UMS_LUA_T* */
+  union {
+    int boolean;                          /* 0 or 1 */
+    int64_t integer;
+    double number;
+    struct {
+      char *ptr;                          /* len bytes and a NUL */
+      size_t len;
+    } string;
+    struct {
+      ums_lua_field_t *fields;            /* n pairs, in no set order */
+      size_t n, cap;
+    } table;
+  } u;
+};
+
+struct ums_lua_field {
+  ums_lua_value_t key, value;
+};
+
+/* Constructors. Scalars and empty tables allocate nothing. */
+static inline ums_lua_value_t ums_lua_nil(void) {
+  ums_lua_value_t v;
+  memset(&v, 0, sizeof v);
+  return v;
+}
+static inline ums_lua_value_t ums_lua_boolean(int b) {
+  ums_lua_value_t v = ums_lua_nil();
+  v.type = UMS_LUA_TBOOLEAN;
+  v.u.boolean = b != 0;
+  return v;
+}
+static inline ums_lua_value_t ums_lua_integer(int64_t i) {
+  ums_lua_value_t v = ums_lua_nil();
+  v.type = UMS_LUA_TINTEGER;
+  v.u.integer = i;
+  return v;
+}
+static inline ums_lua_value_t ums_lua_float(double d) {
+  ums_lua_value_t v = ums_lua_nil();
+  v.type = UMS_LUA_TFLOAT;
+  v.u.number = d;
+  return v;
+}
+/* An empty table (allocates nothing until a field is set). */
+static inline ums_lua_value_t ums_lua_table(void) {
+  ums_lua_value_t v = ums_lua_nil();
+  v.type = UMS_LUA_TTABLE;
+  return v;
+}
+/* A copy of the NUL-terminated s, or of len bytes at s; a nil value when
+** s is NULL or memory runs out. */
+UMS_API ums_lua_value_t ums_lua_string(const char *s);
+UMS_API ums_lua_value_t ums_lua_lstring(const char *s, size_t len);
+/* Sets t[key] = value, taking both (they are t's now, also on failure,
+** when they are freed). A key set twice: Lua sees the last value.
+** Returns 0, UMS_EINVAL (t is not a table; key is nil or NaN) or
+** UMS_ENOMEM. */
+UMS_API int ums_lua_table_set(ums_lua_value_t *t, ums_lua_value_t key,
+                              ums_lua_value_t value);
+/* The same with a string key (copied). */
+UMS_API int ums_lua_table_setfield(ums_lua_value_t *t, const char *key,
+                                   ums_lua_value_t value);
+/* Lookups for reading results: the value of the field with this string
+** key or integer key, or NULL (t not a table, or no such field). The
+** pointer is into t. */
+UMS_API const ums_lua_value_t *ums_lua_table_getfield(
+    const ums_lua_value_t *t, const char *key);
+UMS_API const ums_lua_value_t *ums_lua_table_geti(const ums_lua_value_t *t,
+                                                  int64_t i);
+/* A deep copy of v into *out: 0 or UMS_ENOMEM (*out is then nil). */
+UMS_API int ums_lua_value_copy(const ums_lua_value_t *v,
+                               ums_lua_value_t *out);
+/* Frees what v owns and makes it nil. NULL is ignored. */
+UMS_API void ums_lua_value_free(ums_lua_value_t *v);
+
+/* ---- The host ---- */
+
+typedef struct ums_lua_host ums_lua_host_t;
+
+/* Runs in each new Lua VM, on the thread of its scheduler `sched` (0 to
+** schedulers - 1), after the standard libraries, package.path/cpath and
+** `require "ums"`, and before the init module and any work: the place to
+** register the host's C functions (package.preload, globals), adjust
+** package.path, load configuration. It may raise a Lua error (luaL_error)
+** or return nonzero: the VM is then refused, and every request that
+** would start on that scheduler ends with that error. It must not call
+** back into the host API on the same host (submitting is fine, waiting
+** is not). */
+typedef int (*ums_lua_setup_fn)(lua_State *L, int sched, void *arg);
+
+/* Configuration; zero-initialise and set what you need. */
+typedef struct ums_lua_host_config {
+  ums_config_t runtime;        /* schedulers, workers, I/O, stats... as
+                                  for ums_runtime_new (0: defaults);
+                                  stack_size defaults to 1 MiB here */
+  const char *path;            /* package.path of every VM; NULL: Lua's
+                                  default (LUA_PATH_5_4 / LUA_PATH) */
+  const char *cpath;           /* package.cpath, the same way */
+  const char *init;            /* a module required in every VM after
+                                  setup, before its first work; NULL */
+  ums_lua_setup_fn setup;      /* NULL: none */
+  void *setup_arg;
+  double quantum;              /* seconds a Lua task may compute before it
+                                  is made to yield (and sees a
+                                  cancellation): 0 gives 4 ms, negative
+                                  turns it off. A monitor thread signals
+                                  a scheduler thread with SIGURG when a
+                                  step runs past it: the handler is
+                                  installed unless the process has one */
+} ums_lua_host_config_t;
+
+/* Starts the runtime (no VM yet: each is made when its scheduler first
+** gets work). cfg may be NULL. NULL on failure, with *err (if not NULL)
+** set as ums_runtime_new sets it, or UMS_EINVAL for a bad config (a
+** virtual clock with more than one scheduler). Any thread. */
+UMS_API ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
+                                         int *err);
+
+/* The runtime, for the host's own C tasks (ums_task_spawn), waits and
+** stats (ums_runtime_stats, ums_runtime_tasks, ums_runtime_waits); NULL
+** once ums_lua_host_shutdown has begun. Do not pass it to
+** ums_runtime_shutdown: ums_lua_host_shutdown does that. */
+UMS_API ums_runtime_t *ums_lua_host_runtime(ums_lua_host_t *h);
+
+/* Work requests as a whole (the schedulers' own figures are in
+** ums_runtime_stats). */
+typedef struct ums_lua_host_stats {
+  uint64_t submitted;          /* accepted by ums_lua_submit*, total */
+  uint64_t ok;                 /* ended with results */
+  uint64_t errors;             /* ended with an error */
+  uint64_t cancelled;          /* ended cancelled (also by shutdown) */
+  uint64_t in_flight;          /* submitted and not ended yet */
+  int vms;                     /* Lua VMs made so far */
+  int schedulers;
+} ums_lua_host_stats_t;
+
+/* Fills *out: 0, UMS_EINVAL (NULL). Any thread, also after shutdown
+** (the totals stay). */
+UMS_API int ums_lua_host_stats(ums_lua_host_t *h, ums_lua_host_stats_t *out);
+
+/* Stops taking work (submits fail with UMS_ESHUTDOWN), lets the requests
+** and tasks there are run until the absolute deadline (ums_now() clock;
+** UMS_FOREVER: until they end; 0: not at all), then cancels what is
+** left: requests not started end cancelled at once, running ones see
+** ums.CANCELLED at their next wait (or quantum), C tasks UMS_ECANCELED.
+** When it returns, every request has ended and its callback has been
+** called exactly once, every runtime thread is joined and every VM is
+** closed; h itself stays valid (its calls fail with UMS_ESHUTDOWN, the
+** stats stay) until ums_lua_host_delete. Any host thread, not a task of
+** h (UMS_EDEADLK). Returns 0, UMS_ETIMEDOUT when something had to be
+** cancelled, UMS_ESHUTDOWN when a shutdown already began (it waits for
+** that one to end first). Lua code that never yields and runs with the
+** quantum off, or a C call that never returns, makes it wait forever. */
+UMS_API int ums_lua_host_shutdown(ums_lua_host_t *h, int64_t deadline);
+
+/* Shuts down if that has not been done (deadline UMS_FOREVER) and frees
+** h. No other thread may be inside a call on h or on one of its requests,
+** nor make one after, except ums_lua_req_wait and ums_lua_req_free
+** (request handles outlive their host) and ums_lua_req_cancel, which
+** returns UMS_ESRCH for an ended request without touching its host. */
+UMS_API void ums_lua_host_delete(ums_lua_host_t *h);
+
+/* ---- Work requests ---- */
+
+typedef struct ums_lua_req ums_lua_req_t;
+
+/* How a request ended (ums_lua_result_t.status). */
+enum {
+  UMS_LUA_REQ_OK = 0,          /* values hold the function's results */
+  UMS_LUA_REQ_ERROR = 1,       /* error and traceback say what happened */
+  UMS_LUA_REQ_CANCELLED = 2    /* ums_lua_req_cancel or the shutdown;
+                                  error says which */
+};
+
+/* A request's outcome. Owned by the request: valid while a handle to it
+** is held (in the callback: while the callback runs). */
+typedef struct ums_lua_result {
+  int status;                  /* UMS_LUA_REQ_* */
+  int nvalues;
+  const ums_lua_value_t *values;  /* OK: the results (nvalues of them) */
+  const char *error;           /* ERROR: the error value as text (a
+                                  non-string error: its type); CANCELLED:
+                                  why; OK: NULL */
+  const char *traceback;       /* ERROR: the traceback in the VM where it
+                                  was raised, starting with the message
+                                  as luaL_traceback writes it ("" if
+                                  none); CANCELLED while it ran: where;
+                                  else NULL */
+  int sched;                   /* the scheduler it ran on; -1: none */
+} ums_lua_result_t;
+
+/* Called once per request, when it ends: on the scheduler thread that ran
+** it, or on the thread that cancelled it before it started (the caller of
+** ums_lua_req_cancel or ums_lua_host_shutdown). It must not block for
+** long (it holds up a scheduler), nor wait on its own request; it may
+** submit more work and free handles. req is valid during the call. */
+typedef void (*ums_lua_done_fn)(ums_lua_req_t *req,
+                                const ums_lua_result_t *res, void *arg);
+
+/* Submit options; NULL means: least-loaded scheduler, no callback. */
+typedef struct ums_lua_submit_opts {
+  int sched;                   /* the scheduler whose queue takes it:
+                                  UMS_ANY_SCHED (the least-loaded one) or
+                                  an index (0 is scheduler 0, not "any");
+                                  an idle scheduler may still take it
+                                  before it starts, as for ums.submit_on */
+  ums_lua_done_fn done;        /* NULL: none */
+  void *done_arg;
+} ums_lua_submit_opts_t;
+
+/* Submits a call of the Lua function `fname` ("module.function": the
+** VM does require "module" and calls its field "function"; "a.b.c" is
+** field c of module "a.b") with nargs copied arguments. Any thread,
+** tasks of h included. On success returns 0 and, if req is not NULL,
+** stores a handle the caller owns (ums_lua_req_free). Needs req or a
+** callback (else nobody would see the outcome: UMS_EINVAL). Fails with
+** UMS_EINVAL (NULL h or fname, a name without a module or a function
+** part, nargs < 0, args NULL with nargs > 0, a bad value: an unknown
+** type, a nil or NaN table key; a scheduler index out of range),
+** UMS_ENOMEM, UMS_ESHUTDOWN. A function the VM cannot find is not known
+** here: the request ends with that error. The arguments stay the
+** caller's. */
+UMS_API int ums_lua_submit(ums_lua_host_t *h, const char *fname,
+                           const ums_lua_value_t *args, int nargs,
+                           const ums_lua_submit_opts_t *opts,
+                           ums_lua_req_t **req);
+
+/* The same for a chunk of Lua source (len bytes; text only), loaded in
+** the VM that runs it and called with the arguments as `...`. chunkname
+** names it in messages and tracebacks (NULL: "=(host chunk)"). A syntax
+** error ends the request with that error. */
+UMS_API int ums_lua_submit_chunk(ums_lua_host_t *h, const char *source,
+                                 size_t len, const char *chunkname,
+                                 const ums_lua_value_t *args, int nargs,
+                                 const ums_lua_submit_opts_t *opts,
+                                 ums_lua_req_t **req);
+
+/* Waits until req has ended or the absolute deadline passes (UMS_FOREVER:
+** no limit; 0: just look). Returns 0 and stores the outcome in *res (may
+** be NULL), UMS_ETIMEDOUT, UMS_EINVAL (NULL req), UMS_ECANCELED (the
+** calling task was cancelled). From a host thread it blocks the thread;
+** from a C task it parks only the task. When it returns 0 the request's
+** callback has returned. */
+UMS_API int ums_lua_req_wait(ums_lua_req_t *req, int64_t deadline,
+                             const ums_lua_result_t **res);
+
+/* Cancels req: 0 if it had not ended (one not started never starts and
+** ends cancelled now, its callback called on this thread; a running one
+** sees ums.CANCELLED at its next wait, or at its quantum if it computes,
+** and ends cancelled unless it catches it), UMS_ESRCH once it has ended,
+** UMS_EINVAL (NULL). Any thread. During a shutdown's grace period it
+** cancels as usual; after it, it returns 0 and leaves the cancelling to
+** the shutdown. */
+UMS_API int ums_lua_req_cancel(ums_lua_req_t *req);
+
+/* Lets go of the handle. The request goes on (its callback still comes);
+** its memory is freed once nothing holds it. NULL is ignored. Any
+** thread, also after the host's shutdown. */
+UMS_API void ums_lua_req_free(ums_lua_req_t *req);
+
+/* Why the last failed ums_lua_* call of this thread failed, in words
+** ("ums_lua_submit: args[2].opts: table key is nil"); "" if none. Valid
+** until this thread's next ums_lua_* call. */
+UMS_API const char *ums_lua_last_error(void);
+
+/* ---- Lua states of the host's own ---- */
+
+/* The ums.core module of this library, as a lua_CFunction: what require
+** "ums.core" runs. A host that makes Lua states of its own (outside any
+** ums_lua_host) and wants `require "ums"` in them should preload it, so
+** that they use this copy of ums rather than load ums/core.so from
+** package.cpath (a host linked with the static libraries would otherwise
+** get two copies of the runtime state):
+**   ums_lua_preload(L);   (package.preload["ums.core"] = ums_lua_open)
+** The VMs of an ums_lua_host get it without asking. */
+UMS_API int ums_lua_open(lua_State *L);
+UMS_API void ums_lua_preload(lua_State *L);
 
 #ifdef __cplusplus
 }

@@ -587,6 +587,10 @@ typedef struct ums__pool {
   uint32_t nidle;                    /* [lock] threads waiting for work,
                                         spinning ones included */
   uint32_t nspinning;                /* [lock] threads spinning for work */
+  /* The spinner's hand-off slot (pool.c): UMS__POOL_SLOT_CLOSED while no
+  ** thread spins, NULL while one spins with nothing handed yet, else the
+  ** work a submitter put there for it, without the lock. */
+  _Atomic(ums__pool_work_t *) slot;  /* [atomic] */
   ums__pool_thread_t *threads;       /* [lock] every thread not yet joined */
   bool stopping;                     /* [lock] destroy has begun */
   /* The monitor (started the first time work queues beyond core). */
@@ -597,9 +601,12 @@ typedef struct ums__pool {
                                         its threads' times; 0: none */
   uint64_t grown;                    /* [lock] threads the monitor started */
   uint64_t completed;                /* [lock] work run to its end */
+  uint64_t handed;                   /* [lock] work taken from the slot */
   ums__spin_gauge_t spin;            /* [lock] how the spinners fare */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
+
+#define UMS__POOL_SLOT_CLOSED ((ums__pool_work_t *)(uintptr_t)1)
 
 int ums__pool_init(ums__pool_t *p, const ums__pool_cfg_t *cfg);
 /* Queues w. Returns 0, or UMS_EAGAIN when the pool has no thread and
@@ -620,6 +627,8 @@ void ums__pool_destroy(ums__pool_t *p);
 uint32_t ums__pool_threads(ums__pool_t *p);
 /* Threads the monitor started beyond core (for tests). */
 uint64_t ums__pool_grown(ums__pool_t *p);
+/* Work handed to a spinner through the slot (for tests). */
+uint64_t ums__pool_handed(ums__pool_t *p);
 /* Fills a row of ums_runtime_pool_stats. */
 void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out);
 
@@ -906,6 +915,7 @@ struct ums__sched {
   int64_t seg_start;           /* [owner] when the running task's turn
                                   began, if that was stamped; 0: unknown */
   bool timing;                 /* [const] stats on: waits are timed */
+  const _Atomic int64_t *wait_clock; /* [const] &rt->wait_clock.ns */
   uint8_t stamps;              /* [const] the clock waits are timed on:
                                   UMS__STAMPS_WAIT_CLOCK (stats on),
                                   _PRECISE or _VIRTUAL (waits last what
@@ -1074,7 +1084,7 @@ enum {
 ** 10 s lasts 10 s of it. */
 static inline int64_t ums__stamp_sched(const ums__sched_t *s) {
   if (UMS__LIKELY(s->stamps == UMS__STAMPS_WAIT_CLOCK))
-    return atomic_load_explicit(&s->rt->wait_clock.ns, memory_order_relaxed);
+    return atomic_load_explicit(s->wait_clock, memory_order_relaxed);
   if (s->stamps == UMS__STAMPS_VIRTUAL)
     return atomic_load_explicit(&s->rt->vnow, memory_order_relaxed);
   return ums__stamp_now();
@@ -1104,7 +1114,8 @@ static inline void ums__wait_begin(ums__sched_t *s, ums__task_t *t,
     int64_t now = ums__stamp_sched(s);
     UMS__STORER(t->wait_since, now);
     UMS__STORER(t->ready_at, now);
-    s->now_hint = now;
+    /* A reading of the wait clock is cheaper than keeping it. */
+    if (s->stamps != UMS__STAMPS_WAIT_CLOCK) s->now_hint = now;
   }
 }
 
@@ -1122,7 +1133,9 @@ static inline void ums__wait_ready(ums__task_t *t) {
   ums__sched_t *s = t->sched;
   if (!s->timing) return;
   int64_t now;
-  if (ums__sched_current() != s)
+  if (s->stamps == UMS__STAMPS_WAIT_CLOCK)
+    now = ums__stamp_sched(s);
+  else if (ums__sched_current() != s)
     now = ums__stamp_sched(s);
   else if ((now = s->seg_start) <= 0)
     now = ums__wait_ready_stamp(s);
@@ -1150,14 +1163,21 @@ static inline void ums__obs_pick(ums__sched_t *s, ums__task_t *t) {
   uint32_t obs = UMS__LOADR(t->obs);
   UMS__STORER(t->obs, UMS__OBS(UMS_TASK_RUNNING, UMS_WAIT_NONE));
   if (!s->timing) return;
-  int64_t hint = s->now_hint;
-  s->now_hint = 0;
-  if (!UMS__OBS_TYPE(obs)) {
-    s->seg_start = hint;
-    return;
+  int64_t now;
+  if (s->stamps == UMS__STAMPS_WAIT_CLOCK) {
+    /* One load: nothing to carry along the pass (waits.c). */
+    if (!UMS__OBS_TYPE(obs)) return;
+    now = ums__stamp_sched(s);
+  } else {
+    int64_t hint = s->now_hint;
+    s->now_hint = 0;
+    if (!UMS__OBS_TYPE(obs)) {
+      s->seg_start = hint;
+      return;
+    }
+    now = hint ? hint : ums__stamp_sched(s);
+    s->seg_start = now;
   }
-  int64_t now = hint ? hint : ums__stamp_sched(s);
-  s->seg_start = now;
   /* Not clamped here, to keep the switch short: a stamp reused from
   ** earlier in the pass can precede a wake later in the same pass by a
   ** hair (a signal wait a hair below 0), and a waker's turn can begin

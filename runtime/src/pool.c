@@ -36,7 +36,11 @@
 ** most MAX_SPINNERS threads spin at once, so an idle pool of many threads
 ** burns at most that many CPUs, for at most spin_ns after its last work.
 ** A submitter signals the condition variable only when there is more
-** queued work than spinning threads to take it.
+** queued work than spinning threads to take it. Better still, the spinner
+** opens a slot (p->slot) that a submitter fills with one CAS, without the
+** pool's lock: the spinner closes it with a CAS when it stops spinning,
+** so a work item put there is always taken, by exactly the thread that
+** opened it (a submitter that finds it closed queues as before).
 **
 ** Interrupts: a run() blocked in a system call (a read from a pipe nobody
 ** writes to) is woken with a signal whose handler does nothing, installed
@@ -137,6 +141,7 @@ int ums__pool_init(ums__pool_t *p, const ums__pool_cfg_t *cfg) {
     return UMS_ENOMEM;
   }
   pthread_condattr_destroy(&ca);
+  atomic_init(&p->slot, UMS__POOL_SLOT_CLOSED);
   pthread_once(&signal_once, install_signal);
   return 0;
 }
@@ -167,21 +172,45 @@ static void join_exited(ums__pool_t *p) {
   pthread_mutex_lock(&p->lock);
 }
 
-/* Spins without the lock until work is queued, the pool stops or spin_ns
-** passes; returns how long it spun, negative if nothing came. The caller
-** then takes the lock and looks again: the hint only says when looking is
-** worth it. */
-static int64_t spin_for_work(ums__pool_t *p) {
+/* Closes the slot the spinner watched; returns the work a submitter put
+** there meanwhile, if any (then the spinner must run it). */
+static ums__pool_work_t *close_slot(ums__pool_t *p) {
+  ums__pool_work_t *w = NULL;
+  if (atomic_compare_exchange_strong_explicit(&p->slot, &w,
+                                              UMS__POOL_SLOT_CLOSED,
+                                              memory_order_acquire,
+                                              memory_order_acquire))
+    return NULL;
+  /* Only the spinner moves the slot away from a work item. */
+  atomic_store_explicit(&p->slot, UMS__POOL_SLOT_CLOSED, memory_order_relaxed);
+  return w;
+}
+
+/* Spins without the lock, the slot open, until a submitter hands work
+** through the slot (returned), work is queued, the pool stops or spin_ns
+** passes; *took is how long it spun, negative if nothing came. Returns
+** NULL otherwise, with the slot closed: the caller then takes the lock
+** and looks again (the hint only says when looking is worth it). */
+static ums__pool_work_t *spin_for_work(ums__pool_t *p, int64_t *took) {
   int64_t start = ums__clock_now(), until = start + p->cfg.spin_ns;
   for (unsigned i = 1;; i++) {
-    if (atomic_load_explicit(&p->queued_hint, memory_order_relaxed))
-      return ums__clock_now() - start;
+    ums__pool_work_t *w =
+        atomic_load_explicit(&p->slot, memory_order_acquire);
+    if (w || atomic_load_explicit(&p->queued_hint, memory_order_relaxed)) {
+      *took = ums__clock_now() - start;
+      return close_slot(p);
+    }
     ums__cpu_relax();
     /* The clock costs ~30 ns; a pause is ~40 cycles or more. Now and then
     ** give the CPU to whoever waits for it: on a crowded machine that may
     ** be the very thread that would hand us work. */
     if ((i & 63) == 0) {
-      if (ums__clock_now() >= until) return -1;
+      if (ums__clock_now() >= until) {
+        *took = -1;
+        ums__pool_work_t *late = close_slot(p);
+        if (late) *took = ums__clock_now() - start;
+        return late;
+      }
       if ((i & 255) == 0) sched_yield();
     }
   }
@@ -200,22 +229,32 @@ static void *pool_main(void *arg) {
   self->tid = gettid();
   for (;;) {
     ums__pool_work_t *w = p->head;
-    if (!w) {
+    if (w) {
+      p->head = w->next;
+      if (!p->head) p->tail = NULL;
+      p->nqueued--;
+      atomic_store_explicit(&p->queued_hint, p->nqueued, memory_order_relaxed);
+    } else {
       if (p->stopping) break;
       if (p->cfg.spin_ns && !spun && p->nspinning < MAX_SPINNERS &&
           ums__spin_worth(&p->spin, p->cfg.spin_ns)) {
         /* Counted as idle, so a submitter relies on it rather than start
-        ** a thread, and as spinning, so it does not signal either. */
+        ** a thread, and as spinning, so it does not signal either. With
+        ** one spinner at most (MAX_SPINNERS) the slot is its alone. */
         p->nidle++;
         p->nspinning++;
+        atomic_store_explicit(&p->slot, NULL, memory_order_release);
         pthread_mutex_unlock(&p->lock);
-        int64_t took = spin_for_work(p);
+        int64_t took;
+        w = spin_for_work(p, &took);
         pthread_mutex_lock(&p->lock);
         p->nspinning--;
         p->nidle--;
         ums__spin_note(&p->spin, took, took >= 0, p->cfg.spin_ns);
         spun = true;
-        continue;
+        if (!w) continue;
+        p->handed++;
+        goto run;
       }
       p->nidle++;
       int r = 0;
@@ -231,10 +270,7 @@ static void *pool_main(void *arg) {
       if (r == ETIMEDOUT && !p->head && p->nthreads > p->cfg.core) break;
       continue;
     }
-    p->head = w->next;
-    if (!p->head) p->tail = NULL;
-    p->nqueued--;
-    atomic_store_explicit(&p->queued_hint, p->nqueued, memory_order_relaxed);
+  run:
     self->current = w;
     pthread_mutex_unlock(&p->lock);
     atomic_store_explicit(&self->in_work, true, memory_order_relaxed);
@@ -395,6 +431,14 @@ static bool wake_monitor(ums__pool_t *p) {
 int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w) {
   w->next = NULL;
   atomic_store_explicit(&w->interrupted, 0, memory_order_relaxed);
+  /* A spinning thread's open slot: the work goes to it without the lock,
+  ** the clock or a wake-up, two cache lines in all (slot and work). */
+  ums__pool_work_t *open = NULL;
+  if (atomic_load_explicit(&p->slot, memory_order_relaxed) == NULL &&
+      atomic_compare_exchange_strong_explicit(&p->slot, &open, w,
+                                              memory_order_release,
+                                              memory_order_relaxed))
+    return 0;
   pthread_mutex_lock(&p->lock);
   /* One more thread when every idle one already has queued work to take:
   ** at once up to core; beyond, the monitor decides (or, if it cannot
@@ -489,6 +533,13 @@ void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out) {
   out->active = p->nthreads > p->nidle ? p->nthreads - p->nidle : 0;
   out->completed = p->completed;
   pthread_mutex_unlock(&p->lock);
+}
+
+uint64_t ums__pool_handed(ums__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  uint64_t n = p->handed;
+  pthread_mutex_unlock(&p->lock);
+  return n;
 }
 
 uint64_t ums__pool_grown(ums__pool_t *p) {

@@ -573,6 +573,7 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
   s->id = id;
   s->rt = rt;
   s->timing = rt->cfg.stats != UMS_STATS_OFF;
+  s->wait_clock = &rt->wait_clock.ns;
   s->stamps = rt->cfg.clock == UMS_CLOCK_VIRTUAL ? UMS__STAMPS_VIRTUAL
               : rt->cfg.stats == UMS_STATS_PRECISE ? UMS__STAMPS_PRECISE
                                                    : UMS__STAMPS_WAIT_CLOCK;

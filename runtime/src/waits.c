@@ -30,8 +30,10 @@
 ** ticks fall, as d (the way the kernel's tick accounting charges CPU
 ** time); a long wait is right to a tick, plus how late the monitor thread
 ** was scheduled on a crowded machine. UMS_STATS_PRECISE reads the stamp
-** clock instead (ums__stamp_sched). Either way readings are reused along
-** the path a switch takes:
+** clock instead (ums__stamp_sched). On the wait clock each of the three
+** moments loads the word, which is cheaper than carrying a reading
+** along; on the stamp clock (precise) readings are reused along the path
+** a switch takes:
 **   - the park's stamp is kept in s->now_hint and stands for "now" when
 **     the pass that follows picks the next task, which is microseconds
 **     later at most (the idle wait drops it);
@@ -41,7 +43,8 @@
 **     part of the turn before the wake);
 **   - a wake from another thread reads the clock, since it hands the task
 **     over through the completion list anyway.
-** A ping-pong through a channel thus reads the clock once per message.
+** A ping-pong through a channel thus reads the stamp clock once per
+** message.
 */
 #include "internal.h"
 

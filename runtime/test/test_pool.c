@@ -8,6 +8,7 @@
 #include "test-util.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 
 typedef struct job {
@@ -169,6 +170,60 @@ static void test_no_growth_when_computing_or_moving(void) {
   CHECK_THREADS(base);
 }
 
+/* The spinner's slot: work submitted before, while and after a thread
+** spins for it (some of it in the instant the spin ends and the slot
+** closes) runs exactly once each, and some of it went through the slot. */
+typedef struct once_job {
+  ums__pool_work_t work;
+  _Atomic int runs;
+} once_job_t;
+
+static void once_run(ums__pool_work_t *w) {
+  once_job_t *j = UMS__CONTAINER_OF(w, once_job_t, work);
+  atomic_fetch_add(&j->runs, 1);
+  atomic_fetch_add(&done, 1);
+}
+
+static void test_slot_handoff(void) {
+  int base = tu_thread_baseline();
+  reset();
+  enum { N = 5000 };
+  const int64_t spin_ns = 50 * 1000;
+  ums__pool_t p;
+  ums__pool_cfg_t c = {.name = "test-pool", .core = 1, .max = 1,
+                       .idle_timeout = -1, .spin_ns = spin_ns};
+  CHECK_RC(ums__pool_init(&p, &c), 0);
+  once_job_t *jobs = calloc(N, sizeof *jobs);
+  CHECK(jobs != NULL);
+  unsigned seed = 12345;
+  for (int i = 0; i < N; i++) {
+    jobs[i].work.run = once_run;
+    CHECK_RC(ums__pool_submit(&p, &jobs[i].work), 0);
+    /* Busy: a sleep would let every spin run out. */
+    int64_t limit = ums_now() + 10 * UMS_NSEC_PER_SEC;
+    while (atomic_load(&done) != i + 1) {
+      CHECK(ums_now() < limit);
+      sched_yield();
+    }
+    /* Mostly well inside the spin (which keeps spinning worth it for the
+    ** pool's gauge), one in four within 20% of its end. */
+    seed = seed * 1103515245 + 12345;
+    int64_t r = (int64_t)(seed >> 8);
+    int64_t delay = (r & 3) ? r % (spin_ns / 8)
+                            : spin_ns - spin_ns / 5 + r % (2 * spin_ns / 5);
+    int64_t until = ums_now() + delay;
+    while (ums_now() < until) {
+    }
+  }
+  for (int i = 0; i < N; i++) CHECK_EQ(atomic_load(&jobs[i].runs), 1);
+  uint64_t handed = ums__pool_handed(&p);
+  printf("   %llu of %d through the slot\n", (unsigned long long)handed, N);
+  CHECK_GT(handed, 0);
+  ums__pool_destroy(&p);
+  free(jobs);
+  CHECK_THREADS(base);
+}
+
 static void test_interrupt(void) {
   int base = tu_thread_baseline();
   reset();
@@ -260,6 +315,7 @@ int main(void) {
   RUN(test_no_growth_when_computing_or_moving);
   RUN(test_fault_signals_unblocked);
   RUN(test_interrupt);
+  RUN(test_slot_handoff);
   RUN(test_destroy_waits);
   return 0;
 }
