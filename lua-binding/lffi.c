@@ -590,7 +590,15 @@ typedef struct freq {
   bool heap;                   /* a heap request holding references */
   char *strings;               /* copies of the string arguments, in the
                                   same allocation (heap requests) */
+  lrun *cache;                 /* the VM whose request cache it came from
+                                  and may go back to; NULL: malloc'ed to
+                                  its own size */
 } freq;
+
+/* String bytes a cached request has room for (lrun.ffi_free). */
+#define FREQ_CACHED_STRBYTES 256
+/* Requests a VM keeps. */
+#define FREQ_CACHE_MAX 256
 
 static int arg_error(lua_State *L, const ffn *f, int i, const char *msg) {
   return luaL_error(L, "bad argument #%d to '%s' (%s)", i, f->d.name, msg);
@@ -754,6 +762,24 @@ static void freq_free(void *arg) {
   for (int i = 0; i < r->a.n; i++)
     if (r->a.bufs[i]) ums_buf_release(r->a.bufs[i]);
   fn_unref(r->f);
+  /* Back to its VM's cache only on that VM's own thread (a pool thread
+  ** frees a detached call's request). */
+  lrun *c = r->cache;
+  ltask *t = lums_cur_task;
+  if (c && t && t->run == c && c->nffi_free < FREQ_CACHE_MAX) {
+    if (c->nffi_free == c->capffi_free) {
+      int cap = c->capffi_free ? 2 * c->capffi_free : 16;
+      void **v = realloc(c->ffi_free, (size_t)cap * sizeof *v);
+      if (!v) {
+        free(r);
+        return;
+      }
+      c->ffi_free = v;
+      c->capffi_free = cap;
+    }
+    c->ffi_free[c->nffi_free++] = r;
+    return;
+  }
   free(r);
 }
 
@@ -834,17 +860,33 @@ static void install_fatal_handlers(void) {
 }
 
 /* A heap request owning copies of everything the call touches. */
-static freq *freq_copy(lua_State *L, ffn *f, const margs *a) {
+static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
   size_t strbytes = 0;
   for (int i = 0; i < a->n; i++)
     if (a->strs[i]) strbytes += a->slens[i] + 1;
-  freq *r = malloc(sizeof *r + strbytes);
+  freq *r;
+  lrun *cache = NULL;
+  if (strbytes <= FREQ_CACHED_STRBYTES) {
+    cache = run;
+    r = run->nffi_free ? run->ffi_free[--run->nffi_free]
+                       : malloc(sizeof *r + FREQ_CACHED_STRBYTES);
+  } else {
+    r = malloc(sizeof *r + strbytes);
+  }
   if (!r) {
     luaL_error(L, "%s: out of memory", f->d.name);
     return NULL;
   }
+  r->cache = cache;
   r->f = f;
-  r->a = *a;
+  /* The arguments only: the arrays are sized for MAXARGS. */
+  r->a.n = a->n;
+  size_t n = (size_t)a->n;
+  memcpy(r->a.types, a->types, n * sizeof a->types[0]);
+  memcpy(r->a.vals, a->vals, n * sizeof a->vals[0]);
+  memcpy(r->a.bufs, a->bufs, n * sizeof a->bufs[0]);
+  memcpy(r->a.strs, a->strs, n * sizeof a->strs[0]);
+  memcpy(r->a.slens, a->slens, n * sizeof a->slens[0]);
   r->heap = true;
   r->err = 0;
   r->call = NULL;
@@ -947,6 +989,7 @@ static int l_call(lua_State *L) {
     r.f = f;
     r.a = a;
     r.heap = false;
+    r.cache = NULL;
     if (!freq_prepare(&r))
       return luaL_error(L, "%s: libffi cannot prepare this call",
                         f->d.name);
@@ -959,7 +1002,7 @@ static int l_call(lua_State *L) {
     lua_Number s = lua_tonumber(L, lua_upvalueindex(2));
     if (s <= 1e9) deadline = ums_deadline((int64_t)(s * 1e9));
   }
-  freq *r = freq_copy(L, f, &a);
+  freq *r = freq_copy(L, f, &a, t->run);
   if (!freq_prepare(r)) {
     freq_free(r);
     return luaL_error(L, "%s: libffi cannot prepare this call", f->d.name);

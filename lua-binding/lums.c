@@ -1169,6 +1169,8 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
       free_task(L, r->pool[i]);
   }
   free(r->pool);
+  for (int i = 0; i < r->nffi_free; i++) free(r->ffi_free[i]);
+  free(r->ffi_free);
   if (!close_vm) {
     luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
     lua_pushnil(L);

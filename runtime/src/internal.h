@@ -908,6 +908,11 @@ struct ums__sched {
   ums__ring_t *ring;           /* [const pointer; the ring itself: owner]
                                   NULL: the pool backend */
   ums__buf_cache_t bufs;       /* [owner] I/O buffer cache */
+  /* Call records of preemptive calls that ended here (preempt.c), kept
+  ** for the next: with many calls in flight malloc's per-thread cache
+  ** runs dry. Freed when the scheduler's thread ends. */
+  struct ums_preempt_call *call_free; /* [owner] */
+  uint32_t ncall_free;         /* [owner] */
   /* Stamps (waits.c) reused so that most switches read no clock. */
   int64_t now_hint;            /* [owner] the stamp of the park that
                                   started this pass, for the next pick; 0:
@@ -1076,6 +1081,9 @@ enum {
   UMS__STAMPS_PRECISE = 1,    /* the stamp clock (UMS_STATS_PRECISE) */
   UMS__STAMPS_VIRTUAL = 2     /* the virtual clock */
 };
+
+/* Frees the call records s keeps (preempt.c). [owner, at its end] */
+UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
 
 /* A stamp on s's clock (waits.c has the reasoning): by default the wait
 ** clock, a word the monitor sets from the stamp clock every millisecond

@@ -36,11 +36,34 @@ struct ums_preempt_call {
   ums__sched_t *sched;         /* [const] the caller's scheduler */
   ums_park_token_t token;      /* [const once submitted] the caller's park */
   ums__pool_work_t work;       /* [pool] */
+  ums_preempt_call_t *next_free; /* [owner of sched] in its call_free */
 };
 
+/* Records a scheduler keeps for its next calls. */
+#define CALL_CACHE_MAX 256
+
 static void call_unref(ums_preempt_call_t *c) {
-  if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+  if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  /* Back to its scheduler's cache when that scheduler drops the last
+  ** reference (the caller, the usual case); a pool thread frees. */
+  ums__sched_t *s = c->sched;
+  if (ums__sched_current() == s && s->ncall_free < CALL_CACHE_MAX) {
+    c->next_free = s->call_free;
+    s->call_free = c;
+    s->ncall_free++;
+    return;
+  }
+  free(c);
+}
+
+void ums__preempt_cache_clear(ums__sched_t *s) {
+  while (s->call_free) {
+    ums_preempt_call_t *c = s->call_free;
+    s->call_free = c->next_free;
     free(c);
+  }
+  s->ncall_free = 0;
 }
 
 /* The pool's side: runs fn unless the caller has already given up, then
@@ -83,14 +106,18 @@ int ums_preempt_begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
     rc = UMS_EPERM;
     goto fail;
   }
-  if (!(c = malloc(sizeof *c))) {
+  ums__sched_t *s = t->sched;
+  if (s->call_free) {
+    c = s->call_free;
+    s->call_free = c->next_free;
+    s->ncall_free--;
+  } else if (!(c = malloc(sizeof *c))) {
     rc = UMS_ENOMEM;
     goto fail;
   }
   if ((rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
                                 &c->token)) != 0)
     goto fail;
-  ums__sched_t *s = t->sched;
   atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
   atomic_store_explicit(&c->state, CALL_INFLIGHT, memory_order_relaxed);
   c->fn = fn;

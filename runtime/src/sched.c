@@ -562,6 +562,7 @@ static void *sched_thread(void *arg) {
   if (s->ring) ums__ring_drain(s);
   ums__io_req_cache_clear(&s->reqs);
   ums__buf_cache_clear(&s->bufs);
+  ums__preempt_cache_clear(s);
   ums__worker_free_all(s);
   ums__ctx_destroy(&s->main_ctx);
   ums__tls_sched = NULL;
