@@ -901,12 +901,15 @@ describe("ums.fs and cancellation", function()
     local path = tmpname()
     local before = nfds()
     run(function()
+      local written = false
       local t = ums.spawn(function()
         local f <close> = assert(fs.open(path, "w"))
         f:write("written before the cancel")
+        written = true
         ums.sleep(100)
       end)
-      ums.sleep(0.01)
+      -- Cancelled in its sleep, not in the open (a loaded machine).
+      while not written do ums.sleep(0.001) end
       t:cancel()
       assert.equal(ums.CANCELLED, select(2, t:join(5)))
     end)
@@ -919,14 +922,16 @@ describe("ums.fs and cancellation", function()
     local path = tmpname()
     local before = nfds()
     run(function()
+      local written = false
       local t = ums.spawn(function()
         local f = assert(fs.open(path, "w"))
         f:write("data")
+        written = true
         local ok = pcall(ums.sleep, 100)
         assert(not ok)
         return pack(f:close())
       end)
-      ums.sleep(0.01)
+      while not written do ums.sleep(0.001) end
       t:cancel()
       local ok, r = t:join(5)
       assert.is_true(ok)
