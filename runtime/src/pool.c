@@ -193,19 +193,22 @@ static ums__pool_work_t *close_slot(ums__pool_t *p) {
 ** and looks again (the hint only says when looking is worth it). */
 static ums__pool_work_t *spin_for_work(ums__pool_t *p, int64_t *took) {
   int64_t start = ums__clock_now(), until = start + p->cfg.spin_ns;
+  int64_t seen = start; /* the last clock reading */
   for (unsigned i = 1;; i++) {
     ums__pool_work_t *w =
         atomic_load_explicit(&p->slot, memory_order_acquire);
     if (w || atomic_load_explicit(&p->queued_hint, memory_order_relaxed)) {
-      *took = ums__clock_now() - start;
+      /* No clock reading between the work's arrival and its run: how
+      ** long the spin took, to the last reading (64 pauses). */
+      *took = seen - start;
       return close_slot(p);
     }
     ums__cpu_relax();
-    /* The clock costs ~30 ns; a pause is ~40 cycles or more. Now and then
-    ** give the CPU to whoever waits for it: on a crowded machine that may
-    ** be the very thread that would hand us work. */
+    /* The clock costs ~45 ns here; a pause is ~40 cycles or more. Now and
+    ** then give the CPU to whoever waits for it: on a crowded machine that
+    ** may be the very thread that would hand us work. */
     if ((i & 63) == 0) {
-      if (ums__clock_now() >= until) {
+      if ((seen = ums__clock_now()) >= until) {
         *took = -1;
         ums__pool_work_t *late = close_slot(p);
         if (late) *took = ums__clock_now() - start;
