@@ -917,23 +917,9 @@ static void bench_chan(void) {
   ums_runtime_t *rt = runtime(2);
   for (int cross = 0; cross < 2; cross++) {
     long rounds = 0;
-    for (int rep = 0; rep < S.reps; rep++) {
-      chan_run_t run = {.ab = ums_chan_new(sizeof(int), 0),
-                        .ba = ums_chan_new(sizeof(int), 0)};
-      if (!run.ab || !run.ba) {
-        fail("ums_chan_new", UMS_ENOMEM);
-        exit(1);
-      }
-      ums_spawn_opts_t opts = {.sched = cross ? 1 : 0, .name = "echo"};
-      ums_task_t echo;
-      CHECK(ums_task_spawn(rt, &opts, chan_echo, &run, &echo));
-      run_task(rt, 0, chan_driver, &run);
-      CHECK(ums_task_join(rt, echo, UMS_FOREVER, NULL, NULL));
-      CHECK(ums_chan_delete(run.ab));
-      CHECK(ums_chan_delete(run.ba));
-      samples[rep] = run.ns_per_msg;
-      rounds = run.rounds;
-    }
+    double cpu; /* only meaningful on one scheduler: unused here */
+    for (int rep = 0; rep < S.reps; rep++)
+      samples[rep] = chan_rep(rt, cross, &rounds, &cpu);
     result_t *r = add_result(cross ? "chan_cross_sched" : "chan_same_sched",
                              "ns/msg", true, samples, S.reps);
     set_ratio(r, cross ? "condvar_handoff" : "ctx_switch");

@@ -221,6 +221,58 @@ static inline void tu_runtime_shutdown_at(const char *file, int line,
   tu_runtime_new_cfg_at(__FILE__, __LINE__, &(ums_config_t){.schedulers = (n)})
 
 /* ====================================================================== */
+/* Tasks                                                                   */
+/* ====================================================================== */
+
+/* Spawns fn(arg) named `name` on scheduler sched of rt. */
+static inline ums_task_t tu_spawn_named_at(const char *file, int line,
+                                           ums_runtime_t *rt, int sched,
+                                           const char *name, ums_task_fn fn,
+                                           void *arg) {
+  ums_spawn_opts_t o = {.sched = sched, .name = name};
+  ums_task_t t = 0;
+  int r = ums_task_spawn(rt, &o, fn, arg, &t);
+  if (r != 0)
+    tu_fail(file, line, "ums_task_spawn returned %d (%s)", r, ums_err_name(r));
+  return t;
+}
+
+/* Joins t within 20 s and asserts that it ended normally. */
+static inline void tu_join_ok_at(const char *file, int line, ums_runtime_t *rt,
+                                 ums_task_t t) {
+  int status = 1;
+  int r = ums_task_join(rt, t, ums_deadline(20 * UMS_NSEC_PER_SEC), NULL,
+                        &status);
+  if (r != 0)
+    tu_fail(file, line, "ums_task_join returned %d (%s)", r, ums_err_name(r));
+  if (status != 0)
+    tu_fail(file, line, "the task ended with status %d (%s)", status,
+            ums_err_name(status));
+}
+
+#define tu_spawn_named(rt, sched, name, fn, arg)                               \
+  tu_spawn_named_at(__FILE__, __LINE__, rt, sched, name, fn, arg)
+#define tu_join_ok(rt, t) tu_join_ok_at(__FILE__, __LINE__, rt, t)
+
+/* Task bodies; arg is a count cast to a pointer. */
+static inline void *tu_spin_ms(void *arg) { /* computes, never yields */
+  int64_t until = ums_now() + (int64_t)(uintptr_t)arg * UMS_NSEC_PER_MSEC;
+  while (ums_now() < until) {
+  }
+  return NULL;
+}
+
+static inline void *tu_sleep_ms(void *arg) {
+  CHECK_RC(ums_sleep((int64_t)(uintptr_t)arg * UMS_NSEC_PER_MSEC), 0);
+  return NULL;
+}
+
+static inline void *tu_yield_n(void *arg) {
+  for (int i = 0; i < (int)(uintptr_t)arg; i++) CHECK_RC(ums_yield(), 0);
+  return NULL;
+}
+
+/* ====================================================================== */
 /* Counters                                                                */
 /* ====================================================================== */
 

@@ -18,42 +18,9 @@
 
 static ums_runtime_t *rt;
 
-static ums_task_t spawn_named(int sched, const char *name, ums_task_fn fn,
-                              void *arg) {
-  ums_spawn_opts_t o = {.sched = sched, .name = name};
-  ums_task_t t = 0;
-  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
-  return t;
-}
-
-static void join_ok(ums_task_t t) {
-  int status = 1;
-  CHECK_RC(ums_task_join(rt, t, ums_deadline(20 * UMS_NSEC_PER_SEC), NULL,
-                         &status),
-           0);
-  CHECK_RC(status, 0);
-}
-
-static void *spin_fn(void *arg) {
-  int64_t until = ums_now() + (int64_t)(uintptr_t)arg * MS;
-  while (ums_now() < until) {
-  }
-  return NULL;
-}
-
-static void *sleep_fn(void *arg) {
-  CHECK_RC(ums_sleep((int64_t)(uintptr_t)arg * MS), 0);
-  return NULL;
-}
-
 /* ====================================================================== */
 /* Scheduler rows                                                          */
 /* ====================================================================== */
-
-static void *yield_fn(void *arg) {
-  for (int i = 0; i < (int)(uintptr_t)arg; i++) CHECK_RC(ums_yield(), 0);
-  return NULL;
-}
 
 /* Spawns two yielders on its own scheduler and joins them: both are queued
 ** before either runs, so every yield switches to the other (spawned from
@@ -62,7 +29,7 @@ static void *two_yielders_fn(void *arg) {
   ums_spawn_opts_t o = {.sched = ums_current_sched(), .name = "yielder"};
   ums_task_t t[2];
   for (int i = 0; i < 2; i++)
-    CHECK_RC(ums_task_spawn(rt, &o, yield_fn, arg, &t[i]), 0);
+    CHECK_RC(ums_task_spawn(rt, &o, tu_yield_n, arg, &t[i]), 0);
   for (int i = 0; i < 2; i++)
     CHECK_RC(ums_task_join(rt, t[i], UMS_FOREVER, NULL, NULL), 0);
   return NULL;
@@ -77,28 +44,28 @@ static void test_sched_rows(void) {
   rt = tu_runtime_new(2);
   ums_sched_stats_t b = tu_stats(rt, 0);
   CHECK_EQ(b.hidden, 0);
-  join_ok(spawn_named(0, "driver", two_yielders_fn, PTR(100)));
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "driver", two_yielders_fn, PTR(100)));
   ums_sched_stats_t a = tu_stats(rt, 0);
   /* Every yield is a task switch (C tasks: a fiber switch too). */
   CHECK_GE(a.context_switches - b.context_switches, 200);
   CHECK_GE(a.fiber_switches - b.fiber_switches, 200);
   CHECK_EQ(a.yields - b.yields, 200);
 
-  join_ok(spawn_named(1, "exp", expire_fn, PTR(3)));
+  tu_join_ok(rt, tu_spawn_named(rt, 1, "exp", expire_fn, PTR(3)));
   CHECK_EQ(tu_stats(rt, 1).quantum_expiries, 3);
   CHECK_EQ(tu_stats(rt, 0).quantum_expiries, 0);
   ums_quantum_expired(); /* outside a task: nothing */
   CHECK_EQ(tu_stats(rt, 1).quantum_expiries, 3);
 
   /* The running task, by id and name, while it runs. */
-  ums_task_t s = spawn_named(1, "spinner", spin_fn, PTR(300));
+  ums_task_t s = tu_spawn_named(rt, 1, "spinner", tu_spin_ms, PTR(300));
   WAIT_UNTIL(tu_stats(rt, 1).running == s, 5000);
   ums_sched_stats_t r = tu_stats(rt, 1);
   CHECK_STR_EQ(r.running_name, "spinner");
   CHECK_EQ(r.idle, 0);
   CHECK_EQ(r.tasks, 1);
   CHECK_EQ(r.load_factor, 1);
-  join_ok(s);
+  tu_join_ok(rt, s);
   /* Idle: nothing is running. */
   WAIT_UNTIL(tu_stats(rt, 1).idle, 5000);
   r = tu_stats(rt, 1);
@@ -130,7 +97,7 @@ static void test_pools(void) {
   CHECK_STR_EQ(p[1].name, "io");
   CHECK_EQ(p[0].completed, 0);
   CHECK_EQ(p[0].queued, 0);
-  join_ok(spawn_named(0, "calls", preempt_n_fn, PTR(20)));
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "calls", preempt_n_fn, PTR(20)));
   /* The pool thread counts a call completed after its unpark (pool.c),
   ** so the task may be joined a moment before: wait for it, bounded. */
   int64_t until = ums_deadline(tu_ms(5000));
@@ -220,7 +187,7 @@ static int stop_at_once(const ums_task_info_t *info, void *arg) {
 static void test_task_list(void) {
   rt = tu_runtime_new(2);
   family_t f = {.go = ums_event_new(1, 0)};
-  ums_task_t p = spawn_named(0, "parent", parent_fn, &f);
+  ums_task_t p = tu_spawn_named(rt, 0, "parent", parent_fn, &f);
   /* Every kid parked on the event. */
   WAIT_UNTIL(atomic_load(&f.kids[3]) != 0, 5000);
   seen_t s = {.f = &f};
@@ -264,7 +231,7 @@ static void test_task_list(void) {
   CHECK_STR_EQ(info.name, "");
 
   CHECK_RC(ums_event_set(f.go), 0);
-  join_ok(p);
+  tu_join_ok(rt, p);
   /* The kids were joined by the parent: gone. */
   CHECK_RC(ums_task_info(rt, f.kids[0], &info), UMS_ESRCH);
   CHECK_RC(ums_task_set_name(rt, f.kids[0], "x"), UMS_ESRCH);
@@ -276,13 +243,13 @@ static void test_task_life(void) {
   ums_config_t cfg = {.schedulers = 1, .max_workers = 1};
   rt = tu_runtime_new_cfg(&cfg);
   ums_task_info_t info;
-  ums_task_t a = spawn_named(0, "a", sleep_fn, PTR(200));
+  ums_task_t a = tu_spawn_named(rt, 0, "a", tu_sleep_ms, PTR(200));
   WAIT_UNTIL(ums_task_info(rt, a, &info) == 0 &&
                  info.wait_type == UMS_WAIT_SLEEP,
              5000);
   CHECK_EQ(info.state, UMS_TASK_SUSPENDED);
   /* a keeps the one worker while it sleeps: b waits for it. */
-  ums_task_t b = spawn_named(0, "b", spin_fn, PTR(100));
+  ums_task_t b = tu_spawn_named(rt, 0, "b", tu_spin_ms, PTR(100));
   WAIT_UNTIL(ums_task_info(rt, b, &info) == 0 &&
                  info.wait_type == UMS_WAIT_PENDING_WORKER,
              5000);
@@ -295,9 +262,9 @@ static void test_task_life(void) {
   CHECK_RC(ums_task_info(rt, a, &info), 0);
   CHECK_EQ(info.state, UMS_TASK_DONE);
   CHECK_EQ(info.wait_type, UMS_WAIT_NONE);
-  join_ok(a);
+  tu_join_ok(rt, a);
   CHECK_RC(ums_task_info(rt, a, &info), UMS_ESRCH);
-  join_ok(b);
+  tu_join_ok(rt, b);
   CHECK_RC(ums_task_info(rt, 0, &info), UMS_ESRCH);
   CHECK_RC(ums_task_info(rt, a, NULL), UMS_EINVAL);
   tu_runtime_shutdown(rt);
@@ -323,8 +290,8 @@ static void *cpu_spin_fn(void *arg) {
 
 static void test_cpu_time(void) {
   rt = tu_runtime_new(2);
-  ums_task_t sp = spawn_named(0, "spinner", cpu_spin_fn, PTR(300));
-  ums_task_t sl = spawn_named(1, "sleeper", sleep_fn, PTR(300));
+  ums_task_t sp = tu_spawn_named(rt, 0, "spinner", cpu_spin_fn, PTR(300));
+  ums_task_t sl = tu_spawn_named(rt, 1, "sleeper", tu_sleep_ms, PTR(300));
   /* Joinable, they stay visible when done. */
   ums_task_info_t a, b;
   WAIT_UNTIL(ums_task_info(rt, sp, &a) == 0 && a.state == UMS_TASK_DONE,
@@ -338,8 +305,8 @@ static void test_cpu_time(void) {
   CHECK_GE(a.cpu_ns, 100 * MS);
   CHECK_LE(a.cpu_ns, 600 * MS);
   CHECK_LE(b.cpu_ns, 50 * MS);
-  join_ok(sp);
-  join_ok(sl);
+  tu_join_ok(rt, sp);
+  tu_join_ok(rt, sl);
   tu_runtime_shutdown(rt);
 }
 

@@ -23,22 +23,6 @@
 
 static ums_runtime_t *rt;
 
-static ums_task_t spawn_named(int sched, const char *name, ums_task_fn fn,
-                              void *arg) {
-  ums_spawn_opts_t o = {.sched = sched, .name = name};
-  ums_task_t t = 0;
-  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
-  return t;
-}
-
-static void join_ok(ums_task_t t) {
-  int status = 1;
-  CHECK_RC(ums_task_join(rt, t, ums_deadline(20 * UMS_NSEC_PER_SEC), NULL,
-                         &status),
-           0);
-  CHECK_RC(status, 0);
-}
-
 static ums_wait_stats_t waits_of(int type) {
   ums_wait_stats_t rows[UMS_WAIT_NTYPES];
   CHECK_EQ(ums_runtime_waits(rt, rows, UMS_WAIT_NTYPES), UMS_WAIT_NTYPES);
@@ -88,16 +72,11 @@ static void test_names(void) {
 /* A sleep                                                                 */
 /* ====================================================================== */
 
-static void *sleep_fn(void *arg) {
-  CHECK_RC(ums_sleep((int64_t)(uintptr_t)arg * MS), 0);
-  return NULL;
-}
-
 static void test_sleep(void) {
   rt = tu_runtime_new(1);
   ums_wait_stats_t before = waits_of(UMS_WAIT_SLEEP);
   CHECK_EQ(before.count, 0);
-  ums_task_t t = spawn_named(0, "sleeper", sleep_fn, PTR(100));
+  ums_task_t t = tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(100));
   ums_task_info_t info = wait_until_waiting(t, UMS_WAIT_SLEEP);
   CHECK_EQ(info.id, t);
   CHECK_STR_EQ(info.name, "sleeper");
@@ -106,7 +85,7 @@ static void test_sleep(void) {
   CHECK_EQ(info.blocker, 0);
   CHECK_GE(info.wait_ns, 0);
   CHECK_LT(info.wait_ns, 5 * UMS_NSEC_PER_SEC);
-  join_ok(t);
+  tu_join_ok(rt, t);
   ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
   CHECK_EQ(w.count, 1);
   CHECK_GE(w.total_ns, 95 * MS);
@@ -149,10 +128,10 @@ static void *locker_fn(void *arg) {
 static void test_mutex_holder(void) {
   rt = tu_runtime_new(2);
   hold_t h = {ums_mutex_new(), ums_event_new(1, 0), ums_event_new(1, 0)};
-  ums_task_t a = spawn_named(0, "holder", holder_fn, &h);
+  ums_task_t a = tu_spawn_named(rt, 0, "holder", holder_fn, &h);
   CHECK_RC(ums_event_wait(h.held, UMS_FOREVER), 0);
   /* The waiter runs on the other scheduler: the holder's id crosses. */
-  ums_task_t b = spawn_named(1, "locker", locker_fn, &h);
+  ums_task_t b = tu_spawn_named(rt, 1, "locker", locker_fn, &h);
   ums_task_info_t info = wait_until_waiting(b, UMS_WAIT_MUTEX);
   CHECK_PTR_EQ(info.wait_object, h.m);
   CHECK_EQ(info.blocker, a);
@@ -162,8 +141,8 @@ static void test_mutex_holder(void) {
   CHECK_PTR_EQ(ia.wait_object, h.release);
   usleep(50 * 1000);
   CHECK_RC(ums_event_set(h.release), 0);
-  join_ok(a);
-  join_ok(b);
+  tu_join_ok(rt, a);
+  tu_join_ok(rt, b);
   ums_wait_stats_t w = waits_of(UMS_WAIT_MUTEX);
   CHECK_EQ(w.count, 1);
   CHECK_GE(w.total_ns, 45 * MS);
@@ -236,7 +215,7 @@ static void expect_wait(const char *what, ums_task_fn fn, void *arg,
                         void (*release)(objs_t *, ums_task_t), objs_t *o) {
   printf("   %s\n", what);
   uint64_t n0 = waits_of(type).count;
-  ums_task_t t = spawn_named(0, what, fn, arg);
+  ums_task_t t = tu_spawn_named(rt, 0, what, fn, arg);
   ums_task_info_t info = wait_until_waiting(t, type);
   if (obj) CHECK_PTR_EQ(info.wait_object, obj);
   if (release) release(o, t);
@@ -300,22 +279,24 @@ static void test_every_type(void) {
   expect_wait("park", park_fn, PTR(0), UMS_WAIT_PARK, NULL, rel_park, &o);
   /* A described park: its type, object and blocker as given. */
   {
-    ums_task_t t = spawn_named(0, "described", park_fn, PTR(UMS_WAIT_SELECT));
+    ums_task_t t =
+        tu_spawn_named(rt, 0, "described", park_fn, PTR(UMS_WAIT_SELECT));
     ums_task_info_t info = wait_until_waiting(t, UMS_WAIT_SELECT);
     CHECK_PTR_EQ(info.wait_object, &rt);
     CHECK_EQ(info.blocker, 42);
     rel_park(&o, t);
-    join_ok(t);
+    tu_join_ok(rt, t);
     CHECK_EQ(waits_of(UMS_WAIT_SELECT).count, 1);
   }
   /* Joining a task names it as object and blocker. */
   {
-    ums_task_t sleeper = spawn_named(0, "sleeper", sleep_fn, PTR(100));
-    ums_task_t j = spawn_named(0, "joiner", join_fn,
+    ums_task_t sleeper =
+        tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(100));
+    ums_task_t j = tu_spawn_named(rt, 0, "joiner", join_fn,
                                (void *)(uintptr_t)sleeper);
     ums_task_info_t info = wait_until_waiting(j, UMS_WAIT_JOIN);
     CHECK_EQ(info.blocker, sleeper);
-    join_ok(j);
+    tu_join_ok(rt, j);
     CHECK_GE(waits_of(UMS_WAIT_JOIN).count, 1);
   }
   expect_wait("preemptive", preempt_fn, PTR(300000), UMS_WAIT_PREEMPT, NULL,
@@ -323,7 +304,7 @@ static void test_every_type(void) {
   /* File I/O may complete before the test sees it waiting; count only. */
   {
     uint64_t n0 = waits_of(UMS_WAIT_FILE_IO).count;
-    join_ok(spawn_named(0, "io", io_fn, NULL));
+    tu_join_ok(rt, tu_spawn_named(rt, 0, "io", io_fn, NULL));
     CHECK_GE(waits_of(UMS_WAIT_FILE_IO).count, n0 + 1);
   }
   /* A bad type is refused; a park outside a task too. */
@@ -351,7 +332,7 @@ static void *bad_type_fn(void *arg) {
 
 static void test_bad_type(void) {
   rt = tu_runtime_new(1);
-  join_ok(spawn_named(0, "bad", bad_type_fn, NULL));
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "bad", bad_type_fn, NULL));
   tu_runtime_shutdown(rt);
 }
 
@@ -362,8 +343,8 @@ static void test_bad_type(void) {
 static void test_pending_worker(void) {
   ums_config_t cfg = {.schedulers = 1, .max_workers = 1};
   rt = tu_runtime_new_cfg(&cfg);
-  ums_task_t a = spawn_named(0, "first", sleep_fn, PTR(100));
-  ums_task_t b = spawn_named(0, "second", sleep_fn, PTR(1));
+  ums_task_t a = tu_spawn_named(rt, 0, "first", tu_sleep_ms, PTR(100));
+  ums_task_t b = tu_spawn_named(rt, 0, "second", tu_sleep_ms, PTR(1));
   /* b waits for a's worker: pending, in a pending_worker wait. */
   ums_task_info_t info;
   int64_t until = ums_deadline(5 * UMS_NSEC_PER_SEC);
@@ -372,8 +353,8 @@ static void test_pending_worker(void) {
     CHECK_LT(ums_now(), until);
   } while (info.wait_type != UMS_WAIT_PENDING_WORKER);
   CHECK_EQ(info.state, UMS_TASK_PENDING);
-  join_ok(a);
-  join_ok(b);
+  tu_join_ok(rt, a);
+  tu_join_ok(rt, b);
   ums_wait_stats_t w = waits_of(UMS_WAIT_PENDING_WORKER);
   CHECK_EQ(w.count, 1);
   CHECK_GE(w.total_ns, 80 * MS);
@@ -384,13 +365,6 @@ static void test_pending_worker(void) {
 /* Signal wait: woken, but the scheduler is busy                           */
 /* ====================================================================== */
 
-static void *spin_fn(void *arg) {
-  int64_t until = ums_now() + (int64_t)(uintptr_t)arg * MS;
-  while (ums_now() < until) {
-  }
-  return NULL;
-}
-
 static void test_signal_wait(void) {
   rt = tu_runtime_new(1);
   /* The waiter is woken from this thread 20 ms into the hog's 200 ms on
@@ -399,16 +373,16 @@ static void test_signal_wait(void) {
   ** different: it is late, which the wait shows, but the task is woken
   ** only when the scheduler gets to it.) */
   objs_t o = {.ev = ums_event_new(0, 0)};
-  ums_task_t w = spawn_named(0, "waiter", event_fn, &o);
+  ums_task_t w = tu_spawn_named(rt, 0, "waiter", event_fn, &o);
   wait_until_waiting(w, UMS_WAIT_EVENT);
-  ums_task_t h = spawn_named(0, "hog", spin_fn, PTR(200));
+  ums_task_t h = tu_spawn_named(rt, 0, "hog", tu_spin_ms, PTR(200));
   usleep(20 * 1000);
   CHECK_RC(ums_event_set(o.ev), 0);
   ums_task_info_t info;
   CHECK_RC(ums_task_info(rt, w, &info), 0);
   if (info.state == UMS_TASK_RUNNABLE) CHECK_GE(info.runnable_ns, 0);
-  join_ok(h);
-  join_ok(w);
+  tu_join_ok(rt, h);
+  tu_join_ok(rt, w);
   ums_wait_stats_t st = waits_of(UMS_WAIT_EVENT);
   CHECK_EQ(st.count, 1);
   CHECK_GE(st.total_ns, 150 * MS);
@@ -422,31 +396,26 @@ static void test_signal_wait(void) {
 /* Yields are counted, never timed; resets                                 */
 /* ====================================================================== */
 
-static void *yield_fn(void *arg) {
-  for (int i = 0; i < (int)(uintptr_t)arg; i++) CHECK_RC(ums_yield(), 0);
-  return NULL;
-}
-
 static void test_yields_and_reset(void) {
   rt = tu_runtime_new(1);
-  ums_task_t a = spawn_named(0, "y1", yield_fn, PTR(500));
-  ums_task_t b = spawn_named(0, "y2", yield_fn, PTR(500));
-  join_ok(a);
-  join_ok(b);
+  ums_task_t a = tu_spawn_named(rt, 0, "y1", tu_yield_n, PTR(500));
+  ums_task_t b = tu_spawn_named(rt, 0, "y2", tu_yield_n, PTR(500));
+  tu_join_ok(rt, a);
+  tu_join_ok(rt, b);
   CHECK_GE(tu_stats(rt, 0).yields, 1000);
   uint64_t waits = 0;
   for (int i = 1; i < UMS_WAIT_NTYPES; i++)
     if (i != UMS_WAIT_JOIN) waits += waits_of(i).count;
   CHECK_EQ(waits, 0);
 
-  join_ok(spawn_named(0, "s", sleep_fn, PTR(20)));
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "s", tu_sleep_ms, PTR(20)));
   CHECK_EQ(waits_of(UMS_WAIT_SLEEP).count, 1);
   CHECK_RC(ums_runtime_waits_reset(rt), 0);
   ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
   CHECK_EQ(w.count, 0);
   CHECK_EQ(w.total_ns, 0);
   CHECK_EQ(w.max_ns, 0);
-  join_ok(spawn_named(0, "s", sleep_fn, PTR(30)));
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "s", tu_sleep_ms, PTR(30)));
   w = waits_of(UMS_WAIT_SLEEP);
   CHECK_EQ(w.count, 1);
   CHECK_GE(w.total_ns, 25 * MS);
@@ -466,12 +435,12 @@ static void test_stats_off(void) {
   ums_config_t c;
   ums_runtime_config(rt, &c);
   CHECK_EQ(c.stats, UMS_STATS_OFF);
-  ums_task_t t = spawn_named(0, "sleeper", sleep_fn, PTR(50));
+  ums_task_t t = tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(50));
   ums_task_info_t info = wait_until_waiting(t, UMS_WAIT_SLEEP);
   CHECK_EQ(info.wait_ns, -1);
   CHECK_EQ(info.runnable_ns, -1);
   CHECK_EQ(info.cpu_ns, -1);
-  join_ok(t);
+  tu_join_ok(rt, t);
   CHECK_EQ(waits_of(UMS_WAIT_SLEEP).count, 0);
   tu_runtime_shutdown(rt);
   /* A bad value is refused. */
@@ -529,10 +498,10 @@ static void check_pingpong_total(void) {
   CHECK_RC(ums_runtime_waits_reset(rt), 0);
   int64_t t0 = ums_now();
   p.until = t0 + 300 * MS;
-  ums_task_t a = spawn_named(0, "ping", ping_fn, &p);
-  ums_task_t b = spawn_named(0, "pong", pong_fn, &p);
-  join_ok(a);
-  join_ok(b);
+  ums_task_t a = tu_spawn_named(rt, 0, "ping", ping_fn, &p);
+  ums_task_t b = tu_spawn_named(rt, 0, "pong", pong_fn, &p);
+  tu_join_ok(rt, a);
+  tu_join_ok(rt, b);
   int64_t elapsed = ums_now() - t0;
   ums_wait_stats_t r = waits_of(UMS_WAIT_CHAN_RECV),
                    sd = waits_of(UMS_WAIT_CHAN_SEND);
@@ -559,14 +528,14 @@ static void test_wait_clock(void) {
   ** the clock stopped. */
   usleep(300 * 1000);
   CHECK_RC(ums_runtime_waits_reset(rt), 0);
-  join_ok(spawn_named(0, "sleeper", sleep_fn, PTR(20)));
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(20)));
   ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
   CHECK_EQ(w.count, 1);
   CHECK_GE(w.total_ns, 18 * MS);
   CHECK_LT(w.total_ns, 200 * MS);
   /* Never backwards, and within a few ticks of the stamp clock while a
   ** task computes. */
-  ums_task_t h = spawn_named(0, "hog", spin_fn, PTR(100));
+  ums_task_t h = tu_spawn_named(rt, 0, "hog", tu_spin_ms, PTR(100));
   int64_t prev = atomic_load(&rt->wait_clock.ns), lag_max = 0;
   for (int i = 0; i < 50; i++) {
     usleep(1000);
@@ -576,7 +545,7 @@ static void test_wait_clock(void) {
     if (now - wc > lag_max) lag_max = now - wc;
     prev = wc;
   }
-  join_ok(h);
+  tu_join_ok(rt, h);
   printf("   wait clock at most %.2f ms behind\n", lag_max / 1e6);
   tu_runtime_shutdown(rt);
 }
@@ -595,7 +564,7 @@ static void test_precise(void) {
   CHECK_GT(r.count + sd.count, 0);
   CHECK_GT(r.total_ns + sd.total_ns, 0);
   CHECK_LT((r.total_ns + sd.total_ns) / (r.count + sd.count), 1 * MS);
-  join_ok(spawn_named(0, "sleeper", sleep_fn, PTR(30)));
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(30)));
   ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
   CHECK_EQ(w.count, 1);
   CHECK_GE(w.total_ns, 29 * MS);
@@ -612,7 +581,7 @@ static void test_virtual_clock(void) {
   ums_config_t cfg = {.schedulers = 1, .clock = UMS_CLOCK_VIRTUAL};
   rt = tu_runtime_new_cfg(&cfg);
   int64_t real0 = ums_now();
-  join_ok(spawn_named(0, "sleeper", sleep_fn, PTR(5000)));
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(5000)));
   CHECK_LT(ums_now() - real0, 3 * UMS_NSEC_PER_SEC);
   ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
   CHECK_EQ(w.count, 1);
@@ -710,18 +679,18 @@ static void test_readers_race(void) {
   rt = tu_runtime_new(2);
   churn_t c = {ums_chan_new(sizeof(int), 0), 0, 0};
   ums_task_t ts[6];
-  ts[0] = spawn_named(0, "ping", pinger_fn, &c);
-  ts[1] = spawn_named(1, "pong", ponger_fn, &c);
-  ts[2] = spawn_named(0, "ping2", pinger_fn, &c);
-  ts[3] = spawn_named(1, "pong2", ponger_fn, &c);
-  ts[4] = spawn_named(0, "reader0", reader_fn, &c);
-  ts[5] = spawn_named(1, "reader1", reader_fn, &c);
+  ts[0] = tu_spawn_named(rt, 0, "ping", pinger_fn, &c);
+  ts[1] = tu_spawn_named(rt, 1, "pong", ponger_fn, &c);
+  ts[2] = tu_spawn_named(rt, 0, "ping2", pinger_fn, &c);
+  ts[3] = tu_spawn_named(rt, 1, "pong2", ponger_fn, &c);
+  ts[4] = tu_spawn_named(rt, 0, "reader0", reader_fn, &c);
+  ts[5] = tu_spawn_named(rt, 1, "reader1", reader_fn, &c);
   pthread_t th;
   CHECK_EQ(pthread_create(&th, NULL, host_reader, &c), 0);
   usleep(300 * 1000);
   atomic_store(&c.stop, 1);
   pthread_join(th, NULL);
-  for (int i = 0; i < 6; i++) join_ok(ts[i]);
+  for (int i = 0; i < 6; i++) tu_join_ok(rt, ts[i]);
   CHECK_GE(atomic_load(&c.reads), 3);
   CHECK_GE(waits_of(UMS_WAIT_CHAN_RECV).count + waits_of(UMS_WAIT_CHAN_SEND).count, 1);
   tu_runtime_shutdown(rt);
