@@ -241,8 +241,8 @@ static inline ums_task_t tu_spawn_named_at(const char *file, int line,
 static inline void tu_join_ok_at(const char *file, int line, ums_runtime_t *rt,
                                  ums_task_t t) {
   int status = 1;
-  int r = ums_task_join(rt, t, ums_deadline(20 * UMS_NSEC_PER_SEC), NULL,
-                        &status);
+  int r =
+      ums_task_join(rt, t, ums_deadline(20 * UMS_NSEC_PER_SEC), NULL, &status);
   if (r != 0)
     tu_fail(file, line, "ums_task_join returned %d (%s)", r, ums_err_name(r));
   if (status != 0)

@@ -292,8 +292,8 @@ static void test_every_type(void) {
   {
     ums_task_t sleeper =
         tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(100));
-    ums_task_t j = tu_spawn_named(rt, 0, "joiner", join_fn,
-                               (void *)(uintptr_t)sleeper);
+    ums_task_t j =
+        tu_spawn_named(rt, 0, "joiner", join_fn, (void *)(uintptr_t)sleeper);
     ums_task_info_t info = wait_until_waiting(j, UMS_WAIT_JOIN);
     CHECK_EQ(info.blocker, sleeper);
     tu_join_ok(rt, j);
