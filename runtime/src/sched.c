@@ -297,6 +297,15 @@ static void maybe_trim(ums__sched_t *s, int64_t now) {
 ** futex wake-up it would need once we sleep. Returns true when something
 ** arrived. idle_state stays 0 meanwhile, so posters make no system call.
 ** now and deadline are real time (ums__clock_real). */
+/* What a spinning idle scheduler watches for: a task posted to it, a
+** cancel, the runtime exiting. Relaxed: a hit is then drained with the
+** lists' own ordering. */
+static bool something_posted(ums__sched_t *s) {
+  return atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
+         atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
+         atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
+}
+
 static bool spin_for_completion(ums__sched_t *s, int64_t now,
                                 int64_t deadline) {
   if (!atomic_load_explicit(&s->preempt_pending, memory_order_relaxed) ||
@@ -305,9 +314,7 @@ static bool spin_for_completion(ums__sched_t *s, int64_t now,
   int64_t until = now + SCHED_SPIN_NS;
   if (until > deadline) until = deadline;
   for (unsigned i = 1;; i++) {
-    if (atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
-        atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
-        atomic_load_explicit(&s->rt->exiting, memory_order_relaxed)) {
+    if (something_posted(s)) {
       ums__spin_note(&s->spin, ums__clock_real() - now, true, SCHED_SPIN_NS);
       return true;
     }
@@ -398,9 +405,7 @@ static bool spin_quick(ums__sched_t *s) {
       !ums__spin_worth(&s->spin, SCHED_SPIN_NS))
     return false;
   for (unsigned i = 0; i < QUICK_SPINS; i++) {
-    if (atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
-        atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
-        atomic_load_explicit(&s->rt->exiting, memory_order_relaxed)) {
+    if (something_posted(s)) {
       /* A hit well under the limit, whatever it took exactly. */
       ums__spin_note(&s->spin, 0, true, SCHED_SPIN_NS);
       return true;
