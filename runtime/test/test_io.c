@@ -55,6 +55,20 @@ static int open_fds(void) {
 
 static uint64_t io_pending(void) { return tu_stats_sum(rt, io_pending); }
 
+/* Waits (2 s) for an abandoned read of a pipe to end: cancelled in the
+** kernel, or interrupted on its pool thread. A pool interrupt is best
+** effort (a signal that lands just before the thread enters read() is
+** lost; runtime/IO.md): then the read ends when data comes, which this
+** writes to wfd. Returns whether the interrupt was lost. */
+static bool settle_abandoned_read(int wfd) {
+  int64_t until = ums_deadline(2 * UMS_NSEC_PER_SEC);
+  while (io_pending() != 0 && ums_now() < until) usleep(1000);
+  if (io_pending() == 0) return false;
+  CHECK_EQ(write(wfd, "y", 1), 1);
+  WAIT_UNTIL(io_pending() == 0, 5000);
+  return true;
+}
+
 /* Pipes an abandoned request may still use: the stats say when it has
 ** ended, but they are not a synchronisation, so the descriptors are
 ** closed only after the runtime (and its pool threads) are gone. */
@@ -791,17 +805,7 @@ static void test_cancel_in_flight(void) {
     CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, &status), 0);
     CHECK(res);
     CHECK_RC((int)p.result, UMS_ECANCELED);
-    /* The abandoned read ends: cancelled in the kernel, or interrupted on
-    ** its pool thread. A pool interrupt is best effort (a signal that
-    ** lands just before the thread enters read() is lost; runtime/IO.md):
-    ** then the read ends when data comes, which we provide. */
-    int64_t until = ums_deadline(2 * UMS_NSEC_PER_SEC);
-    while (io_pending() != 0 && ums_now() < until) usleep(1000);
-    if (io_pending() != 0) {
-      lost++;
-      CHECK_EQ(write(fds[1], "y", 1), 1);
-      WAIT_UNTIL(io_pending() == 0, 5000);
-    }
+    if (settle_abandoned_read(fds[1])) lost++;
   }
   if (lost) printf("   %d of 20 pool interrupts lost (read ended by data)\n", lost);
   ums_config_t c;
@@ -1294,15 +1298,11 @@ static void test_deferred_timeout(void) {
     CHECK_RC((int)s.result, UMS_ETIMEDOUT);
     CHECK_GE(s.elapsed, tu_ms(50));
     CHECK_LT(s.elapsed, tu_ms(5000));
-    int64_t until = ums_deadline(2 * UMS_NSEC_PER_SEC);
-    while (io_pending() != 0 && ums_now() < until) usleep(1000);
-    if (io_pending() != 0) {
-      /* A lost pool interrupt (best effort, runtime/IO.md): data ends it. */
+    if (settle_abandoned_read(p[1])) {
+      /* Only a pool interrupt can be lost. */
       ums_config_t c;
       ums_runtime_config(rt, &c);
       CHECK_EQ(c.io_backend, UMS_IO_POOL);
-      CHECK_EQ(write(p[1], "y", 1), 1);
-      WAIT_UNTIL(io_pending() == 0, 5000);
     }
   }
   /* Nothing consumed the pipe: the abandoned reads really ended. */
@@ -1331,13 +1331,7 @@ static void test_deferred_cancel(void) {
     CHECK_RC(ums_task_cancel(rt, t), 0);
     CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), 0);
     CHECK_RC((int)s.result, UMS_ECANCELED);
-    int64_t until = ums_deadline(2 * UMS_NSEC_PER_SEC);
-    while (io_pending() != 0 && ums_now() < until) usleep(1000);
-    if (io_pending() != 0) {
-      lost++;
-      CHECK_EQ(write(p[1], "y", 1), 1);
-      WAIT_UNTIL(io_pending() == 0, 5000);
-    }
+    if (settle_abandoned_read(p[1])) lost++;
   }
   if (lost) printf("   %d of 20 pool interrupts lost (read ended by data)\n", lost);
   ums_config_t c;
