@@ -866,6 +866,10 @@ struct ums__sched {
                                      scheduler's tasks not yet returned;
                                      while nonzero the idle wait spins
                                      first (a completion is likely soon) */
+  _Atomic uint32_t io_pool_pending; /* [atomic] file I/O of this
+                                     scheduler's tasks handed to the I/O
+                                     pool and not yet posted back: spun
+                                     for like preempt_pending */
   ums__counters_t counters;
   _Atomic uint64_t running;    /* [atomic, owner writes] id of the task
                                   picked last (the monitor's view) */

@@ -187,17 +187,25 @@ int64_t ums__io_exec(ums__io_req_t *r) {
 
 static void pool_run(ums__pool_work_t *w) {
   ums__io_req_t *r = UMS__CONTAINER_OF(w, ums__io_req_t, work);
+  /* r may be gone once completed; its scheduler outlives the pool. */
+  ums__sched_t *s = r->sched;
   /* Given up while still queued: not starting at all is the best end
   ** (a cancelled write writes nothing). */
-  if (interrupted(r)) {
+  if (interrupted(r))
     ums__io_complete(r, UMS_ECANCELED);
-    return;
-  }
-  ums__io_complete(r, ums__io_exec(r));
+  else
+    ums__io_complete(r, ums__io_exec(r));
+  /* After the completion's unpark, so that the scheduler's idle spin
+  ** (sched.c) keeps watching until the task is on its completion list. */
+  if (s)
+    atomic_fetch_sub_explicit(&s->io_pool_pending, 1, memory_order_release);
 }
 
 void ums__io_pool_submit(ums_runtime_t *rt, ums__io_req_t *r) {
   r->work.run = pool_run;
+  if (r->sched)
+    atomic_fetch_add_explicit(&r->sched->io_pool_pending, 1,
+                              memory_order_relaxed);
   if (ums__pool_submit(&rt->io_pool, &r->work) != 0)
     /* No pool thread at all and none can start: run it here, blocking
     ** this scheduler for its length, rather than fail a request that

@@ -291,8 +291,9 @@ static void maybe_trim(ums__sched_t *s, int64_t now) {
   ums__worker_trim(s, s->trim_epoch - 1, keep);
 }
 
-/* Before the idle wait of a scheduler whose tasks have preemptive calls
-** in flight: the pool thread that finishes one posts its task to the
+/* Before the idle wait of a scheduler whose tasks have work on a pool
+** thread (preemptive calls, file I/O on the I/O pool): the pool thread
+** that finishes one posts its task to the
 ** completion list, and catching that by spinning costs far less than the
 ** futex wake-up it would need once we sleep. Returns true when something
 ** arrived. idle_state stays 0 meanwhile, so posters make no system call.
@@ -306,9 +307,17 @@ static bool something_posted(ums__sched_t *s) {
          atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
 }
 
+/* Work of this scheduler's tasks is on a pool thread (a preemptive call
+** or file I/O on the I/O pool): its completion comes through the inbox,
+** worth spinning for. Ring I/O is not: its wait is io_uring_enter. */
+static bool pool_work_pending(ums__sched_t *s) {
+  return atomic_load_explicit(&s->preempt_pending, memory_order_relaxed) ||
+         atomic_load_explicit(&s->io_pool_pending, memory_order_relaxed);
+}
+
 static bool spin_for_completion(ums__sched_t *s, int64_t now,
                                 int64_t deadline) {
-  if (!atomic_load_explicit(&s->preempt_pending, memory_order_relaxed) ||
+  if (!pool_work_pending(s) ||
       !ums__spin_worth(&s->spin, SCHED_SPIN_NS))
     return false;
   int64_t until = now + SCHED_SPIN_NS;
@@ -320,8 +329,7 @@ static bool spin_for_completion(ums__sched_t *s, int64_t now,
     }
     ums__cpu_relax();
     if ((i & 63) == 0) {
-      if (ums__clock_real() >= until ||
-          !atomic_load_explicit(&s->preempt_pending, memory_order_relaxed)) {
+      if (ums__clock_real() >= until || !pool_work_pending(s)) {
         ums__spin_note(&s->spin, 0, false, SCHED_SPIN_NS);
         return false;
       }
@@ -400,8 +408,7 @@ static void idle_wait_virtual(ums__sched_t *s) {
 ** true when something arrived. */
 #define QUICK_SPINS 128
 static bool spin_quick(ums__sched_t *s) {
-  if (s->timers.n ||
-      !atomic_load_explicit(&s->preempt_pending, memory_order_relaxed) ||
+  if (s->timers.n || !pool_work_pending(s) ||
       !ums__spin_worth(&s->spin, SCHED_SPIN_NS))
     return false;
   for (unsigned i = 0; i < QUICK_SPINS; i++) {
@@ -432,7 +439,7 @@ static void idle_wait(ums__sched_t *s) {
     deadline = s->next_trim;
   if (deadline <= now) return;
   if (spin_for_completion(s, now, deadline)) return;
-  if (s->preempt_pending) now = ums__clock_now();
+  if (pool_work_pending(s)) now = ums__clock_now();
   block(s, deadline, now);
 }
 
