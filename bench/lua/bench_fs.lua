@@ -25,7 +25,9 @@ contenders interleaved so that drift hits all alike.
            f:close(), and ums.fs.readfile(path) (the same three steps in
            one call); floor: the same in a C loop on one thread
            (bench_floor.small_files); luv: 64 chains of fs_open -> fs_read
-           -> fs_close callbacks.
+           -> fs_close callbacks. readfile also once with the 64 tasks
+           split over two schedulers (two VMs, ums.submit_on), so that
+           the second CPU takes half the Lua and kernel work.
 
 ums runs with both backends (io = "uring" and "pool"). The files are
 created when missing (bench/bench_io.c uses the same layout). Every Lua
@@ -237,6 +239,43 @@ end
 local function ums_small64() small64(false) end
 local function ums_small64_rf() small64(true) end
 
+-- The same 64 tasks split over two schedulers (two VMs): each VM runs 32
+-- of them through ums.fs.readfile, so the second CPU does Lua and kernel
+-- work too. The work function names its files itself (no 10,000-path
+-- table to copy).
+local function small_half(dir, nsmall, tasks, first, step)
+  local ums = require "ums"
+  local fmt = string.format
+  local ts = {}
+  for k = first, tasks, step do
+    ts[#ts + 1] = ums.spawn(function()
+      for i = k, nsmall, tasks do
+        local j = i - 1
+        local s = ums.fs.readfile(fmt("%s/small/%02d/f%05d", dir, j % 100,
+          j))
+        assert(#s == 4096)
+      end
+    end)
+  end
+  for _, t in ipairs(ts) do assert(t:join()) end
+end
+
+local function ums_small64_rf_2s()
+  local saved = ums.config()
+  ums.config{schedulers = 2, io = "uring"}
+  local t = ums.run(function()
+    return timed(function()
+      local w = {
+        ums.submit_on(1, small_half, opt.dir, NSMALL, TASKS, 1, 2),
+        ums.submit_on(2, small_half, opt.dir, NSMALL, TASKS, 2, 2),
+      }
+      for _, x in ipairs(w) do assert(x:join()) end
+    end)
+  end)
+  ums.config{schedulers = saved.schedulers, io = saved.io}
+  return t
+end
+
 local function c_small()
   assert(floor.small_files(small_paths) == NSMALL)
 end
@@ -394,6 +433,7 @@ local small = {
   {"pool", in_run("pool", ums_small64), in_run = true},
   {"uring_rf", in_run("uring", ums_small64_rf), in_run = true},
   {"pool_rf", in_run("pool", ums_small64_rf), in_run = true},
+  {"uring_rf2", ums_small64_rf_2s, in_run = true},
 }
 if has_luv then small[#small + 1] = {"luv", luv_small} end
 m = interleaved(small)
@@ -410,6 +450,8 @@ add("ums.small64_rf_uring", "ums.fs.readfile, 64 tasks, io_uring",
   fps(m.uring_rf), "files/s", "floor.small", 1.0)
 add("ums.small64_rf_pool", "ums.fs.readfile, 64 tasks, pool",
   fps(m.pool_rf), "files/s", "floor.small", 1.0)
+add("ums.small64_rf_2s", "ums.fs.readfile, 64 tasks on 2 schedulers",
+  fps(m.uring_rf2), "files/s", "floor.small", 1.0)
 if m.luv then
   add("luv.small64", "luv fs_open/read/close, 64 chains", fps(m.luv),
     "files/s", "floor.small")
@@ -448,7 +490,8 @@ for _, r in ipairs(results) do
   if r.floor then r.ratio = r.value / by_id[r.floor].value end
   if r.target then r.pass = r.ratio >= r.target end
 end
-for _, id in ipairs{"ums.small64_uring", "ums.small64_rf_uring"} do
+for _, id in ipairs{"ums.small64_uring", "ums.small64_rf_uring",
+                    "ums.small64_rf_2s"} do
   local u = by_id[id]
   if by_id["luv.small64"] then
     u.vs_luv = u.value / by_id["luv.small64"].value
