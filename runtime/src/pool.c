@@ -15,10 +15,13 @@
 ** handoff a futex wake). So beyond core a monitor thread, started the
 ** first time work queues beyond core, looks every grow_ns while work is
 ** queued: if the oldest queued work has waited that long, it starts one
-** thread per busy thread blocked in its work: asleep in the kernel's view
-** (/proc/self/task/<tid>/stat) and on a CPU for less than half of the
-** last tick (its CPU-time clock). A thread computing on a crowded machine
-** is runnable, not asleep, so it is never mistaken for a blocked one. With every thread blocked that doubles the pool per tick,
+** thread per busy thread blocked in its work: at two looks in a row in
+** the same work (not merely the same, reused, record), asleep in the
+** kernel's view (/proc/self/task/<tid>/stat) and on a CPU for less than
+** half of the last tick (its CPU-time clock). A thread computing on a
+** crowded machine is runnable, not asleep, so it is not mistaken for a
+** blocked one (two looks: nor when one look catches it in a page fault).
+** With every thread blocked that doubles the pool per tick,
 ** so 64 blocked calls get their threads within a few milliseconds; never
 ** more than are queued or than max. It sleeps when nothing is queued: an
 ** unsaturated pool costs nothing. Go's sysmon and .NET's starvation check
@@ -88,12 +91,14 @@ struct ums__pool_thread {
                                     before */
   clockid_t cpu_clock;           /* [const] its CPU-time clock */
   bool has_clock;                /* [const] */
-  int stat_fd;                   /* [pool lock, monitor's] its
-                                    /proc/self/task/<tid>/stat, opened by
-                                    the monitor's first look; -1: none.
-                                    Closed when the thread is joined */
+  uint64_t works;                /* [pool lock] works it has started:
+                                    tells one work from a later one in
+                                    the same (reused) record */
   const ums__pool_work_t *seen_work; /* [pool lock] what it ran at the
                                     monitor's last look (compared only) */
+  uint64_t seen_works;           /* [pool lock] works then */
+  uint32_t blocked_looks;        /* [pool lock] looks in a row that found
+                                    it blocked in the same work */
   int64_t seen_cpu;              /* [pool lock] its CPU time then */
 };
 
@@ -165,7 +170,6 @@ static void join_exited(ums__pool_t *p) {
   while (done) {
     ums__pool_thread_t *next = done->next;
     pthread_join(done->thread, NULL);
-    if (done->stat_fd >= 0) close(done->stat_fd);
     free(done);
     done = next;
   }
@@ -275,6 +279,7 @@ static void *pool_main(void *arg) {
     }
   run:
     self->current = w;
+    self->works++;
     pthread_mutex_unlock(&p->lock);
     atomic_store_explicit(&self->in_work, true, memory_order_relaxed);
     w->run(w); /* may free w */
@@ -319,7 +324,6 @@ static int start_thread(ums__pool_t *p) {
     return UMS_EAGAIN;
   }
   th->has_clock = pthread_getcpuclockid(th->thread, &th->cpu_clock) == 0;
-  th->stat_fd = -1;
   th->next = p->threads;
   p->threads = th;
   p->nthreads++;
@@ -331,14 +335,17 @@ static int start_thread(ums__pool_t *p) {
 ** on a crowded machine is runnable, not blocked. False if unknown (no
 ** procfs, the thread is ending). [lock] */
 static bool thread_asleep(ums__pool_thread_t *th) {
-  if (th->stat_fd < 0) {
-    if (!th->tid) return false;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)th->tid);
-    if ((th->stat_fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return false;
-  }
+  if (!th->tid) return false;
+  /* Opened for each look, not kept: looks are rare (only at a thread in
+  ** the same work since the last look, off the CPU), and a descriptor
+  ** kept per pool thread would show in the process's own count of them. */
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)th->tid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
   char buf[128]; /* "tid (comm) S ...": comm is at most 15 bytes */
-  ssize_t n = pread(th->stat_fd, buf, sizeof buf - 1, 0);
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  close(fd);
   if (n <= 0) return false;
   buf[n] = 0;
   const char *end = strrchr(buf, ')');
@@ -363,18 +370,32 @@ static void grow_check(ums__pool_t *p) {
   uint32_t blocked = 0;
   for (ums__pool_thread_t *th = p->threads; th; th = th->next) {
     const ums__pool_work_t *was = th->seen_work;
+    uint64_t was_works = th->seen_works;
     int64_t cpu0 = th->seen_cpu;
     th->seen_work = th->exited ? NULL : th->current;
+    th->seen_works = th->works;
     if (!th->seen_work ||
         !atomic_load_explicit(&th->in_work, memory_order_relaxed)) {
       th->seen_work = NULL; /* between works (maybe asleep on our lock) */
+      th->blocked_looks = 0;
       continue;
     }
     th->seen_cpu = thread_cpu(th);
-    if (interval && was == th->seen_work && cpu0 >= 0 &&
+    /* The same work: the same record and no work started since (records
+    ** are reused: a thread that ran a thousand short works through one
+    ** record since the last look is not stuck in it). */
+    if (interval && was == th->seen_work && was_works == th->works &&
+        cpu0 >= 0 &&
         th->seen_cpu >= 0 && 2 * (th->seen_cpu - cpu0) < interval &&
-        thread_asleep(th))
-      blocked++;
+        thread_asleep(th)) {
+      /* Blocked at two looks in a row: a computing thread caught once in
+      ** a page fault or behind a kernel lock on a crowded machine is
+      ** not (one look put a 30 ms computation to sleep under ASan at
+      ** load 13). */
+      if (++th->blocked_looks >= 2) blocked++;
+    } else {
+      th->blocked_looks = 0;
+    }
   }
   p->sampled_at = now;
   if (!blocked || !p->head || p->nthreads >= p->cfg.max) return;

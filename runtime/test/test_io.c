@@ -789,6 +789,101 @@ static void test_timeout_in_flight(void) {
   close_late(fds[1]);
 }
 
+/* The I/O pool starts a thread per CPU and grows only for threads blocked
+** in their work. Pool backend only (the ring waits for a pipe in the
+** kernel). Eight reads of empty pipes block eight threads: the pipe read
+** last must still be served, which takes the pool growing past its
+** first threads (without growth it would wait behind reads that never
+** end, and the join's deadline fails it). Then many reads of a cached
+** file, which never block, leave the pool as it was. */
+#define GROW_PIPES 8
+static uint64_t io_threads(void) {
+  ums_pool_stats_t rows[2];
+  int n = ums_runtime_pool_stats(rt, rows, 2);
+  for (int i = 0; i < n && i < 2; i++)
+    if (strcmp(rows[i].name, "io") == 0) return rows[i].threads;
+  CHECK(!"no io pool row");
+  return 0;
+}
+
+static void *cached_reads(void *arg) {
+  const char *path = arg;
+  ums_buf_t *b = ums_buf_new(4096);
+  for (int i = 0; i < 2000; i++) {
+    int64_t fd = ums_fs_open(path, O_RDONLY, 0, UMS_FOREVER);
+    CHECK_GE(fd, 0);
+    CHECK_EQ(ums_fs_read((int)fd, b, 0, 4096, 0, UMS_FOREVER), 5);
+    CHECK_RC(ums_fs_close((int)fd, UMS_FOREVER), 0);
+  }
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void test_pool_growth(void) {
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  if (c.io_backend != UMS_IO_POOL) {
+    printf("   (pool backend only)\n");
+    return;
+  }
+  int fds[GROW_PIPES][2];
+  pipe_read_t p[GROW_PIPES];
+  ums_task_t t[GROW_PIPES];
+  for (int i = 0; i < GROW_PIPES; i++) {
+    CHECK_EQ(pipe(fds[i]), 0);
+    p[i] = (pipe_read_t){.fd = fds[i][0], .timeout = -1};
+    ums_spawn_opts_t o = {.sched = 0};
+    CHECK_RC(ums_task_spawn(rt, &o, pipe_reader, &p[i], &t[i]), 0);
+  }
+  WAIT_UNTIL(io_pending() == GROW_PIPES, 5000);
+  /* Answered in reverse: the last read is the one queued longest. */
+  for (int i = GROW_PIPES - 1; i >= 0; i--) {
+    CHECK_EQ(write(fds[i][1], "x", 1), 1);
+    void *res = NULL;
+    CHECK_RC(ums_task_join(rt, t[i], ums_deadline(tu_ms(10000)), &res, NULL),
+             0);
+    CHECK_EQ(p[i].result, 1);
+  }
+  uint64_t grown = io_threads();
+  printf("   %" PRIu64 " I/O pool threads after %d blocked reads\n", grown,
+         GROW_PIPES);
+  CHECK_GE(grown, (uint64_t)GROW_PIPES);
+  for (int i = 0; i < GROW_PIPES; i++) {
+    close(fds[i][0]);
+    close(fds[i][1]);
+  }
+  WAIT_UNTIL(io_pending() == 0, 5000);
+
+  /* A fresh runtime: cached reads from 16 tasks do not grow its pool
+  ** beyond a thread per CPU (they never block in the kernel). */
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(1);
+  char path[512];
+  path_of(path, "growth-cached");
+  int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  CHECK_GE(fd, 0);
+  CHECK_EQ(write(fd, "hello", 5), 5);
+  close(fd);
+  enum { READERS = 16 };
+  ums_task_t r[READERS];
+  for (int i = 0; i < READERS; i++) {
+    ums_spawn_opts_t o = {.sched = 0};
+    CHECK_RC(ums_task_spawn(rt, &o, cached_reads, path, &r[i]), 0);
+  }
+  for (int i = 0; i < READERS; i++)
+    CHECK_RC(ums_task_join(rt, r[i], UMS_FOREVER, NULL, NULL), 0);
+  uint64_t cached = io_threads();
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  printf("   %" PRIu64 " I/O pool threads after 32,000 cached reads "
+         "(%ld CPUs)\n", cached, cpus);
+  /* A thread or two more may start when one is descheduled inside a
+  ** kernel lock on a crowded machine; a pool grown at once to its bound
+  ** (64) is what this catches. */
+  CHECK_LE(cached, (uint64_t)(cpus > 0 ? cpus : 1) * 4);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
 static void test_cancel_in_flight(void) {
   int fds[2], lost = 0;
   CHECK_EQ(pipe(fds), 0);
@@ -1450,6 +1545,7 @@ int main(int argc, char **argv) {
   RUN(test_many_tasks);
   RUN(test_timeout_in_flight);
   RUN(test_cancel_in_flight);
+  RUN(test_pool_growth);
   RUN(test_open_abandoned);
   RUN(test_close_cancelled);
   RUN(test_idle_wake);
