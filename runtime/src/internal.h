@@ -739,6 +739,13 @@ struct ums_fs_req {
                                    (read at the end, or the descriptor's
                                    install), close */
   ums__io_req_t *chain_next;
+  int64_t chain_size;           /* a regular file's size by the fstat
+                                   after its open (ums__io_readfile_kind;
+                                   0 for a directory), also the pool's */
+  bool chain_short;             /* stage 2 without the read at the end:
+                                   the size fits the buffer */
+  bool chain_full;              /* a short stage 2 read other than the
+                                   size: the retry reads to the end */
   char scratch[8];
 
   /* Inline room, not zeroed when a request is made (io.c: req_new). A

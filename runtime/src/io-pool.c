@@ -118,8 +118,8 @@ static int64_t readdir_exec(ums__io_req_t *r) {
 }
 
 /* A whole file into the request's buffer (ums.h, ums_fs_readfile): reads
-** at offsets until the buffer is full or a read returns 0; a full buffer
-** is checked with one byte more. Anything but a regular file (or a
+** at offsets until the buffer is full, a read returns 0 or a short read
+** ends at the file's size; a full buffer is checked with one byte more. Anything but a regular file (or a
 ** directory, whose read fails) is left open for the caller, nothing read
 ** from it, as io-uring.c does. */
 static int64_t readfile_exec(ums__io_req_t *r) {
@@ -147,6 +147,13 @@ static int64_t readfile_exec(ums__io_req_t *r) {
       break;
     }
     got += (size_t)n;
+    /* A read short of the buffer that ends at the size the fstat gave:
+    ** the end (a regular file's read is short only there), found
+    ** without one more read. A size of 0 says nothing (procfs). */
+    if (r->chain_size > 0 && got == (size_t)r->chain_size && got < cap) {
+      res = (int64_t)got;
+      break;
+    }
   }
   if (close(fd) != 0 && res >= 0) res = -errno;
   return res;

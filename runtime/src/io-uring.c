@@ -244,7 +244,10 @@ static void queued(ums__sched_t *s) {
 **     a READ of the whole buffer at offset 0, a READ of one byte at the
 **     buffer's end (0: the file fits; more: it is larger) and the CLOSE,
 **     hard-linked so that each runs whatever the one before gave (a short
-**     read "fails" a plain link);
+**     read "fails" a plain link); when the fstat's size fits the buffer,
+**     only the READ and the CLOSE (a read that returns exactly that size
+**     has found the end; another count starts the request over, reading
+**     to the end this time);
 **   - anything else (a FIFO, a terminal): no read at all, since io_uring
 **     reads a stream whatever the offset: the descriptor goes to the
 **     caller with UMS_ESPIPE, and the stream loses nothing.
@@ -317,6 +320,28 @@ static int64_t chain_stage2(ums__sched_t *s, ums__io_req_t *r, int fd) {
   if (what) return what;
   size_t len = r->iov[0].iov_len;
   r->chain_stage = 2;
+  int64_t size = r->chain_size;
+  if (!r->chain_full && size > 0 && (uint64_t)size < len) {
+    /* The file fits, by its size: a read of the whole buffer that gives
+    ** exactly that size has found the end (a regular file's read is short
+    ** only there; procfs files say 0 and take the long way), so no read
+    ** at the end. Any other count (the file changed since the fstat)
+    ** reads it again the long way (chain_stages). */
+    r->chain_short = true;
+    r->chain_left = 2;
+    r->chain_res[CH_NEXT] = 0;
+    if (io_uring_sq_space_left(&rg->ring) < 2) submit_now(s);
+    struct io_uring_sqe *sqe = get_sqe(s);
+    io_uring_prep_read(sqe, fd, r->iov[0].iov_base, (unsigned)len, 0);
+    chain_sqe(sqe, r, CH_READ, IOSQE_IO_HARDLINK);
+    sqe = get_sqe(s);
+    io_uring_prep_close(sqe, fd);
+    chain_sqe(sqe, r, CH_CLOSE, 0);
+    rg->kernel_refs += 2;
+    queued(s);
+    return INT64_MIN;
+  }
+  r->chain_short = false;
   r->chain_left = 3;
   if (io_uring_sq_space_left(&rg->ring) < 3) submit_now(s);
   struct io_uring_sqe *sqe = get_sqe(s);
@@ -342,6 +367,15 @@ static void chain_stages(ums__sched_t *s) {
     rg->stage_head = r->chain_next;
     if (!rg->stage_head) rg->stage_tail = NULL;
     int64_t res;
+    if (r->chain_stage == 2 && r->chain_short &&
+        r->chain_res[CH_READ] >= 0 && r->chain_res[CH_CLOSE] >= 0 &&
+        r->chain_res[CH_READ] != r->chain_size) {
+      /* The short chain's read disagrees with the size (the file
+      ** changed, or a file system reads short): again, to the end. */
+      r->chain_full = true;
+      chain_start(s, r);
+      continue;
+    }
     if (r->chain_stage == 2)
       res = chain_result(r);
     else if (r->chain_res[CH_OPEN] < 0)
@@ -355,6 +389,7 @@ static void chain_stages(ums__sched_t *s) {
 void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r) {
   ums__ring_t *rg = s->ring;
   if (r->op == UMS__IO_READFILE) {
+    r->chain_full = false;
     chain_start(s, r);
     return;
   }

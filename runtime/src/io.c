@@ -191,6 +191,7 @@ int64_t ums__io_readfile_kind(ums__io_req_t *r, int fd) {
     close(fd);
     return err;
   }
+  r->chain_size = S_ISREG(st.st_mode) ? (int64_t)st.st_size : 0;
   if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) return 0;
   r->fd = fd;
   return UMS_ESPIPE;

@@ -311,6 +311,9 @@ static void *readfile_suite(void *arg) {
   put_file(path_of(exact, name), 4096, 5);
   snprintf(name, sizeof name, "rf-big-%s", tag);
   put_file(path_of(big, name), 4097, 9);
+  char under[512], proc[64];
+  snprintf(name, sizeof name, "rf-under-%s", tag);
+  put_file(path_of(under, name), 4095, 4);
   snprintf(name, sizeof name, "rf-fifo-%s", tag);
   CHECK_EQ(mkfifo(path_of(fifo, name), 0600), 0);
   int before = open_fds();
@@ -324,6 +327,21 @@ static void *readfile_suite(void *arg) {
   CHECK_EQ(ums_fs_readfile(exact, b, NULL, dl), 4096); /* fits exactly */
   CHECK(same(b, 4096, 5));
   CHECK_EQ(ums_fs_readfile(big, b, NULL, dl), UMS_EFBIG);
+  CHECK_EQ(ums_fs_readfile(under, b, NULL, dl), 4095); /* one byte spare */
+  CHECK(same(b, 4095, 4));
+  /* procfs says size 0 and reads what it has: the whole of it, as a
+  ** read(2) loop gets it (the process's limits do not change meanwhile) */
+  snprintf(proc, sizeof proc, "/proc/%d/limits", (int)getpid());
+  int pfd = open(proc, O_RDONLY);
+  CHECK(pfd >= 0);
+  char want[4096];
+  size_t wn = 0;
+  for (ssize_t k; (k = read(pfd, want + wn, sizeof want - wn)) > 0;)
+    wn += (size_t)k;
+  close(pfd);
+  CHECK_GT(wn, 100);
+  CHECK_EQ(ums_fs_readfile(proc, b, NULL, dl), (int64_t)wn);
+  CHECK(memcmp(ums_buf_data(b), want, wn) == 0);
   char missing[512];
   path_of(missing, "no/such/file");
   CHECK_EQ(ums_fs_readfile(missing, b, &fd, dl), UMS_ENOENT);
