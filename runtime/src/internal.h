@@ -597,6 +597,10 @@ typedef struct ums__pool {
   pthread_t monitor;                 /* [lock] valid if mon_started */
   bool mon_started;                  /* [lock] */
   bool mon_asleep;                   /* [lock] waits for work to watch */
+  uint32_t interrupting;             /* [lock] threads whose work was
+                                        interrupted and runs on: the
+                                        monitor signals them again every
+                                        tick until it ends */
   int64_t sampled_at;                /* [lock] the monitor's last look at
                                         its threads' times; 0: none */
   uint64_t grown;                    /* [lock] threads the monitor started */
@@ -612,9 +616,11 @@ int ums__pool_init(ums__pool_t *p, const ums__pool_cfg_t *cfg);
 /* Queues w. Returns 0, or UMS_EAGAIN when the pool has no thread and
 ** cannot start one (the caller then runs the work itself). Any thread. */
 int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w);
-/* Best effort: marks w interrupted and, if a pool thread runs it now,
-** signals that thread so that a blocking system call fails with EINTR.
-** The caller must keep w alive during the call. */
+/* Marks w interrupted and, if a pool thread runs it now, signals that
+** thread so that a blocking system call fails with EINTR, and again every
+** tick of the pool's monitor until the work has ended (a signal that lands
+** just before the call is lost). The caller must keep w alive during the
+** call. */
 void ums__pool_interrupt(ums__pool_t *p, ums__pool_work_t *w);
 /* In run(): whether the work has been interrupted (by its owner, or by
 ** the pool's destruction), so that a system call failing with EINTR must

@@ -49,9 +49,11 @@
 ** writes to) is woken with a signal whose handler does nothing, installed
 ** without SA_RESTART, so the call fails with EINTR; run() then sees its
 ** work marked interrupted and gives up instead of retrying. A signal can
-** land just before the thread enters the call and be lost, which is why
-** an interrupt is best effort, and why destroy repeats it until the work
-** has ended.
+** land just before the thread enters the call and be lost, so the monitor
+** sends it again every tick (grow_ns) while the interrupted work runs on
+** (th->interrupting), and destroy repeats it until the work has ended.
+** (Without a monitor thread, if none could start, an interrupt is best
+** effort.)
 */
 #include "internal.h"
 
@@ -99,6 +101,9 @@ struct ums__pool_thread {
   uint64_t seen_works;           /* [pool lock] works then */
   uint32_t blocked_looks;        /* [pool lock] looks in a row that found
                                     it blocked in the same work */
+  bool interrupting;             /* [pool lock] its current work was
+                                    interrupted (counted in
+                                    p->interrupting until the work ends) */
   int64_t seen_cpu;              /* [pool lock] its CPU time then */
 };
 
@@ -286,6 +291,10 @@ static void *pool_main(void *arg) {
     atomic_store_explicit(&self->in_work, false, memory_order_relaxed);
     pthread_mutex_lock(&p->lock);
     self->current = NULL;
+    if (self->interrupting) {
+      self->interrupting = false;
+      p->interrupting--;
+    }
     p->completed++;
     spun = false; /* after work, another spin is worth it */
   }
@@ -415,7 +424,7 @@ static void *monitor_main(void *arg) {
   pthread_setname_np(pthread_self(), name);
   pthread_mutex_lock(&p->lock);
   while (!p->stopping) {
-    if (!p->head || p->nthreads >= p->cfg.max) {
+    if ((!p->head || p->nthreads >= p->cfg.max) && !p->interrupting) {
       /* Nothing waits, or nothing can be done: sleep until a submitter
       ** queues work beyond the threads there are. */
       p->mon_asleep = true;
@@ -428,7 +437,12 @@ static void *monitor_main(void *arg) {
     struct timespec ts;
     abs_deadline(&ts, p->cfg.grow_ns);
     pthread_cond_timedwait(&p->mon_cv, &p->lock, &ts);
-    if (!p->stopping) grow_check(p);
+    if (p->stopping) break;
+    grow_check(p);
+    if (p->interrupting && signal_ok)
+      for (ums__pool_thread_t *th = p->threads; th; th = th->next)
+        if (th->interrupting && th->current && !th->exited)
+          pthread_kill(th->thread, POOL_SIGNAL);
   }
   pthread_mutex_unlock(&p->lock);
   return NULL;
@@ -493,7 +507,15 @@ int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w) {
 static void signal_runner(ums__pool_t *p, ums__pool_work_t *w) {
   if (!signal_ok) return;
   for (ums__pool_thread_t *th = p->threads; th; th = th->next)
-    if (th->current == w && !th->exited) pthread_kill(th->thread, POOL_SIGNAL);
+    if (th->current == w && !th->exited) {
+      pthread_kill(th->thread, POOL_SIGNAL);
+      /* Again every tick until the work ends: this one may be lost. */
+      if (!th->interrupting && !p->stopping) {
+        th->interrupting = true;
+        p->interrupting++;
+        wake_monitor(p);
+      }
+    }
 }
 
 void ums__pool_interrupt(ums__pool_t *p, ums__pool_work_t *w) {

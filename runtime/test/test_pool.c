@@ -249,6 +249,60 @@ static void test_interrupt(void) {
   close(fds[1]);
 }
 
+/* An interrupt that lands before the work enters its system call is
+** lost; the monitor sends it again until the work ends. The work here
+** makes that happen every time: it computes until it sees itself
+** interrupted (the first signal's handler runs meanwhile, to no effect),
+** then reads a pipe nobody writes to. One interrupt call, no repeat by
+** the caller: only the pool's own repeat can end that read. */
+static _Atomic int late_started;
+static void late_run(ums__pool_work_t *w) {
+  job_t *j = UMS__CONTAINER_OF(w, job_t, work);
+  atomic_store(&late_started, 1);
+  while (!ums__pool_interrupted(w)) {
+  }
+  int64_t until = ums_now() + tu_ms(20);
+  while (ums_now() < until) {
+  }
+  char c;
+  ssize_t r;
+  do r = read(j->fd, &c, 1);
+  while (r < 0 && errno == EINTR && !ums__pool_interrupted(w));
+  j->result = r < 0 ? -errno : (int)r;
+  atomic_fetch_add(j->done, 1);
+}
+
+static void test_interrupt_repeated(void) {
+  int base = tu_thread_baseline();
+  reset();
+  atomic_store(&late_started, 0);
+  int fds[2];
+  CHECK_EQ(pipe(fds), 0);
+  ums__pool_t p;
+  CHECK_RC(pool_init(&p, 2, 2, -1), 0);
+  job_t j;
+  init_job(&j, fds[0], NULL);
+  j.work.run = late_run;
+  CHECK_RC(ums__pool_submit(&p, &j.work), 0);
+  WAIT_UNTIL(atomic_load(&late_started) == 1, 5000);
+  ums__pool_interrupt(&p, &j.work);
+  int64_t t0 = ums_now();
+  /* 5 s: a read left blocked would wait forever; data frees it then. */
+  while (atomic_load(&done) == 0 && ums_now() - t0 < tu_ms(5000))
+    usleep(1000);
+  if (atomic_load(&done) == 0) {
+    CHECK_EQ(write(fds[1], "x", 1), 1);
+    WAIT_UNTIL(atomic_load(&done) == 1, 5000);
+  }
+  printf("   the read ended after %.1f ms\n", (ums_now() - t0) / 1e6);
+  CHECK_EQ(atomic_load(&done), 1);
+  CHECK_RC(j.result, -EINTR);
+  ums__pool_destroy(&p);
+  CHECK_THREADS(base);
+  close(fds[0]);
+  close(fds[1]);
+}
+
 static void test_destroy_waits(void) {
   int base = tu_thread_baseline();
   reset();
@@ -315,6 +369,7 @@ int main(void) {
   RUN(test_no_growth_when_computing_or_moving);
   RUN(test_fault_signals_unblocked);
   RUN(test_interrupt);
+  RUN(test_interrupt_repeated);
   RUN(test_slot_handoff);
   RUN(test_destroy_waits);
   return 0;
