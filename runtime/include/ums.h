@@ -509,7 +509,9 @@ UMS_API size_t ums_chan_cap(ums_chan_t *ch);
 **     list is freed by it.
 **   - A timed-out or cancelled io_uring request is also cancelled in the
 **     kernel (IORING_OP_ASYNC_CANCEL, best effort), and a pool request is
-**     interrupted with a signal (best effort); ums_runtime_shutdown waits
+**     interrupted with a signal, repeated every millisecond until it has
+**     ended (best effort only if the application owns SIGRTMIN+5);
+**     ums_runtime_shutdown waits
 **     for every request to end before it frees rings and buffers.
 */
 
