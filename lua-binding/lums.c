@@ -109,12 +109,10 @@ static lrun *get_run(lua_State *L) {
   return r;
 }
 
-ltask *lums_need_task(lua_State *L, const char *fname) {
-  ltask *t = lums_cur_task;
-  if (!t || !t->run)
-    luaL_error(L, "ums.%s: not inside a task (call it from a function run "
-                  "by ums.run or ums.spawn)", fname);
-  return t;
+ltask *lums_not_in_task(lua_State *L, const char *fname) {
+  luaL_error(L, "ums.%s: not inside a task (call it from a function run "
+                "by ums.run or ums.spawn)", fname);
+  return NULL;
 }
 
 static void push_cancelled(lua_State *L) {
@@ -145,13 +143,8 @@ bool lums_can_yield(lua_State *L, ltask *t) {
   return L == t->co && lua_isyieldable(L);
 }
 
-int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
-                       lua_KFunction k) {
-  t->park_begun = false;
-  if (lums_can_yield(L, t)) {
-    t->parking = true;
-    return lua_yieldk(L, 0, ctx, k);
-  }
+int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
+                    lua_KFunction k) {
   lums_before_block(t);
   ums_park_wait();
   lums_become_current(t);
