@@ -71,15 +71,25 @@ static void wake_all(lwaitq *q, int status) {
   }
 }
 
-/* Copies the value at index idx of L onto the stack of waiter r. */
-static void give(lua_State *L, int idx, lwait *r) {
-  lua_checkstack(r->L, 1);
-  lua_pushvalue(L, idx);
+/* Copies the value at index idx of L onto the stack of waiter r; with
+** vtop, the value is at the top of L and is moved (popped) instead. A
+** plain receive (kase 0) parked in l_recv, whose frame uses one of the
+** LUA_MINSTACK slots a C function is guaranteed, so it has room; a
+** select may have used them all. */
+static void give(lua_State *L, int idx, bool vtop, lwait *r) {
+  if (r->kase != 0) lua_checkstack(r->L, 1);
+  if (!vtop) lua_pushvalue(L, idx);
   lua_xmove(L, r->L, 1);
 }
 
-/* Pushes onto L the value parked sender s offered. */
+/* Pushes onto L the value parked sender s offered. A plain send (kase 0)
+** parked in l_send with its value on top of its stack, where nothing
+** reads it once the send is granted (send_k): it is moved. */
 static void take(lwait *s, lua_State *L) {
+  if (s->kase == 0) {
+    lua_xmove(s->L, L, 1);
+    return;
+  }
   lua_checkstack(s->L, 1);
   lua_pushvalue(s->L, s->vidx);
   lua_xmove(s->L, L, 1);
@@ -169,12 +179,14 @@ static void buf_push(lua_State *L, lchan *ch, int buf) {
   ch->count++;
 }
 
-/* Sends the value at index v of L (ch at index chi) without parking. */
-static int send_now(lua_State *L, lchan *ch, int chi, int v) {
+/* Sends the value at index v of L (ch at index chi) without parking.
+** With vtop, v is the top of L, and a value handed to a parked receiver
+** is moved off L's stack rather than copied. */
+static int send_now(lua_State *L, lchan *ch, int chi, int v, bool vtop) {
   if (ch->closed) return IS_CLOSED;
   lwait *r = wake_first(&ch->recvq, GRANTED);
   if (r) {
-    give(L, v, r);
+    give(L, v, vtop, r);
     return DONE;
   }
   if (ch->count < ch->size) {
@@ -320,7 +332,7 @@ static int l_send(lua_State *L) {
   bool poll;
   int64_t deadline = opt_timeout(L, 3, "send", &poll);
   if (lua_gettop(L) != 2) lua_settop(L, 2);
-  int st = send_now(L, ch, 1, 2);
+  int st = send_now(L, ch, 1, 2, true);
   if (st == DONE) {
     lua_pushboolean(L, 1);
     return 1;
@@ -360,7 +372,7 @@ static int l_recv(lua_State *L) {
 static int l_try_send(lua_State *L) {
   lchan *ch = check_chan(L, 1, "try_send");
   lua_settop(L, 2);
-  int st = send_now(L, ch, 1, 2);
+  int st = send_now(L, ch, 1, 2, true);
   lua_pushboolean(L, st == DONE);
   if (st == DONE) return 1;
   if (st == IS_CLOSED)
@@ -520,7 +532,7 @@ static int l_select(lua_State *L) {
       }
     } else {
       lua_rawgeti(L, c, 3);  /* the value, at c + 2 */
-      st = send_now(L, ch, c + 1, c + 2);
+      st = send_now(L, ch, c + 1, c + 2, false);
       if (st == DONE) {
         lua_pushinteger(L, i);
         return 1;

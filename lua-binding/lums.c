@@ -109,12 +109,10 @@ static lrun *get_run(lua_State *L) {
   return r;
 }
 
-ltask *lums_need_task(lua_State *L, const char *fname) {
-  ltask *t = lums_cur_task;
-  if (!t || !t->run)
-    luaL_error(L, "ums.%s: not inside a task (call it from a function run "
-                  "by ums.run or ums.spawn)", fname);
-  return t;
+ltask *lums_not_in_task(lua_State *L, const char *fname) {
+  luaL_error(L, "ums.%s: not inside a task (call it from a function run "
+                "by ums.run or ums.spawn)", fname);
+  return NULL;
 }
 
 static void push_cancelled(lua_State *L) {
@@ -145,13 +143,8 @@ bool lums_can_yield(lua_State *L, ltask *t) {
   return L == t->co && lua_isyieldable(L);
 }
 
-int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
-                       lua_KFunction k) {
-  t->park_begun = false;
-  if (lums_can_yield(L, t)) {
-    t->parking = true;
-    return lua_yieldk(L, 0, ctx, k);
-  }
+int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
+                    lua_KFunction k) {
   lums_before_block(t);
   ums_park_wait();
   lums_become_current(t);
@@ -301,11 +294,20 @@ static void give_back_task(lrun *r, ltask *t) {
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
   if (t->joiners != t->join1) free(t->joiners);
-  ltask keep = *t;
-  memset(t, 0, sizeof *t);
-  t->co = keep.co;
-  t->co_ref = keep.co_ref;
-  t->self_ref = keep.self_ref;
+  /* Back to what take_task hands out: zero but for the coroutine and its
+  ** registry slots. Field by field, not a memset of the whole ltask plus
+  ** a copy of what it keeps: this runs once per task. park_tok, finish_st
+  ** and finish_nres are written before they are read; the wait is off
+  ** every queue once the task has ended. */
+  t->h = NULL;
+  t->run = NULL;
+  t->nargs = 0;
+  t->parking = t->park_begun = t->finish_pending = false;
+  t->joiners = NULL;
+  t->njoiners = t->capjoiners = 0;
+  t->wait.q = NULL;
+  t->wait.prev = t->wait.next = NULL;
+  t->ffi_errno = 0;
   if (r->npool < POOL_MAX) {
     if (r->npool == r->cappool) {
       int cap = r->cappool ? r->cappool * 2 : 64;
@@ -357,6 +359,13 @@ static void task_finish(ltask *t, int st, int nres) {
   lrun *r = t->run;
   lhandle *h = t->h;
   lua_State *SL = r->SL, *co = t->co;
+  if (st == LUA_OK && nres == 0) {
+    /* The usual end: nothing to keep but the flag (the handle itself is
+    ** not needed on the stack). */
+    h->ok = true;
+    h->nres = 0;
+    goto done;
+  }
   lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
   if (st == LUA_OK) {
     h->ok = true;
@@ -410,6 +419,7 @@ static void task_finish(ltask *t, int st, int nres) {
     }
   }
   lua_pop(SL, 1);  /* the handle: from here on only its holders keep it */
+done:
   h->state = T_DONE;
   h->t = NULL;
   wake_joiners(t);
@@ -510,7 +520,8 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   t->run = r;
   t->joiners = t->join1;
   t->capjoiners = 2;
-  lua_sethook(t->co, NULL, 0, 0);
+  /* A quantum hook may be left from the coroutine's last task. */
+  if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   /* Move function and arguments onto the coroutine. */
   lua_rotate(L, first, 1);  /* handle to `first` */
   lua_xmove(L, t->co, n + 1);

@@ -196,8 +196,15 @@ extern _Thread_local ltask *lums_cur_task LUMS_HIDDEN
 ** for why not luaL_checkudata). */
 LUMS_HIDDEN extern const char lums_task_tag;
 
-/* The current task, or raises "ums.<fname>: not inside a task". */
-LUMS_HIDDEN ltask *lums_need_task(lua_State *L, const char *fname);
+/* Raises "ums.<fname>: not inside a task". */
+LUMS_HIDDEN ltask *lums_not_in_task(lua_State *L, const char *fname);
+/* The current task, or raises "ums.<fname>: not inside a task". Inline:
+** every wait starts with it. */
+static inline ltask *lums_need_task(lua_State *L, const char *fname) {
+  ltask *t = lums_cur_task;
+  if (__builtin_expect(t != NULL && t->run != NULL, 1)) return t;
+  return lums_not_in_task(L, fname);
+}
 /* Raises core.CANCELLED. */
 LUMS_HIDDEN int lums_raise_cancelled(lua_State *L);
 /* Begins a park of t (the current task) with an absolute deadline; raises
@@ -227,11 +234,23 @@ static inline int lums_park_begin_wait(lua_State *L, ltask *t,
 ** several waits and must not recurse into their continuation when they
 ** block (lfs.c). */
 LUMS_HIDDEN bool lums_can_yield(lua_State *L, ltask *t);
+/* lums_park_finish's other way: blocks only this task's worker, then
+** calls k. */
+LUMS_HIDDEN int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
+                                lua_KFunction k);
 /* Ends the wait begun by lums_park_begin: yields to the scheduler with
-** continuation k where Lua can yield, else blocks only this task; k then
-** reads the outcome with ums_park_result(). */
-LUMS_HIDDEN int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
-                                 lua_KFunction k);
+** continuation k where Lua can yield (lums_can_yield), else blocks only
+** this task; k then reads the outcome with ums_park_result(). Inline: it
+** is on the path of every channel message. */
+static inline int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
+                                   lua_KFunction k) {
+  t->park_begun = false;
+  if (__builtin_expect(L == t->co, 1) && lua_isyieldable(L)) {
+    t->parking = true;
+    return lua_yieldk(L, 0, ctx, k);
+  }
+  return lums_park_block(L, t, ctx, k);
+}
 /* Ends park tok of task t with outcome: true if this call ended it, false
 ** if that park had already ended (timed out, cancelled, unparked). */
 LUMS_HIDDEN bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome);

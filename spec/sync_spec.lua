@@ -687,6 +687,46 @@ describe("ums.sync", function()
         end)
       end)
 
+    -- A send from the receiver's own scheduler ends its park without a
+    -- lock on the way in or out (runtime/src/park.c). Here the sender
+    -- holds the scheduler past the receiver's deadline, so the timer is
+    -- due but has not fired when the send wakes the receiver (the wake
+    -- must win, once), or first lets the pass run the timer (the timeout
+    -- must win, and the value stay with the sender). A receiver resumed
+    -- twice for one park would see a second outcome: a value out of
+    -- order, a timeout for a value that was handed over, or a wait that
+    -- ended early.
+    it("a same-scheduler wake racing the waiter's timeout resumes it once",
+      function()
+        run(function()
+          local ch, ack = ums.channel(), ums.channel()
+          local n, now = 300, ums.now
+          local r = ums.spawn(function()
+            for i = 1, n do
+              local v, err = ch:recv(0.0002 * (i % 5 + 1))
+              assert(v == i or (v == nil and err == "timeout"),
+                ("recv %d got %s, %s"):format(i, tostring(v), tostring(err)))
+              ack:send(v ~= nil)
+            end
+            return n
+          end)
+          local wakes, timeouts = 0, 0
+          for i = 1, n do
+            ums.yield()  -- the receiver parks
+            local t0, spin = now(), 0.00025 * (i * 7 % 6)
+            while now() - t0 < spin do end
+            if i % 3 == 0 then ums.yield() end  -- due timers fire here
+            local sent = ch:send(i, 0) == true
+            assert.equal(sent, ack:recv())
+            if sent then wakes = wakes + 1 else timeouts = timeouts + 1 end
+          end
+          assert.equal(n, results(r))
+          assert.is_true(wakes > 0)
+          assert.is_true(timeouts > 0)
+          assert.same({ nil, "timeout" }, { ch:recv(0.01) })
+        end)
+      end)
+
     it("close: receivers drain the buffer, then get nil, \"closed\"",
       function()
         run(function()

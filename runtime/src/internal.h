@@ -440,8 +440,12 @@ struct ums__task {
 
   /* Parking (park.c): a waiter embedded in the task, so a step task can
   ** park with no stack frame to hold its wait record. */
-  ums__waiter_t park;          /* [t->lock while waiting] */
-  uint64_t park_seq;           /* [lock] sequence of the current park */
+  ums__waiter_t park;          /* [state: atomic, changed from WAITING
+                                  only under t->lock; the rest: owner]
+                                  task, lock and wq are set once, when
+                                  the task is allocated */
+  _Atomic uint64_t park_seq;   /* [atomic; written by the owner] sequence
+                                  of the current park */
   int64_t park_deadline;       /* [owner] */
   bool park_pending;           /* [owner] begun, not yet waited or parked */
   void *result;                /* [owner, then lock once done] */
@@ -492,6 +496,22 @@ void ums__task_finish(ums__task_t *t);
 void ums__task_ready(ums__task_t *t);
 /* Delivers a pending cancellation to a parked task. [owner] */
 void ums__task_deliver_cancel(ums__task_t *t);
+
+/* Whether token names the park t is in now: t is in a park, of that
+** task and that sequence. Call with t->lock held, so that no one else can
+** end the park meanwhile. The owner begins a park without the lock
+** (ums_park_begin_wait stores the sequence, then the state with release):
+** reading the state first, with acquire, means that a WAITING seen here
+** comes with its park's sequence, so a stale token never matches a newer
+** park. (t's own thread may call it without the lock: nothing changes
+** t's state under it then but other threads' unparks, which hold it.) */
+static inline bool ums__park_is(ums__task_t *t, ums_park_token_t token) {
+  return atomic_load_explicit(&t->park.state, memory_order_acquire) ==
+             UMS__WAITING &&
+         atomic_load_explicit(&t->id, memory_order_relaxed) == token.task &&
+         atomic_load_explicit(&t->park_seq, memory_order_relaxed) ==
+             token.seq;
+}
 
 /* After a step returned UMS_STEP_PARK: parks t unless its park has
 ** already ended (then its winner has queued it). [owner] (park.c) */

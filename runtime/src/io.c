@@ -272,9 +272,10 @@ static int start(ums__io_req_t *r, int64_t deadline) {
 static int check_end(ums__io_req_t *r, ums__task_t *t) {
   if (!t || atomic_load_explicit(&t->id, memory_order_relaxed) != r->token.task)
     return UMS_EPERM;
-  /* t->park_seq is written only by t itself (under its lock). A later
-  ** park means r's has ended. */
-  if (t->park_seq == r->token.seq &&
+  /* t->park_seq is written only by t itself. A later park means r's has
+  ** ended. */
+  if (atomic_load_explicit(&t->park_seq, memory_order_relaxed) ==
+          r->token.seq &&
       (t->park_pending ||
        atomic_load_explicit(&t->park.state, memory_order_acquire) ==
            UMS__WAITING))
@@ -295,7 +296,10 @@ static int64_t collect(ums__io_req_t *r, ums__task_t *t) {
     return r->res;  /* DONE: the operation finished first */
   /* Timed out or cancelled while the operation runs on: it finishes
   ** without us, and its completion releases what it produced. */
-  int rc = t->park_seq == r->token.seq ? ums_park_result() : UMS_ECANCELED;
+  int rc = atomic_load_explicit(&t->park_seq, memory_order_relaxed) ==
+                   r->token.seq
+               ? ums_park_result()
+               : UMS_ECANCELED;
   if (rc >= 0) rc = UMS_ECANCELED;  /* a foreign unpark: given up all the
                                        same */
   ums__sched_t *s = r->sched;

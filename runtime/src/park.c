@@ -8,6 +8,14 @@
 ** once; the task's own side only ever parks it, never queues it, which is
 ** what keeps a step that was unparked before it returned from being run
 ** twice.
+**
+** Only ending a park takes the lock. Beginning one and parking after a
+** step do not: they run on the task's own thread, where the timer and
+** the delivery of a cancel run too, so the only party they can race with
+** is another thread's ums_unpark, and the comments at
+** ums_park_begin_wait and ums__park_after_step say why that race is
+** harmless. A channel message between two tasks of one scheduler thus
+** costs one uncontended lock instead of three.
 */
 #include "internal.h"
 
@@ -30,25 +38,29 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
   if (flags & ~UMS_PARK_NOCANCEL) return UMS_EINVAL;
   if (type <= UMS_WAIT_NONE || type >= UMS_WAIT_NTYPES) return UMS_EINVAL;
   if (t->park_pending) return UMS_EBUSY;
-  ums__lock(&t->lock);
-  if (flags & UMS_PARK_NOCANCEL) {
-    ums__waiter_init_nocancel(&t->park, NULL, &t->lock);
-  } else {
-    int r = ums__waiter_init(&t->park, NULL, &t->lock);
-    if (r) {
-      ums__unlock(&t->lock);
-      return r;
-    }
-  }
-  t->park.type = (uint8_t)type;
-  t->park.obj = object;
-  t->park.blocker = blocker;
-  t->park_seq++;
+  bool nocancel = (flags & UMS_PARK_NOCANCEL) != 0;
+  if (!nocancel && atomic_load_explicit(&t->cancelled, memory_order_relaxed))
+    return UMS_ECANCELED;
+  /* No lock: the previous park has ended (the task would not be running
+  ** otherwise), and nobody changes an ended park. Other threads only look
+  ** at it, under t->lock, through ums__park_is, which reads the state
+  ** before the sequence; so the sequence goes first and the state that
+  ** opens the park last, with release. (task, lock and wq of the waiter
+  ** were set when the task was allocated.) */
+  ums__waiter_t *w = &t->park;
+  w->data = NULL;
+  w->aux = 0;
+  w->nocancel = nocancel;
+  w->type = (uint8_t)type;
+  w->obj = object;
+  w->blocker = blocker;
+  uint64_t seq = atomic_load_explicit(&t->park_seq, memory_order_relaxed) + 1;
+  atomic_store_explicit(&t->park_seq, seq, memory_order_relaxed);
   if (token) {
     token->task = atomic_load_explicit(&t->id, memory_order_relaxed);
-    token->seq = t->park_seq;
+    token->seq = seq;
   }
-  ums__unlock(&t->lock);
+  atomic_store_explicit(&w->state, UMS__WAITING, memory_order_release);
   t->park_deadline = deadline;
   t->park_pending = true;
   return 0;
@@ -87,48 +99,77 @@ int ums_park_result(void) {
   return st == UMS__WAITING ? UMS_EBUSY : (int)st;
 }
 
-int ums_unpark(ums_runtime_t *rt, ums_park_token_t token, int outcome) {
-  if (!rt || outcome < 0) return UMS_EINVAL;
-  bool ext = ums__rt_enter_ext(rt);
-  int r = UMS_ESRCH;
-  ums__task_t *t = ums__task_lookup(rt, token.task);
-  if (t) {
-    ums__wake_t wk;
-    bool won = false;
-    ums__lock(&t->lock);
-    if (atomic_load_explicit(&t->id, memory_order_relaxed) == token.task &&
-        t->park_seq == token.seq)
-      won = ums__waiter_finish(&t->park, outcome, &wk);
+/* Ends t's park with outcome if token names it. The park waiter is on no
+** queue and wakes a task, so this is ums__waiter_finish and ums__wake
+** written out for it: the same-scheduler wake (a channel's, the common
+** case) takes one lock and goes straight to the runnable queue. */
+static inline int unpark(ums__sched_t *cur, ums__task_t *t, ums_park_token_t token,
+                  int outcome) {
+  ums__lock(&t->lock);
+  if (!ums__park_is(t, token)) {
     ums__unlock(&t->lock);
-    if (won) {
-      ums__wake(&wk);
-      r = 0;
-    }
+    return UMS_ESRCH;
   }
-  ums__rt_leave_ext(rt, ext);
+  atomic_store_explicit(&t->park.state, (uint32_t)outcome,
+                        memory_order_release);
+  ums__unlock(&t->lock);
+  ums__sched_t *s = t->sched;
+  if (s == cur && !s->expiring) {
+    /* ums__task_ready's usual own-scheduler branch, inline. */
+    ums__wait_ready(t);
+    t->state = UMS__T_RUNNABLE;
+    ums__sched_push_runnable(s, t);
+  } else {
+    ums__task_ready(t);
+  }
+  return 0;
+}
+
+/* ums_unpark from a thread that is not one of rt's schedulers: bracketed,
+** so that rt outlives the call. */
+static __attribute__((noinline)) int unpark_ext(ums_runtime_t *rt,
+                                                ums_park_token_t token,
+                                                int outcome) {
+  if (!rt || outcome < 0) return UMS_EINVAL;
+  ums__rt_enter(rt);
+  ums__task_t *t = ums__task_lookup(rt, token.task);
+  int r = t ? unpark(ums__sched_current(), t, token, outcome) : UMS_ESRCH;
+  ums__rt_leave(rt);
   return r;
 }
 
-void ums__park_after_step(ums__sched_t *s, ums__task_t *t) {
-  ums__wake_t wk;
-  bool wake = false;
-  t->park_pending = false;
-  ums__lock(&t->lock);
-  if (atomic_load_explicit(&t->park.state, memory_order_relaxed) ==
-      UMS__WAITING) {
-    t->wait = &t->park;
-    t->state = UMS__T_PARKED;
-    ums__wait_begin(s, t, &t->park);
-    /* A cancel that came while the step ran found it running and left it
-    ** to the next wait point: this is it. */
-    if (atomic_load(&t->cancelled) && !t->park.nocancel)
-      wake = ums__waiter_finish(&t->park, UMS_ECANCELED, &wk);
-    else if (t->park_deadline != UMS_FOREVER)
-      ums__timer_arm(&s->timers, &t->timer, t->park_deadline);
+int ums_unpark(ums_runtime_t *rt, ums_park_token_t token, int outcome) {
+  ums__sched_t *cur = ums__sched_current();
+  /* One of rt's own threads (a task, the usual case) needs no bracket
+  ** (ums__rt_enter_ext). */
+  if (UMS__LIKELY(cur && cur->rt == rt && outcome >= 0)) {
+    ums__task_t *t = ums__task_lookup(rt, token.task);
+    return t ? unpark(cur, t, token, outcome) : UMS_ESRCH;
   }
-  /* Otherwise the park already ended and its winner queued the task. */
-  ums__unlock(&t->lock);
-  if (wake) ums__wake(&wk);
+  return unpark_ext(rt, token, outcome);
+}
+
+/* No lock on the way in: until the task is parked, only other threads'
+** unparks can end its park (under t->lock; the owner's own timer and
+** cancel delivery run on this thread), and a winner queues the task
+** itself. If one wins between the load below and the stores after it,
+** the task is queued while its record says parked: t->wait and the timer
+** are dropped when it runs (run_step), and a timer or cancel that comes
+** first finds the park ended. */
+void ums__park_after_step(ums__sched_t *s, ums__task_t *t) {
+  t->park_pending = false;
+  if (atomic_load_explicit(&t->park.state, memory_order_acquire) !=
+      UMS__WAITING)
+    return; /* the park already ended and its winner queued the task */
+  t->wait = &t->park;
+  t->state = UMS__T_PARKED;
+  ums__wait_begin(s, t, &t->park);
+  /* A cancel that came while the step ran found it running and left it
+  ** to the next wait point: this is it. */
+  if (atomic_load(&t->cancelled) && !t->park.nocancel)
+    ums__waiter_abort(&t->park, UMS_ECANCELED);
+  else if (t->park_deadline != UMS_FOREVER)
+    ums__timer_arm(&s->timers, &t->timer, t->park_deadline);
 }
 
 void ums__step_misuse(ums__task_t *t, const char *what) {

@@ -452,11 +452,7 @@ static bool token_live(ums_runtime_t *rt, ums_park_token_t tok) {
   ums__task_t *t = ums__task_lookup(rt, tok.task);
   if (!t) return false;
   ums__lock(&t->lock);
-  bool live =
-      atomic_load_explicit(&t->id, memory_order_relaxed) == tok.task &&
-      t->park_seq == tok.seq &&
-      atomic_load_explicit(&t->park.state, memory_order_relaxed) ==
-          UMS__WAITING;
+  bool live = ums__park_is(t, tok);
   ums__unlock(&t->lock);
   return live;
 }

@@ -78,6 +78,13 @@ ums__task_t *ums__task_alloc(ums_runtime_t *rt) {
   t->done = t->joining = t->detached = t->started = false;
   t->park_pending = false;
   atomic_store_explicit(&t->park.state, 0, memory_order_relaxed);
+  /* The park waiter's identity never changes while the task lives, so
+  ** ums_park_begin_wait leaves it alone. */
+  t->park.prev = t->park.next = NULL;
+  t->park.linked = false;
+  t->park.wq = NULL;
+  t->park.lock = &t->lock;
+  t->park.task = t;
   t->joiners.head = t->joiners.tail = NULL;
   t->joiners.n = 0;
   t->name[0] = '\0';

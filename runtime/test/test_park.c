@@ -7,6 +7,8 @@
 ** step (the worker stays bound while the scheduler runs on), the misuse
 ** guards and the protocol violations that abort (in a child process), a
 ** stress of park/unpark rounds, the race of an unpark against the deadline,
+** the races of an unpark from the task's own scheduler against the
+** deadline, another thread's unpark and a cancel,
 ** and shutdown with step tasks parked forever.
 **
 ** A step task cancelled before it started is stepped once (ums.h: its
@@ -1760,6 +1762,227 @@ static void test_unpark_deadline_race(void) {
 }
 
 /* ====================================================================== */
+/* A same-scheduler unpark racing the deadline, a foreign unpark, a cancel */
+/* ====================================================================== */
+
+/* A park begins and is parked without t->lock (park.c), and an unpark
+** from the task's own scheduler goes straight to its runnable queue. Each
+** iteration here races, for one park with a deadline from just past to
+** 30 us ahead: an unpark by a step task of the same scheduler (outcome 1,
+** after a random spin that holds the scheduler, so a deadline can pass
+** unseen), an unpark from a host thread (outcome 2, which can land before
+** the parker's step has even returned) and the timer. Exactly one may
+** win, its outcome must be the park's, and the parker must be stepped
+** exactly once per wake: a task queued twice would be stepped while
+** parked again (ums_park_result() == UMS_EBUSY) or would skip an
+** iteration. */
+typedef struct srace {
+  int iters;
+  int i, phase;          /* parker only */
+  uint64_t rng;          /* parker only */
+  uint64_t urng;         /* local unparker only */
+  tokbox_t box;          /* the race park's token */
+  atomic_int posted;     /* iterations whose token is in box */
+  atomic_int local_done; /* iterations the local unparker has tried */
+  atomic_int host_done;  /* iterations the host has tried */
+  int *results;          /* parker writes */
+  int *rc_local;         /* local unparker writes */
+  int *rc_host;          /* host writes */
+  int steps;             /* parker only: steps taken */
+} srace_t;
+
+static int srace_parker(void *arg) {
+  srace_t *r = arg;
+  r->steps++;
+  if (r->phase == 1) {
+    int res = ums_park_result();
+    CHECK(res != UMS_EBUSY);  /* stepped while parked: queued twice */
+    CHECK(res == 1 || res == 2 || res == UMS_ETIMEDOUT);
+    r->results[r->i] = res;
+    r->phase = 2;
+  }
+  if (r->phase == 2) {
+    /* Lockstep: both unparkers are done with this iteration. */
+    if (atomic_load(&r->local_done) <= r->i ||
+        atomic_load(&r->host_done) <= r->i)
+      return UMS_STEP_YIELD;
+    r->i++;
+    r->phase = 0;
+  }
+  if (r->i == r->iters) {
+    ums_step_set_result(PTR(r->i), 0);
+    return UMS_STEP_DONE;
+  }
+  int64_t off = (int64_t)(rng_next(&r->rng) % 35000) - 5000;
+  ums_park_token_t tok;
+  CHECK_RC(ums_park_begin(ums_now() + off, &tok), 0);
+  tok_put(&r->box, tok);
+  atomic_store(&r->posted, r->i + 1);
+  r->phase = 1;
+  return UMS_STEP_PARK;
+}
+
+static int srace_local(void *arg) {
+  srace_t *r = arg;
+  int done = atomic_load(&r->local_done);
+  if (done == r->iters) {
+    ums_step_set_result(PTR(done), 0);
+    return UMS_STEP_DONE;
+  }
+  if (atomic_load(&r->posted) > done) {
+    ums_park_token_t tok = tok_get(&r->box);
+    spin_ns((int64_t)(rng_next(&r->urng) % 40000));
+    r->rc_local[done] = ums_unpark(rt, tok, 1);
+    atomic_store(&r->local_done, done + 1);
+  }
+  return UMS_STEP_YIELD;
+}
+
+static void test_same_sched_unpark_races(void) {
+  rt = tu_runtime_new(2);
+  srace_t r;
+  memset(&r, 0, sizeof r);
+  r.iters = RACE_ITERS;
+  r.rng = 5;
+  r.urng = 11;
+  r.results = calloc(RACE_ITERS, sizeof(int));
+  r.rc_local = calloc(RACE_ITERS, sizeof(int));
+  r.rc_host = calloc(RACE_ITERS, sizeof(int));
+  CHECK(r.results && r.rc_local && r.rc_host);
+  ums_task_t p = spawn_step_on(0, srace_parker, &r);
+  ums_task_t u = spawn_step_on(0, srace_local, &r);
+  uint64_t hrng = 3;
+  int64_t until = ums_deadline(tu_ms(LONG_MS * 6));
+  for (int i = 0; i < RACE_ITERS; i++) {
+    while (atomic_load(&r.posted) <= i) {
+      if (ums_now() > until) tu_fail(__FILE__, __LINE__, "no token %d", i);
+      sched_yield();
+    }
+    ums_park_token_t tok = tok_get(&r.box);
+    spin_ns((int64_t)(rng_next(&hrng) % 40000));
+    r.rc_host[i] = ums_unpark(rt, tok, 2);
+    atomic_store(&r.host_done, i + 1);
+  }
+  JOIN_EXPECT(p, PTR(RACE_ITERS), 0);
+  JOIN_EXPECT(u, PTR(RACE_ITERS), 0);
+  int wins[3] = {0, 0, 0};
+  for (int i = 0; i < RACE_ITERS; i++) {
+    int lw = r.rc_local[i] == 0, hw = r.rc_host[i] == 0;
+    int tw = r.results[i] == UMS_ETIMEDOUT;
+    CHECK(r.rc_local[i] == 0 || r.rc_local[i] == UMS_ESRCH);
+    CHECK(r.rc_host[i] == 0 || r.rc_host[i] == UMS_ESRCH);
+    if (lw + hw + tw != 1 || (lw && r.results[i] != 1) ||
+        (hw && r.results[i] != 2))
+      tu_fail(__FILE__, __LINE__,
+              "iteration %d: local unpark %d, host unpark %d, park ended "
+              "with %d",
+              i, r.rc_local[i], r.rc_host[i], r.results[i]);
+    wins[lw ? 0 : hw ? 1 : 2]++;
+  }
+  printf("   %d races: same-scheduler unpark won %d, host unpark %d, "
+         "deadline %d; parker stepped %d times\n",
+         RACE_ITERS, wins[0], wins[1], wins[2], r.steps);
+  CHECK_GT(wins[0], 0);
+  CHECK_GT(wins[2], 0);
+  free(r.results);
+  free(r.rc_local);
+  free(r.rc_host);
+  tu_runtime_shutdown(rt);
+}
+
+/* The same with a cancel instead of the host's unpark: one parker task per
+** iteration (a cancel is for good), parked with a deadline, against an
+** unpark from a step task of its scheduler and a cancel from the host.
+** Its park ends exactly once: with the unpark's outcome exactly when that
+** unpark reported success, else timed out or cancelled. */
+typedef struct cvictim {
+  int phase;
+  int result;           /* the park's outcome, or 99: never parked */
+  tokbox_t box;
+  atomic_int posted;
+} cvictim_t;
+
+static int cvictim_step(void *arg) {
+  cvictim_t *v = arg;
+  if (v->phase == 1) {
+    v->result = ums_park_result();
+    CHECK(v->result != UMS_EBUSY);
+    v->phase = 2;
+    return UMS_STEP_DONE;
+  }
+  CHECK(v->phase == 0);
+  v->phase = 1;
+  uint64_t x = (uint64_t)(uintptr_t)v * 0x9e3779b97f4a7c15u;
+  int64_t off = (int64_t)((x >> 20) % 35000) - 5000;
+  ums_park_token_t tok;
+  int rc = ums_park_begin(ums_now() + off, &tok);
+  if (rc == UMS_ECANCELED) {
+    v->result = 99;
+    v->phase = 2;
+    atomic_store(&v->posted, -1);
+    return UMS_STEP_DONE;
+  }
+  CHECK_RC(rc, 0);
+  tok_put(&v->box, tok);
+  atomic_store(&v->posted, 1);
+  return UMS_STEP_PARK;
+}
+
+typedef struct cunparker {
+  cvictim_t *v;
+  uint64_t rng;
+  int rc;
+} cunparker_t;
+
+static int cunparker_step(void *arg) {
+  cunparker_t *u = arg;
+  int posted = atomic_load(&u->v->posted);
+  if (posted == 0) return UMS_STEP_YIELD;
+  u->rc = UMS_ESRCH;
+  if (posted == 1) {
+    spin_ns((int64_t)(rng_next(&u->rng) % 40000));
+    u->rc = ums_unpark(rt, tok_get(&u->v->box), 1);
+  }
+  return UMS_STEP_DONE;
+}
+
+static void test_same_sched_unpark_cancel_race(void) {
+  enum { N = RACE_ITERS / 4 };
+  rt = tu_runtime_new(2);
+  cvictim_t *vs = calloc(N, sizeof *vs);
+  cunparker_t *us = calloc(N, sizeof *us);
+  CHECK(vs && us);
+  uint64_t hrng = 17;
+  int wins[4] = {0, 0, 0, 0};
+  for (int i = 0; i < N; i++) {
+    us[i].v = &vs[i];
+    us[i].rng = (uint64_t)i + 1;
+    ums_task_t v = spawn_step_on(0, cvictim_step, &vs[i]);
+    ums_task_t u = spawn_step_on(0, cunparker_step, &us[i]);
+    spin_ns((int64_t)(rng_next(&hrng) % 40000));
+    CHECK_RC(ums_task_cancel(rt, v), 0);
+    JOIN_EXPECT(v, PTR(0), 0);
+    JOIN_EXPECT(u, PTR(0), 0);
+    int res = vs[i].result, rc = us[i].rc;
+    CHECK(rc == 0 || rc == UMS_ESRCH);
+    if ((rc == 0) != (res == 1) ||
+        !(res == 1 || res == UMS_ETIMEDOUT || res == UMS_ECANCELED ||
+          res == 99))
+      tu_fail(__FILE__, __LINE__,
+              "victim %d: unpark returned %d, park ended with %d", i, rc, res);
+    wins[res == 1 ? 0 : res == UMS_ETIMEDOUT ? 1 : res == UMS_ECANCELED ? 2
+                                                                        : 3]++;
+  }
+  printf("   %d victims: unpark won %d, deadline %d, cancel %d, cancelled "
+         "before parking %d\n",
+         N, wins[0], wins[1], wins[2], wins[3]);
+  CHECK_GT(wins[0], 0);
+  free(vs);
+  free(us);
+  tu_runtime_shutdown(rt);
+}
+
+/* ====================================================================== */
 /* Shutdown with step tasks parked forever                                 */
 /* ====================================================================== */
 
@@ -2025,6 +2248,8 @@ static const struct {
     T(test_misuse_aborts),
     T(test_stress_park_rounds),
     T(test_unpark_deadline_race),
+    T(test_same_sched_unpark_races),
+    T(test_same_sched_unpark_cancel_race),
     T(test_shutdown_parked_steps),
     /* Bugs found while writing these tests come last, so that every test
     ** above still reports. */
