@@ -217,8 +217,10 @@ describe("ums.ffi", function()
           assert.equal(a.preemptive_switches + 1, b.preemptive_switches)
           if b.preemptive_spun > a.preemptive_spun then
             assert.equal(a.preemptive_spun + 1, b.preemptive_spun)
-            -- The task never left: no park, no switch.
-            assert.equal(a.context_switches, b.context_switches)
+            -- The task never left: no park, no switch (but for a yield
+            -- the quantum forced, on a slow sanitizer build).
+            assert.equal(a.context_switches + b.quantum_expiries
+                           - a.quantum_expiries, b.context_switches)
             spun = spun + 1
           end
         end
