@@ -924,7 +924,8 @@ typedef struct ums_sched_stats {
                                    batched); 0 with the pool backend */
   uint64_t preempt_pending;     /* preemptive calls of this scheduler's
                                    tasks not yet returned (detached ones
-                                   included) */
+                                   included; not one its task still
+                                   spins for at the call site) */
   uint64_t preempt_calls;       /* preemptive calls started here, total
                                    (SQL Server's preemptive switches) */
   /* Since observability (issue 7). */

@@ -112,9 +112,13 @@ static void call_run(ums__pool_work_t *w) {
   if (atomic_compare_exchange_strong_explicit(&c->state, &seen, CALL_DONE,
                                               memory_order_acq_rel,
                                               memory_order_acquire)) {
-    /* The caller still spins: it sees DONE and takes the result. */
+    /* The caller still spins: it sees DONE and takes the result. It
+    ** never counted the call in preempt_pending, which only says when an
+    ** idle scheduler should spin for a completion. */
     call_unref(c);
-  } else if (seen == CALL_INFLIGHT &&
+    return;
+  }
+  if (seen == CALL_INFLIGHT &&
              atomic_compare_exchange_strong_explicit(
                  &c->state, &seen, CALL_DONE, memory_order_acq_rel,
                  memory_order_acquire)) {
@@ -157,9 +161,14 @@ static ums_preempt_call_t *call_new(ums__sched_t *s, ums_preempt_fn fn,
 }
 
 /* Hands c to the pool. The submit's release CAS (or the queue's lock)
-** publishes the record to the pool thread. */
+** publishes the record to the pool thread. A call in state SPIN is not
+** counted in preempt_pending until its caller stops spinning: the pool
+** thread lowers the count only for calls it finds INFLIGHT or ABANDONED,
+** so that a call completed by the spin touches that shared word (a cache
+** line the pool thread would pull over) on neither side. */
 static void call_submit(ums__sched_t *s, ums_preempt_call_t *c) {
-  atomic_fetch_add_explicit(&s->preempt_pending, 1, memory_order_relaxed);
+  if (atomic_load_explicit(&c->state, memory_order_relaxed) != CALL_SPIN)
+    atomic_fetch_add_explicit(&s->preempt_pending, 1, memory_order_relaxed);
   UMS__COUNT(s, preempt_calls);
   if (ums__pool_submit(&s->rt->preempt_pool, &c->work) != 0)
     /* No pool thread at all and none can start: run it here, blocking
@@ -251,10 +260,13 @@ static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
       return 1;
     }
     /* Leaving the spin: the park first, then INFLIGHT, which publishes
-    ** its token to the pool thread. */
+    ** its token to the pool thread. The call counts as in flight from
+    ** then on; the increment comes before the CAS, so the pool thread's
+    ** decrement, which follows its CAS, comes after it. */
     int expect = CALL_SPIN;
     rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
                              &c->token);
+    atomic_fetch_add_explicit(&s->preempt_pending, 1, memory_order_relaxed);
     if (rc == 0) {
       if (atomic_compare_exchange_strong_explicit(
               &c->state, &expect, CALL_INFLIGHT, memory_order_acq_rel,
@@ -271,6 +283,8 @@ static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
       *call = NULL;
       return rc;
     }
+    /* The pool thread found SPIN: it will not lower the count. */
+    atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_relaxed);
     UMS__COUNT(s, preempt_spun);
     return 1;
   }
@@ -324,7 +338,10 @@ int ums_preempt_begin_spin(ums_preempt_fn fn, void *arg,
 int ums_preempt_end(ums_preempt_call_t *c) {
   if (!c) return UMS_EINVAL;
   int rc = 0, expect = CALL_INFLIGHT;
-  if (atomic_compare_exchange_strong(&c->state, &expect, CALL_ABANDONED)) {
+  /* The usual case, DONE, is final: a load (acquire: fn's writes are
+  ** visible) spares the CAS. */
+  if (atomic_load_explicit(&c->state, memory_order_acquire) != CALL_DONE &&
+      atomic_compare_exchange_strong(&c->state, &expect, CALL_ABANDONED)) {
     /* The park ended without the call's unpark: by its deadline or a
     ** cancellation. The call goes on detached; release frees arg. */
     rc = ums_park_result();
