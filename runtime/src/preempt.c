@@ -47,7 +47,10 @@
 ** Who touches what: state by both sides, by CAS only (the caller's spin
 ** loads it with acquire, to see fn's writes); token by the caller before
 ** it publishes INFLIGHT, by the pool thread only after its CAS saw
-** INFLIGHT; everything else is constant once submitted.
+** INFLIGHT; everything else is constant once submitted. The scheduler's
+** preempt_pending counts a call from its submit, or, for a SPIN call,
+** from the moment its caller stops spinning (before its CAS); the pool
+** thread lowers it after settling a call it found INFLIGHT or ABANDONED.
 */
 #include "internal.h"
 
