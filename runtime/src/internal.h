@@ -868,8 +868,6 @@ struct ums__sched {
   _Atomic uint32_t io_pending;    /* [atomic] requests of this scheduler's
                                      tasks not yet completed */
   ums__spin_gauge_t spin;         /* [owner] how its completion spins fare */
-  ums__spin_gauge_t call_spin;    /* [owner] how spins at the call site of
-                                     a preemptive call fare (preempt.c) */
   _Atomic uint32_t preempt_pending; /* [atomic] preemptive calls of this
                                      scheduler's tasks not yet returned;
                                      while nonzero the idle wait spins
@@ -921,6 +919,8 @@ struct ums__sched {
   ** runs dry. Freed when the scheduler's thread ends. */
   struct ums_preempt_call *call_free; /* [owner] */
   uint32_t ncall_free;         /* [owner] */
+  ums__spin_gauge_t call_spin; /* [owner] how spins at the call site of
+                                  a preemptive call fare (preempt.c) */
   /* Stamps (waits.c) reused so that most switches read no clock. */
   int64_t now_hint;            /* [owner] the stamp of the park that
                                   started this pass, for the next pick; 0:
