@@ -788,7 +788,8 @@ typedef void (*ums_preempt_fn)(void *arg);
 ** Spinning at the call site. When the task's scheduler has nothing else
 ** to do (no other task runnable or pending, nothing posted to it, no
 ** timer and not the call's own deadline due within the spin, the task
-** not cancelled, no io_uring I/O in flight), the task does not park at
+** not cancelled, no other preemptive call or file I/O of its tasks in
+** flight), the task does not park at
 ** once: it waits for the call by spinning where it called, for at most
 ** about 50 us (less, or not at all, while such spins keep missing: a
 ** crowded machine). fn still runs on a pool thread. A call that returns
