@@ -10,8 +10,10 @@
 **   ext_preempt: guard owns ud (a
 **     to-be-closed userdata on the
 **     C function's stack)
-**   job takes ud; ums_preempt_begin --> job_run: work(ud)
+**   job takes ud; ums_preempt_begin_spin --> job_run: work(ud)
 **   park (yield, or bind the worker)    CAS DONE, unpark
+**     (or, the scheduler otherwise idle, spin in place: the pool's
+**     CAS DONE ends the spin, and ext_k runs at once, no park)
 **   ext_k: ums_preempt_end = 0
 **     guard owns ud again
 **     k(L, UMS_LUA_OK, ud) via run_k
@@ -49,8 +51,15 @@ int lums_preempt_start(lua_State *L, ltask *t, const char *name,
                        ums_preempt_fn fn, void *arg, ums_preempt_fn release,
                        int64_t deadline, ums_preempt_call_t **call,
                        lua_KContext ctx, lua_KFunction k) {
-  int rc = ums_preempt_begin(fn, arg, release, deadline, call);
-  /* On failure the runtime has called release(arg). */
+  /* Spinning for the call prolongs the step: not once the quantum has
+  ** asked it to end. */
+  int rc = lums_quantum_due(t)
+               ? ums_preempt_begin(fn, arg, release, deadline, call)
+               : ums_preempt_begin_spin(fn, arg, release, deadline, call);
+  /* Returned during the spin at the call site: no park, no yield. */
+  if (rc == 1) return k(L, LUA_OK, ctx);
+  /* On failure the runtime has called release(arg) (or, cancelled during
+  ** the spin, will, once the call returns). */
   if (rc == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (rc == UMS_EBUSY)
     return luaL_error(L, "%s: cannot call between ums.park_begin and "
@@ -194,11 +203,10 @@ static int ext_k(lua_State *L, int status, lua_KContext ctx) {
   int gidx = (int)ctx;
   guard *g = (guard *)lua_touserdata(L, gidx);
   job *j = g->j;
-  (void)status;
   g->j = NULL;
   /* Before ums_preempt_end: until its CAS the job is alive for sure (the
   ** runtime frees a given-up job only after that CAS). */
-  if (ums_park_result() < 0)
+  if (status != LUA_OK && ums_park_result() < 0)
     atomic_store_explicit(&j->gave_up, 1, memory_order_relaxed);
   int rc = lums_preempt_settle(L, j->call, NULL);
   if (rc == 0) {

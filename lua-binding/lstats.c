@@ -334,7 +334,7 @@ static int l_stats(lua_State *L) {
   lua_createtable(L, n + np, 0);
   for (int i = 0; i < n; i++) {
     const ums_sched_stats_t *r = &rows[i];
-    lua_createtable(L, 0, 24);
+    lua_createtable(L, 0, 25);
     set_int(L, "id", r->id);
     set_bool(L, "hidden", false);
     set_bool(L, "idle", r->idle != 0);
@@ -349,6 +349,7 @@ static int l_stats(lua_State *L) {
     set_int(L, "yields", (lua_Integer)r->yields);
     set_int(L, "idle_switches", (lua_Integer)r->idle_waits);
     set_int(L, "preemptive_switches", (lua_Integer)r->preempt_calls);
+    set_int(L, "preemptive_spun", (lua_Integer)r->preempt_spun);
     set_int(L, "preempt_pending", (lua_Integer)r->preempt_pending);
     set_int(L, "quantum_expiries", (lua_Integer)r->quantum_expiries);
     set_int(L, "stalls", (lua_Integer)r->stalls);

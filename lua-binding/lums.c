@@ -655,6 +655,17 @@ static void qhook(lua_State *L, lua_Debug *ar) {
   lua_yield(L, 0);
 }
 
+bool lums_quantum_due(ltask *t) {
+  if (!t->run || t->run->quantum <= 0) return false;
+#ifdef QUANTUM_POLL
+  return atomic_load(&t->run->preempt_seq) ==
+         atomic_load_explicit(&t->run->step_seq, memory_order_relaxed);
+#else
+  /* Set by quantum_signal on this very thread, so a plain look suffices. */
+  return lua_gethook(t->co) == qhook;
+#endif
+}
+
 /* Runs on the Lua thread, anywhere in it. lua_sethook is safe here: it is
 ** what lua.c's own SIGINT handler does. */
 static void quantum_signal(int sig) {

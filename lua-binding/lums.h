@@ -262,6 +262,11 @@ LUMS_HIDDEN void lums_before_block(ltask *t);
 ** steps ran on this thread meanwhile). */
 LUMS_HIDDEN void lums_become_current(ltask *t);
 
+/* Whether the quantum monitor has asked task t's running step to yield
+** (the hook that will yield it is set): then the task should not prolong
+** the step, e.g. by spinning for a preemptive call. */
+LUMS_HIDDEN bool lums_quantum_due(ltask *t);
+
 /* lfs.c: adds the fs table to the module table at the top. */
 LUMS_HIDDEN void lums_open_fs(lua_State *L);
 
@@ -278,9 +283,12 @@ LUMS_HIDDEN ums_buf_t *lums_test_buf(lua_State *L, int idx, size_t *size);
 LUMS_HIDDEN void lums_open_ext(lua_State *L);
 
 /* lext.c: going preemptive from a C function of the binding, for the
-** current task t: hands fn(arg) to the C-call pool (ums_preempt_begin,
+** current task t: hands fn(arg) to the C-call pool (ums_preempt_begin_spin,
 ** storing the call in *call) and ends the park with lums_park_finish,
-** so k runs once the call has returned or been given up. On failure to
+** so k runs once the call has returned or been given up. When the call
+** returned during the runtime's spin at the call site, no park was begun
+** and k runs at once, with status LUA_OK (after a park: LUA_YIELD), so k
+** must read ums_park_result() only when status is not LUA_OK. On failure to
 ** start, the runtime has called release(arg) and this raises (naming
 ** `name`, or, if it is NULL, the running function; or ums.CANCELLED). */
 LUMS_HIDDEN int lums_preempt_start(lua_State *L, ltask *t, const char *name,

@@ -199,6 +199,62 @@ describe("ums.ffi", function()
     end)
   end)
 
+  describe("spinning at the call site", function()
+    -- One scheduler (the default): its row of ums.stats().
+    local function row()
+      for _, r in ipairs(ums.stats()) do
+        if not r.hidden then return r end
+      end
+    end
+
+    it("a lone task's fast calls complete without a park", function()
+      run(function()
+        local spun, n, pid = 0, 300, C.getpid_inline()
+        for _ = 1, n do
+          local a = row()
+          assert.equal(pid, C.getpid())
+          local b = row()
+          assert.equal(a.preemptive_switches + 1, b.preemptive_switches)
+          if b.preemptive_spun > a.preemptive_spun then
+            assert.equal(a.preemptive_spun + 1, b.preemptive_spun)
+            -- The task never left: no park, no switch (but for a yield
+            -- the quantum forced, on a slow sanitizer build).
+            assert.equal(a.context_switches + b.quantum_expiries
+                           - a.quantum_expiries, b.context_switches)
+            spun = spun + 1
+          end
+        end
+        -- Spins that keep missing (a crowded VM) are skipped for a while,
+        -- so not every call spins; some must.
+        assert.is_true(spun >= 1, "no call completed by the spin")
+      end)
+    end)
+
+    it("with another task runnable, it keeps running during usleep(20 ms)",
+       function()
+      run(function()
+        local stop, steps = false, 0
+        local other = ums.spawn(function()
+          while not stop do
+            steps = steps + 1
+            ums.yield()
+          end
+        end)
+        ums.yield()
+        local a = row()
+        local t0 = ums.now()
+        assert.equal(0, C.usleep(20000))
+        local took = ums.now() - t0
+        local during = steps
+        stop = true
+        assert.is_true((other:join()))
+        assert.is_true(took >= 0.02, "usleep returned early: " .. took)
+        assert.is_true(during >= 100, "the other task stood still: " .. during)
+        assert.equal(a.preemptive_spun, row().preemptive_spun)
+      end)
+    end)
+  end)
+
   it("usleep(50 ms) while 1,000 other tasks keep running", function()
     local quantum = ums.config().quantum
     -- Sanitizers slow every switch several times over.

@@ -78,8 +78,8 @@ describe("ums.stats", function()
         for _, k in ipairs { "tasks", "runnable", "workers_active",
             "workers_idle", "pending", "io_pending", "timers",
             "context_switches", "yields", "idle_switches",
-            "preemptive_switches", "quantum_expiries", "stalls",
-            "load_factor" } do
+            "preemptive_switches", "preemptive_spun", "quantum_expiries",
+            "stalls", "load_factor" } do
           assert.is_number(rows[i][k], k)
         end
       end

@@ -785,7 +785,21 @@ typedef void (*ums_preempt_fn)(void *arg);
 ** UMS_ENOMEM, UMS_EINVAL (fn is NULL). When fn(arg) returned before the
 ** task noticed its deadline or cancellation, the result is 0. Outside a
 ** task (a host thread) fn(arg) runs right here and the result is 0; the
-** deadline is not applied there. */
+** deadline is not applied there.
+**
+** Spinning at the call site. When the task's scheduler has nothing else
+** to do (no other task runnable or pending, nothing posted to it, no
+** timer and not the call's own deadline due within the spin, the task
+** not cancelled, no other preemptive call or file I/O of its tasks in
+** flight), the task does not park at
+** once: it waits for the call by spinning where it called, for at most
+** about 50 us (less, or not at all, while such spins keep missing: a
+** crowded machine). fn still runs on a pool thread. A call that returns
+** meanwhile costs no park, switch or wake-up (counted in
+** ums_sched_stats_t.preempt_spun); anything else that wants the
+** scheduler (a task posted to it, a cancel) or the end of the spin makes
+** the task park as above. Results and ownership are the same either
+** way. */
 UMS_API int ums_preempt(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
                         int64_t deadline);
 
@@ -805,6 +819,18 @@ UMS_API int ums_preempt_begin(ums_preempt_fn fn, void *arg,
                               ums_preempt_fn release, int64_t deadline,
                               ums_preempt_call_t **call);
 UMS_API int ums_preempt_end(ums_preempt_call_t *call);
+
+/* ums_preempt_begin with ums_preempt's spin at the call site: returns 1
+** when the call returned during that spin (no park was begun: the caller
+** skips the park and calls ums_preempt_end at once, which returns 0), 0
+** when the park was begun as by ums_preempt_begin, or an error as
+** ums_preempt_begin; UMS_ECANCELED also when the task was cancelled
+** during the spin, the call then detached (release(arg) runs on the pool
+** once fn has returned). Language bindings use it to skip the yield and
+** resume a coroutine needs when it parks. */
+UMS_API int ums_preempt_begin_spin(ums_preempt_fn fn, void *arg,
+                                   ums_preempt_fn release, int64_t deadline,
+                                   ums_preempt_call_t **call);
 
 /* ====================================================================== */
 /* Observability: counters, tasks, wait statistics, the monitor            */
@@ -901,7 +927,8 @@ typedef struct ums_sched_stats {
                                    batched); 0 with the pool backend */
   uint64_t preempt_pending;     /* preemptive calls of this scheduler's
                                    tasks not yet returned (detached ones
-                                   included) */
+                                   included; not one its task still
+                                   spins for at the call site) */
   uint64_t preempt_calls;       /* preemptive calls started here, total
                                    (SQL Server's preemptive switches) */
   /* Since observability (issue 7). */
@@ -918,6 +945,10 @@ typedef struct ums_sched_stats {
   uint64_t running;             /* the task running now or last (a handle),
                                    0 when idle or none */
   char running_name[32];        /* its name */
+  /* Since issue 5's spin at the call site. */
+  uint64_t preempt_spun;        /* of preempt_calls, those the calling task
+                                   waited for by spinning where it called,
+                                   without parking (see ums_preempt) */
 } ums_sched_stats_t;
 
 /* Fills up to n rows (one per scheduler) and returns the number of

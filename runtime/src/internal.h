@@ -519,6 +519,11 @@ void ums__park_after_step(ums__sched_t *s, ums__task_t *t);
 /* Ends the running task's begun park (UMS_ECANCELED unless it already
 ** ended) and takes the wake-up that queued. [owner] (park.c) */
 void ums__park_drop(ums__task_t *t);
+/* Ends the running task's begun park that nobody else can end yet: its
+** token was never handed out, no timer is armed and, the task running,
+** no cancel ends it. Unlike ums__park_drop nothing is queued, so the task
+** goes on without a pass through the scheduler. [owner] (park.c) */
+void ums__park_undo(ums__task_t *t);
 /* Reports a step function breaking the step protocol and aborts. */
 void ums__step_misuse(ums__task_t *t, const char *what)
     __attribute__((noreturn));
@@ -863,6 +868,7 @@ typedef struct ums__counters {
   _Atomic uint64_t io_submits;
   _Atomic uint64_t preempt_calls;
   _Atomic uint64_t quantum_expiries;
+  _Atomic uint64_t preempt_spun;
 } ums__counters_t;
 
 /* One wait type's aggregate on one scheduler (waits.c). */
@@ -950,6 +956,8 @@ struct ums__sched {
   ** runs dry. Freed when the scheduler's thread ends. */
   struct ums_preempt_call *call_free; /* [owner] */
   uint32_t ncall_free;         /* [owner] */
+  ums__spin_gauge_t call_spin; /* [owner] how spins at the call site of
+                                  a preemptive call fare (preempt.c) */
   /* Stamps (waits.c) reused so that most switches read no clock. */
   int64_t now_hint;            /* [owner] the stamp of the park that
                                   started this pass, for the next pick; 0:
@@ -1121,6 +1129,20 @@ enum {
 
 /* Frees the call records s keeps (preempt.c). [owner, at its end] */
 UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
+
+/* How long a scheduler with preemptive calls in flight spins before its
+** idle wait sleeps (sched.c), and how long a task spins at the call site
+** for a call of its own (preempt.c): see sched.c for the reasoning. */
+#define UMS__SCHED_SPIN_NS (50 * UMS_NSEC_PER_USEC)
+
+/* What a spinning scheduler watches for: a task posted to it, a cancel,
+** the runtime exiting. Relaxed: a hit is then drained with the lists' own
+** ordering. Any thread may look; only the owner acts on it. */
+static inline bool ums__sched_posted(ums__sched_t *s) {
+  return atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
+         atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
+         atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
+}
 
 /* A stamp on s's clock (waits.c has the reasoning): by default the wait
 ** clock, a word the monitor sets from the stamp clock every millisecond

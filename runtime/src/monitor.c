@@ -4,7 +4,9 @@
 ** 17883).
 **
 ** Every tick (10 ms, less for a short stall threshold) while some
-** scheduler is busy, it looks at each scheduler's count of task switches:
+** scheduler is busy, it looks at each scheduler's count of task switches
+** (and of preemptive calls completed by a spin at the call site, which
+** save a switch each):
 **   - a busy scheduler whose count has not moved for stall_threshold has
 **     not passed through its loop: the task it runs is stuck in a
 **     blocking call or in code that never yields. It is reported once
@@ -186,13 +188,23 @@ static void moved(ums__monitor_slot_t *sl, uint64_t seq, int64_t now,
   sl->reported = false;
 }
 
+/* What moves while a scheduler passes through its loop: its task
+** switches, and the preemptive calls its tasks waited for by spinning at
+** the call site (preempt.c), which stand in for the switches they saved
+** (a task looping on such calls, with nothing else runnable, is not
+** stalling anybody). */
+static uint64_t progress(ums__sched_t *s) {
+  return atomic_load_explicit(&s->counters.context_switches,
+                              memory_order_relaxed) +
+         atomic_load_explicit(&s->counters.preempt_spun,
+                              memory_order_relaxed);
+}
+
 static void reset_slots(ums_runtime_t *rt, int64_t now) {
   for (int i = 0; i < rt->nsched; i++) {
     ums__monitor_slot_t *sl = &rt->monitor.slots[i];
     sl->cpu_last = thread_cpu(sl);
-    moved(sl, atomic_load_explicit(&rt->scheds[i].counters.context_switches,
-                                   memory_order_relaxed),
-          now, sl->cpu_last);
+    moved(sl, progress(&rt->scheds[i]), now, sl->cpu_last);
   }
 }
 
@@ -224,8 +236,7 @@ static void *monitor_main(void *arg) {
     for (int i = 0; i < rt->nsched; i++) {
       ums__sched_t *s = &rt->scheds[i];
       ums__monitor_slot_t *sl = &m->slots[i];
-      uint64_t seq = atomic_load_explicit(&s->counters.context_switches,
-                                          memory_order_relaxed);
+      uint64_t seq = progress(s);
       int64_t cpu = thread_cpu(sl);
       int64_t used = cpu >= 0 && sl->cpu_last >= 0 ? cpu - sl->cpu_last : 0;
       sl->cpu_last = cpu;

@@ -92,6 +92,17 @@ void ums__park_drop(ums__task_t *t) {
   park_consume(t, UMS_FOREVER);
 }
 
+void ums__park_undo(ums__task_t *t) {
+  /* Ended like any park, under the lock, so that a stale token or
+  ** token_live (sched.c) sees a settled park; but the wake-up is not
+  ** delivered: nobody parked, nothing must be queued. */
+  ums__wake_t unused;
+  ums__lock(&t->lock);
+  ums__waiter_finish(&t->park, 0, &unused);
+  ums__unlock(&t->lock);
+  t->park_pending = false;
+}
+
 int ums_park_result(void) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;

@@ -19,12 +19,47 @@
 ** park's own exactly-one-outcome protocol (park.c) and this one never
 ** disagree. A pool thread that finds a call already ABANDONED before it
 ** starts skips fn.
+**
+** Spinning at the call site (ums_preempt, ums_preempt_begin_spin). When
+** the caller's scheduler has nothing else to do (nothing runnable,
+** pending or posted, no other call or file I/O in flight, no timer or
+** deadline due within the spin), parking would only lead
+** to its idle spin (sched.c) waiting for this very call, at the price of
+** a park, a switch (for Lua, a yield and a resume) and an unpark through
+** the completion list. So the caller submits the call in state SPIN,
+** with no park begun, and spins on state itself:
+**   - the pool thread, after fn returned, moves SPIN -> DONE: the caller
+**     sees it and takes the result; nobody unparks, nothing is queued;
+**   - the caller leaving the spin (budget spent, a task posted to its
+**     scheduler, a cancel) first begins its park, storing the token in
+**     the record, then moves SPIN -> INFLIGHT with a release CAS, which
+**     publishes the token to the pool thread's acquire CAS of INFLIGHT
+**     -> DONE; from there on it is the protocol above;
+**   - if that CAS finds DONE, the call returned meanwhile: the caller
+**     ends its park with ums__park_undo, which queues nothing (the token
+**     was never published, no timer is armed, and a cancel does not end
+**     the park of a running task), and takes the result;
+**   - if the park cannot begin (the task was cancelled), the caller
+**     moves SPIN -> ABANDONED instead; losing to DONE, it takes the
+**     result as if it had not noticed the cancel.
+** So the pool thread's single CAS from whatever it finds decides between
+** "the caller sees DONE" (SPIN), "unpark" (INFLIGHT) and "release"
+** (ABANDONED), and every state is left by exactly one CAS.
+**
+** Who touches what: state by both sides, by CAS only (the caller's spin
+** loads it with acquire, to see fn's writes); token by the caller before
+** it publishes INFLIGHT, by the pool thread only after its CAS saw
+** INFLIGHT; everything else is constant once submitted. The scheduler's
+** preempt_pending counts a call from its submit, or, for a SPIN call,
+** from the moment its caller stops spinning (before its CAS); the pool
+** thread lowers it after settling a call it found INFLIGHT or ABANDONED.
 */
 #include "internal.h"
 
+#include <sched.h>
 #include <stdlib.h>
 
-enum { CALL_INFLIGHT = 0, CALL_DONE = 1, CALL_ABANDONED = 2 };
+enum { CALL_INFLIGHT = 0, CALL_DONE = 1, CALL_ABANDONED = 2, CALL_SPIN = 3 };
 
 struct ums_preempt_call {
   _Atomic uint32_t refs;       /* [atomic] caller + pool */
@@ -34,13 +69,16 @@ struct ums_preempt_call {
                                   until it gives up, then release's */
   ums_preempt_fn release;      /* [const] */
   ums__sched_t *sched;         /* [const] the caller's scheduler */
-  ums_park_token_t token;      /* [const once submitted] the caller's park */
+  ums_park_token_t token;      /* [caller until state is INFLIGHT, then
+                                  const] the caller's park */
   ums__pool_work_t work;       /* [pool] */
   ums_preempt_call_t *next_free; /* [owner of sched] in its call_free */
 };
 
 /* Records a scheduler keeps for its next calls. */
 #define CALL_CACHE_MAX 256
+/* The spin at the call site: as long as the idle scheduler's. */
+#define CALL_SPIN_NS UMS__SCHED_SPIN_NS
 
 static void call_unref(ums_preempt_call_t *c) {
   if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
@@ -75,8 +113,24 @@ static void call_run(ums__pool_work_t *w) {
   if (atomic_load_explicit(&c->state, memory_order_acquire) !=
       CALL_ABANDONED)
     c->fn(c->arg);
-  int expect = CALL_INFLIGHT;
-  if (atomic_compare_exchange_strong(&c->state, &expect, CALL_DONE)) {
+  /* One CAS from whatever state the caller left: SPIN (it spins, and
+  ** sees DONE), INFLIGHT (it parked: unpark it), or ABANDONED (it gave
+  ** up: release). The caller may move SPIN -> INFLIGHT or ABANDONED and
+  ** INFLIGHT -> ABANDONED meanwhile; a failed CAS reloads seen. */
+  int seen = atomic_load_explicit(&c->state, memory_order_acquire);
+  while (seen != CALL_ABANDONED &&
+         !atomic_compare_exchange_weak_explicit(&c->state, &seen, CALL_DONE,
+                                                memory_order_acq_rel,
+                                                memory_order_acquire)) {
+  }
+  if (seen == CALL_SPIN) {
+    /* The caller still spins: it sees DONE and takes the result. It
+    ** never counted the call in preempt_pending, which only says when an
+    ** idle scheduler should spin for a completion. */
+    call_unref(c);
+    return;
+  }
+  if (seen == CALL_INFLIGHT) {
     /* Copy what the unpark needs: once our reference is gone the caller
     ** may free c. A stale token (the park already ended by its deadline)
     ** is refused, and the caller then finds DONE. The scheduler outlives
@@ -85,6 +139,7 @@ static void call_run(ums__pool_work_t *w) {
     call_unref(c);
     ums_unpark(s->rt, token, 0);
   } else {
+    /* ABANDONED, by a caller that gave up parked or spinning. */
     if (c->release) c->release(c->arg);
     call_unref(c);
   }
@@ -93,59 +148,214 @@ static void call_run(ums__pool_work_t *w) {
   atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_release);
 }
 
-int ums_preempt_begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
-                      int64_t deadline, ums_preempt_call_t **call) {
-  int rc;
-  ums__task_t *t = ums__task_current();
-  ums_preempt_call_t *c = NULL;
-  if (!fn || !call) {
-    rc = UMS_EINVAL;
-    goto fail;
-  }
-  if (!t) {
-    rc = UMS_EPERM;
-    goto fail;
-  }
-  ums__sched_t *s = t->sched;
-  if (s->call_free) {
-    c = s->call_free;
+/* A record for a call of t's, set up but not submitted; NULL: no memory. */
+static ums_preempt_call_t *call_new(ums__sched_t *s, ums_preempt_fn fn,
+                                    void *arg, ums_preempt_fn release,
+                                    int state) {
+  ums_preempt_call_t *c = s->call_free;
+  if (c) {
     s->call_free = c->next_free;
     s->ncall_free--;
   } else if (!(c = malloc(sizeof *c))) {
-    rc = UMS_ENOMEM;
-    goto fail;
+    return NULL;
   }
-  if ((rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
-                                &c->token)) != 0)
-    goto fail;
   atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
-  atomic_store_explicit(&c->state, CALL_INFLIGHT, memory_order_relaxed);
+  atomic_store_explicit(&c->state, state, memory_order_relaxed);
   c->fn = fn;
   c->arg = arg;
   c->release = release;
   c->sched = s;
   c->work.run = call_run;
-  atomic_fetch_add_explicit(&s->preempt_pending, 1, memory_order_relaxed);
+  return c;
+}
+
+/* Hands c to the pool. The submit's release CAS (or the queue's lock)
+** publishes the record to the pool thread. A call in state SPIN is not
+** counted in preempt_pending until its caller stops spinning: the pool
+** thread lowers the count only for calls it finds INFLIGHT or ABANDONED,
+** so that a call completed by the spin touches that shared word (a cache
+** line the pool thread would pull over) on neither side. */
+static void call_submit(ums__sched_t *s, ums_preempt_call_t *c) {
+  if (atomic_load_explicit(&c->state, memory_order_relaxed) != CALL_SPIN)
+    atomic_fetch_add_explicit(&s->preempt_pending, 1, memory_order_relaxed);
   UMS__COUNT(s, preempt_calls);
-  *call = c;
   if (ums__pool_submit(&s->rt->preempt_pool, &c->work) != 0)
     /* No pool thread at all and none can start: run it here, blocking
     ** this scheduler for its length, rather than fail a call that could
     ** be made. Its unpark then ends a park not yet waited on, which the
-    ** park protocol allows. */
+    ** park protocol allows (and a spinning caller finds DONE at once). */
     call_run(&c->work);
+}
+
+/* Whether t may wait for a call of its own by spinning (see the top of
+** the file): its scheduler has nothing else to do, and nothing that is
+** due within the spin. Sets *limit to when the spin must end at the
+** latest (UMS_FOREVER: the spin's own budget). [owner] */
+static bool spin_allowed(ums__sched_t *s, ums__task_t *t, int64_t deadline,
+                         int64_t *limit) {
+  if (s->rt->vclock || s->runq_n || s->pend_head || s->nidle_waiters ||
+      t->park_pending ||
+      atomic_load_explicit(&t->cancelled, memory_order_relaxed) ||
+      ums__sched_posted(s) ||
+      /* Other calls or file I/O in flight: their completions will want
+      ** the scheduler, and with many calls queued ahead of ours a spin
+      ** would only hold a CPU the pool threads need (measured: 64 calls
+      ** in flight ran 15-20% slower on a loaded 2-CPU VM). io_uring
+      ** completions, besides, arrive in the ring, which only the pass
+      ** reaps. */
+      atomic_load_explicit(&s->preempt_pending, memory_order_relaxed) ||
+      atomic_load_explicit(&s->io_pending, memory_order_relaxed))
+    return false;
+  *limit = ums__timer_next(&s->timers);
+  if (deadline < *limit) *limit = deadline;
+  if (*limit != UMS_FOREVER && *limit - ums__clock_now() <= CALL_SPIN_NS)
+    return false;
+  /* Last: it counts the spins it lets through. */
+  return ums__spin_worth(&s->call_spin, CALL_SPIN_NS);
+}
+
+/* The caller's spin for c, in state SPIN. Returns true when c is DONE;
+** false, without a clock reading after the last, when the spin should
+** end: its budget is spent (by limit too), something was posted to the
+** scheduler, the task was cancelled. [owner] */
+static bool spin_for_call(ums__sched_t *s, ums__task_t *t,
+                          ums_preempt_call_t *c, int64_t limit) {
+  int64_t start = 0, until = 0;
+  for (unsigned i = 1;; i++) {
+    if (atomic_load_explicit(&c->state, memory_order_acquire) == CALL_DONE) {
+      /* Most calls return before the first clock reading: a hit well
+      ** under the limit, whatever it took exactly (as in sched.c). */
+      ums__spin_note(&s->call_spin, start ? ums__clock_real() - start : 0,
+                     true, CALL_SPIN_NS);
+      return true;
+    }
+    if (ums__sched_posted(s) ||
+        atomic_load_explicit(&t->cancelled, memory_order_relaxed))
+      return false;
+    ums__cpu_relax();
+    /* The clock only every 64 pauses (it costs ~45 ns here). */
+    if ((i & 63) == 0) {
+      int64_t now = ums__clock_real();
+      if (!start) {
+        start = now;
+        until = now + CALL_SPIN_NS;
+        if (limit != UMS_FOREVER && limit < until) until = limit;
+      } else if (now >= until) {
+        ums__spin_note(&s->call_spin, 0, false, CALL_SPIN_NS);
+        return false;
+      }
+      /* On a crowded machine the pool thread we wait for may be waiting
+      ** for this very CPU. */
+      if ((i & 255) == 0) sched_yield();
+    }
+  }
+}
+
+/* Submits fn(arg) and, when the scheduler has nothing else to do, spins
+** for it. Returns 1: the call has returned (c is DONE, no park begun); 0:
+** the park is begun and c is INFLIGHT (or already DONE, the unpark on its
+** way); or an error, with release(arg) called or left to the pool. */
+static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
+                      ums_preempt_fn release, int64_t deadline, bool spin,
+                      ums_preempt_call_t **call) {
+  ums__sched_t *s = t->sched;
+  int64_t limit;
+  int rc;
+  if (spin && spin_allowed(s, t, deadline, &limit)) {
+    ums_preempt_call_t *c = call_new(s, fn, arg, release, CALL_SPIN);
+    if (!c) {
+      rc = UMS_ENOMEM;
+      goto fail;
+    }
+    call_submit(s, c);
+    *call = c;
+    if (spin_for_call(s, t, c, limit)) {
+      UMS__COUNT(s, preempt_spun);
+      return 1;
+    }
+    /* Leaving the spin: the park first, then INFLIGHT, which publishes
+    ** its token to the pool thread. The call counts as in flight from
+    ** then on; the increment comes before the CAS, so the pool thread's
+    ** decrement, which follows its CAS, comes after it. */
+    int expect = CALL_SPIN;
+    rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
+                             &c->token);
+    atomic_fetch_add_explicit(&s->preempt_pending, 1, memory_order_relaxed);
+    if (rc == 0) {
+      if (atomic_compare_exchange_strong_explicit(
+              &c->state, &expect, CALL_INFLIGHT, memory_order_acq_rel,
+              memory_order_acquire))
+        return 0;
+      /* DONE came meanwhile: nobody will end this park but us. */
+      ums__park_undo(t);
+    } else if (atomic_compare_exchange_strong_explicit(
+                   &c->state, &expect, CALL_ABANDONED, memory_order_acq_rel,
+                   memory_order_acquire)) {
+      /* Cancelled while spinning: the call goes on detached and the pool
+      ** thread calls release(arg). */
+      call_unref(c);
+      *call = NULL;
+      return rc;
+    }
+    /* The pool thread found SPIN: it will not lower the count. */
+    atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_relaxed);
+    UMS__COUNT(s, preempt_spun);
+    return 1;
+  }
+
+  ums_preempt_call_t *c = call_new(s, fn, arg, release, CALL_INFLIGHT);
+  if (!c) {
+    rc = UMS_ENOMEM;
+    goto fail;
+  }
+  if ((rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
+                                &c->token)) != 0) {
+    /* Never submitted: back to the cache. */
+    atomic_store_explicit(&c->refs, 1, memory_order_relaxed);
+    call_unref(c);
+    goto fail;
+  }
+  *call = c;
+  call_submit(s, c);
   return 0;
 
 fail:
-  free(c);
   if (release) release(arg);
   return rc;
+}
+
+static int begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
+                 int64_t deadline, bool spin, ums_preempt_call_t **call) {
+  ums__task_t *t = ums__task_current();
+  if (!fn || !call) {
+    if (release) release(arg);
+    return UMS_EINVAL;
+  }
+  if (!t) {
+    if (release) release(arg);
+    return UMS_EPERM;
+  }
+  return call_start(t, fn, arg, release, deadline, spin, call);
+}
+
+int ums_preempt_begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
+                      int64_t deadline, ums_preempt_call_t **call) {
+  return begin(fn, arg, release, deadline, false, call);
+}
+
+int ums_preempt_begin_spin(ums_preempt_fn fn, void *arg,
+                           ums_preempt_fn release, int64_t deadline,
+                           ums_preempt_call_t **call) {
+  return begin(fn, arg, release, deadline, true, call);
 }
 
 int ums_preempt_end(ums_preempt_call_t *c) {
   if (!c) return UMS_EINVAL;
   int rc = 0, expect = CALL_INFLIGHT;
-  if (atomic_compare_exchange_strong(&c->state, &expect, CALL_ABANDONED)) {
+  /* The usual case, DONE, is final: a load (acquire: fn's writes are
+  ** visible) spares the CAS. */
+  if (atomic_load_explicit(&c->state, memory_order_acquire) != CALL_DONE &&
+      atomic_compare_exchange_strong(&c->state, &expect, CALL_ABANDONED)) {
     /* The park ended without the call's unpark: by its deadline or a
     ** cancellation. The call goes on detached; release frees arg. */
     rc = ums_park_result();
@@ -161,13 +371,14 @@ int ums_preempt(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
     if (release) release(arg);
     return UMS_EINVAL;
   }
-  if (!ums__task_current()) {
+  ums__task_t *t = ums__task_current();
+  if (!t) {
     fn(arg);
     return 0;
   }
   ums_preempt_call_t *c;
-  int rc = ums_preempt_begin(fn, arg, release, deadline, &c);
-  if (rc) return rc;
-  ums_park_wait();
+  int rc = call_start(t, fn, arg, release, deadline, true, &c);
+  if (rc < 0) return rc;
+  if (rc == 0) ums_park_wait();
   return ums_preempt_end(c);
 }

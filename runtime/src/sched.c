@@ -39,7 +39,7 @@ _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 ** to 2x of the optimum (the classic competitive-spinning argument).
 ** bench/bench_preempt.c measures both settings. */
 #define PREEMPT_POOL_SPIN_NS (50 * UMS_NSEC_PER_USEC)
-#define SCHED_SPIN_NS (50 * UMS_NSEC_PER_USEC)
+#define SCHED_SPIN_NS UMS__SCHED_SPIN_NS
 /* With a virtual clock, how long the idle wait sleeps at most while file
 ** I/O or a preemptive call is in flight. The pool thread that completes
 ** one posts the task first and lowers the in-flight count after, so the
@@ -298,14 +298,9 @@ static void maybe_trim(ums__sched_t *s, int64_t now) {
 ** futex wake-up it would need once we sleep. Returns true when something
 ** arrived. idle_state stays 0 meanwhile, so posters make no system call.
 ** now and deadline are real time (ums__clock_real). */
-/* What a spinning idle scheduler watches for: a task posted to it, a
-** cancel, the runtime exiting. Relaxed: a hit is then drained with the
-** lists' own ordering. */
-static bool something_posted(ums__sched_t *s) {
-  return atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
-         atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
-         atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
-}
+/* What a spinning idle scheduler watches for (also a task spinning for
+** its own preemptive call, preempt.c). */
+static bool something_posted(ums__sched_t *s) { return ums__sched_posted(s); }
 
 /* Work of this scheduler's tasks is on a pool thread (a preemptive call
 ** or file I/O on the I/O pool): its completion comes through the inbox,

@@ -43,6 +43,7 @@ int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
     r->io_submits = LOAD(s->counters.io_submits);
     r->preempt_pending = LOAD(s->preempt_pending);
     r->preempt_calls = LOAD(s->counters.preempt_calls);
+    r->preempt_spun = LOAD(s->counters.preempt_spun);
     r->hidden = 0;
     r->fiber_switches = LOAD(s->counters.fiber_switches);
     r->quantum_expiries = LOAD(s->counters.quantum_expiries);

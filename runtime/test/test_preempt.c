@@ -4,8 +4,10 @@
 ** trimming, timeout and cancel with the call still running (the call is
 ** detached, arg stays alive until release, the thread is reused), a
 ** scheduler that keeps running its other tasks during a call, the file
-** I/O pool not starved by queued C calls, and shutdown with calls in
-** flight.
+** I/O pool not starved by queued C calls, shutdown with calls in flight,
+** and the spin at the call site (a lone task's calls completed without a
+** park, calls racing the end of the spin, other tasks and timers taking
+** precedence, cancel and deadline while spinning).
 **
 ** Calls that must block until the test lets them go wait on a gate: an
 ** atomic polled with short sleeps, so that nothing depends on timing
@@ -223,7 +225,10 @@ static void test_bound_and_trim(void) {
   usleep(20000);
   CHECK_EQ(atomic_load(&running_now), 3); /* the rest wait, queued */
   CHECK_EQ(ums__pool_threads(&rt->preempt_pool), 3);
-  CHECK_EQ(preempt_pending(rt), 10);
+  /* A caller counts its call once it stops spinning for it (preempt.c):
+  ** on a crowded VM the first caller may not have noticed the others
+  ** yet. */
+  WAIT_UNTIL(preempt_pending(rt) == 10, 5000);
   atomic_store(&bound_gate, 1);
   for (int i = 0; i < 10; i++)
     CHECK_RC(ums_task_join(rt, t[i], UMS_FOREVER, NULL, NULL), 0);
@@ -530,6 +535,338 @@ static void test_shutdown_in_flight(void) {
   CHECK_EQ(atomic_load(&released), 4);
 }
 
+/* ====================================================================== */
+/* Spinning at the call site                                               */
+/* ====================================================================== */
+
+/* These look at the calling scheduler's own counters and spin gauge from
+** the task (its owner): white-box, to tell a call completed by the spin
+** from one that parked, and to make every call try the spin however the
+** earlier ones fared. */
+static uint64_t my_spun(void) {
+  return atomic_load_explicit(&ums__sched_current()->counters.preempt_spun,
+                              memory_order_relaxed);
+}
+
+static uint64_t my_switches(void) {
+  return atomic_load_explicit(
+      &ums__sched_current()->counters.context_switches, memory_order_relaxed);
+}
+
+static void reset_gauge(void) {
+  ums__sched_current()->call_spin = (ums__spin_gauge_t){0};
+}
+
+#define SPIN_CALLS 300
+
+/* A lone task's fast calls: completed by the spin, without a switch (no
+** park, no pass of the scheduler), on a pool thread all the same. */
+static void *fast_calls(void *arg) {
+  int spun = 0;
+  for (int i = 0; i < SPIN_CALLS; i++) {
+    job_t *j = job_new(i);
+    reset_gauge();
+    uint64_t spun0 = my_spun(), sw0 = my_switches();
+    CHECK_RC(ums_preempt(job_fn, j, job_release, ums_deadline(tu_ms(5000))),
+             0);
+    CHECK_EQ(j->out, i * 2 + 1);
+    CHECK(!pthread_equal(j->ran_on, pthread_self()));
+    if (my_spun() != spun0) {
+      CHECK_EQ(my_spun(), spun0 + 1);
+      CHECK_EQ(my_switches(), sw0); /* the task never left */
+      spun++;
+    }
+    free(j);
+  }
+  /* A few misses are the VM's (a descheduled pool thread), not many. */
+  CHECK_GE(spun, SPIN_CALLS / 4);
+
+  /* The split form: 1 and no park begun, then end returns 0. */
+  job_t *j = job_new(3);
+  ums_preempt_call_t *c;
+  int rc;
+  for (int tries = 0; tries < 100; tries++) {
+    reset_gauge();
+    rc = ums_preempt_begin_spin(job_fn, j, job_release, UMS_FOREVER, &c);
+    CHECK(rc == 0 || rc == 1);
+    if (rc == 0) CHECK_RC(ums_park_wait(), 0);
+    CHECK_RC(ums_preempt_end(c), 0);
+    CHECK_EQ(j->out, 7);
+    if (rc == 1) break;
+  }
+  CHECK_EQ(rc, 1);
+  /* No park left begun: another one may start. */
+  ums_park_token_t tok;
+  CHECK_RC(ums_park_begin(ums_deadline(tu_ms(1)), &tok), 0);
+  CHECK_RC(ums_park_wait(), UMS_ETIMEDOUT);
+  free(j);
+  return PTR(spun);
+}
+
+static void test_spin_completes(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(1);
+  uint64_t calls0 = tu_stats_sum(rt, preempt_calls);
+  void *spun = in_task(0, fast_calls, NULL);
+  printf("  %d of %d calls completed by the spin\n", (int)(uintptr_t)spun,
+         SPIN_CALLS);
+  CHECK_GE(tu_stats_sum(rt, preempt_spun), (uint64_t)(uintptr_t)spun);
+  CHECK_LE(tu_stats_sum(rt, preempt_spun),
+           tu_stats_sum(rt, preempt_calls) - calls0);
+  WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
+/* Calls lasting about as long as the spin, so that the pool's DONE races
+** the caller's move to INFLIGHT: every call must return 0 exactly once,
+** with its result, never released, and no wake-up may be left over
+** (a stray one would end the timed park below early, or queue the task
+** twice). */
+#define RACE_CALLS 1500
+
+typedef struct busy {
+  int64_t ns;
+  _Atomic int runs;
+  int64_t out;
+} busy_t;
+
+static void busy_fn(void *arg) {
+  busy_t *b = arg;
+  atomic_fetch_add(&b->runs, 1);
+  int64_t until = ums_now() + b->ns;
+  while (ums_now() < until) ums__cpu_relax();
+  b->out = b->ns;
+}
+
+static _Atomic int race_released;
+
+static void busy_release(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&race_released, 1);
+}
+
+static void *racing_calls(void *arg) {
+  (void)arg;
+  busy_t *b = calloc(1, sizeof *b);
+  CHECK(b != NULL);
+  int spun = 0;
+  unsigned seed = 12345;
+  /* A staircase: longer after a call the spin caught, shorter after one
+  ** it missed, so the calls' length hovers where the spin ends, whatever
+  ** that is on this machine, build and load (the clock is read only
+  ** every 64 pauses, and a sched_yield may take long on a crowded VM). */
+  int64_t len = 45 * UMS_NSEC_PER_USEC;
+  for (int i = 0; i < RACE_CALLS; i++) {
+    seed = seed * 1103515245u + 12345u;
+    b->ns = len + (int64_t)(seed >> 8) % 2000 - 1000;
+    atomic_store(&b->runs, 0);
+    b->out = 0;
+    reset_gauge();
+    uint64_t spun0 = my_spun();
+    CHECK_RC(ums_preempt(busy_fn, b, busy_release, UMS_FOREVER), 0);
+    CHECK_EQ(atomic_load(&b->runs), 1);
+    CHECK_EQ(b->out, b->ns);
+    bool caught = my_spun() != spun0;
+    spun += caught;
+    len += caught ? 1000 : -1000;
+    if (len < 5 * UMS_NSEC_PER_USEC) len = 5 * UMS_NSEC_PER_USEC;
+    if (len > 2 * UMS_NSEC_PER_MSEC) len = 2 * UMS_NSEC_PER_MSEC;
+    if (i % 50 == 0) {
+      ums_park_token_t tok;
+      CHECK_RC(ums_park_begin(ums_deadline(200 * UMS_NSEC_PER_USEC), &tok),
+               0);
+      CHECK_RC(ums_park_wait(), UMS_ETIMEDOUT);
+    }
+  }
+  free(b);
+  /* Both sides of the race were reached. */
+  CHECK_GT(spun, 0);
+  CHECK_LT(spun, RACE_CALLS);
+  return PTR(spun + 1);
+}
+
+static void test_spin_race(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(1);
+  atomic_store(&race_released, 0);
+  uint64_t calls0 = tu_stats_sum(rt, preempt_calls);
+  uint64_t spun = (uint64_t)(uintptr_t)in_task(0, racing_calls, NULL) - 1;
+  printf("  %d of %d calls completed by the spin\n", (int)spun, RACE_CALLS);
+  CHECK_EQ(tu_stats_sum(rt, preempt_calls) - calls0, RACE_CALLS);
+  WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+  CHECK_EQ(atomic_load(&race_released), 0);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
+/* A task woken from another thread during a long call runs before the
+** call ends: the call waits for it. */
+static _Atomic int other_ran, call_started;
+static ums_park_token_t other_tok;
+static _Atomic int other_parked;
+
+static void wait_for_other(void *arg) {
+  (void)arg;
+  atomic_store(&call_started, 1);
+  int64_t give_up = ums_now() + 5 * UMS_NSEC_PER_SEC;
+  while (!atomic_load(&other_ran) && ums_now() < give_up) usleep(50);
+}
+
+static void *woken_other(void *arg) {
+  (void)arg;
+  CHECK_RC(ums_park_begin(UMS_FOREVER, &other_tok), 0);
+  atomic_store(&other_parked, 1);
+  CHECK_RC(ums_park_wait(), 0);
+  atomic_store(&other_ran, 1);
+  return PTR(1);
+}
+
+static void *long_call_alone(void *arg) {
+  (void)arg;
+  reset_gauge();
+  uint64_t spun0 = my_spun();
+  CHECK_RC(ums_preempt(wait_for_other, NULL, NULL, UMS_FOREVER), 0);
+  CHECK(atomic_load(&other_ran));
+  CHECK_EQ(my_spun(), spun0); /* it left the spin and parked */
+  return PTR(1);
+}
+
+/* A timer due within the spin: the caller does not spin at all. */
+static void *sleeps_a_little(void *arg) {
+  (void)arg;
+  CHECK_RC(ums_sleep(20 * UMS_NSEC_PER_USEC), 0);
+  return PTR(1);
+}
+
+static void *call_with_timer_due(void *arg) {
+  (void)arg;
+  ums_spawn_opts_t o = {.sched = 0};
+  ums_task_t t;
+  CHECK_RC(ums_task_spawn(rt, &o, sleeps_a_little, NULL, &t), 0);
+  CHECK_RC(ums_yield(), 0); /* it runs and arms its timer */
+  reset_gauge();
+  uint64_t spun0 = my_spun();
+  job_t *j = job_new(2);
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  CHECK_EQ(my_spun(), spun0);
+  free(j);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), 0);
+  /* Its own deadline within the spin: no spin either. */
+  j = job_new(2);
+  reset_gauge();
+  int rc = ums_preempt(job_fn, j, job_release,
+                       ums_deadline(20 * UMS_NSEC_PER_USEC));
+  CHECK(rc == 0 || rc == UMS_ETIMEDOUT);
+  CHECK_EQ(my_spun(), spun0);
+  if (rc == 0) free(j);
+  return PTR(1);
+}
+
+static void test_spin_yields_to_others(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(1);
+  atomic_store(&other_ran, 0);
+  atomic_store(&other_parked, 0);
+  atomic_store(&call_started, 0);
+  ums_spawn_opts_t o = {.sched = 0};
+  ums_task_t other, caller;
+  CHECK_RC(ums_task_spawn(rt, &o, woken_other, NULL, &other), 0);
+  WAIT_UNTIL(atomic_load(&other_parked), 5000);
+  CHECK_RC(ums_task_spawn(rt, &o, long_call_alone, NULL, &caller), 0);
+  WAIT_UNTIL(atomic_load(&call_started), 5000);
+  CHECK_RC(ums_unpark(rt, other_tok, 0), 0);
+  CHECK_RC(ums_task_join(rt, caller, UMS_FOREVER, NULL, NULL), 0);
+  CHECK_RC(ums_task_join(rt, other, UMS_FOREVER, NULL, NULL), 0);
+
+  CHECK(in_task(0, call_with_timer_due, NULL));
+  WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
+/* Cancel and deadline of a caller that may spin. */
+static _Atomic ums_task_t cancel_target; /* set by the caller itself */
+static int64_t cancel_lag_ns; /* between the cancel and the return */
+
+static void cancels_caller(void *arg) {
+  job_t *j = arg;
+  CHECK_RC(ums_task_cancel(rt, atomic_load(&cancel_target)), 0);
+  int64_t until = ums_now() + cancel_lag_ns;
+  while (ums_now() < until) ums__cpu_relax();
+  job_fn(j);
+}
+
+static void *call_cancelled_early(void *arg) {
+  job_t *j = arg;
+  atomic_store(&cancel_target, ums_self());
+  reset_gauge();
+  int rc = ums_preempt(cancels_caller, j, job_release, UMS_FOREVER);
+  /* Either the caller saw the cancel first (the call detached) or the
+  ** call's return (then the cancel waits for the next wait point). */
+  CHECK(rc == 0 || rc == UMS_ECANCELED);
+  if (rc == 0) {
+    CHECK_EQ(j->out, j->in * 2 + 1);
+    free(j);
+  }
+  return PTR(rc == 0 ? 1 : 2);
+}
+
+static void test_spin_cancel_deadline(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(1);
+  /* The cancel comes from the call itself, while its caller most likely
+  ** spins. Gated calls: the caller cannot see DONE first. */
+  cancel_lag_ns = 0;
+  for (int i = 0; i < 20; i++) {
+    reset_counts();
+    job_t *j = counted_job();
+    ums_spawn_opts_t o = {.sched = 0};
+    ums_task_t t;
+    CHECK_RC(ums_task_spawn(rt, &o, call_cancelled_early, j, &t), 0);
+    void *res;
+    CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
+    CHECK(res == PTR(2));
+    CHECK_EQ(atomic_load(&released), 0);
+    atomic_store(&gate, 1);
+    WAIT_UNTIL(atomic_load(&released) == 1, 5000);
+    CHECK_EQ(atomic_load(&finished), 1);
+  }
+  /* Ungated: the cancel and DONE race; exactly one outcome each time. */
+  int outcomes[3] = {0};
+  uint64_t spun0 = tu_stats_sum(rt, preempt_spun);
+  for (int i = 0; i < 300; i++) {
+    reset_counts();
+    atomic_store(&gate, 1);
+    cancel_lag_ns = (i % 10) * 500;
+    job_t *j = counted_job();
+    ums_spawn_opts_t o = {.sched = 0};
+    ums_task_t t;
+    CHECK_RC(ums_task_spawn(rt, &o, call_cancelled_early, j, &t), 0);
+    void *res;
+    CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
+    int kind = (int)(uintptr_t)res;
+    CHECK(kind == 1 || kind == 2);
+    outcomes[kind]++;
+    WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+    CHECK_EQ(atomic_load(&finished), 1);
+    CHECK_EQ(atomic_load(&released), kind == 2 ? 1 : 0);
+  }
+  printf("  cancel raced: %d returned, %d detached; %d spun\n", outcomes[1],
+         outcomes[2], (int)(tu_stats_sum(rt, preempt_spun) - spun0));
+
+  /* A deadline beyond the spin: it spins, parks, and times out. */
+  reset_counts();
+  CHECK(in_task(0, times_out, NULL));
+  CHECK_EQ(atomic_load(&started), 1);
+  CHECK_EQ(atomic_load(&released), 0);
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&released) == 1, 5000);
+  WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
 int main(void) {
   rt = tu_runtime_new(2);
   RUN(test_results);
@@ -546,6 +883,10 @@ int main(void) {
   RUN(test_sched_keeps_running);
   RUN(test_no_starvation);
   RUN(test_shutdown_in_flight);
+  RUN(test_spin_completes);
+  RUN(test_spin_race);
+  RUN(test_spin_yields_to_others);
+  RUN(test_spin_cancel_deadline);
   CHECK_THREADS(tu_thread_baseline());
   return 0;
 }
