@@ -264,6 +264,25 @@ local function ums_small64_rf_2s()
   local saved = ums.config()
   ums.config{schedulers = 2, io = "uring"}
   local t = ums.run(function()
+    -- Both VMs made first (a VM is created the first time its scheduler
+    -- runs work): the timing is of the reading, as in the other rows.
+    local seen = {}
+    for _ = 1, 10 do
+      local warm = {}
+      for i = 1, 2 do
+        warm[i] = ums.submit_on(i, function()
+          local u = require "ums"
+          u.sleep(0.005)
+          return u.scheduler()
+        end)
+      end
+      for _, x in ipairs(warm) do
+        local ok, where = x:join()
+        assert(ok, where)
+        seen[where] = true
+      end
+      if seen[1] and seen[2] then break end
+    end
     return timed(function()
       local w = {
         ums.submit_on(1, small_half, opt.dir, NSMALL, TASKS, 1, 2),
