@@ -82,9 +82,12 @@ ums.run(function()
     while not stop do spin(0.001); ums.yield() end
   end)
   assert(ums.submit_on(2, function()
-    require("ums").self():name("far-cruncher")
-    local c0 = os.clock()
-    while os.clock() - c0 < 1 do end
+    local u = require("ums")
+    u.self():name("far-cruncher")
+    -- wall time (os.clock, the process's CPU time, runs twice as fast
+    -- with both schedulers busy)
+    local t0 = u.now()
+    while u.now() - t0 < 1.5 do end
   end):join(30))
   stop = true
   busy:join()
@@ -92,10 +95,16 @@ end)
 ]]
     local r = sp.lua_run({path}, {timeout = 60})
     sp.assert_exit(r, 0)
-    local lines = stall_lines(r.stderr)
-    assert.equal(1, #lines, sp.describe(r))
+    -- Scheduler 0's busy task yields every millisecond; only a machine
+    -- so loaded that its thread gets no CPU for 0.3 s could report it,
+    -- and that is not what this checks: one report of the far task.
+    local far = {}
+    for _, l in ipairs(stall_lines(r.stderr)) do
+      if l:find("scheduler 1 ", 1, true) then far[#far + 1] = l end
+    end
+    assert.equal(1, #far, sp.describe(r))
     assert.matches("^ums: scheduler 1 stalled: task %d+ 'far%-cruncher' ",
-      lines[1])
+      far[1])
   end)
 
   it("is silent for an idle run", function()
