@@ -321,39 +321,28 @@ static int64_t chain_stage2(ums__sched_t *s, ums__io_req_t *r, int fd) {
   size_t len = r->iov[0].iov_len;
   r->chain_stage = 2;
   int64_t size = r->chain_size;
-  if (!r->chain_full && size > 0 && (uint64_t)size < len) {
-    /* The file fits, by its size: a read of the whole buffer that gives
-    ** exactly that size has found the end (a regular file's read is short
-    ** only there; procfs files say 0 and take the long way), so no read
-    ** at the end. Any other count (the file changed since the fstat)
-    ** reads it again the long way (chain_stages). */
-    r->chain_short = true;
-    r->chain_left = 2;
-    r->chain_res[CH_NEXT] = 0;
-    if (io_uring_sq_space_left(&rg->ring) < 2) submit_now(s);
-    struct io_uring_sqe *sqe = get_sqe(s);
-    io_uring_prep_read(sqe, fd, r->iov[0].iov_base, (unsigned)len, 0);
-    chain_sqe(sqe, r, CH_READ, IOSQE_IO_HARDLINK);
-    sqe = get_sqe(s);
-    io_uring_prep_close(sqe, fd);
-    chain_sqe(sqe, r, CH_CLOSE, 0);
-    rg->kernel_refs += 2;
-    queued(s);
-    return INT64_MIN;
-  }
-  r->chain_short = false;
-  r->chain_left = 3;
-  if (io_uring_sq_space_left(&rg->ring) < 3) submit_now(s);
+  /* When the file fits, by its size, a read of the whole buffer that
+  ** gives exactly that size has found the end (a regular file's read is
+  ** short only there; procfs files say 0 and take the long way), so no
+  ** read at the end. Any other count (the file changed since the fstat)
+  ** reads it again the long way (chain_stages). */
+  r->chain_short = !r->chain_full && size > 0 && (uint64_t)size < len;
+  r->chain_left = r->chain_short ? 2 : 3;
+  if (r->chain_short) r->chain_res[CH_NEXT] = 0;
+  if (io_uring_sq_space_left(&rg->ring) < (unsigned)r->chain_left)
+    submit_now(s);
   struct io_uring_sqe *sqe = get_sqe(s);
   io_uring_prep_read(sqe, fd, r->iov[0].iov_base, (unsigned)len, 0);
   chain_sqe(sqe, r, CH_READ, IOSQE_IO_HARDLINK);
-  sqe = get_sqe(s);
-  io_uring_prep_read(sqe, fd, r->scratch, 1, (uint64_t)len);
-  chain_sqe(sqe, r, CH_NEXT, IOSQE_IO_HARDLINK);
+  if (!r->chain_short) {
+    sqe = get_sqe(s);
+    io_uring_prep_read(sqe, fd, r->scratch, 1, (uint64_t)len);
+    chain_sqe(sqe, r, CH_NEXT, IOSQE_IO_HARDLINK);
+  }
   sqe = get_sqe(s);
   io_uring_prep_close(sqe, fd);
   chain_sqe(sqe, r, CH_CLOSE, 0);
-  rg->kernel_refs += 3;
+  rg->kernel_refs += (unsigned)r->chain_left;
   queued(s);
   return INT64_MIN;
 }
