@@ -19,6 +19,16 @@ typedef struct job {
   int result;
 } job_t;
 
+/* Reads one byte from fd, retrying on EINTR until w is interrupted:
+** the byte count, or -errno. */
+static int read_until_interrupted(ums__pool_work_t *w, int fd) {
+  char c;
+  ssize_t r;
+  do r = read(fd, &c, 1);
+  while (r < 0 && errno == EINTR && !ums__pool_interrupted(w));
+  return r < 0 ? -errno : (int)r;
+}
+
 static void job_run(ums__pool_work_t *w) {
   job_t *j = UMS__CONTAINER_OF(w, job_t, work);
   int now = atomic_fetch_add(j->running, 1) + 1;
@@ -27,13 +37,7 @@ static void job_run(ums__pool_work_t *w) {
   }
   if (j->gate)
     while (!atomic_load(j->gate)) usleep(100);
-  if (j->fd >= 0) {
-    char c;
-    ssize_t r;
-    do r = read(j->fd, &c, 1);
-    while (r < 0 && errno == EINTR && !ums__pool_interrupted(w));
-    j->result = r < 0 ? -errno : (int)r;
-  }
+  if (j->fd >= 0) j->result = read_until_interrupted(w, j->fd);
   atomic_fetch_sub(j->running, 1);
   atomic_fetch_add(j->done, 1);
 }
@@ -264,11 +268,7 @@ static void late_run(ums__pool_work_t *w) {
   int64_t until = ums_now() + tu_ms(20);
   while (ums_now() < until) {
   }
-  char c;
-  ssize_t r;
-  do r = read(j->fd, &c, 1);
-  while (r < 0 && errno == EINTR && !ums__pool_interrupted(w));
-  j->result = r < 0 ? -errno : (int)r;
+  j->result = read_until_interrupted(w, j->fd);
   atomic_fetch_add(j->done, 1);
 }
 

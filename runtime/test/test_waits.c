@@ -425,16 +425,22 @@ static void test_yields_and_reset(void) {
   tu_runtime_shutdown(rt);
 }
 
+/* A runtime of one scheduler with the given stats setting, in force. */
+static ums_runtime_t *stats_runtime(int stats) {
+  ums_config_t cfg = {.schedulers = 1, .stats = stats};
+  ums_runtime_t *r = tu_runtime_new_cfg(&cfg);
+  ums_config_t c;
+  ums_runtime_config(r, &c);
+  CHECK_EQ(c.stats, stats);
+  return r;
+}
+
 /* ====================================================================== */
 /* Stats off                                                               */
 /* ====================================================================== */
 
 static void test_stats_off(void) {
-  ums_config_t cfg = {.schedulers = 1, .stats = UMS_STATS_OFF};
-  rt = tu_runtime_new_cfg(&cfg);
-  ums_config_t c;
-  ums_runtime_config(rt, &c);
-  CHECK_EQ(c.stats, UMS_STATS_OFF);
+  rt = stats_runtime(UMS_STATS_OFF);
   ums_task_t t = tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(50));
   ums_task_info_t info = wait_until_waiting(t, UMS_WAIT_SLEEP);
   CHECK_EQ(info.wait_ns, -1);
@@ -445,7 +451,7 @@ static void test_stats_off(void) {
   tu_runtime_shutdown(rt);
   /* A bad value is refused. */
   int err = 0;
-  cfg.stats = UMS_STATS_PRECISE + 1;
+  ums_config_t cfg = {.schedulers = 1, .stats = UMS_STATS_PRECISE + 1};
   CHECK(ums_runtime_new(&cfg, &err) == NULL);
   CHECK_RC(err, UMS_EINVAL);
   cfg.stats = -1;
@@ -551,11 +557,7 @@ static void test_wait_clock(void) {
 }
 
 static void test_precise(void) {
-  ums_config_t cfg = {.schedulers = 1, .stats = UMS_STATS_PRECISE};
-  rt = tu_runtime_new_cfg(&cfg);
-  ums_config_t c;
-  ums_runtime_config(rt, &c);
-  CHECK_EQ(c.stats, UMS_STATS_PRECISE);
+  rt = stats_runtime(UMS_STATS_PRECISE);
   check_pingpong_total();
   /* Each wait is timed: a ping-pong's waits are microseconds, never a
   ** tick, and none is zero-length on average. */
