@@ -291,17 +291,6 @@ static void maybe_trim(ums__sched_t *s, int64_t now) {
   ums__worker_trim(s, s->trim_epoch - 1, keep);
 }
 
-/* Before the idle wait of a scheduler whose tasks have work on a pool
-** thread (preemptive calls, file I/O on the I/O pool): the pool thread
-** that finishes one posts its task to the
-** completion list, and catching that by spinning costs far less than the
-** futex wake-up it would need once we sleep. Returns true when something
-** arrived. idle_state stays 0 meanwhile, so posters make no system call.
-** now and deadline are real time (ums__clock_real). */
-/* What a spinning idle scheduler watches for (also a task spinning for
-** its own preemptive call, preempt.c). */
-static bool something_posted(ums__sched_t *s) { return ums__sched_posted(s); }
-
 /* Work of this scheduler's tasks is on a pool thread (a preemptive call
 ** or file I/O on the I/O pool): its completion comes through the inbox,
 ** worth spinning for. Ring I/O is not: its wait is io_uring_enter. */
@@ -310,6 +299,12 @@ static bool pool_work_pending(ums__sched_t *s) {
          atomic_load_explicit(&s->io_pool_pending, memory_order_relaxed);
 }
 
+/* Before the idle wait of a scheduler whose tasks have work on a pool
+** thread (preemptive calls, file I/O on the I/O pool): the pool thread
+** that finishes one posts its task to the completion list, and catching
+** that by spinning costs far less than the futex wake-up it would need
+** once we sleep. Returns true when something arrived. idle_state stays 0 meanwhile, so posters make no system call.
+** now and deadline are real time (ums__clock_real). */
 static bool spin_for_completion(ums__sched_t *s, int64_t now,
                                 int64_t deadline) {
   if (!pool_work_pending(s) ||
@@ -318,7 +313,7 @@ static bool spin_for_completion(ums__sched_t *s, int64_t now,
   int64_t until = now + SCHED_SPIN_NS;
   if (until > deadline) until = deadline;
   for (unsigned i = 1;; i++) {
-    if (something_posted(s)) {
+    if (ums__sched_posted(s)) {
       ums__spin_note(&s->spin, ums__clock_real() - now, true, SCHED_SPIN_NS);
       return true;
     }
@@ -407,7 +402,7 @@ static bool spin_quick(ums__sched_t *s) {
       !ums__spin_worth(&s->spin, SCHED_SPIN_NS))
     return false;
   for (unsigned i = 0; i < QUICK_SPINS; i++) {
-    if (something_posted(s)) {
+    if (ums__sched_posted(s)) {
       /* A hit well under the limit, whatever it took exactly. */
       ums__spin_note(&s->spin, 0, true, SCHED_SPIN_NS);
       return true;
