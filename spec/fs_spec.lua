@@ -26,6 +26,9 @@ local NO_SHELL = (os.getenv("LD_PRELOAD") or ""):find("libtsan", 1, true)
 -- Helpers
 -- ---------------------------------------------------------------------
 
+-- with_config(settings, f, ...): f with those ums.config settings.
+local with_config = require "with_config"
+
 -- Runs body as the first task of a fresh run (ums.test): the spec fails
 -- when body raises, when it or a task it started has not ended after
 -- `limit` seconds (15 by default; everything left is then cancelled, so a
@@ -1300,10 +1303,7 @@ describe("ums.fs reads into a buffer", function()
     -- The quantum off: it could stop a reader between counting itself and
     -- its call (a slow run, strace's EINTR injection, did), and the close
     -- would then come before that call.
-    local quantum = ums.config().quantum
-    ums.config{quantum = 0}
-    finally(function() ums.config{quantum = quantum} end)
-    run(function()
+    with_config({quantum = 0}, run, function()
       local f = assert(fs.open(path))
       local N, slice = 16, #text // 16
       -- first each task reads its slice in pieces, all of them in flight

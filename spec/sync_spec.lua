@@ -52,13 +52,8 @@ local function timed(f, ...)
 end
 
 -- Runs f with the quantum set to q seconds for the runs it starts.
-local function with_quantum(q, f)
-  local prev = ums.config().quantum
-  ums.config { quantum = q }
-  local ok, err = pcall(f)
-  ums.config { quantum = prev }
-  if not ok then error(err, 0) end
-end
+local with_config = require "with_config"
+local function with_quantum(q, f) return with_config({ quantum = q }, f) end
 
 -- Whether ums.core keeps the quantum out of ums.sync's code (see the top
 -- of ums/sync.lua). Until it does, the specs whose tasks run long steps

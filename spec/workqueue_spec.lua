@@ -11,13 +11,9 @@ local CANCELLED = ums.CANCELLED
 -- With the quantum off: these specs look at the queue between posts (the
 -- readers have not run yet), which a preemption on real time would change
 -- (a loaded TSan run did).
+local with_config = require "with_config"
 local function run(body)
-  local quantum = ums.config().quantum
-  ums.config { quantum = 0 }
-  local r = table.pack(pcall(ums.test, body, { clock = "virtual" }))
-  ums.config { quantum = quantum }
-  if not r[1] then error(r[2], 0) end
-  return table.unpack(r, 2, r.n)
+  return with_config({ quantum = 0 }, ums.test, body, { clock = "virtual" })
 end
 
 local function near(a, b) return math.abs(a - b) < 1e-6 end
