@@ -293,6 +293,64 @@ describe("ums.fs file:read matches io", function()
     end
   end)
 
+  -- read("a") ends where a read comes back short exactly at the size
+  -- fstat gave (the file position followed by the file object), without
+  -- the read that would return 0: one request for a small file. A file
+  -- that grew meanwhile, or a pseudo-file whose reads are short before
+  -- its end (st_size 0), is still read to the end.
+  local function io_requests()
+    local n = 0
+    for _, r in ipairs(ums.stats()) do
+      if not r.hidden then n = n + r.io_requests end
+    end
+    return n
+  end
+
+  it("read('a') of a regular file spares the read at its end (in a task)",
+     function()
+    run(function()
+      local path = put(tmpname(), ("r"):rep(4096))
+      local f = assert(fs.open(path, "r+"))
+      local function read_all(want, requests, what)
+        local before = io_requests()
+        assert.equal(want, f:read("a"), what)
+        assert.equal(requests, io_requests() - before, what)
+      end
+      read_all(("r"):rep(4096), 1, "whole file")
+      read_all("", 1, "at the end")
+      local g = assert(io.open(path, "ab"))
+      g:write("grown")
+      g:close()
+      read_all("grown", 1, "after it grew")
+      assert.equal(10, f:seek("set", 10))
+      read_all(("r"):rep(4086) .. "grown", 1, "after a seek")
+      assert.equal(5, f:seek("set", 5))
+      assert.equal("rrr", f:read(3))
+      f:write("WW")  -- drops the read-ahead: the position moves back
+      -- two requests: the write of "WW" goes out first, then one read
+      read_all(("r"):rep(4086) .. "grown", 2, "after a write")
+      f:close()
+      assert.equal(("r"):rep(5) .. "rrrWW" .. ("r"):rep(4086) .. "grown",
+                   get(path))
+    end)
+  end)
+
+  both("read('a') of a pseudo-file whose reads are short before its end",
+       function()
+    -- /proc/kallsyms: st_size 0, about 4 KiB per read, megabytes in all,
+    -- the same at every read (absent on some kernels: nothing to check).
+    local want = io.open("/proc/kallsyms", "rb")
+    if not want then return end
+    local a = want:read("a")
+    want:close()
+    assert.is_true(#a > 100000)
+    local f = assert(fs.open("/proc/kallsyms"))
+    local got = f:read("a")
+    f:close()
+    assert.equal(#a, #got)
+    assert.is_true(a == got)
+  end)
+
   -- readfile is one request for a file of up to 64 KiB (ums_fs_readfile),
   -- and goes on through a file beyond that, or for what is not a regular
   -- file (the runtime hands its descriptor over, nothing read from it).

@@ -4,7 +4,7 @@ Tarantool's fio, in one run (fio runs in its own process,
 bench_fs_tarantool.lua, started from here when tarantool is installed).
 
 usage: lua5.4 bench/lua/bench_fs.lua [--quick] [--reps N] [--dir DIR]
-                                     [--json]
+                                     [--only big|small] [--json]
 
 Warm cache: the files are read once before anything is timed. Figures are
 wall-clock medians of --reps repetitions (default 5), each shape's
@@ -35,6 +35,8 @@ task of a run is on scheduler 0, so ums.fs has one thread for the Lua
 work and the kernel's; bench_io's small64_1s and small64_step_1s are the
 same shape in C on one scheduler, the ceiling for this one.
 --quick: a 64 MiB file and 500 small files (ctest: bench_fs_smoke).
+--only big: big1 and big64 alone; --only small: small64 alone (for A/B
+runs of one shape; no Tarantool then).
 ]]
 
 local ums = require "ums"
@@ -45,7 +47,7 @@ local fmt = string.format
 local now = floor.now
 
 local opt = { quick = false, json = false, reps = 5,
-              dir = "/tmp/ums-bench-io" }
+              dir = "/tmp/ums-bench-io", only = nil }
 do
   local i = 1
   while i <= #arg do
@@ -62,9 +64,16 @@ do
     elseif a == "--dir" then
       i = i + 1
       opt.dir = arg[i]
+    elseif a == "--only" then
+      i = i + 1
+      opt.only = arg[i]
+      if opt.only ~= "big" and opt.only ~= "small" then
+        io.stderr:write("bench_fs: --only takes big or small\n")
+        os.exit(2)
+      end
     elseif a == "-h" or a == "--help" then
       print("usage: lua5.4 bench_fs.lua [--quick] [--reps N] [--dir DIR]"
-        .. " [--json]")
+        .. " [--only big|small] [--json]")
       os.exit(0)
     else
       io.stderr:write("bench_fs: unknown option " .. a .. "\n")
@@ -241,19 +250,35 @@ local function ums_small64_rf() small64(true) end
 
 -- The same 64 tasks split over two schedulers (two VMs): each VM runs 32
 -- of them through ums.fs.readfile, so the second CPU does Lua and kernel
--- work too. The work function names its files itself (no 10,000-path
--- table to copy).
-local function small_half(dir, nsmall, tasks, first, step)
+-- work too. Each VM gets the 10,000 paths before the timing, as the VM
+-- of the other rows and the floor do (copying the table into the work
+-- item, or formatting each path in the loop, would time work that no
+-- other row pays: formatting was ~0.5 us a file, a tenth of readfile's).
+
+-- Warm-up work for one VM: makes the VM (the first work item a scheduler
+-- runs does) and its path list; says where it ran.
+local function small_warm(dir, nsmall)
   local ums = require "ums"
-  local fmt = string.format
+  if not package.loaded["bench_fs.small_paths"] then
+    local paths = {}
+    for i = 0, nsmall - 1 do
+      paths[i + 1] = string.format("%s/small/%02d/f%05d", dir, i % 100, i)
+    end
+    package.loaded["bench_fs.small_paths"] = paths
+  end
+  ums.sleep(0.005)
+  return ums.scheduler()
+end
+
+local function small_half(tasks, first, step)
+  local ums = require "ums"
+  local paths = assert(package.loaded["bench_fs.small_paths"],
+    "small_warm has not run on this VM")
   local ts = {}
   for k = first, tasks, step do
     ts[#ts + 1] = ums.spawn(function()
-      for i = k, nsmall, tasks do
-        local j = i - 1
-        local s = ums.fs.readfile(fmt("%s/small/%02d/f%05d", dir, j % 100,
-          j))
-        assert(#s == 4096)
+      for i = k, #paths, tasks do
+        assert(#ums.fs.readfile(paths[i]) == 4096)
       end
     end)
   end
@@ -265,16 +290,13 @@ local function ums_small64_rf_2s()
   ums.config{schedulers = 2, io = "uring"}
   local t = ums.run(function()
     -- Both VMs made first (a VM is created the first time its scheduler
-    -- runs work): the timing is of the reading, as in the other rows.
+    -- runs work), each with its path list: the timing is of the reading,
+    -- as in the other rows.
     local seen = {}
     for _ = 1, 10 do
       local warm = {}
       for i = 1, 2 do
-        warm[i] = ums.submit_on(i, function()
-          local u = require "ums"
-          u.sleep(0.005)
-          return u.scheduler()
-        end)
+        warm[i] = ums.submit_on(i, small_warm, opt.dir, NSMALL)
       end
       for _, x in ipairs(warm) do
         local ok, where = x:join()
@@ -285,8 +307,8 @@ local function ums_small64_rf_2s()
     end
     return timed(function()
       local w = {
-        ums.submit_on(1, small_half, opt.dir, NSMALL, TASKS, 1, 2),
-        ums.submit_on(2, small_half, opt.dir, NSMALL, TASKS, 2, 2),
+        ums.submit_on(1, small_half, TASKS, 1, 2),
+        ums.submit_on(2, small_half, TASKS, 2, 2),
       }
       for _, x in ipairs(w) do assert(x:join()) end
     end)
@@ -392,93 +414,102 @@ local function add(id, what, value, unit, floor_id, target)
   return r
 end
 
+local function want(shape) return not opt.only or opt.only == shape end
+
 make_files()
 progress("warming the page cache")
-c_big()
-c_small()
+if want("big") then c_big() end
+if want("small") then c_small() end
 
-progress(fmt("big1: %d MiB in 1 MiB chunks", BIG_SIZE // MiB))
-local big1 = {
-  {"c", c_big}, {"io", io_big},
-  {"uring", in_run("uring", ums_big1), in_run = true},
-  {"pool", in_run("pool", ums_big1), in_run = true},
-  {"uring_into", in_run("uring", ums_big1_into), in_run = true},
-  {"pool_into", in_run("pool", ums_big1_into), in_run = true},
-}
-if has_luv then big1[#big1 + 1] = {"luv", function() luv_big(1) end} end
-local m = interleaved(big1)
-local mbs = function(s) return BIG_SIZE / MiB / s end
-add("floor.big1", "C read(2) loop, 1 MiB chunks", mbs(m.c), "MB/s")
-add("io.big1", "Lua io f:read(1 MiB)", mbs(m.io), "MB/s", "floor.big1")
-add("ums.big1_uring", "ums.fs f:read(1 MiB), one task, io_uring",
-  mbs(m.uring), "MB/s", "floor.big1", 0.8)
-add("ums.big1_pool", "ums.fs f:read(1 MiB), one task, pool",
-  mbs(m.pool), "MB/s", "floor.big1", 0.8)
-add("ums.big1_into_uring", "ums.fs f:read_into(buf), one task, io_uring",
-  mbs(m.uring_into), "MB/s", "floor.big1", 0.8)
-add("ums.big1_into_pool", "ums.fs f:read_into(buf), one task, pool",
-  mbs(m.pool_into), "MB/s", "floor.big1", 0.8)
-if m.luv then
-  add("luv.big1", "luv uv.fs_read(1 MiB) chain", mbs(m.luv), "MB/s",
-    "floor.big1")
+local m
+if want("big") then
+  progress(fmt("big1: %d MiB in 1 MiB chunks", BIG_SIZE // MiB))
+  local big1 = {
+    {"c", c_big}, {"io", io_big},
+    {"uring", in_run("uring", ums_big1), in_run = true},
+    {"pool", in_run("pool", ums_big1), in_run = true},
+    {"uring_into", in_run("uring", ums_big1_into), in_run = true},
+    {"pool_into", in_run("pool", ums_big1_into), in_run = true},
+  }
+  if has_luv then big1[#big1 + 1] = {"luv", function() luv_big(1) end} end
+  m = interleaved(big1)
+  local mbs = function(s) return BIG_SIZE / MiB / s end
+  add("floor.big1", "C read(2) loop, 1 MiB chunks", mbs(m.c), "MB/s")
+  add("io.big1", "Lua io f:read(1 MiB)", mbs(m.io), "MB/s", "floor.big1")
+  add("ums.big1_uring", "ums.fs f:read(1 MiB), one task, io_uring",
+    mbs(m.uring), "MB/s", "floor.big1", 0.8)
+  add("ums.big1_pool", "ums.fs f:read(1 MiB), one task, pool",
+    mbs(m.pool), "MB/s", "floor.big1", 0.8)
+  add("ums.big1_into_uring", "ums.fs f:read_into(buf), one task, io_uring",
+    mbs(m.uring_into), "MB/s", "floor.big1", 0.8)
+  add("ums.big1_into_pool", "ums.fs f:read_into(buf), one task, pool",
+    mbs(m.pool_into), "MB/s", "floor.big1", 0.8)
+  if m.luv then
+    add("luv.big1", "luv uv.fs_read(1 MiB) chain", mbs(m.luv), "MB/s",
+      "floor.big1")
+  end
+
+  progress(fmt("big64: %d tasks, slices", TASKS))
+  local big64 = {
+    {"uring", in_run("uring", ums_big64), in_run = true},
+    {"pool", in_run("pool", ums_big64), in_run = true},
+    {"uring_into", in_run("uring", ums_big64_into), in_run = true},
+    {"pool_into", in_run("pool", ums_big64_into), in_run = true},
+  }
+  if has_luv then
+    big64[#big64 + 1] = {"luv", function() luv_big(TASKS) end}
+  end
+  m = interleaved(big64)
+  add("ums.big64_uring", "ums.fs pread(1 MiB), 64 tasks, io_uring",
+    mbs(m.uring), "MB/s", "floor.big1", 0.8)
+  add("ums.big64_pool", "ums.fs pread(1 MiB), 64 tasks, pool", mbs(m.pool),
+    "MB/s", "floor.big1", 0.8)
+  add("ums.big64_into_uring", "ums.fs pread_into(buf), 64 tasks, io_uring",
+    mbs(m.uring_into), "MB/s", "floor.big1", 0.8)
+  add("ums.big64_into_pool", "ums.fs pread_into(buf), 64 tasks, pool",
+    mbs(m.pool_into), "MB/s", "floor.big1", 0.8)
+  if m.luv then
+    add("luv.big64", "luv uv.fs_read, 64 chains", mbs(m.luv), "MB/s",
+      "floor.big1")
+  end
 end
 
-progress(fmt("big64: %d tasks, slices", TASKS))
-local big64 = {
-  {"uring", in_run("uring", ums_big64), in_run = true},
-  {"pool", in_run("pool", ums_big64), in_run = true},
-  {"uring_into", in_run("uring", ums_big64_into), in_run = true},
-  {"pool_into", in_run("pool", ums_big64_into), in_run = true},
-}
-if has_luv then big64[#big64 + 1] = {"luv", function() luv_big(TASKS) end} end
-m = interleaved(big64)
-add("ums.big64_uring", "ums.fs pread(1 MiB), 64 tasks, io_uring",
-  mbs(m.uring), "MB/s", "floor.big1", 0.8)
-add("ums.big64_pool", "ums.fs pread(1 MiB), 64 tasks, pool", mbs(m.pool),
-  "MB/s", "floor.big1", 0.8)
-add("ums.big64_into_uring", "ums.fs pread_into(buf), 64 tasks, io_uring",
-  mbs(m.uring_into), "MB/s", "floor.big1", 0.8)
-add("ums.big64_into_pool", "ums.fs pread_into(buf), 64 tasks, pool",
-  mbs(m.pool_into), "MB/s", "floor.big1", 0.8)
-if m.luv then
-  add("luv.big64", "luv uv.fs_read, 64 chains", mbs(m.luv), "MB/s",
-    "floor.big1")
-end
-
-progress(fmt("small64: %d files of 4 KiB, %d tasks", NSMALL, TASKS))
-local small = {
-  {"c", c_small}, {"io", io_small},
-  {"uring", in_run("uring", ums_small64), in_run = true},
-  {"pool", in_run("pool", ums_small64), in_run = true},
-  {"uring_rf", in_run("uring", ums_small64_rf), in_run = true},
-  {"pool_rf", in_run("pool", ums_small64_rf), in_run = true},
-  {"uring_rf2", ums_small64_rf_2s, in_run = true},
-}
-if has_luv then small[#small + 1] = {"luv", luv_small} end
-m = interleaved(small)
-local fps = function(s) return NSMALL / s end
-add("floor.small", "C open/read/close loop, one thread", fps(m.c),
-  "files/s")
-add("io.small", "Lua io open/read('a')/close loop", fps(m.io), "files/s",
-  "floor.small")
-add("ums.small64_uring", "ums.fs open/read('a')/close, 64 tasks, io_uring",
-  fps(m.uring), "files/s", "floor.small", 1.0)
-add("ums.small64_pool", "ums.fs open/read('a')/close, 64 tasks, pool",
-  fps(m.pool), "files/s", "floor.small", 1.0)
-add("ums.small64_rf_uring", "ums.fs.readfile, 64 tasks, io_uring",
-  fps(m.uring_rf), "files/s", "floor.small", 1.0)
-add("ums.small64_rf_pool", "ums.fs.readfile, 64 tasks, pool",
-  fps(m.pool_rf), "files/s", "floor.small", 1.0)
-add("ums.small64_rf_2s", "ums.fs.readfile, 64 tasks on 2 schedulers",
-  fps(m.uring_rf2), "files/s", "floor.small", 1.0)
-if m.luv then
-  add("luv.small64", "luv fs_open/read/close, 64 chains", fps(m.luv),
-    "files/s", "floor.small")
+if want("small") then
+  progress(fmt("small64: %d files of 4 KiB, %d tasks", NSMALL, TASKS))
+  local small = {
+    {"c", c_small}, {"io", io_small},
+    {"uring", in_run("uring", ums_small64), in_run = true},
+    {"pool", in_run("pool", ums_small64), in_run = true},
+    {"uring_rf", in_run("uring", ums_small64_rf), in_run = true},
+    {"pool_rf", in_run("pool", ums_small64_rf), in_run = true},
+    {"uring_rf2", ums_small64_rf_2s, in_run = true},
+  }
+  if has_luv then small[#small + 1] = {"luv", luv_small} end
+  m = interleaved(small)
+  local fps = function(s) return NSMALL / s end
+  add("floor.small", "C open/read/close loop, one thread", fps(m.c),
+    "files/s")
+  add("io.small", "Lua io open/read('a')/close loop", fps(m.io), "files/s",
+    "floor.small")
+  add("ums.small64_uring", "ums.fs open/read('a')/close, 64 tasks, io_uring",
+    fps(m.uring), "files/s", "floor.small", 1.0)
+  add("ums.small64_pool", "ums.fs open/read('a')/close, 64 tasks, pool",
+    fps(m.pool), "files/s", "floor.small", 1.0)
+  add("ums.small64_rf_uring", "ums.fs.readfile, 64 tasks, io_uring",
+    fps(m.uring_rf), "files/s", "floor.small", 1.0)
+  add("ums.small64_rf_pool", "ums.fs.readfile, 64 tasks, pool",
+    fps(m.pool_rf), "files/s", "floor.small", 1.0)
+  add("ums.small64_rf_2s", "ums.fs.readfile, 64 tasks on 2 schedulers",
+    fps(m.uring_rf2), "files/s", "floor.small", 1.0)
+  if m.luv then
+    add("luv.small64", "luv fs_open/read/close, 64 chains", fps(m.luv),
+      "files/s", "floor.small")
+  end
 end
 
 -- Tarantool's fio, in its own process on the same files, now.
 local tt = {}
-do
+if not opt.only then
   local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
   -- (without a sanitizer preloaded into it: the ASan smoke run)
   local cmd = fmt("command -v tarantool >/dev/null && env -u LD_PRELOAD "
@@ -511,7 +542,7 @@ for _, r in ipairs(results) do
 end
 for _, id in ipairs{"ums.small64_uring", "ums.small64_rf_uring",
                     "ums.small64_rf_2s"} do
-  local u = by_id[id]
+  local u = by_id[id] or {}
   if by_id["luv.small64"] then
     u.vs_luv = u.value / by_id["luv.small64"].value
   end
