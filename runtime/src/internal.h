@@ -888,6 +888,12 @@ struct ums__sched {
                                   a LIFO stack pushed with CAS, drained
                                   whole and reversed by the owner */
   _Atomic(ums__task_t *) cancels; /* [atomic] tasks with a cancel to deliver */
+  /* Preemptive calls that returned while their caller was parked
+  ** (preempt.c): a LIFO stack of call records pushed with CAS by pool
+  ** threads, drained whole by the owner, who unparks the callers. The
+  ** pool thread touches neither the task nor the inbox, so the task's
+  ** cache lines stay with its scheduler. */
+  _Atomic(struct ums_preempt_call *) calls_done; /* [atomic] */
   _Atomic uint32_t idle_state; /* [atomic] 0 running, 1 idle, 2 woken */
   _Atomic int64_t ntasks;      /* [atomic] live tasks placed here */
   _Atomic uint32_t nrunnable;  /* [atomic, owner writes] for stats */
@@ -1129,6 +1135,10 @@ enum {
 
 /* Frees the call records s keeps (preempt.c). [owner, at its end] */
 UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
+/* The pass's step for s->calls_done: unparks the caller of every call
+** returned there, in the order they returned. [owner; or, once every
+** pool thread has ended, the runtime's teardown] */
+UMS__HIDDEN void ums__preempt_reap(ums__sched_t *s);
 
 /* How long a scheduler with preemptive calls in flight spins before its
 ** idle wait sleeps (sched.c), and how long a task spins at the call site
@@ -1140,6 +1150,7 @@ UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
 ** ordering. Any thread may look; only the owner acts on it. */
 static inline bool ums__sched_posted(ums__sched_t *s) {
   return atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
+         atomic_load_explicit(&s->calls_done, memory_order_relaxed) ||
          atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
          atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
 }

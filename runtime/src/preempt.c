@@ -9,8 +9,9 @@
 ** ended). Exactly one of "returned" and "given up" decides it, with one
 ** CAS on state, as for file I/O requests (io.c):
 **   - the pool thread, after fn returned, moves INFLIGHT -> DONE and, if
-**     it won, unparks the caller; if it lost, the caller had given up and
-**     the pool thread calls release(arg);
+**     it won, pushes the call onto its scheduler's calls_done, whose pass
+**     unparks the caller (ums__preempt_reap); if it lost, the caller had
+**     given up and the pool thread calls release(arg);
 **   - the caller, once its park has ended, moves INFLIGHT -> ABANDONED:
 **     if it won, its park ended by deadline or cancel and the call goes on
 **     detached; if it lost, fn has returned (the unpark may still be on
@@ -49,10 +50,13 @@
 ** Who touches what: state by both sides, by CAS only (the caller's spin
 ** loads it with acquire, to see fn's writes); token by the caller before
 ** it publishes INFLIGHT, by the pool thread only after its CAS saw
-** INFLIGHT; everything else is constant once submitted. The scheduler's
-** preempt_pending counts a call from its submit, or, for a SPIN call,
-** from the moment its caller stops spinning (before its CAS); the pool
-** thread lowers it after settling a call it found INFLIGHT or ABANDONED.
+** INFLIGHT; next_done by the pool thread that pushes the call, then by
+** the scheduler that reaps it; everything else is constant once
+** submitted. The scheduler's preempt_pending counts a call from its
+** submit, or, for a SPIN call, from the moment its caller stops spinning
+** (before its CAS); it is lowered after the caller's unpark for a call
+** found INFLIGHT (by the scheduler, in ums__preempt_reap) and after the
+** release for one found ABANDONED (by the pool thread).
 */
 #include "internal.h"
 
@@ -73,6 +77,8 @@ struct ums_preempt_call {
                                   const] the caller's park */
   ums__pool_work_t work;       /* [pool] */
   ums_preempt_call_t *next_free; /* [owner of sched] in its call_free */
+  ums_preempt_call_t *next_done; /* [the pushing pool thread, then the
+                                    owner of sched] in its calls_done */
 };
 
 /* Records a scheduler keeps for its next calls. */
@@ -131,21 +137,52 @@ static void call_run(ums__pool_work_t *w) {
     return;
   }
   if (seen == CALL_INFLIGHT) {
-    /* Copy what the unpark needs: once our reference is gone the caller
-    ** may free c. A stale token (the park already ended by its deadline)
-    ** is refused, and the caller then finds DONE. The scheduler outlives
-    ** this: the runtime destroys the pool before its schedulers. */
-    ums_park_token_t token = c->token;
-    call_unref(c);
-    ums_unpark(s->rt, token, 0);
+    /* The caller's scheduler unparks it (ums__preempt_reap), with our
+    ** reference: the task, its lock and its park stay on that
+    ** scheduler's CPU, and calls that return together are reaped in one
+    ** pass. The scheduler outlives this: the runtime destroys the pool
+    ** before its schedulers. */
+    ums_preempt_call_t *head =
+        atomic_load_explicit(&s->calls_done, memory_order_relaxed);
+    do {
+      c->next_done = head;
+    } while (!atomic_compare_exchange_weak_explicit(
+        &s->calls_done, &head, c, memory_order_release,
+        memory_order_relaxed));
+    ums__sched_wake(s);
+    return;
   } else {
     /* ABANDONED, by a caller that gave up parked or spinning. */
     if (c->release) c->release(c->arg);
     call_unref(c);
   }
-  /* After the unpark, so that the scheduler's idle spin (sched.c) keeps
-  ** watching until the task is on its completion list. */
+  /* After the release, so that the count covers the call until its end. */
   atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_release);
+}
+
+void ums__preempt_reap(ums__sched_t *s) {
+  ums_preempt_call_t *c =
+      atomic_exchange_explicit(&s->calls_done, NULL, memory_order_acquire);
+  /* A LIFO stack: reversed, the callers wake in the order their calls
+  ** returned. */
+  ums_preempt_call_t *prev = NULL;
+  while (c) {
+    ums_preempt_call_t *next = c->next_done;
+    c->next_done = prev;
+    prev = c;
+    c = next;
+  }
+  bool owner = ums__sched_current() == s;
+  for (c = prev; c; c = prev) {
+    prev = c->next_done;
+    /* A stale token (the park already ended by its deadline or a cancel)
+    ** is refused, and the caller then finds DONE. At teardown every task
+    ** has ended: only the pool's reference is left to drop. */
+    if (owner) ums_unpark(s->rt, c->token, 0);
+    call_unref(c);
+    /* After the unpark: the idle wait spins while the count is up. */
+    atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_release);
+  }
 }
 
 /* A record for a call of t's, set up but not submitted; NULL: no memory. */
