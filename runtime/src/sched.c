@@ -714,11 +714,16 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
                                              : UMS_STATS_ON;
   }
 
-  ums_runtime_t *rt = calloc(1, sizeof *rt);
+  /* Aligned as its cache-line members (the wait clock, the pools'
+  ** submission lines) say. */
+  size_t rt_bytes = (sizeof(ums_runtime_t) + UMS__CACHELINE - 1) &
+                    ~(size_t)(UMS__CACHELINE - 1);
+  ums_runtime_t *rt = aligned_alloc(UMS__CACHELINE, rt_bytes);
   if (!rt) {
     e = UMS_ENOMEM;
     goto fail;
   }
+  memset(rt, 0, sizeof *rt);
   rt->cfg = c;
   rt->vclock = c.clock == UMS_CLOCK_VIRTUAL;
   rt->wait_clock_ticks = c.stats == UMS_STATS_ON && !rt->vclock;
