@@ -220,6 +220,9 @@ static void fifo_push(ums__pool_t *p, ums__pool_work_t *w, int64_t now) {
 ** here, at most a tick late); with keep_first false, queues all of it.
 ** NULL if nothing was pushed. [lock] */
 static ums__pool_work_t *take_incoming(ums__pool_t *p, bool keep_first) {
+  /* A load first: the exchange would take the line from the submitter
+  ** even when there is nothing to take, and its next push take it back. */
+  if (!atomic_load_explicit(&p->incoming, memory_order_relaxed)) return NULL;
   ums__pool_work_t *w =
       atomic_exchange_explicit(&p->incoming, NULL, memory_order_acquire);
   if (!w) return NULL;
