@@ -30,7 +30,9 @@
 ** the completion list. So the caller submits the call in state SPIN,
 ** with no park begun, and spins on state itself:
 **   - the pool thread, after fn returned, moves SPIN -> DONE: the caller
-**     sees it and takes the result; nobody unparks, nothing is queued;
+**     sees it and takes the result, and the pool's reference with it
+**     (that CAS is the pool thread's last touch of the record); nobody
+**     unparks, nothing is queued;
 **   - the caller leaving the spin (budget spent, a task posted to its
 **     scheduler, a cancel) first begins its park, storing the token in
 **     the record, then moves SPIN -> INFLIGHT with a release CAS, which
@@ -65,17 +67,20 @@
 
 enum { CALL_INFLIGHT = 0, CALL_DONE = 1, CALL_ABANDONED = 2, CALL_SPIN = 3 };
 
+/* What a call's round trip touches on both threads (the pool's link,
+** state, refs, fn, arg, sched) is its first cache line: records are
+** allocated aligned to one. */
 struct ums_preempt_call {
+  ums__pool_work_t work;       /* [pool] */
   _Atomic uint32_t refs;       /* [atomic] caller + pool */
   _Atomic int state;           /* [atomic] CALL_* */
   ums_preempt_fn fn;           /* [const] */
   void *arg;                   /* [const pointer] the data: the caller's
                                   until it gives up, then release's */
-  ums_preempt_fn release;      /* [const] */
   ums__sched_t *sched;         /* [const] the caller's scheduler */
+  ums_preempt_fn release;      /* [const] */
   ums_park_token_t token;      /* [caller until state is INFLIGHT, then
                                   const] the caller's park */
-  ums__pool_work_t work;       /* [pool] */
   ums_preempt_call_t *next_free; /* [owner of sched] in its call_free */
   ums_preempt_call_t *next_done; /* [the pushing pool thread, then the
                                     owner of sched] in its calls_done */
@@ -132,8 +137,10 @@ static void call_run(ums__pool_work_t *w) {
   if (seen == CALL_SPIN) {
     /* The caller still spins: it sees DONE and takes the result. It
     ** never counted the call in preempt_pending, which only says when an
-    ** idle scheduler should spin for a completion. */
-    call_unref(c);
+    ** idle scheduler should spin for a completion. Our reference goes to
+    ** the caller with the CAS, our last touch of c (take_spun): a
+    ** decrement here would pull the line back from the spinning caller
+    ** once more. */
     return;
   }
   if (seen == CALL_INFLIGHT) {
@@ -185,6 +192,13 @@ void ums__preempt_reap(ums__sched_t *s) {
   }
 }
 
+/* The caller saw DONE that the pool thread's CAS made from SPIN: that
+** CAS was its last touch of c, and handed its reference over (call_run).
+** [caller, after an acquire load of DONE] */
+static void take_spun(ums_preempt_call_t *c) {
+  atomic_store_explicit(&c->refs, 1, memory_order_relaxed);
+}
+
 /* A record for a call of t's, set up but not submitted; NULL: no memory. */
 static ums_preempt_call_t *call_new(ums__sched_t *s, ums_preempt_fn fn,
                                     void *arg, ums_preempt_fn release,
@@ -193,7 +207,9 @@ static ums_preempt_call_t *call_new(ums__sched_t *s, ums_preempt_fn fn,
   if (c) {
     s->call_free = c->next_free;
     s->ncall_free--;
-  } else if (!(c = malloc(sizeof *c))) {
+  } else if (!(c = aligned_alloc(UMS__CACHELINE,
+                                 (sizeof *c + UMS__CACHELINE - 1) &
+                                     ~(size_t)(UMS__CACHELINE - 1)))) {
     return NULL;
   }
   atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
@@ -307,6 +323,7 @@ static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
     call_submit(s, c);
     *call = c;
     if (spin_for_call(s, t, c, limit)) {
+      take_spun(c);
       UMS__COUNT(s, preempt_spun);
       return 1;
     }
@@ -335,6 +352,7 @@ static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
       return rc;
     }
     /* The pool thread found SPIN: it will not lower the count. */
+    take_spun(c);
     atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_relaxed);
     UMS__COUNT(s, preempt_spun);
     return 1;
