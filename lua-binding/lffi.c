@@ -892,11 +892,13 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
   /* The arguments only: the arrays are sized for MAXARGS. */
   r->a.n = a->n;
   size_t n = (size_t)a->n;
-  memcpy(r->a.types, a->types, n * sizeof a->types[0]);
-  memcpy(r->a.vals, a->vals, n * sizeof a->vals[0]);
-  memcpy(r->a.bufs, a->bufs, n * sizeof a->bufs[0]);
-  memcpy(r->a.strs, a->strs, n * sizeof a->strs[0]);
-  memcpy(r->a.slens, a->slens, n * sizeof a->slens[0]);
+  if (n) { /* five library calls for nothing, otherwise */
+    memcpy(r->a.types, a->types, n * sizeof a->types[0]);
+    memcpy(r->a.vals, a->vals, n * sizeof a->vals[0]);
+    memcpy(r->a.bufs, a->bufs, n * sizeof a->bufs[0]);
+    memcpy(r->a.strs, a->strs, n * sizeof a->strs[0]);
+    memcpy(r->a.slens, a->slens, n * sizeof a->slens[0]);
+  }
   r->heap = true;
   r->err = 0;
   r->call = NULL;
