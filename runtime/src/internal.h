@@ -641,6 +641,8 @@ typedef struct ums__pool {
                                         tick until it ends */
   int64_t sampled_at;                /* [lock] the monitor's last look at
                                         its threads' times; 0: none */
+  uint32_t idle_looks;               /* [lock] the monitor's looks in a row
+                                        that found nothing queued */
   uint64_t grown;                    /* [lock] threads the monitor started */
   uint64_t completed;                /* [lock] work run to its end */
   uint64_t handed;                   /* [lock] work that came while a

@@ -52,8 +52,10 @@
 ** core, at once (beyond core, the blocked-thread rule above decides). A
 ** call queued behind a blocked one thus waits a tick or two (1-2 ms) for
 ** a thread that sleeps, rather than every call paying for a wake-up. The
-** monitor sleeps when no thread is awake and nothing is queued: an idle
-** pool costs nothing.
+** monitor sleeps when nothing is queued and no thread is awake, or
+** nothing has been queued for MON_IDLE_LOOKS ticks: an idle pool, or one
+** whose threads are all in long calls with nothing behind them, costs
+** nothing.
 **
 ** No work is lost between a submitter that relies on an awake thread and
 ** a thread that goes to sleep: the submitter's push and its load of
@@ -91,6 +93,11 @@
 #define DESTROY_RETRY_NS (5 * UMS_NSEC_PER_MSEC)
 /* Threads that may spin for work at the same time. */
 #define MAX_SPINNERS 1
+/* Looks in a row with nothing queued after which the monitor sleeps even
+** though threads are awake: with 64 calls in flight the queue is empty at
+** most looks (one thread keeps up), and a monitor that slept at the first
+** would be woken by a submitter, a system call, every few ticks. */
+#define MON_IDLE_LOOKS 16
 
 struct ums__pool_thread {
   pthread_t thread;
@@ -513,12 +520,15 @@ static void wake_stuck(ums__pool_t *p) {
     want--;
 }
 
-/* Whether the monitor may sleep: nothing is queued and no thread is
-** awake to be relied on. Its store of mon_asleep comes before, the loads
+/* Whether the monitor may sleep: nothing is queued, and no thread is
+** awake to be relied on, or nothing has been queued for MON_IDLE_LOOKS
+** looks in a row (a thread blocked for long with nothing behind it needs
+** no watching; a submitter that relies on it then wakes the monitor,
+** finding it asleep). Its store of mon_asleep comes before, the loads
 ** here after (the other half of the submitter's, at the top). [lock] */
 static bool monitor_idle(ums__pool_t *p) {
-  return !p->head && !p->interrupting && !atomic_load(&p->nawake) &&
-         !atomic_load(&p->incoming);
+  return !p->head && !p->interrupting && !atomic_load(&p->incoming) &&
+         (p->idle_looks >= MON_IDLE_LOOKS || !atomic_load(&p->nawake));
 }
 
 static void *monitor_main(void *arg) {
@@ -536,6 +546,7 @@ static void *monitor_main(void *arg) {
       p->sampled_at = 0;
       pthread_cond_wait(&p->mon_cv, &p->lock);
       atomic_store(&p->mon_asleep, false);
+      p->idle_looks = 0;
       continue;
     }
     atomic_store(&p->mon_asleep, false);
@@ -545,6 +556,7 @@ static void *monitor_main(void *arg) {
     pthread_cond_timedwait(&p->mon_cv, &p->lock, &ts);
     if (p->stopping) break;
     take_incoming(p, false);
+    p->idle_looks = p->head || p->interrupting ? 0 : p->idle_looks + 1;
     wake_stuck(p);
     grow_check(p);
     if (p->interrupting && signal_ok)

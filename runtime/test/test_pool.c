@@ -304,6 +304,29 @@ static void test_awake_thread_relied_on(void) {
   CHECK_THREADS(base);
 }
 
+/* The monitor sleeps when a thread stays in one long work with nothing
+** queued behind it; work submitted then, which relies on that busy
+** thread, wakes the monitor, and gets a thread of its own. */
+static void test_blocked_thread_monitor_sleeps(void) {
+  int base = tu_thread_baseline();
+  reset();
+  ums__pool_t p;
+  CHECK_RC(pool_init(&p, 2, 2, -1), 0);
+  job_t blocked, after;
+  init_job(&blocked, -1, &gate);
+  CHECK_RC(ums__pool_submit(&p, &blocked.work), 0);
+  WAIT_UNTIL(atomic_load(&running) == 1, 5000);
+  WAIT_UNTIL(atomic_load(&p.mon_asleep), 5000);
+  init_job(&after, -1, NULL);
+  CHECK_RC(ums__pool_submit(&p, &after.work), 0);
+  WAIT_UNTIL(atomic_load(&done) == 1, 5000); /* the gate is still shut */
+  CHECK_EQ(ums__pool_threads(&p), 2);
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&done) == 2, 5000);
+  ums__pool_destroy(&p);
+  CHECK_THREADS(base);
+}
+
 /* An interrupt that lands before the work enters its system call is
 ** lost; the monitor sends it again until the work ends. The work here
 ** makes that happen every time: it computes until it sees itself
@@ -434,6 +457,7 @@ int main(void) {
   RUN(test_interrupt_repeated);
   RUN(test_spin_handoff);
   RUN(test_awake_thread_relied_on);
+  RUN(test_blocked_thread_monitor_sleeps);
   RUN(test_destroy_waits);
   return 0;
 }
