@@ -577,22 +577,25 @@ typedef struct margs {
   size_t slens[MAXARGS];
 } margs;
 
-/* A call's request: see "Ownership" at the top. */
+/* A call's request: see "Ownership" at the top. What both threads touch
+** on every call comes first, within one cache line of a heap request
+** (allocated aligned to one): the Lua thread writes it, the pool thread
+** reads it and writes the results, the Lua thread reads those. */
 typedef struct freq {
   ffn *f;                      /* reference held */
-  ffi_cif vcif;                /* a variadic call's own cif */
   ffi_cif *cif;                /* &f->cif or &vcif */
-  margs a;
-  void *avalues[MAXARGS];
   rval ret;
   int err;                     /* errno right after the call */
-  ums_preempt_call_t *call;    /* [Lua thread] the call in flight */
   bool heap;                   /* a heap request holding references */
+  ums_preempt_call_t *call;    /* [Lua thread] the call in flight */
   char *strings;               /* copies of the string arguments, in the
                                   same allocation (heap requests) */
   lrun *cache;                 /* the VM whose request cache it came from
                                   and may go back to; NULL: malloc'ed to
                                   its own size */
+  void *avalues[MAXARGS];
+  ffi_cif vcif;                /* a variadic call's own cif */
+  margs a;
 } freq;
 
 /* String bytes a cached request has room for (lrun.ffi_free). */
@@ -859,6 +862,13 @@ static void install_fatal_handlers(void) {
   }
 }
 
+/* Room for a heap request and strbytes of strings, its first cache line
+** its own (see freq). */
+static freq *freq_alloc(size_t strbytes) {
+  size_t n = (sizeof(freq) + strbytes + 63) & ~(size_t)63;
+  return aligned_alloc(64, n);
+}
+
 /* A heap request owning copies of everything the call touches. */
 static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
   size_t strbytes = 0;
@@ -869,9 +879,9 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
   if (strbytes <= FREQ_CACHED_STRBYTES) {
     cache = run;
     r = run->nffi_free ? run->ffi_free[--run->nffi_free]
-                       : malloc(sizeof *r + FREQ_CACHED_STRBYTES);
+                       : freq_alloc(FREQ_CACHED_STRBYTES);
   } else {
-    r = malloc(sizeof *r + strbytes);
+    r = freq_alloc(strbytes);
   }
   if (!r) {
     luaL_error(L, "%s: out of memory", f->d.name);
@@ -882,11 +892,13 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
   /* The arguments only: the arrays are sized for MAXARGS. */
   r->a.n = a->n;
   size_t n = (size_t)a->n;
-  memcpy(r->a.types, a->types, n * sizeof a->types[0]);
-  memcpy(r->a.vals, a->vals, n * sizeof a->vals[0]);
-  memcpy(r->a.bufs, a->bufs, n * sizeof a->bufs[0]);
-  memcpy(r->a.strs, a->strs, n * sizeof a->strs[0]);
-  memcpy(r->a.slens, a->slens, n * sizeof a->slens[0]);
+  if (n) { /* five library calls for nothing, otherwise */
+    memcpy(r->a.types, a->types, n * sizeof a->types[0]);
+    memcpy(r->a.vals, a->vals, n * sizeof a->vals[0]);
+    memcpy(r->a.bufs, a->bufs, n * sizeof a->bufs[0]);
+    memcpy(r->a.strs, a->strs, n * sizeof a->strs[0]);
+    memcpy(r->a.slens, a->slens, n * sizeof a->slens[0]);
+  }
   r->heap = true;
   r->err = 0;
   r->call = NULL;

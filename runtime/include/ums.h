@@ -747,10 +747,11 @@ UMS_API int64_t ums_fs_readfile_end(ums_fs_req_t *req, int *fd);
 ** scheduler for C calls: a pool of OS threads, separate from the file I/O
 ** pool. Only the calling task parks; its scheduler keeps running the
 ** others, and the task resumes on its own scheduler through its
-** completion list when the call has returned. One thread per CPU starts
-** on demand; more, up to ums_config_t.preempt_threads, only while those
-** are blocked in their calls and calls wait (short or computing calls
-** gain nothing from more threads than CPUs); threads beyond one per CPU
+** completion list when the call has returned. Threads start on demand,
+** one per CPU as calls wait for them; more, up to
+** ums_config_t.preempt_threads, only while those are blocked in their
+** calls and calls wait (short or computing calls gain nothing from more
+** threads than CPUs); threads beyond one per CPU
 ** end after worker_idle_timeout without work. runtime/PREEMPT.md
 ** describes the design.
 **

@@ -599,7 +599,20 @@ typedef struct ums__pool_cfg {
 } ums__pool_cfg_t;
 
 typedef struct ums__pool {
-  pthread_mutex_t lock;
+  /* What submitters touch, on a line of its own (pool.c, "Handoff"). */
+  _Atomic(ums__pool_work_t *) incoming UMS__ALIGNED; /* [atomic] work
+                                        pushed without the lock: a LIFO
+                                        stack, moved whole to the FIFO by
+                                        whoever takes the lock next */
+  _Atomic uint32_t nawake;           /* [atomic, written under lock]
+                                        threads that will look at the
+                                        queue again without a wake-up:
+                                        running work, spinning, or woken
+                                        and on their way */
+  _Atomic bool mon_asleep;           /* [atomic, written under lock] the
+                                        monitor is not watching (asleep,
+                                        or not started) */
+  pthread_mutex_t lock UMS__ALIGNED;
   pthread_cond_t work_cv;            /* work queued, or stopping */
   pthread_cond_t exit_cv;            /* a thread ended (for destroy) */
   pthread_cond_t mon_cv;             /* wakes the monitor */
@@ -612,30 +625,32 @@ typedef struct ums__pool {
   uint32_t nidle;                    /* [lock] threads waiting for work,
                                         spinning ones included */
   uint32_t nspinning;                /* [lock] threads spinning for work */
-  /* The spinner's hand-off slot (pool.c): UMS__POOL_SLOT_CLOSED while no
-  ** thread spins, NULL while one spins with nothing handed yet, else the
-  ** work a submitter put there for it, without the lock. */
-  _Atomic(ums__pool_work_t *) slot;  /* [atomic] */
+  uint32_t nsleeping;                /* [lock] threads asleep on work_cv */
+  uint32_t wakes_pending;            /* [lock] sleepers signalled (and
+                                        counted in nawake) that have not
+                                        returned from their wait yet */
   ums__pool_thread_t *threads;       /* [lock] every thread not yet joined */
   bool stopping;                     /* [lock] destroy has begun */
-  /* The monitor (started the first time work queues beyond core). */
+  /* The monitor (started the first time a submitter relies on threads
+  ** that are awake, or on growth beyond core). */
   pthread_t monitor;                 /* [lock] valid if mon_started */
   bool mon_started;                  /* [lock] */
-  bool mon_asleep;                   /* [lock] waits for work to watch */
   uint32_t interrupting;             /* [lock] threads whose work was
                                         interrupted and runs on: the
                                         monitor signals them again every
                                         tick until it ends */
   int64_t sampled_at;                /* [lock] the monitor's last look at
                                         its threads' times; 0: none */
+  uint32_t idle_looks;               /* [lock] the monitor's looks in a row
+                                        that found nothing queued */
   uint64_t grown;                    /* [lock] threads the monitor started */
   uint64_t completed;                /* [lock] work run to its end */
-  uint64_t handed;                   /* [lock] work taken from the slot */
+  uint64_t handed;                   /* [lock] work that came while a
+                                        thread spun for it */
+  uint64_t woken;                    /* [lock] sleepers woken for work */
   ums__spin_gauge_t spin;            /* [lock] how the spinners fare */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
-
-#define UMS__POOL_SLOT_CLOSED ((ums__pool_work_t *)(uintptr_t)1)
 
 int ums__pool_init(ums__pool_t *p, const ums__pool_cfg_t *cfg);
 /* Queues w. Returns 0, or UMS_EAGAIN when the pool has no thread and
@@ -658,8 +673,10 @@ void ums__pool_destroy(ums__pool_t *p);
 uint32_t ums__pool_threads(ums__pool_t *p);
 /* Threads the monitor started beyond core (for tests). */
 uint64_t ums__pool_grown(ums__pool_t *p);
-/* Work handed to a spinner through the slot (for tests). */
+/* Work that came while a thread spun for it (for tests). */
 uint64_t ums__pool_handed(ums__pool_t *p);
+/* Sleepers woken for work (for tests). */
+uint64_t ums__pool_woken(ums__pool_t *p);
 /* Fills a row of ums_runtime_pool_stats. */
 void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out);
 
@@ -888,6 +905,12 @@ struct ums__sched {
                                   a LIFO stack pushed with CAS, drained
                                   whole and reversed by the owner */
   _Atomic(ums__task_t *) cancels; /* [atomic] tasks with a cancel to deliver */
+  /* Preemptive calls that returned while their caller was parked
+  ** (preempt.c): a LIFO stack of call records pushed with CAS by pool
+  ** threads, drained whole by the owner, who unparks the callers. The
+  ** pool thread touches neither the task nor the inbox, so the task's
+  ** cache lines stay with its scheduler. */
+  _Atomic(struct ums_preempt_call *) calls_done; /* [atomic] */
   _Atomic uint32_t idle_state; /* [atomic] 0 running, 1 idle, 2 woken */
   _Atomic int64_t ntasks;      /* [atomic] live tasks placed here */
   _Atomic uint32_t nrunnable;  /* [atomic, owner writes] for stats */
@@ -1129,6 +1152,10 @@ enum {
 
 /* Frees the call records s keeps (preempt.c). [owner, at its end] */
 UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
+/* The pass's step for s->calls_done: unparks the caller of every call
+** returned there, in the order they returned. [owner; or, once every
+** pool thread has ended, the runtime's teardown] */
+UMS__HIDDEN void ums__preempt_reap(ums__sched_t *s);
 
 /* How long a scheduler with preemptive calls in flight spins before its
 ** idle wait sleeps (sched.c), and how long a task spins at the call site
@@ -1140,6 +1167,7 @@ UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
 ** ordering. Any thread may look; only the owner acts on it. */
 static inline bool ums__sched_posted(ums__sched_t *s) {
   return atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
+         atomic_load_explicit(&s->calls_done, memory_order_relaxed) ||
          atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
          atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
 }

@@ -6,44 +6,62 @@
 ** about I/O: a work item is a run() function that completes its own
 ** owner.
 **
-** Growth. Up to core threads (the CPU count, for the C-call pool) start
-** the moment work finds no idle thread. More threads help only when the
-** ones there are blocked (in a sleep, a read, a lock): then the CPUs sit
-** idle while work waits. When they are busy computing, or when the work
-** is short, more threads only add context switches: 64 trivial calls in
-** flight on 64 threads of a 2-CPU machine ran 6x slower than on 2 (each
-** handoff a futex wake). So beyond core a monitor thread, started the
-** first time work queues beyond core, looks every grow_ns while work is
-** queued: if the oldest queued work has waited that long, it starts one
-** thread per busy thread blocked in its work: at two looks in a row in
-** the same work (not merely the same, reused, record), asleep in the
-** kernel's view (/proc/self/task/<tid>/stat) and on a CPU for less than
-** half of the last tick (its CPU-time clock). A thread computing on a
-** crowded machine is runnable, not asleep, so it is not mistaken for a
-** blocked one (two looks: nor when one look catches it in a page fault).
-** With every thread blocked that doubles the pool per tick,
-** so 64 blocked calls get their threads within a few milliseconds; never
-** more than are queued or than max. It sleeps when nothing is queued: an
-** unsaturated pool costs nothing. Go's sysmon and .NET's starvation check
-** make the same bet; the kernel's view of the threads makes it without
-** guessing. Threads beyond core end after idle_timeout without work. A
-** thread that ends cannot join itself, so it stays on the list until the
-** next thread start or the pool's destruction joins it: no thread
-** outlives the pool.
+** Growth. A thread starts the moment work finds no thread awake to take
+** it, up to core threads (the CPU count, for the C-call pool). More
+** threads help only when the ones there are blocked (in a sleep, a read,
+** a lock): then the CPUs sit idle while work waits. When they are busy
+** computing, or when the work is short, more threads only add context
+** switches: 64 trivial calls in flight on 64 threads of a 2-CPU machine
+** ran 6x slower than on 2 (each handoff a futex wake). So beyond core a
+** monitor thread looks every grow_ns while work is queued: if the oldest
+** queued work has waited that long, it starts one thread per busy thread
+** blocked in its work: at two looks in a row in the same work (not
+** merely the same, reused, record), asleep in the kernel's view
+** (/proc/self/task/<tid>/stat) and on a CPU for less than half of the
+** last tick (its CPU-time clock). A thread computing on a crowded machine
+** is runnable, not asleep, so it is not mistaken for a blocked one (two
+** looks: nor when one look catches it in a page fault). With every
+** thread blocked that doubles the pool per tick, so 64 blocked calls get
+** their threads within a few milliseconds; never more than are queued or
+** than max. Go's sysmon and .NET's starvation check make the same bet;
+** the kernel's view of the threads makes it without guessing. Threads
+** beyond core end after idle_timeout without work. A thread that ends
+** cannot join itself, so it stays on the list until the next thread
+** start or the pool's destruction joins it: no thread outlives the pool.
 **
-** Handoff: waking a thread asleep on a condition variable costs tens of
+** Handoff. Waking a thread asleep on a condition variable costs tens of
 ** microseconds on a small VM (a futex round trip was measured at ~80 us),
-** which is more than most blocking C calls take. So an idle thread may
-** first spin for spin_ns, watching queued_hint, before it sleeps; work
-** queued meanwhile is taken without any system call on either side. At
-** most MAX_SPINNERS threads spin at once, so an idle pool of many threads
-** burns at most that many CPUs, for at most spin_ns after its last work.
-** A submitter signals the condition variable only when there is more
-** queued work than spinning threads to take it. Better still, the spinner
-** opens a slot (p->slot) that a submitter fills with one CAS, without the
-** pool's lock: the spinner closes it with a CAS when it stops spinning,
-** so a work item put there is always taken, by exactly the thread that
-** opened it (a submitter that finds it closed queues as before).
+** more than most blocking C calls take, and a submitter that takes the
+** pool's lock contends with the threads taking work. So a submitter
+** takes no lock and makes no system call while work flows: it pushes its
+** work onto `incoming` with one CAS and looks at `nawake`, the threads
+** that will look at the queue again without a wake-up (running work,
+** spinning for it, or woken and on their way). If there is one, that is
+** all (with 64 calls in flight on 2 CPUs, one thread running them back to
+** back keeps up with the scheduler that makes them, and a second thread
+** would take the scheduler's CPU). Only when nobody is awake does the
+** submitter take the lock, to wake a sleeper or start a thread. An idle
+** thread first spins for spin_ns, watching incoming, before it sleeps
+** (at most MAX_SPINNERS at once, so an idle pool burns at most that many
+** CPUs, for at most spin_ns after its last work).
+**
+** Relying on awake threads leaves one case to the monitor: they may be
+** blocked in their work, or too few for it. So while any thread is awake
+** the monitor looks every grow_ns; when the oldest queued work has waited
+** that long, it wakes a sleeper per queued work, or starts threads up to
+** core, at once (beyond core, the blocked-thread rule above decides). A
+** call queued behind a blocked one thus waits a tick or two (1-2 ms) for
+** a thread that sleeps, rather than every call paying for a wake-up. The
+** monitor sleeps when nothing is queued and no thread is awake, or
+** nothing has been queued for MON_IDLE_LOOKS ticks: an idle pool, or one
+** whose threads are all in long calls with nothing behind them, costs
+** nothing.
+**
+** No work is lost between a submitter that relies on an awake thread and
+** a thread that goes to sleep: the submitter's push and its load of
+** nawake, and the sleeper's decrement of nawake and its load of incoming,
+** are sequentially consistent, so at least one sees the other (and
+** likewise for mon_asleep and the monitor).
 **
 ** Interrupts: a run() blocked in a system call (a read from a pipe nobody
 ** writes to) is woken with a signal whose handler does nothing, installed
@@ -75,6 +93,11 @@
 #define DESTROY_RETRY_NS (5 * UMS_NSEC_PER_MSEC)
 /* Threads that may spin for work at the same time. */
 #define MAX_SPINNERS 1
+/* Looks in a row with nothing queued after which the monitor sleeps even
+** though threads are awake: with 64 calls in flight the queue is empty at
+** most looks (one thread keeps up), and a monitor that slept at the first
+** would be woken by a submitter, a system call, every few ticks. */
+#define MON_IDLE_LOOKS 16
 
 struct ums__pool_thread {
   pthread_t thread;
@@ -151,7 +174,9 @@ int ums__pool_init(ums__pool_t *p, const ums__pool_cfg_t *cfg) {
     return UMS_ENOMEM;
   }
   pthread_condattr_destroy(&ca);
-  atomic_init(&p->slot, UMS__POOL_SLOT_CLOSED);
+  atomic_init(&p->incoming, NULL);
+  atomic_init(&p->nawake, 0);
+  atomic_init(&p->mon_asleep, true);
   pthread_once(&signal_once, install_signal);
   return 0;
 }
@@ -181,48 +206,89 @@ static void join_exited(ums__pool_t *p) {
   pthread_mutex_lock(&p->lock);
 }
 
-/* Closes the slot the spinner watched; returns the work a submitter put
-** there meanwhile, if any (then the spinner must run it). */
-static ums__pool_work_t *close_slot(ums__pool_t *p) {
-  ums__pool_work_t *w = NULL;
-  if (atomic_compare_exchange_strong_explicit(&p->slot, &w,
-                                              UMS__POOL_SLOT_CLOSED,
-                                              memory_order_acquire,
-                                              memory_order_acquire))
-    return NULL;
-  /* Only the spinner moves the slot away from a work item. */
-  atomic_store_explicit(&p->slot, UMS__POOL_SLOT_CLOSED, memory_order_relaxed);
+static void set_awake(ums__pool_t *p, uint32_t n) {
+  atomic_store(&p->nawake, n); /* sequentially consistent: see the top */
+}
+
+/* Appends w to the FIFO. [lock] */
+static void fifo_push(ums__pool_t *p, ums__pool_work_t *w, int64_t now) {
+  w->next = NULL;
+  w->queued_at = now;
+  if (p->tail)
+    p->tail->next = w;
+  else
+    p->head = w;
+  p->tail = w;
+  p->nqueued++;
+}
+
+/* Takes what submitters pushed, oldest first: returns the oldest and
+** queues the rest (stamped now: the monitor's measure of waiting starts
+** here, at most a tick late); with keep_first false, queues all of it.
+** NULL if nothing was pushed. [lock] */
+static ums__pool_work_t *take_incoming(ums__pool_t *p, bool keep_first) {
+  /* A load first: the exchange would take the line from the submitter
+  ** even when there is nothing to take, and its next push take it back. */
+  if (!atomic_load_explicit(&p->incoming, memory_order_relaxed)) return NULL;
+  ums__pool_work_t *w =
+      atomic_exchange_explicit(&p->incoming, NULL, memory_order_acquire);
+  if (!w) return NULL;
+  ums__pool_work_t *prev = NULL; /* reversed: oldest first */
+  while (w) {
+    ums__pool_work_t *next = w->next;
+    w->next = prev;
+    prev = w;
+    w = next;
+  }
+  ums__pool_work_t *first = keep_first ? prev : NULL;
+  if (keep_first) prev = prev->next;
+  if (prev) {
+    int64_t now = ums__clock_now();
+    while (prev) {
+      ums__pool_work_t *next = prev->next;
+      fifo_push(p, prev, now);
+      prev = next;
+    }
+    atomic_store_explicit(&p->queued_hint, p->nqueued, memory_order_relaxed);
+  }
+  return first;
+}
+
+/* The next work for a pool thread: the FIFO's head, else the oldest
+** pushed. [lock] */
+static ums__pool_work_t *next_work(ums__pool_t *p) {
+  ums__pool_work_t *w = p->head;
+  if (!w) return take_incoming(p, true);
+  p->head = w->next;
+  if (!p->head) p->tail = NULL;
+  p->nqueued--;
+  atomic_store_explicit(&p->queued_hint, p->nqueued, memory_order_relaxed);
   return w;
 }
 
-/* Spins without the lock, the slot open, until a submitter hands work
-** through the slot (returned), work is queued, the pool stops or spin_ns
-** passes; *took is how long it spun, negative if nothing came. Returns
-** NULL otherwise, with the slot closed: the caller then takes the lock
-** and looks again (the hint only says when looking is worth it). */
-static ums__pool_work_t *spin_for_work(ums__pool_t *p, int64_t *took) {
+static bool work_waiting(ums__pool_t *p) {
+  return atomic_load_explicit(&p->incoming, memory_order_relaxed) ||
+         atomic_load_explicit(&p->queued_hint, memory_order_relaxed);
+}
+
+/* Spins without the lock until work is pushed or queued, or spin_ns
+** passes. Returns how long it spun until work came, or -1 if none did;
+** the caller then takes the lock and looks (the loads only say when
+** looking is worth it). */
+static int64_t spin_for_work(ums__pool_t *p) {
   int64_t start = ums__clock_now(), until = start + p->cfg.spin_ns;
   int64_t seen = start; /* the last clock reading */
   for (unsigned i = 1;; i++) {
-    ums__pool_work_t *w =
-        atomic_load_explicit(&p->slot, memory_order_acquire);
-    if (w || atomic_load_explicit(&p->queued_hint, memory_order_relaxed)) {
-      /* No clock reading between the work's arrival and its run: how
-      ** long the spin took, to the last reading (64 pauses). */
-      *took = seen - start;
-      return close_slot(p);
-    }
+    /* No clock reading between the work's arrival and its run: how long
+    ** the spin took, to the last reading (64 pauses). */
+    if (work_waiting(p)) return seen - start;
     ums__cpu_relax();
     /* The clock costs ~45 ns here; a pause is ~40 cycles or more. Now and
     ** then give the CPU to whoever waits for it: on a crowded machine that
     ** may be the very thread that would hand us work. */
     if ((i & 63) == 0) {
-      if ((seen = ums__clock_now()) >= until) {
-        *took = -1;
-        ums__pool_work_t *late = close_slot(p);
-        if (late) *took = ums__clock_now() - start;
-        return late;
-      }
+      if ((seen = ums__clock_now()) >= until)
+        return work_waiting(p) ? seen - start : -1;
       if ((i & 255) == 0) sched_yield();
     }
   }
@@ -237,51 +303,58 @@ static void *pool_main(void *arg) {
   pthread_setname_np(pthread_self(), name);
   bool spun = false; /* spun since the last work: sleep next */
 
+  /* Counted in nawake by start_thread: it looks at the queue first. */
   pthread_mutex_lock(&p->lock);
   self->tid = gettid();
   for (;;) {
-    ums__pool_work_t *w = p->head;
-    if (w) {
-      p->head = w->next;
-      if (!p->head) p->tail = NULL;
-      p->nqueued--;
-      atomic_store_explicit(&p->queued_hint, p->nqueued, memory_order_relaxed);
-    } else {
-      if (p->stopping) break;
-      if (p->cfg.spin_ns && !spun && p->nspinning < MAX_SPINNERS &&
-          ums__spin_worth(&p->spin, p->cfg.spin_ns)) {
-        /* Counted as idle, so a submitter relies on it rather than start
-        ** a thread, and as spinning, so it does not signal either. With
-        ** one spinner at most (MAX_SPINNERS) the slot is its alone. */
-        p->nidle++;
-        p->nspinning++;
-        atomic_store_explicit(&p->slot, NULL, memory_order_release);
-        pthread_mutex_unlock(&p->lock);
-        int64_t took;
-        w = spin_for_work(p, &took);
-        pthread_mutex_lock(&p->lock);
-        p->nspinning--;
-        p->nidle--;
-        ums__spin_note(&p->spin, took, took >= 0, p->cfg.spin_ns);
-        spun = true;
-        if (!w) continue;
-        p->handed++;
-        goto run;
-      }
+    ums__pool_work_t *w = next_work(p);
+    if (w) goto run;
+    if (p->stopping) break;
+    if (p->cfg.spin_ns && !spun && p->nspinning < MAX_SPINNERS &&
+        ums__spin_worth(&p->spin, p->cfg.spin_ns)) {
+      /* Awake all along: submitters rely on it, without a wake-up. */
       p->nidle++;
-      int r = 0;
-      if (p->cfg.idle_timeout < 0 || p->nthreads <= p->cfg.core) {
-        pthread_cond_wait(&p->work_cv, &p->lock);
-      } else {
-        struct timespec ts;
-        abs_deadline(&ts, p->cfg.idle_timeout);
-        r = pthread_cond_timedwait(&p->work_cv, &p->lock, &ts);
-      }
+      p->nspinning++;
+      pthread_mutex_unlock(&p->lock);
+      int64_t took = spin_for_work(p);
+      pthread_mutex_lock(&p->lock);
+      p->nspinning--;
       p->nidle--;
-      /* Trimmed down to core, never below. */
-      if (r == ETIMEDOUT && !p->head && p->nthreads > p->cfg.core) break;
+      ums__spin_note(&p->spin, took, took >= 0, p->cfg.spin_ns);
+      spun = true;
+      if (took >= 0) p->handed++;
       continue;
     }
+    /* To sleep: no longer awake, then one more look at incoming (the
+    ** other half of the submitter's push and load, at the top). */
+    set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) - 1);
+    if (atomic_load(&p->incoming)) {
+      set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) + 1);
+      continue;
+    }
+    p->nidle++;
+    p->nsleeping++;
+    int r = 0;
+    if (p->cfg.idle_timeout < 0 || p->nthreads <= p->cfg.core) {
+      pthread_cond_wait(&p->work_cv, &p->lock);
+    } else {
+      struct timespec ts;
+      abs_deadline(&ts, p->cfg.idle_timeout);
+      r = pthread_cond_timedwait(&p->work_cv, &p->lock, &ts);
+    }
+    p->nsleeping--;
+    p->nidle--;
+    /* A waker counted the thread it signalled; any other return (a
+    ** timeout, a broadcast, a spurious one) counts itself. */
+    if (p->wakes_pending)
+      p->wakes_pending--;
+    else
+      set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) + 1);
+    /* Trimmed down to core, never below. */
+    if (r == ETIMEDOUT && !p->head && !atomic_load(&p->incoming) &&
+        p->nthreads > p->cfg.core)
+      break;
+    continue;
   run:
     self->current = w;
     self->works++;
@@ -298,6 +371,7 @@ static void *pool_main(void *arg) {
     p->completed++;
     spun = false; /* after work, another spin is worth it */
   }
+  set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) - 1);
   p->nthreads--;
   self->exited = true;
   pthread_cond_broadcast(&p->exit_cv);
@@ -336,6 +410,7 @@ static int start_thread(ums__pool_t *p) {
   th->next = p->threads;
   p->threads = th;
   p->nthreads++;
+  set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) + 1);
   return 0;
 }
 
@@ -409,12 +484,51 @@ static void grow_check(ums__pool_t *p) {
   p->sampled_at = now;
   if (!blocked || !p->head || p->nthreads >= p->cfg.max) return;
   if (now - p->head->queued_at < p->cfg.grow_ns) return; /* moving */
+  /* Sleepers and threads up to core first (wake_stuck). */
+  if (p->nsleeping > p->wakes_pending || p->nthreads < p->cfg.core) return;
   /* As many as are blocked: the CPUs they leave idle are worth a thread
   ** each, and with everything blocked this doubles the pool per tick. */
   uint32_t k = blocked;
   if (k > p->nqueued) k = p->nqueued;
   if (k > p->cfg.max - p->nthreads) k = p->cfg.max - p->nthreads;
   while (k-- > 0 && start_thread(p) == 0) p->grown++;
+}
+
+/* Wakes a sleeper, counting it awake at once (so that the next
+** submitter relies on it) and as a pending wake it will not count again.
+** [lock] */
+static void wake_sleeper(ums__pool_t *p) {
+  p->wakes_pending++;
+  p->woken++;
+  set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) + 1);
+  pthread_cond_signal(&p->work_cv);
+}
+
+/* The monitor's look at queued work: if the oldest has waited a tick,
+** the awake threads are blocked or too few for it. A sleeper per queued
+** work, else threads up to core, at once; beyond core grow_check
+** decides. [lock] */
+static void wake_stuck(ums__pool_t *p) {
+  if (!p->head || ums__clock_now() - p->head->queued_at < p->cfg.grow_ns)
+    return;
+  uint32_t want = p->nqueued;
+  while (want > 0 && p->nsleeping > p->wakes_pending) {
+    wake_sleeper(p);
+    want--;
+  }
+  while (want > 0 && p->nthreads < p->cfg.core && start_thread(p) == 0)
+    want--;
+}
+
+/* Whether the monitor may sleep: nothing is queued, and no thread is
+** awake to be relied on, or nothing has been queued for MON_IDLE_LOOKS
+** looks in a row (a thread blocked for long with nothing behind it needs
+** no watching; a submitter that relies on it then wakes the monitor,
+** finding it asleep). Its store of mon_asleep comes before, the loads
+** here after (the other half of the submitter's, at the top). [lock] */
+static bool monitor_idle(ums__pool_t *p) {
+  return !p->head && !p->interrupting && !atomic_load(&p->incoming) &&
+         (p->idle_looks >= MON_IDLE_LOOKS || !atomic_load(&p->nawake));
 }
 
 static void *monitor_main(void *arg) {
@@ -424,20 +538,26 @@ static void *monitor_main(void *arg) {
   pthread_setname_np(pthread_self(), name);
   pthread_mutex_lock(&p->lock);
   while (!p->stopping) {
-    if ((!p->head || p->nthreads >= p->cfg.max) && !p->interrupting) {
-      /* Nothing waits, or nothing can be done: sleep until a submitter
-      ** queues work beyond the threads there are. */
-      p->mon_asleep = true;
+    take_incoming(p, false);
+    atomic_store(&p->mon_asleep, true);
+    if (monitor_idle(p)) {
+      /* Until a submitter relies on a thread again, or queues work
+      ** beyond the threads there are. */
       p->sampled_at = 0;
       pthread_cond_wait(&p->mon_cv, &p->lock);
-      p->mon_asleep = false;
+      atomic_store(&p->mon_asleep, false);
+      p->idle_looks = 0;
       continue;
     }
+    atomic_store(&p->mon_asleep, false);
     if (!p->sampled_at) grow_check(p); /* the first sample */
     struct timespec ts;
     abs_deadline(&ts, p->cfg.grow_ns);
     pthread_cond_timedwait(&p->mon_cv, &p->lock, &ts);
     if (p->stopping) break;
+    take_incoming(p, false);
+    p->idle_looks = p->head || p->interrupting ? 0 : p->idle_looks + 1;
+    wake_stuck(p);
     grow_check(p);
     if (p->interrupting && signal_ok)
       for (ums__pool_thread_t *th = p->threads; th; th = th->next)
@@ -448,12 +568,13 @@ static void *monitor_main(void *arg) {
   return NULL;
 }
 
-/* Work queued beyond core and beyond the idle threads: the monitor's
-** business. Returns false if there is no monitor and none can start.
+/* Makes sure the monitor watches: starts it the first time, wakes it if
+** it sleeps. Returns false if there is no monitor and none can start.
 ** [lock] */
 static bool wake_monitor(ums__pool_t *p) {
   if (p->mon_started) {
-    if (p->mon_asleep) pthread_cond_signal(&p->mon_cv);
+    if (atomic_load_explicit(&p->mon_asleep, memory_order_relaxed))
+      pthread_cond_signal(&p->mon_cv);
     return true;
   }
   sigset_t all, old;
@@ -466,41 +587,60 @@ static bool wake_monitor(ums__pool_t *p) {
   return true;
 }
 
-int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w) {
-  w->next = NULL;
-  atomic_store_explicit(&w->interrupted, 0, memory_order_relaxed);
-  /* A spinning thread's open slot: the work goes to it without the lock,
-  ** the clock or a wake-up, two cache lines in all (slot and work). */
-  ums__pool_work_t *open = NULL;
-  if (atomic_load_explicit(&p->slot, memory_order_relaxed) == NULL &&
-      atomic_compare_exchange_strong_explicit(&p->slot, &open, w,
-                                              memory_order_release,
-                                              memory_order_relaxed))
-    return 0;
-  pthread_mutex_lock(&p->lock);
-  /* One more thread when every idle one already has queued work to take:
-  ** at once up to core; beyond, the monitor decides (or, if it cannot
-  ** run, at once up to max). If none can start, the work still queues as
-  ** long as some thread is alive to take it in turn. */
-  if (p->nqueued + 1 > p->nidle && p->nthreads < p->cfg.max &&
-      (p->nthreads < p->cfg.core || !wake_monitor(p)) &&
-      start_thread(p) != 0 && p->nthreads == 0) {
-    pthread_mutex_unlock(&p->lock);
-    return UMS_EAGAIN;
+/* Takes w back out of the FIFO (it was pushed, and no thread can take
+** it). [lock] */
+static void fifo_remove(ums__pool_t *p, ums__pool_work_t *w) {
+  ums__pool_work_t **link = &p->head, *prev = NULL;
+  while (*link && *link != w) {
+    prev = *link;
+    link = &(*link)->next;
   }
-  w->queued_at = ums__clock_now();
-  if (p->tail)
-    p->tail->next = w;
-  else
-    p->head = w;
-  p->tail = w;
-  p->nqueued++;
+  if (!*link) return;
+  *link = w->next;
+  if (p->tail == w) p->tail = prev;
+  p->nqueued--;
   atomic_store_explicit(&p->queued_hint, p->nqueued, memory_order_relaxed);
-  /* A spinning thread takes the work without a wake-up; a sleeper is
-  ** woken only for what the spinners cannot take. */
-  if (p->nqueued > p->nspinning) pthread_cond_signal(&p->work_cv);
+}
+
+/* The submitter found no thread awake, or the monitor not watching. */
+static int submit_slow(ums__pool_t *p, ums__pool_work_t *w) {
+  pthread_mutex_lock(&p->lock);
+  take_incoming(p, false);
+  /* With a single thread there is nothing for a monitor to do but
+  ** repeat interrupts (signal_runner starts it for those). */
+  bool watch = p->cfg.max > 1;
+  if (!atomic_load_explicit(&p->nawake, memory_order_relaxed)) {
+    /* Nobody awake: every thread sleeps, or none is left. */
+    if (p->nsleeping > p->wakes_pending) {
+      wake_sleeper(p);
+    } else if (p->nthreads < p->cfg.max && start_thread(p) != 0 &&
+               p->nthreads == 0) {
+      /* No thread at all and none can start: the caller runs w. */
+      fifo_remove(p, w);
+      pthread_mutex_unlock(&p->lock);
+      return UMS_EAGAIN;
+    }
+  }
+  /* Without a monitor (none can start) the awake threads are all there
+  ** is: queued work waits for them. */
+  if (watch) wake_monitor(p);
   pthread_mutex_unlock(&p->lock);
   return 0;
+}
+
+int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w) {
+  atomic_store_explicit(&w->interrupted, 0, memory_order_relaxed);
+  ums__pool_work_t *head =
+      atomic_load_explicit(&p->incoming, memory_order_relaxed);
+  do {
+    w->next = head;
+  } while (!atomic_compare_exchange_weak(&p->incoming, &head, w));
+  /* Sequentially consistent, after the push: see the top of the file. An
+  ** awake thread will take w; the monitor watches for it being blocked. */
+  if (atomic_load(&p->nawake) &&
+      (p->cfg.max == 1 || !atomic_load(&p->mon_asleep)))
+    return 0;
+  return submit_slow(p, w);
 }
 
 /* [lock] */
@@ -572,6 +712,7 @@ uint32_t ums__pool_threads(ums__pool_t *p) {
 void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out) {
   out->name = p->cfg.name;
   pthread_mutex_lock(&p->lock);
+  take_incoming(p, false); /* queued, whether pushed or in the FIFO */
   out->queued = p->nqueued;
   out->threads = p->nthreads;
   /* Spinning threads count as idle (they wait for work). */
@@ -584,6 +725,13 @@ void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out) {
 uint64_t ums__pool_handed(ums__pool_t *p) {
   pthread_mutex_lock(&p->lock);
   uint64_t n = p->handed;
+  pthread_mutex_unlock(&p->lock);
+  return n;
+}
+
+uint64_t ums__pool_woken(ums__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  uint64_t n = p->woken;
   pthread_mutex_unlock(&p->lock);
   return n;
 }

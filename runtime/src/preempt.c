@@ -9,8 +9,9 @@
 ** ended). Exactly one of "returned" and "given up" decides it, with one
 ** CAS on state, as for file I/O requests (io.c):
 **   - the pool thread, after fn returned, moves INFLIGHT -> DONE and, if
-**     it won, unparks the caller; if it lost, the caller had given up and
-**     the pool thread calls release(arg);
+**     it won, pushes the call onto its scheduler's calls_done, whose pass
+**     unparks the caller (ums__preempt_reap); if it lost, the caller had
+**     given up and the pool thread calls release(arg);
 **   - the caller, once its park has ended, moves INFLIGHT -> ABANDONED:
 **     if it won, its park ended by deadline or cancel and the call goes on
 **     detached; if it lost, fn has returned (the unpark may still be on
@@ -29,7 +30,9 @@
 ** the completion list. So the caller submits the call in state SPIN,
 ** with no park begun, and spins on state itself:
 **   - the pool thread, after fn returned, moves SPIN -> DONE: the caller
-**     sees it and takes the result; nobody unparks, nothing is queued;
+**     sees it and takes the result, and the pool's reference with it
+**     (that CAS is the pool thread's last touch of the record); nobody
+**     unparks, nothing is queued;
 **   - the caller leaving the spin (budget spent, a task posted to its
 **     scheduler, a cancel) first begins its park, storing the token in
 **     the record, then moves SPIN -> INFLIGHT with a release CAS, which
@@ -49,10 +52,13 @@
 ** Who touches what: state by both sides, by CAS only (the caller's spin
 ** loads it with acquire, to see fn's writes); token by the caller before
 ** it publishes INFLIGHT, by the pool thread only after its CAS saw
-** INFLIGHT; everything else is constant once submitted. The scheduler's
-** preempt_pending counts a call from its submit, or, for a SPIN call,
-** from the moment its caller stops spinning (before its CAS); the pool
-** thread lowers it after settling a call it found INFLIGHT or ABANDONED.
+** INFLIGHT; next_done by the pool thread that pushes the call, then by
+** the scheduler that reaps it; everything else is constant once
+** submitted. The scheduler's preempt_pending counts a call from its
+** submit, or, for a SPIN call, from the moment its caller stops spinning
+** (before its CAS); it is lowered after the caller's unpark for a call
+** found INFLIGHT (by the scheduler, in ums__preempt_reap) and after the
+** release for one found ABANDONED (by the pool thread).
 */
 #include "internal.h"
 
@@ -61,18 +67,23 @@
 
 enum { CALL_INFLIGHT = 0, CALL_DONE = 1, CALL_ABANDONED = 2, CALL_SPIN = 3 };
 
+/* What a call's round trip touches on both threads (the pool's link,
+** state, refs, fn, arg, sched) is its first cache line: records are
+** allocated aligned to one. */
 struct ums_preempt_call {
+  ums__pool_work_t work;       /* [pool] */
   _Atomic uint32_t refs;       /* [atomic] caller + pool */
   _Atomic int state;           /* [atomic] CALL_* */
   ums_preempt_fn fn;           /* [const] */
   void *arg;                   /* [const pointer] the data: the caller's
                                   until it gives up, then release's */
-  ums_preempt_fn release;      /* [const] */
   ums__sched_t *sched;         /* [const] the caller's scheduler */
+  ums_preempt_fn release;      /* [const] */
   ums_park_token_t token;      /* [caller until state is INFLIGHT, then
                                   const] the caller's park */
-  ums__pool_work_t work;       /* [pool] */
   ums_preempt_call_t *next_free; /* [owner of sched] in its call_free */
+  ums_preempt_call_t *next_done; /* [the pushing pool thread, then the
+                                    owner of sched] in its calls_done */
 };
 
 /* Records a scheduler keeps for its next calls. */
@@ -126,26 +137,66 @@ static void call_run(ums__pool_work_t *w) {
   if (seen == CALL_SPIN) {
     /* The caller still spins: it sees DONE and takes the result. It
     ** never counted the call in preempt_pending, which only says when an
-    ** idle scheduler should spin for a completion. */
-    call_unref(c);
+    ** idle scheduler should spin for a completion. Our reference goes to
+    ** the caller with the CAS, our last touch of c (take_spun): a
+    ** decrement here would pull the line back from the spinning caller
+    ** once more. */
     return;
   }
   if (seen == CALL_INFLIGHT) {
-    /* Copy what the unpark needs: once our reference is gone the caller
-    ** may free c. A stale token (the park already ended by its deadline)
-    ** is refused, and the caller then finds DONE. The scheduler outlives
-    ** this: the runtime destroys the pool before its schedulers. */
-    ums_park_token_t token = c->token;
-    call_unref(c);
-    ums_unpark(s->rt, token, 0);
+    /* The caller's scheduler unparks it (ums__preempt_reap), with our
+    ** reference: the task, its lock and its park stay on that
+    ** scheduler's CPU, and calls that return together are reaped in one
+    ** pass. The scheduler outlives this: the runtime destroys the pool
+    ** before its schedulers. */
+    ums_preempt_call_t *head =
+        atomic_load_explicit(&s->calls_done, memory_order_relaxed);
+    do {
+      c->next_done = head;
+    } while (!atomic_compare_exchange_weak_explicit(
+        &s->calls_done, &head, c, memory_order_release,
+        memory_order_relaxed));
+    ums__sched_wake(s);
+    return;
   } else {
     /* ABANDONED, by a caller that gave up parked or spinning. */
     if (c->release) c->release(c->arg);
     call_unref(c);
   }
-  /* After the unpark, so that the scheduler's idle spin (sched.c) keeps
-  ** watching until the task is on its completion list. */
+  /* After the release, so that the count covers the call until its end. */
   atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_release);
+}
+
+void ums__preempt_reap(ums__sched_t *s) {
+  ums_preempt_call_t *c =
+      atomic_exchange_explicit(&s->calls_done, NULL, memory_order_acquire);
+  /* A LIFO stack: reversed, the callers wake in the order their calls
+  ** returned. */
+  ums_preempt_call_t *prev = NULL;
+  while (c) {
+    ums_preempt_call_t *next = c->next_done;
+    c->next_done = prev;
+    prev = c;
+    c = next;
+  }
+  bool owner = ums__sched_current() == s;
+  for (c = prev; c; c = prev) {
+    prev = c->next_done;
+    /* A stale token (the park already ended by its deadline or a cancel)
+    ** is refused, and the caller then finds DONE. At teardown every task
+    ** has ended: only the pool's reference is left to drop. */
+    if (owner) ums_unpark(s->rt, c->token, 0);
+    call_unref(c);
+    /* After the unpark: the idle wait spins while the count is up. */
+    atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_release);
+  }
+}
+
+/* The caller saw DONE that the pool thread's CAS made from SPIN: that
+** CAS was its last touch of c, and handed its reference over (call_run).
+** [caller, after an acquire load of DONE] */
+static void take_spun(ums_preempt_call_t *c) {
+  atomic_store_explicit(&c->refs, 1, memory_order_relaxed);
 }
 
 /* A record for a call of t's, set up but not submitted; NULL: no memory. */
@@ -156,7 +207,9 @@ static ums_preempt_call_t *call_new(ums__sched_t *s, ums_preempt_fn fn,
   if (c) {
     s->call_free = c->next_free;
     s->ncall_free--;
-  } else if (!(c = malloc(sizeof *c))) {
+  } else if (!(c = aligned_alloc(UMS__CACHELINE,
+                                 (sizeof *c + UMS__CACHELINE - 1) &
+                                     ~(size_t)(UMS__CACHELINE - 1)))) {
     return NULL;
   }
   atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
@@ -270,6 +323,7 @@ static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
     call_submit(s, c);
     *call = c;
     if (spin_for_call(s, t, c, limit)) {
+      take_spun(c);
       UMS__COUNT(s, preempt_spun);
       return 1;
     }
@@ -298,6 +352,7 @@ static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
       return rc;
     }
     /* The pool thread found SPIN: it will not lower the count. */
+    take_spun(c);
     atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_relaxed);
     UMS__COUNT(s, preempt_spun);
     return 1;

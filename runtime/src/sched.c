@@ -339,8 +339,8 @@ static bool work_in_flight(ums__sched_t *s) {
 }
 
 static bool wake_pending(ums__sched_t *s) {
-  return atomic_load(&s->inbox) || atomic_load(&s->cancels) ||
-         atomic_load(&s->rt->exiting);
+  return atomic_load(&s->inbox) || atomic_load(&s->calls_done) ||
+         atomic_load(&s->cancels) || atomic_load(&s->rt->exiting);
 }
 
 /* Sleeps until a wake-up, an I/O completion or the real-time deadline.
@@ -504,6 +504,8 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
     /* The clock is read only when some timer could be due. */
     if (s->timers.n) ums__timer_expire(s, &s->timers, ums__clock_now());
     set_relaxed(&s->ntimers, s->timers.n);
+    if (atomic_load_explicit(&s->calls_done, memory_order_relaxed))
+      ums__preempt_reap(s);
     if (atomic_load_explicit(&s->inbox, memory_order_relaxed))
       drain_inbox(s);
     ums__task_t *t = runq_pop(s);
@@ -631,6 +633,9 @@ static void runtime_free(ums_runtime_t *rt) {
   ** threads. */
   if (rt->preempt_pool.cfg.max) ums__pool_destroy(&rt->preempt_pool);
   if (rt->io_pool.cfg.max) ums__pool_destroy(&rt->io_pool);
+  /* Calls that returned after their caller had ended and its scheduler
+  ** had stopped reaping: the pool's references. */
+  for (int i = 0; i < rt->nsched; i++) ums__preempt_reap(&rt->scheds[i]);
   for (int i = 0; i < rt->nsched; i++) sched_destroy(&rt->scheds[i]);
   free(rt->scheds);
   for (int i = 0; i < UMS__TASK_MAX_CHUNKS; i++)
@@ -709,11 +714,16 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
                                              : UMS_STATS_ON;
   }
 
-  ums_runtime_t *rt = calloc(1, sizeof *rt);
+  /* Aligned as its cache-line members (the wait clock, the pools'
+  ** submission lines) say. */
+  size_t rt_bytes = (sizeof(ums_runtime_t) + UMS__CACHELINE - 1) &
+                    ~(size_t)(UMS__CACHELINE - 1);
+  ums_runtime_t *rt = aligned_alloc(UMS__CACHELINE, rt_bytes);
   if (!rt) {
     e = UMS_ENOMEM;
     goto fail;
   }
+  memset(rt, 0, sizeof *rt);
   rt->cfg = c;
   rt->vclock = c.clock == UMS_CLOCK_VIRTUAL;
   rt->wait_clock_ticks = c.stats == UMS_STATS_ON && !rt->vclock;

@@ -68,8 +68,8 @@ static int pool_init(ums__pool_t *p, uint32_t core, uint32_t max,
   return ums__pool_init(p, &c);
 }
 
-/* Up to core, a thread starts the moment work finds none idle, and no
-** monitor is needed. */
+/* Up to core, threads start as soon as queued work waits for the ones
+** there are (the monitor's tick), with no need to see them blocked. */
 static void test_core_at_once(void) {
   int base = tu_thread_baseline();
   reset();
@@ -81,9 +81,11 @@ static void test_core_at_once(void) {
     init_job(&jobs[i], -1, &gate);
     CHECK_RC(ums__pool_submit(&p, &jobs[i].work), 0);
   }
-  CHECK_EQ(ums__pool_threads(&p), 4); /* started by the submits */
+  CHECK_GE(ums__pool_threads(&p), 1); /* the first at once */
   WAIT_UNTIL(atomic_load(&running) == 4, 5000);
-  CHECK_EQ(tu_thread_count(), base + 4); /* no monitor */
+  CHECK_EQ(ums__pool_threads(&p), 4);
+  CHECK_EQ(ums__pool_grown(&p), 0); /* core, not growth */
+  CHECK_EQ(tu_thread_count(), base + 4 + 1); /* and the monitor */
   usleep(20000);
   CHECK_EQ(atomic_load(&max_running), 4); /* never past the maximum */
   atomic_store(&gate, 1);
@@ -174,9 +176,9 @@ static void test_no_growth_when_computing_or_moving(void) {
   CHECK_THREADS(base);
 }
 
-/* The spinner's slot: work submitted before, while and after a thread
-** spins for it (some of it in the instant the spin ends and the slot
-** closes) runs exactly once each, and some of it went through the slot. */
+/* The spinner: work submitted before, while and after a thread spins
+** for it (some of it in the instant the spin ends and the thread goes to
+** sleep) runs exactly once each, and some of it came during a spin. */
 typedef struct once_job {
   ums__pool_work_t work;
   _Atomic int runs;
@@ -188,7 +190,7 @@ static void once_run(ums__pool_work_t *w) {
   atomic_fetch_add(&done, 1);
 }
 
-static void test_slot_handoff(void) {
+static void test_spin_handoff(void) {
   int base = tu_thread_baseline();
   reset();
   enum { N = 5000 };
@@ -221,10 +223,107 @@ static void test_slot_handoff(void) {
   }
   for (int i = 0; i < N; i++) CHECK_EQ(atomic_load(&jobs[i].runs), 1);
   uint64_t handed = ums__pool_handed(&p);
-  printf("   %llu of %d through the slot\n", (unsigned long long)handed, N);
+  printf("   %llu of %d came during a spin\n", (unsigned long long)handed, N);
   CHECK_GT(handed, 0);
   ums__pool_destroy(&p);
   free(jobs);
+  CHECK_THREADS(base);
+}
+
+/* A submitter relies on a thread that is awake: work submitted while the
+** only awake thread runs the previous one (a scheduler with many calls in
+** flight) wakes no sleeper and starts no thread; the awake thread runs it
+** all, back to back. (Each wake-up would cost the submitter a system call
+** and the sleeper a context switch.) Each work here runs until the next
+** one is submitted, so every submit finds the awake thread in its work,
+** however the threads are scheduled. */
+typedef struct chain_job {
+  ums__pool_work_t work;
+  int i, n;
+} chain_job_t;
+
+static _Atomic int chain_submitted;
+
+static void chain_run(ums__pool_work_t *w) {
+  chain_job_t *j = UMS__CONTAINER_OF(w, chain_job_t, work);
+  while (j->i + 1 < j->n && atomic_load(&chain_submitted) < j->i + 2)
+    sched_yield();
+  atomic_fetch_add(&done, 1);
+}
+
+static void test_awake_thread_relied_on(void) {
+  int base = tu_thread_baseline();
+  reset();
+  ums__pool_t p;
+  ums__pool_cfg_t c = {.name = "test-pool", .core = 2, .max = 2,
+                       .idle_timeout = -1, .spin_ns = 50 * 1000};
+  CHECK_RC(ums__pool_init(&p, &c), 0);
+  /* Both threads, then both asleep. */
+  job_t two[2];
+  for (int i = 0; i < 2; i++) {
+    init_job(&two[i], -1, &gate);
+    CHECK_RC(ums__pool_submit(&p, &two[i].work), 0);
+  }
+  WAIT_UNTIL(atomic_load(&running) == 2, 5000);
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&done) == 2, 5000);
+  CHECK_EQ(ums__pool_threads(&p), 2);
+  ums_pool_stats_t st;
+  do {
+    usleep(1000);
+    ums__pool_stats(&p, &st);
+  } while (st.idle != 2);
+  uint64_t woken0 = ums__pool_woken(&p);
+  enum { N = 20000 };
+  chain_job_t *jobs = calloc(N, sizeof *jobs);
+  CHECK(jobs != NULL);
+  atomic_store(&done, 0);
+  atomic_store(&chain_submitted, 0);
+  for (int i = 0; i < N; i++) {
+    /* At most two in flight: the one running and the one queued. */
+    int64_t limit = ums_now() + 10 * UMS_NSEC_PER_SEC;
+    while (atomic_load(&done) < i - 1) {
+      CHECK(ums_now() < limit);
+      sched_yield();
+    }
+    jobs[i] = (chain_job_t){.work.run = chain_run, .i = i, .n = N};
+    CHECK_RC(ums__pool_submit(&p, &jobs[i].work), 0);
+    atomic_store(&chain_submitted, i + 1);
+  }
+  WAIT_UNTIL(atomic_load(&done) == N, 10000);
+  uint64_t woken = ums__pool_woken(&p) - woken0;
+  printf("   %llu wake-ups for %d submits\n", (unsigned long long)woken, N);
+  /* The first submit finds nobody awake and wakes one; after that only a
+  ** work left waiting a whole tick (a thread preempted that long on a
+  ** crowded machine) brings the monitor to wake the other. Waking a
+  ** sleeper for every submit that finds the only awake thread busy would
+  ** make it about N. */
+  CHECK_LT(woken, N / 100);
+  ums__pool_destroy(&p);
+  free(jobs);
+  CHECK_THREADS(base);
+}
+
+/* The monitor sleeps when a thread stays in one long work with nothing
+** queued behind it; work submitted then, which relies on that busy
+** thread, wakes the monitor, and gets a thread of its own. */
+static void test_blocked_thread_monitor_sleeps(void) {
+  int base = tu_thread_baseline();
+  reset();
+  ums__pool_t p;
+  CHECK_RC(pool_init(&p, 2, 2, -1), 0);
+  job_t blocked, after;
+  init_job(&blocked, -1, &gate);
+  CHECK_RC(ums__pool_submit(&p, &blocked.work), 0);
+  WAIT_UNTIL(atomic_load(&running) == 1, 5000);
+  WAIT_UNTIL(atomic_load(&p.mon_asleep), 5000);
+  init_job(&after, -1, NULL);
+  CHECK_RC(ums__pool_submit(&p, &after.work), 0);
+  WAIT_UNTIL(atomic_load(&done) == 1, 5000); /* the gate is still shut */
+  CHECK_EQ(ums__pool_threads(&p), 2);
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&done) == 2, 5000);
+  ums__pool_destroy(&p);
   CHECK_THREADS(base);
 }
 
@@ -356,7 +455,9 @@ int main(void) {
   RUN(test_fault_signals_unblocked);
   RUN(test_interrupt);
   RUN(test_interrupt_repeated);
-  RUN(test_slot_handoff);
+  RUN(test_spin_handoff);
+  RUN(test_awake_thread_relied_on);
+  RUN(test_blocked_thread_monitor_sleeps);
   RUN(test_destroy_waits);
   return 0;
 }
