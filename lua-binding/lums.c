@@ -290,7 +290,9 @@ static void free_task(lua_State *L, ltask *t) {
 ** lua_resume, which is ~5x cheaper than a new thread. This unanchors the
 ** handle t had. */
 static void give_back_task(lrun *r, ltask *t) {
-  lua_settop(t->co, 0);
+  /* A coroutine that returned nothing has nothing left on its stack (the
+  ** usual end): no call needed. */
+  if (lua_gettop(t->co) != 0) lua_settop(t->co, 0);
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
   if (t->joiners != t->join1) free(t->joiners);
@@ -979,8 +981,11 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
 
 static int l_task_join(lua_State *L) {
   lhandle *h = check_task(L, 1);
-  int64_t deadline = timeout_to_deadline(L, 2);
-  if (lua_gettop(L) != 1) lua_settop(L, 1);
+  int64_t deadline = UMS_FOREVER;
+  if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
+    deadline = timeout_to_deadline(L, 2);
+    lua_settop(L, 1);
+  }
   if (h->state == T_DONE) return push_outcome(L, 1, h);
   ltask *me = lums_need_task(L, "join");
   ltask *t = h->t;
