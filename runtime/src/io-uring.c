@@ -500,8 +500,12 @@ void ums__ring_poll(ums__sched_t *s) {
     else
       rg->budget--;
   }
-  reap(s);
-  chain_stages(s);
+  /* Every pass comes here, most with nothing to reap and no stage to
+  ** start (a channel message between two tasks is one pass): look
+  ** before calling. */
+  if (io_uring_cq_ready(&rg->ring) || io_uring_cq_has_overflow(&rg->ring))
+    reap(s);
+  if (rg->stage_head) chain_stages(s);
 }
 
 static void arm_wake(ums__sched_t *s) {
