@@ -516,9 +516,8 @@ static int task_step(void *arg) {
 
 /* Creates a task running the function at index `first` with the values
 ** above it as arguments (all popped); its handle is left at `first`, the
-** top of the stack. L is
-** the caller's thread; mt is the index of the task metatable. The task
-** runs on r's scheduler, where r's VM lives. */
+** top of the stack. L is the caller's thread; mt is the index of the task
+** metatable. The task runs on r's scheduler, where r's VM lives. */
 static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
                          int mt) {
   int n = lua_gettop(L) - first;  /* arguments */

@@ -168,6 +168,8 @@ static void live_dec(ums_runtime_t *rt) {
     ums__futex_wake(&rt->live, INT_MAX);
 }
 
+static void live_sub(ums_runtime_t *rt, ums__sched_t *s, bool own);
+
 /* Counts a task about to be spawned onto s (own: by s's own thread) in
 ** rt->live, or returns false when the runtime is shutting down. The
 ** count comes before the look at `stopping`: shutdown sets `stopping` and
@@ -178,8 +180,6 @@ static void live_dec(ums_runtime_t *rt) {
 ** which only this thread can give back, so it needs no read-modify-write
 ** of its own (nor does the finish of any but the last), and shutdown
 ** still cannot see zero while the task lives. */
-static void live_sub(ums_runtime_t *rt, ums__sched_t *s, bool own);
-
 static bool live_add(ums_runtime_t *rt, ums__sched_t *s, bool own) {
   if (!own || s->nlive_own++ == 0) atomic_fetch_add(&rt->live, 1);
   if (UMS__UNLIKELY(atomic_load(&rt->stopping))) {
@@ -189,6 +189,7 @@ static bool live_add(ums_runtime_t *rt, ums__sched_t *s, bool own) {
   return true;
 }
 
+/* Takes back what live_add counted. */
 static void live_sub(ums_runtime_t *rt, ums__sched_t *s, bool own) {
   if (!own || --s->nlive_own == 0) live_dec(rt);
 }
