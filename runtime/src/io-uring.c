@@ -494,15 +494,19 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
 
 void ums__ring_poll(ums__sched_t *s) {
   ums__ring_t *rg = s->ring;
+  /* No request or cancel queued or in the kernel, and none waiting for
+  ** its next stage: this pass has nothing to submit, and nothing to reap
+  ** but the idle wait's own entries (the wake-up read, a wait's timeout),
+  ** which ums__ring_wait reaps before it waits again. Every pass comes
+  ** here (a channel message between two tasks is one pass), and this
+  ** look touches no memory shared with the kernel. */
+  if (rg->kernel_refs == 0 && !rg->stage_head) return;
   if (io_uring_sq_ready(&rg->ring)) {
     if (rg->budget == 0 || s->runq_n == 0)
       submit_now(s);
     else
       rg->budget--;
   }
-  /* Every pass comes here, most with nothing to reap and no stage to
-  ** start (a channel message between two tasks is one pass): look
-  ** before calling. */
   if (io_uring_cq_ready(&rg->ring) || io_uring_cq_has_overflow(&rg->ring))
     reap(s);
   if (rg->stage_head) chain_stages(s);
@@ -536,6 +540,14 @@ static void enter_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
 }
 
 void ums__ring_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
+  /* With nothing of the tasks' in the ring, the passes since the last
+  ** wait did not reap (ums__ring_poll): the completion of the wake-up
+  ** read, if a wake-up came, is still queued, and it must be taken before
+  ** the read is armed again, or the wait would end at once on it, again
+  ** and again. Nothing else can be there, and nothing it does makes a
+  ** task runnable. (With requests in the kernel the pass has reaped;
+  ** what completed since then ends this wait at once, as it should.) */
+  if (s->ring->kernel_refs == 0) reap(s);
   arm_wake(s);
   enter_wait(s, deadline, now);
 }
