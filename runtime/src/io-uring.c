@@ -541,13 +541,16 @@ static void enter_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
 
 void ums__ring_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
   /* With nothing of the tasks' in the ring, the passes since the last
-  ** wait did not reap (ums__ring_poll): the completion of the wake-up
-  ** read, if a wake-up came, is still queued, and it must be taken before
-  ** the read is armed again, or the wait would end at once on it, again
-  ** and again. Nothing else can be there, and nothing it does makes a
-  ** task runnable. (With requests in the kernel the pass has reaped;
-  ** what completed since then ends this wait at once, as it should.) */
-  if (s->ring->kernel_refs == 0) reap(s);
+  ** wait did not reap (ums__ring_poll), so the completion of the wake-up
+  ** read may still be queued: taken here, or the read would never be
+  ** armed again and every wait would end at once on it. Nothing else can
+  ** be there. Whatever was reaped ends this wait without sleeping: it
+  ** may be a wake-up that came after the pass looked at its lists (the
+  ** poster saw idle_state 1), and sleeping now would lose it; at worst
+  ** this costs one more pass. (With requests in the kernel the pass has
+  ** reaped; what completed since then ends the wait at once, as
+  ** before.) */
+  if (s->ring->kernel_refs == 0 && reap(s) > 0) return;
   arm_wake(s);
   enter_wait(s, deadline, now);
 }
