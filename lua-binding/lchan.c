@@ -329,9 +329,14 @@ static int send_k(lua_State *L, int status, lua_KContext ctx) {
 /* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed" */
 static int l_send(lua_State *L) {
   lchan *ch = check_chan(L, 1, "send");
-  bool poll;
-  int64_t deadline = opt_timeout(L, 3, "send", &poll);
-  if (lua_gettop(L) != 2) lua_settop(L, 2);
+  /* No timeout (the usual call) needs no look at argument 3. */
+  bool poll = false;
+  int64_t deadline = UMS_FOREVER;
+  int top = lua_gettop(L);
+  if (top != 2) {
+    if (top > 2) deadline = opt_timeout(L, 3, "send", &poll);
+    lua_settop(L, 2);
+  }
   int st = send_now(L, ch, 1, 2, true);
   if (st == DONE) {
     lua_pushboolean(L, 1);
@@ -356,9 +361,12 @@ static int recv_k(lua_State *L, int status, lua_KContext ctx) {
 /* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */
 static int l_recv(lua_State *L) {
   lchan *ch = check_chan(L, 1, "recv");
-  bool poll;
-  int64_t deadline = opt_timeout(L, 2, "recv", &poll);
-  if (lua_gettop(L) != 1) lua_settop(L, 1);
+  bool poll = false;
+  int64_t deadline = UMS_FOREVER;
+  if (lua_gettop(L) != 1) {
+    deadline = opt_timeout(L, 2, "recv", &poll);
+    lua_settop(L, 1);
+  }
   int st = recv_now(L, ch, 1);
   if (st == DONE) return 1;
   if (st == IS_CLOSED) return push_closed(L);

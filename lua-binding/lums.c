@@ -290,7 +290,9 @@ static void free_task(lua_State *L, ltask *t) {
 ** lua_resume, which is ~5x cheaper than a new thread. This unanchors the
 ** handle t had. */
 static void give_back_task(lrun *r, ltask *t) {
-  lua_settop(t->co, 0);
+  /* A coroutine that returned nothing has nothing left on its stack (the
+  ** usual end): no call needed. */
+  if (lua_gettop(t->co) != 0) lua_settop(t->co, 0);
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
   if (t->joiners != t->join1) free(t->joiners);
@@ -350,6 +352,15 @@ static void push_extras(lua_State *L, int idx) {
     lua_pushvalue(L, -1);
     lua_setiuservalue(L, idx < 0 ? idx - 2 : idx, 1);
   }
+}
+
+/* A task of r's VM was created / has finished: see lrun.nlive. */
+static void run_task_added(lrun *r) {
+  if (r->nlive++ == 0) lums_vms_hold(r->vms);
+}
+
+static void run_task_ended(lrun *r) {
+  if (--r->nlive == 0) lums_vms_release(r->vms);
 }
 
 /* The task's coroutine ended with status st: keep its outcome in the
@@ -424,7 +435,7 @@ done:
   h->t = NULL;
   wake_joiners(t);
   give_back_task(r, t);
-  lums_vms_release(r->vms);  /* last: the run may end now */
+  run_task_ended(r);  /* last: the run may end now */
 }
 
 static int task_step(void *arg) {
@@ -493,7 +504,9 @@ static int task_step(void *arg) {
   }
   if (st == LUA_YIELD) {
     lums_cur_task = prev;
-    lua_pop(t->co, nres);  /* a bare coroutine.yield in the task body */
+    /* A wait yields no values: only a bare coroutine.yield in the task
+    ** body leaves some to drop. */
+    if (nres) lua_pop(t->co, nres);
     return t->parking ? UMS_STEP_PARK : UMS_STEP_YIELD;
   }
   task_finish(t, st, nres);
@@ -502,14 +515,18 @@ static int task_step(void *arg) {
 }
 
 /* Creates a task running the function at index `first` with the values
-** above it as arguments (all popped); its handle is left at `first`. L is
-** the caller's thread; mt is the index of the task metatable. The task
-** runs on r's scheduler, where r's VM lives. */
+** above it as arguments (all popped); its handle is left at `first`, the
+** top of the stack. L is the caller's thread; mt is the index of the task
+** metatable. The task runs on r's scheduler, where r's VM lives. */
 static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
                          int mt) {
   int n = lua_gettop(L) - first;  /* arguments */
   ltask *t = take_task(r);
   if (!t) luaL_error(L, "ums.spawn: out of memory");
+  /* Function and arguments go onto the coroutine first, so that the
+  ** handle is made right at `first`. */
+  lua_xmove(L, t->co, n + 1);
+  t->nargs = n;
   lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 1);
   memset(h, 0, sizeof *h);
   h->tag = &lums_task_tag;
@@ -522,10 +539,6 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   t->capjoiners = 2;
   /* A quantum hook may be left from the coroutine's last task. */
   if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
-  /* Move function and arguments onto the coroutine. */
-  lua_rotate(L, first, 1);  /* handle to `first` */
-  lua_xmove(L, t->co, n + 1);
-  t->nargs = n;
   lua_pushvalue(L, first);
   lua_rawseti(L, LUA_REGISTRYINDEX, t->self_ref);
   /* Detached: the binding keeps each task's outcome in its handle, so
@@ -539,13 +552,13 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   /* The id goes straight into the handle: the runtime stores it before the
   ** task can start, and for the run's first task the scheduler thread may
   ** start it (and ums.self() read the id) before this call returns. */
-  lums_vms_hold(r->vms);  /* released by task_finish */
+  run_task_added(r);  /* ended by task_finish */
   int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &h->id);
   if (rc) {
     h->t = NULL;
     h->state = T_DONE;
     give_back_task(r, t);
-    lums_vms_release(r->vms);
+    run_task_ended(r);
     luaL_error(L, "ums.spawn: %s", ums_strerror(rc));
   }
   return h;
@@ -568,8 +581,7 @@ static int l_spawn(lua_State *L) {
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
   task_new(L, me->run, 1, false, lua_upvalueindex(1));
-  lua_settop(L, 1);
-  return 1;
+  return 1;  /* the handle, alone on the stack */
 }
 
 /* ---------------------------------------------------------------------- */
@@ -968,8 +980,11 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
 
 static int l_task_join(lua_State *L) {
   lhandle *h = check_task(L, 1);
-  int64_t deadline = timeout_to_deadline(L, 2);
-  if (lua_gettop(L) != 1) lua_settop(L, 1);
+  int64_t deadline = UMS_FOREVER;
+  if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
+    deadline = timeout_to_deadline(L, 2);
+    lua_settop(L, 1);
+  }
   if (h->state == T_DONE) return push_outcome(L, 1, h);
   ltask *me = lums_need_task(L, "join");
   ltask *t = h->t;

@@ -170,6 +170,12 @@ struct lrun {
   ** (no lua_newthread or luaL_ref per task). */
   ltask **pool;
   int npool, cappool;
+  /* Tasks of this VM not finished yet. The VM holds the run
+  ** (lums_vms_hold) once while it has any, not once per task: the hold
+  ** is an atomic read-modify-write on a word every VM shares, which a
+  ** spawn and a finish each paid. [Lua thread; the main thread for the
+  ** run's first task, before the run starts] */
+  int nlive;
   /* Stall reports (lstats.c). The run's state is shared by its VMs; the
   ** monitor thread posts a report for this VM's scheduler and raises
   ** stall_pending, and this VM's thread delivers it from a hook or at its

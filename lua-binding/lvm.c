@@ -33,13 +33,14 @@
 ** unstarted ones move. A request passed over for STARVE_NS starts anyway,
 ** so a scheduler whose tasks keep yielding cannot starve its queue.
 **
-** Ending a run. Every Lua task, queued request and dispatcher holds the
-** run (lvms.live); core.run waits until nothing holds it before it shuts
-** the runtime down, because once ums_runtime_shutdown begins, nothing may
-** spawn, and a dispatcher must. On a failed run (the first task raised,
-** os.exit, or core.run_limit's time limit passed) dispatchers start
-** nothing more (lums_vms_stop), the runtime cancels every task, and the
-** requests never started are cancelled by lums_vms_close.
+** Ending a run. Every VM with a Lua task left, every queued request and
+** every dispatcher holds the run (lvms.live); core.run waits until
+** nothing holds it before it shuts the runtime down, because once
+** ums_runtime_shutdown begins, nothing may spawn, and a dispatcher must.
+** On a failed run (the first task raised, os.exit, or core.run_limit's
+** time limit passed) dispatchers start nothing more (lums_vms_stop), the
+** runtime cancels every task, and the requests never started are
+** cancelled by lums_vms_close.
 */
 #define _GNU_SOURCE  /* strdup */
 #include "lvm.h"

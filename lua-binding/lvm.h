@@ -51,8 +51,9 @@ LUMS_HIDDEN void lums_vms_set_main(lvms *v, lrun *main);
 ** thread; a VM once there stays until lums_vms_close. */
 LUMS_HIDDEN int lums_vms_count(lvms *v);
 LUMS_HIDDEN lrun *lums_vms_at(lvms *v, int i);
-/* Counts work that may still start other work: each Lua task, each
-** request not started, each dispatcher. Any thread. */
+/* Counts work that may still start other work: each VM with a Lua task
+** not finished (lums.c holds once per VM, not per task), each request
+** not started, each dispatcher. Any thread. */
 LUMS_HIDDEN void lums_vms_hold(lvms *v);
 LUMS_HIDDEN void lums_vms_release(lvms *v);
 /* Blocks the main thread until nothing is held any more or an os.exit

@@ -437,6 +437,9 @@ struct ums__task {
   ums_step_fn step;            /* [const] step task: stepped on any worker */
   void *arg;                   /* [const] */
   bool started;                /* [owner] picked to run at least once */
+  bool live_own;               /* [owner; the spawner before placement]
+                                  counted in its scheduler's nlive_own
+                                  instead of rt->live (task.c) */
 
   /* Parking (park.c): a waiter embedded in the task, so a step task can
   ** park with no stack frame to hold its wait record. */
@@ -912,7 +915,14 @@ struct ums__sched {
   ** cache lines stay with its scheduler. */
   _Atomic(struct ums_preempt_call *) calls_done; /* [atomic] */
   _Atomic uint32_t idle_state; /* [atomic] 0 running, 1 idle, 2 woken */
-  _Atomic int64_t ntasks;      /* [atomic] live tasks placed here */
+  /* Live tasks placed here, in two parts so that a spawn and a finish on
+  ** the owner's thread (the usual case) make no read-modify-write: other
+  ** threads' spawns add to ntasks_in; the owner adds its own spawns to
+  ** ntasks_own and takes every finish off it, with plain stores. Their
+  ** sum is the count (ums__sched_load); ntasks_own alone may go below
+  ** zero. */
+  _Atomic int64_t ntasks_in;   /* [atomic] */
+  _Atomic int64_t ntasks_own;  /* [atomic, owner writes] */
   _Atomic uint32_t nrunnable;  /* [atomic, owner writes] for stats */
   _Atomic uint32_t nactive;    /* [atomic, owner writes] started tasks */
   _Atomic uint32_t npending;   /* [atomic, owner writes] waiting spawns */
@@ -965,6 +975,10 @@ struct ums__sched {
   ums__task_t *free_tasks;     /* [owner] local task free list */
   uint32_t nfree_tasks;        /* [owner] */
   uint32_t nlocal;             /* [owner] tasks admitted, not ended */
+  uint32_t nlive_own;          /* [owner] unfinished tasks spawned onto
+                                  this scheduler by its own thread; while
+                                  there are any, they hold one unit of
+                                  rt->live together (task.c) */
   uint32_t runq_n;             /* [owner] */
   uint32_t nworkers;           /* [owner] workers in existence */
   uint32_t nidle;              /* [owner] workers in the idle pool */
@@ -1035,7 +1049,9 @@ struct ums_runtime {
   _Atomic uint32_t inflight;   /* [atomic] calls from outside the runtime's
                                   own threads still touching it; shutdown
                                   frees nothing until this is zero */
-  _Atomic uint32_t live;       /* [atomic] unfinished tasks; futex word */
+  _Atomic uint32_t live;       /* [atomic] unfinished tasks (those of
+                                  sched.nlive_own count as one per
+                                  scheduler); futex word */
   bool vclock;                 /* [const] the clock is virtual (clock.c) */
   /* The wait clock (waits.c): stamp-clock ns, at most a tick behind,
   ** moved forward only. Alone on its line: every scheduler reads it on
@@ -1130,7 +1146,8 @@ void ums__sched_task_ended(ums__sched_t *s);
 /* The load placement compares (task.c's least_loaded), also reported as
 ** the scheduler's load factor. */
 static inline int64_t ums__sched_load(const ums__sched_t *s) {
-  return atomic_load_explicit(&s->ntasks, memory_order_relaxed);
+  return atomic_load_explicit(&s->ntasks_in, memory_order_relaxed) +
+         atomic_load_explicit(&s->ntasks_own, memory_order_relaxed);
 }
 
 /* ====================================================================== */

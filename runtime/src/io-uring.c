@@ -494,14 +494,22 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
 
 void ums__ring_poll(ums__sched_t *s) {
   ums__ring_t *rg = s->ring;
+  /* No request or cancel queued or in the kernel, and none waiting for
+  ** its next stage: this pass has nothing to submit, and nothing to reap
+  ** but the idle wait's own entries (the wake-up read, a wait's timeout),
+  ** which ums__ring_wait reaps before it waits again. Every pass comes
+  ** here (a channel message between two tasks is one pass), and this
+  ** look touches no memory shared with the kernel. */
+  if (rg->kernel_refs == 0 && !rg->stage_head) return;
   if (io_uring_sq_ready(&rg->ring)) {
     if (rg->budget == 0 || s->runq_n == 0)
       submit_now(s);
     else
       rg->budget--;
   }
-  reap(s);
-  chain_stages(s);
+  if (io_uring_cq_ready(&rg->ring) || io_uring_cq_has_overflow(&rg->ring))
+    reap(s);
+  if (rg->stage_head) chain_stages(s);
 }
 
 static void arm_wake(ums__sched_t *s) {
@@ -532,6 +540,17 @@ static void enter_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
 }
 
 void ums__ring_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
+  /* With nothing of the tasks' in the ring, the passes since the last
+  ** wait did not reap (ums__ring_poll), so the completion of the wake-up
+  ** read may still be queued: taken here, or the read would never be
+  ** armed again and every wait would end at once on it. Nothing else can
+  ** be there. Whatever was reaped ends this wait without sleeping: it
+  ** may be a wake-up that came after the pass looked at its lists (the
+  ** poster saw idle_state 1), and sleeping now would lose it; at worst
+  ** this costs one more pass. (With requests in the kernel the pass has
+  ** reaped; what completed since then ends the wait at once, as
+  ** before.) */
+  if (s->ring->kernel_refs == 0 && reap(s) > 0) return;
   arm_wake(s);
   enter_wait(s, deadline, now);
 }

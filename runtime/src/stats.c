@@ -31,7 +31,7 @@ int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
     r->yields = LOAD(s->counters.yields);
     r->idle_waits = LOAD(s->counters.idle_waits);
     r->tasks_spawned = LOAD(s->counters.tasks_spawned);
-    int64_t nt = LOAD(s->ntasks);
+    int64_t nt = ums__sched_load(s);
     r->tasks = nt > 0 ? (uint64_t)nt : 0;
     r->runnable = LOAD(s->nrunnable);
     r->workers_active = busy;

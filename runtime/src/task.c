@@ -156,9 +156,42 @@ static ums__sched_t *least_loaded(ums_runtime_t *rt) {
   return best;
 }
 
+/* s->ntasks_own += d. [owner] */
+static inline void ntasks_own_add(ums__sched_t *s, int64_t d) {
+  atomic_store_explicit(&s->ntasks_own,
+      atomic_load_explicit(&s->ntasks_own, memory_order_relaxed) + d,
+      memory_order_relaxed);
+}
+
 static void live_dec(ums_runtime_t *rt) {
   if (atomic_fetch_sub(&rt->live, 1) == 1 && atomic_load(&rt->stopping))
     ums__futex_wake(&rt->live, INT_MAX);
+}
+
+static void live_sub(ums_runtime_t *rt, ums__sched_t *s, bool own);
+
+/* Counts a task about to be spawned onto s (own: by s's own thread) in
+** rt->live, or returns false when the runtime is shutting down. The
+** count comes before the look at `stopping`: shutdown sets `stopping` and
+** then waits for `live` to reach zero, so either it sees this task or
+** this spawn sees `stopping` (both are sequentially consistent). Tasks
+** s's thread spawns onto s share one unit of `live` while there are any
+** (nlive_own): a spawn that finds others there relies on their unit,
+** which only this thread can give back, so it needs no read-modify-write
+** of its own (nor does the finish of any but the last), and shutdown
+** still cannot see zero while the task lives. */
+static bool live_add(ums_runtime_t *rt, ums__sched_t *s, bool own) {
+  if (!own || s->nlive_own++ == 0) atomic_fetch_add(&rt->live, 1);
+  if (UMS__UNLIKELY(atomic_load(&rt->stopping))) {
+    live_sub(rt, s, own);
+    return false;
+  }
+  return true;
+}
+
+/* Takes back what live_add counted. */
+static void live_sub(ums_runtime_t *rt, ums__sched_t *s, bool own) {
+  if (!own || --s->nlive_own == 0) live_dec(rt);
 }
 
 static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
@@ -171,21 +204,17 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
       (opts->sched < 0 || opts->sched >= rt->nsched))
     return UMS_EINVAL;
 
-  /* Count the task before checking `stopping`: shutdown sets `stopping`
-  ** and then waits for `live` to reach zero, so either it sees this task
-  ** or this spawn sees `stopping` (both are sequentially consistent). */
-  atomic_fetch_add(&rt->live, 1);
-  if (atomic_load(&rt->stopping)) {
-    live_dec(rt);
-    return UMS_ESHUTDOWN;
-  }
-  ums__task_t *t = ums__task_alloc(rt);
-  if (!t) {
-    live_dec(rt);
-    return UMS_ENOMEM;
-  }
   ums__sched_t *s = opts->sched == UMS_ANY_SCHED ? least_loaded(rt)
                                                  : &rt->scheds[opts->sched];
+  /* A task placed on the spawner's own scheduler ends on this thread. */
+  bool own = ums__sched_current() == s;
+  if (!live_add(rt, s, own)) return UMS_ESHUTDOWN;
+  ums__task_t *t = ums__task_alloc(rt);
+  if (!t) {
+    live_sub(rt, s, own);
+    return UMS_ENOMEM;
+  }
+  t->live_own = own;
   t->sched = s;
   t->fn = fn;
   t->step = step;
@@ -200,7 +229,10 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   if (parent && parent->sched->rt == rt)
     t->spawner = atomic_load_explicit(&parent->id, memory_order_relaxed);
   atomic_store_explicit(&t->refs, t->detached ? 1 : 2, memory_order_relaxed);
-  atomic_fetch_add_explicit(&s->ntasks, 1, memory_order_relaxed);
+  if (own)
+    ntasks_own_add(s, 1);
+  else
+    atomic_fetch_add_explicit(&s->ntasks_in, 1, memory_order_relaxed);
 
   ums__lock(&t->lock);
   t->gen = t->gen + 1 ? t->gen + 1 : 1;
@@ -209,7 +241,7 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   ums__unlock(&t->lock);
   if (out) *out = id;
 
-  if (ums__sched_current() == s)
+  if (own)
     ums__sched_admit(s, t);
   else
     ums__sched_post(s, t);
@@ -231,11 +263,24 @@ void ums__task_finish(ums__task_t *t) {
   ums__lock(&t->lock);
   t->done = true;
   wake = ums__wq_grant_first(&t->joiners, 0, &wk) != NULL;
+  /* Only the task's own reference left (a detached task nobody is
+  ** cancelling, the usual end of a binding's task): retire it in this
+  ** critical section rather than in ums__task_unref's, which would take
+  ** the lock again. References are only ever added under the lock, and
+  ** with one left nobody else holds one to drop. */
+  bool last = atomic_load_explicit(&t->refs, memory_order_acquire) == 1;
+  if (last) {
+    atomic_store_explicit(&t->refs, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->id, 0, memory_order_release);
+  }
   ums__unlock(&t->lock);
   if (wake) ums__wake(&wk);
-  atomic_fetch_sub_explicit(&s->ntasks, 1, memory_order_relaxed);
-  live_dec(rt);
-  ums__task_unref(rt, t);
+  ntasks_own_add(s, -1);
+  live_sub(rt, s, t->live_own);
+  if (last)
+    task_free(rt, t);
+  else
+    ums__task_unref(rt, t);
 }
 
 static int task_join_impl(ums_runtime_t *rt, ums_task_t id, int64_t deadline,

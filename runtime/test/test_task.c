@@ -531,6 +531,93 @@ static void test_spawn_from_task_and_hosts(void) {
   tu_runtime_shutdown(rt);
 }
 
+/* Tasks a scheduler's thread spawns onto its own scheduler share one
+** unit of the runtime's live count and are counted in its load with
+** plain stores (task.c: live_add, ntasks_own): the load still adds up
+** with other threads' spawns, and shutdown still waits for such tasks
+** after the task that spawned them has ended. */
+#define OWN_CHILDREN 5
+#define HOST_ONES 3
+
+static gate_t own_gate, host_gate;
+static ums_event_t *own_parent_go;
+
+static void *own_parent_fn(void *arg) {
+  (void)arg;
+  for (int i = 0; i < OWN_CHILDREN; i++) {
+    ums_spawn_opts_t o = {.sched = ums_current_sched(), .detached = 1};
+    CHECK_RC(ums_task_spawn(rt, &o, gate_wait_fn, &own_gate, NULL), 0);
+  }
+  CHECK_RC(ums_event_wait(own_parent_go, UMS_FOREVER), 0);
+  return PTR(7);
+}
+
+static atomic_int own_shutdown_rc = -1;
+
+static void *own_shutdown_thread(void *arg) {
+  (void)arg;
+  atomic_store(&own_shutdown_rc,
+               ums_runtime_shutdown(rt, ums_deadline(200 * UMS_NSEC_PER_MSEC)));
+  return NULL;
+}
+
+static void test_own_spawns_counted(void) {
+  rt = tu_runtime_new(2);
+  own_gate.ev = ums_event_new(1, 0);
+  atomic_store(&own_gate.started, 0);
+  host_gate.ev = ums_event_new(1, 0);
+  atomic_store(&host_gate.started, 0);
+  own_parent_go = ums_event_new(1, 0);
+  ums_task_t parent = spawn_on(0, own_parent_fn, NULL);
+  ums_task_t host_ones[HOST_ONES];
+  for (int i = 0; i < HOST_ONES; i++)
+    host_ones[i] = spawn_on(0, gate_wait_fn, &host_gate);
+  WAIT_UNTIL(atomic_load(&own_gate.started) == OWN_CHILDREN &&
+                 atomic_load(&host_gate.started) == HOST_ONES,
+             5000);
+  /* The parent, its children and the host's tasks, all on scheduler 0. */
+  CHECK_EQ(tu_stats(rt, 0).tasks, 1 + OWN_CHILDREN + HOST_ONES);
+  CHECK_EQ(tu_stats(rt, 1).tasks, 0);
+  CHECK_RC(ums_event_set(host_gate.ev), 0);
+  for (int i = 0; i < HOST_ONES; i++) join_expect(host_ones[i], PTR(0), 0);
+  CHECK_RC(ums_event_set(own_parent_go), 0);
+  join_expect(parent, PTR(7), 0);
+  /* The count drops just after the joiner is woken. */
+  WAIT_UNTIL(tu_stats(rt, 0).tasks == OWN_CHILDREN, 5000);
+  /* Every task the host spawned has ended; only their shared unit of
+  ** `live` counts the parent's children, which never end by themselves:
+  ** shutdown must find them there, give up at its deadline and cancel
+  ** them. (Counted nowhere, they would leave `live` at zero and the
+  ** shutdown would wait for them forever.) */
+  pthread_t th;
+  CHECK_EQ(pthread_create(&th, NULL, own_shutdown_thread, NULL), 0);
+  WAIT_UNTIL(atomic_load(&own_shutdown_rc) != -1, 5000);
+  CHECK_RC(atomic_load(&own_shutdown_rc), UMS_ETIMEDOUT);
+  CHECK_EQ(pthread_join(th, NULL), 0);
+  CHECK_RC(ums_event_delete(own_gate.ev), 0);
+  CHECK_RC(ums_event_delete(host_gate.ev), 0);
+  CHECK_RC(ums_event_delete(own_parent_go), 0);
+  /* Shut down by hand: what tu_runtime_shutdown counts. */
+  tu_live_runtimes--;
+  WAIT_UNTIL(tu_thread_count() == tu_thread_baseline(), 5000);
+}
+
+/* A detached task that ends holds the only reference to itself, and
+** ums__task_finish retires its handle on the spot (task.c): the handle
+** then reaches nothing. */
+static void test_detached_end_retires_handle(void) {
+  rt = tu_runtime_new(1);
+  ums_spawn_opts_t o = {.sched = 0, .detached = 1};
+  ums_task_t t = 0;
+  CHECK_RC(ums_task_spawn(rt, &o, return_arg_plus_one, NULL, &t), 0);
+  CHECK_NE(t, 0);
+  WAIT_UNTIL(ums__task_lookup(rt, t) == NULL, 5000);
+  CHECK_RC(ums_task_cancel(rt, t), UMS_ESRCH);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, NULL, NULL), UMS_ESRCH);
+  CHECK_EQ(tu_stats(rt, 0).tasks, 0);
+  tu_runtime_shutdown(rt);
+}
+
 /* ====================================================================== */
 /* Cancellation                                                            */
 /* ====================================================================== */
@@ -1034,6 +1121,8 @@ int main(void) {
   RUN(test_spawn_on_chosen_sched);
   RUN(test_any_sched_spreads);
   RUN(test_spawn_from_task_and_hosts);
+  RUN(test_own_spawns_counted);
+  RUN(test_detached_end_retires_handle);
   RUN(test_cancel_sleeping);
   RUN(test_cancel_unlinks_waiter);
   RUN(test_cancel_not_started);
