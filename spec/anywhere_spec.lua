@@ -407,8 +407,27 @@ context("a load() reader function", function(w)
   assert(chunk() == 42)
 end)
 
+-- Waits that end by their own timer. A task woken by its timer runs
+-- before the run queue (DESIGN.md section 3), so when the scheduler's
+-- thread is held up past the timeout (a loaded machine, a sanitizer
+-- build) right after the task parked, it runs again before the counter
+-- had its turn. For these, a park recorded by the runtime's wait
+-- statistics is the proof that the wait parked instead of blocking the
+-- thread; the others wake through another task, queued behind the
+-- counter.
+local timer_woken = { ["ums.sleep"] = true, ["task:join timeout"] = true,
+                      ["event:wait timeout"] = true }
+
+-- Parks so far, over every wait type.
+local function parks()
+  local c = 0
+  for _, row in ipairs(ums.waits()) do c = c + row.count end
+  return c
+end
+
 -- Runs ctx(w) with wait `wname` in a task while a counter task keeps
--- counting; checks that the counter moved during every wait.
+-- counting; checks that the counter moved during every wait (or, for a
+-- timer-woken wait that the counter could not overtake, that it parked).
 local function run_combination(ctxname, wname)
   ums.test(function()
     local n, stop = 0, false
@@ -420,10 +439,12 @@ local function run_combination(ctxname, wname)
     end)
     local waited, stalled = 0, 0
     local function w()
-      local n0 = n
+      local n0, p0 = n, parks()
       waits[wname]()
       waited = waited + 1
-      if n == n0 then stalled = stalled + 1 end
+      if n == n0 and not (timer_woken[wname] and parks() > p0) then
+        stalled = stalled + 1
+      end
     end
     local worker = ums.spawn(function()
       contexts[ctxname](w)
