@@ -864,9 +864,11 @@ static void install_fatal_handlers(void) {
 
 /* Room for a heap request and strbytes of strings, its first cache line
 ** its own (see freq). */
+#define CACHELINE 64
 static freq *freq_alloc(size_t strbytes) {
-  size_t n = (sizeof(freq) + strbytes + 63) & ~(size_t)63;
-  return aligned_alloc(64, n);
+  size_t n = (sizeof(freq) + strbytes + CACHELINE - 1) &
+             ~(size_t)(CACHELINE - 1);
+  return aligned_alloc(CACHELINE, n);
 }
 
 /* A heap request owning copies of everything the call touches. */

@@ -20,9 +20,19 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define UMS__CACHELINE 64
 #define UMS__ALIGNED __attribute__((aligned(UMS__CACHELINE)))
+
+/* Memory for n bytes starting on a cache line, rounded up to whole lines
+** (C11's aligned_alloc wants a multiple of the alignment); free() frees
+** it. For objects whose type has UMS__ALIGNED members or whose first
+** line two threads share. */
+static inline void *ums__cacheline_alloc(size_t n) {
+  return aligned_alloc(UMS__CACHELINE,
+                       (n + UMS__CACHELINE - 1) & ~(size_t)(UMS__CACHELINE - 1));
+}
 #define UMS__LIKELY(x) __builtin_expect(!!(x), 1)
 #define UMS__UNLIKELY(x) __builtin_expect(!!(x), 0)
 /* For internal symbols on a hot path: the runtime is linked into a shared

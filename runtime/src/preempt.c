@@ -207,9 +207,7 @@ static ums_preempt_call_t *call_new(ums__sched_t *s, ums_preempt_fn fn,
   if (c) {
     s->call_free = c->next_free;
     s->ncall_free--;
-  } else if (!(c = aligned_alloc(UMS__CACHELINE,
-                                 (sizeof *c + UMS__CACHELINE - 1) &
-                                     ~(size_t)(UMS__CACHELINE - 1)))) {
+  } else if (!(c = ums__cacheline_alloc(sizeof *c))) {
     return NULL;
   }
   atomic_store_explicit(&c->refs, 2, memory_order_relaxed);

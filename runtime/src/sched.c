@@ -716,9 +716,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
 
   /* Aligned as its cache-line members (the wait clock, the pools'
   ** submission lines) say. */
-  size_t rt_bytes = (sizeof(ums_runtime_t) + UMS__CACHELINE - 1) &
-                    ~(size_t)(UMS__CACHELINE - 1);
-  ums_runtime_t *rt = aligned_alloc(UMS__CACHELINE, rt_bytes);
+  ums_runtime_t *rt = ums__cacheline_alloc(sizeof *rt);
   if (!rt) {
     e = UMS_ENOMEM;
     goto fail;
@@ -732,7 +730,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   pthread_mutex_init(&rt->table_lock, NULL);
   pthread_mutex_init(&rt->waits_lock, NULL);
   size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;
-  rt->scheds = aligned_alloc(UMS__CACHELINE, bytes);
+  rt->scheds = ums__cacheline_alloc(bytes);
   if (!rt->scheds) {
     free(rt);
     e = UMS_ENOMEM;
