@@ -449,6 +449,14 @@ static int64_t thread_cpu(const ums__pool_thread_t *th) {
 ** is not blocked; one that waits for the pool's lock after its work is
 ** not in its work: in_work). [lock] */
 static void grow_check(ums__pool_t *p) {
+  /* Nothing queued, nothing to grow for: no look at the threads (each
+  ** costs a CPU clock and a /proc read per busy thread, and the monitor
+  ** now also looks every tick while a thread is merely awake). The next
+  ** look with work queued starts afresh, as after the monitor's sleep. */
+  if (!p->head) {
+    p->sampled_at = 0;
+    return;
+  }
   int64_t now = ums__clock_now();
   int64_t interval = p->sampled_at ? now - p->sampled_at : 0;
   uint32_t blocked = 0;
