@@ -13,6 +13,12 @@
 #include "internal.h"
 #include "test-util.h"
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) && !defined(__SANITIZE_THREAD__)
+#define __SANITIZE_THREAD__ 1
+#endif
+#endif
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -897,7 +903,20 @@ static void test_pool_growth(void) {
   /* A thread or two more may start when one is descheduled inside a
   ** kernel lock on a crowded machine; a pool grown at once to its bound
   ** (64) is what this catches. */
-  CHECK_LE(cached, (uint64_t)(cpus > 0 ? cpus : 1) * 4);
+  uint64_t bound = (uint64_t)(cpus > 0 ? cpus : 1) * 4;
+#if defined(__SANITIZE_THREAD__)
+  /* Under TSan the pool threads do block, in TSan's own runtime: caught
+  ** at two looks in a row in futex waits inside libtsan (its internal
+  ** locks and global resets stop every thread; seen with three TSan runs
+  ** of this test at once on 2 CPUs: 10-14 threads, each start answering
+  ** such a wait), which the growth rule rightly counts as blocked. The
+  ** tight bound is checked by the normal and ASan builds; here only that
+  ** the pool stays well short of its bound. */
+  ums_config_t now;
+  ums_runtime_config(rt, &now);
+  bound = (uint64_t)now.io_pool_threads / 2;
+#endif
+  CHECK_LE(cached, bound);
   tu_runtime_shutdown(rt);
   rt = saved;
 }
