@@ -113,8 +113,8 @@ struct ltask {
   ums_buf_t *rfbuf;      /* lfs.c: the buffer of the ums.fs.readfile it is
                             in (the task's reference; the request holds
                             its own while it runs); released when the call
-                            ends, or here when the task ends if a raise cut
-                            the call short */
+                            ends, or when the task ends if a raise cut the
+                            call short (give_back_task) */
 };
 
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,

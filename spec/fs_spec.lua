@@ -383,6 +383,39 @@ describe("ums.fs file:read matches io", function()
       assert(grown < 8192, ("%d bytes for 1,000 calls"):format(grown))
     end)
   end)
+
+  -- A finalizer that runs inside a readfile (the collector steps after
+  -- the string is made) and reads a file itself finds the task's buffer
+  -- slot taken: it must use its own buffer and leave the outer call's
+  -- alone (releasing it would free the buffer twice: ASan).
+  it("ums.fs.readfile from a finalizer run inside a readfile",
+     function()
+    local A, B = ("a"):rep(3000), ("b"):rep(5000)
+    local a, b = put(tmpname(), A), put(tmpname(), B)
+    run(function()
+      local inside, nested, got = false, 0, {}
+      local mt = {__gc = function()
+        if inside then nested = nested + 1 end
+        got[#got + 1] = fs.readfile(b)
+      end}
+      for _ = 1, 2000 do setmetatable({}, mt) end
+      -- From here the loop allocates nothing but readfile's strings, so
+      -- every collector step, and every finalizer, runs inside one.
+      local pause = collectgarbage("setpause", 0)
+      local mul = collectgarbage("setstepmul", 1000)
+      for _ = 1, 400 do
+        inside = true
+        local s = fs.readfile(a)
+        inside = false
+        if s ~= A then error("wrong contents") end
+      end
+      collectgarbage("setpause", pause)
+      collectgarbage("setstepmul", mul)
+      collectgarbage()
+      assert(nested > 0, "no finalizer ran inside a readfile")
+      for i = 1, #got do assert(got[i] == B, i) end
+    end)
+  end)
 end)
 
 -- ---------------------------------------------------------------------
