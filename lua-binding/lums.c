@@ -310,6 +310,10 @@ static void give_back_task(lrun *r, ltask *t) {
   t->wait.q = NULL;
   t->wait.prev = t->wait.next = NULL;
   t->ffi_errno = 0;
+  if (t->rfbuf) {
+    ums_buf_release(t->rfbuf);
+    t->rfbuf = NULL;
+  }
   if (r->npool < POOL_MAX) {
     if (r->npool == r->cappool) {
       int cap = r->cappool ? r->cappool * 2 : 64;

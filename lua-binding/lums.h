@@ -110,6 +110,11 @@ struct ltask {
   joiner_t join1[2];     /* room for the usual one or two joiners */
   lwait wait;            /* its channel send/recv while parked in one */
   int ffi_errno;         /* errno right after its last ums.ffi call */
+  ums_buf_t *rfbuf;      /* lfs.c: the buffer of the ums.fs.readfile it is
+                            in (the task's reference; the request holds
+                            its own while it runs); released when the call
+                            ends, or when the task ends if a raise cut the
+                            call short (give_back_task) */
 };
 
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
