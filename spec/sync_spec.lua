@@ -839,6 +839,53 @@ describe("ums.sync", function()
     end)
   end)
 
+    -- A channel is a table (like the other sync objects) whose send and
+    -- recv are its own fields, bound to its state (lchan.c); these pin
+    -- what that must not change.
+    it("is a table named ums.channel, its own send and recv bound to it",
+      function()
+        run(function()
+          local a, b = ums.channel(1), ums.channel(1)
+          assert.equal("table", type(a))
+          assert.matches("^ums%.channel: 0x%x+$", tostring(a))
+          -- The bound methods refuse another channel as self, and the
+          -- metatable's (for any channel) take it.
+          assert_raises("bad argument #1 to 'send' (ums.channel expected",
+            function() a.send(b, 1) end)
+          assert_raises("bad argument #1 to 'recv' (ums.channel expected",
+            function() a.recv(b) end)
+          assert_raises("bad argument #1 to 'send' (ums.channel expected",
+            function() a.send({}, 1) end)
+          assert.equal(0, b:len())
+          local mt = getmetatable(a).__index
+          assert.is_true(mt.send(b, "via the metatable"))
+          assert.equal("via the metatable", mt.recv(b))
+          assert.is_true(a:send("own"))
+          assert.equal("own", mt.recv(a))
+        end)
+      end)
+
+    it("a waiting call keeps the channel's state alive whatever the table "
+      .. "holds", function()
+        run(function()
+          local ch = ums.channel()
+          local send = ch.send
+          local receiver = ums.spawn(function() return ch:recv() end)
+          settle()
+          -- Nothing but the waiting call refers to the state now: the
+          -- table's [1] and methods are gone, the collector runs.
+          rawset(ch, 1, nil)
+          rawset(ch, "recv", nil)
+          collectgarbage("collect")
+          collectgarbage("collect")
+          assert.is_true(send(ch, "still there"))
+          assert.equal("still there", results(receiver))
+          -- The metatable's methods need [1], and say so.
+          assert_raises("calling 'try_send' on bad self (ums.channel expected",
+            function() ch:try_send(1) end)
+        end)
+      end)
+
   -- -------------------------------------------------------------------
   describe("select", function()
     it("performs the ready case", function()
