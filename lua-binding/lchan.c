@@ -30,12 +30,17 @@
 ** call), on a table with the method as its own field it is one hash
 ** lookup inline in the VM. A message is one send and one receive, and the
 ** two lookups cost ~70 of its ~390 ns (measured with the methods taken
-** into locals instead). send and recv are C closures whose upvalue is
-** the state: they read it without looking [1] up or checking it, only
-** comparing self with the table the state belongs to, and the closure,
-** on the stack while the call waits, anchors the state. The metatable's
-** methods replace self on their stack with the state (chan_open), which
-** anchors it the same way, whatever the table's [1] is changed to.
+** into locals instead). The own send and recv are C closures whose
+** upvalue is the state: they read it without looking [1] up or checking
+** it, only comparing self with the table the state belongs to (another
+** channel as self is served as the metatable's methods serve it), and
+** the closure, on the stack while the call waits, anchors the state.
+** They are made by the channel's BIND_AFTER-th send or recv through the
+** metatable, not by ums.channel: two closures more per channel cost more
+** than a channel used for a message or two (a reply channel per request)
+** spends on lookups. The metatable's methods replace self on their stack
+** with the state (chan_open), which anchors it the same way, whatever the
+** table's [1] is changed to.
 */
 #include "lums.h"
 #include "lvm.h"
@@ -61,6 +66,8 @@ typedef struct lchan {
   const char *tag;       /* &chan_tag */
   const void *self;      /* the channel table: what tostring shows, and
                             what waits on it report (ums.waits) */
+  unsigned unbound;      /* sends and recvs through the metatable, up to
+                            BIND_AFTER (then its own are bound) */
   lwaitq recvq, sendq;   /* parked receivers / senders, FIFO */
   lua_Integer size;      /* buffer slots; 0: unbuffered */
   lua_Integer head;      /* slot of the oldest buffered value (1-based) */
@@ -348,7 +355,7 @@ static int l_channel(lua_State *L) {
     if (size < 0) argerr(L, 1, "channel", "size must not be negative");
   }
   lua_settop(L, 0);
-  lua_createtable(L, 1, 2);  /* the channel: [1], send, recv */
+  lua_createtable(L, 1, 0);  /* the channel: [1] (send and recv later) */
   lchan *ch = (lchan *)lua_newuserdatauv(L, sizeof *ch, 1);
   memset(ch, 0, sizeof *ch);
   ch->tag = &chan_tag;
@@ -359,14 +366,6 @@ static int l_channel(lua_State *L) {
     lua_createtable(L, size < 64 ? (int)size : 64, 0);
     lua_setiuservalue(L, -2, 1);
   }
-  /* send and recv: closures bound to the state, so that the message path
-  ** reads it from an upvalue instead of looking [1] up and checking it. */
-  lua_pushvalue(L, -1);
-  lua_pushcclosure(L, l_bound_send, 1);
-  lua_setfield(L, 1, "send");
-  lua_pushvalue(L, -1);
-  lua_pushcclosure(L, l_bound_recv, 1);
-  lua_setfield(L, 1, "recv");
   lua_rawseti(L, 1, 1);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &chan_mt_key);
   lua_setmetatable(L, 1);
@@ -434,32 +433,57 @@ static inline int recv_on(lua_State *L, lchan *ch, int chi) {
                  recv_k);
 }
 
-/* The metatable's send and recv, for any channel. */
-static int l_send(lua_State *L) {
-  return send_on(L, check_chan(L, 1, "send"), 1);
-}
+/* Sends and receives through the metatable after which a channel's own
+** send and recv are bound. */
+#define BIND_AFTER 4
 
-static int l_recv(lua_State *L) {
-  return recv_on(L, check_chan(L, 1, "recv"), 1);
-}
-
-/* The state of the channel whose own send or recv (fname) is running:
-** the closure's upvalue 1, which the closure, on the stack while it runs
-** and waits, anchors. Self must be that channel's table. */
-static inline lchan *bound_chan(lua_State *L, const char *fname) {
-  lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
-  if (__builtin_expect(lua_topointer(L, 1) != ch->self, 0))
-    typeerr(L, 1, fname, CHAN_MT);
+/* check_chan for the metatable's send and recv (fname): the channel's
+** BIND_AFTER-th makes its own send and recv, bound to its state, when
+** self is the table the state was made for. */
+static lchan *check_chan_bind(lua_State *L, const char *fname) {
+  lchan *ch = push_state(L, 1);  /* the state, on top */
+  if (!ch) typeerr(L, 1, fname, CHAN_MT);
+  if (ch->unbound < BIND_AFTER && ++ch->unbound == BIND_AFTER &&
+      lua_topointer(L, 1) == ch->self) {
+    int st = lua_gettop(L);
+    lua_pushliteral(L, "send");
+    lua_pushvalue(L, st);
+    lua_pushcclosure(L, l_bound_send, 1);
+    lua_rawset(L, 1);
+    lua_pushliteral(L, "recv");
+    lua_pushvalue(L, st);
+    lua_pushcclosure(L, l_bound_recv, 1);
+    lua_rawset(L, 1);
+  }
+  lua_replace(L, 1);
   return ch;
 }
 
-/* ch.send and ch.recv, the channel table's own fields. */
+/* The metatable's send and recv, for any channel. */
+static int l_send(lua_State *L) {
+  return send_on(L, check_chan_bind(L, "send"), 1);
+}
+
+static int l_recv(lua_State *L) {
+  return recv_on(L, check_chan_bind(L, "recv"), 1);
+}
+
+/* ch.send and ch.recv, the channel table's own fields once bound: the
+** state is the closure's upvalue 1, which the closure, on the stack while
+** it runs and waits, anchors. Another channel as self (a.send(b, v)) is
+** served as the metatable's send serves it. */
 static int l_bound_send(lua_State *L) {
-  return send_on(L, bound_chan(L, "send"), lua_upvalueindex(1));
+  lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
+  if (__builtin_expect(lua_topointer(L, 1) != ch->self, 0))
+    return send_on(L, check_chan(L, 1, "send"), 1);
+  return send_on(L, ch, lua_upvalueindex(1));
 }
 
 static int l_bound_recv(lua_State *L) {
-  return recv_on(L, bound_chan(L, "recv"), lua_upvalueindex(1));
+  lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
+  if (__builtin_expect(lua_topointer(L, 1) != ch->self, 0))
+    return recv_on(L, check_chan(L, 1, "recv"), 1);
+  return recv_on(L, ch, lua_upvalueindex(1));
 }
 
 /* ch:try_send(v) -> true | false, "full" | false, "closed" */
