@@ -20,6 +20,27 @@
 ** (only while the buffer is empty), sendq holds senders (only while it is
 ** full). A value taken from a full buffer is replaced by the first parked
 ** sender's, so the order of sends is kept across buffer and parked senders.
+**
+** The channel Lua code holds is a table, like ums.mutex and the other
+** sync.lua objects: [1] is its state (a full userdata, lchan), and send
+** and recv are its own fields; the other methods come from the metatable's
+** __index. That is for the method call: ch:send(v) on a userdata goes
+** through its metatable (luaV_finishget: __index found in the metatable,
+** then the method in __index, two hash lookups and ~120 instructions a
+** call), on a table with the method as its own field it is one hash
+** lookup inline in the VM. A message is one send and one receive, and the
+** two lookups cost ~70 of its ~390 ns (measured with the methods taken
+** into locals instead). The own send and recv are C closures whose
+** upvalue is the state: they read it without looking [1] up or checking
+** it, only comparing self with the table the state belongs to (another
+** channel as self is served as the metatable's methods serve it), and
+** the closure, on the stack while the call waits, anchors the state.
+** They are made by the channel's BIND_AFTER-th send or recv through the
+** metatable, not by ums.channel: two closures more per channel cost more
+** than a channel used for a message or two (a reply channel per request)
+** spends on lookups. The metatable's methods replace self on their stack
+** with the state (chan_open), which anchors it the same way, whatever the
+** table's [1] is changed to.
 */
 #include "lums.h"
 #include "lvm.h"
@@ -43,6 +64,10 @@ enum { DONE, WOULD_BLOCK, IS_CLOSED };
 
 typedef struct lchan {
   const char *tag;       /* &chan_tag */
+  const void *self;      /* the channel table: what tostring shows, and
+                            what waits on it report (ums.waits) */
+  unsigned unbound;      /* sends and recvs through the metatable, up to
+                            BIND_AFTER (then its own are bound) */
   lwaitq recvq, sendq;   /* parked receivers / senders, FIFO */
   lua_Integer size;      /* buffer slots; 0: unbuffered */
   lua_Integer head;      /* slot of the oldest buffered value (1-based) */
@@ -131,20 +156,44 @@ static int typeerr(lua_State *L, int narg, const char *fname,
                                                 expected, tname(L, narg)));
 }
 
-static lchan *to_chan(lua_State *L, int idx);
-
-static lchan *check_chan(lua_State *L, int idx, const char *fname) {
-  lchan *ch = to_chan(L, idx);
-  if (!ch) typeerr(L, idx, fname, CHAN_MT);
+/* If the value at idx is a channel (a table whose [1] is a channel
+** state), pushes its state userdata and returns it; else NULL, nothing
+** pushed. */
+static lchan *push_state(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TTABLE) return NULL;
+  lua_rawgeti(L, idx, 1);
+  /* lua_rawlen is 0 for anything but a full userdata (or a string or a
+  ** table, which lua_touserdata answers NULL for). */
+  lchan *ch = (lchan *)lua_touserdata(L, -1);
+  if (!ch || lua_rawlen(L, -1) != sizeof *ch || ch->tag != &chan_tag) {
+    lua_pop(L, 1);
+    return NULL;
+  }
   return ch;
 }
 
+/* The state of the channel at idx, or NULL; the stack is left as is. */
 static lchan *to_chan(lua_State *L, int idx) {
-  /* lua_rawlen is 0 for anything but a full userdata (or a string or a
-  ** table, which lua_touserdata answers NULL for). */
-  lchan *ch = (lchan *)lua_touserdata(L, idx);
-  if (!ch || lua_rawlen(L, idx) != sizeof *ch || ch->tag != &chan_tag)
-    return NULL;
+  lchan *ch = push_state(L, idx);
+  if (ch) lua_pop(L, 1);
+  return ch;
+}
+
+/* If the value at (absolute) idx is a channel, replaces it with its state
+** userdata, which every function below works on (its buffer is the
+** userdata's user value) and which the stack slot then anchors, and
+** returns the state; else NULL. */
+static lchan *chan_open(lua_State *L, int idx) {
+  lchan *ch = push_state(L, idx);
+  if (ch) lua_replace(L, idx);
+  return ch;
+}
+
+/* chan_open for self (idx 1) of method fname, raising if it is no
+** channel. */
+static lchan *check_chan(lua_State *L, int idx, const char *fname) {
+  lchan *ch = chan_open(L, idx);
+  if (!ch) typeerr(L, idx, fname, CHAN_MT);
   return ch;
 }
 
@@ -244,7 +293,7 @@ static int push_timeout(lua_State *L) {
 static int park_on(lua_State *L, ltask *me, lchan *ch, lwaitq *q, int type,
                    int64_t deadline, int vidx, lua_KFunction k) {
   lwait *w = &me->wait;
-  lums_park_begin_wait(L, me, deadline, 0, type, ch, 0, &w->tok);
+  lums_park_begin_wait(L, me, deadline, 0, type, ch->self, 0, &w->tok);
   w->task = me;
   w->L = L;
   w->vidx = vidx;
@@ -267,6 +316,9 @@ static int wait_outcome(lua_State *L) {
 /* ---------------------------------------------------------------------- */
 /* Channel methods                                                         */
 /* ---------------------------------------------------------------------- */
+
+static int l_bound_send(lua_State *L);
+static int l_bound_recv(lua_State *L);
 
 /* core.channel([size [, opts]]); opts {shared = true} makes a channel
 ** every VM of a run may use instead (lshared.c). */
@@ -302,17 +354,21 @@ static int l_channel(lua_State *L) {
     }
     if (size < 0) argerr(L, 1, "channel", "size must not be negative");
   }
+  lua_settop(L, 0);
+  lua_createtable(L, 1, 0);  /* the channel: [1] (send and recv later) */
   lchan *ch = (lchan *)lua_newuserdatauv(L, sizeof *ch, 1);
   memset(ch, 0, sizeof *ch);
   ch->tag = &chan_tag;
+  ch->self = lua_topointer(L, 1);
   ch->size = size;
   ch->head = 1;
   if (size > 0) {
     lua_createtable(L, size < 64 ? (int)size : 64, 0);
     lua_setiuservalue(L, -2, 1);
   }
+  lua_rawseti(L, 1, 1);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &chan_mt_key);
-  lua_setmetatable(L, -2);
+  lua_setmetatable(L, 1);
   return 1;
 }
 
@@ -326,9 +382,10 @@ static int send_k(lua_State *L, int status, lua_KContext ctx) {
   return 1;
 }
 
-/* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed" */
-static int l_send(lua_State *L) {
-  lchan *ch = check_chan(L, 1, "send");
+/* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed", on
+** the channel state ch, whose userdata is at index chi (its buffer is its
+** user value). */
+static inline int send_on(lua_State *L, lchan *ch, int chi) {
   /* No timeout (the usual call) needs no look at argument 3. */
   bool poll = false;
   int64_t deadline = UMS_FOREVER;
@@ -337,7 +394,7 @@ static int l_send(lua_State *L) {
     if (top > 2) deadline = opt_timeout(L, 3, "send", &poll);
     lua_settop(L, 2);
   }
-  int st = send_now(L, ch, 1, 2, true);
+  int st = send_now(L, ch, chi, 2, true);
   if (st == DONE) {
     lua_pushboolean(L, 1);
     return 1;
@@ -358,22 +415,75 @@ static int recv_k(lua_State *L, int status, lua_KContext ctx) {
   return 1;  /* the sender pushed the value on top */
 }
 
-/* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */
-static int l_recv(lua_State *L) {
-  lchan *ch = check_chan(L, 1, "recv");
+/* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed"; ch and chi
+** as for send_on. */
+static inline int recv_on(lua_State *L, lchan *ch, int chi) {
   bool poll = false;
   int64_t deadline = UMS_FOREVER;
   if (lua_gettop(L) != 1) {
     deadline = opt_timeout(L, 2, "recv", &poll);
     lua_settop(L, 1);
   }
-  int st = recv_now(L, ch, 1);
+  int st = recv_now(L, ch, chi);
   if (st == DONE) return 1;
   if (st == IS_CLOSED) return push_closed(L);
   if (poll) return push_timeout(L);
   ltask *me = lums_need_task(L, "channel:recv");
   return park_on(L, me, ch, &ch->recvq, UMS_WAIT_CHAN_RECV, deadline, 0,
                  recv_k);
+}
+
+/* Sends and receives through the metatable after which a channel's own
+** send and recv are bound. */
+#define BIND_AFTER 4
+
+/* check_chan for the metatable's send and recv (fname): the channel's
+** BIND_AFTER-th makes its own send and recv, bound to its state, when
+** self is the table the state was made for. */
+static lchan *check_chan_bind(lua_State *L, const char *fname) {
+  lchan *ch = push_state(L, 1);  /* the state, on top */
+  if (!ch) typeerr(L, 1, fname, CHAN_MT);
+  if (ch->unbound < BIND_AFTER && ++ch->unbound == BIND_AFTER &&
+      lua_topointer(L, 1) == ch->self) {
+    int st = lua_gettop(L);
+    lua_pushliteral(L, "send");
+    lua_pushvalue(L, st);
+    lua_pushcclosure(L, l_bound_send, 1);
+    lua_rawset(L, 1);
+    lua_pushliteral(L, "recv");
+    lua_pushvalue(L, st);
+    lua_pushcclosure(L, l_bound_recv, 1);
+    lua_rawset(L, 1);
+  }
+  lua_replace(L, 1);
+  return ch;
+}
+
+/* The metatable's send and recv, for any channel. */
+static int l_send(lua_State *L) {
+  return send_on(L, check_chan_bind(L, "send"), 1);
+}
+
+static int l_recv(lua_State *L) {
+  return recv_on(L, check_chan_bind(L, "recv"), 1);
+}
+
+/* ch.send and ch.recv, the channel table's own fields once bound: the
+** state is the closure's upvalue 1, which the closure, on the stack while
+** it runs and waits, anchors. Another channel as self (a.send(b, v)) is
+** served as the metatable's send serves it. */
+static int l_bound_send(lua_State *L) {
+  lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
+  if (__builtin_expect(lua_topointer(L, 1) != ch->self, 0))
+    return send_on(L, check_chan(L, 1, "send"), 1);
+  return send_on(L, ch, lua_upvalueindex(1));
+}
+
+static int l_bound_recv(lua_State *L) {
+  lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
+  if (__builtin_expect(lua_topointer(L, 1) != ch->self, 0))
+    return recv_on(L, check_chan(L, 1, "recv"), 1);
+  return recv_on(L, ch, lua_upvalueindex(1));
 }
 
 /* ch:try_send(v) -> true | false, "full" | false, "closed" */
@@ -530,6 +640,7 @@ static int l_select(lua_State *L) {
     const char *op = case_op(L, 1, i, &ch);
     int c = lua_gettop(L);
     lua_rawgeti(L, c, 1);  /* the channel, at c + 1 */
+    chan_open(L, c + 1);   /* its state there (case_op checked it) */
     int st;
     if (op[0] == 'r') {
       st = recv_now(L, ch, c + 1);
@@ -569,7 +680,8 @@ static int l_select(lua_State *L) {
     w->tok = tok;
     w->L = L;
     w->kase = i;
-    lua_rawgeti(L, -1, 1);  /* anchor the channel */
+    lua_rawgeti(L, -1, 1);  /* anchor the channel's state */
+    chan_open(L, lua_gettop(L));
     if (op[0] == 'r') {
       lua_remove(L, -2);
       w->vidx = 0;
