@@ -60,6 +60,9 @@
 #define NAME_MAX_LEN 63
 /* Largest ffi.buffer. */
 #define BUF_MAX ((lua_Integer)1 << 31)
+/* The cache line, for what a pool thread and the Lua thread must not
+** share (the binding sees only the runtime's public headers). */
+#define CACHELINE 64
 
 /* ---------------------------------------------------------------------- */
 /* Types                                                                   */
@@ -426,15 +429,18 @@ static void lib_unref(flib *l) {
 
 /* A declaration bound to an address. Immutable once made, so pool threads
 ** read it without locks; reference counted: its userdata holds one, every
-** request in flight one. */
+** call in flight one. The count has a cache line of its own (ffn is
+** allocated aligned to one): the Lua thread moves it on every call, and on
+** the name's or the cif's line it would take that line from the pool
+** thread each time, to be fetched back by the next call. */
 typedef struct ffn {
-  _Atomic int refs;
   fdecl d;
   void *addr;
   flib *lib;               /* reference held; NULL for ffi.C */
   ffi_cif cif;             /* prepared once (not for variadic functions,
                               whose cif depends on each call) */
   ffi_type *atypes[MAXARGS];
+  _Atomic int refs __attribute__((aligned(CACHELINE)));
 } ffn;
 
 static void fn_unref(ffn *f) {
@@ -577,17 +583,16 @@ typedef struct margs {
   size_t slens[MAXARGS];
 } margs;
 
-/* A call's request: see "Ownership" at the top. What both threads touch
-** on every call comes first, within one cache line of a heap request
-** (allocated aligned to one): the Lua thread writes it, the pool thread
-** reads it and writes the results, the Lua thread reads those. */
+/* A call's arguments and their conversions: see "Ownership" at the top.
+** A preemptive call's results go to its fcall; a direct call's here. What
+** the pool thread reads comes first, within one cache line of a heap
+** request (allocated aligned to one). */
 typedef struct freq {
   ffn *f;                      /* reference held */
   ffi_cif *cif;                /* &f->cif or &vcif */
   rval ret;
   int err;                     /* errno right after the call */
   bool heap;                   /* a heap request holding references */
-  ums_preempt_call_t *call;    /* [Lua thread] the call in flight */
   char *strings;               /* copies of the string arguments, in the
                                   same allocation (heap requests) */
   lrun *cache;                 /* the VM whose request cache it came from
@@ -597,6 +602,23 @@ typedef struct freq {
   ffi_cif vcif;                /* a variadic call's own cif */
   margs a;
 } freq;
+
+/* A preemptive call, in its call record's inline area
+** (ums_preempt_prepare): on the cache line the pool thread reads first
+** and the Lua thread reads the results from. A call without arguments
+** needs nothing else: its request is the bound function itself (one
+** reference held), whose cif it uses; one with arguments (or a variadic
+** one) has a heap request for them. The pool thread writes ret and err;
+** the Lua thread copies the area back once the call has returned
+** (ums_preempt_end_copy). */
+typedef struct fcall {
+  void *req;                   /* ffn * (!heap) or freq * (heap) */
+  rval ret;
+  int err;                     /* errno right after the call */
+  bool heap;
+} fcall;
+_Static_assert(sizeof(fcall) <= UMS_PREEMPT_AREA_SIZE,
+               "fcall fits a call record's inline area");
 
 /* String bytes a cached request has room for (lrun.ffi_free). */
 #define FREQ_CACHED_STRBYTES 256
@@ -816,6 +838,44 @@ static void freq_run(void *arg) {
   calling = NULL;
 }
 
+/* A preemptive call, on a pool thread. */
+static void fcall_run(void *arg) {
+  fcall *c = arg;
+  ffn *f;
+  ffi_cif *cif;
+  void **avalues;
+  if (c->heap) {
+    freq *r = c->req;
+    f = r->f;
+    cif = r->cif;
+    avalues = r->avalues;
+  } else {
+    f = c->req;
+    cif = &f->cif;
+    avalues = NULL;
+  }
+  calling = f->d.name;
+  errno = 0;
+  ffi_call(cif, FFI_FN(f->addr), &c->ret, avalues);
+  c->err = errno;
+  calling = NULL;
+}
+
+/* Drops what a preemptive call holds: ums_preempt's release callback (on
+** a pool thread, once a detached call has returned), or the caller after
+** the results. */
+static void fcall_release(void *req, bool heap) {
+  if (heap)
+    freq_free(req);
+  else
+    fn_unref(req);
+}
+
+static void fcall_free(void *arg) {
+  fcall *c = arg;
+  fcall_release(c->req, c->heap);
+}
+
 /* A C function that crashes takes the process with it (nothing can
 ** safely continue after a fault in foreign code), but first says which
 ** function it was: on a pool thread the default action would end the
@@ -864,7 +924,6 @@ static void install_fatal_handlers(void) {
 
 /* Room for a heap request and strbytes of strings, its first cache line
 ** its own (see freq). */
-#define CACHELINE 64
 static freq *freq_alloc(size_t strbytes) {
   size_t n = (sizeof(freq) + strbytes + CACHELINE - 1) &
              ~(size_t)(CACHELINE - 1);
@@ -903,7 +962,6 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
   }
   r->heap = true;
   r->err = 0;
-  r->call = NULL;
   r->strings = (char *)(r + 1);
   char *s = r->strings;
   for (int i = 0; i < a->n; i++) {
@@ -970,18 +1028,20 @@ static ffn *upvalue_fn(lua_State *L) {
   return ((fbox *)lua_touserdata(L, lua_upvalueindex(1)))->f;
 }
 
+/* In l_call's frame: its upvalues are the function's. */
 static int call_k(lua_State *L, int status, lua_KContext ctx) {
-  freq *r = (freq *)ctx;
+  ffn *f = upvalue_fn(L);
+  fcall res;
   (void)status;
-  int rc = lums_preempt_settle(L, r->call, r->f->d.name);
+  int rc = lums_preempt_settle_copy(L, (ums_preempt_call_t *)ctx,
+                                    f->d.name, &res, sizeof res);
   if (rc == 0) {
-    save_errno(r->err);
-    int n = push_result(L, r->f, &r->ret,
-                        !lua_isnone(L, lua_upvalueindex(2)));
-    freq_free(r);
-    return n;
+    save_errno(res.err);
+    /* The upvalue holds f for push_result. */
+    fcall_release(res.req, res.heap);
+    return push_result(L, f, &res.ret, !lua_isnone(L, lua_upvalueindex(2)));
   }
-  /* Timed out: the request is the runtime's now (freq_free runs when the
+  /* Timed out: the request is the runtime's now (fcall_free runs when the
   ** call returns). */
   lua_pushnil(L);
   lua_pushliteral(L, "timeout");
@@ -1016,14 +1076,35 @@ static int l_call(lua_State *L) {
     lua_Number s = lua_tonumber(L, lua_upvalueindex(2));
     if (s <= 1e9) deadline = ums_deadline((int64_t)(s * 1e9));
   }
-  freq *r = freq_copy(L, f, &a, t->run);
-  if (!freq_prepare(r)) {
-    freq_free(r);
-    return luaL_error(L, "%s: libffi cannot prepare this call", f->d.name);
+  /* The request: the bound function for a call without arguments,
+  ** else a heap copy of them. */
+  bool heap = a.n > 0 || f->d.variadic;
+  void *req;
+  if (heap) {
+    freq *r = freq_copy(L, f, &a, t->run);
+    if (!freq_prepare(r)) {
+      freq_free(r);
+      return luaL_error(L, "%s: libffi cannot prepare this call",
+                        f->d.name);
+    }
+    req = r;
+  } else {
+    atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
+    req = f;
   }
-  /* On failure the runtime frees r through freq_free. */
-  return lums_preempt_start(L, t, f->d.name, freq_run, r, freq_free,
-                            deadline, &r->call, (lua_KContext)r, call_k);
+  ums_preempt_call_t *call;
+  fcall *c;
+  int rc = ums_preempt_prepare(&call, (void **)&c);
+  if (rc != 0) {
+    fcall_release(req, heap);
+    return luaL_error(L, "%s: %s", f->d.name, ums_strerror(rc));
+  }
+  c->req = req;
+  c->heap = heap;
+  /* On failure the runtime releases the request through fcall_free. */
+  return lums_preempt_start_prepared(L, t, f->d.name, call, fcall_run, c,
+                                     fcall_free, deadline,
+                                     (lua_KContext)call, call_k);
 }
 
 static int fbox_gc(lua_State *L) {
@@ -1126,8 +1207,9 @@ static int ns_index(lua_State *L) {
   if (!addr)
     return luaL_error(L, "ums.ffi: undefined symbol '%s' in %s", d->sym,
                       where);
-  ffn *f = calloc(1, sizeof *f);
+  ffn *f = aligned_alloc(CACHELINE, sizeof *f); /* a multiple of it */
   if (!f) return luaL_error(L, "ums.ffi: out of memory");
+  memset(f, 0, sizeof *f);
   atomic_store(&f->refs, 1);
   f->d = *d;
   f->addr = addr;
