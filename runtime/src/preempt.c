@@ -428,9 +428,10 @@ static int call_start(ums__task_t *t, ums_preempt_call_t *c,
   atomic_store_explicit(&c->state, CALL_INFLIGHT, memory_order_relaxed);
   if ((rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
                                 &c->token)) != 0) {
-    /* Never submitted: back to the cache. */
-    call_unref(c);
+    /* Never submitted: release first (arg may be in the area), then
+    ** the record back to the cache. */
     if (release) release(arg);
+    call_unref(c);
     return rc;
   }
   atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
@@ -462,9 +463,10 @@ int ums_preempt_begin_prepared(ums_preempt_call_t *call, ums_preempt_fn fn,
                                int64_t deadline, int flags) {
   ums__task_t *t = ums__task_current();
   if (!call || !fn || !t || t->sched != call->sched) {
-    /* call_unref frees a record on a thread not its scheduler's. */
-    if (call) call_unref(call);
+    /* release first: arg may be in the area. call_unref frees a record
+    ** on a thread not its scheduler's. */
     if (release) release(arg);
+    if (call) call_unref(call);
     return !t ? UMS_EPERM : UMS_EINVAL;
   }
   return call_start(t, call, fn, arg, release, deadline,
@@ -487,9 +489,10 @@ static int begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
     if (release) release(arg);
     return UMS_ENOMEM;
   }
-  *call = c;
+  /* Stored only on success: on failure *call may be inside arg, which
+  ** release may have freed (or a pool thread may free at any moment). */
   int rc = call_start(t, c, fn, arg, release, deadline, spin);
-  if (rc < 0) *call = NULL;
+  if (rc >= 0) *call = c;
   return rc;
 }
 

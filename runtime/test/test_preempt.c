@@ -944,6 +944,18 @@ static void *prepared_calls(void *arg) {
                                       UMS_FOREVER, 0),
            UMS_EINVAL);
   CHECK_EQ(atomic_load(&area_released), 1);
+  /* A park already begun: UMS_EBUSY; release runs while the area is still
+  ** there (it reads it), then the record is given back. */
+  ums_park_token_t tok;
+  CHECK_RC(ums_park_begin(ums_deadline(tu_ms(1)), &tok), 0);
+  CHECK_RC(ums_preempt_prepare(&c, &area), 0);
+  ((area_args_t *)area)->out = 99;
+  CHECK_RC(ums_preempt_begin_prepared(c, area_fn, area, area_release,
+                                      UMS_FOREVER, 0),
+           UMS_EBUSY);
+  CHECK_EQ(atomic_load(&area_released), 2);
+  CHECK_EQ(atomic_load(&area_seen_by_release), 99);
+  CHECK_RC(ums_park_wait(), UMS_ETIMEDOUT);
 
   /* Timed out while fn waits: detached, the area alive for fn and then
   ** release, which sees fn's result in it. */
@@ -975,10 +987,10 @@ static void test_prepared_area(void) {
   atomic_store(&area_released, 0);
   reset_counts();
   CHECK(in_task(0, prepared_calls, NULL));
-  /* The bad begin's; the detached call's waits for the gate. */
-  CHECK_EQ(atomic_load(&area_released), 1);
+  /* The two bad begins'; the detached call's waits for the gate. */
+  CHECK_EQ(atomic_load(&area_released), 2);
   atomic_store(&gate, 1);
-  WAIT_UNTIL(atomic_load(&area_released) == 2, 5000);
+  WAIT_UNTIL(atomic_load(&area_released) == 3, 5000);
   CHECK_EQ(atomic_load(&area_seen_by_release), 7 * 3 + 1);
   WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
   tu_runtime_shutdown(rt);
