@@ -16,20 +16,23 @@
 **
 ** Ownership. A preemptive call may outlive its caller's interest (timeout,
 ** cancel): the runtime then detaches it, and everything the call reads or
-** writes must stay valid until it returns on the pool thread. So the
-** request (a heap block with the cif of a variadic call, the argument
-** values and pointer array, the return buffer and copies of the string
-** arguments) is freed by ums_preempt's release callback when the caller
-** gave up, or by the caller once it has read the results; it holds a
-** reference on the bound function (whose cif and library handle it uses)
-** and on every buffer passed. Buffers are ums_buf_t (reference counted),
+** writes must stay valid until it returns on the pool thread. A call's
+** fcall lives in its call record's inline area (ums_preempt_prepare),
+** which the runtime keeps until the call is over: it holds a reference on
+** the bound function (whose cif and library handle it uses) and, for a
+** call with arguments, a heap request (the cif of a variadic call, the
+** argument values and pointer array, copies of the string arguments,
+** which holds a reference on every buffer passed); both are dropped by
+** ums_preempt's release callback when the caller gave up, or by the
+** caller once it has read the results. Buffers are ums_buf_t (reference counted),
 ** so a buffer collected by Lua while a detached call writes into it stays
 ** allocated until the call is done.
 **
 ** Threads: everything here runs on the Lua thread of the run (the
-** scheduler thread) or the main thread outside runs, except freq_run and
-** freq_free, which run on a pool thread and touch only the request, the
-** bound function's reference count and buffers' reference counts.
+** scheduler thread) or the main thread outside runs, except fcall_run and
+** fcall_free, which run on a pool thread and touch only the fcall, the
+** request, the bound function's reference count and buffers' reference
+** counts.
 */
 #define _GNU_SOURCE
 #include "lums.h"
