@@ -716,7 +716,10 @@ int ums__pool_set_slots(ums__pool_t *p, ums__pool_work_t *const *slots,
 
 bool ums__pool_post(ums__pool_t *p, uint32_t i) {
   ums__pool_work_t *w = p->slots[i];
-  atomic_store_explicit(&w->interrupted, 0, memory_order_relaxed);
+  /* Stored only if set: a store into the line a thread polls may cost a
+  ** round trip (see "Slots"). */
+  if (atomic_load_explicit(&w->interrupted, memory_order_relaxed))
+    atomic_store_explicit(&w->interrupted, 0, memory_order_relaxed);
   /* Sequentially consistent, as a push and its load of nawake (see the
   ** top): a thread awake now will look at the slots before it sleeps. */
   atomic_store(&w->posts,

@@ -127,12 +127,15 @@ static void call_unref(ums_preempt_call_t *c) {
   free(c);
 }
 
+static void call_run(ums__pool_work_t *w);
+
 int ums__preempt_sched_init(ums__sched_t *s) {
   ums_preempt_call_t *c = ums__cacheline_alloc(sizeof *c);
   if (!c) return UMS_ENOMEM;
   memset(c, 0, sizeof *c);
   c->lone = true;
   c->sched = s;
+  c->work.run = call_run;
   s->call_lone = c;
   return 0;
 }
@@ -253,6 +256,7 @@ static ums_preempt_call_t *call_get(ums__sched_t *s) {
     } else if ((c = ums__cacheline_alloc(sizeof *c))) {
       c->lone = false;
       c->sched = s;
+      c->work.run = call_run; /* for good: records serve calls only */
     } else {
       return NULL;
     }
@@ -374,16 +378,16 @@ static int call_start(ums__task_t *t, ums_preempt_call_t *c,
                       ums_preempt_fn fn, void *arg, ums_preempt_fn release,
                       int64_t deadline, bool spin) {
   ums__sched_t *s = t->sched;
-  int64_t limit;
+  int64_t limit = UMS_FOREVER;
   int rc;
   bool spinning = spin && spin_allowed(s, t, deadline, &limit);
-  /* Written together, just before the submit: a pool thread spinning
-  ** on the slot reads this line meanwhile, and takes it back from us
-  ** between stores far apart. */
-  c->fn = fn;
-  c->arg = arg;
+  /* Written just before the submit, and only if they change (the same
+  ** function and area call after call, from a binding): a pool thread
+  ** spinning on the slot reads this line meanwhile, and every store
+  ** that comes after it has taken the line back costs a round trip. */
+  if (c->fn != fn) c->fn = fn;
+  if (c->arg != arg) c->arg = arg;
   c->release = release;
-  c->work.run = call_run;
   if (spinning) {
     atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
     atomic_store_explicit(&c->state, CALL_SPIN, memory_order_relaxed);
