@@ -618,7 +618,9 @@ typedef struct fcall {
   void *req;                   /* ffn * (!heap) or freq * (heap) */
   rval ret;
   int err;                     /* errno right after the call */
-  bool heap;
+  uint8_t heap;                /* a byte, not a bool: l_call compares it
+                                  before storing, and a fresh area holds
+                                  anything */
 } fcall;
 _Static_assert(sizeof(fcall) <= UMS_PREEMPT_AREA_SIZE,
                "fcall fits a call record's inline area");
