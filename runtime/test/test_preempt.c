@@ -1030,9 +1030,18 @@ static void test_slot_not_left_to_blocked(void) {
   ums_task_t blocked;
   CHECK_RC(ums_task_spawn(rt, &o, gated_blocking_call, NULL, &blocked), 0);
   WAIT_UNTIL(atomic_load(&started) == 1, 5000);
-  /* The pool's one thread is in the gated call (no other started: none
-  ** was needed), awake: a post relies on it. */
-  CHECK_EQ(ums__pool_threads(&rt->preempt_pool), 1);
+  /* The pool's thread in the gated call is awake: a post relies on it.
+  ** Any other (the monitor starts one when the call waited a tick for
+  ** the first, on a slow run) must be asleep, or it would take the post. */
+  ums__pool_t *pp = &rt->preempt_pool;
+  for (int64_t until = ums_deadline(tu_ms(5000));;) {
+    pthread_mutex_lock(&pp->lock);
+    bool others_asleep = pp->nsleeping + 1 == pp->nthreads;
+    pthread_mutex_unlock(&pp->lock);
+    if (others_asleep) break;
+    CHECK(ums_now() < until);
+    usleep(1000);
+  }
   uint64_t takes0, backs0, takes, backs;
   ums__pool_slot_counts(&rt->preempt_pool, &takes0, &backs0);
   /* Within seconds, not when the gate opens (never, unless it returns). */
