@@ -59,6 +59,17 @@
 ** (before its CAS); it is lowered after the caller's unpark for a call
 ** found INFLIGHT (by the scheduler, in ums__preempt_reap) and after the
 ** release for one found ABANDONED (by the pool thread).
+**
+** Records and slots (PREEMPT.md, "One cache line for a lone call"). A
+** scheduler keeps freed records for its next calls, and has one more of
+** its own, its slot record (call_lone), which is a slot of the C-call
+** pool (pool.c, "Slots"): a spinning caller whose slot record is free
+** (refs 0) posts it instead of pushing it onto the queue, so that the
+** pool thread spinning for work finds it on the record's own line; when
+** the spin ends unanswered, the caller takes the post back if no thread
+** took it and queues the record (call_unpost). ums_preempt_prepare hands
+** out a record before its call begins, so that the caller can put the
+** call's data in its inline area, on that same line.
 */
 #include "internal.h"
 
