@@ -47,15 +47,10 @@ static const char *name_or_fname(lua_State *L, const char *name) {
   return name ? name : ums_lua_pushfname(L);
 }
 
-int lums_preempt_start(lua_State *L, ltask *t, const char *name,
-                       ums_preempt_fn fn, void *arg, ums_preempt_fn release,
-                       int64_t deadline, ums_preempt_call_t **call,
-                       lua_KContext ctx, lua_KFunction k) {
-  /* Spinning for the call prolongs the step: not once the quantum has
-  ** asked it to end. */
-  int rc = lums_quantum_due(t)
-               ? ums_preempt_begin(fn, arg, release, deadline, call)
-               : ums_preempt_begin_spin(fn, arg, release, deadline, call);
+/* What follows the begin of a call for lums_preempt_start and
+** lums_preempt_start_prepared. */
+static int started(lua_State *L, ltask *t, const char *name, int rc,
+                   lua_KContext ctx, lua_KFunction k) {
   /* Returned during the spin at the call site: no park, no yield. */
   if (rc == 1) return k(L, LUA_OK, ctx);
   /* On failure the runtime has called release(arg) (or, cancelled during
@@ -70,9 +65,37 @@ int lums_preempt_start(lua_State *L, ltask *t, const char *name,
   return lums_park_finish(L, t, ctx, k);
 }
 
+int lums_preempt_start(lua_State *L, ltask *t, const char *name,
+                       ums_preempt_fn fn, void *arg, ums_preempt_fn release,
+                       int64_t deadline, ums_preempt_call_t **call,
+                       lua_KContext ctx, lua_KFunction k) {
+  /* Spinning for the call prolongs the step: not once the quantum has
+  ** asked it to end. */
+  int rc = lums_quantum_due(t)
+               ? ums_preempt_begin(fn, arg, release, deadline, call)
+               : ums_preempt_begin_spin(fn, arg, release, deadline, call);
+  return started(L, t, name, rc, ctx, k);
+}
+
+int lums_preempt_start_prepared(lua_State *L, ltask *t, const char *name,
+                                ums_preempt_call_t *call, ums_preempt_fn fn,
+                                void *arg, ums_preempt_fn release,
+                                int64_t deadline, lua_KContext ctx,
+                                lua_KFunction k) {
+  int rc = ums_preempt_begin_prepared(
+      call, fn, arg, release, deadline,
+      lums_quantum_due(t) ? 0 : UMS_PREEMPT_SPIN);
+  return started(L, t, name, rc, ctx, k);
+}
+
 int lums_preempt_settle(lua_State *L, ums_preempt_call_t *call,
                         const char *name) {
-  int rc = ums_preempt_end(call);
+  return lums_preempt_settle_copy(L, call, name, NULL, 0);
+}
+
+int lums_preempt_settle_copy(lua_State *L, ums_preempt_call_t *call,
+                             const char *name, void *out, size_t n) {
+  int rc = ums_preempt_end_copy(call, out, n);
   if (rc == 0 || rc == UMS_ETIMEDOUT) return rc;
   if (rc == UMS_ECANCELED) return lums_raise_cancelled(L);
   return luaL_error(L, "%s: %s", name_or_fname(L, name), ums_strerror(rc));

@@ -312,6 +312,23 @@ LUMS_HIDDEN int lums_preempt_start(lua_State *L, ltask *t, const char *name,
 ** raises ums.CANCELLED when the task was cancelled, or an error. */
 LUMS_HIDDEN int lums_preempt_settle(lua_State *L, ums_preempt_call_t *call,
                                     const char *name);
+/* The same for a call whose record the caller prepared
+** (ums_preempt_prepare): begins it with ums_preempt_begin_prepared (on
+** failure the record is gone too); k then settles it with
+** lums_preempt_settle_copy, which on 0 first copies n bytes of the
+** record's inline area to out (ums_preempt_end_copy). */
+LUMS_HIDDEN int lums_preempt_start_prepared(lua_State *L, ltask *t,
+                                            const char *name,
+                                            ums_preempt_call_t *call,
+                                            ums_preempt_fn fn, void *arg,
+                                            ums_preempt_fn release,
+                                            int64_t deadline,
+                                            lua_KContext ctx,
+                                            lua_KFunction k);
+LUMS_HIDDEN int lums_preempt_settle_copy(lua_State *L,
+                                         ums_preempt_call_t *call,
+                                         const char *name, void *out,
+                                         size_t n);
 
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);

@@ -55,6 +55,16 @@ unsigned char abs_uchar(unsigned char) __asm__("abs");
 short abs_short(short) __asm__("abs");
 int64_t llabs_i64(int64_t) __asm__("llabs");
 uint64_t llabs_u64(uint64_t) __asm__("llabs");
+/* without arguments, every return class (called without libffi on x86-64
+   and AArch64: the bits beyond a narrow type are the callee's garbage) */
+long random(void);
+double drand48(void);
+void tzset(void);
+int *__errno_location(void);
+const char *gnu_get_libc_version(void);
+int8_t getpid_i8(void) __asm__("getpid");
+uint16_t getpid_u16(void) __asm__("getpid");
+bool getpid_bool(void) __asm__("getpid");
 ]]
 ffi.cdef([[ long gettid_inline(long number, ...) __asm__("syscall"); ]],
          {inline = true})
@@ -92,6 +102,21 @@ local function pipe()
 end
 
 describe("ums.ffi", function()
+  both("calls functions without arguments of every return class", function()
+    local r = C.random()
+    assert.is_true(math.type(r) == "integer" and r >= 0 and r < 1 << 31)
+    local d = C.drand48()
+    assert.is_true(math.type(d) == "float" and d >= 0 and d < 1)
+    assert.is_nil(C.tzset())
+    assert.equal("ums.ffi.pointer", tostring(C.__errno_location()):match(
+      "^[%w%.]+"))
+    assert.is_true(#C.gnu_get_libc_version() > 0)
+    local pid = C.getpid()
+    assert.equal(((pid & 0xff) ~ 0x80) - 0x80, C.getpid_i8())
+    assert.equal(pid & 0xffff, C.getpid_u16())
+    assert.equal(pid & 0xff ~= 0, C.getpid_bool())
+  end)
+
   both("calls libc and libm functions of every supported type", function()
     assert.equal(5, C.abs(-5))
     assert.equal(1234567890123, C.labs(-1234567890123))

@@ -584,10 +584,15 @@ void ums__worker_main(void *arg);
 ** so the pool never touches it after run() returns. */
 typedef struct ums__pool_work ums__pool_work_t;
 struct ums__pool_work {
+  /* First what a pool thread reads of a posted slot (ums__pool_post), so
+  ** that an owner can keep it on one cache line with its own data. */
   void (*run)(ums__pool_work_t *w);  /* [const] */
-  ums__pool_work_t *next;            /* [pool lock] queue link */
+  _Atomic uint32_t posts;            /* [atomic, written by the owner]
+                                        slots only: how many times it was
+                                        posted (ums__pool_post) */
   _Atomic int interrupted;           /* [atomic] set by ums__pool_interrupt;
                                         read through ums__pool_interrupted */
+  ums__pool_work_t *next;            /* [pool lock] queue link */
   int64_t queued_at;                 /* [pool lock] when it was queued */
 };
 
@@ -625,6 +630,12 @@ typedef struct ums__pool {
   _Atomic bool mon_asleep;           /* [atomic, written under lock] the
                                         monitor is not watching (asleep,
                                         or not started) */
+  ums__pool_work_t **slots;          /* [const once set] ums__pool_post */
+  _Atomic uint32_t *slot_taken;      /* [atomic, written under lock] per
+                                        slot, the posts taken (by a thread,
+                                        or back by the owner): it waits
+                                        while its posts differ */
+  uint32_t nslots;                   /* [const once set] */
   pthread_mutex_t lock UMS__ALIGNED;
   pthread_cond_t work_cv;            /* work queued, or stopping */
   pthread_cond_t exit_cv;            /* a thread ended (for destroy) */
@@ -661,6 +672,10 @@ typedef struct ums__pool {
   uint64_t handed;                   /* [lock] work that came while a
                                         thread spun for it */
   uint64_t woken;                    /* [lock] sleepers woken for work */
+  uint32_t slot_turn;                /* [lock] the slot to look at first */
+  uint64_t slot_takes;               /* [lock] posts a thread took */
+  uint64_t slot_backs;               /* [lock] posts taken back by their
+                                        owner (ums__pool_unpost) */
   ums__spin_gauge_t spin;            /* [lock] how the spinners fare */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
@@ -669,6 +684,26 @@ int ums__pool_init(ums__pool_t *p, const ums__pool_cfg_t *cfg);
 /* Queues w. Returns 0, or UMS_EAGAIN when the pool has no thread and
 ** cannot start one (the caller then runs the work itself). Any thread. */
 int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w);
+/* Gives the pool its slots: n works, each owned by one submitter, that
+** idle and finishing pool threads look at besides the queue, so that a
+** submitter posting one (ums__pool_post) hands its work to a spinning
+** thread through the work's own cache line. Before any submit; the array
+** is copied, the works must outlive the pool. Returns 0 or UMS_ENOMEM. */
+int ums__pool_set_slots(ums__pool_t *p, ums__pool_work_t *const *slots,
+                        uint32_t n);
+/* Posts slot i (not posted now) for a pool thread awake now to take.
+** Returns true if it is posted (a thread will take it, or may have
+** already); false, with it not posted, when no thread is awake: the
+** caller then submits the work (ums__pool_submit). A thread awake may be
+** blocked in a long work: a poster that waits for its work takes it back
+** (ums__pool_unpost) when it stops waiting and submits it. A pool thread
+** writes nothing into the work before run(). [the slot's owner] */
+bool ums__pool_post(ums__pool_t *p, uint32_t i);
+/* Takes posted slot i back. Returns true if no thread had taken it (the
+** work is the owner's again, not queued anywhere); false if a thread has
+** taken it and runs it (or has run it). Takes the pool's lock. [the
+** slot's owner] */
+bool ums__pool_unpost(ums__pool_t *p, uint32_t i);
 /* Marks w interrupted and, if a pool thread runs it now, signals that
 ** thread so that a blocking system call fails with EINTR, and again every
 ** tick of the pool's monitor until the work has ended (a signal that lands
@@ -688,6 +723,9 @@ uint32_t ums__pool_threads(ums__pool_t *p);
 uint64_t ums__pool_grown(ums__pool_t *p);
 /* Work that came while a thread spun for it (for tests). */
 uint64_t ums__pool_handed(ums__pool_t *p);
+/* Posts of slots that threads took, and that their owners took back (for
+** tests). */
+void ums__pool_slot_counts(ums__pool_t *p, uint64_t *takes, uint64_t *backs);
 /* Sleepers woken for work (for tests). */
 uint64_t ums__pool_woken(ums__pool_t *p);
 /* Fills a row of ums_runtime_pool_stats. */
@@ -1002,6 +1040,9 @@ struct ums__sched {
   ** for the next: with many calls in flight malloc's per-thread cache
   ** runs dry. Freed when the scheduler's thread ends. */
   struct ums_preempt_call *call_free; /* [owner] */
+  struct ums_preempt_call *call_lone; /* [const] its slot record in the
+                                  C-call pool (preempt.c), for a call its
+                                  caller spins for; freed after the pool */
   uint32_t ncall_free;         /* [owner] */
   ums__spin_gauge_t call_spin; /* [owner] how spins at the call site of
                                   a preemptive call fare (preempt.c) */
@@ -1177,6 +1218,12 @@ enum {
   UMS__STAMPS_VIRTUAL = 2     /* the virtual clock */
 };
 
+/* s's slot record (preempt.c): made with s, freed with it, after the
+** pools. */
+UMS__HIDDEN int ums__preempt_sched_init(ums__sched_t *s);
+UMS__HIDDEN void ums__preempt_sched_destroy(ums__sched_t *s);
+/* The pool work of s's slot record, for ums__pool_set_slots. */
+UMS__HIDDEN ums__pool_work_t *ums__preempt_slot(ums__sched_t *s);
 /* Frees the call records s keeps (preempt.c). [owner, at its end] */
 UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
 /* The pass's step for s->calls_done: unparks the caller of every call

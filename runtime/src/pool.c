@@ -57,10 +57,32 @@
 ** whose threads are all in long calls with nothing behind them, costs
 ** nothing.
 **
+** Slots. A submitter that waits for its work by spinning (preempt.c: a
+** lone C call whose scheduler has nothing else to do) pays for every
+** cache line the handoff moves between its CPU and the pool thread's, one
+** way and back: the queue's head, then the work. So a pool may have slots
+** (ums__pool_set_slots), works each owned by one submitter (a scheduler)
+** that the threads look at besides the queue: the spinning thread polls
+** their `posts` words too, and a finishing thread looks at them after
+** the queue. The owner posts its slot (ums__pool_post) by counting a post
+** in the work itself, which it lays out with its data on one cache line;
+** a thread takes it, under the pool's lock, by counting the post taken in
+** the pool's own slot_taken. So a pool thread writes nothing into the
+** work before it runs it, and for a lone call the work's one line is all
+** that moves, as in a bare two-thread handoff (a claim written into that
+** line would take it from the poster spinning on it, once more each
+** way). A post relies on an awake thread like a push does (below); one
+** that finds none takes its slot back and submits it, and a poster that
+** stops waiting (its spin ends) takes back a slot not yet taken, under
+** the lock, and submits it, so a slot is never left to a blocked thread
+** or to the monitor, which does not look at slots. Threads take slots
+** after the queue (oldest work first), in turn from the slot after the
+** last one taken.
+**
 ** No work is lost between a submitter that relies on an awake thread and
-** a thread that goes to sleep: the submitter's push and its load of
-** nawake, and the sleeper's decrement of nawake and its load of incoming,
-** are sequentially consistent, so at least one sees the other (and
+** a thread that goes to sleep: the submitter's push (or post) and its load
+** of nawake, and the sleeper's decrement of nawake and its loads of
+** incoming and the slots, are sequentially consistent, so at least one sees the other (and
 ** likewise for mon_asleep and the monitor).
 **
 ** Interrupts: a run() blocked in a system call (a read from a pipe nobody
@@ -254,11 +276,44 @@ static ums__pool_work_t *take_incoming(ums__pool_t *p, bool keep_first) {
   return first;
 }
 
+/* Whether a slot is posted and not taken. Sequentially consistent loads
+** of posts: a sleeper's half of ums__pool_post's store and load (see the
+** top). Exact under the lock; a hint without it (the spinner's). */
+static bool slot_posted(ums__pool_t *p) {
+  for (uint32_t i = 0; i < p->nslots; i++)
+    if (atomic_load(&p->slots[i]->posts) !=
+        atomic_load_explicit(&p->slot_taken[i], memory_order_relaxed))
+      return true;
+  return false;
+}
+
+/* Takes a posted slot, in turn from the one after the last taken; NULL if
+** none is posted. [lock] */
+static ums__pool_work_t *take_slot(ums__pool_t *p) {
+  for (uint32_t k = 0; k < p->nslots; k++) {
+    uint32_t i = p->slot_turn + k < p->nslots ? p->slot_turn + k
+                                               : p->slot_turn + k - p->nslots;
+    /* Acquire: what the owner wrote before its post. */
+    uint32_t n = atomic_load_explicit(&p->slots[i]->posts,
+                                      memory_order_acquire);
+    if (n != atomic_load_explicit(&p->slot_taken[i], memory_order_relaxed)) {
+      atomic_store_explicit(&p->slot_taken[i], n, memory_order_relaxed);
+      p->slot_turn = i + 1 < p->nslots ? i + 1 : 0;
+      p->slot_takes++;
+      return p->slots[i];
+    }
+  }
+  return NULL;
+}
+
 /* The next work for a pool thread: the FIFO's head, else the oldest
-** pushed. [lock] */
+** pushed, else a posted slot. [lock] */
 static ums__pool_work_t *next_work(ums__pool_t *p) {
   ums__pool_work_t *w = p->head;
-  if (!w) return take_incoming(p, true);
+  if (!w) {
+    w = take_incoming(p, true);
+    return w || !p->nslots ? w : take_slot(p);
+  }
   p->head = w->next;
   if (!p->head) p->tail = NULL;
   p->nqueued--;
@@ -268,7 +323,8 @@ static ums__pool_work_t *next_work(ums__pool_t *p) {
 
 static bool work_waiting(ums__pool_t *p) {
   return atomic_load_explicit(&p->incoming, memory_order_relaxed) ||
-         atomic_load_explicit(&p->queued_hint, memory_order_relaxed);
+         atomic_load_explicit(&p->queued_hint, memory_order_relaxed) ||
+         slot_posted(p);
 }
 
 /* Spins without the lock until work is pushed or queued, or spin_ns
@@ -328,7 +384,7 @@ static void *pool_main(void *arg) {
     /* To sleep: no longer awake, then one more look at incoming (the
     ** other half of the submitter's push and load, at the top). */
     set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) - 1);
-    if (atomic_load(&p->incoming)) {
+    if (atomic_load(&p->incoming) || slot_posted(p)) {
       set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) + 1);
       continue;
     }
@@ -352,7 +408,7 @@ static void *pool_main(void *arg) {
       set_awake(p, atomic_load_explicit(&p->nawake, memory_order_relaxed) + 1);
     /* Trimmed down to core, never below. */
     if (r == ETIMEDOUT && !p->head && !atomic_load(&p->incoming) &&
-        p->nthreads > p->cfg.core)
+        !slot_posted(p) && p->nthreads > p->cfg.core)
       break;
     continue;
   run:
@@ -636,6 +692,58 @@ static int submit_slow(ums__pool_t *p, ums__pool_work_t *w) {
   return 0;
 }
 
+int ums__pool_set_slots(ums__pool_t *p, ums__pool_work_t *const *slots,
+                        uint32_t n) {
+  ums__pool_work_t **v = malloc((n ? n : 1) * sizeof *v);
+  _Atomic uint32_t *taken = malloc((n ? n : 1) * sizeof *taken);
+  if (!v || !taken) {
+    free(v);
+    free(taken);
+    return UMS_ENOMEM;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    v[i] = slots[i];
+    atomic_init(&taken[i],
+                atomic_load_explicit(&v[i]->posts, memory_order_relaxed));
+  }
+  free(p->slots);
+  free((void *)p->slot_taken);
+  p->slots = v;
+  p->slot_taken = taken;
+  p->nslots = n;
+  return 0;
+}
+
+bool ums__pool_post(ums__pool_t *p, uint32_t i) {
+  ums__pool_work_t *w = p->slots[i];
+  /* Stored only if set: a store into the line a thread polls may cost a
+  ** round trip (see "Slots"). */
+  if (atomic_load_explicit(&w->interrupted, memory_order_relaxed))
+    atomic_store_explicit(&w->interrupted, 0, memory_order_relaxed);
+  /* Sequentially consistent, as a push and its load of nawake (see the
+  ** top): a thread awake now will look at the slots before it sleeps. */
+  atomic_store(&w->posts,
+               atomic_load_explicit(&w->posts, memory_order_relaxed) + 1);
+  if (atomic_load(&p->nawake)) return true;
+  /* Nobody awake: back, unless a thread took it meanwhile. */
+  return !ums__pool_unpost(p, i);
+}
+
+bool ums__pool_unpost(ums__pool_t *p, uint32_t i) {
+  pthread_mutex_lock(&p->lock);
+  uint32_t n = atomic_load_explicit(&p->slots[i]->posts,
+                                    memory_order_relaxed);
+  bool back = n != atomic_load_explicit(&p->slot_taken[i],
+                                        memory_order_relaxed);
+  /* Counted as taken: no thread takes it now. */
+  if (back) {
+    atomic_store_explicit(&p->slot_taken[i], n, memory_order_relaxed);
+    p->slot_backs++;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return back;
+}
+
 int ums__pool_submit(ums__pool_t *p, ums__pool_work_t *w) {
   atomic_store_explicit(&w->interrupted, 0, memory_order_relaxed);
   ums__pool_work_t *head =
@@ -698,6 +806,11 @@ void ums__pool_destroy(ums__pool_t *p) {
   }
   join_exited(p);
   pthread_mutex_unlock(&p->lock);
+  free(p->slots);
+  free((void *)p->slot_taken);
+  p->slots = NULL;
+  p->slot_taken = NULL;
+  p->nslots = 0;
   pthread_cond_destroy(&p->work_cv);
   pthread_cond_destroy(&p->exit_cv);
   pthread_cond_destroy(&p->mon_cv);
@@ -735,6 +848,14 @@ uint64_t ums__pool_handed(ums__pool_t *p) {
   uint64_t n = p->handed;
   pthread_mutex_unlock(&p->lock);
   return n;
+}
+
+void ums__pool_slot_counts(ums__pool_t *p, uint64_t *takes,
+                           uint64_t *backs) {
+  pthread_mutex_lock(&p->lock);
+  *takes = p->slot_takes;
+  *backs = p->slot_backs;
+  pthread_mutex_unlock(&p->lock);
 }
 
 uint64_t ums__pool_woken(ums__pool_t *p) {

@@ -59,32 +59,62 @@
 ** (before its CAS); it is lowered after the caller's unpark for a call
 ** found INFLIGHT (by the scheduler, in ums__preempt_reap) and after the
 ** release for one found ABANDONED (by the pool thread).
+**
+** Records and slots (PREEMPT.md, "One cache line for a lone call"). A
+** scheduler keeps freed records for its next calls, and has one more of
+** its own, its slot record (call_lone), which is a slot of the C-call
+** pool (pool.c, "Slots"): a spinning caller whose slot record is free
+** (refs 0) posts it instead of pushing it onto the queue, so that the
+** pool thread spinning for work finds it on the record's own line; when
+** the spin ends unanswered, the caller takes the post back if no thread
+** took it and queues the record (call_unpost). ums_preempt_prepare hands
+** out a record before its call begins, so that the caller can put the
+** call's data in its inline area, on that same line.
 */
 #include "internal.h"
 
 #include <sched.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { CALL_INFLIGHT = 0, CALL_DONE = 1, CALL_ABANDONED = 2, CALL_SPIN = 3 };
 
-/* What a call's round trip touches on both threads (the pool's link,
-** state, refs, fn, arg, sched) is its first cache line: records are
-** allocated aligned to one. */
+/* What a call that returns during its caller's spin touches on both
+** threads (state, fn, arg, the inline area, and the pool's run and posts
+** words of a posted slot) is its first cache line: records are allocated
+** aligned to one. For a lone call through the scheduler's slot record
+** (call_lone), with its data in the area, that line is all that moves
+** between the two CPUs. The rest, the pool's queue link included, only
+** matters to calls that park or queue. */
 struct ums_preempt_call {
-  ums__pool_work_t work;       /* [pool] */
-  _Atomic uint32_t refs;       /* [atomic] caller + pool */
   _Atomic int state;           /* [atomic] CALL_* */
-  ums_preempt_fn fn;           /* [const] */
-  void *arg;                   /* [const pointer] the data: the caller's
-                                  until it gives up, then release's */
+  ums_preempt_fn fn;           /* [const once begun] */
+  void *arg;                   /* [const pointer once begun] the data: the
+                                  caller's until it gives up, then
+                                  release's */
+  union {                      /* [the caller's, then as arg] */
+    unsigned char bytes[UMS_PREEMPT_AREA_SIZE];
+    uint64_t align;
+  } area;
+  ums__pool_work_t work;       /* [pool] run, posted and interrupted on
+                                  the first line, the queue link after */
+  _Atomic uint32_t refs;       /* [atomic] caller + pool */
+  bool lone;                   /* [const] its scheduler's slot record:
+                                  never freed before the scheduler; free
+                                  for another call when refs is 0 */
   ums__sched_t *sched;         /* [const] the caller's scheduler */
-  ums_preempt_fn release;      /* [const] */
+  ums_preempt_fn release;      /* [const once begun] */
   ums_park_token_t token;      /* [caller until state is INFLIGHT, then
                                   const] the caller's park */
   ums_preempt_call_t *next_free; /* [owner of sched] in its call_free */
   ums_preempt_call_t *next_done; /* [the pushing pool thread, then the
                                     owner of sched] in its calls_done */
 };
+
+_Static_assert(offsetof(struct ums_preempt_call, work.interrupted) +
+                       sizeof(int) <= UMS__CACHELINE,
+               "a spun call's fields share the record's first line");
 
 /* Records a scheduler keeps for its next calls. */
 #define CALL_CACHE_MAX 256
@@ -94,6 +124,8 @@ struct ums_preempt_call {
 static void call_unref(ums_preempt_call_t *c) {
   if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
     return;
+  /* The slot record is free again (its owner reads refs with acquire). */
+  if (c->lone) return;
   /* Back to its scheduler's cache when that scheduler drops the last
   ** reference (the caller, the usual case); a pool thread frees. */
   ums__sched_t *s = c->sched;
@@ -104,6 +136,28 @@ static void call_unref(ums_preempt_call_t *c) {
     return;
   }
   free(c);
+}
+
+static void call_run(ums__pool_work_t *w);
+
+int ums__preempt_sched_init(ums__sched_t *s) {
+  ums_preempt_call_t *c = ums__cacheline_alloc(sizeof *c);
+  if (!c) return UMS_ENOMEM;
+  memset(c, 0, sizeof *c);
+  c->lone = true;
+  c->sched = s;
+  c->work.run = call_run;
+  s->call_lone = c;
+  return 0;
+}
+
+void ums__preempt_sched_destroy(ums__sched_t *s) {
+  free(s->call_lone);
+  s->call_lone = NULL;
+}
+
+ums__pool_work_t *ums__preempt_slot(ums__sched_t *s) {
+  return &s->call_lone->work;
 }
 
 void ums__preempt_cache_clear(ums__sched_t *s) {
@@ -120,7 +174,6 @@ void ums__preempt_cache_clear(ums__sched_t *s) {
 ** when the pool could not start one). */
 static void call_run(ums__pool_work_t *w) {
   ums_preempt_call_t *c = UMS__CONTAINER_OF(w, ums_preempt_call_t, work);
-  ums__sched_t *s = c->sched;
   if (atomic_load_explicit(&c->state, memory_order_acquire) !=
       CALL_ABANDONED)
     c->fn(c->arg);
@@ -143,6 +196,8 @@ static void call_run(ums__pool_work_t *w) {
     ** once more. */
     return;
   }
+  /* Not before: for a spun call, a line the pool thread need not read. */
+  ums__sched_t *s = c->sched;
   if (seen == CALL_INFLIGHT) {
     /* The caller's scheduler unparks it (ums__preempt_reap), with our
     ** reference: the task, its lock and its park stay on that
@@ -199,43 +254,66 @@ static void take_spun(ums_preempt_call_t *c) {
   atomic_store_explicit(&c->refs, 1, memory_order_relaxed);
 }
 
-/* A record for a call of t's, set up but not submitted; NULL: no memory. */
-static ums_preempt_call_t *call_new(ums__sched_t *s, ums_preempt_fn fn,
-                                    void *arg, ums_preempt_fn release,
-                                    int state) {
-  ums_preempt_call_t *c = s->call_free;
-  if (c) {
-    s->call_free = c->next_free;
-    s->ncall_free--;
-  } else if (!(c = ums__cacheline_alloc(sizeof *c))) {
-    return NULL;
+/* A record for a call on s, held by the caller alone (refs 1), not
+** begun: the scheduler's slot record when it is free, else one from the
+** cache or the heap. NULL: no memory. [owner] */
+static ums_preempt_call_t *call_get(ums__sched_t *s) {
+  ums_preempt_call_t *c = s->call_lone;
+  /* Acquire: the last call's pool thread is done with it (call_unref). */
+  if (!c || atomic_load_explicit(&c->refs, memory_order_acquire) != 0) {
+    if ((c = s->call_free)) {
+      s->call_free = c->next_free;
+      s->ncall_free--;
+    } else if ((c = ums__cacheline_alloc(sizeof *c))) {
+      c->lone = false;
+      c->sched = s;
+      c->work.run = call_run; /* for good: records serve calls only */
+    } else {
+      return NULL;
+    }
   }
-  atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
-  atomic_store_explicit(&c->state, state, memory_order_relaxed);
-  c->fn = fn;
-  c->arg = arg;
-  c->release = release;
-  c->sched = s;
-  c->work.run = call_run;
+  atomic_store_explicit(&c->refs, 1, memory_order_relaxed);
   return c;
 }
 
-/* Hands c to the pool. The submit's release CAS (or the queue's lock)
-** publishes the record to the pool thread. A call in state SPIN is not
-** counted in preempt_pending until its caller stops spinning: the pool
-** thread lowers the count only for calls it finds INFLIGHT or ABANDONED,
-** so that a call completed by the spin touches that shared word (a cache
-** line the pool thread would pull over) on neither side. */
-static void call_submit(ums__sched_t *s, ums_preempt_call_t *c) {
-  if (atomic_load_explicit(&c->state, memory_order_relaxed) != CALL_SPIN)
-    atomic_fetch_add_explicit(&s->preempt_pending, 1, memory_order_relaxed);
-  UMS__COUNT(s, preempt_calls);
+/* Hands c to the pool's queue, or runs it here when the pool has no
+** thread and can start none (rather than fail a call that could be made,
+** this blocks the scheduler for its length; its unpark then ends a park
+** not yet waited on, which the park protocol allows, and a spinning
+** caller finds DONE at once). The submit's release CAS (or the queue's
+** lock) publishes the record to the pool thread. */
+static void call_queue(ums__sched_t *s, ums_preempt_call_t *c) {
   if (ums__pool_submit(&s->rt->preempt_pool, &c->work) != 0)
-    /* No pool thread at all and none can start: run it here, blocking
-    ** this scheduler for its length, rather than fail a call that could
-    ** be made. Its unpark then ends a park not yet waited on, which the
-    ** park protocol allows (and a spinning caller finds DONE at once). */
     call_run(&c->work);
+}
+
+/* Hands c to the pool. A call in state SPIN is not counted in
+** preempt_pending until its caller stops spinning: the pool thread lowers
+** the count only for calls it finds INFLIGHT or ABANDONED, so that a call
+** completed by the spin touches that shared word (a cache line the pool
+** thread would pull over) on neither side. The slot record of a spinning
+** caller is posted (pool.c, "Slots"): returns true then, and the caller
+** must take it back (call_unpost) when it stops spinning. */
+static bool call_submit(ums__sched_t *s, ums_preempt_call_t *c) {
+  UMS__COUNT(s, preempt_calls);
+  if (atomic_load_explicit(&c->state, memory_order_relaxed) != CALL_SPIN) {
+    atomic_fetch_add_explicit(&s->preempt_pending, 1, memory_order_relaxed);
+  } else if (c->lone &&
+             ums__pool_post(&s->rt->preempt_pool, (uint32_t)s->id)) {
+    return true;
+  }
+  call_queue(s, c);
+  return false;
+}
+
+/* The caller of a posted slot record stops spinning: a record no pool
+** thread has taken yet goes to the queue like any other call (state still
+** SPIN: the pool thread's CAS decides as ever), so that it never waits on
+** a thread blocked in a long call, which only the queue's monitor sees.
+** [owner] */
+static void call_unpost(ums__sched_t *s, ums_preempt_call_t *c) {
+  if (ums__pool_unpost(&s->rt->preempt_pool, (uint32_t)s->id))
+    call_queue(s, c);
 }
 
 /* Whether t may wait for a call of its own by spinning (see the top of
@@ -302,33 +380,40 @@ static bool spin_for_call(ums__sched_t *s, ums__task_t *t,
   }
 }
 
-/* Submits fn(arg) and, when the scheduler has nothing else to do, spins
-** for it. Returns 1: the call has returned (c is DONE, no park begun); 0:
-** the park is begun and c is INFLIGHT (or already DONE, the unpark on its
-** way); or an error, with release(arg) called or left to the pool. */
-static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
-                      ums_preempt_fn release, int64_t deadline, bool spin,
-                      ums_preempt_call_t **call) {
+/* Begins the call c (held by the caller alone, refs 1) and, when the
+** scheduler has nothing else to do, spins for it. Returns 1: the call has
+** returned (c is DONE, no park begun); 0: the park is begun and c is
+** INFLIGHT (or already DONE, the unpark on its way); or an error, with
+** release(arg) called or left to the pool, and c released. */
+static int call_start(ums__task_t *t, ums_preempt_call_t *c,
+                      ums_preempt_fn fn, void *arg, ums_preempt_fn release,
+                      int64_t deadline, bool spin) {
   ums__sched_t *s = t->sched;
-  int64_t limit;
+  int64_t limit = UMS_FOREVER;
   int rc;
-  if (spin && spin_allowed(s, t, deadline, &limit)) {
-    ums_preempt_call_t *c = call_new(s, fn, arg, release, CALL_SPIN);
-    if (!c) {
-      rc = UMS_ENOMEM;
-      goto fail;
-    }
-    call_submit(s, c);
-    *call = c;
+  bool spinning = spin && spin_allowed(s, t, deadline, &limit);
+  /* Written just before the submit, and only if they change (the same
+  ** function and area call after call, from a binding): a pool thread
+  ** spinning on the slot reads this line meanwhile, and every store
+  ** that comes after it has taken the line back costs a round trip. */
+  if (c->fn != fn) c->fn = fn;
+  if (c->arg != arg) c->arg = arg;
+  c->release = release;
+  if (spinning) {
+    atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
+    atomic_store_explicit(&c->state, CALL_SPIN, memory_order_relaxed);
+    bool posted = call_submit(s, c);
     if (spin_for_call(s, t, c, limit)) {
       take_spun(c);
       UMS__COUNT(s, preempt_spun);
       return 1;
     }
-    /* Leaving the spin: the park first, then INFLIGHT, which publishes
-    ** its token to the pool thread. The call counts as in flight from
-    ** then on; the increment comes before the CAS, so the pool thread's
-    ** decrement, which follows its CAS, comes after it. */
+    /* Leaving the spin: off the slot if no thread took it, the park,
+    ** then INFLIGHT, which publishes its token to the pool thread. The
+    ** call counts as in flight from then on; the increment comes before
+    ** the CAS, so the pool thread's decrement, which follows its CAS,
+    ** comes after it. */
+    if (posted) call_unpost(s, c);
     int expect = CALL_SPIN;
     rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
                              &c->token);
@@ -346,7 +431,6 @@ static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
       /* Cancelled while spinning: the call goes on detached and the pool
       ** thread calls release(arg). */
       call_unref(c);
-      *call = NULL;
       return rc;
     }
     /* The pool thread found SPIN: it will not lower the count. */
@@ -356,25 +440,52 @@ static int call_start(ums__task_t *t, ums_preempt_fn fn, void *arg,
     return 1;
   }
 
-  ums_preempt_call_t *c = call_new(s, fn, arg, release, CALL_INFLIGHT);
-  if (!c) {
-    rc = UMS_ENOMEM;
-    goto fail;
-  }
+  atomic_store_explicit(&c->state, CALL_INFLIGHT, memory_order_relaxed);
   if ((rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_PREEMPT, NULL, 0,
                                 &c->token)) != 0) {
-    /* Never submitted: back to the cache. */
-    atomic_store_explicit(&c->refs, 1, memory_order_relaxed);
+    /* Never submitted: release first (arg may be in the area), then
+    ** the record back to the cache. */
+    if (release) release(arg);
     call_unref(c);
-    goto fail;
+    return rc;
   }
-  *call = c;
+  atomic_store_explicit(&c->refs, 2, memory_order_relaxed);
   call_submit(s, c);
   return 0;
+}
 
-fail:
-  if (release) release(arg);
-  return rc;
+int ums_preempt_prepare(ums_preempt_call_t **call, void **area) {
+  ums__task_t *t = ums__task_current();
+  if (!call) return UMS_EINVAL;
+  if (!t) return UMS_EPERM;
+  ums_preempt_call_t *c = call_get(t->sched);
+  if (!c) return UMS_ENOMEM;
+  *call = c;
+  if (area) *area = c->area.bytes;
+  return 0;
+}
+
+void *ums_preempt_area(ums_preempt_call_t *call) {
+  return call ? call->area.bytes : NULL;
+}
+
+void ums_preempt_discard(ums_preempt_call_t *call) {
+  if (call) call_unref(call);
+}
+
+int ums_preempt_begin_prepared(ums_preempt_call_t *call, ums_preempt_fn fn,
+                               void *arg, ums_preempt_fn release,
+                               int64_t deadline, int flags) {
+  ums__task_t *t = ums__task_current();
+  if (!call || !fn || !t || t->sched != call->sched) {
+    /* release first: arg may be in the area. call_unref frees a record
+    ** on a thread not its scheduler's. */
+    if (release) release(arg);
+    if (call) call_unref(call);
+    return !t ? UMS_EPERM : UMS_EINVAL;
+  }
+  return call_start(t, call, fn, arg, release, deadline,
+                    (flags & UMS_PREEMPT_SPIN) != 0);
 }
 
 static int begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
@@ -388,7 +499,16 @@ static int begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
     if (release) release(arg);
     return UMS_EPERM;
   }
-  return call_start(t, fn, arg, release, deadline, spin, call);
+  ums_preempt_call_t *c = call_get(t->sched);
+  if (!c) {
+    if (release) release(arg);
+    return UMS_ENOMEM;
+  }
+  /* Stored only on success: on failure *call may be inside arg, which
+  ** release may have freed (or a pool thread may free at any moment). */
+  int rc = call_start(t, c, fn, arg, release, deadline, spin);
+  if (rc >= 0) *call = c;
+  return rc;
 }
 
 int ums_preempt_begin(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
@@ -402,8 +522,9 @@ int ums_preempt_begin_spin(ums_preempt_fn fn, void *arg,
   return begin(fn, arg, release, deadline, true, call);
 }
 
-int ums_preempt_end(ums_preempt_call_t *c) {
-  if (!c) return UMS_EINVAL;
+int ums_preempt_end_copy(ums_preempt_call_t *c, void *out, size_t n) {
+  /* Refused without ending the call: it is still the caller's to end. */
+  if (!c || n > UMS_PREEMPT_AREA_SIZE || (n && !out)) return UMS_EINVAL;
   int rc = 0, expect = CALL_INFLIGHT;
   /* The usual case, DONE, is final: a load (acquire: fn's writes are
   ** visible) spares the CAS. */
@@ -413,9 +534,16 @@ int ums_preempt_end(ums_preempt_call_t *c) {
     ** cancellation. The call goes on detached; release frees arg. */
     rc = ums_park_result();
     if (rc >= 0) rc = UMS_ECANCELED; /* a foreign unpark: still given up */
+  } else if (n) {
+    /* fn has returned: the area is the caller's until the unref. */
+    memcpy(out, c->area.bytes, n);
   }
   call_unref(c);
   return rc;
+}
+
+int ums_preempt_end(ums_preempt_call_t *c) {
+  return ums_preempt_end_copy(c, NULL, 0);
 }
 
 int ums_preempt(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
@@ -429,8 +557,12 @@ int ums_preempt(ums_preempt_fn fn, void *arg, ums_preempt_fn release,
     fn(arg);
     return 0;
   }
-  ums_preempt_call_t *c;
-  int rc = call_start(t, fn, arg, release, deadline, true, &c);
+  ums_preempt_call_t *c = call_get(t->sched);
+  if (!c) {
+    if (release) release(arg);
+    return UMS_ENOMEM;
+  }
+  int rc = call_start(t, c, fn, arg, release, deadline, true);
   if (rc < 0) return rc;
   if (rc == 0) ums_park_wait();
   return ums_preempt_end(c);

@@ -604,7 +604,10 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
                                                    : UMS__STAMPS_WAIT_CLOCK;
   ums__timer_heap_init(&s->timers);
   s->next_trim = 0;
-  return ums__stack_pool_init(&s->stacks, rt->cfg.stack_size);
+  int e = ums__preempt_sched_init(s);
+  if (e == 0 && (e = ums__stack_pool_init(&s->stacks, rt->cfg.stack_size)))
+    ums__preempt_sched_destroy(s);
+  return e;
 }
 
 static void sched_destroy(ums__sched_t *s) {
@@ -614,6 +617,7 @@ static void sched_destroy(ums__sched_t *s) {
   s->idle_waiters = NULL;
   ums__stack_pool_destroy(&s->stacks);
   ums__timer_heap_destroy(&s->timers);
+  ums__preempt_sched_destroy(s);
 }
 
 static int cpu_count(void) {
@@ -624,6 +628,17 @@ static int cpu_count(void) {
   }
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? (int)n : 1;
+}
+
+/* Each scheduler's slot record becomes a slot of the C-call pool
+** (pool.c, "Slots"; preempt.c). */
+static int preempt_slots(ums_runtime_t *rt) {
+  ums__pool_work_t **v = malloc((size_t)rt->nsched * sizeof *v);
+  if (!v) return UMS_ENOMEM;
+  for (int i = 0; i < rt->nsched; i++) v[i] = ums__preempt_slot(&rt->scheds[i]);
+  int e = ums__pool_set_slots(&rt->preempt_pool, v, (uint32_t)rt->nsched);
+  free(v);
+  return e;
 }
 
 static void runtime_free(ums_runtime_t *rt) {
@@ -762,7 +777,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
                              .spin_ns = PREEMPT_POOL_SPIN_NS};
   if ((e = ums__pool_init(&rt->io_pool, &io_cfg)) != 0 ||
       (e = ums__pool_init(&rt->preempt_pool, &pre_cfg)) != 0 ||
-      (e = io_setup(rt)) != 0) {
+      (e = preempt_slots(rt)) != 0 || (e = io_setup(rt)) != 0) {
     runtime_free(rt);
     goto fail;
   }

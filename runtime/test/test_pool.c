@@ -1,8 +1,10 @@
 /*
 ** test_pool.c: the thread pool (pool.c) through its internal interface:
 ** threads start on demand up to the maximum, idle ones end after the
-** timeout, an interrupt ends a work item blocked in a system call, and
-** destroy waits for every work item and joins every thread.
+** timeout, an interrupt ends a work item blocked in a system call,
+** destroy waits for every work item and joins every thread, and slots
+** (posted works) run exactly once whether a thread takes them or their
+** owner takes them back.
 */
 #include "internal.h"
 #include "test-util.h"
@@ -10,6 +12,14 @@
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define TU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TU_TSAN 1
+#endif
+#endif
 
 typedef struct job {
   ums__pool_work_t work;
@@ -448,6 +458,159 @@ static void test_fault_signals_unblocked(void) {
   CHECK_THREADS(base);
 }
 
+/* ---- Slots (pool.c, "Slots") ---- */
+
+typedef struct slot_job {
+  ums__pool_work_t work;
+  _Atomic int runs;
+} slot_job_t;
+
+static void slot_run(ums__pool_work_t *w) {
+  slot_job_t *j = UMS__CONTAINER_OF(w, slot_job_t, work);
+  atomic_fetch_add(&j->runs, 1);
+}
+
+static void slot_counts(ums__pool_t *p, uint64_t *takes, uint64_t *backs) {
+  ums__pool_slot_counts(p, takes, backs);
+}
+
+/* A post relies on a thread awake now, as a push does: refused when none
+** is (no thread yet, or every one asleep); accepted while the only thread
+** is blocked in a work, and then left alone until the owner takes it back
+** (never run after that), or taken by that thread once its work ends. */
+static void test_slot_post(void) {
+  int base = tu_thread_baseline();
+  reset();
+  ums__pool_t p;
+  ums__pool_cfg_t c = {.name = "test-pool", .core = 1, .max = 1,
+                       .idle_timeout = -1, .spin_ns = 50 * 1000};
+  CHECK_RC(ums__pool_init(&p, &c), 0);
+  slot_job_t sj[2] = {{.work.run = slot_run}, {.work.run = slot_run}};
+  ums__pool_work_t *ws[2] = {&sj[0].work, &sj[1].work};
+  CHECK_RC(ums__pool_set_slots(&p, ws, 2), 0);
+  uint64_t takes, backs;
+
+  /* No thread: refused, and no thread started for it. */
+  CHECK(!ums__pool_post(&p, 0));
+  CHECK_EQ(ums__pool_threads(&p), 0);
+
+  /* The only thread blocked in a work: accepted, not taken; back. */
+  job_t blocked;
+  init_job(&blocked, -1, &gate);
+  CHECK_RC(ums__pool_submit(&p, &blocked.work), 0);
+  WAIT_UNTIL(atomic_load(&running) == 1, 5000);
+  CHECK(ums__pool_post(&p, 0));
+  usleep(20 * 1000);
+  CHECK_EQ(atomic_load(&sj[0].runs), 0);
+  CHECK(ums__pool_unpost(&p, 0));
+  /* Again, left posted: the thread takes it when its work ends. */
+  CHECK(ums__pool_post(&p, 1));
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&sj[1].runs) == 1, 5000);
+  CHECK(!ums__pool_unpost(&p, 1)); /* taken: not the owner's to take */
+  usleep(20 * 1000);
+  CHECK_EQ(atomic_load(&sj[0].runs), 0); /* taken back: never run */
+  CHECK_EQ(atomic_load(&sj[1].runs), 1);
+  slot_counts(&p, &takes, &backs);
+  CHECK_EQ(takes, 1);
+  CHECK_EQ(backs, 2); /* the refused post and the one taken back */
+
+  /* The thread asleep (its spin over): refused. */
+  for (;;) {
+    pthread_mutex_lock(&p.lock);
+    uint32_t sleeping = p.nsleeping;
+    pthread_mutex_unlock(&p.lock);
+    if (sleeping == 1) break;
+    usleep(1000);
+  }
+  CHECK(!ums__pool_post(&p, 0));
+  usleep(20 * 1000);
+  CHECK_EQ(atomic_load(&sj[0].runs), 0);
+  ums__pool_destroy(&p);
+  CHECK_THREADS(base);
+}
+
+/* Two owners post their slots over and over, each waiting for its work a
+** random while (now within a thread's spin, now past it, so that threads
+** also sleep between posts) and taking it back when it has not run: every
+** post runs exactly once, by a thread or, taken back, through the queue.
+** Under TSan: the take (under the lock) against the owner's take back,
+** and the post against a thread going to sleep. */
+#ifdef TU_TSAN
+#define SLOT_ROUNDS 1500
+#else
+#define SLOT_ROUNDS 10000
+#endif
+
+typedef struct slot_owner {
+  ums__pool_t *p;
+  uint32_t i;
+  slot_job_t *j;
+  unsigned seed;
+  int queued;              /* rounds that went through the queue */
+} slot_owner_t;
+
+static void *slot_owner_main(void *arg) {
+  slot_owner_t *o = arg;
+  for (int r = 0; r < SLOT_ROUNDS; r++) {
+    o->seed = o->seed * 1103515245u + 12345u;
+    unsigned x = o->seed >> 8;
+    if (!ums__pool_post(o->p, o->i)) {
+      CHECK_RC(ums__pool_submit(o->p, &o->j->work), 0);
+      o->queued++;
+    } else {
+      /* Wait up to 0-63 us for a thread to take and run it. */
+      int64_t until = ums_now() + (int64_t)(x % 64) * 1000;
+      while (atomic_load(&o->j->runs) == r && ums_now() < until)
+        ums__cpu_relax();
+      if (atomic_load(&o->j->runs) == r && ums__pool_unpost(o->p, o->i)) {
+        CHECK_RC(ums__pool_submit(o->p, &o->j->work), 0);
+        o->queued++;
+      }
+    }
+    /* Busy: WAIT_UNTIL's sleeps would let every spin run out. */
+    int64_t limit = ums_now() + 10 * UMS_NSEC_PER_SEC;
+    while (atomic_load(&o->j->runs) != r + 1) {
+      CHECK(ums_now() < limit);
+      sched_yield();
+    }
+    /* Now and then long enough for the threads to go to sleep. */
+    if (x % 64 == 0) usleep(200);
+  }
+  return NULL;
+}
+
+static void test_slots_exactly_once(void) {
+  int base = tu_thread_baseline();
+  ums__pool_t p;
+  ums__pool_cfg_t c = {.name = "test-pool", .core = 2, .max = 2,
+                       .idle_timeout = -1, .spin_ns = 50 * 1000};
+  CHECK_RC(ums__pool_init(&p, &c), 0);
+  slot_job_t sj[2] = {{.work.run = slot_run}, {.work.run = slot_run}};
+  ums__pool_work_t *ws[2] = {&sj[0].work, &sj[1].work};
+  CHECK_RC(ums__pool_set_slots(&p, ws, 2), 0);
+  slot_owner_t o[2] = {{.p = &p, .i = 0, .j = &sj[0], .seed = 1},
+                       {.p = &p, .i = 1, .j = &sj[1], .seed = 2}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++)
+    CHECK_RC(pthread_create(&th[i], NULL, slot_owner_main, &o[i]), 0);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  usleep(10 * 1000);
+  uint64_t takes, backs;
+  slot_counts(&p, &takes, &backs);
+  printf("   %llu of %d posts taken by a thread, %llu taken back; "
+         "%d + %d through the queue\n",
+         (unsigned long long)takes, 2 * SLOT_ROUNDS,
+         (unsigned long long)backs, o[0].queued, o[1].queued);
+  for (int i = 0; i < 2; i++) CHECK_EQ(atomic_load(&sj[i].runs), SLOT_ROUNDS);
+  /* Every round ran once: taken from its slot, or through the queue. */
+  CHECK_EQ(takes + (uint64_t)o[0].queued + (uint64_t)o[1].queued,
+           2 * SLOT_ROUNDS);
+  CHECK_GT(takes, 0);
+  ums__pool_destroy(&p);
+  CHECK_THREADS(base);
+}
+
 int main(void) {
   RUN(test_core_at_once);
   RUN(test_grow_when_blocked_and_trim);
@@ -459,5 +622,7 @@ int main(void) {
   RUN(test_awake_thread_relied_on);
   RUN(test_blocked_thread_monitor_sleeps);
   RUN(test_destroy_waits);
+  RUN(test_slot_post);
+  RUN(test_slots_exactly_once);
   return 0;
 }

@@ -7,7 +7,10 @@
 ** I/O pool not starved by queued C calls, shutdown with calls in flight,
 ** and the spin at the call site (a lone task's calls completed without a
 ** park, calls racing the end of the spin, other tasks and timers taking
-** precedence, cancel and deadline while spinning).
+** precedence, cancel and deadline while spinning), calls prepared with
+** their data in the record's inline area, and a lone call posted to the
+** pool's slot while the pool's thread is blocked (taken back and queued,
+** not left waiting).
 **
 ** Calls that must block until the test lets them go wait on a gate: an
 ** atomic polled with short sleeps, so that nothing depends on timing
@@ -868,6 +871,195 @@ static void test_spin_cancel_deadline(void) {
   rt = saved;
 }
 
+/* ====================================================================== */
+/* Prepared calls: the record's inline area                                */
+/* ====================================================================== */
+
+/* What area_fn finds in the area: its input, and room for its output. */
+typedef struct area_args {
+  int64_t in;
+  int64_t out;
+  _Atomic int *gate;       /* waits until *gate != 0; NULL: no wait */
+} area_args_t;
+
+static _Atomic int area_released;
+static _Atomic int64_t area_seen_by_release;
+
+static void area_fn(void *arg) {
+  area_args_t *a = arg;
+  if (a->gate)
+    while (!atomic_load(a->gate)) usleep(200);
+  a->out = a->in * 3 + 1;
+}
+
+/* Runs after fn returned, for a detached call: the area is still alive,
+** with what fn wrote into it (a use after free under ASan otherwise). */
+static void area_release(void *arg) {
+  area_args_t *a = arg;
+  atomic_store(&area_seen_by_release, a->out);
+  atomic_fetch_add(&area_released, 1);
+}
+
+static void *prepared_calls(void *arg) {
+  (void)arg;
+  ums_preempt_call_t *c;
+  void *area;
+  /* Results through the area, spinning or not, for a few hundred calls
+  ** (the scheduler's slot record and cached records alike). */
+  for (int i = 0; i < 300; i++) {
+    CHECK_RC(ums_preempt_prepare(&c, &area), 0);
+    CHECK(area != NULL);
+    CHECK_EQ((uintptr_t)area % 8, 0);
+    CHECK(ums_preempt_area(c) == area);
+    area_args_t *a = area;
+    a->in = i;
+    a->out = 0;
+    a->gate = NULL;
+    if (i % 2 == 0) reset_gauge();
+    int rc = ums_preempt_begin_prepared(c, area_fn, a, area_release,
+                                        UMS_FOREVER,
+                                        i % 3 ? UMS_PREEMPT_SPIN : 0);
+    CHECK(rc == 0 || rc == 1);
+    if (i % 3 == 0) CHECK_EQ(rc, 0); /* no spin asked */
+    if (rc == 0) CHECK_RC(ums_park_wait(), 0);
+    area_args_t out = {0};
+    /* Too much to copy: refused, the call still to be ended. */
+    CHECK_RC(ums_preempt_end_copy(c, &out, UMS_PREEMPT_AREA_SIZE + 1),
+             UMS_EINVAL);
+    CHECK_RC(ums_preempt_end_copy(c, &out, sizeof out), 0);
+    CHECK_EQ(out.in, i);
+    CHECK_EQ(out.out, 3 * i + 1);
+  }
+  CHECK_EQ(atomic_load(&area_released), 0);
+
+  /* Prepared and given back unused, many times: nothing leaks, the next
+  ** call still works. */
+  for (int i = 0; i < 1000; i++) {
+    CHECK_RC(ums_preempt_prepare(&c, NULL), 0);
+    ums_preempt_discard(c);
+  }
+  /* A bad begin: release runs, the record is gone. */
+  CHECK_RC(ums_preempt_prepare(&c, &area), 0);
+  CHECK_RC(ums_preempt_begin_prepared(c, NULL, area, area_release,
+                                      UMS_FOREVER, 0),
+           UMS_EINVAL);
+  CHECK_EQ(atomic_load(&area_released), 1);
+  /* A park already begun: UMS_EBUSY; release runs while the area is still
+  ** there (it reads it), then the record is given back. */
+  ums_park_token_t tok;
+  CHECK_RC(ums_park_begin(ums_deadline(tu_ms(1)), &tok), 0);
+  CHECK_RC(ums_preempt_prepare(&c, &area), 0);
+  ((area_args_t *)area)->out = 99;
+  CHECK_RC(ums_preempt_begin_prepared(c, area_fn, area, area_release,
+                                      UMS_FOREVER, 0),
+           UMS_EBUSY);
+  CHECK_EQ(atomic_load(&area_released), 2);
+  CHECK_EQ(atomic_load(&area_seen_by_release), 99);
+  CHECK_RC(ums_park_wait(), UMS_ETIMEDOUT);
+
+  /* Timed out while fn waits: detached, the area alive for fn and then
+  ** release, which sees fn's result in it. */
+  CHECK_RC(ums_preempt_prepare(&c, &area), 0);
+  area_args_t *a = area;
+  a->in = 7;
+  a->out = 0;
+  a->gate = &gate;
+  reset_gauge();
+  int rc = ums_preempt_begin_prepared(c, area_fn, a, area_release,
+                                      ums_deadline(tu_ms(20)),
+                                      UMS_PREEMPT_SPIN);
+  CHECK_EQ(rc, 0);
+  CHECK_RC(ums_park_wait(), UMS_ETIMEDOUT);
+  area_args_t out = {.in = -1};
+  CHECK_RC(ums_preempt_end_copy(c, &out, sizeof out), UMS_ETIMEDOUT);
+  CHECK_EQ(out.in, -1); /* nothing copied */
+  return PTR(1);
+}
+
+static void test_prepared_area(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(1);
+  ums_preempt_call_t *c = NULL;
+  CHECK_RC(ums_preempt_prepare(&c, NULL), UMS_EPERM); /* not in a task */
+  CHECK_RC(ums_preempt_begin_prepared(NULL, area_fn, NULL, NULL,
+                                      UMS_FOREVER, 0),
+           UMS_EPERM);
+  atomic_store(&area_released, 0);
+  reset_counts();
+  CHECK(in_task(0, prepared_calls, NULL));
+  /* The two bad begins'; the detached call's waits for the gate. */
+  CHECK_EQ(atomic_load(&area_released), 2);
+  atomic_store(&gate, 1);
+  WAIT_UNTIL(atomic_load(&area_released) == 3, 5000);
+  CHECK_EQ(atomic_load(&area_seen_by_release), 7 * 3 + 1);
+  WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
+/* A lone call posted to the pool's slot while the pool's only thread is
+** blocked in another scheduler's call: its caller's spin ends, the post
+** is taken back and queued, and the call gets a thread of its own (the
+** monitor's) instead of waiting for the blocked one. */
+static void *gated_blocking_call(void *arg) {
+  (void)arg;
+  job_t *j = counted_job();
+  j->gate = &gate;
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  free(j);
+  return PTR(1);
+}
+
+static void *lone_call_behind_blocked(void *arg) {
+  (void)arg;
+  reset_gauge();
+  uint64_t spun0 = my_spun();
+  job_t *j = job_new(5);
+  CHECK_RC(ums_preempt(job_fn, j, job_release, UMS_FOREVER), 0);
+  CHECK_EQ(j->out, 11);
+  CHECK_EQ(my_spun(), spun0); /* its spin ended: it parked */
+  free(j);
+  return PTR(1);
+}
+
+static void test_slot_not_left_to_blocked(void) {
+  ums_runtime_t *saved = rt;
+  rt = tu_runtime_new(2);
+  reset_counts();
+  ums_spawn_opts_t o = {.sched = 1};
+  ums_task_t blocked;
+  CHECK_RC(ums_task_spawn(rt, &o, gated_blocking_call, NULL, &blocked), 0);
+  WAIT_UNTIL(atomic_load(&started) == 1, 5000);
+  /* The pool's thread in the gated call is awake: a post relies on it.
+  ** Any other (the monitor starts one when the call waited a tick for
+  ** the first, on a slow run) must be asleep, or it would take the post. */
+  ums__pool_t *pp = &rt->preempt_pool;
+  for (int64_t until = ums_deadline(tu_ms(5000));;) {
+    pthread_mutex_lock(&pp->lock);
+    bool others_asleep = pp->nsleeping + 1 == pp->nthreads;
+    pthread_mutex_unlock(&pp->lock);
+    if (others_asleep) break;
+    CHECK(ums_now() < until);
+    usleep(1000);
+  }
+  uint64_t takes0, backs0, takes, backs;
+  ums__pool_slot_counts(&rt->preempt_pool, &takes0, &backs0);
+  /* Within seconds, not when the gate opens (never, unless it returns). */
+  ums_spawn_opts_t o0 = {.sched = 0};
+  ums_task_t lone;
+  CHECK_RC(ums_task_spawn(rt, &o0, lone_call_behind_blocked, NULL, &lone), 0);
+  CHECK_RC(ums_task_join(rt, lone, ums_deadline(tu_ms(5000)), NULL, NULL), 0);
+  CHECK_EQ(atomic_load(&finished), 0); /* the gate is still shut */
+  ums__pool_slot_counts(&rt->preempt_pool, &takes, &backs);
+  CHECK_EQ(takes, takes0);
+  CHECK_EQ(backs, backs0 + 1);
+  atomic_store(&gate, 1);
+  CHECK_RC(ums_task_join(rt, blocked, UMS_FOREVER, NULL, NULL), 0);
+  WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
+  tu_runtime_shutdown(rt);
+  rt = saved;
+}
+
 int main(void) {
   rt = tu_runtime_new(2);
   RUN(test_results);
@@ -888,6 +1080,8 @@ int main(void) {
   RUN(test_spin_race);
   RUN(test_spin_yields_to_others);
   RUN(test_spin_cancel_deadline);
+  RUN(test_prepared_area);
+  RUN(test_slot_not_left_to_blocked);
   CHECK_THREADS(tu_thread_baseline());
   return 0;
 }
