@@ -24,6 +24,16 @@
 #include <string.h>
 #include <unistd.h>
 
+/* TU_TSAN: defined in a ThreadSanitizer build (gcc defines
+** __SANITIZE_THREAD__, clang answers __has_feature). */
+#if defined(__SANITIZE_THREAD__)
+#define TU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TU_TSAN 1
+#endif
+#endif
+
 /* ====================================================================== */
 /* Assertions                                                              */
 /* ====================================================================== */

@@ -13,12 +13,6 @@
 #include "internal.h"
 #include "test-util.h"
 
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer) && !defined(__SANITIZE_THREAD__)
-#define __SANITIZE_THREAD__ 1
-#endif
-#endif
-
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -904,7 +898,7 @@ static void test_pool_growth(void) {
   ** kernel lock on a crowded machine; a pool grown at once to its bound
   ** (64) is what this catches. */
   uint64_t bound = (uint64_t)(cpus > 0 ? cpus : 1) * 4;
-#if defined(__SANITIZE_THREAD__)
+#ifdef TU_TSAN
   /* Under TSan the pool threads do block, in TSan's own runtime: caught
   ** at two looks in a row in futex waits inside libtsan (its internal
   ** locks and global resets stop every thread; seen with three TSan runs

@@ -36,14 +36,6 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
-#if defined(__SANITIZE_THREAD__)
-#define TU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TU_TSAN 1
-#endif
-#endif
-
 #ifdef TU_TSAN
 #define STRESS_TASKS 300
 #define RACE_ITERS 4000

@@ -13,14 +13,6 @@
 #include <sched.h>
 #include <signal.h>
 
-#if defined(__SANITIZE_THREAD__)
-#define TU_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TU_TSAN 1
-#endif
-#endif
-
 typedef struct job {
   ums__pool_work_t work;
   int fd;                    /* read from it (blocks), or -1 */
