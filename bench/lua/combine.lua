@@ -158,7 +158,7 @@ row { "spawn+join, batches of 1000", "ns/task", "floor.spawn",
       end }
 row { "spawn, not joined, batches", "ns/task", "floor.spawn",
       "ums.spawn_detached", "tarantool.spawn_detached" }
-row { "spawn all first, then join", "ns/task", "floor.spawn",
+row { "spawn all first, then join", "ns/task", "floor.spawn_all",
       "ums.spawn_all", nil }
 row { "switch: yield, 2 tasks", "ns/switch", "floor.switch_lua",
       "ums.switch", "tarantool.switch",
