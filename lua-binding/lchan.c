@@ -9,6 +9,10 @@
 ** scheduler thread runs them all, so this is plain single-threaded
 ** API use (the way lua_resume's arguments are pushed onto a coroutine).
 **
+** Their parks are local (UMS_PARK_LOCAL): the waiters' tokens stay in the
+** queues of this VM, whose thread alone ends them, so the runtime ends
+** them without a lock.
+**
 ** A waker unparks before it moves a value: a failed unpark means that park
 ** already ended (timed out, cancelled, another case of its select won), so
 ** the waiter is stale and is dropped. After a successful unpark the woken
@@ -293,7 +297,8 @@ static int push_timeout(lua_State *L) {
 static int park_on(lua_State *L, ltask *me, lchan *ch, lwaitq *q, int type,
                    int64_t deadline, int vidx, lua_KFunction k) {
   lwait *w = &me->wait;
-  lums_park_begin_wait(L, me, deadline, 0, type, ch->self, 0, &w->tok);
+  lums_park_begin_wait(L, me, deadline, UMS_PARK_LOCAL, type, ch->self, 0,
+                       &w->tok);
   w->task = me;
   w->L = L;
   w->vidx = vidx;
@@ -671,7 +676,8 @@ static int l_select(lua_State *L) {
   lwait *ws = (lwait *)lua_newuserdatauv(L, (size_t)n * sizeof *ws, 0);
   memset(ws, 0, (size_t)n * sizeof *ws);
   ums_park_token_t tok;
-  lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_SELECT, NULL, 0, &tok);
+  lums_park_begin_wait(L, me, deadline, UMS_PARK_LOCAL, UMS_WAIT_SELECT, NULL,
+                       0, &tok);
   for (int i = 1; i <= n; i++) {
     lchan *ch;
     const char *op = case_op(L, 1, i, &ch);

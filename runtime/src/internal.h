@@ -454,11 +454,14 @@ struct ums__task {
   /* Parking (park.c): a waiter embedded in the task, so a step task can
   ** park with no stack frame to hold its wait record. */
   ums__waiter_t park;          /* [state: atomic, changed from WAITING
-                                  only under t->lock; the rest: owner]
+                                  only under t->lock, or for a local park
+                                  (UMS_PARK_LOCAL) only by the owner's
+                                  thread; the rest: owner]
                                   task, lock and wq are set once, when
                                   the task is allocated */
   _Atomic uint64_t park_seq;   /* [atomic; written by the owner] sequence
-                                  of the current park */
+                                  of the current park; its low bit is
+                                  UMS__PARK_SEQ_LOCAL */
   int64_t park_deadline;       /* [owner] */
   bool park_pending;           /* [owner] begun, not yet waited or parked */
   void *result;                /* [owner, then lock once done] */
@@ -518,6 +521,11 @@ void ums__task_deliver_cancel(ums__task_t *t);
 ** comes with its park's sequence, so a stale token never matches a newer
 ** park. (t's own thread may call it without the lock: nothing changes
 ** t's state under it then but other threads' unparks, which hold it.) */
+/* The low bit of a park's sequence (and so of its token) says the park is
+** local (UMS_PARK_LOCAL): the token alone tells ums_unpark which way to
+** go, before it reads anything of the task. Sequences advance by 2. */
+#define UMS__PARK_SEQ_LOCAL 1u
+
 static inline bool ums__park_is(ums__task_t *t, ums_park_token_t token) {
   return atomic_load_explicit(&t->park.state, memory_order_acquire) ==
              UMS__WAITING &&
