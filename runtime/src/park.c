@@ -187,16 +187,25 @@ static __attribute__((noinline)) int unpark_ext(ums_runtime_t *rt,
   return r;
 }
 
+/* ums_unpark of a park that is not local, on one of rt's threads. */
+static __attribute__((noinline)) int unpark_own(ums__sched_t *cur,
+                                                ums_park_token_t token,
+                                                int outcome) {
+  ums__task_t *t = ums__task_lookup(cur->rt, token.task);
+  return t ? unpark(cur, t, token, outcome) : UMS_ESRCH;
+}
+
 int ums_unpark(ums_runtime_t *rt, ums_park_token_t token, int outcome) {
   ums__sched_t *cur = ums__sched_current();
   /* One of rt's own threads (a task, the usual case) needs no bracket
-  ** (ums__rt_enter_ext). */
+  ** (ums__rt_enter_ext). The other ways are out of line, which keeps
+  ** this one (a channel's) free of their register saves. */
   if (UMS__LIKELY(cur && cur->rt == rt && outcome >= 0)) {
-    ums__task_t *t = ums__task_lookup(rt, token.task);
-    if (!t) return UMS_ESRCH;
-    if (token.seq & UMS__PARK_SEQ_LOCAL)
-      return unpark_local(cur, t, token, outcome);
-    return unpark(cur, t, token, outcome);
+    if (UMS__LIKELY(token.seq & UMS__PARK_SEQ_LOCAL)) {
+      ums__task_t *t = ums__task_lookup(rt, token.task);
+      return t ? unpark_local(cur, t, token, outcome) : UMS_ESRCH;
+    }
+    return unpark_own(cur, token, outcome);
   }
   return unpark_ext(rt, token, outcome);
 }
