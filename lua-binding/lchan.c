@@ -86,7 +86,7 @@ typedef struct lchan {
 /* Ends the park of the first live waiter of q with status and returns it
 ** (off the queue), or NULL when q holds no live waiter. Stale waiters met
 ** on the way are dropped. */
-static lwait *wake_first(lwaitq *q, int status) {
+static inline lwait *wake_first(lwaitq *q, int status) {
   lwait *w;
   while ((w = q->head) != NULL) {
     lums_q_unlink(w);
@@ -390,7 +390,8 @@ static int send_k(lua_State *L, int status, lua_KContext ctx) {
 /* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed", on
 ** the channel state ch, whose userdata is at index chi (its buffer is its
 ** user value). */
-static inline int send_on(lua_State *L, lchan *ch, int chi) {
+static __attribute__((noinline)) int send_on(lua_State *L, lchan *ch,
+                                             int chi) {
   /* No timeout (the usual call) needs no look at argument 3. */
   bool poll = false;
   int64_t deadline = UMS_FOREVER;
@@ -422,7 +423,8 @@ static int recv_k(lua_State *L, int status, lua_KContext ctx) {
 
 /* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed"; ch and chi
 ** as for send_on. */
-static inline int recv_on(lua_State *L, lchan *ch, int chi) {
+static __attribute__((noinline)) int recv_on(lua_State *L, lchan *ch,
+                                             int chi) {
   bool poll = false;
   int64_t deadline = UMS_FOREVER;
   if (lua_gettop(L) != 1) {
@@ -480,18 +482,68 @@ static int l_recv(lua_State *L) {
 ** it runs and waits, anchors; upvalue 1 is the state's address as a light
 ** userdata, which lua_touserdata reads in fewer instructions than a full
 ** userdata's (no block offset to work out). Another channel as self
-** (a.send(b, v)) is served as the metatable's send serves it. */
+** (a.send(b, v)) is served as the metatable's send serves it.
+**
+** Each handles the call that completes at once with a parked partner
+** (every other call of two tasks passing messages) itself, and leaves
+** the rest to send_on and recv_on, kept out of line: in one function
+** the other ways' registers are saved and restored on every call. */
+static __attribute__((noinline)) int bound_other(lua_State *L, lchan *ch,
+                                                 bool send) {
+  if (lua_topointer(L, 1) != ch->self) {
+    ch = check_chan(L, 1, send ? "send" : "recv");
+    return send ? send_on(L, ch, 1) : recv_on(L, ch, 1);
+  }
+  return send ? send_on(L, ch, lua_upvalueindex(2))
+              : recv_on(L, ch, lua_upvalueindex(2));
+}
+
+/* The waits of a bound send and recv without timeout that found nothing
+** to take or give (and the channel open). */
+static __attribute__((noinline)) int bound_send_park(lua_State *L,
+                                                     lchan *ch) {
+  ltask *me = lums_need_task(L, "channel:send");
+  return park_on(L, me, ch, &ch->sendq, UMS_WAIT_CHAN_SEND, UMS_FOREVER, 2,
+                 send_k);
+}
+
+static __attribute__((noinline)) int bound_recv_park(lua_State *L,
+                                                     lchan *ch) {
+  ltask *me = lums_need_task(L, "channel:recv");
+  return park_on(L, me, ch, &ch->recvq, UMS_WAIT_CHAN_RECV, UMS_FOREVER, 0,
+                 recv_k);
+}
+
 static int l_bound_send(lua_State *L) {
   lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
-  if (__builtin_expect(lua_topointer(L, 1) != ch->self, 0))
-    return send_on(L, check_chan(L, 1, "send"), 1);
+  if (__builtin_expect(lua_topointer(L, 1) != ch->self ||
+                       lua_gettop(L) != 2, 0))
+    return bound_other(L, ch, true);
+  if (!ch->closed) {
+    lwait *r = wake_first(&ch->recvq, GRANTED);
+    if (r) {
+      give(L, 2, true, r);
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    if (ch->count == ch->size) return bound_send_park(L, ch);
+  }
   return send_on(L, ch, lua_upvalueindex(2));
 }
 
 static int l_bound_recv(lua_State *L) {
   lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
-  if (__builtin_expect(lua_topointer(L, 1) != ch->self, 0))
-    return recv_on(L, check_chan(L, 1, "recv"), 1);
+  if (__builtin_expect(lua_topointer(L, 1) != ch->self ||
+                       lua_gettop(L) != 1, 0))
+    return bound_other(L, ch, false);
+  if (ch->count == 0) {
+    lwait *s = wake_first(&ch->sendq, GRANTED);
+    if (s) {
+      take(s, L);
+      return 1;
+    }
+    if (!ch->closed) return bound_recv_park(L, ch);
+  }
   return recv_on(L, ch, lua_upvalueindex(2));
 }
 
