@@ -460,7 +460,7 @@ struct ums__task {
                                   task, lock and wq are set once, when
                                   the task is allocated */
   _Atomic uint64_t park_seq;   /* [atomic; written by the owner] sequence
-                                  of the current park; its low bit is
+                                  of the current park; its top bit is
                                   UMS__PARK_SEQ_LOCAL */
   int64_t park_deadline;       /* [owner] */
   bool park_pending;           /* [owner] begun, not yet waited or parked */
@@ -522,10 +522,11 @@ void ums__task_deliver_cancel(ums__task_t *t);
 ** comes with its park's sequence, so a stale token never matches a newer
 ** park. (t's own thread may call it without the lock: nothing changes
 ** t's state under it then but other threads' unparks, which hold it.) */
-/* The low bit of a park's sequence (and so of its token) says the park is
+/* The top bit of a park's sequence (and so of its token) says the park is
 ** local (UMS_PARK_LOCAL): the token alone tells ums_unpark which way to
-** go, before it reads anything of the task. Sequences advance by 2. */
-#define UMS__PARK_SEQ_LOCAL 1u
+** go, before it reads anything of the task. The count below it advances
+** by one a park, local or not. */
+#define UMS__PARK_SEQ_LOCAL ((uint64_t)1 << 63)
 
 static inline bool ums__park_is(ums__task_t *t, ums_park_token_t token) {
   return atomic_load_explicit(&t->park.state, memory_order_acquire) ==

@@ -67,8 +67,8 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
   w->obj = object;
   w->blocker = blocker;
   uint64_t seq =
-      ((atomic_load_explicit(&t->park_seq, memory_order_relaxed) |
-        UMS__PARK_SEQ_LOCAL) + 1) |
+      ((atomic_load_explicit(&t->park_seq, memory_order_relaxed) + 1) &
+       ~UMS__PARK_SEQ_LOCAL) |
       ((flags & UMS_PARK_LOCAL) ? UMS__PARK_SEQ_LOCAL : 0);
   atomic_store_explicit(&t->park_seq, seq, memory_order_relaxed);
   if (token) {

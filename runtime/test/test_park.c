@@ -2031,10 +2031,10 @@ static int ltok_step(void *arg) {
     CHECK_RC(ums_park_begin_ex(UMS_FOREVER, UMS_PARK_LOCAL, &tok), 0);
     /* A local park's own scheduler ends it (here the task itself). */
     f = tok;
-    f.seq ^= 1;  /* the same park named as not local */
+    f.seq ^= (uint64_t)1 << 63;  /* the same park named as not local */
     CHECK_RC(ums_unpark(r, f, 9), UMS_ESRCH);
     f = tok;
-    f.seq += 2;
+    f.seq++;
     CHECK_RC(ums_unpark(r, f, 9), UMS_ESRCH);
     CHECK_RC(ums_unpark(r, tok, 7), 0);
     CHECK_RC(ums_unpark(r, tok, 8), UMS_ESRCH);
@@ -2101,7 +2101,7 @@ static void test_local_park_tokens(void) {
   usleep(5000);
   CHECK_EQ(s.calls, 2);
   ums_park_token_t f = tok;
-  f.seq ^= 1;
+  f.seq ^= (uint64_t)1 << 63;
   CHECK_RC(ums_unpark(rt, f, 5), UMS_ESRCH);
   ums_task_t ht = spawn_step_on(0, ltok_helper_step, &h);
   atomic_store(&h.go, 1);
