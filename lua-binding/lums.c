@@ -241,11 +241,6 @@ static lhandle *check_task(lua_State *L, int idx) {
   return h;
 }
 
-bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
-  if (!t->run) return false;
-  return ums_unpark(t->run->rt, tok, outcome) == 0;
-}
-
 /* core.unpark(task, seq [, outcome]) -> boolean */
 static int l_unpark(lua_State *L) {
   lhandle *h = check_task(L, 1);

@@ -263,8 +263,12 @@ static inline int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
   return lums_park_block(L, t, ctx, k);
 }
 /* Ends park tok of task t with outcome: true if this call ended it, false
-** if that park had already ended (timed out, cancelled, unparked). */
-LUMS_HIDDEN bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome);
+** if that park had already ended (timed out, cancelled, unparked).
+** Inline: a channel message makes one. */
+static inline bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
+  if (!t->run) return false;
+  return ums_unpark(t->run->rt, tok, outcome) == 0;
+}
 
 /* Before task t waits on its own worker: the quantum monitor must not see
 ** it as running (it would signal a task that is not running Lua). */

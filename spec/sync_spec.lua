@@ -912,6 +912,143 @@ describe("ums.sync", function()
         end)
       end)
 
+    -- The bound send and recv finish a call that meets a parked partner
+    -- themselves and park a call that finds none without going through
+    -- the general path (lchan.c); every case of a channel's behaviour
+    -- once bound, unbuffered and buffered.
+    describe("once bound", function()
+      -- Four calls through the metatable bind ch's own send and recv.
+      local function bound(ch)
+        for i = 1, 2 do
+          local t = ums.spawn(function() assert.is_true(ch:send(i)) end)
+          assert.equal(i, ch:recv())
+          results(t)
+        end
+        assert.is_function(rawget(ch, "send"))
+        assert.is_function(rawget(ch, "recv"))
+        return ch
+      end
+
+      it("passes values both ways between parked partners, in order",
+        function()
+          run(function()
+            local ch = bound(ums.channel())
+            local got = {}
+            local r = ums.spawn(function()
+              for i = 1, 6 do got[i] = ch:recv() end
+            end)
+            settle()  -- r is parked in recv: each send finds it
+            for i = 1, 3 do assert.is_true(ch:send(i)) end
+            local s = ums.spawn(function()
+              for i = 4, 6 do assert.is_true(ch:send(i)) end
+            end)
+            results(r)
+            results(s)
+            assert.same({ 1, 2, 3, 4, 5, 6 }, got)
+            assert.same({ 0, 0 }, { core.channel_queues(ch) })
+          end)
+        end)
+
+      it("wakes parked receivers and senders in FIFO order", function()
+        run(function()
+          local ch = bound(ums.channel())
+          local order = {}
+          for i = 1, 3 do
+            ums.spawn(function()
+              local v = ch:recv()
+              order[#order + 1] = i .. ":" .. v
+            end)
+          end
+          settle()
+          for i = 1, 3 do assert.is_true(ch:send(i)) end
+          settle()
+          assert.same({ "1:1", "2:2", "3:3" }, order)
+          for i = 1, 3 do
+            ums.spawn(function() assert.is_true(ch:send(i * 10)) end)
+          end
+          settle()
+          assert.same({ 0, 3 }, { core.channel_queues(ch) })
+          for i = 1, 3 do assert.equal(i * 10, ch:recv()) end
+        end)
+      end)
+
+      it("fills a buffer, parks the sender when full and moves its value "
+        .. "in behind the others", function()
+          run(function()
+            local ch = bound(ums.channel(2))
+            assert.is_true(ch:send("a"))
+            assert.is_true(ch:send("b"))
+            assert.equal(2, ch:len())
+            local s = ums.spawn(function() return ch:send("c") end)
+            settle()
+            assert.same({ 0, 1 }, { core.channel_queues(ch) })
+            assert.equal("a", ch:recv())
+            assert.is_true(results(s))
+            assert.equal("b", ch:recv())
+            assert.equal("c", ch:recv())
+            local r = ums.spawn(function() return ch:recv() end)
+            settle()  -- empty: parked
+            assert.same({ 1, 0 }, { core.channel_queues(ch) })
+            assert.is_true(ch:send("d"))
+            assert.equal("d", results(r))
+          end)
+        end)
+
+      it("on a closed channel: send fails, recv drains then fails, parked "
+        .. "calls wake with closed", function()
+          run(function()
+            local ch = bound(ums.channel(1))
+            local r = ums.spawn(function() return ch:recv() end)
+            local plain = bound(ums.channel())
+            local s = ums.spawn(function() return plain:send("x") end)
+            settle()
+            assert.is_true(ch:close())
+            assert.is_true(plain:close())
+            assert.same({ nil, "closed" }, { results(r) })
+            assert.same({ nil, "closed" }, { results(s) })
+            assert.same({ nil, "closed" }, { ch:send(1) })
+            assert.same({ nil, "closed" }, { plain:send(1) })
+            local full = bound(ums.channel(1))
+            assert.is_true(full:send("kept"))
+            full:close()
+            assert.equal("kept", full:recv())
+            assert.same({ nil, "closed" }, { full:recv() })
+            assert.same({ nil, "closed" }, { plain:recv() })
+          end)
+        end)
+
+      it("times out and polls with a timeout, and a cancel ends a parked "
+        .. "call", function()
+          run(function()
+            local ch = bound(ums.channel())
+            assert.same({ nil, "timeout" }, { ch:recv(0) })
+            assert.same({ nil, "timeout" }, { ch:send(1, 0) })
+            local dt, v, msg = timed(ch.recv, ch, 0.02)
+            assert_waited(dt, 0.02)
+            assert.same({ nil, "timeout" }, { v, msg })
+            assert.same({ 0, 0 }, { core.channel_queues(ch) })
+            local other = bound(ums.channel())
+            local r = ums.spawn(function() return ch:recv() end)
+            local s = ums.spawn(function() return other:send("never") end)
+            settle()
+            assert.same({ 1, 0 }, { core.channel_queues(ch) })
+            assert.same({ 0, 1 }, { core.channel_queues(other) })
+            r:cancel()
+            s:cancel()
+            assert_cancelled(r)
+            assert_cancelled(s)
+            assert.same({ 0, 0 }, { core.channel_queues(ch) })
+            assert.same({ 0, 0 }, { core.channel_queues(other) })
+            assert.same({ nil, "timeout" }, { other:recv(0) })
+            -- Nothing was lost or left: the channel still works.
+            local r2 = ums.spawn(function() return ch:recv() end)
+            settle()
+            assert.is_true(ch:send("after"))
+            assert.equal("after", results(r2))
+          end)
+        end)
+    end)
+
   -- -------------------------------------------------------------------
   describe("select", function()
     it("performs the ready case", function()

@@ -379,6 +379,13 @@ UMS_API int ums_park_begin(int64_t deadline, ums_park_token_t *token);
 ** already cancelled may begin: for waits that must complete, such as a
 ** condition variable's re-lock of its mutex. */
 #define UMS_PARK_NOCANCEL 1
+/* UMS_PARK_LOCAL makes a park whose token never leaves the task's
+** scheduler thread: only code running on that thread (its other tasks,
+** the task's own timer and cancel) ends it, so ums_unpark ends it without
+** a lock. Elsewhere ums_unpark refuses the park's token with UMS_EPERM
+** (a stale one with UMS_ESRCH, as always). For waits on objects only that
+** scheduler's tasks use, such as the Lua binding's channels. */
+#define UMS_PARK_LOCAL 2
 UMS_API int ums_park_begin_ex(int64_t deadline, int flags,
                               ums_park_token_t *token);
 /* The same, saying what the task waits for, for ums_runtime_tasks and the
@@ -398,8 +405,9 @@ UMS_API int ums_park_result(void);
 ** ums_wait_idle. Also UMS_ENOMEM. */
 UMS_API int ums_park_begin_idle(int64_t deadline, ums_park_token_t *token);
 /* Ends the park with outcome. Returns 0, or UMS_ESRCH when that park has
-** already ended (or the task is gone), UMS_EINVAL for a negative outcome.
-** Callable from any thread. */
+** already ended (or the task is gone), UMS_EINVAL for a negative outcome,
+** UMS_EPERM for the token of a UMS_PARK_LOCAL park from any thread but
+** its task's scheduler's. Callable from any thread. */
 UMS_API int ums_unpark(ums_runtime_t *rt, ums_park_token_t token,
                        int outcome);
 

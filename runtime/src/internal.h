@@ -454,11 +454,14 @@ struct ums__task {
   /* Parking (park.c): a waiter embedded in the task, so a step task can
   ** park with no stack frame to hold its wait record. */
   ums__waiter_t park;          /* [state: atomic, changed from WAITING
-                                  only under t->lock; the rest: owner]
+                                  only under t->lock, or for a local park
+                                  (UMS_PARK_LOCAL) only by the owner's
+                                  thread; the rest: owner]
                                   task, lock and wq are set once, when
                                   the task is allocated */
   _Atomic uint64_t park_seq;   /* [atomic; written by the owner] sequence
-                                  of the current park */
+                                  of the current park; its top bit is
+                                  UMS__PARK_SEQ_LOCAL */
   int64_t park_deadline;       /* [owner] */
   bool park_pending;           /* [owner] begun, not yet waited or parked */
   void *result;                /* [owner, then lock once done] */
@@ -500,9 +503,10 @@ static inline uint32_t ums__id_slot(uint64_t id) { return (uint32_t)id; }
 ums__task_t *ums__task_alloc(ums_runtime_t *rt);
 /* Drops one reference; the last one recycles the task. */
 void ums__task_unref(ums_runtime_t *rt, ums__task_t *t);
-/* Finds a live task by handle, or NULL. The pointer is type-stable; the
-** caller re-checks t->id under t->lock before trusting it. */
-ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id);
+/* ums__task_lookup (below, after the runtime's struct): finds a live task
+** by handle, or NULL. The pointer is type-stable; the caller re-checks
+** t->id under t->lock before trusting it. */
+static inline ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id);
 /* Marks t finished (result and status set), wakes its joiner. [owner] */
 void ums__task_finish(ums__task_t *t);
 /* Makes a parked or new task runnable from any thread. */
@@ -518,6 +522,12 @@ void ums__task_deliver_cancel(ums__task_t *t);
 ** comes with its park's sequence, so a stale token never matches a newer
 ** park. (t's own thread may call it without the lock: nothing changes
 ** t's state under it then but other threads' unparks, which hold it.) */
+/* The top bit of a park's sequence (and so of its token) says the park is
+** local (UMS_PARK_LOCAL): the token alone tells ums_unpark which way to
+** go, before it reads anything of the task. The count below it advances
+** by one a park, local or not. */
+#define UMS__PARK_SEQ_LOCAL ((uint64_t)1 << 63)
+
 static inline bool ums__park_is(ums__task_t *t, ums_park_token_t token) {
   return atomic_load_explicit(&t->park.state, memory_order_acquire) ==
              UMS__WAITING &&
@@ -1131,6 +1141,25 @@ struct ums_runtime {
   pthread_mutex_t table_lock;  /* guards chunk creation and free_tasks */
   ums__task_t *free_tasks;     /* [table_lock] shared free list */
 };
+
+/* The task in slot of rt's table, or NULL before its chunk exists. */
+static inline ums__task_t *ums__task_at(ums_runtime_t *rt, uint32_t slot) {
+  ums__task_t *chunk = atomic_load_explicit(
+      &rt->chunks[slot / UMS__TASK_CHUNK], memory_order_acquire);
+  return chunk ? &chunk[slot % UMS__TASK_CHUNK] : NULL;
+}
+
+/* Inline: every unpark starts with it (a channel message's among them). */
+static inline ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id) {
+  if (!rt || id == 0) return NULL;
+  uint32_t slot = ums__id_slot(id);
+  if (slot >= atomic_load_explicit(&rt->nslots, memory_order_acquire))
+    return NULL;
+  ums__task_t *t = ums__task_at(rt, slot);
+  if (!t || atomic_load_explicit(&t->id, memory_order_acquire) != id)
+    return NULL;
+  return t;
+}
 
 /* Brackets the work a thread outside the runtime does on it (a host
 ** thread's spawn, join, cancel, or a wake-up it posts), so that a shutdown

@@ -16,6 +16,18 @@
 ** ums_park_begin_wait and ums__park_after_step say why that race is
 ** harmless. A channel message between two tasks of one scheduler thus
 ** costs one uncontended lock instead of three.
+**
+** A local park (UMS_PARK_LOCAL) is ended without the lock at all. Its
+** token stays on the task's scheduler thread, and so does everything
+** else that may end it: the task's timer, its cancel (delivered on that
+** thread, sched.c drain_cancels) and a step that ends with the park
+** begun (the binding unparks it itself). Those run one at a time, so
+** the state needs no lock between them. Another thread may still hold a
+** stale token of an earlier park, or be handed the current one by
+** mistake: its ums_unpark reads the state, id and sequence (atomics)
+** and never writes, because a stale sequence cannot match and a local
+** token's own bit makes it refuse the current one (UMS_EPERM). A lock
+** held by such a reader orders nothing the local end needs.
 */
 #include "internal.h"
 
@@ -35,7 +47,7 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
                         ums_park_token_t *token) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
-  if (flags & ~UMS_PARK_NOCANCEL) return UMS_EINVAL;
+  if (flags & ~(UMS_PARK_NOCANCEL | UMS_PARK_LOCAL)) return UMS_EINVAL;
   if (type <= UMS_WAIT_NONE || type >= UMS_WAIT_NTYPES) return UMS_EINVAL;
   if (t->park_pending) return UMS_EBUSY;
   bool nocancel = (flags & UMS_PARK_NOCANCEL) != 0;
@@ -54,7 +66,10 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
   w->type = (uint8_t)type;
   w->obj = object;
   w->blocker = blocker;
-  uint64_t seq = atomic_load_explicit(&t->park_seq, memory_order_relaxed) + 1;
+  uint64_t seq =
+      ((atomic_load_explicit(&t->park_seq, memory_order_relaxed) + 1) &
+       ~UMS__PARK_SEQ_LOCAL) |
+      ((flags & UMS_PARK_LOCAL) ? UMS__PARK_SEQ_LOCAL : 0);
   atomic_store_explicit(&t->park_seq, seq, memory_order_relaxed);
   if (token) {
     token->task = atomic_load_explicit(&t->id, memory_order_relaxed);
@@ -110,20 +125,8 @@ int ums_park_result(void) {
   return st == UMS__WAITING ? UMS_EBUSY : (int)st;
 }
 
-/* Ends t's park with outcome if token names it. The park waiter is on no
-** queue and wakes a task, so this is ums__waiter_finish and ums__wake
-** written out for it: the same-scheduler wake (a channel's, the common
-** case) takes one lock and goes straight to the runnable queue. */
-static inline int unpark(ums__sched_t *cur, ums__task_t *t, ums_park_token_t token,
-                  int outcome) {
-  ums__lock(&t->lock);
-  if (!ums__park_is(t, token)) {
-    ums__unlock(&t->lock);
-    return UMS_ESRCH;
-  }
-  atomic_store_explicit(&t->park.state, (uint32_t)outcome,
-                        memory_order_release);
-  ums__unlock(&t->lock);
+/* Queues t, whose park this thread has just ended. */
+static inline void unpark_queue(ums__sched_t *cur, ums__task_t *t) {
   ums__sched_t *s = t->sched;
   if (s == cur && !s->expiring) {
     /* ums__task_ready's usual own-scheduler branch, inline. */
@@ -133,6 +136,41 @@ static inline int unpark(ums__sched_t *cur, ums__task_t *t, ums_park_token_t tok
   } else {
     ums__task_ready(t);
   }
+}
+
+/* Ends t's park with outcome if token names it. The park waiter is on no
+** queue and wakes a task, so this is ums__waiter_finish and ums__wake
+** written out for it: the same-scheduler wake takes one lock and goes
+** straight to the runnable queue. */
+static inline int unpark(ums__sched_t *cur, ums__task_t *t,
+                         ums_park_token_t token, int outcome) {
+  ums__lock(&t->lock);
+  if (!ums__park_is(t, token)) {
+    ums__unlock(&t->lock);
+    return UMS_ESRCH;
+  }
+  if (token.seq & UMS__PARK_SEQ_LOCAL) {
+    /* A local park's current token, off its scheduler's thread. */
+    ums__unlock(&t->lock);
+    return UMS_EPERM;
+  }
+  atomic_store_explicit(&t->park.state, (uint32_t)outcome,
+                        memory_order_release);
+  ums__unlock(&t->lock);
+  unpark_queue(cur, t);
+  return 0;
+}
+
+/* ums_unpark of a local park's token on a scheduler thread: no lock (see
+** the top of the file). Only when the token is current is t alive and
+** parked, so t->sched is read after that check. */
+static inline int unpark_local(ums__sched_t *cur, ums__task_t *t,
+                               ums_park_token_t token, int outcome) {
+  if (!ums__park_is(t, token)) return UMS_ESRCH;
+  if (t->sched != cur) return UMS_EPERM;
+  atomic_store_explicit(&t->park.state, (uint32_t)outcome,
+                        memory_order_release);
+  unpark_queue(cur, t);
   return 0;
 }
 
@@ -149,13 +187,25 @@ static __attribute__((noinline)) int unpark_ext(ums_runtime_t *rt,
   return r;
 }
 
+/* ums_unpark of a park that is not local, on one of rt's threads. */
+static __attribute__((noinline)) int unpark_own(ums__sched_t *cur,
+                                                ums_park_token_t token,
+                                                int outcome) {
+  ums__task_t *t = ums__task_lookup(cur->rt, token.task);
+  return t ? unpark(cur, t, token, outcome) : UMS_ESRCH;
+}
+
 int ums_unpark(ums_runtime_t *rt, ums_park_token_t token, int outcome) {
   ums__sched_t *cur = ums__sched_current();
   /* One of rt's own threads (a task, the usual case) needs no bracket
-  ** (ums__rt_enter_ext). */
+  ** (ums__rt_enter_ext). The other ways are out of line, which keeps
+  ** this one (a channel's) free of their register saves. */
   if (UMS__LIKELY(cur && cur->rt == rt && outcome >= 0)) {
-    ums__task_t *t = ums__task_lookup(rt, token.task);
-    return t ? unpark(cur, t, token, outcome) : UMS_ESRCH;
+    if (UMS__LIKELY(token.seq & UMS__PARK_SEQ_LOCAL)) {
+      ums__task_t *t = ums__task_lookup(rt, token.task);
+      return t ? unpark_local(cur, t, token, outcome) : UMS_ESRCH;
+    }
+    return unpark_own(cur, token, outcome);
   }
   return unpark_ext(rt, token, outcome);
 }

@@ -29,12 +29,6 @@ static void timeout_cb(ums__sched_t *s, ums__timer_t *tm) {
   if (t->wait) ums__waiter_abort(t->wait, UMS_ETIMEDOUT);
 }
 
-static ums__task_t *task_at(ums_runtime_t *rt, uint32_t slot) {
-  ums__task_t *chunk = atomic_load_explicit(
-      &rt->chunks[slot / UMS__TASK_CHUNK], memory_order_acquire);
-  return chunk ? &chunk[slot % UMS__TASK_CHUNK] : NULL;
-}
-
 /* Adds a chunk of fresh tasks to the shared free list. [table_lock] */
 static int grow_table(ums_runtime_t *rt) {
   uint32_t base = atomic_load_explicit(&rt->nslots, memory_order_relaxed);
@@ -123,17 +117,6 @@ void ums__task_unref(ums_runtime_t *rt, ums__task_t *t) {
   atomic_store_explicit(&t->id, 0, memory_order_release);
   ums__unlock(&t->lock);
   task_free(rt, t);
-}
-
-ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id) {
-  if (!rt || id == 0) return NULL;
-  uint32_t slot = ums__id_slot(id);
-  if (slot >= atomic_load_explicit(&rt->nslots, memory_order_acquire))
-    return NULL;
-  ums__task_t *t = task_at(rt, slot);
-  if (!t || atomic_load_explicit(&t->id, memory_order_acquire) != id)
-    return NULL;
-  return t;
 }
 
 /* ---------------------------------------------------------------------- */

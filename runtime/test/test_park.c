@@ -8,7 +8,8 @@
 ** guards and the protocol violations that abort (in a child process), a
 ** stress of park/unpark rounds, the race of an unpark against the deadline,
 ** the races of an unpark from the task's own scheduler against the
-** deadline, another thread's unpark and a cancel,
+** deadline, another thread's unpark and a cancel (also for local parks,
+** UMS_PARK_LOCAL, which end without a lock; and their tokens' rules),
 ** and shutdown with step tasks parked forever.
 **
 ** A step task cancelled before it started is stepped once (ums.h: its
@@ -1767,9 +1768,15 @@ static void test_unpark_deadline_race(void) {
 ** win, its outcome must be the park's, and the parker must be stepped
 ** exactly once per wake: a task queued twice would be stepped while
 ** parked again (ums_park_result() == UMS_EBUSY) or would skip an
-** iteration. */
+** iteration.
+**
+** With a local park (UMS_PARK_LOCAL: no lock at all on its end) the host
+** holds the current token too, and its unpark must be refused every time
+** (UMS_EPERM, or UMS_ESRCH once the park has ended); the same-scheduler
+** unpark and the timer still race, and exactly one of them ends it. */
 typedef struct srace {
   int iters;
+  int flags;             /* of every park (0 or UMS_PARK_LOCAL) */
   int i, phase;          /* parker only */
   uint64_t rng;          /* parker only */
   uint64_t urng;         /* local unparker only */
@@ -1807,7 +1814,7 @@ static int srace_parker(void *arg) {
   }
   int64_t off = (int64_t)(rng_next(&r->rng) % 35000) - 5000;
   ums_park_token_t tok;
-  CHECK_RC(ums_park_begin(ums_now() + off, &tok), 0);
+  CHECK_RC(ums_park_begin_ex(ums_now() + off, r->flags, &tok), 0);
   tok_put(&r->box, tok);
   atomic_store(&r->posted, r->i + 1);
   r->phase = 1;
@@ -1830,11 +1837,13 @@ static int srace_local(void *arg) {
   return UMS_STEP_YIELD;
 }
 
-static void test_same_sched_unpark_races(void) {
+static void same_sched_unpark_races(int flags) {
+  bool local = flags & UMS_PARK_LOCAL;
   rt = tu_runtime_new(2);
   srace_t r;
   memset(&r, 0, sizeof r);
   r.iters = RACE_ITERS;
+  r.flags = flags;
   r.rng = 5;
   r.urng = 11;
   r.results = calloc(RACE_ITERS, sizeof(int));
@@ -1862,7 +1871,10 @@ static void test_same_sched_unpark_races(void) {
     int lw = r.rc_local[i] == 0, hw = r.rc_host[i] == 0;
     int tw = r.results[i] == UMS_ETIMEDOUT;
     CHECK(r.rc_local[i] == 0 || r.rc_local[i] == UMS_ESRCH);
-    CHECK(r.rc_host[i] == 0 || r.rc_host[i] == UMS_ESRCH);
+    if (local)
+      CHECK(r.rc_host[i] == UMS_EPERM || r.rc_host[i] == UMS_ESRCH);
+    else
+      CHECK(r.rc_host[i] == 0 || r.rc_host[i] == UMS_ESRCH);
     if (lw + hw + tw != 1 || (lw && r.results[i] != 1) ||
         (hw && r.results[i] != 2))
       tu_fail(__FILE__, __LINE__,
@@ -1876,18 +1888,32 @@ static void test_same_sched_unpark_races(void) {
          RACE_ITERS, wins[0], wins[1], wins[2], r.steps);
   CHECK_GT(wins[0], 0);
   CHECK_GT(wins[2], 0);
+  if (local) {
+    int refused = 0;
+    for (int i = 0; i < RACE_ITERS; i++) refused += r.rc_host[i] == UMS_EPERM;
+    printf("   host unpark refused with UMS_EPERM %d times\n", refused);
+    CHECK_GT(refused, 0);  /* it did hold a current token */
+  }
   free(r.results);
   free(r.rc_local);
   free(r.rc_host);
   tu_runtime_shutdown(rt);
 }
 
+static void test_same_sched_unpark_races(void) { same_sched_unpark_races(0); }
+
+static void test_local_park_unpark_races(void) {
+  same_sched_unpark_races(UMS_PARK_LOCAL);
+}
+
 /* The same with a cancel instead of the host's unpark: one parker task per
 ** iteration (a cancel is for good), parked with a deadline, against an
 ** unpark from a step task of its scheduler and a cancel from the host.
 ** Its park ends exactly once: with the unpark's outcome exactly when that
-** unpark reported success, else timed out or cancelled. */
+** unpark reported success, else timed out or cancelled. A local park's
+** end takes no lock; its cancel is delivered on the scheduler's thread. */
 typedef struct cvictim {
+  int flags;            /* of the park (0 or UMS_PARK_LOCAL) */
   int phase;
   int result;           /* the park's outcome, or 99: never parked */
   tokbox_t box;
@@ -1907,7 +1933,7 @@ static int cvictim_step(void *arg) {
   uint64_t x = (uint64_t)(uintptr_t)v * 0x9e3779b97f4a7c15u;
   int64_t off = (int64_t)((x >> 20) % 35000) - 5000;
   ums_park_token_t tok;
-  int rc = ums_park_begin(ums_now() + off, &tok);
+  int rc = ums_park_begin_ex(ums_now() + off, v->flags, &tok);
   if (rc == UMS_ECANCELED) {
     v->result = 99;
     v->phase = 2;
@@ -1938,7 +1964,7 @@ static int cunparker_step(void *arg) {
   return UMS_STEP_DONE;
 }
 
-static void test_same_sched_unpark_cancel_race(void) {
+static void same_sched_unpark_cancel_race(int flags) {
   enum { N = RACE_ITERS / 4 };
   rt = tu_runtime_new(2);
   cvictim_t *vs = calloc(N, sizeof *vs);
@@ -1947,6 +1973,7 @@ static void test_same_sched_unpark_cancel_race(void) {
   uint64_t hrng = 17;
   int wins[4] = {0, 0, 0, 0};
   for (int i = 0; i < N; i++) {
+    vs[i].flags = flags;
     us[i].v = &vs[i];
     us[i].rng = (uint64_t)i + 1;
     ums_task_t v = spawn_step_on(0, cvictim_step, &vs[i]);
@@ -1971,6 +1998,119 @@ static void test_same_sched_unpark_cancel_race(void) {
   CHECK_GT(wins[0], 0);
   free(vs);
   free(us);
+  tu_runtime_shutdown(rt);
+}
+
+static void test_same_sched_unpark_cancel_race(void) {
+  same_sched_unpark_cancel_race(0);
+}
+
+static void test_local_park_cancel_race(void) {
+  same_sched_unpark_cancel_race(UMS_PARK_LOCAL);
+}
+
+/* The tokens of local parks (UMS_PARK_LOCAL): only the task's own
+** scheduler ends one. Another scheduler's task and a host thread holding
+** the current token are refused (UMS_EPERM) and change nothing; stale and
+** forged tokens get UMS_ESRCH as for any park; NOCANCEL combines with
+** LOCAL, other flags are refused. */
+typedef struct ltok {
+  int calls;
+  tokbox_t box;          /* the second park's token, for the others */
+  atomic_int other_rc;   /* what scheduler 1's task got, or 1: not yet */
+  int res1, res2;
+} ltok_t;
+
+static int ltok_step(void *arg) {
+  ltok_t *s = arg;
+  ums_runtime_t *r = ums_current_runtime();
+  s->calls++;
+  if (s->calls == 1) {
+    ums_park_token_t tok, f;
+    CHECK_RC(ums_park_begin_ex(UMS_FOREVER, 4, &tok), UMS_EINVAL);
+    CHECK_RC(ums_park_begin_ex(UMS_FOREVER, UMS_PARK_LOCAL, &tok), 0);
+    /* A local park's own scheduler ends it (here the task itself). */
+    f = tok;
+    f.seq ^= (uint64_t)1 << 63;  /* the same park named as not local */
+    CHECK_RC(ums_unpark(r, f, 9), UMS_ESRCH);
+    f = tok;
+    f.seq++;
+    CHECK_RC(ums_unpark(r, f, 9), UMS_ESRCH);
+    CHECK_RC(ums_unpark(r, tok, 7), 0);
+    CHECK_RC(ums_unpark(r, tok, 8), UMS_ESRCH);
+    return UMS_STEP_PARK;
+  }
+  if (s->calls == 2) {
+    s->res1 = ums_park_result();
+    ums_park_token_t tok;
+    CHECK_RC(ums_park_begin_ex(UMS_FOREVER, UMS_PARK_LOCAL | UMS_PARK_NOCANCEL,
+                               &tok),
+             0);
+    tok_put(&s->box, tok);
+    return UMS_STEP_PARK;
+  }
+  s->res2 = ums_park_result();
+  ums_step_set_result(PTR(s->calls), 0);
+  return UMS_STEP_DONE;
+}
+
+typedef struct ltok_other {
+  ltok_t *s;
+} ltok_other_t;
+
+/* On scheduler 1: a task of another scheduler holding the current token
+** of a local park. */
+static int ltok_other_step(void *arg) {
+  ltok_other_t *o = arg;
+  if (!atomic_load_explicit(&o->s->box.ready, memory_order_acquire))
+    return UMS_STEP_YIELD;
+  atomic_store(&o->s->other_rc,
+               ums_unpark(ums_current_runtime(), tok_get(&o->s->box), 5));
+  return UMS_STEP_DONE;
+}
+
+typedef struct ltok_helper {
+  ltok_t *s;
+  atomic_int go;
+  int rc;
+} ltok_helper_t;
+
+static int ltok_helper_step(void *arg) {
+  ltok_helper_t *h = arg;
+  if (!atomic_load(&h->go)) return UMS_STEP_YIELD;
+  h->rc = ums_unpark(ums_current_runtime(), tok_get(&h->s->box), 6);
+  return UMS_STEP_DONE;
+}
+
+static void test_local_park_tokens(void) {
+  rt = tu_runtime_new(2);
+  ltok_t s;
+  memset(&s, 0, sizeof s);
+  atomic_store(&s.other_rc, 1);
+  ltok_other_t o = {&s};
+  ltok_helper_t h;
+  memset(&h, 0, sizeof h);
+  h.s = &s;
+  ums_task_t t = spawn_step_on(0, ltok_step, &s);
+  ums_task_t ot = spawn_step_on(1, ltok_other_step, &o);
+  JOIN_EXPECT(ot, PTR(0), 0);
+  CHECK_RC(atomic_load(&s.other_rc), UMS_EPERM);
+  ums_park_token_t tok = tok_get(&s.box);
+  CHECK_RC(ums_unpark(rt, tok, 5), UMS_EPERM);  /* a host thread */
+  CHECK_RC(ums_task_cancel(rt, t), 0);          /* NOCANCEL: still parked */
+  usleep(5000);
+  CHECK_EQ(s.calls, 2);
+  ums_park_token_t f = tok;
+  f.seq ^= (uint64_t)1 << 63;
+  CHECK_RC(ums_unpark(rt, f, 5), UMS_ESRCH);
+  ums_task_t ht = spawn_step_on(0, ltok_helper_step, &h);
+  atomic_store(&h.go, 1);
+  JOIN_EXPECT(ht, PTR(0), 0);
+  CHECK_RC(h.rc, 0);
+  JOIN_EXPECT(t, PTR(3), 0);
+  CHECK_RC(s.res1, 7);
+  CHECK_RC(s.res2, 6);
+  CHECK_RC(ums_unpark(rt, tok, 5), UMS_ESRCH);  /* stale now */
   tu_runtime_shutdown(rt);
 }
 
@@ -2242,6 +2382,9 @@ static const struct {
     T(test_unpark_deadline_race),
     T(test_same_sched_unpark_races),
     T(test_same_sched_unpark_cancel_race),
+    T(test_local_park_tokens),
+    T(test_local_park_unpark_races),
+    T(test_local_park_cancel_race),
     T(test_shutdown_parked_steps),
     /* Bugs found while writing these tests come last, so that every test
     ** above still reports. */
