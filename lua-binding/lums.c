@@ -1199,6 +1199,9 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, r);
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+  /* Last: from here on, until lums_run_free, the VM's small blocks (a
+  ** task handle per spawn) are recycled without malloc/free. */
+  r->alloc = lums_alloc_install(L);
   return r;
 }
 
@@ -1212,6 +1215,7 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
   free(r->pool);
   for (int i = 0; i < r->nffi_free; i++) free(r->ffi_free[i]);
   free(r->ffi_free);
+  lums_alloc_remove(close_vm ? NULL : L, r->alloc);
   if (!close_vm) {
     luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
     lua_pushnil(L);
