@@ -56,7 +56,7 @@ int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
       ums__task_t *t = ums__task_lookup(rt, id);
       if (t) {
         ums__lock(&t->lock);
-        if (LOAD(t->id) == id) {
+        if (ums__task_id_locked(t) == id) {
           r->running = id;
           memcpy(r->running_name, t->name, sizeof r->running_name);
         }
@@ -102,7 +102,7 @@ const char *ums_task_state_name(int state) {
 ** finished and nobody may join it: gone, as far as its caller knows. */
 static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out) {
   ums__lock(&t->lock);
-  uint64_t cur = LOAD(t->id);
+  uint64_t cur = ums__task_id_locked(t);
   if (!cur || (id && cur != id) || (t->done && t->detached)) {
     ums__unlock(&t->lock);
     return false;
@@ -180,7 +180,7 @@ int ums_task_set_name(ums_runtime_t *rt, ums_task_t id, const char *name) {
   ums__task_t *t = ums__task_lookup(rt, id);
   if (t) {
     ums__lock(&t->lock);
-    if (LOAD(t->id) == id) {
+    if (ums__task_id_locked(t) == id) {
       memset(t->name, 0, sizeof t->name);
       if (name) strncpy(t->name, name, UMS__TASK_NAME_MAX - 1);
       r = 0;
