@@ -288,11 +288,11 @@ static void free_task(lua_State *L, ltask *t) {
 /* Pools t, whose coroutine has ended normally or been reset by
 ** task_finish: a function pushed on that coroutine starts at the next
 ** lua_resume, which is ~5x cheaper than a new thread. This unanchors the
-** handle t had. */
-static void give_back_task(lrun *r, ltask *t) {
+** handle t had. empty: the caller knows the coroutine's stack is empty. */
+static void give_back_task(lrun *r, ltask *t, bool empty) {
   /* A coroutine that returned nothing has nothing left on its stack (the
-  ** usual end): no call needed. */
-  if (lua_gettop(t->co) != 0) lua_settop(t->co, 0);
+  ** usual end, empty): no call needed. */
+  if (!empty) lua_settop(t->co, 0);
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
   if (t->joiners != t->join1) free(t->joiners);
@@ -374,11 +374,13 @@ static void task_finish(ltask *t, int st, int nres) {
   lrun *r = t->run;
   lhandle *h = t->h;
   lua_State *SL = r->SL, *co = t->co;
+  bool empty = false;  /* nothing left on co's stack */
   if (st == LUA_OK && nres == 0) {
     /* The usual end: nothing to keep but the flag (the handle itself is
-    ** not needed on the stack). */
+    ** not needed on the stack), and nothing on the coroutine. */
     h->ok = true;
     h->nres = 0;
+    empty = true;
     goto done;
   }
   lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
@@ -438,7 +440,7 @@ done:
   h->state = T_DONE;
   h->t = NULL;
   wake_joiners(t);
-  give_back_task(r, t);
+  give_back_task(r, t, empty);
   run_task_ended(r);  /* last: the run may end now */
 }
 
@@ -561,7 +563,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   if (rc) {
     h->t = NULL;
     h->state = T_DONE;
-    give_back_task(r, t);
+    give_back_task(r, t, false);
     run_task_ended(r);
     luaL_error(L, "ums.spawn: %s", ums_strerror(rc));
   }
@@ -579,7 +581,7 @@ void lums_task_start(lrun *r, int nargs) {
 
 /* core.spawn(fn, ...) -> task */
 static int l_spawn(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (lua_type(L, 1) != LUA_TFUNCTION) luaL_checktype(L, 1, LUA_TFUNCTION);
   ltask *me = lums_cur_task;
   if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
