@@ -293,6 +293,10 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   /* A coroutine that returned nothing has nothing left on its stack (the
   ** usual end, empty): no call needed. */
   if (!empty) lua_settop(t->co, 0);
+  /* A quantum hook may be left from the task's last step (or set while
+  ** a <close> of a failed task waited): cleared here, where the
+  ** coroutine's state is in the cache, not at the next spawn. */
+  if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
   if (t->joiners != t->join1) free(t->joiners);
@@ -543,8 +547,6 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   t->run = r;
   t->joiners = t->join1;
   t->capjoiners = 2;
-  /* A quantum hook may be left from the coroutine's last task. */
-  if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   lua_pushvalue(L, first);
   lua_rawseti(L, LUA_REGISTRYINDEX, t->self_ref);
   /* Detached: the binding keeps each task's outcome in its handle, so
