@@ -986,14 +986,11 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
   return push_outcome(L, 1, h);
 }
 
-static int l_task_join(lua_State *L) {
-  lhandle *h = check_task(L, 1);
-  int64_t deadline = UMS_FOREVER;
-  if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
-    deadline = timeout_to_deadline(L, 2);
-    lua_settop(L, 1);
-  }
-  if (h->state == T_DONE) return push_outcome(L, 1, h);
+/* join on a task not done yet: parks the caller (the handle at 1). Out
+** of line, so that a join on a finished task, the usual one, needs no
+** stack frame of its size. */
+static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
+                                               int64_t deadline) {
   ltask *me = lums_need_task(L, "join");
   ltask *t = h->t;
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
@@ -1012,6 +1009,17 @@ static int l_task_join(lua_State *L) {
   lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id, &tok);
   t->joiners[t->njoiners++].tok = tok;
   return lums_park_finish(L, me, (lua_KContext)tok.seq, join_k);
+}
+
+static int l_task_join(lua_State *L) {
+  lhandle *h = check_task(L, 1);
+  int64_t deadline = UMS_FOREVER;
+  if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
+    deadline = timeout_to_deadline(L, 2);
+    lua_settop(L, 1);
+  }
+  if (h->state == T_DONE) return push_outcome(L, 1, h);
+  return join_wait(L, h, deadline);
 }
 
 static int l_task_cancel(lua_State *L) {
