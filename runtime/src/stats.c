@@ -111,8 +111,11 @@ static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out) {
   out->id = cur;
   out->spawner = t->spawner;
   memcpy(out->name, t->name, sizeof out->name);
-  out->sched = t->sched->id;
-  bool timing = t->sched->timing;
+  /* Kept for after the unlock: from then on the record may be recycled
+  ** and re-placed by another spawn. */
+  ums__sched_t *sched = t->sched;
+  out->sched = sched->id;
+  bool timing = sched->timing;
   uint32_t obs = LOAD(t->obs);
   int state = t->done ? UMS_TASK_DONE : UMS__OBS_STATE(obs);
   int type = UMS__OBS_TYPE(obs);
@@ -122,7 +125,7 @@ static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out) {
   int64_t cpu = LOAD(t->cpu_ns);
   ums__unlock(&t->lock);
   /* After the task's own stamps, on its scheduler's clock. */
-  int64_t now = timing ? ums__stamp_sched(t->sched) : 0;
+  int64_t now = timing ? ums__stamp_sched(sched) : 0;
 
   /* Woken, not yet running: its waker stamped it (with stats on; the
   ** stamp is what tells, so that a wake-up stores nothing else). */
