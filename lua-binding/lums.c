@@ -371,22 +371,15 @@ static void run_task_ended(lrun *r) {
   if (--r->nlive == 0) lums_vms_release(r->vms);
 }
 
-/* The task's coroutine ended with status st: keep its outcome in the
-** handle, close the coroutine, wake joiners, pool the ltask. Runs on the
-** scheduler. */
-static void task_finish(ltask *t, int st, int nres) {
+/* task_finish for any end but the usual one (results, an error, a
+** cancellation): keeps the outcome in the handle and closes the
+** coroutine. Out of line, so that the usual end needs no stack frame of
+** its size. */
+static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
+                                                   int nres) {
   lrun *r = t->run;
   lhandle *h = t->h;
   lua_State *SL = r->SL, *co = t->co;
-  bool empty = false;  /* nothing left on co's stack */
-  if (st == LUA_OK && nres == 0) {
-    /* The usual end: nothing to keep but the flag (the handle itself is
-    ** not needed on the stack), and nothing on the coroutine. */
-    h->ok = true;
-    h->nres = 0;
-    empty = true;
-    goto done;
-  }
   lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
   if (st == LUA_OK) {
     h->ok = true;
@@ -440,7 +433,23 @@ static void task_finish(ltask *t, int st, int nres) {
     }
   }
   lua_pop(SL, 1);  /* the handle: from here on only its holders keep it */
-done:
+}
+
+/* The task's coroutine ended with status st: keep its outcome in the
+** handle, close the coroutine, wake joiners, pool the ltask. Runs on the
+** scheduler. */
+static void task_finish(ltask *t, int st, int nres) {
+  lrun *r = t->run;
+  lhandle *h = t->h;
+  bool empty = st == LUA_OK && nres == 0;
+  if (empty) {
+    /* The usual end: nothing to keep but the flag (the handle itself is
+    ** not needed on the stack), and nothing on the coroutine. */
+    h->ok = true;
+    h->nres = 0;
+  } else {
+    keep_outcome(t, st, nres);
+  }
   h->state = T_DONE;
   h->t = NULL;
   wake_joiners(t);
