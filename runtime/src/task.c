@@ -262,35 +262,44 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
 /* Finishing, joining, detaching                                           */
 /* ---------------------------------------------------------------------- */
 
+/* The rest of ums__task_finish when somebody besides the task is
+** involved: a joiner to wake, or a reference other than the task's own (a
+** handle not detached, a queued cancel). Called with t->lock held and
+** t->done set; releases the lock. Out of line, so that the usual end (a
+** detached task nobody else holds) needs no stack frame of its size. */
+static __attribute__((noinline)) void finish_shared(ums__task_t *t,
+                                                    ums__sched_t *s) {
+  ums__wake_t wk;
+  bool wake = ums__wq_grant_first(&t->joiners, 0, &wk) != NULL;
+  ums__unlock(&t->lock);
+  if (wake) ums__wake(&wk);
+  ntasks_own_add(s, -1);
+  live_sub(s->rt, s, t->live_own);
+  ums__task_unref(s->rt, t);
+}
+
 void ums__task_finish(ums__task_t *t) {
   ums__sched_t *s = t->sched;
-  ums_runtime_t *rt = s->rt;
-  ums__wake_t wk;
-  bool wake = false;
-
   t->state = UMS__T_DONE;
   if (ums__timer_armed(&t->timer)) ums__timer_disarm(&s->timers, &t->timer);
   ums__lock(&t->lock);
   t->done = true;
-  wake = ums__wq_grant_first(&t->joiners, 0, &wk) != NULL;
-  /* Only the task's own reference left (a detached task nobody is
-  ** cancelling, the usual end of a binding's task): retire it in this
-  ** critical section rather than in ums__task_unref's, which would take
-  ** the lock again. References are only ever added under the lock, and
-  ** with one left nobody else holds one to drop. */
-  bool last = atomic_load_explicit(&t->refs, memory_order_acquire) == 1;
-  if (last) {
-    atomic_store_explicit(&t->refs, 0, memory_order_relaxed);
-    atomic_store_explicit(&t->id, 0, memory_order_release);
+  if (t->joiners.head ||
+      atomic_load_explicit(&t->refs, memory_order_acquire) != 1) {
+    finish_shared(t, s);
+    return;
   }
+  /* Only the task's own reference left and nobody waiting (a detached
+  ** task nobody is cancelling, the usual end of a binding's task): retire
+  ** it in this critical section rather than in ums__task_unref's, which
+  ** would take the lock again. References are only ever added under the
+  ** lock, and with one left nobody else holds one to drop. */
+  atomic_store_explicit(&t->refs, 0, memory_order_relaxed);
+  atomic_store_explicit(&t->id, 0, memory_order_release);
   ums__unlock(&t->lock);
-  if (wake) ums__wake(&wk);
   ntasks_own_add(s, -1);
-  live_sub(rt, s, t->live_own);
-  if (last)
-    task_free(rt, t);
-  else
-    ums__task_unref(rt, t);
+  live_sub(s->rt, s, t->live_own);
+  task_free(s->rt, t);
 }
 
 static int task_join_impl(ums_runtime_t *rt, ums_task_t id, int64_t deadline,
