@@ -500,7 +500,6 @@ struct ums__task {
 /* Handle layout: generation in the high 32 bits (never 0), slot low. */
 static inline uint32_t ums__id_slot(uint64_t id) { return (uint32_t)id; }
 
-ums__task_t *ums__task_alloc(ums_runtime_t *rt);
 /* Drops one reference; the last one recycles the task. */
 void ums__task_unref(ums_runtime_t *rt, ums__task_t *t);
 /* Finds a live task by handle, or NULL. The pointer is type-stable; the

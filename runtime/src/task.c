@@ -53,7 +53,9 @@ static int grow_table(ums_runtime_t *rt) {
   return 0;
 }
 
-ums__task_t *ums__task_alloc(ums_runtime_t *rt) {
+/* A free task record, reset, or NULL when out of memory. Static and
+** inline: task_spawn_impl is its one caller, and a spawn is hot. */
+static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
   ums__sched_t *s = ums__sched_current();
   ums__task_t *t = NULL;
   if (s && s->rt == rt && s->free_tasks) {
@@ -209,7 +211,7 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   /* A task placed on the spawner's own scheduler ends on this thread. */
   bool own = ums__sched_current() == s;
   if (!live_add(rt, s, own)) return UMS_ESHUTDOWN;
-  ums__task_t *t = ums__task_alloc(rt);
+  ums__task_t *t = task_alloc(rt);
   if (!t) {
     live_sub(rt, s, own);
     return UMS_ENOMEM;
