@@ -283,11 +283,15 @@ static void free_task(lua_State *L, ltask *t) {
 /* Pools t, whose coroutine has ended normally or been reset by
 ** task_finish: a function pushed on that coroutine starts at the next
 ** lua_resume, which is ~5x cheaper than a new thread. This unanchors the
-** handle t had. */
-static void give_back_task(lrun *r, ltask *t) {
+** handle t had. empty: the caller knows the coroutine's stack is empty. */
+static void give_back_task(lrun *r, ltask *t, bool empty) {
   /* A coroutine that returned nothing has nothing left on its stack (the
-  ** usual end): no call needed. */
-  if (lua_gettop(t->co) != 0) lua_settop(t->co, 0);
+  ** usual end, empty): no call needed. */
+  if (!empty) lua_settop(t->co, 0);
+  /* A quantum hook may be left from the task's last step (or set while
+  ** a <close> of a failed task waited): cleared here, where the
+  ** coroutine's state is in the cache, not at the next spawn. */
+  if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
   if (t->joiners != t->join1) free(t->joiners);
@@ -362,20 +366,15 @@ static void run_task_ended(lrun *r) {
   if (--r->nlive == 0) lums_vms_release(r->vms);
 }
 
-/* The task's coroutine ended with status st: keep its outcome in the
-** handle, close the coroutine, wake joiners, pool the ltask. Runs on the
-** scheduler. */
-static void task_finish(ltask *t, int st, int nres) {
+/* task_finish for any end but the usual one (results, an error, a
+** cancellation): keeps the outcome in the handle and closes the
+** coroutine. Out of line, so that the usual end needs no stack frame of
+** its size. */
+static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
+                                                   int nres) {
   lrun *r = t->run;
   lhandle *h = t->h;
   lua_State *SL = r->SL, *co = t->co;
-  if (st == LUA_OK && nres == 0) {
-    /* The usual end: nothing to keep but the flag (the handle itself is
-    ** not needed on the stack). */
-    h->ok = true;
-    h->nres = 0;
-    goto done;
-  }
   lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
   if (st == LUA_OK) {
     h->ok = true;
@@ -429,11 +428,27 @@ static void task_finish(ltask *t, int st, int nres) {
     }
   }
   lua_pop(SL, 1);  /* the handle: from here on only its holders keep it */
-done:
+}
+
+/* The task's coroutine ended with status st: keep its outcome in the
+** handle, close the coroutine, wake joiners, pool the ltask. Runs on the
+** scheduler. */
+static void task_finish(ltask *t, int st, int nres) {
+  lrun *r = t->run;
+  lhandle *h = t->h;
+  bool empty = st == LUA_OK && nres == 0;
+  if (empty) {
+    /* The usual end: nothing to keep but the flag (the handle itself is
+    ** not needed on the stack), and nothing on the coroutine. */
+    h->ok = true;
+    h->nres = 0;
+  } else {
+    keep_outcome(t, st, nres);
+  }
   h->state = T_DONE;
   h->t = NULL;
   wake_joiners(t);
-  give_back_task(r, t);
+  give_back_task(r, t, empty);
   run_task_ended(r);  /* last: the run may end now */
 }
 
@@ -536,8 +551,6 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   t->run = r;
   t->joiners = t->join1;
   t->capjoiners = 2;
-  /* A quantum hook may be left from the coroutine's last task. */
-  if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   lua_pushvalue(L, first);
   lua_rawseti(L, LUA_REGISTRYINDEX, t->self_ref);
   /* Detached: the binding keeps each task's outcome in its handle, so
@@ -556,7 +569,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   if (rc) {
     h->t = NULL;
     h->state = T_DONE;
-    give_back_task(r, t);
+    give_back_task(r, t, false);
     run_task_ended(r);
     luaL_error(L, "ums.spawn: %s", ums_strerror(rc));
   }
@@ -574,7 +587,7 @@ void lums_task_start(lrun *r, int nargs) {
 
 /* core.spawn(fn, ...) -> task */
 static int l_spawn(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (lua_type(L, 1) != LUA_TFUNCTION) luaL_checktype(L, 1, LUA_TFUNCTION);
   ltask *me = lums_cur_task;
   if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
@@ -977,14 +990,11 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
   return push_outcome(L, 1, h);
 }
 
-static int l_task_join(lua_State *L) {
-  lhandle *h = check_task(L, 1);
-  int64_t deadline = UMS_FOREVER;
-  if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
-    deadline = timeout_to_deadline(L, 2);
-    lua_settop(L, 1);
-  }
-  if (h->state == T_DONE) return push_outcome(L, 1, h);
+/* join on a task not done yet: parks the caller (the handle at 1). Out
+** of line, so that a join on a finished task, the usual one, needs no
+** stack frame of its size. */
+static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
+                                               int64_t deadline) {
   ltask *me = lums_need_task(L, "join");
   ltask *t = h->t;
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
@@ -1003,6 +1013,17 @@ static int l_task_join(lua_State *L) {
   lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id, &tok);
   t->joiners[t->njoiners++].tok = tok;
   return lums_park_finish(L, me, (lua_KContext)tok.seq, join_k);
+}
+
+static int l_task_join(lua_State *L) {
+  lhandle *h = check_task(L, 1);
+  int64_t deadline = UMS_FOREVER;
+  if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
+    deadline = timeout_to_deadline(L, 2);
+    lua_settop(L, 1);
+  }
+  if (h->state == T_DONE) return push_outcome(L, 1, h);
+  return join_wait(L, h, deadline);
 }
 
 static int l_task_cancel(lua_State *L) {
@@ -1194,6 +1215,9 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_pushlightuserdata(L, r);
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
+  /* Last: from here on, until lums_run_free, the VM's small blocks (a
+  ** task handle per spawn) are recycled without malloc/free. */
+  r->alloc = lums_alloc_install(L);
   return r;
 }
 
@@ -1207,6 +1231,7 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
   free(r->pool);
   for (int i = 0; i < r->nffi_free; i++) free(r->ffi_free[i]);
   free(r->ffi_free);
+  lums_alloc_remove(close_vm ? NULL : L, r->alloc);
   if (!close_vm) {
     luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
     lua_pushnil(L);

@@ -22,6 +22,7 @@
 typedef struct lrun lrun;
 typedef struct lvms lvms;
 typedef struct lstall lstall;  /* lstats.c: stall reports of a run */
+typedef struct lalloc lalloc;  /* lalloc.c: a VM's small-block cache */
 
 enum { T_NEW, T_LIVE, T_DONE };
 
@@ -194,6 +195,9 @@ struct lrun {
   ** their instructions in malloc. [Lua thread; freed with the run] */
   void **ffi_free;
   int nffi_free, capffi_free;
+  /* The VM's small-block cache (lalloc.c), installed by lums_run_new,
+  ** removed by lums_run_free; NULL: none. */
+  lalloc *alloc;
 };
 
 /* The task whose step is running on this thread (a scheduler thread).
@@ -281,6 +285,15 @@ LUMS_HIDDEN void lums_become_current(ltask *t);
 ** (the hook that will yield it is set): then the task should not prolong
 ** the step, e.g. by spinning for a preemptive call. */
 LUMS_HIDDEN bool lums_quantum_due(ltask *t);
+
+/* lalloc.c: puts a cache of small freed blocks in front of L's allocator
+** (lua_setallocf), for as long as L runs tasks. NULL when out of memory
+** (then nothing changes). */
+LUMS_HIDDEN lalloc *lums_alloc_install(lua_State *L);
+/* Gives every cached block back to the allocator underneath and, if the
+** cache's allocator is still L's, puts that one back (L NULL: the VM is
+** closed already). NULL is ignored. */
+LUMS_HIDDEN void lums_alloc_remove(lua_State *L, lalloc *a);
 
 /* lfs.c: adds the fs table to the module table at the top. */
 LUMS_HIDDEN void lums_open_fs(lua_State *L);

@@ -202,6 +202,27 @@ describe("ums.spawn and task:join", function()
     end)
   end)
 
+  it("does not pass a task's debug hook on to the next task on its coroutine",
+     function()
+    -- No quantum and no stall detection: under TSan either would set a
+    -- polling hook for every step.
+    ums.config{quantum = 0, stall_threshold = 0}
+    local ok, err = pcall(ums.run, function()
+      local function hooked() debug.sethook(function() end, "", 1000) end
+      local function look() return (debug.gethook()) end
+      for _ = 1, 3 do
+        assert.is_true(ums.spawn(hooked):join())
+        -- Finished coroutines are pooled last in, first out: this task
+        -- runs on the coroutine the one before left its hook on.
+        local jok, hook = ums.spawn(look):join()
+        assert.is_true(jok)
+        assert.is_nil(hook)
+      end
+    end)
+    restore_config()
+    assert(ok, err)
+  end)
+
   it("a task cannot join itself", function()
     ums.run(function()
       local ok, err = pcall(function() return ums.self():join() end)

@@ -418,8 +418,10 @@ enum ums__task_state {
 
 struct ums__task {
   /* Identity and joining: any thread. */
-  _Atomic uint64_t id;         /* [atomic, written under lock] handle; 0
-                                  while free */
+  _Atomic uint64_t id;         /* [atomic] handle; 0 while free. Set to
+                                  0 under lock (retiring), to a new id by
+                                  the spawner without it (task.c); read
+                                  under lock: ums__task_id_locked */
   ums__lock_t lock;            /* guards joiners, done, joined */
   _Atomic int refs;            /* [atomic] alive + handle + queued cancel */
   _Atomic int cancelled;       /* [atomic] cancel requested (sticky) */
@@ -467,7 +469,8 @@ struct ums__task {
   void *result;                /* [owner, then lock once done] */
   int status;                  /* [owner, then lock once done] */
   uint32_t slot;               /* [const] index in the runtime's table */
-  uint32_t gen;                /* [lock] generation of the current id */
+  uint32_t gen;                /* [the spawner of the free record]
+                                  generation of the current id */
   char name[UMS__TASK_NAME_MAX]; /* [lock; before the id is published, the
                                   spawner] */
   uint64_t spawner;            /* [lock; before the id is published, the
@@ -500,7 +503,6 @@ struct ums__task {
 /* Handle layout: generation in the high 32 bits (never 0), slot low. */
 static inline uint32_t ums__id_slot(uint64_t id) { return (uint32_t)id; }
 
-ums__task_t *ums__task_alloc(ums_runtime_t *rt);
 /* Drops one reference; the last one recycles the task. */
 void ums__task_unref(ums_runtime_t *rt, ums__task_t *t);
 /* ums__task_lookup (below, after the runtime's struct): finds a live task
@@ -513,6 +515,16 @@ void ums__task_finish(ums__task_t *t);
 void ums__task_ready(ums__task_t *t);
 /* Delivers a pending cancellation to a parked task. [owner] */
 void ums__task_deliver_cancel(ums__task_t *t);
+
+/* t's id, read by a thread that holds t->lock to check that t is still
+** the task it looked up. Acquire, not relaxed: the spawner publishes a
+** new id without the lock (task_spawn_impl), so a lock holder that sees
+** the new id must also see the record's initialisation, which the
+** spawner wrote before. An id seen under the lock is stable: it only
+** changes to 0 under the lock, and from 0 only once the record is free. */
+static inline uint64_t ums__task_id_locked(ums__task_t *t) {
+  return atomic_load_explicit(&t->id, memory_order_acquire);
+}
 
 /* Whether token names the park t is in now: t is in a park, of that
 ** task and that sequence. Call with t->lock held, so that no one else can

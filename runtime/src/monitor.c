@@ -113,7 +113,7 @@ static bool task_name(ums_runtime_t *rt, uint64_t id, char *out) {
   out[0] = '\0';
   if (!t) return false;
   ums__lock(&t->lock);
-  bool same = atomic_load_explicit(&t->id, memory_order_relaxed) == id;
+  bool same = ums__task_id_locked(t) == id;
   if (same) memcpy(out, t->name, UMS__TASK_NAME_MAX);
   ums__unlock(&t->lock);
   return same;
@@ -125,7 +125,7 @@ static void credit(ums_runtime_t *rt, uint64_t id, int64_t ns) {
   /* Under the lock: a task that ended meanwhile may have been recycled,
   ** and its successor must not inherit the tick. */
   ums__lock(&t->lock);
-  if (atomic_load_explicit(&t->id, memory_order_relaxed) == id)
+  if (ums__task_id_locked(t) == id)
     atomic_fetch_add_explicit(&t->cpu_ns, ns, memory_order_relaxed);
   ums__unlock(&t->lock);
 }

@@ -141,7 +141,8 @@ void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
   }
   /* One timer per task at most: reserving here keeps waits from
   ** allocating. If even that fails, the task ends before it starts. */
-  if (ums__timer_heap_reserve(&s->timers, s->nlocal + 1) != 0) {
+  if (s->nlocal + 1 > s->timers.cap &&
+      ums__timer_heap_reserve(&s->timers, s->nlocal + 1) != 0) {
     t->status = UMS_ENOMEM;
     ums__task_finish(t);
     return;

@@ -56,7 +56,7 @@ int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows, int n) {
       ums__task_t *t = ums__task_lookup(rt, id);
       if (t) {
         ums__lock(&t->lock);
-        if (LOAD(t->id) == id) {
+        if (ums__task_id_locked(t) == id) {
           r->running = id;
           memcpy(r->running_name, t->name, sizeof r->running_name);
         }
@@ -102,7 +102,7 @@ const char *ums_task_state_name(int state) {
 ** finished and nobody may join it: gone, as far as its caller knows. */
 static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out) {
   ums__lock(&t->lock);
-  uint64_t cur = LOAD(t->id);
+  uint64_t cur = ums__task_id_locked(t);
   if (!cur || (id && cur != id) || (t->done && t->detached)) {
     ums__unlock(&t->lock);
     return false;
@@ -111,8 +111,11 @@ static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out) {
   out->id = cur;
   out->spawner = t->spawner;
   memcpy(out->name, t->name, sizeof out->name);
-  out->sched = t->sched->id;
-  bool timing = t->sched->timing;
+  /* Kept for after the unlock: from then on the record may be recycled
+  ** and re-placed by another spawn. */
+  ums__sched_t *sched = t->sched;
+  out->sched = sched->id;
+  bool timing = sched->timing;
   uint32_t obs = LOAD(t->obs);
   int state = t->done ? UMS_TASK_DONE : UMS__OBS_STATE(obs);
   int type = UMS__OBS_TYPE(obs);
@@ -122,7 +125,7 @@ static bool read_task(ums__task_t *t, uint64_t id, ums_task_info_t *out) {
   int64_t cpu = LOAD(t->cpu_ns);
   ums__unlock(&t->lock);
   /* After the task's own stamps, on its scheduler's clock. */
-  int64_t now = timing ? ums__stamp_sched(t->sched) : 0;
+  int64_t now = timing ? ums__stamp_sched(sched) : 0;
 
   /* Woken, not yet running: its waker stamped it (with stats on; the
   ** stamp is what tells, so that a wake-up stores nothing else). */
@@ -180,7 +183,7 @@ int ums_task_set_name(ums_runtime_t *rt, ums_task_t id, const char *name) {
   ums__task_t *t = ums__task_lookup(rt, id);
   if (t) {
     ums__lock(&t->lock);
-    if (LOAD(t->id) == id) {
+    if (ums__task_id_locked(t) == id) {
       memset(t->name, 0, sizeof t->name);
       if (name) strncpy(t->name, name, UMS__TASK_NAME_MAX - 1);
       r = 0;

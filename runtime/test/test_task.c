@@ -911,6 +911,98 @@ static void test_recycled_handle(void) {
   tu_runtime_shutdown(rt);
 }
 
+/* The spawner publishes a recycled record's new id without its lock
+** (task.c, task_spawn_impl). A host thread keeps using the ids of tasks
+** that have ended (their records retired and soon recycled by the next
+** batch, which runs meanwhile) and lists the live tasks: every call on a
+** stale id must miss, no live task may be cancelled or renamed by one,
+** and under TSan the lister's reads of fresh records must be ordered
+** after their initialisation. */
+#define RR_BATCH 8
+#ifdef TU_TSAN
+#define RR_ROUNDS 300
+#else
+#define RR_ROUNDS 3000
+#endif
+
+static _Atomic uint64_t rr_stale[RR_BATCH];
+static atomic_int rr_ended[RR_BATCH];
+static atomic_int rr_stop, rr_cancelled, rr_renamed, rr_hits, rr_listed;
+
+static void *rr_child(void *arg) {
+  int i = (int)NUM(arg);
+  /* Live across a pass, so the host meets it in its recycled slot. */
+  ums_yield();
+  ums_yield();
+  if (ums_cancelled()) atomic_fetch_add(&rr_cancelled, 1);
+  ums_task_info_t info;
+  if (ums_task_info(rt, ums_self(), &info) == 0 && info.name[0])
+    atomic_fetch_add(&rr_renamed, 1);
+  atomic_store(&rr_ended[i], 1);
+  return NULL;
+}
+
+static void *rr_spawner(void *arg) {
+  (void)arg;
+  ums_task_t ids[RR_BATCH];
+  ums_spawn_opts_t o = {.sched = 0, .detached = 1};
+  for (int round = 0; round < RR_ROUNDS; round++) {
+    for (int i = 0; i < RR_BATCH; i++) {
+      atomic_store(&rr_ended[i], 0);
+      CHECK_RC(ums_task_spawn(rt, &o, rr_child, PTR(i), &ids[i]), 0);
+    }
+    /* One scheduler: a child seen ended here has also been finished and
+    ** its record retired (nothing runs between its return and that). */
+    for (int i = 0; i < RR_BATCH; i++) {
+      while (!atomic_load(&rr_ended[i])) ums_yield();
+      atomic_store(&rr_stale[i], ids[i]);
+    }
+  }
+  return NULL;
+}
+
+static int rr_visit(const ums_task_info_t *info, void *arg) {
+  (void)arg;
+  if (info->id) atomic_fetch_add(&rr_listed, 1);
+  return 0;
+}
+
+static void *rr_host(void *arg) {
+  (void)arg;
+  while (!atomic_load(&rr_stop)) {
+    for (int i = 0; i < RR_BATCH; i++) {
+      ums_task_t id = atomic_load(&rr_stale[i]);
+      if (!id) continue;
+      ums_task_info_t info;
+      if (ums_task_cancel(rt, id) != UMS_ESRCH) atomic_fetch_add(&rr_hits, 1);
+      if (ums_task_set_name(rt, id, "stale") != UMS_ESRCH)
+        atomic_fetch_add(&rr_hits, 1);
+      if (ums_task_info(rt, id, &info) != UMS_ESRCH)
+        atomic_fetch_add(&rr_hits, 1);
+      if (ums_task_detach(rt, id) != UMS_ESRCH) atomic_fetch_add(&rr_hits, 1);
+    }
+    ums_runtime_tasks(rt, rr_visit, NULL);
+  }
+  return NULL;
+}
+
+static void test_recycled_race(void) {
+  rt = tu_runtime_new(1);
+  memset(rr_stale, 0, sizeof rr_stale);
+  atomic_store(&rr_stop, 0);
+  pthread_t host;
+  CHECK_EQ(pthread_create(&host, NULL, rr_host, NULL), 0);
+  ums_task_t sp = spawn_on(0, rr_spawner, NULL);
+  join_expect(sp, NULL, 0);
+  atomic_store(&rr_stop, 1);
+  CHECK_EQ(pthread_join(host, NULL), 0);
+  CHECK_EQ(atomic_load(&rr_hits), 0);
+  CHECK_EQ(atomic_load(&rr_cancelled), 0);
+  CHECK_EQ(atomic_load(&rr_renamed), 0);
+  CHECK_GT(atomic_load(&rr_listed), 0);
+  tu_runtime_shutdown(rt);
+}
+
 /* ====================================================================== */
 /* max_workers                                                             */
 /* ====================================================================== */
@@ -1128,6 +1220,7 @@ int main(void) {
   RUN(test_cancel_not_started);
   RUN(test_cancel_before_admission);
   RUN(test_recycled_handle);
+  RUN(test_recycled_race);
   RUN(test_max_workers_fifo);
   RUN(test_yield_round_robin);
   RUN(test_sleep_order);
