@@ -235,13 +235,28 @@ static void buf_push(lua_State *L, lchan *ch, int buf) {
 /* Sends the value at index v of L (ch at index chi) without parking.
 ** With vtop, v is the top of L, and a value handed to a parked receiver
 ** is moved off L's stack rather than copied. */
+/* The handoff to a parked receiver, if there is one: ch open, nothing
+** buffered (receivers wait only on an empty buffer). Inline: the bound
+** send's fast path is this. */
+static inline bool send_to_waiter(lua_State *L, lchan *ch, int v,
+                                  bool vtop) {
+  lwait *r = wake_first(&ch->recvq, GRANTED);
+  if (r) give(L, v, vtop, r);
+  return r != NULL;
+}
+
+/* The handoff from a parked sender of an unbuffered or empty channel, if
+** there is one: its value is pushed on L. Inline: the bound recv's fast
+** path is this. */
+static inline bool recv_from_waiter(lua_State *L, lchan *ch) {
+  lwait *s = wake_first(&ch->sendq, GRANTED);
+  if (s) take(s, L);
+  return s != NULL;
+}
+
 static int send_now(lua_State *L, lchan *ch, int chi, int v, bool vtop) {
   if (ch->closed) return IS_CLOSED;
-  lwait *r = wake_first(&ch->recvq, GRANTED);
-  if (r) {
-    give(L, v, vtop, r);
-    return DONE;
-  }
+  if (send_to_waiter(L, ch, v, vtop)) return DONE;
   if (ch->count < ch->size) {
     lua_getiuservalue(L, chi, 1);
     lua_pushvalue(L, v);
@@ -272,11 +287,7 @@ static int recv_now(lua_State *L, lchan *ch, int chi) {
     lua_remove(L, buf);
     return DONE;
   }
-  lwait *s = wake_first(&ch->sendq, GRANTED);
-  if (s) {
-    take(s, L);
-    return DONE;
-  }
+  if (recv_from_waiter(L, ch)) return DONE;
   return ch->closed ? IS_CLOSED : WOULD_BLOCK;
 }
 
@@ -444,6 +455,18 @@ static __attribute__((noinline)) int recv_on(lua_State *L, lchan *ch,
 ** send and recv are bound. */
 #define BIND_AFTER 4
 
+/* Sets field name of the channel table at 1 to f bound to ch, whose
+** userdata is on top: upvalue 1 its address, upvalue 2 the userdata. */
+static void bind_method(lua_State *L, lchan *ch, const char *name,
+                        lua_CFunction f) {
+  int st = lua_gettop(L);
+  lua_pushstring(L, name);
+  lua_pushlightuserdata(L, ch);
+  lua_pushvalue(L, st);
+  lua_pushcclosure(L, f, 2);
+  lua_rawset(L, 1);
+}
+
 /* check_chan for the metatable's send and recv (fname): the channel's
 ** BIND_AFTER-th makes its own send and recv, bound to its state, when
 ** self is the table the state was made for. */
@@ -452,17 +475,8 @@ static lchan *check_chan_bind(lua_State *L, const char *fname) {
   if (!ch) typeerr(L, 1, fname, CHAN_MT);
   if (ch->unbound < BIND_AFTER && ++ch->unbound == BIND_AFTER &&
       lua_topointer(L, 1) == ch->self) {
-    int st = lua_gettop(L);
-    lua_pushliteral(L, "send");
-    lua_pushlightuserdata(L, ch);
-    lua_pushvalue(L, st);
-    lua_pushcclosure(L, l_bound_send, 2);
-    lua_rawset(L, 1);
-    lua_pushliteral(L, "recv");
-    lua_pushlightuserdata(L, ch);
-    lua_pushvalue(L, st);
-    lua_pushcclosure(L, l_bound_recv, 2);
-    lua_rawset(L, 1);
+    bind_method(L, ch, "send", l_bound_send);
+    bind_method(L, ch, "recv", l_bound_recv);
   }
   lua_replace(L, 1);
   return ch;
@@ -520,9 +534,7 @@ static int l_bound_send(lua_State *L) {
                        lua_gettop(L) != 2, 0))
     return bound_other(L, ch, true);
   if (!ch->closed) {
-    lwait *r = wake_first(&ch->recvq, GRANTED);
-    if (r) {
-      give(L, 2, true, r);
+    if (send_to_waiter(L, ch, 2, true)) {
       lua_pushboolean(L, 1);
       return 1;
     }
@@ -537,11 +549,7 @@ static int l_bound_recv(lua_State *L) {
                        lua_gettop(L) != 1, 0))
     return bound_other(L, ch, false);
   if (ch->count == 0) {
-    lwait *s = wake_first(&ch->sendq, GRANTED);
-    if (s) {
-      take(s, L);
-      return 1;
-    }
+    if (recv_from_waiter(L, ch)) return 1;
     if (!ch->closed) return bound_recv_park(L, ch);
   }
   return recv_on(L, ch, lua_upvalueindex(2));
