@@ -245,14 +245,18 @@ void ums__io_complete(ums__io_req_t *r, int64_t res) {
 ** the position would land on the bytes it has just written, and a short
 ** count would be all it ever saw. write(2) moves the position by what it
 ** wrote (and serialises writers on it): these writes go to the pool. A
-** stream (pipe, socket, terminal) has no position to lose and stays on
-** the ring. lseek(2) on the scheduler thread costs a system call that
-** never blocks; a bad descriptor goes to the pool, which reports it. */
+** stream (pipe, socket, terminal) has no position to lose, and a file
+** opened with O_APPEND writes at its end wherever the position is (its
+** next write after a short one fails as it should): both stay on the
+** ring. lseek(2) and fcntl(2) on the scheduler thread never block; a bad
+** descriptor goes to the pool, which reports it. */
 static bool write_at_position(const ums__io_req_t *r) {
   if ((r->op != UMS__IO_WRITE && r->op != UMS__IO_WRITEV) ||
       r->off != UMS_FS_CUR)
     return false;
-  return lseek(r->fd, 0, SEEK_CUR) >= 0 || errno != ESPIPE;
+  if (lseek(r->fd, 0, SEEK_CUR) < 0 && errno == ESPIPE) return false;
+  int fl = fcntl(r->fd, F_GETFL);
+  return fl < 0 || !(fl & O_APPEND);
 }
 
 static bool use_ring(ums__sched_t *s, const ums__io_req_t *r) {
