@@ -631,10 +631,13 @@ static void test_big_file(void) { CHECK(in_task(0, big_offset, NULL)); }
 ** position leaves the position where it was, so the runtime must not let
 ** the next write start at 0 again (io.c, write_at_position). */
 
-/* The file size limit the test writes against: the one in force when it
+/* The room the test writes into: the file size limit in force when it
 ** is below 16 MiB (ctest runs test_io_shortwrite under `ulimit -f 1024`),
-** else 1 MiB set here for the test's length. */
+** else 1 MiB set here for the test's length; or, with --short-write=enospc
+** (test_io_enospc runs it with TMPDIR on a 1 MiB tmpfs), the free space of
+** that file system. fsize_err is the error a write past it gets. */
 static size_t fsize_limit;
+static int64_t fsize_err = UMS_EFBIG;
 
 /* The file at name holds exactly n bytes: the first n of the data
 ** written (fill's pattern with seed), in order. */
@@ -681,9 +684,9 @@ static void *short_write_suite(void *arg) {
            (int64_t)lim);
   CHECK_EQ(lseek(fd, 0, SEEK_CUR), (off_t)lim);
   CHECK_EQ(ums_fs_write(fd, b, lim, lim, UMS_FS_CUR, UMS_FOREVER),
-           UMS_EFBIG);
+           fsize_err);
   CHECK_EQ(ums_fs_write(fd, b, lim, lim, UMS_FS_CUR, UMS_FOREVER),
-           UMS_EFBIG);
+           fsize_err);
   CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
   check_prefix(name, lim, 31);
 
@@ -698,7 +701,7 @@ static void *short_write_suite(void *arg) {
            (int64_t)(lim - at));
   at = lim;
   CHECK_EQ(ums_fs_write(fd, b, at, piece, UMS_FS_CUR, UMS_FOREVER),
-           UMS_EFBIG);
+           fsize_err);
   CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
   check_prefix(name, lim, 31);
 
@@ -706,7 +709,7 @@ static void *short_write_suite(void *arg) {
   ums_iov_t v[2] = {{b, 0, lim}, {b, lim, lim}};
   fd = open_trunc(name);
   CHECK_EQ(ums_fs_writev(fd, v, 2, UMS_FS_CUR, UMS_FOREVER), (int64_t)lim);
-  CHECK_EQ(ums_fs_writev(fd, &v[1], 1, UMS_FS_CUR, UMS_FOREVER), UMS_EFBIG);
+  CHECK_EQ(ums_fs_writev(fd, &v[1], 1, UMS_FS_CUR, UMS_FOREVER), fsize_err);
   CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
   check_prefix(name, lim, 31);
 
@@ -714,9 +717,9 @@ static void *short_write_suite(void *arg) {
   fd = open_trunc(name);
   CHECK_EQ(ums_fs_write(fd, b, 0, 2 * lim, 0, UMS_FOREVER), (int64_t)lim);
   CHECK_EQ(ums_fs_write(fd, b, lim, lim, (int64_t)lim, UMS_FOREVER),
-           UMS_EFBIG);
+           fsize_err);
   CHECK_EQ(ums_fs_writev(fd, &v[1], 1, (int64_t)lim, UMS_FOREVER),
-           UMS_EFBIG);
+           fsize_err);
   CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
   check_prefix(name, lim, 31);
 
@@ -727,13 +730,22 @@ static void *short_write_suite(void *arg) {
   CHECK_EQ(ums_fs_write(fd, b, 0, 2 * lim, UMS_FS_CUR, UMS_FOREVER),
            (int64_t)lim);
   CHECK_EQ(ums_fs_write(fd, b, lim, lim, UMS_FS_CUR, UMS_FOREVER),
-           UMS_EFBIG);
+           fsize_err);
   CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
   check_prefix(name, lim, 31);
 
   CHECK_RC(ums_fs_unlink(name, UMS_FOREVER), 0);
   ums_buf_release(b);
   return PTR(1);
+}
+
+/* A write filling the file system (ENOSPC): the test's directory is on a
+** tmpfs of 1 MiB. */
+static void test_full_fs(void) {
+  fsize_limit = (size_t)1 << 20;
+  fsize_err = UMS_ENOSPC;
+  CHECK(in_task(0, short_write_suite, "task"));
+  CHECK(short_write_suite("host"));
 }
 
 static void test_short_write(void) {
@@ -1683,7 +1695,7 @@ static void rm_tree(const char *path) {
 }
 
 int main(int argc, char **argv) {
-  bool short_only = false;
+  bool short_only = false, full_fs = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--expect-backend=uring") == 0)
       expect_backend = UMS_IO_URING;
@@ -1691,9 +1703,12 @@ int main(int argc, char **argv) {
       expect_backend = UMS_IO_POOL;
     else if (strcmp(argv[i], "--short-write") == 0)
       short_only = true;
+    else if (strcmp(argv[i], "--short-write=enospc") == 0)
+      short_only = full_fs = true;
     else {
       fprintf(stderr,
-              "usage: %s [--expect-backend=uring|pool] [--short-write]\n",
+              "usage: %s [--expect-backend=uring|pool] "
+              "[--short-write[=enospc]]\n",
               argv[0]);
       return 2;
     }
@@ -1706,7 +1721,10 @@ int main(int argc, char **argv) {
   if (short_only) {
     /* Under a file size limit (test_io_shortwrite): big_offset and the
     ** others would hit it. */
-    RUN(test_short_write);
+    if (full_fs)
+      RUN(test_full_fs);
+    else
+      RUN(test_short_write);
     tu_runtime_shutdown(rt);
     rm_tree(dir);
     return 0;
