@@ -713,6 +713,22 @@ static void *short_write_suite(void *arg) {
   CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
   check_prefix(name, lim, 31);
 
+  /* The deferred form, in a task: the same requests. */
+  if (ums_self() != 0) {
+    ums_fs_req_t *q;
+    fd = open_trunc(name);
+    CHECK_RC(ums_fs_write_begin(fd, b, 0, 2 * lim, UMS_FS_CUR, UMS_FOREVER,
+                                &q), 0);
+    ums_park_wait();
+    CHECK_EQ(ums_fs_end(q), (int64_t)lim);
+    CHECK_RC(ums_fs_write_begin(fd, b, lim, lim, UMS_FS_CUR, UMS_FOREVER,
+                                &q), 0);
+    ums_park_wait();
+    CHECK_EQ(ums_fs_end(q), fsize_err);
+    CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+    check_prefix(name, lim, 31);
+  }
+
   /* At explicit offsets, as a caller that keeps its own position. */
   fd = open_trunc(name);
   CHECK_EQ(ums_fs_write(fd, b, 0, 2 * lim, 0, UMS_FOREVER), (int64_t)lim);
