@@ -4,7 +4,8 @@
 -- check against the file on disk.
 --
 -- lua5.4 shortwrite_child.lua <where> <dir> <limit>
---   where  "host" (outside a task) or "task" (the first task of ums.run)
+--   where  "host" (outside a task), "task" (the first task of ums.run),
+--          or "backend" (only print the backend in force)
 --   dir    an empty directory for the files
 --   limit  the file size limit in bytes
 --
@@ -114,7 +115,12 @@ local function body()
   check("pwrite")
 end
 
-if where == "task" then
+if where == "backend" then
+  -- Only the backend in force (the spec's reference for its default
+  -- runs).
+  ums.run(function() out("backend", require("ums.core").io_backend()) end)
+  os.exit(0)
+elseif where == "task" then
   ums.run(body)
 else
   body()

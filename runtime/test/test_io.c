@@ -633,9 +633,9 @@ static void test_big_file(void) { CHECK(in_task(0, big_offset, NULL)); }
 
 /* The room the test writes into: the file size limit in force when it
 ** is below 16 MiB (ctest runs test_io_shortwrite under `ulimit -f 1024`),
-** else 1 MiB set here for the test's length; or, with --short-write=enospc
-** (test_io_enospc runs it with TMPDIR on a 1 MiB tmpfs), the free space of
-** that file system. fsize_err is the error a write past it gets. */
+** else 1 MiB set here for the test's length; or, with --full-fs=<dir>
+** (test_io_enospc: <dir> is a 1 MiB tmpfs), the free space of that file
+** system. fsize_err is the error a write past it gets. */
 static size_t fsize_limit;
 static int64_t fsize_err = UMS_EFBIG;
 
@@ -1711,7 +1711,8 @@ static void rm_tree(const char *path) {
 }
 
 int main(int argc, char **argv) {
-  bool short_only = false, full_fs = false;
+  bool short_only = false;
+  const char *full_fs = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--expect-backend=uring") == 0)
       expect_backend = UMS_IO_URING;
@@ -1719,18 +1720,20 @@ int main(int argc, char **argv) {
       expect_backend = UMS_IO_POOL;
     else if (strcmp(argv[i], "--short-write") == 0)
       short_only = true;
-    else if (strcmp(argv[i], "--short-write=enospc") == 0)
-      short_only = full_fs = true;
+    else if (strncmp(argv[i], "--full-fs=", 10) == 0)
+      short_only = true, full_fs = argv[i] + 10;
     else {
       fprintf(stderr,
               "usage: %s [--expect-backend=uring|pool] "
-              "[--short-write[=enospc]]\n",
+              "[--short-write | --full-fs=<dir>]\n",
               argv[0]);
       return 2;
     }
   }
-  snprintf(dir, sizeof dir, "%s/ums-test-io-XXXXXX",
-           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  /* Not TMPDIR for the full file system: a sanitizer runtime may keep
+  ** files of its own there. */
+  const char *base = full_fs ? full_fs : getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/ums-test-io-XXXXXX", base ? base : "/tmp");
   CHECK(mkdtemp(dir) != NULL);
   rt = tu_runtime_new(2);
   RUN(test_backend);
