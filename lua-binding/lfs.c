@@ -33,9 +33,9 @@
 ** written by many tasks gets whole writes, in order.
 **
 ** Buffering is stdio's: one buffer per file, holding either read-ahead
-** (the kernel's file position is ahead of the logical one by the unread
-** bytes) or pending writes (behind it by the pending bytes). Reads and
-** writes larger than the buffer go straight between the kernel and a
+** (the file's position, lfile.kpos, is ahead of the logical one by the
+** unread bytes) or pending writes (behind it by the pending bytes). Reads
+** and writes larger than the buffer go straight between the kernel and a
 ** page-aligned ums_buf (the method's accumulator), then one copy into (or
 ** from) the Lua string.
 */
