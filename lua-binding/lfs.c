@@ -33,9 +33,9 @@
 ** written by many tasks gets whole writes, in order.
 **
 ** Buffering is stdio's: one buffer per file, holding either read-ahead
-** (the kernel's file position is ahead of the logical one by the unread
-** bytes) or pending writes (behind it by the pending bytes). Reads and
-** writes larger than the buffer go straight between the kernel and a
+** (the file's position, lfile.kpos, is ahead of the logical one by the
+** unread bytes) or pending writes (behind it by the pending bytes). Reads
+** and writes larger than the buffer go straight between the kernel and a
 ** page-aligned ums_buf (the method's accumulator), then one copy into (or
 ** from) the Lua string.
 */
@@ -84,6 +84,8 @@ typedef struct lio {
                             own reference until it really ends */
   size_t pos, len;
   int64_t off;           /* >= 0, or UMS_FS_CUR */
+  bool at_pos;           /* read, write: at the file's position (off is
+                            kpos, or UMS_FS_CUR while it is not known) */
   const char *path;      /* open: anchored on the caller's Lua stack */
   int flags, mode;       /* open */
 } lio;
@@ -124,6 +126,9 @@ typedef struct lop {
   size_t wdone;          /* flush: pending bytes written so far */
   size_t wpos;           /* write_acc: accumulator bytes written so far */
   int64_t err;           /* the method's error (0: none) */
+  bool werr;             /* err is a write's: the result says how much
+                            was written (wrote) */
+  int64_t wrote;         /* bytes this method wrote into the file */
   int64_t err2;          /* close: the flush's error */
   const char *path;      /* open: the path (on the stack) */
   int oflags, omode;     /* open */
@@ -154,12 +159,16 @@ struct lfile {
   int orphan_fd;         /* the descriptor of a file closed while sharers
                             read from it: the last of them closes it;
                             -1 when none */
-  /* The kernel's file position, followed from the open on through every
-  ** request at the position and every lseek this file makes, while
-  ** pos_known. Nothing else moves it: the descriptor is this file's
-  ** alone. Forgotten for good after anything whose move is not known (a
-  ** failed or abandoned request may still move it) and in append mode
-  ** (every write jumps to the end). */
+  /* The file's position as the kernel would hold it (ahead of the
+  ** logical one by the read-ahead, behind it by the pending writes),
+  ** while pos_known: on a file that can seek and is not in append mode.
+  ** This file keeps it itself, from the open on, and every read and write
+  ** "at the position" is made at the explicit offset kpos: the kernel's
+  ** own position is not used, because io_uring leaves it unchanged after
+  ** a short write (a retry would then overwrite the file's start). The
+  ** descriptor is this file's alone, so nothing else needs the kernel's
+  ** position. A stream (pipe, socket, terminal) and a file in append mode
+  ** (every write jumps to the end) use the kernel's position instead. */
   int64_t kpos;
   bool pos_known;
   bool append;           /* opened with O_APPEND */
@@ -205,6 +214,8 @@ static void file_check_cancel(lua_State *L, lfile *f, int64_t err) {
     ums_buf_release(f->buf);
     f->buf = NULL;
   }
+  /* The read-ahead goes; the position goes back to the logical one. */
+  if (f->pos_known) f->kpos -= (int64_t)(f->rlen - f->rpos);
   f->rpos = f->rlen = f->wlen = 0;
   check_cancel(L, err);
 }
@@ -296,17 +307,17 @@ static int64_t io_now(lfile *f) {
   }
 }
 
-/* A read or write at the file position has answered (op.res): follows
-** the kernel's position. */
+/* A read or write at the file position has answered (op.res): moves
+** the position by what it moved. One that failed at an explicit offset
+** moved nothing. */
 static void track_pos(lfile *f) {
   lop *o = &f->op;
-  if ((o->io.kind != IO_READ && o->io.kind != IO_WRITE) ||
-      o->io.off != UMS_FS_CUR)
+  if ((o->io.kind != IO_READ && o->io.kind != IO_WRITE) || !o->io.at_pos)
     return;
-  if (o->res < 0)
-    f->pos_known = false;
-  else
+  if (o->res >= 0)
     f->kpos += o->res;
+  else if (o->io.off == UMS_FS_CUR)
+    f->pos_known = false;
 }
 
 /* The request's park has ended: its result answers the step. */
@@ -333,10 +344,19 @@ static int io_k(lua_State *L, int status, lua_KContext ctx) {
 static int method_end(lua_State *L, lfile *f, int nres) {
   lop *o = &f->op;
   const lmethod *m = o->m;
-  int64_t err = o->err;
+  int64_t err = o->err, wrote = o->wrote;
+  bool werr = o->werr;
   op_clear(o);
   file_unlock(f);
-  return m->done(L, f, nres, err);
+  int n = m->done(L, f, nres, err);
+  /* A write failed: a failure result (nil, message, errno; the methods
+  ** that raise instead never get here) says how many bytes the method
+  ** wrote into the file before it, as a fourth value. */
+  if (err && werr && n == 3 && lua_isnil(L, -3)) {
+    lua_pushinteger(L, (lua_Integer)wrote);
+    n++;
+  }
+  return n;
 }
 
 /* Steps the method holding f until it ends, making the I/O it asks for. */
@@ -436,11 +456,14 @@ static bool op_answer(lfile *f, int64_t *res) {
   return true;
 }
 
-/* Asks for a read or write of b[pos, pos + len) at off. Returns AGAIN. */
+/* Asks for a read or write of b[pos, pos + len) at off (UMS_FS_CUR: at
+** the file's position, kpos when it is known). Returns AGAIN. */
 static int64_t ask_rw(lfile *f, int kind, ums_buf_t *b, size_t pos,
                       size_t len, int64_t off) {
+  bool at_pos = off == UMS_FS_CUR;
+  if (at_pos && f->pos_known) off = f->kpos;
   f->op.io = (lio){.kind = kind, .fd = f->fd, .buf = b, .pos = pos,
-                   .len = len, .off = off};
+                   .len = len, .off = off, .at_pos = at_pos};
   return AGAIN;
 }
 
@@ -512,9 +535,11 @@ static int64_t sub_flush(lfile *f) {
   if (op_answer(f, &r)) {
     if (r <= 0) {
       f->wlen = o->wdone = 0;
+      o->werr = true;
       return r < 0 ? r : UMS_EIO;
     }
     o->wdone += (size_t)r;
+    o->wrote += r;
   }
   if (o->wdone < f->wlen)
     return ask_rw(f, IO_WRITE, f->buf, o->wdone, f->wlen - o->wdone,
@@ -529,8 +554,12 @@ static int64_t sub_write_acc(lfile *f, int64_t off) {
   lop *o = &f->op;
   int64_t r;
   if (op_answer(f, &r)) {
-    if (r <= 0) return r < 0 ? r : UMS_EIO;
+    if (r <= 0) {
+      o->werr = true;
+      return r < 0 ? r : UMS_EIO;
+    }
     o->wpos += (size_t)r;
+    o->wrote += r;
   }
   if (o->wpos < o->acclen)
     return ask_rw(f, IO_WRITE, o->acc, o->wpos, o->acclen - o->wpos,
@@ -561,17 +590,22 @@ static int64_t sub_fill(lfile *f) {
 
 /* Writes the pending bytes with plain system calls (no park): for __gc,
 ** and for a task that was cancelled, whose runtime calls would all fail
-** with UMS_ECANCELED before doing anything. */
+** with UMS_ECANCELED before doing anything. At kpos when it is known,
+** like every write at the position. */
 static int64_t flush_plain(lfile *f) {
   const char *p = f->buf ? ums_buf_data(f->buf) : NULL;
   size_t n = f->wlen;
   f->wlen = 0;
-  f->pos_known = false;
   while (n > 0) {
-    ssize_t w = write(f->fd, p, n);
+    ssize_t w = f->pos_known ? pwrite(f->fd, p, n, (off_t)f->kpos)
+                             : write(f->fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return -errno;
-    if (w == 0) return UMS_EIO;
+    if (w <= 0) {
+      f->op.werr = true;
+      return w < 0 ? -errno : UMS_EIO;
+    }
+    if (f->pos_known) f->kpos += w;
+    f->op.wrote += w;
     p += w;
     n -= (size_t)w;
   }
@@ -643,7 +677,8 @@ static int64_t sub_open(lfile *f) {
     f->fd = (int)r;
     f->append = (o->oflags & O_APPEND) != 0;
     f->kpos = 0;
-    f->pos_known = !f->append;
+    /* A stream cannot seek (ESPIPE): it keeps the kernel's position. */
+    f->pos_known = !f->append && lseek(f->fd, 0, SEEK_CUR) == 0;
     return 0;
   }
   o->io = (lio){.kind = IO_OPEN, .path = o->path, .flags = o->oflags,
@@ -651,16 +686,17 @@ static int64_t sub_open(lfile *f) {
   return AGAIN;
 }
 
-/* Drops unread read-ahead, moving the kernel's position back to the
-** logical one (a stream cannot move back: its read-ahead is lost, as with
-** stdio). */
+/* Drops unread read-ahead, moving the position back to the logical one
+** (a stream cannot move back: its read-ahead is lost, as with stdio). */
 static void drop_readahead(lfile *f) {
   size_t unread = f->rlen - f->rpos;
   f->rpos = f->rlen = 0;
   if (!unread) return;
-  off_t pos = lseek(f->fd, -(off_t)unread, SEEK_CUR);
-  f->kpos = pos;
-  f->pos_known = pos >= 0 && !f->append;
+  if (f->pos_known) {
+    f->kpos -= (int64_t)unread;
+    return;
+  }
+  lseek(f->fd, -(off_t)unread, SEEK_CUR);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1186,17 +1222,28 @@ static int step_seek(lua_State *L, lfile *f) {
   }
   int op = (int)lua_tointeger(L, 2);
   lua_Integer off = lua_tointeger(L, 3);
-  /* The logical position is behind the kernel's by the read-ahead. */
-  lua_Integer unread = (lua_Integer)(f->rlen - f->rpos);
-  if (op == 1) off -= unread;
-  f->rpos = f->rlen = 0;
-  off_t pos = lseek(f->fd, (off_t)off, mode[op]);
-  f->kpos = pos;
-  f->pos_known = pos >= 0 && !f->append;
-  if (pos < 0) {
-    f->op.err = -errno;
-    return 0;
+  /* The position is now the logical one. */
+  drop_readahead(f);
+  int64_t pos;
+  if (op == 1 && f->pos_known) {
+    /* From the position this file keeps; lseek would start from the
+    ** kernel's, which it does not use. */
+    if ((off < 0 && f->kpos + off < 0) ||
+        (off > 0 && f->kpos > INT64_MAX - off)) {
+      f->op.err = UMS_EINVAL;
+      return 0;
+    }
+    pos = f->kpos + off;
+  } else {
+    pos = lseek(f->fd, (off_t)off, mode[op]);
+    if (pos < 0) {
+      /* Nothing moved. */
+      f->op.err = -errno;
+      return 0;
+    }
   }
+  f->kpos = pos;
+  f->pos_known = !f->append;
   lua_pushinteger(L, (lua_Integer)pos);
   return 1;
 }

@@ -569,7 +569,14 @@ UMS_API int ums_fs_close(int fd, int64_t deadline);
 UMS_API int64_t ums_fs_read(int fd, ums_buf_t *buf, size_t pos, size_t len,
                             int64_t offset, int64_t deadline);
 /* Writes len bytes of buf's data at [pos, pos + len) at offset. Returns
-** the bytes written (which may be fewer) or a negative error. */
+** the bytes written or a negative error. Fewer bytes than len means the
+** write stopped short (ENOSPC, EFBIG past RLIMIT_FSIZE): what was
+** returned is in the file, and a write of the rest (at offset + count,
+** or at UMS_FS_CUR, which the short write moved by count) returns the
+** error. On io_uring a write at UMS_FS_CUR to a file that can seek (and
+** is not in append mode) is made with write(2) on the I/O pool: io_uring
+** would leave the file position unchanged after a short write. A caller
+** that keeps its own position and passes offsets stays on the ring. */
 UMS_API int64_t ums_fs_write(int fd, ums_buf_t *buf, size_t pos, size_t len,
                              int64_t offset, int64_t deadline);
 

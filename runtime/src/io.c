@@ -239,8 +239,29 @@ void ums__io_complete(ums__io_req_t *r, int64_t res) {
 /* Starting and collecting                                                 */
 /* ---------------------------------------------------------------------- */
 
-static bool use_ring(ums__sched_t *s, int op) {
-  return s->ring && ums__ring_supports(s->ring, op);
+/* Whether r is a write at the file position of a file that has one.
+** io_uring leaves such a file's position where it was after a short
+** write (ENOSPC, EFBIG past RLIMIT_FSIZE), so the caller's next write at
+** the position would land on the bytes it has just written, and a short
+** count would be all it ever saw. write(2) moves the position by what it
+** wrote (and serialises writers on it): these writes go to the pool. A
+** stream (pipe, socket, terminal) has no position to lose, and a file
+** opened with O_APPEND writes at its end wherever the position is (its
+** next write after a short one fails as it should): both stay on the
+** ring. lseek(2) and fcntl(2) on the scheduler thread never block; a bad
+** descriptor goes to the pool, which reports it. */
+static bool write_at_position(const ums__io_req_t *r) {
+  if ((r->op != UMS__IO_WRITE && r->op != UMS__IO_WRITEV) ||
+      r->off != UMS_FS_CUR)
+    return false;
+  if (lseek(r->fd, 0, SEEK_CUR) < 0 && errno == ESPIPE) return false;
+  int fl = fcntl(r->fd, F_GETFL);
+  return fl < 0 || !(fl & O_APPEND);
+}
+
+static bool use_ring(ums__sched_t *s, const ums__io_req_t *r) {
+  return s->ring && ums__ring_supports(s->ring, r->op) &&
+         !write_at_position(r);
 }
 
 /* Begins the calling task's park and hands r to its backend. r keeps the
@@ -258,7 +279,7 @@ static int start(ums__io_req_t *r, int64_t deadline) {
   atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->io_pending, 1, memory_order_relaxed);
   UMS__COUNT(s, io_requests);
-  if (use_ring(s, r->op)) {
+  if (use_ring(s, r)) {
     r->on_ring = true;
     ums__ring_submit(s, r);
   } else {

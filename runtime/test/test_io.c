@@ -622,6 +622,169 @@ static void *big_offset(void *arg) {
 static void test_big_file(void) { CHECK(in_task(0, big_offset, NULL)); }
 
 /* ====================================================================== */
+/* Short writes                                                            */
+/* ====================================================================== */
+
+/* A write that crosses RLIMIT_FSIZE (as on a full file system) writes
+** what fits and returns that count; the next write, at the position the
+** first one left, fails with EFBIG. On io_uring a short write at the file
+** position leaves the position where it was, so the runtime must not let
+** the next write start at 0 again (io.c, write_at_position). */
+
+/* The room the test writes into: the file size limit in force when it
+** is below 16 MiB (ctest runs test_io_shortwrite under `ulimit -f 1024`),
+** else 1 MiB set here for the test's length; or, with --full-fs=<dir>
+** (test_io_enospc: <dir> is a 1 MiB tmpfs), the free space of that file
+** system. fsize_err is the error a write past it gets. */
+static size_t fsize_limit;
+static int64_t fsize_err = UMS_EFBIG;
+
+/* The file at name holds exactly n bytes: the first n of the data
+** written (fill's pattern with seed), in order. */
+static void check_prefix(const char *name, size_t n, uint8_t seed) {
+  int fd = open(name, O_RDONLY);
+  CHECK_GE(fd, 0);
+  struct stat st;
+  CHECK_EQ(fstat(fd, &st), 0);
+  CHECK_EQ((size_t)st.st_size, n);
+  uint8_t *p = malloc(n + 1);
+  CHECK(p != NULL);
+  size_t got = 0;
+  for (ssize_t k; got < n && (k = read(fd, p + got, n + 1 - got)) > 0;)
+    got += (size_t)k;
+  CHECK_EQ(got, n);
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != (uint8_t)(seed + i * 7)) {
+      fprintf(stderr, "byte %zu differs\n", i);
+      CHECK(0);
+    }
+  free(p);
+  close(fd);
+}
+
+static int open_trunc(const char *name) {
+  int fd = ums_fs_open(name, O_CREAT | O_WRONLY | O_TRUNC, 0600,
+                       UMS_FOREVER);
+  CHECK_GE(fd, 0);
+  return fd;
+}
+
+static void *short_write_suite(void *arg) {
+  const char *where = arg;
+  size_t lim = fsize_limit;
+  char name[512], nm[64];
+  snprintf(nm, sizeof nm, "short-%s", where);
+  path_of(name, nm);
+  ums_buf_t *b = ums_buf_new(2 * lim);
+  fill(b, 2 * lim, 31);
+
+  /* At the file position: one write twice the limit, then the rest. */
+  int fd = open_trunc(name);
+  CHECK_EQ(ums_fs_write(fd, b, 0, 2 * lim, UMS_FS_CUR, UMS_FOREVER),
+           (int64_t)lim);
+  CHECK_EQ(lseek(fd, 0, SEEK_CUR), (off_t)lim);
+  CHECK_EQ(ums_fs_write(fd, b, lim, lim, UMS_FS_CUR, UMS_FOREVER),
+           fsize_err);
+  CHECK_EQ(ums_fs_write(fd, b, lim, lim, UMS_FS_CUR, UMS_FOREVER),
+           fsize_err);
+  CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+  check_prefix(name, lim, 31);
+
+  /* At the file position, in pieces of 2/5 of the limit: two whole, one
+  ** short, then the error. */
+  size_t piece = lim / 5 * 2, at = 0;
+  fd = open_trunc(name);
+  for (int i = 0; i < 2; i++, at += piece)
+    CHECK_EQ(ums_fs_write(fd, b, at, piece, UMS_FS_CUR, UMS_FOREVER),
+             (int64_t)piece);
+  CHECK_EQ(ums_fs_write(fd, b, at, piece, UMS_FS_CUR, UMS_FOREVER),
+           (int64_t)(lim - at));
+  at = lim;
+  CHECK_EQ(ums_fs_write(fd, b, at, piece, UMS_FS_CUR, UMS_FOREVER),
+           fsize_err);
+  CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+  check_prefix(name, lim, 31);
+
+  /* Gathered, at the file position. */
+  ums_iov_t v[2] = {{b, 0, lim}, {b, lim, lim}};
+  fd = open_trunc(name);
+  CHECK_EQ(ums_fs_writev(fd, v, 2, UMS_FS_CUR, UMS_FOREVER), (int64_t)lim);
+  CHECK_EQ(ums_fs_writev(fd, &v[1], 1, UMS_FS_CUR, UMS_FOREVER), fsize_err);
+  CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+  check_prefix(name, lim, 31);
+
+  /* The deferred form, in a task: the same requests. */
+  if (ums_self() != 0) {
+    ums_fs_req_t *q;
+    fd = open_trunc(name);
+    CHECK_RC(ums_fs_write_begin(fd, b, 0, 2 * lim, UMS_FS_CUR, UMS_FOREVER,
+                                &q), 0);
+    ums_park_wait();
+    CHECK_EQ(ums_fs_end(q), (int64_t)lim);
+    CHECK_RC(ums_fs_write_begin(fd, b, lim, lim, UMS_FS_CUR, UMS_FOREVER,
+                                &q), 0);
+    ums_park_wait();
+    CHECK_EQ(ums_fs_end(q), fsize_err);
+    CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+    check_prefix(name, lim, 31);
+  }
+
+  /* At explicit offsets, as a caller that keeps its own position. */
+  fd = open_trunc(name);
+  CHECK_EQ(ums_fs_write(fd, b, 0, 2 * lim, 0, UMS_FOREVER), (int64_t)lim);
+  CHECK_EQ(ums_fs_write(fd, b, lim, lim, (int64_t)lim, UMS_FOREVER),
+           fsize_err);
+  CHECK_EQ(ums_fs_writev(fd, &v[1], 1, (int64_t)lim, UMS_FOREVER),
+           fsize_err);
+  CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+  check_prefix(name, lim, 31);
+
+  /* Appending: the short write, then the error. */
+  fd = ums_fs_open(name, O_CREAT | O_WRONLY | O_TRUNC | O_APPEND, 0600,
+                   UMS_FOREVER);
+  CHECK_GE(fd, 0);
+  CHECK_EQ(ums_fs_write(fd, b, 0, 2 * lim, UMS_FS_CUR, UMS_FOREVER),
+           (int64_t)lim);
+  CHECK_EQ(ums_fs_write(fd, b, lim, lim, UMS_FS_CUR, UMS_FOREVER),
+           fsize_err);
+  CHECK_RC(ums_fs_close(fd, UMS_FOREVER), 0);
+  check_prefix(name, lim, 31);
+
+  CHECK_RC(ums_fs_unlink(name, UMS_FOREVER), 0);
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+/* A write filling the file system (ENOSPC): the test's directory is on a
+** tmpfs of 1 MiB. */
+static void test_full_fs(void) {
+  fsize_limit = (size_t)1 << 20;
+  fsize_err = UMS_ENOSPC;
+  CHECK(in_task(0, short_write_suite, "task"));
+  CHECK(short_write_suite("host"));
+}
+
+static void test_short_write(void) {
+  struct rlimit old;
+  CHECK_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  bool set_here = old.rlim_cur == RLIM_INFINITY ||
+                  old.rlim_cur > ((rlim_t)16 << 20);
+  struct sigaction ign = {.sa_handler = SIG_IGN}, old_act;
+  CHECK_EQ(sigaction(SIGXFSZ, &ign, &old_act), 0);
+  if (set_here) {
+    struct rlimit lim = {(rlim_t)1 << 20, old.rlim_max};
+    CHECK_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  }
+  fsize_limit = set_here ? (size_t)1 << 20 : (size_t)old.rlim_cur;
+  printf("   file size limit: %zu bytes%s\n", fsize_limit,
+         set_here ? " (set here)" : "");
+  CHECK(in_task(0, short_write_suite, "task"));
+  CHECK(short_write_suite("host"));
+  if (set_here) CHECK_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  CHECK_EQ(sigaction(SIGXFSZ, &old_act, NULL), 0);
+}
+
+/* ====================================================================== */
 /* Reading while another task writes                                       */
 /* ====================================================================== */
 
@@ -1548,21 +1711,44 @@ static void rm_tree(const char *path) {
 }
 
 int main(int argc, char **argv) {
+  bool short_only = false;
+  const char *full_fs = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--expect-backend=uring") == 0)
       expect_backend = UMS_IO_URING;
     else if (strcmp(argv[i], "--expect-backend=pool") == 0)
       expect_backend = UMS_IO_POOL;
+    else if (strcmp(argv[i], "--short-write") == 0)
+      short_only = true;
+    else if (strncmp(argv[i], "--full-fs=", 10) == 0)
+      short_only = true, full_fs = argv[i] + 10;
     else {
-      fprintf(stderr, "usage: %s [--expect-backend=uring|pool]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--expect-backend=uring|pool] "
+              "[--short-write | --full-fs=<dir>]\n",
+              argv[0]);
       return 2;
     }
   }
-  snprintf(dir, sizeof dir, "%s/ums-test-io-XXXXXX",
-           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  /* Not TMPDIR for the full file system: a sanitizer runtime may keep
+  ** files of its own there. */
+  const char *base = full_fs ? full_fs : getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/ums-test-io-XXXXXX", base ? base : "/tmp");
   CHECK(mkdtemp(dir) != NULL);
   rt = tu_runtime_new(2);
   RUN(test_backend);
+  if (short_only) {
+    /* Under a file size limit (test_io_shortwrite): big_offset and the
+    ** others would hit it. */
+    if (full_fs)
+      RUN(test_full_fs);
+    else
+      RUN(test_short_write);
+    tu_runtime_shutdown(rt);
+    rm_tree(dir);
+    return 0;
+  }
+  RUN(test_short_write);
   RUN(test_ops_task);
   RUN(test_ops_other_sched);
   RUN(test_ops_host);
