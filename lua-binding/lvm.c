@@ -1032,21 +1032,21 @@ static int l_submit_on(lua_State *L) {
   }
   ltask *me = lums_need_task(L, "submit_on");
   int n = me->run->vms->nsched;
-  if (i < 1 || i > n)
+  if (i < 0 || i >= n)
     lums_argerr(L, 1, "submit_on",
-                lua_pushfstring(L, "scheduler %I out of range (1 to %d)",
-                                (LUAI_UACINT)i, n));
-  return submit(L, (int)i - 1, 2, "submit_on");
+                lua_pushfstring(L, "scheduler %I out of range (0 to %d)",
+                                (LUAI_UACINT)i, n - 1));
+  return submit(L, (int)i, 2, "submit_on");
 }
 
-/* ums.scheduler() -> the index (1-based) of the current task's
-** scheduler; nil outside tasks. */
+/* ums.scheduler() -> the index of the current task's scheduler, from 0
+** as everywhere (ums.stats, ums.tasks, the C API); nil outside tasks. */
 static int l_scheduler(lua_State *L) {
   ltask *t = lums_cur_task;
   if (!t || !t->run)
     lua_pushnil(L);
   else
-    lua_pushinteger(L, t->run->sched + 1);
+    lua_pushinteger(L, t->run->sched);
   return 1;
 }
 
@@ -1192,7 +1192,7 @@ static int work_status(lua_State *L) {
   return 1;
 }
 
-/* w:scheduler() -> where it started (1-based), nil before. */
+/* w:scheduler() -> where it started (from 0), nil before. */
 static int work_scheduler(lua_State *L) {
   lreq *r = check_work(L, "scheduler");
   pthread_mutex_lock(&r->h.lock);
@@ -1201,7 +1201,7 @@ static int work_scheduler(lua_State *L) {
   if (s < 0)
     lua_pushnil(L);
   else
-    lua_pushinteger(L, s + 1);
+    lua_pushinteger(L, s);
   return 1;
 }
 
