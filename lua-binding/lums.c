@@ -783,7 +783,12 @@ static void install_quantum_signal(void) {
   sigaction(QUANTUM_SIGNAL, &sa, NULL);
 }
 
-static void monitor_start(lrun *r) {
+/* Starts the quantum monitor when r has a quantum. Returns 0, or
+** pthread_create's error: without the monitor a task that computes is
+** never made to yield, cannot be cancelled and is never reached by a
+** stall report's hook, so the caller refuses to run rather than go on
+** without it. */
+static int monitor_start(lrun *r) {
   pthread_mutex_init(&r->mon_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -791,11 +796,12 @@ static void monitor_start(lrun *r) {
   pthread_cond_init(&r->mon_cond, &ca);
   pthread_condattr_destroy(&ca);
   /* The signal also serves stall reports (lums_request_hook). */
-  if (r->quantum <= 0 && !r->stall) return;
+  if (r->quantum <= 0 && !r->stall) return 0;
   install_quantum_signal();
-  if (r->quantum <= 0) return;
-  r->monitor_started = pthread_create(&r->monitor, NULL, quantum_monitor,
-                                      r) == 0;
+  if (r->quantum <= 0) return 0;
+  int e = pthread_create(&r->monitor, NULL, quantum_monitor, r);
+  r->monitor_started = e == 0;
+  return e;
 }
 
 /* A hosted run has no main VM to own the quantum monitor: an lrun that
@@ -804,12 +810,17 @@ static void monitor_start(lrun *r) {
 ** quantum stay zero. */
 static void monitor_stop(lrun *r);
 
-lrun *lums_monitor_new(lvms *vms, int64_t quantum) {
+lrun *lums_monitor_new(lvms *vms, int64_t quantum, int *err) {
   lrun *r = calloc(1, sizeof *r);
+  *err = 0;
   if (!r) return NULL;
   r->vms = vms;
   r->quantum = quantum;
-  monitor_start(r);
+  if ((*err = monitor_start(r)) != 0) {
+    monitor_stop(r);
+    free(r);
+    return NULL;
+  }
   return r;
 }
 
@@ -1356,7 +1367,7 @@ static int run(lua_State *L, double limit) {
   if (!rt) {
     lums_stall_free(stall_state);
     return luaL_error(L, "ums.run: cannot start the runtime: %s",
-                      ums_strerror(err));
+                      ums_runtime_error());
   }
   /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
   lvms *vms = lums_vms_new(L, rt);
@@ -1371,7 +1382,19 @@ static int run(lua_State *L, double limit) {
   r->stall = stall_state;
   lums_vms_set_main(vms, r);
   lums_stall_attach(stall_state, vms);
-  monitor_start(r);
+  if ((err = monitor_start(r)) != 0) {
+    /* No task has started: the run ends as one that never began. */
+    ums_runtime_shutdown(rt, 0);
+    r->rt = NULL;
+    monitor_stop(r);
+    lums_vms_close(L, vms);
+    lums_stall_free(stall_state);
+    r->stall = NULL;
+    run_free(L, r);
+    return luaL_error(L, "ums.run: cannot create the quantum monitor "
+                      "thread: %s (quantum = 0 runs without one)",
+                      strerror(err));
+  }
 
   swap_os_exit(L, true);
   /* After this the scheduler thread may be running Lua (its collector

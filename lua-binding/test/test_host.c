@@ -154,7 +154,24 @@ static void test_bad_input(void) {
   int err = 0;
   CHECK(ums_lua_host_new(&cfg, &err) == NULL);
   CHECK_RC(err, UMS_EINVAL);
-  CHECK_CONTAINS(ums_lua_last_error(), "ums_lua_host_new");
+  CHECK_CONTAINS(ums_lua_last_error(), "ums_lua_host_new: clock = "
+                 "UMS_CLOCK_VIRTUAL needs schedulers = 1 (got 2)");
+  /* The setting is named, with the runtime's bounds. */
+  cfg.runtime.clock = UMS_CLOCK_REAL;
+  cfg.runtime.schedulers = 5000;
+  CHECK(ums_lua_host_new(&cfg, &err) == NULL);
+  CHECK_RC(err, UMS_EINVAL);
+  CHECK_CONTAINS(ums_lua_last_error(), "schedulers = 5000 is out of range "
+                 "(0: one per CPU, or 1 to 1024)");
+  CHECK_CONTAINS(ums_runtime_error(), "schedulers = 5000 is out of range");
+  cfg.runtime.schedulers = 1;
+  cfg.runtime.stack_size = 100;
+  CHECK(ums_lua_host_new(&cfg, &err) == NULL);
+  CHECK_CONTAINS(ums_lua_last_error(), "stack_size = 100 is out of range");
+  cfg.runtime.stack_size = 0;
+  cfg.runtime.preempt_threads = -3;
+  CHECK(ums_lua_host_new(&cfg, &err) == NULL);
+  CHECK_CONTAINS(ums_lua_last_error(), "preempt_threads = -3 is negative");
 
   ums_lua_host_t *h = host_new(2);
   ums_lua_req_t *req = NULL;
