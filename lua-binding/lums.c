@@ -23,6 +23,7 @@
 
 #include <dlfcn.h>
 #include <lauxlib.h>
+#include <limits.h>
 #include <lua.h>
 #include <lualib.h>
 #include <pthread.h>
@@ -127,6 +128,7 @@ int lums_raise_cancelled(lua_State *L) {
 static int64_t timeout_to_deadline(lua_State *L, int idx) {
   if (lua_isnoneornil(L, idx)) return UMS_FOREVER;
   lua_Number s = luaL_checknumber(L, idx);
+  luaL_argcheck(L, s == s, idx, LUMS_NAN_TIMEOUT);
   luaL_argcheck(L, s >= 0, idx, "timeout must not be negative");
   if (s > 1e9) return UMS_FOREVER;
   return ums_deadline((int64_t)(s * 1e9));
@@ -900,6 +902,7 @@ static int sleep_k(lua_State *L, int status, lua_KContext ctx) {
 
 static int l_sleep(lua_State *L) {
   lua_Number s = luaL_checknumber(L, 1);
+  luaL_argcheck(L, s == s, 1, "sleep time is NaN, not a number of seconds");
   luaL_argcheck(L, s >= 0, 1, "sleep time must not be negative");
   ltask *t = lums_need_task(L, "sleep");
   ums_park_token_t tok;
@@ -1305,10 +1308,50 @@ static void swap_os_exit(lua_State *L, bool install) {
   lua_pop(L, 1);
 }
 
+/* core.limits: {min, max} of each numeric setting of ums.config, by its
+** Lua name: the runtime's bounds (ums.h) for the settings it checks, so
+** that ums.config refuses what ums_runtime_new would, with the same
+** numbers. Seconds are bounded where they still fit the runtime's
+** nanoseconds. */
+static void push_limits(lua_State *L) {
+  static const struct {
+    const char *name;
+    lua_Number min, max;
+  } lim[] = {
+      {"schedulers", 1, UMS_MAX_SCHEDULERS},
+      {"max_workers", 0, INT_MAX},
+      {"stack_size", (lua_Number)UMS_MIN_STACK_SIZE,
+       (lua_Number)UMS_MAX_STACK_SIZE},
+      {"idle_workers_kept", 0, INT_MAX},
+      {"io_threads", 0, INT_MAX},
+      {"preempt_threads", 0, INT_MAX},
+      {"seconds", 0, LUMS_MAX_SECONDS},
+  };
+  lua_createtable(L, 0, (int)(sizeof lim / sizeof lim[0]));
+  for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++) {
+    lua_createtable(L, 2, 0);
+    if (lim[i].max == (lua_Number)(lua_Integer)lim[i].max) {
+      lua_pushinteger(L, (lua_Integer)lim[i].min);
+      lua_rawseti(L, -2, 1);
+      lua_pushinteger(L, (lua_Integer)lim[i].max);
+    } else {
+      lua_pushnumber(L, lim[i].min);
+      lua_rawseti(L, -2, 1);
+      lua_pushnumber(L, lim[i].max);
+    }
+    lua_rawseti(L, -2, 2);
+    lua_setfield(L, -2, lim[i].name);
+  }
+}
+
 /* core.run(fn, ...) and core.run_limit: limit is a real time in seconds
 ** after which the run is cancelled (0: none). */
 static int run(lua_State *L, double limit) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  /* Named as ums.run whatever the call looks like (pcall(ums.run, x)
+  ** would otherwise be 'ums.run', ums.run(x) 'run'). */
+  if (lua_type(L, 1) != LUA_TFUNCTION)
+    return luaL_error(L, "bad argument #1 to 'run' (function expected, got "
+                      "%s)", luaL_typename(L, 1));
   if (get_run(L))
     return luaL_error(L, "ums.run: a run is already in progress "
                          "(ums.run cannot be nested; use ums.spawn)");
@@ -1622,5 +1665,7 @@ int lums_open(lua_State *L) {
   lums_open_vm(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
+  push_limits(L);
+  lua_setfield(L, -2, "limits");
   return 1;
 }

@@ -19,6 +19,13 @@
 
 #define LUMS_HIDDEN __attribute__((visibility("hidden")))
 
+/* The longest time a setting in seconds may give (ums.config's bound):
+** its nanoseconds still fit an int64_t. */
+#define LUMS_MAX_SECONDS 1e9
+
+/* What every function that takes seconds says of a NaN timeout. */
+#define LUMS_NAN_TIMEOUT "timeout is NaN, not a number of seconds"
+
 typedef struct lrun lrun;
 typedef struct lvms lvms;
 typedef struct lstall lstall;  /* lstats.c: stall reports of a run */
