@@ -210,6 +210,7 @@ static int64_t opt_timeout(lua_State *L, int idx, const char *fname,
   if (t <= LUA_TNIL) return UMS_FOREVER;  /* none or nil */
   if (t != LUA_TNUMBER) typeerr(L, idx, fname, "number");
   lua_Number s = lua_tonumber(L, idx);
+  if (s != s) argerr(L, idx, fname, LUMS_NAN_TIMEOUT);
   if (!(s >= 0))
     argerr(L, idx, fname, "timeout must be a non-negative number");
   if (s == 0) {

@@ -1169,6 +1169,7 @@ static int l_timeout(lua_State *L) {
   if (lua_tocfunction(L, 1) != l_call)
     return luaL_typeerror(L, 1, "function from an ums.ffi namespace");
   lua_Number s = luaL_checknumber(L, 2);
+  luaL_argcheck(L, s == s, 2, LUMS_NAN_TIMEOUT);
   luaL_argcheck(L, s >= 0, 2, "timeout must not be negative");
   lua_getupvalue(L, 1, 1);
   lua_pushnumber(L, s);
@@ -1318,7 +1319,15 @@ static void *try_open(const char *name, char *err, size_t errlen) {
   void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
   if (h) return h;
   const char *e = dlerror();
-  if (err[0] == 0) snprintf(err, errlen, "%s", e ? e : "unknown error");
+  if (err[0] == 0) {
+    /* dlerror starts with the name, which the caller's message already
+    ** gives. */
+    const char *why = e ? e : "unknown error";
+    size_t n = strlen(name);
+    if (strncmp(why, name, n) == 0 && strncmp(why + n, ": ", 2) == 0)
+      why += n + 2;
+    snprintf(err, errlen, "%s", why);
+  }
   if (e && strstr(e, "invalid ELF header") && name[0] == '/') {
     char *target = ld_script_target(name);
     if (target) {

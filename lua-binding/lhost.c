@@ -99,6 +99,9 @@ static int fail(int rc, const char *fmt, ...) {
   return rc;
 }
 
+/* The same for a call that returns a pointer: records why, returns NULL. */
+#define NULL_FAIL(rc, ...) (fail((rc), __VA_ARGS__), NULL)
+
 /* ---------------------------------------------------------------------- */
 /* The module, for the host's own Lua states                               */
 /* ---------------------------------------------------------------------- */
@@ -414,16 +417,27 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
     goto failed;
   }
   h->rt = ums_runtime_new(&c.runtime, &rc);
-  if (!h->rt) goto failed;
+  if (!h->rt) {
+    free(h);
+    if (err) *err = rc;
+    return NULL_FAIL(rc, "ums_lua_host_new: %s", ums_runtime_error());
+  }
   h->nsched = ums_runtime_schedulers(h->rt);
   h->vms = lums_vms_new_hosted(h->rt, c.path, c.cpath, c.init, quantum,
                                c.setup, c.setup_arg);
-  h->monitor = h->vms ? lums_monitor_new(h->vms, quantum) : NULL;
+  int terr = 0;
+  h->monitor = h->vms ? lums_monitor_new(h->vms, quantum, &terr) : NULL;
   if (!h->monitor) {
-    rc = UMS_ENOMEM;
     ums_runtime_shutdown(h->rt, 0);
     if (h->vms) lums_vms_close(NULL, h->vms);
-    goto failed;
+    free(h);
+    rc = terr ? UMS_EAGAIN : UMS_ENOMEM;
+    if (err) *err = rc;
+    if (terr)
+      return NULL_FAIL(rc, "ums_lua_host_new: cannot create the quantum "
+                       "monitor thread: %s (quantum < 0 runs without one)",
+                       strerror(terr));
+    return NULL_FAIL(rc, "ums_lua_host_new: out of memory");
   }
   pthread_mutex_init(&h->lock, NULL);
   pthread_cond_init(&h->cond, NULL);

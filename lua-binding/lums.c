@@ -23,6 +23,7 @@
 
 #include <dlfcn.h>
 #include <lauxlib.h>
+#include <limits.h>
 #include <lua.h>
 #include <lualib.h>
 #include <pthread.h>
@@ -127,6 +128,7 @@ int lums_raise_cancelled(lua_State *L) {
 static int64_t timeout_to_deadline(lua_State *L, int idx) {
   if (lua_isnoneornil(L, idx)) return UMS_FOREVER;
   lua_Number s = luaL_checknumber(L, idx);
+  luaL_argcheck(L, s == s, idx, LUMS_NAN_TIMEOUT);
   luaL_argcheck(L, s >= 0, idx, "timeout must not be negative");
   if (s > 1e9) return UMS_FOREVER;
   return ums_deadline((int64_t)(s * 1e9));
@@ -783,7 +785,12 @@ static void install_quantum_signal(void) {
   sigaction(QUANTUM_SIGNAL, &sa, NULL);
 }
 
-static void monitor_start(lrun *r) {
+/* Starts the quantum monitor when r has a quantum. Returns 0, or
+** pthread_create's error: without the monitor a task that computes is
+** never made to yield, cannot be cancelled and is never reached by a
+** stall report's hook, so the caller refuses to run rather than go on
+** without it. */
+static int monitor_start(lrun *r) {
   pthread_mutex_init(&r->mon_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -791,11 +798,12 @@ static void monitor_start(lrun *r) {
   pthread_cond_init(&r->mon_cond, &ca);
   pthread_condattr_destroy(&ca);
   /* The signal also serves stall reports (lums_request_hook). */
-  if (r->quantum <= 0 && !r->stall) return;
+  if (r->quantum <= 0 && !r->stall) return 0;
   install_quantum_signal();
-  if (r->quantum <= 0) return;
-  r->monitor_started = pthread_create(&r->monitor, NULL, quantum_monitor,
-                                      r) == 0;
+  if (r->quantum <= 0) return 0;
+  int e = pthread_create(&r->monitor, NULL, quantum_monitor, r);
+  r->monitor_started = e == 0;
+  return e;
 }
 
 /* A hosted run has no main VM to own the quantum monitor: an lrun that
@@ -804,12 +812,17 @@ static void monitor_start(lrun *r) {
 ** quantum stay zero. */
 static void monitor_stop(lrun *r);
 
-lrun *lums_monitor_new(lvms *vms, int64_t quantum) {
+lrun *lums_monitor_new(lvms *vms, int64_t quantum, int *err) {
   lrun *r = calloc(1, sizeof *r);
+  *err = 0;
   if (!r) return NULL;
   r->vms = vms;
   r->quantum = quantum;
-  monitor_start(r);
+  if ((*err = monitor_start(r)) != 0) {
+    monitor_stop(r);
+    free(r);
+    return NULL;
+  }
   return r;
 }
 
@@ -889,6 +902,7 @@ static int sleep_k(lua_State *L, int status, lua_KContext ctx) {
 
 static int l_sleep(lua_State *L) {
   lua_Number s = luaL_checknumber(L, 1);
+  luaL_argcheck(L, s == s, 1, "sleep time is NaN, not a number of seconds");
   luaL_argcheck(L, s >= 0, 1, "sleep time must not be negative");
   ltask *t = lums_need_task(L, "sleep");
   ums_park_token_t tok;
@@ -1294,10 +1308,50 @@ static void swap_os_exit(lua_State *L, bool install) {
   lua_pop(L, 1);
 }
 
+/* core.limits: {min, max} of each numeric setting of ums.config, by its
+** Lua name: the runtime's bounds (ums.h) for the settings it checks, so
+** that ums.config refuses what ums_runtime_new would, with the same
+** numbers. Seconds are bounded where they still fit the runtime's
+** nanoseconds. */
+static void push_limits(lua_State *L) {
+  static const struct {
+    const char *name;
+    lua_Number min, max;
+  } lim[] = {
+      {"schedulers", 1, UMS_MAX_SCHEDULERS},
+      {"max_workers", 0, INT_MAX},
+      {"stack_size", (lua_Number)UMS_MIN_STACK_SIZE,
+       (lua_Number)UMS_MAX_STACK_SIZE},
+      {"idle_workers_kept", 0, INT_MAX},
+      {"io_threads", 0, INT_MAX},
+      {"preempt_threads", 0, INT_MAX},
+      {"seconds", 0, LUMS_MAX_SECONDS},
+  };
+  lua_createtable(L, 0, (int)(sizeof lim / sizeof lim[0]));
+  for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++) {
+    lua_createtable(L, 2, 0);
+    if (lim[i].max == (lua_Number)(lua_Integer)lim[i].max) {
+      lua_pushinteger(L, (lua_Integer)lim[i].min);
+      lua_rawseti(L, -2, 1);
+      lua_pushinteger(L, (lua_Integer)lim[i].max);
+    } else {
+      lua_pushnumber(L, lim[i].min);
+      lua_rawseti(L, -2, 1);
+      lua_pushnumber(L, lim[i].max);
+    }
+    lua_rawseti(L, -2, 2);
+    lua_setfield(L, -2, lim[i].name);
+  }
+}
+
 /* core.run(fn, ...) and core.run_limit: limit is a real time in seconds
 ** after which the run is cancelled (0: none). */
 static int run(lua_State *L, double limit) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  /* Named as ums.run whatever the call looks like (pcall(ums.run, x)
+  ** would otherwise be 'ums.run', ums.run(x) 'run'). */
+  if (lua_type(L, 1) != LUA_TFUNCTION)
+    return luaL_error(L, "bad argument #1 to 'run' (function expected, got "
+                      "%s)", luaL_typename(L, 1));
   if (get_run(L))
     return luaL_error(L, "ums.run: a run is already in progress "
                          "(ums.run cannot be nested; use ums.spawn)");
@@ -1356,7 +1410,7 @@ static int run(lua_State *L, double limit) {
   if (!rt) {
     lums_stall_free(stall_state);
     return luaL_error(L, "ums.run: cannot start the runtime: %s",
-                      ums_strerror(err));
+                      ums_runtime_error());
   }
   /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
   lvms *vms = lums_vms_new(L, rt);
@@ -1371,7 +1425,19 @@ static int run(lua_State *L, double limit) {
   r->stall = stall_state;
   lums_vms_set_main(vms, r);
   lums_stall_attach(stall_state, vms);
-  monitor_start(r);
+  if ((err = monitor_start(r)) != 0) {
+    /* No task has started: the run ends as one that never began. */
+    ums_runtime_shutdown(rt, 0);
+    r->rt = NULL;
+    monitor_stop(r);
+    lums_vms_close(L, vms);
+    lums_stall_free(stall_state);
+    r->stall = NULL;
+    run_free(L, r);
+    return luaL_error(L, "ums.run: cannot create the quantum monitor "
+                      "thread: %s (quantum = 0 runs without one)",
+                      strerror(err));
+  }
 
   swap_os_exit(L, true);
   /* After this the scheduler thread may be running Lua (its collector
@@ -1599,5 +1665,7 @@ int lums_open(lua_State *L) {
   lums_open_vm(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
+  push_limits(L);
+  lua_setfield(L, -2, "limits");
   return 1;
 }

@@ -19,6 +19,13 @@
 
 #define LUMS_HIDDEN __attribute__((visibility("hidden")))
 
+/* The longest time a setting in seconds may give (ums.config's bound):
+** its nanoseconds still fit an int64_t. */
+#define LUMS_MAX_SECONDS 1e9
+
+/* What every function that takes seconds says of a NaN timeout. */
+#define LUMS_NAN_TIMEOUT "timeout is NaN, not a number of seconds"
+
 typedef struct lrun lrun;
 typedef struct lvms lvms;
 typedef struct lstall lstall;  /* lstats.c: stall reports of a run */
@@ -416,8 +423,9 @@ LUMS_HIDDEN void lums_report_errors(lua_State *L);
 /* The quantum monitor of a hosted run (lhost.c), which has no main VM to
 ** own it: started now for every VM of vms (none when quantum <= 0),
 ** stopped and freed by lums_monitor_free (NULL is ignored). NULL when
-** out of memory. */
-LUMS_HIDDEN lrun *lums_monitor_new(lvms *vms, int64_t quantum);
+** out of memory (*err 0) or when its thread cannot be created (*err is
+** pthread_create's error). */
+LUMS_HIDDEN lrun *lums_monitor_new(lvms *vms, int64_t quantum, int *err);
 LUMS_HIDDEN void lums_monitor_free(lrun *r);
 
 /* lshared.c: shared objects (ums.shared.*), registered in every VM. */

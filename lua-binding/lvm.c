@@ -94,6 +94,12 @@ struct lvms {
                             request's own lock is taken */
   lreqq *q;              /* [lock] per scheduler: requests not started */
   bool *disp;            /* [lock] per scheduler: a dispatcher exists */
+  bool *refused;         /* [lock] per scheduler: its VM could not be set
+                            up (or its init module failed), so it takes
+                            no work and its queue is empty */
+  int nrefused;          /* [lock] how many have refused */
+  const char *refusal;   /* [lock] the latest refusal's message (a slot's
+                            init_err, freed by lums_vms_close) */
   lreq *active;          /* [lock] requests not done (one reference each) */
   lreq *failed;          /* [lock] failed requests, kept for on_error at
                             the end of the run (one reference each) */
@@ -304,6 +310,7 @@ static lvms *vms_alloc(ums_runtime_t *rt) {
   v->slot = calloc((size_t)n, sizeof *v->slot);
   v->q = calloc((size_t)n, sizeof *v->q);
   v->disp = calloc((size_t)n, sizeof *v->disp);
+  v->refused = calloc((size_t)n, sizeof *v->refused);
   v->rows = calloc((size_t)n, sizeof *v->rows);
   pthread_mutex_init(&v->lock, NULL);
   pthread_mutex_init(&v->quiet_lock, NULL);
@@ -313,7 +320,7 @@ static lvms *vms_alloc(ums_runtime_t *rt) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&v->quiet_cond, &ca);
   pthread_condattr_destroy(&ca);
-  if (!v->vm || !v->slot || !v->q || !v->disp || !v->rows) {
+  if (!v->vm || !v->slot || !v->q || !v->disp || !v->refused || !v->rows) {
     lums_vms_close(NULL, v);
     return NULL;
   }
@@ -435,7 +442,7 @@ static lrun *vm_get(lvms *v, int s, const char **err) {
     const char *msg = lua_tostring(L, -1);
     char buf[512];
     snprintf(buf, sizeof buf, "ums: cannot set up the Lua VM of scheduler "
-             "%d: %s", s + 1, msg ? msg : "(error object is not a string)");
+             "%d: %s", s, msg ? msg : "(error object is not a string)");
     sl->failed = true;
     sl->init_err = strdup(buf);
     lua_close(L);
@@ -474,7 +481,7 @@ static const char *vm_init(lvms *v, lrun *r) {
   const char *msg = lua_tostring(L, -1);
   char buf[1024];
   snprintf(buf, sizeof buf, "ums: the init module '%s' failed in the VM of "
-           "scheduler %d: %s", v->init, r->sched + 1,
+           "scheduler %d: %s", v->init, r->sched,
            msg ? msg : "(error object is not a string)");
   lua_pop(L, 1);
   sl->init_state = 2;
@@ -664,6 +671,8 @@ static int start_protected(lua_State *L) {
   return 0;
 }
 
+static void refuse(lvms *v, int s, lreq *r, const char *err);
+
 /* Starts request r, just taken off a queue, on scheduler s: in s's VM
 ** (created if need be) as a new task. Releases the queue's hold on the
 ** run. On s's thread, in its dispatcher. */
@@ -686,7 +695,12 @@ static void start_request(lvms *v, int s, lreq *r) {
     lums_cur_task = NULL;
     lrun *vm = vm_get(v, s, &err);
     if (vm) err = vm_init(v, vm);
-    if (!err) {
+    /* A VM that cannot be set up, or whose init module failed, stays so:
+    ** its scheduler refuses work from now on and r goes elsewhere. */
+    if (err && (v->slot[s].failed || v->slot[s].init_state == 2)) {
+      refuse(v, s, r, err);
+      err = NULL;
+    } else if (!err) {
       lua_State *L = vm->SL;
       lua_pushcfunction(L, start_protected);
       lua_pushlightuserdata(L, vm);
@@ -770,7 +784,7 @@ static int disp_step(void *arg) {
   bool cancelled = ums_cancelled() || atomic_load(&v->stopping);
   if (!cancelled && !sched_free(d)) return UMS_STEP_YIELD;
   pthread_mutex_lock(&v->lock);
-  lreq *r = cancelled ? NULL : take_request(v, s);
+  lreq *r = cancelled || v->refused[s] ? NULL : take_request(v, s);
   if (!r) v->disp[s] = false;
   pthread_mutex_unlock(&v->lock);
   if (!r) {
@@ -810,13 +824,15 @@ static int disp_spawn(lvms *v, int s) {
 /* ums.submit, ums.submit_on                                               */
 /* ---------------------------------------------------------------------- */
 
-/* The scheduler with the fewest tasks plus queued requests; the caller's
-** own (here; -1: none, a host thread) wins ties. [v->lock] */
+/* The scheduler with the fewest tasks plus queued requests, among those
+** that have not refused work; the caller's own (here; -1: none, a host
+** thread) wins ties. -1 when every scheduler has refused. [v->lock] */
 static int least_loaded(lvms *v, int here) {
   ums_runtime_stats(v->rt, v->rows, v->nsched);
-  int best = here;
+  int best = -1;
   int64_t best_n = -1;
   for (int i = 0; i < v->nsched; i++) {
+    if (v->refused[i]) continue;
     /* A dispatcher is not work of its scheduler's. */
     int64_t n = (int64_t)v->rows[i].tasks + v->q[i].n - (v->disp[i] ? 1 : 0);
     if (best_n < 0 || n < best_n || (n == best_n && i == here)) {
@@ -833,29 +849,115 @@ static bool good_name(const char *s, size_t len) {
   return len > 0 && strlen(s) == len && dot && dot != s && dot[1] != '\0';
 }
 
-int lums_req_queue(lvms *v, lreq *r, int target, int here) {
-  bool spawn[v->nsched];
-  lshared_ref(&r->h);  /* the run's, until done */
-  lums_vms_hold(v);    /* the queue's, until started or cancelled */
-  pthread_mutex_lock(&v->lock);
-  if (target < 0) target = least_loaded(v, here);
-  r->home = target;
-  r->queued = true;
-  q_push(&v->q[target], r);
-  list_push(&v->active, r);
-  /* A dispatcher on every scheduler: the target's starts it, an idle
-  ** one may steal it. */
+/* Marks, with v->lock held, the schedulers that have no dispatcher and
+** take work as getting one, in spawn[]; spawn_marked starts them once the
+** lock is released. A dispatcher on every such scheduler: the target's
+** starts a request, an idle one may steal it. */
+static void mark_dispatchers(lvms *v, bool *spawn) {
   for (int i = 0; i < v->nsched; i++) {
-    spawn[i] = !v->disp[i];
+    spawn[i] = !v->disp[i] && !v->refused[i];
     if (spawn[i]) v->disp[i] = true;
   }
-  pthread_mutex_unlock(&v->lock);
+}
+
+/* Returns 0 or the first spawn's error. */
+static int spawn_marked(lvms *v, const bool *spawn) {
   int rc = 0;
   for (int i = 0; i < v->nsched; i++) {
     if (!spawn[i]) continue;
     int e = disp_spawn(v, i);
     if (e && !rc) rc = e;
   }
+  return rc;
+}
+
+/* Scheduler s could not set up its VM (err says why; it lives as long as
+** v): from now on s takes no work, what is queued for s moves to the
+** schedulers that take work, and so does r, which s's dispatcher had
+** taken. When no scheduler takes work any more, r and every queued
+** request end with the error, and so does every later request
+** (lums_req_queue). r carries its queue's hold, which start_request
+** releases; a requeued r gets a new one. On s's thread. */
+static void refuse(lvms *v, int s, lreq *r, const char *err) {
+  bool spawn[v->nsched];
+  lreq *doomed = NULL;  /* requests to fail, linked through qnext */
+  pthread_mutex_lock(&r->h.lock);
+  bool cancel = r->cancel_req;
+  if (!cancel) {
+    r->state = R_QUEUED;
+    r->sched = -1;
+  }
+  pthread_mutex_lock(&v->lock);
+  if (!v->refused[s]) {
+    v->refused[s] = true;
+    v->nrefused++;
+  }
+  v->refusal = err;
+  int t = least_loaded(v, -1);
+  if (t >= 0) {
+    lreq *q;
+    while ((q = v->q[s].head) != NULL) {
+      q_remove(&v->q[s], q);
+      q->home = least_loaded(v, -1);
+      q_push(&v->q[q->home], q);
+    }
+    if (!cancel) {
+      lums_vms_hold(v);  /* the new queue's */
+      r->home = t;
+      r->queued = true;
+      q_push(&v->q[t], r);
+    }
+    mark_dispatchers(v, spawn);
+  } else {
+    for (int i = 0; i < v->nsched; i++) {
+      lreq *q;
+      while ((q = v->q[i].head) != NULL) {
+        q_remove(&v->q[i], q);
+        q->queued = false;
+        q->qnext = doomed;
+        doomed = q;
+      }
+    }
+    memset(spawn, 0, sizeof spawn);
+  }
+  pthread_mutex_unlock(&v->lock);
+  pthread_mutex_unlock(&r->h.lock);
+  if (cancel)
+    req_finish(r, O_CANCELLED, NULL, "cancelled before it started");
+  else if (t < 0)
+    req_fail(r, err);
+  while (doomed) {
+    lreq *q = doomed;
+    doomed = q->qnext;
+    q->qnext = NULL;
+    req_fail(q, err);
+    lums_vms_release(v);  /* its queue's hold */
+  }
+  (void)spawn_marked(v, spawn);
+}
+
+int lums_req_queue(lvms *v, lreq *r, int target, int here) {
+  bool spawn[v->nsched];
+  lshared_ref(&r->h);  /* the run's, until done */
+  lums_vms_hold(v);    /* the queue's, until started or cancelled */
+  pthread_mutex_lock(&v->lock);
+  /* A scheduler that refused work passes what is meant for it on. */
+  if (target < 0 || v->refused[target]) target = least_loaded(v, here);
+  list_push(&v->active, r);
+  if (target < 0) {
+    /* Every scheduler refused: the work fails as theirs did. */
+    const char *err = v->refusal;
+    pthread_mutex_unlock(&v->lock);
+    req_fail(r, err);
+    lums_vms_release(v);
+    return 0;
+  }
+  r->home = target;
+  r->queued = true;
+  q_push(&v->q[target], r);
+  mark_dispatchers(v, spawn);
+  pthread_mutex_unlock(&v->lock);
+  int rc = spawn_marked(v, spawn);
   if (rc == UMS_ESHUTDOWN) {
     /* The run is ending: nothing will start it. */
     pthread_mutex_lock(&v->lock);
@@ -930,21 +1032,21 @@ static int l_submit_on(lua_State *L) {
   }
   ltask *me = lums_need_task(L, "submit_on");
   int n = me->run->vms->nsched;
-  if (i < 1 || i > n)
+  if (i < 0 || i >= n)
     lums_argerr(L, 1, "submit_on",
-                lua_pushfstring(L, "scheduler %I out of range (1 to %d)",
-                                (LUAI_UACINT)i, n));
-  return submit(L, (int)i - 1, 2, "submit_on");
+                lua_pushfstring(L, "scheduler %I out of range (0 to %d)",
+                                (LUAI_UACINT)i, n - 1));
+  return submit(L, (int)i, 2, "submit_on");
 }
 
-/* ums.scheduler() -> the index (1-based) of the current task's
-** scheduler; nil outside tasks. */
+/* ums.scheduler() -> the index of the current task's scheduler, from 0
+** as everywhere (ums.stats, ums.tasks, the C API); nil outside tasks. */
 static int l_scheduler(lua_State *L) {
   ltask *t = lums_cur_task;
   if (!t || !t->run)
     lua_pushnil(L);
   else
-    lua_pushinteger(L, t->run->sched + 1);
+    lua_pushinteger(L, t->run->sched);
   return 1;
 }
 
@@ -1090,7 +1192,7 @@ static int work_status(lua_State *L) {
   return 1;
 }
 
-/* w:scheduler() -> where it started (1-based), nil before. */
+/* w:scheduler() -> where it started (from 0), nil before. */
 static int work_scheduler(lua_State *L) {
   lreq *r = check_work(L, "scheduler");
   pthread_mutex_lock(&r->h.lock);
@@ -1099,7 +1201,7 @@ static int work_scheduler(lua_State *L) {
   if (s < 0)
     lua_pushnil(L);
   else
-    lua_pushinteger(L, s + 1);
+    lua_pushinteger(L, s);
   return 1;
 }
 
@@ -1198,6 +1300,7 @@ void lums_vms_close(lua_State *L, lvms *v) {
   free(v->slot);
   free(v->q);
   free(v->disp);
+  free(v->refused);
   free(v->rows);
   free(v->path);
   free(v->cpath);

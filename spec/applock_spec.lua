@@ -486,8 +486,8 @@ describe("ums.applock", function()
           applock.acquire, "", "S")
         fails("bad argument #3 to 'acquire' %(timeout must be %-1",
           applock.acquire, "n", "S", -2)
-        fails("bad argument #3 to 'acquire' %(timeout must be %-1",
-          applock.acquire, "n", "S", 0 / 0)
+        fails("bad argument #3 to 'acquire' %(timeout is NaN, not a number "
+          .. "of seconds%)", applock.acquire, "n", "S", 0 / 0)
         fails("bad argument #3 to 'acquire' %(number expected, got string%)",
           applock.acquire, "n", "S", "1")
         fails("bad argument #4 to 'acquire' %(ums.group expected, got "

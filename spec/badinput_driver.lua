@@ -93,7 +93,7 @@ local entries = {
   task_locals = {"locals", {"TASK"}},
   -- many VMs (lvm.c, lshared.c)
   submit = {ums.submit, {function() end, 1}},
-  submit_on = {ums.submit_on, {1, function() end, 1}},
+  submit_on = {ums.submit_on, {0, function() end, 1}},
   scheduler = {ums.scheduler, {}},
   schedulers = {ums.schedulers, {}},
   work_join = {"join", {"WORK", 0}, of = "WORK"},

@@ -218,3 +218,180 @@ describe("bad input in this process", function()
     end)
   end)
 end)
+
+describe("error messages", function()
+  -- The line of the call in this file, as the error's prefix.
+  local THIS = debug.getinfo(1, "S").short_src
+
+  local function err_of(f, ...)
+    local ok, err = pcall(f, ...)
+    assert.is_false(ok, "no error")
+    return tostring(err)
+  end
+
+  -- The messages of the error raised by `src` (one line of code, E
+  -- being env) in a chunk named "caller", both ways: as a statement
+  -- (the message begins "caller:1: "), and as a tail call, which leaves
+  -- no frame of the caller behind: a C function's error still names
+  -- "caller:1:", a Lua function's the nearest Lua function left on the
+  -- stack (err_of here). Returns the two messages without their
+  -- position, after checking that each has one.
+  local AT = "caller:1: "
+  local function both(env, src)
+    local plain = assert(load("local E = ...; local r = " .. src
+                              .. "; return r", "=caller", "t"))
+    local tail = assert(load("local E = ...; return " .. src, "=caller",
+                             "t"))
+    local e1, e2 = err_of(plain, env), err_of(tail, env)
+    assert.equal(AT, e1:sub(1, #AT))
+    assert.truthy(e2:find("^[^:]+:%d+: "), e2)
+    return e1:sub(#AT + 1), (e2:gsub("^[^:]+:%d+: ", ""))
+  end
+
+  it("ums.config names the setting and the runtime's bounds, at the "
+     .. "caller's line", function()
+    local saved = ums.config()
+    local function cfg(t)
+      local line = debug.getinfo(1, "l").currentline + 1
+      local ok, err = pcall(function() ums.config(t) end)
+      assert.is_false(ok, "accepted")
+      return err, THIS .. ":" .. line .. ": "
+    end
+    local cases = {
+      {{schedulers = 100000}, "'schedulers' must be an integer from 1 "
+        .. "to 1024, got 100000"},
+      {{io_threads = math.maxinteger}, "'io_threads' must be an integer "
+        .. "from 0 to 2147483647 (0: the default, 64), got "
+        .. math.maxinteger},
+      {{preempt_threads = -1}, "'preempt_threads' must be an integer from "
+        .. "0 to 2147483647"},
+      {{stack_size = 100}, "'stack_size' must be an integer number of "
+        .. "bytes from 16384 to 1073741824, got 100"},
+      {{quantum = 1e300}, "'quantum' must be a number of seconds from 0 "
+        .. "to 1000000000 (0: off), got 1e+300"},
+      {{stall_threshold = 0 / 0}, "'stall_threshold' must be a number of "
+        .. "seconds"},
+      {{worker_idle_timeout = -math.huge}, "'worker_idle_timeout' must be "
+        .. "a number of seconds up to 1000000000"},
+    }
+    for _, c in ipairs(cases) do
+      local err, where = cfg(c[1])
+      assert.equal(where, err:sub(1, #where))
+      assert.truthy(err:find("ums.config: " .. c[2], 1, true), err)
+    end
+    assert.same(saved, ums.config())
+  end)
+
+  it("NaN is named as such by every function that takes seconds",
+     function()
+    assert.matches("bad argument #1 to 'sleep' %(sleep time is NaN",
+                   err_of(function() ums.run(function()
+                     ums.sleep(0 / 0) end) end))
+    ums.run(function()
+      local t = ums.spawn(function() end)
+      local nan = "timeout is NaN, not a number of seconds"
+      local objs = {
+        {ums.channel(), "recv"}, {ums.mutex(), "lock"},
+        {ums.semaphore(0), "acquire"}, {ums.event(), "wait"},
+        {ums.waitgroup(), "wait"}, {t, "join"}, {ums.group(), "wait"},
+        {ums.shared.semaphore(0), "acquire"},
+      }
+      for _, o in ipairs(objs) do
+        local e1, e2 = both(o, "E[1]:" .. o[2] .. "(0/0)")
+        for _, e in ipairs{e1, e2} do
+          assert.equal("bad argument #1 to '" .. o[2] .. "' (" .. nan .. ")",
+                       e)
+        end
+      end
+      t:join()
+    end)
+  end)
+
+  it("the Lua-written objects number arguments as the C ones do and "
+     .. "name the caller's line, also through a tail call", function()
+    ums.run(function()
+      local g, q = ums.group(), ums.workqueue()
+      local cases = {
+        {ums.channel(), "recv", "'x'", 1, "number expected, got string"},
+        {ums.semaphore(1), "acquire", "'x'", 1, "number expected"},
+        {ums.semaphore(1), "release", "0", 1, "count must be positive"},
+        {ums.event(), "wait", "'x'", 1, "number expected"},
+        {ums.waitgroup(), "add", "'x'", 1, "number expected"},
+        {ums.cond(), "wait", "1", 1, "ums.mutex expected, got number"},
+        {ums.mutex(), "lock", "-1", 1, "timeout must be a non-negative"},
+        {g, "spawn", "1", 1, "function expected, got number"},
+        {q, "post", "1", 1, "function expected, got number"},
+      }
+      for _, c in ipairs(cases) do
+        local e1, e2 = both(c, ("E[1]:%s(%s)"):format(c[2], c[3]))
+        local want = ("bad argument #%d to '%s' (%s"):format(c[4], c[2],
+                                                             c[5])
+        for _, e in ipairs{e1, e2} do assert.equal(want, e:sub(1, #want)) end
+      end
+      q:close()
+    end)
+  end)
+
+  it("methods called on a bad self say so, never fail inside the module",
+     function()
+    ums.run(function()
+      local g, q = ums.group(), ums.workqueue()
+      local item = q:post(function() end)
+      for _, o in ipairs{g, q, item, ums.semaphore(1), ums.event(),
+                         ums.waitgroup(), ums.cond(), ums.mutex()} do
+        local mt = getmetatable(o)
+        for name, f in pairs(mt.__index) do
+          if type(f) == "function" and name ~= "__gc" then
+            local e = err_of(function() local r = f(true); return r end)
+            assert.falsy(e:find("attempt to", 1, true), name .. ": " .. e)
+            assert.truthy(e:find("expected, got boolean", 1, true),
+                          name .. ": " .. e)
+          end
+        end
+        -- obj.method(true) is method-call-less: argument #1.
+        if mt.__tostring then
+          local e = err_of(mt.__tostring, true)
+          assert.truthy(e:find("expected, got boolean", 1, true), e)
+        end
+      end
+      q:close()
+      assert(q:wait(10))
+    end)
+  end)
+
+  it("ffi.load names the library once", function()
+    local name = ("u"):rep(300)
+    local e = err_of(ums.ffi.load, name)
+    local _, n = e:gsub(name, "")
+    assert.equal(1, n, e)
+    assert.truthy(e:find("File name too long", 1, true), e)
+  end)
+
+  it("environment variables with bad values are refused, naming them",
+     function()
+    -- Without a bad variable, the same script runs.
+    local out, ok = child_code("local ums = require 'ums'\n"
+                               .. "ums.run(function() end)\n")
+    assert.is_true(ok, out)
+    for _, c in ipairs{
+      {"UMS_IO", "bogus", "auto, uring or pool"},
+      {"UMS_STATS", "bogus", "on, off or precise"},
+      {"UMS_STACK_GUARD", "bogus", "mprotect"},
+      {"UMS_STAMP_CLOCK", "bogus", "gettime"},
+    } do
+      local name = os.tmpname()
+      local f = assert(io.open(name, "w"))
+      f:write("local ums = require 'ums'\nums.run(function() end)\n")
+      f:close()
+      local p = assert(io.popen(("env %s=%s timeout 60 %s %s 2>&1")
+        :format(c[1], c[2], q(LUA), q(name))))
+      local o = p:read("a")
+      local okc = p:close()
+      os.remove(name)
+      assert.is_falsy(okc, o)
+      assert.truthy(o:find(name:match("[^/]*$") .. ":2: ums.run: cannot "
+        .. "start the runtime: environment variable " .. c[1] .. "="
+        .. c[2] .. ": must be " .. c[3], 1, true), o)
+    end
+  end)
+end)

@@ -1581,8 +1581,8 @@ describe("ums.sync", function()
         local m = ums.mutex()
         assert.equal("bad argument #1 to 'lock' (timeout must be a "
           .. "non-negative number)", message(function() m:lock(-1) end))
-        assert.equal("bad argument #1 to 'lock' (timeout must be a "
-          .. "non-negative number)", message(function() m:lock(0 / 0) end))
+        assert.equal("bad argument #1 to 'lock' (timeout is NaN, not a "
+          .. "number of seconds)", message(function() m:lock(0 / 0) end))
         assert.equal("bad argument #1 to 'wait' (ums.mutex expected, got "
           .. "ums.channel)", message(function()
             ums.cond():wait(ums.channel())

@@ -65,19 +65,19 @@ end
 -- An identity function for submit: what it gets, it gives back.
 local function echo(...) return ... end
 
--- Submits fn(...) to scheduler 2 and makes sure it starts there: the
--- main task keeps scheduler 1 busy until the work has started, never
--- yielding (the run must have quantum = 0), so scheduler 1 cannot steal
+-- Submits fn(...) to scheduler 1 and makes sure it starts there: the
+-- main task keeps scheduler 0 busy until the work has started, never
+-- yielding (the run must have quantum = 0), so scheduler 0 cannot steal
 -- it. Returns the handle.
-local function on2(fn, ...)
+local function on1(fn, ...)
   local started = ums.shared.event(true)
-  local w = ums.submit_on(2, function(started, fn, ...)
+  local w = ums.submit_on(1, function(started, fn, ...)
     started:set()
     return fn(...)
   end, started, fn, ...)
   local t0 = os.time()
   while not started:is_set() and os.time() - t0 < 20 do end
-  assert(started:is_set(), "the work never started on scheduler 2")
+  assert(started:is_set(), "the work never started on scheduler 1")
   return w
 end
 
@@ -197,14 +197,39 @@ describe("ums.submit copies", function()
   it("the work's results and its handle across VMs", function()
     run(function()
       -- Work that submits work, and joins work another VM submitted.
-      local inner = ums.submit_on(1, function() return "inner" end)
-      local r = results(on2(function(w)
+      local inner = ums.submit_on(0, function() return "inner" end)
+      local r = results(on1(function(w)
         local ums = require "ums"
         local ok, v = w:join(10)
-        local nested = ums.submit_on(1, function(x) return x * 2 end, 21)
+        local nested = ums.submit_on(0, function(x) return x * 2 end, 21)
         return ok, v, select(2, nested:join(10)), ums.scheduler()
       end, inner))
-      assert.same({true, "inner", 42, 2}, {unpack(r, 1, 4)})
+      assert.same({true, "inner", 42, 1}, {unpack(r, 1, 4)})
+    end, {quantum = 0})
+  end)
+end)
+
+describe("scheduler numbers", function()
+  it("count from 0 in ums.scheduler, submit_on, work:scheduler, "
+     .. "ums.tasks and ums.stats alike", function()
+    run(function()
+      local here = ums.scheduler()
+      assert.equal(0, here)
+      local mine
+      for _, t in ipairs(ums.tasks()) do
+        if t.id == ums.self():id() then mine = t end
+      end
+      assert.equal(here, mine.scheduler)
+      assert.equal(here, ums.stats()[here + 1].id)
+      local w = on1(function()
+        local u = require "ums"
+        for _, t in ipairs(u.tasks()) do
+          if t.id == u.self():id() then return u.scheduler(), t.scheduler end
+        end
+      end)
+      local r = results(w)
+      assert.same({1, 1}, {r[1], r[2]})
+      assert.equal(1, w:scheduler())
     end, {quantum = 0})
   end)
 end)
@@ -323,9 +348,9 @@ describe("ums.submit by module name", function()
   it("runs module.function in the other VM", function()
     run(function()
       assert.equal(5, results(ums.submit("vm_work.add", 2, 3))[1])
-      -- Placed on 2, but an idle scheduler 1 may take it first.
-      local s = results(ums.submit_on(2, "vm_work.where"))[1]
-      assert.is_true(s == 1 or s == 2)
+      -- Placed on 1, but an idle scheduler 0 may take it first.
+      local s = results(ums.submit_on(1, "vm_work.where"))[1]
+      assert.is_true(s == 0 or s == 1)
     end)
   end)
 
@@ -351,11 +376,11 @@ describe("the init module", function()
   it("runs once in every VM, before its first work", function()
     G.INIT_COUNT = nil
     package.loaded.vm_init = nil
-    local ran_on_1
+    local ran_on_0
     run(function()
-      local ws = {on2(function() return require("vm_work").where() end)}
+      local ws = {on1(function() return require("vm_work").where() end)}
       for i = 1, 40 do
-        ws[#ws + 1] = ums.submit_on(i % 2 + 1, "vm_work.where")
+        ws[#ws + 1] = ums.submit_on(i % 2, "vm_work.where")
       end
       local seen = {}
       for i = 1, #ws do
@@ -363,19 +388,19 @@ describe("the init module", function()
         assert.equal(1, r[2], "init ran " .. tostring(r[2]) .. " times")
         seen[r[1]] = true
       end
-      assert.is_true(seen[2])
-      ran_on_1 = seen[1]
+      assert.is_true(seen[1])
+      ran_on_0 = seen[0]
     end, {init = "vm_init", quantum = 0})
-    -- The main VM is scheduler 1's: the init module ran there too if any
-    -- work did (scheduler 2 may have stolen all of it).
-    assert.equal(ran_on_1 and 1 or nil, G.INIT_COUNT)
+    -- The main VM is scheduler 0's: the init module ran there too if any
+    -- work did (scheduler 1 may have stolen all of it).
+    assert.equal(ran_on_0 and 1 or nil, G.INIT_COUNT)
     G.INIT_COUNT = nil
     package.loaded.vm_init = nil
   end)
 
   it("that fails fails the work with its error", function()
     run(function()
-      local ok, err = ums.submit_on(2, echo, 1):join(20)
+      local ok, err = ums.submit_on(1, echo, 1):join(20)
       assert.is_false(ok)
       assert.matches("the init module 'vm_no_such_init' failed in the VM of "
         .. "scheduler %d: .*module 'vm_no_such_init' not found", err)
@@ -392,8 +417,8 @@ describe("shared objects", function()
       local ch = ums.channel(64, {shared = true})
       local producers = {}
       for p = 1, P do
-        -- Each producer sends its own range of numbers from scheduler 2.
-        producers[p] = on2(function(ch, from, to)
+        -- Each producer sends its own range of numbers from scheduler 1.
+        producers[p] = on1(function(ch, from, to)
           for i = from, to do ch:send(i) end
           return require("ums").scheduler()
         end, ch, (p - 1) * N // P + 1, p * N // P)
@@ -406,7 +431,7 @@ describe("shared objects", function()
         seen[v] = true
         count = count + 1
       end
-      for p = 1, P do assert.equal(2, results(producers[p])[1]) end
+      for p = 1, P do assert.equal(1, results(producers[p])[1]) end
       assert.equal(N, count)
       for i = 1, N do assert(seen[i], "lost " .. i) end
       assert.same({false, nil, "empty"}, {ch:try_recv()})
@@ -417,7 +442,7 @@ describe("shared objects", function()
     run(function()
       local ping = ums.shared.channel()
       local pong = ums.shared.channel()
-      local w = on2(function(ping, pong)
+      local w = on1(function(ping, pong)
         while true do
           local v, err = ping:recv()
           if v == nil then return err end
@@ -428,7 +453,7 @@ describe("shared objects", function()
         assert.is_true(ping:send(i))
         local r = pong:recv()
         assert.equal(i, r.v)
-        assert.equal(2, r.where)
+        assert.equal(1, r.where)
       end
       ping:close()
       assert.equal("closed", results(w)[1])
@@ -468,7 +493,7 @@ describe("shared objects", function()
       wg:add(3)
       local ws = {}
       for i = 1, 3 do
-        ws[i] = ums.submit_on(2, function(m, sem, ev, wg, log, i)
+        ws[i] = ums.submit_on(1, function(m, sem, ev, wg, log, i)
           ev:wait()                 -- manual reset: wakes all three
           assert(m:lock(10))        -- held by the main task until it
           log:send(i)               -- unlocks; one at a time from there
@@ -499,7 +524,7 @@ describe("shared objects", function()
       local got = ums.shared.channel(10)
       local ws = {}
       for i = 1, 2 do
-        ws[i] = ums.submit_on(2, function(ev, got, i)
+        ws[i] = ums.submit_on(1, function(ev, got, i)
           assert(ev:wait(20))
           got:send(i)
         end, ev, got, i)
@@ -523,7 +548,7 @@ describe("shared objects", function()
     local ch = ums.shared.channel(1)
     run(function()
       -- Work nobody joins: the run still waits for it to end.
-      ums.submit_on(2, function(ev, ch)
+      ums.submit_on(1, function(ev, ch)
         require("ums").sleep(0.05)
         ch:send("done")
         ev:set()
@@ -544,7 +569,7 @@ describe("shared objects", function()
       assert.is_true(m:lock())
       assert.same({nil, "would deadlock: the mutex is already locked by this "
                    .. "task"}, {m:lock()})
-      local ok, err = ums.submit_on(2, function(m) return m:unlock() end, m)
+      local ok, err = ums.submit_on(1, function(m) return m:unlock() end, m)
         :join(20)
       assert.is_false(ok)
       assert.matches("locked by another task", err)
@@ -577,7 +602,7 @@ describe("cancelling submitted work", function()
   it("while it waits in another VM", function()
     run(function()
       local never = ums.shared.event()
-      local w = ums.submit_on(2, function(never)
+      local w = ums.submit_on(1, function(never)
         never:wait()
         return "woke"
       end, never)
@@ -594,7 +619,7 @@ describe("cancelling submitted work", function()
 
   it("while it computes in another VM (at its quantum)", function()
     run(function()
-      local w = ums.submit_on(2, function()
+      local w = ums.submit_on(1, function()
         local x = 0
         while true do x = x + 1 end
       end)
@@ -612,7 +637,7 @@ describe("errors in submitted work", function()
   it("come back through join with the traceback from the other VM",
     function()
       run(function()
-        local ok, err, tb = ums.submit_on(2, function(x)
+        local ok, err, tb = ums.submit_on(1, function(x)
           local function inner() error("boom " .. x) end
           inner()
         end, 7):join(20)
@@ -651,8 +676,8 @@ describe("errors in submitted work", function()
     end)
     ums.config{schedulers = 2}
     local ok, e = pcall(ums.run, function()
-      ums.submit_on(2, "vm_work.fail", "nobody joins")
-      local w = ums.submit_on(2, "vm_work.fail", "joined")
+      ums.submit_on(1, "vm_work.fail", "nobody joins")
+      local w = ums.submit_on(1, "vm_work.fail", "joined")
       w:join(20)
     end)
     ums.config{schedulers = 1}
@@ -690,40 +715,40 @@ describe("placement and stealing", function()
   end)
 
   it("an idle scheduler steals queued work from a busy one", function()
-    -- The main task keeps scheduler 1 busy without ever yielding (quantum
-    -- off): work queued for scheduler 1 can only start if scheduler 2
+    -- The main task keeps scheduler 0 busy without ever yielding (quantum
+    -- off): work queued for scheduler 0 can only start if scheduler 1
     -- steals it.
     run(function()
       local started = ums.shared.event(true)
-      local w = ums.submit_on(1, function(started)
+      local w = ums.submit_on(0, function(started)
         started:set()
         return require("ums").scheduler()
       end, started)
       local t0 = os.time()
       while not started:is_set() and os.time() - t0 < 20 do end
       assert.is_true(started:is_set(), "the queued work never started")
-      assert.equal(2, results(w)[1])
-      assert.equal(2, w:scheduler())
+      assert.equal(1, results(w)[1])
+      assert.equal(1, w:scheduler())
     end, {quantum = 0})
   end)
 
   it("a busy scheduler's queue is emptied by the other one", function()
     run(function()
-      -- Scheduler 2 computes until told to stop; everything queued for
-      -- it meanwhile runs on scheduler 1, where the main task only waits.
+      -- Scheduler 1 computes until told to stop; everything queued for
+      -- it meanwhile runs on scheduler 0, where the main task only waits.
       local stop = ums.shared.event(true)
-      local hog = on2(function(stop)
+      local hog = on1(function(stop)
         while not stop:is_set() do end
         return "stopped"
       end, stop)
       wait_until(function() return hog:status() == "running" end, "the hog")
       local ws = {}
       for i = 1, 8 do
-        ws[i] = ums.submit_on(2, function()
+        ws[i] = ums.submit_on(1, function()
           return require("ums").scheduler()
         end)
       end
-      for i = 1, 8 do assert.equal(1, results(ws[i])[1]) end
+      for i = 1, 8 do assert.equal(0, results(ws[i])[1]) end
       stop:set()
       assert.equal("stopped", results(hog)[1])
     end, {quantum = 0})
@@ -735,7 +760,7 @@ describe("the end of a run", function()
   it("closes the other VMs, running their finalizers", function()
     local ch = ums.shared.channel(1)
     run(function()
-      results(on2(function(ch)
+      results(on1(function(ch)
         -- A global of the other VM, finalized when that VM is closed.
         KEEP = setmetatable({}, {__gc = function() ch:try_send("closed") end})
       end, ch))
@@ -747,9 +772,9 @@ describe("the end of a run", function()
   it("waits for work submitted by work", function()
     local ev = ums.shared.event(true)
     run(function()
-      ums.submit_on(2, function(ev)
+      ums.submit_on(1, function(ev)
         local ums = require "ums"
-        ums.submit_on(1, function(ev)
+        ums.submit_on(0, function(ev)
           require("ums").sleep(0.02)
           ev:set()
         end, ev)
@@ -790,16 +815,16 @@ describe("bad input", function()
         "bad argument #1 to 'submit' (\"module.function\" expected)")
       assert_raises(function() ums.submit(".f") end,
         "bad argument #1 to 'submit' (\"module.function\" expected)")
-      assert_raises(function() ums.submit_on(0, echo) end,
-        "bad argument #1 to 'submit_on' (scheduler 0 out of range (1 to 2))")
-      assert_raises(function() ums.submit_on(3, echo) end,
-        "bad argument #1 to 'submit_on' (scheduler 3 out of range (1 to 2))")
+      assert_raises(function() ums.submit_on(-1, echo) end,
+        "bad argument #1 to 'submit_on' (scheduler -1 out of range (0 to 1))")
+      assert_raises(function() ums.submit_on(2, echo) end,
+        "bad argument #1 to 'submit_on' (scheduler 2 out of range (0 to 1))")
       assert_raises(function() ums.submit_on({}, echo) end,
         "bad argument #1 to 'submit_on' (number expected, got table)")
       assert_raises(function() ums.submit_on(1.5, echo) end,
         "bad argument #1 to 'submit_on' (number has no integer "
         .. "representation)")
-      assert_raises(function() ums.submit_on(1, echo, io.stdout) end,
+      assert_raises(function() ums.submit_on(0, echo, io.stdout) end,
         "bad argument #3 to 'submit_on' (args[1]: userdata (FILE*))")
       local w = ums.submit(echo)
       assert_raises(function() w:join("soon") end,
@@ -857,7 +882,7 @@ describe("os.exit in another VM", function()
         -- The first task still waits: the exit cancels it.
         {7, [[ums.run(function()
             ums.submit(function() require("ums").sleep(1000) end)
-            ums.submit_on(2, function() os.exit(7, true) end)
+            ums.submit_on(1, function() os.exit(7, true) end)
             ums.sleep(1000)
           end)]]},
         -- The first task has returned; the run waits for the work.

@@ -6,7 +6,7 @@ local M = {}
 
 function M.add(a, b) return a + b end
 
--- The scheduler (1-based) the work ran on, and the VM's init count.
+-- The scheduler (from 0) the work ran on, and the VM's init count.
 function M.where() return ums.scheduler(), INIT_COUNT end
 
 function M.fail(msg)

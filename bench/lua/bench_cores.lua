@@ -151,8 +151,9 @@ local function floor_2proc()
 end
 
 -- One run with `scheds` schedulers; `on` nil: ums.submit's placement,
--- else every request submit_on(on). Returns the wall time, the count and
--- how many requests each scheduler ran.
+-- else every request on the on-th scheduler (submit_on(on - 1): the
+-- rows below count schedulers from 1). Returns the wall time, the count
+-- and how many requests the first and second scheduler ran.
 local function cpu(scheds, on)
   ums.config { schedulers = scheds, quantum = 0.004 }
   local t0, c0 = now(), os.clock()
@@ -160,7 +161,7 @@ local function cpu(scheds, on)
     local ws = {}
     for i = 1, REQUESTS do
       local lo, hi = chunk(i)
-      ws[i] = on and ums.submit_on(on, count_primes, lo, hi)
+      ws[i] = on and ums.submit_on(on - 1, count_primes, lo, hi)
                  or ums.submit(count_primes, lo, hi)
     end
     local sum, per = 0, {}
@@ -168,7 +169,7 @@ local function cpu(scheds, on)
       local ok, n, s = ws[i]:join()
       assert(ok, n)
       sum = sum + n
-      per[s] = (per[s] or 0) + 1
+      per[s + 1] = (per[s + 1] or 0) + 1
     end
     return sum, per
   end)
@@ -181,7 +182,7 @@ end
 -- scheduler 1 cannot steal it.
 local function on2(fn, ...)
   local started = ums.shared.event(true)
-  local w = ums.submit_on(2, function(started, fn, ...)
+  local w = ums.submit_on(1, function(started, fn, ...)
     started:set()
     return fn(...)
   end, started, fn, ...)

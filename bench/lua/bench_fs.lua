@@ -262,13 +262,13 @@ local function ums_small64_rf() small64(true) end
 
 -- Warm-up work for one VM: makes the VM (the first work item a scheduler
 -- runs does) and the path lists of the tasks of the half it will read:
--- the half numbered as its scheduler (1 or 2; an idle scheduler may steal
+-- the half numbered as its scheduler plus one (1 or 2; an idle scheduler may steal
 -- a work item queued for the other one, so the half goes by where the
 -- work ran, not by what it was queued for). Task k of half h (k = h,
 -- h + 2, ... up to tasks) reads files k, k + tasks, ... Says where it ran.
 local function small_warm(dir, nsmall, tasks)
   local ums = require "ums"
-  local half = ums.scheduler()
+  local half = ums.scheduler() + 1
   if not package.loaded["bench_fs.small_lists"] then
     local lists = {}
     for k = half, tasks, 2 do
@@ -304,7 +304,7 @@ local function small_half()
     end)
   end
   for _, t in ipairs(ts) do assert(t:join()) end
-  return ums.scheduler()
+  return ums.scheduler() + 1
 end
 
 local function ums_small64_rf_2s()
@@ -317,7 +317,7 @@ local function ums_small64_rf_2s()
     local seen = {}
     for _ = 1, 50 do
       local warm = {}
-      for i = 1, 2 do warm[i] = ums.submit_on(i, small_warm, opt.dir,
+      for i = 1, 2 do warm[i] = ums.submit_on(i - 1, small_warm, opt.dir,
                                               NSMALL, TASKS) end
       for _, x in ipairs(warm) do
         local ok, where = x:join()
@@ -333,7 +333,7 @@ local function ums_small64_rf_2s()
     for _ = 1, 20 do
       local halves = {}
       local dt = timed(function()
-        local w = { ums.submit_on(1, small_half), ums.submit_on(2, small_half) }
+        local w = { ums.submit_on(0, small_half), ums.submit_on(1, small_half) }
         for i, x in ipairs(w) do
           local ok, h = x:join()
           assert(ok, h)

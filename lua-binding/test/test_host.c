@@ -154,7 +154,24 @@ static void test_bad_input(void) {
   int err = 0;
   CHECK(ums_lua_host_new(&cfg, &err) == NULL);
   CHECK_RC(err, UMS_EINVAL);
-  CHECK_CONTAINS(ums_lua_last_error(), "ums_lua_host_new");
+  CHECK_CONTAINS(ums_lua_last_error(), "ums_lua_host_new: clock = "
+                 "UMS_CLOCK_VIRTUAL needs schedulers = 1 (got 2)");
+  /* The setting is named, with the runtime's bounds. */
+  cfg.runtime.clock = UMS_CLOCK_REAL;
+  cfg.runtime.schedulers = 5000;
+  CHECK(ums_lua_host_new(&cfg, &err) == NULL);
+  CHECK_RC(err, UMS_EINVAL);
+  CHECK_CONTAINS(ums_lua_last_error(), "schedulers = 5000 is out of range "
+                 "(0: one per CPU, or 1 to 1024)");
+  CHECK_CONTAINS(ums_runtime_error(), "schedulers = 5000 is out of range");
+  cfg.runtime.schedulers = 1;
+  cfg.runtime.stack_size = 100;
+  CHECK(ums_lua_host_new(&cfg, &err) == NULL);
+  CHECK_CONTAINS(ums_lua_last_error(), "stack_size = 100 is out of range");
+  cfg.runtime.stack_size = 0;
+  cfg.runtime.preempt_threads = -3;
+  CHECK(ums_lua_host_new(&cfg, &err) == NULL);
+  CHECK_CONTAINS(ums_lua_last_error(), "preempt_threads = -3 is negative");
 
   ums_lua_host_t *h = host_new(2);
   ums_lua_req_t *req = NULL;
@@ -305,7 +322,7 @@ static void test_values(void) {
   req = call(h, "hostmod.sched", NULL, 0, &res);
   CHECK_EQ(res->status, UMS_LUA_REQ_OK);
   CHECK_EQ(res->values[0].type, UMS_LUA_TINTEGER);
-  CHECK_EQ(res->values[0].u.integer, res->sched + 1);
+  CHECK_EQ(res->values[0].u.integer, res->sched);
   ums_lua_req_free(req);
 
   /* Arguments of a chunk are its `...`. */
@@ -466,6 +483,93 @@ static void test_setup(void) {
   CHECK_EQ(res->status, UMS_LUA_REQ_ERROR);
   CHECK_CONTAINS(res->error, "the host's setup function returned 5");
   ums_lua_req_free(req);
+  host_end(h);
+}
+
+/* A setup that refuses the schedulers whose bit is set in *arg; the
+** others get the usual setup. */
+static atomic_int refusals;
+
+static int setup_refuses(lua_State *L, int sched, void *arg) {
+  if (*(const int *)arg & (1 << sched)) {
+    atomic_fetch_add(&refusals, 1);
+    return luaL_error(L, "setup refuses scheduler %d", sched);
+  }
+  return setup(L, sched, arg);
+}
+
+static ums_lua_host_t *host_refusing(int *mask) {
+  ums_lua_host_config_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.runtime.schedulers = 2;
+  cfg.path = UMS_TEST_LUA_PATH;
+  cfg.setup = setup_refuses;
+  cfg.setup_arg = mask;
+  ums_lua_host_t *h = ums_lua_host_new(&cfg, NULL);
+  CHECK(h != NULL);
+  return h;
+}
+
+/* A scheduler whose setup fails takes no work from the others, and what
+** is queued for it runs elsewhere; when every setup fails, every request
+** fails with the setup's error and nothing hangs. The message numbers the
+** scheduler as the setup function saw it. */
+static void test_setup_refuses(void) {
+  enum { N = 100, ON1 = 20 };
+  static ums_lua_req_t *reqs[N + ON1];
+  const ums_lua_result_t *res;
+  int mask = 1 << 1;
+  atomic_store(&refusals, 0);
+  ums_lua_host_t *h = host_refusing(&mask);
+  for (int i = 0; i < N + ON1; i++) {
+    ums_lua_submit_opts_t on = {i < N ? 0 : 1, NULL, NULL};
+    ums_lua_value_t args[2] = {ums_lua_float(0.001), ums_lua_integer(i)};
+    CHECK_RC(ums_lua_submit(h, "hostmod.sleep", args, 2, &on, &reqs[i]), 0);
+  }
+  for (int i = 0; i < N + ON1; i++) {
+    CHECK_RC(ums_lua_req_wait(reqs[i], ums_now() + 60 * UMS_NSEC_PER_SEC,
+                              &res), 0);
+    if (res->status != UMS_LUA_REQ_OK)
+      fprintf(stderr, "request %d: %s\n", i, res->error);
+    CHECK_EQ(res->status, UMS_LUA_REQ_OK);
+    CHECK_EQ(res->values[0].u.integer, i);
+    CHECK_EQ(res->sched, 0);
+    ums_lua_req_free(reqs[i]);
+  }
+  CHECK_EQ(atomic_load(&refusals), 1);
+  host_end(h);
+
+  mask = 3;
+  atomic_store(&refusals, 0);
+  h = host_refusing(&mask);
+  for (int i = 0; i < N; i++) {
+    ums_lua_submit_opts_t on = {i % 3 == 2 ? UMS_ANY_SCHED : i % 3, NULL,
+                                NULL};
+    CHECK_RC(ums_lua_submit_chunk(h, "return 1", 8, NULL, NULL, 0, &on,
+                                  &reqs[i]), 0);
+  }
+  for (int i = 0; i < N; i++) {
+    CHECK_RC(ums_lua_req_wait(reqs[i], ums_now() + 60 * UMS_NSEC_PER_SEC,
+                              &res), 0);
+    CHECK_EQ(res->status, UMS_LUA_REQ_ERROR);
+    bool one_numbering =
+        strstr(res->error, "cannot set up the Lua VM of scheduler 0: "
+               "setup refuses scheduler 0") ||
+        strstr(res->error, "cannot set up the Lua VM of scheduler 1: "
+               "setup refuses scheduler 1");
+    if (!one_numbering) fprintf(stderr, "request %d: %s\n", i, res->error);
+    CHECK(one_numbering);
+    ums_lua_req_free(reqs[i]);
+  }
+  /* Work submitted once every scheduler has refused fails at once. */
+  CHECK_RC(ums_lua_submit_chunk(h, "return 1", 8, NULL, NULL, 0, NULL,
+                                &reqs[0]), 0);
+  CHECK_RC(ums_lua_req_wait(reqs[0], ums_now() + 60 * UMS_NSEC_PER_SEC,
+                            &res), 0);
+  CHECK_EQ(res->status, UMS_LUA_REQ_ERROR);
+  CHECK_CONTAINS(res->error, "setup refuses scheduler");
+  ums_lua_req_free(reqs[0]);
+  CHECK_EQ(atomic_load(&refusals), 2);
   host_end(h);
 }
 
@@ -796,6 +900,7 @@ int main(void) {
   RUN(test_errors);
   RUN(test_wait_cancel);
   RUN(test_setup);
+  RUN(test_setup_refuses);
   RUN(test_c_tasks);
   RUN(test_many);
   RUN(test_shutdown_in_flight);

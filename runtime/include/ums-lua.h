@@ -434,10 +434,11 @@ typedef struct ums_lua_host ums_lua_host_t;
 ** `require "ums"`, and before the init module and any work: the place to
 ** register the host's C functions (package.preload, globals), adjust
 ** package.path, load configuration. It may raise a Lua error (luaL_error)
-** or return nonzero: the VM is then refused, and every request that
-** would start on that scheduler ends with that error. It must not call
-** back into the host API on the same host (submitting is fine, waiting
-** is not). */
+** or return nonzero: the VM is then refused and that scheduler takes no
+** work from then on (what is queued for it goes to the others); once
+** every scheduler has refused, every request ends with the error of one
+** of them. It must not call back into the host API on the same host
+** (submitting is fine, waiting is not). */
 typedef int (*ums_lua_setup_fn)(lua_State *L, int sched, void *arg);
 
 /* Configuration; zero-initialise and set what you need. */

@@ -174,12 +174,28 @@ enum {
 ** reports the backend in force, never AUTO. */
 enum { UMS_IO_AUTO = 0, UMS_IO_URING = 1, UMS_IO_POOL = 2 };
 
+/* Bounds of ums_config_t's settings (0 always means the default; the
+** other integer settings may be anything from 0 to INT_MAX). The Lua
+** binding's ums.config checks against these same bounds. */
+#define UMS_MAX_SCHEDULERS 1024
+#define UMS_MIN_STACK_SIZE ((size_t)16 * 1024)
+#define UMS_MAX_STACK_SIZE ((size_t)1 << 30)
+
 /* Starts the schedulers. cfg may be NULL. On failure returns NULL and, if
 ** err is not NULL, stores the reason (UMS_EAGAIN when a thread could not be
-** created, UMS_ENOMEM, UMS_EINVAL for a bad configuration, the kernel's
-** error when io_backend is UMS_IO_URING and no ring can be set up); no
-** thread is left running. */
+** created, UMS_ENOMEM, UMS_EINVAL for a bad configuration or a bad value
+** of one of the environment variables the runtime reads (UMS_IO,
+** UMS_STATS, UMS_STACK_GUARD, UMS_STAMP_CLOCK), the kernel's error when
+** io_backend is UMS_IO_URING and no ring can be set up); no thread is left
+** running, and ums_runtime_error() says why in words. */
 UMS_API ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err);
+
+/* Why the last ums_runtime_new of the calling thread failed, in words
+** that name the setting or the thread: "schedulers = 5000 is out of range
+** (0: one per CPU, or 1 to 1024)", "cannot create the thread of scheduler
+** 1: Resource temporarily unavailable"; "" after a success. Valid until
+** the thread's next ums_runtime_new. */
+UMS_API const char *ums_runtime_error(void);
 
 /* Stops accepting work (spawns fail with UMS_ESHUTDOWN), waits until every
 ** task has finished or the deadline passes, then cancels the tasks left

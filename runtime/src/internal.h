@@ -681,6 +681,9 @@ typedef struct ums__pool {
   ** that are awake, or on growth beyond core). */
   pthread_t monitor;                 /* [lock] valid if mon_started */
   bool mon_started;                  /* [lock] */
+  bool told_thread, told_monitor;    /* [lock] a failure to create a
+                                        thread, or the monitor, was
+                                        reported on stderr (once each) */
   uint32_t interrupting;             /* [lock] threads whose work was
                                         interrupted and runs on: the
                                         monitor signals them again every

@@ -460,6 +460,18 @@ static int start_thread(ums__pool_t *p) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (r != 0) {
     free(th);
+    /* Threads start on demand, long after the runtime did: the pool goes
+    ** on with what it has (with none, submit_slow's callers run the work
+    ** themselves), and says so once rather than lose throughput without
+    ** a word. */
+    if (!p->told_thread) {
+      p->told_thread = true;
+      fprintf(stderr, "ums: the %s pool cannot create a thread (%s): its "
+              "work %s\n", p->cfg.name, strerror(r),
+              p->nthreads ? "waits for the threads it has"
+                          : "runs on its callers' threads");
+      fflush(stderr);
+    }
     return UMS_EAGAIN;
   }
   th->has_clock = pthread_getcpuclockid(th->thread, &th->cpu_clock) == 0;
@@ -646,7 +658,19 @@ static bool wake_monitor(ums__pool_t *p) {
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int r = pthread_create(&p->monitor, NULL, monitor_main, p);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (r != 0) return false;
+  if (r != 0) {
+    /* The pool works without it, with less: the next submitter tries
+    ** again; the loss is said once. */
+    if (!p->told_monitor) {
+      p->told_monitor = true;
+      fprintf(stderr, "ums: the %s pool cannot create its monitor thread "
+              "(%s): until it can, the pool does not grow past its awake "
+              "threads nor repeat interrupts of blocked work\n",
+              p->cfg.name, strerror(r));
+      fflush(stderr);
+    }
+    return false;
+  }
   p->mon_started = true;
   return true;
 }

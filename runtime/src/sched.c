@@ -18,6 +18,8 @@
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,10 +27,8 @@
 _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 
 #define DEFAULT_STACK_SIZE (256 * 1024)
-#define MIN_STACK_SIZE (16 * 1024)
 #define DEFAULT_IDLE_TIMEOUT (10 * UMS_NSEC_PER_SEC)
 #define DEFAULT_IDLE_KEPT 16
-#define MAX_SCHEDULERS 1024
 #define DEFAULT_IO_POOL_THREADS 64
 #define DEFAULT_PREEMPT_THREADS 64
 #define DEFAULT_STALL_THRESHOLD UMS_NSEC_PER_SEC
@@ -698,22 +698,87 @@ static int io_setup(ums_runtime_t *rt) {
   return 0;
 }
 
+/* ums_runtime_error's words, on the thread that called ums_runtime_new. */
+static _Thread_local char start_error[256];
+
+const char *ums_runtime_error(void) { return start_error; }
+
+/* Records why the start fails and returns e. */
+static int start_fail(int e, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(start_error, sizeof start_error, fmt, ap);
+  va_end(ap);
+  return e;
+}
+
+/* Checks the environment variables the runtime reads (an empty one counts
+** as unset): a bad value is refused as a bad setting is, rather than
+** ignored. Returns 0 or UMS_EINVAL with the reason recorded. */
+static int check_env(void) {
+  static const struct {
+    const char *name;
+    const char *allowed[4];  /* NULL-terminated */
+    const char *words;
+  } vars[] = {
+      {"UMS_IO", {"auto", "uring", "pool", NULL}, "auto, uring or pool"},
+      {"UMS_STATS", {"on", "off", "precise", NULL}, "on, off or precise"},
+      {"UMS_STACK_GUARD", {"mprotect", NULL}, "mprotect"},
+      {"UMS_STAMP_CLOCK", {"gettime", NULL}, "gettime"},
+  };
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i].name);
+    if (!v || !*v) continue;
+    bool ok = false;
+    for (int j = 0; vars[i].allowed[j] && !ok; j++)
+      ok = strcmp(v, vars[i].allowed[j]) == 0;
+    if (!ok)
+      return start_fail(UMS_EINVAL, "environment variable %s=%.64s: must "
+                        "be %s", vars[i].name, v, vars[i].words);
+  }
+  return 0;
+}
+
+/* Checks a configuration against the bounds in ums.h. Returns 0 or
+** UMS_EINVAL with the reason recorded, naming the setting. */
+static int check_config(const ums_config_t *c) {
+  if (c->schedulers < 0 || c->schedulers > UMS_MAX_SCHEDULERS)
+    return start_fail(UMS_EINVAL, "schedulers = %d is out of range (0: one "
+                      "per CPU, or 1 to %d)", c->schedulers,
+                      UMS_MAX_SCHEDULERS);
+  if (c->stack_size != 0 && (c->stack_size < UMS_MIN_STACK_SIZE ||
+                             c->stack_size > UMS_MAX_STACK_SIZE))
+    return start_fail(UMS_EINVAL, "stack_size = %zu is out of range (0: the "
+                      "default, or %zu to %zu)", c->stack_size,
+                      UMS_MIN_STACK_SIZE, UMS_MAX_STACK_SIZE);
+  static const char *const ints[] = {"max_workers", "idle_workers_kept",
+                                     "io_pool_threads", "preempt_threads"};
+  const int vals[] = {c->max_workers, c->idle_workers_kept,
+                      c->io_pool_threads, c->preempt_threads};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+    if (vals[i] < 0)
+      return start_fail(UMS_EINVAL, "%s = %d is negative", ints[i], vals[i]);
+  if (c->io_backend < UMS_IO_AUTO || c->io_backend > UMS_IO_POOL)
+    return start_fail(UMS_EINVAL, "io_backend = %d is not UMS_IO_AUTO, "
+                      "UMS_IO_URING or UMS_IO_POOL", c->io_backend);
+  if (c->stats < UMS_STATS_DEFAULT || c->stats > UMS_STATS_PRECISE)
+    return start_fail(UMS_EINVAL, "stats = %d is not one of UMS_STATS_*",
+                      c->stats);
+  if (c->clock != UMS_CLOCK_REAL && c->clock != UMS_CLOCK_VIRTUAL)
+    return start_fail(UMS_EINVAL, "clock = %d is not UMS_CLOCK_REAL or "
+                      "UMS_CLOCK_VIRTUAL", c->clock);
+  if (c->clock == UMS_CLOCK_VIRTUAL && c->schedulers > 1)
+    return start_fail(UMS_EINVAL, "clock = UMS_CLOCK_VIRTUAL needs "
+                      "schedulers = 1 (got %d)", c->schedulers);
+  return 0;
+}
+
 ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   ums_config_t c = {0};
   int e = 0;
+  start_error[0] = '\0';
   if (cfg) c = *cfg;
-  if (c.schedulers < 0 || c.schedulers > MAX_SCHEDULERS ||
-      c.max_workers < 0 || c.idle_workers_kept < 0 ||
-      c.io_backend < UMS_IO_AUTO || c.io_backend > UMS_IO_POOL ||
-      c.io_pool_threads < 0 || c.preempt_threads < 0 ||
-      c.stats < UMS_STATS_DEFAULT || c.stats > UMS_STATS_PRECISE ||
-      (c.stack_size != 0 && c.stack_size < MIN_STACK_SIZE) ||
-      c.stack_size > ((size_t)1 << 30) ||
-      (c.clock != UMS_CLOCK_REAL && c.clock != UMS_CLOCK_VIRTUAL) ||
-      (c.clock == UMS_CLOCK_VIRTUAL && c.schedulers > 1)) {
-    e = UMS_EINVAL;
-    goto fail;
-  }
+  if ((e = check_config(&c)) != 0 || (e = check_env()) != 0) goto fail;
   if (c.schedulers == 0)
     c.schedulers = c.clock == UMS_CLOCK_VIRTUAL ? 1 : cpu_count();
   if (c.stack_size == 0) c.stack_size = DEFAULT_STACK_SIZE;
@@ -734,7 +799,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   ** submission lines) say. */
   ums_runtime_t *rt = ums__cacheline_alloc(sizeof *rt);
   if (!rt) {
-    e = UMS_ENOMEM;
+    e = start_fail(UMS_ENOMEM, "out of memory");
     goto fail;
   }
   memset(rt, 0, sizeof *rt);
@@ -749,7 +814,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   rt->scheds = ums__cacheline_alloc(bytes);
   if (!rt->scheds) {
     free(rt);
-    e = UMS_ENOMEM;
+    e = start_fail(UMS_ENOMEM, "out of memory");
     goto fail;
   }
   rt->nsched = c.schedulers;
@@ -757,6 +822,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
     if ((e = sched_init(rt, &rt->scheds[i], i)) != 0) {
       rt->nsched = i;
       runtime_free(rt);
+      start_fail(e, "cannot set up scheduler %d: %s", i, ums_strerror(e));
       goto fail;
     }
   }
@@ -778,8 +844,15 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
                              .spin_ns = PREEMPT_POOL_SPIN_NS};
   if ((e = ums__pool_init(&rt->io_pool, &io_cfg)) != 0 ||
       (e = ums__pool_init(&rt->preempt_pool, &pre_cfg)) != 0 ||
-      (e = preempt_slots(rt)) != 0 || (e = io_setup(rt)) != 0) {
+      (e = preempt_slots(rt)) != 0) {
     runtime_free(rt);
+    start_fail(e, "cannot set up the thread pools: %s", ums_strerror(e));
+    goto fail;
+  }
+  if ((e = io_setup(rt)) != 0) {
+    runtime_free(rt);
+    start_fail(e, "cannot set up an io_uring ring (io backend \"uring\"): "
+               "%s", ums_strerror(e));
     goto fail;
   }
   for (int i = 0; i < rt->nsched; i++) {
@@ -788,22 +861,29 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
     if (r != 0) {
       stop_threads(rt, i);
       runtime_free(rt);
-      e = r == ENOMEM ? UMS_ENOMEM : UMS_EAGAIN;
+      e = start_fail(r == ENOMEM ? UMS_ENOMEM : UMS_EAGAIN,
+                     "cannot create the thread of scheduler %d: %s", i,
+                     strerror(r));
       goto fail;
     }
     s->thread_started = true;
   }
-  /* Only when it has something to do: stall detection, or sampling. */
+  /* Only when it has something to do: stall detection, or sampling. A
+  ** runtime without the monitor it was asked for would lose stall reports
+  ** and CPU times without a word: it does not start. */
   if ((c.stall_threshold >= 0 || c.stats != UMS_STATS_OFF) &&
       (e = ums__monitor_start(rt)) != 0) {
     stop_threads(rt, rt->nsched);
     runtime_free(rt);
+    start_fail(e, "cannot create the monitor thread (stall reports, CPU "
+               "sampling): %s", ums_strerror(e));
     goto fail;
   }
   if (err) *err = 0;
   return rt;
 
 fail:
+  if (!start_error[0]) start_fail(e, "%s", ums_strerror(e));
   if (err) *err = e;
   return NULL;
 }

@@ -547,9 +547,9 @@ end
 function Lock:release()
   wq.check_self(self, Lock, "release")
   if not self.held_ then
-    error(format("ums.applock: lock:release: the lock on '%s' (%s) is not "
-      .. "held (released already, or its task has ended)", self.res_.name,
-      self.mode_), 2)
+    wq.raise(2, format("ums.applock: lock:release: the lock on '%s' (%s) is "
+      .. "not held (released already, or its task has ended)",
+      self.res_.name, self.mode_))
   end
   release_grant(self)
   return true
@@ -586,5 +586,6 @@ function Lock:__tostring()
     self.held_ and "" or ", released")
 end
 
+wq.methods(Lock)
 M.Lock = Lock
 return M

@@ -168,7 +168,7 @@ function Group:spawn(fn, ...)
     argerror(2, 2, "spawn", "function expected, got " .. typename(fn))
   end
   if self.closed then
-    error("ums.group:spawn: the group is closed", 2)
+    wq.raise(2, "ums.group:spawn: the group is closed")
   end
   local m = setmetatable({ group = self }, Member)
   local t = spawn(body, m, fn, ...)
@@ -204,8 +204,8 @@ end
 local function check_not_member(g, me, fname)
   for _, m in ipairs(g.members) do
     if m.task == me and not m.done then
-      error(format("ums.group:%s: a task cannot wait for its own group",
-        fname), 3)
+      wq.raise(3, format("ums.group:%s: a task cannot wait for its own group",
+        fname))
     end
   end
 end
@@ -349,13 +349,16 @@ function Group:close()
 end
 
 function Group:__close(err)
+  wq.check_self(self, Group, "close")
   close(self, err)
 end
 
 function Group:__tostring()
+  wq.check_self(self, Group, "__tostring")
   return format("ums.group%s (%d live)",
     self.name and (" '" .. self.name .. "'") or "", self.nlive)
 end
 
+wq.methods(Group)
 M.Group = Group
 return M

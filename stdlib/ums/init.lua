@@ -3,6 +3,7 @@
 -- checked configuration, the synchronisation primitives (ums.sync) and
 -- the test helper. See README.md for the API.
 local core = require "ums.core"
+local raise = require("ums.waitq").raise
 
 local ums = {}
 for k, v in pairs(core) do ums[k] = v end
@@ -10,36 +11,47 @@ for k, v in pairs(core) do ums[k] = v end
 ums.run_limit = nil
 
 -- Configuration: every key is checked here, so a typo fails at once
--- rather than silently running with a default.
-local function positive_int(v) return math.type(v) == "integer" and v > 0 end
-local function non_negative_int(v)
-  return math.type(v) == "integer" and v >= 0
+-- rather than silently running with a default. The numeric bounds are
+-- the runtime's own (core.limits: runtime/include/ums.h), so a value
+-- accepted here is one the run accepts.
+local limits = core.limits
+
+-- An integer within the bounds of setting `name`; `note` says what
+-- special values mean.
+local function int_in(name, what, note)
+  local lo, hi = limits[name][1], limits[name][2]
+  return {function(v) return math.type(v) == "integer" and v >= lo and
+                             v <= hi end,
+          ("%s from %d to %d%s"):format(what, lo, hi, note or "")}
 end
-local function non_negative_number(v)
-  return type(v) == "number" and v >= 0 and v == v
+
+-- A number of seconds from 0 (or, with `negative`, any negative number
+-- too) up to what the runtime's nanoseconds hold.
+local function seconds(note, negative)
+  local hi = limits.seconds[2]
+  return {function(v)
+            return type(v) == "number" and v == v and v <= hi and
+                   (v >= 0 or (negative and v > -math.huge))
+          end,
+          ("a number of seconds %s %.0f%s"):format(
+            negative and "up to" or "from 0 to", hi, note)}
 end
-local function number_or_negative(v) return type(v) == "number" and v == v end
 
 local settings = {
-  schedulers = {positive_int, "a positive integer"},
-  max_workers = {non_negative_int, "a non-negative integer (0: no bound)"},
-  quantum = {non_negative_number,
-             "a non-negative number of seconds (0: off)"},
-  stack_size = {function(v) return math.type(v) == "integer" and v >= 16384 end,
-                "an integer number of bytes, at least 16384"},
-  worker_idle_timeout = {number_or_negative,
-                         "a number of seconds (negative: never trim)"},
-  idle_workers_kept = {non_negative_int, "a non-negative integer"},
+  schedulers = int_in("schedulers", "an integer"),
+  max_workers = int_in("max_workers", "an integer", " (0: no bound)"),
+  quantum = seconds(" (0: off)"),
+  stack_size = int_in("stack_size", "an integer number of bytes"),
+  worker_idle_timeout = seconds(" (negative: never trim)", true),
+  idle_workers_kept = int_in("idle_workers_kept", "an integer"),
   io = {function(v) return v == "auto" or v == "uring" or v == "pool" end,
         '"auto", "uring" or "pool"'},
-  io_threads = {non_negative_int,
-                "a non-negative integer (0: the default, 64)"},
-  preempt_threads = {non_negative_int,
-                     "a non-negative integer (0: the default, 64)"},
+  io_threads = int_in("io_threads", "an integer", " (0: the default, 64)"),
+  preempt_threads = int_in("preempt_threads", "an integer",
+                           " (0: the default, 64)"),
   stats = {function(v) return type(v) == "boolean" or v == "precise" end,
            'a boolean or "precise"'},
-  stall_threshold = {non_negative_number,
-                     "a non-negative number of seconds (0: off)"},
+  stall_threshold = seconds(" (0: off)"),
   clock = {function(v) return v == "real" or v == "virtual" end,
            '"real" or "virtual"'},
   -- Loaded (require) first in every VM that runs submitted work.
@@ -72,17 +84,17 @@ local defaults = {
 function ums.config(t)
   if t ~= nil then
     if type(t) ~= "table" then
-      error(("bad argument #1 to 'config' (table expected, got %s)")
-            :format(type(t)), 2)
+      raise(2, ("bad argument #1 to 'config' (table expected, got %s)")
+            :format(type(t)))
     end
     for k, v in pairs(t) do
       local rule = settings[k]
       if not rule then
-        error(("ums.config: unknown setting '%s'"):format(tostring(k)), 2)
+        raise(2, ("ums.config: unknown setting '%s'"):format(tostring(k)))
       end
       if not rule[1](v) then
-        error(("ums.config: '%s' must be %s, got %s"):format(
-          k, rule[2], tostring(v)), 2)
+        raise(2, ("ums.config: '%s' must be %s, got %s"):format(
+          k, rule[2], tostring(v)))
       end
     end
     -- The virtual clock needs the run's one scheduler to itself
@@ -94,8 +106,8 @@ function ums.config(t)
       return defaults[k]
     end
     if get("clock") == "virtual" and get("schedulers") ~= 1 then
-      error(('ums.config: clock = "virtual" needs schedulers = 1, got %s')
-            :format(tostring(get("schedulers"))), 2)
+      raise(2, ('ums.config: clock = "virtual" needs schedulers = 1, got %s')
+            :format(tostring(get("schedulers"))))
     end
     core.config(t)
   end
@@ -111,18 +123,13 @@ end
 core.config(ums.config())
 
 --- ums.run(fn, ...) -> fn's results. Blocks until every task has ended.
-function ums.run(fn, ...)
-  if type(fn) ~= "function" then
-    error(("bad argument #1 to 'run' (function expected, got %s)")
-          :format(type(fn)), 2)
-  end
-  return core.run(fn, ...)
-end
+-- core.run itself (copied above), so that its errors (a bad argument, a
+-- runtime that cannot start) name the caller's line.
 
 --- ums.locals() -> the current task's local storage table.
 function ums.locals()
   local t = core.self()
-  if not t then error("ums.locals: not inside a task", 2) end
+  if not t then raise(2, "ums.locals: not inside a task") end
   return t:locals()
 end
 

@@ -31,6 +31,7 @@
 -- long. lchan.c keeps its channel queues by the same rules, in C.
 
 local core = require "ums.core"
+local wq = require "ums.waitq"
 
 -- The atomicity above must hold against the quantum too: a task preempted
 -- half-way through a semaphore release lets another task see it torn
@@ -50,8 +51,7 @@ local current_task = core.self
 local error, getmetatable, pcall, rawget, setmetatable, type =
   error, getmetatable, pcall, rawget, setmetatable, type
 local format = string.format
-local getinfo = debug.getinfo
-local huge, maxinteger = math.huge, math.maxinteger
+local maxinteger = math.maxinteger
 local tointeger = math.tointeger
 
 local GRANTED = 0
@@ -70,22 +70,10 @@ local function typename(v)
   return type(v)
 end
 
--- Raises "bad argument #narg to 'fname' (extramsg)". `level` is the stack
--- level of the public function whose argument is bad, counted from here
--- (2: it called argerror directly; 3: through one check helper). Like
--- luaL_argerror, a method call (`obj:fn(...)`) does not count self.
-local function argerror(level, narg, fname, extramsg)
-  local ar = getinfo(level, "n")
-  if ar and ar.namewhat == "method" then
-    narg = narg - 1
-    if narg == 0 then
-      error(format("calling '%s' on bad self (%s)", fname, extramsg),
-        level + 1)
-    end
-  end
-  error(format("bad argument #%d to '%s' (%s)", narg, fname, extramsg),
-    level + 1)
-end
+-- Raises "bad argument #narg to 'fname' (extramsg)" at the caller of the
+-- public function `level` frames up (2: it called argerror directly; 3:
+-- through one check helper), numbering as luaL_argerror does: ums.waitq's.
+local argerror = wq.argerror
 
 local function check_self(obj, mt, fname)
   if getmetatable(obj) ~= mt then
@@ -124,25 +112,15 @@ local function shared_opt(opts, narg, fname)
 end
 
 -- Returns the timeout in seconds, or nil for "forever" (nil or math.huge).
-local function opt_timeout(t, narg, fname)
-  if t == nil then return nil end
-  if type(t) ~= "number" then
-    argerror(3, narg, fname, "number expected, got " .. typename(t))
-  end
-  if t ~= t or t < 0 then
-    argerror(3, narg, fname, "timeout must be a non-negative number")
-  end
-  if t == huge then return nil end
-  return t
-end
+local opt_timeout = wq.opt_timeout
 
 -- The calling task. Every wait needs it, and a mutex records it as owner;
 -- outside a task there is nothing that could park, so say so clearly.
 local function need_task(fname)
   local me = current_task()
   if me == nil then
-    error(format("ums.%s: not inside a task (call it from a function run"
-      .. " by ums.run or ums.spawn)", fname), 3)
+    wq.raise(3, format("ums.%s: not inside a task (call it from a function "
+      .. "run by ums.run or ums.spawn)", fname))
   end
   return me
 end
@@ -265,8 +243,8 @@ function Mutex:unlock()
   local me = need_task("mutex:unlock")
   local owner = self.owner
   if owner ~= me then
-    error(owner == nil and "ums.mutex:unlock: the mutex is not locked"
-      or "ums.mutex:unlock: the mutex is locked by another task", 2)
+    wq.raise(2, owner == nil and "ums.mutex:unlock: the mutex is not locked"
+      or "ums.mutex:unlock: the mutex is locked by another task")
   end
   unlock(self)
   return true
@@ -429,7 +407,7 @@ function Cond:wait(m, timeout)
   timeout = opt_timeout(timeout, 3, "wait")
   local me = need_task("cond:wait")
   if m.owner ~= me then
-    error("ums.cond:wait: the mutex is not locked by the calling task", 2)
+    wq.raise(2, "ums.cond:wait: the mutex is not locked by the calling task")
   end
   -- Nobody can signal between here and the end of a zero wait.
   if timeout == 0 then return nil, "timeout" end
@@ -473,8 +451,8 @@ end
 local function wg_add(wg, n, fname)
   local c = wg.count + n
   if c < 0 then
-    error(format("ums.waitgroup:%s: the counter would become negative",
-      fname), 3)
+    wq.raise(3, format("ums.waitgroup:%s: the counter would become negative",
+      fname))
   end
   wg.count = c
   if c == 0 then wake_all(wg.q, GRANTED) end
@@ -505,6 +483,10 @@ function WaitGroup:wait(timeout)
   local outcome, msg = await(push(self.q, me, seq))
   if not outcome then return nil, msg end
   return true
+end
+
+for _, class in ipairs{Mutex, Semaphore, Event, Cond, WaitGroup} do
+  wq.methods(class)
 end
 
 return {

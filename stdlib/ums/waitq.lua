@@ -20,8 +20,8 @@ core.nopreempt_chunk()
 local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
   core.unpark
 
-local error, getmetatable, load, pcall, rawget, type =
-  error, getmetatable, load, pcall, rawget, type
+local error, getmetatable, load, pairs, pcall, rawget, setmetatable, type =
+  error, getmetatable, load, pairs, pcall, rawget, setmetatable, type
 local format = string.format
 local getinfo = debug.getinfo
 local huge = math.huge
@@ -43,21 +43,59 @@ function M.typename(v)
   return type(v)
 end
 
+-- The methods of the standard library's objects (M.methods): a method
+-- reached by a tail call (`return obj:m(x)`) has lost its call's name, so
+-- this is how argerror still numbers its arguments as for obj:m(x).
+local methods = setmetatable({}, {__mode = "k"})
+
+--- Registers the functions of a class table as methods.
+function M.methods(class)
+  for _, f in pairs(class) do
+    if type(f) == "function" then methods[f] = true end
+  end
+end
+
+-- For the public function `level` frames up (counted as getinfo counts
+-- from the caller of this function: 2 is that caller's caller), the
+-- error level, counted the same way, of the function that called it, and
+-- whether it was called as a method. A C function keeps its caller's
+-- frame when it is tail-called; a Lua function does not, so for one the
+-- error is placed at the nearest Lua function still on the stack rather
+-- than at no place at all.
+local function caller(level)
+  local here = level + 1  -- the same frame, counted from here
+  local ar = getinfo(here, "ntf")
+  if not ar then return level + 1, false end
+  if not ar.istailcall then return level + 1, ar.namewhat == "method" end
+  local at = here + 1
+  local up = getinfo(at, "S")
+  while up and up.what == "C" do
+    at = at + 1
+    up = getinfo(at, "S")
+  end
+  return (up and at or here + 1) - 1, methods[ar.func] == true
+end
+
+--- Raises msg at the caller of the public function `level` frames up
+-- from raise's caller (2: that function called raise directly).
+function M.raise(level, msg)
+  error(msg, (caller(level)))
+end
+
 --- Raises "bad argument #narg to 'fname' (extramsg)", at the caller of
 -- the public function `level` frames up from argerror's caller (2: that
 -- function called argerror directly; 3: through one helper). As with
--- luaL_argerror, a method call (obj:fn()) does not count self.
+-- luaL_argerror, a method call (obj:fn()) does not count self, and a bad
+-- self is "calling 'fname' on bad self".
 function M.argerror(level, narg, fname, extramsg)
-  local ar = getinfo(level, "n")
-  if ar and ar.namewhat == "method" then
+  local at, method = caller(level)
+  if method then
     narg = narg - 1
     if narg == 0 then
-      error(format("calling '%s' on bad self (%s)", fname, extramsg),
-        level + 1)
+      error(format("calling '%s' on bad self (%s)", fname, extramsg), at)
     end
   end
-  error(format("bad argument #%d to '%s' (%s)", narg, fname, extramsg),
-    level + 1)
+  error(format("bad argument #%d to '%s' (%s)", narg, fname, extramsg), at)
 end
 local argerror = M.argerror
 
@@ -76,10 +114,13 @@ function M.opt_timeout(t, narg, fname, neg1)
     argerror(3, narg, fname, "number expected, got " .. M.typename(t))
   end
   if neg1 and t == -1 then return nil end
-  if t ~= t or t < 0 then
+  if t ~= t then
+    argerror(3, narg, fname, "timeout is NaN, not a number of seconds")
+  end
+  if t < 0 then
     argerror(3, narg, fname, neg1 and
-      "timeout must be -1 (forever) or a non-negative number of seconds" or
-      "timeout must be a non-negative number of seconds")
+      "timeout must be -1 (forever) or a non-negative number" or
+      "timeout must be a non-negative number")
   end
   if t == huge then return nil end
   return t
@@ -90,8 +131,8 @@ end
 function M.need_task(fname)
   local me = core.self()
   if me == nil then
-    error(format("ums.%s: not inside a task (call it from a function run"
-      .. " by ums.run or ums.spawn)", fname), 3)
+    M.raise(3, format("ums.%s: not inside a task (call it from a function "
+      .. "run by ums.run or ums.spawn)", fname))
   end
   return me
 end

@@ -353,8 +353,8 @@ end
 
 local function check_open(q, fname)
   if q.is_closed then
-    error(format("ums.workqueue:%s: the queue is closed (no posts after "
-      .. "close)", fname), 3)
+    wq.raise(3, format("ums.workqueue:%s: the queue is closed (no posts "
+      .. "after close)", fname))
   end
 end
 
@@ -447,6 +447,7 @@ function Queue:stats()
 end
 
 function Queue:__tostring()
+  wq.check_self(self, Queue, "__tostring")
   return format("ums.workqueue '%s' (%d queued, %d running, %d readers)",
     self.name, self.nqueued, self.nrunning, self.nreaders)
 end
@@ -509,11 +510,14 @@ function Item:cancel()
 end
 
 function Item:__tostring()
+  check_item(self, "__tostring")
   return format("ums.workqueue.item #%d (%s%s)", self.seq_, self.status_,
     self.order_ ~= nil and format(", order %.17g", self.order_) or "")
 end
 FailedItem.__tostring = Item.__tostring
 FailedItem.__name = Item.__name
 
+wq.methods(Queue)
+wq.methods(Item)
 M.Queue, M.Item = Queue, Item
 return M
