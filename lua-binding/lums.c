@@ -42,6 +42,9 @@
 #define ONERROR_KEY "ums.on_error"
 #define ERRORS_KEY "ums.errors"
 #define FAILED_MT "ums.task.failed"
+/* The message of a task the runtime cannot run for lack of memory, made
+** when the module opens: ending such a task must not need memory for it. */
+#define NOMEM_KEY "ums.nomem"
 
 /* Lua's C stack needs room for LUAI_MAXCCALLS nested C calls; fiber stacks
 ** for Lua runs are larger than the C default. Untouched pages cost nothing. */
@@ -262,15 +265,22 @@ static void qhook(lua_State *L, lua_Debug *ar);
 static void qpoll_hook(lua_State *L, lua_Debug *ar);
 #endif
 
-/* Takes an ltask with a reset coroutine from the pool, or makes one. */
-static ltask *take_task(lrun *r) {
+/* Takes an ltask with a reset coroutine from the pool, or makes one. L is
+** the caller's thread, running protected: the coroutine and its registry
+** slots are made there, so that running out of memory raises in the
+** caller rather than on r->SL, which no protected call covers. */
+static ltask *take_task(lua_State *L, lrun *r) {
   if (r->npool) return r->pool[--r->npool];
+  lua_State *co = lua_newthread(L);
   ltask *t = calloc(1, sizeof *t);
-  if (!t) return NULL;
-  t->co = lua_newthread(r->SL);
-  t->co_ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
-  lua_pushboolean(r->SL, 0);
-  t->self_ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
+  if (!t) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  t->co = co;
+  t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushboolean(L, 0);
+  t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   return t;
 }
 
@@ -452,6 +462,24 @@ static void task_finish(ltask *t, int st, int nres) {
   run_task_ended(r);  /* last: the run may end now */
 }
 
+/* The runtime cannot run t any further (ums_step_error: no worker or
+** timer could be had for it): t ends here, started or not, with the
+** runtime's message as its error, raised as it were where t stands, so
+** that its joiner or ums.on_error sees it. This runs on a stack that is
+** not t's, where no wait can begin (the runtime refuses them). */
+static __attribute__((noinline)) void task_fail(ltask *t, int err) {
+  lua_State *co = t->co;
+  if (t->h->state == T_NEW) {
+    t->h->state = T_LIVE;
+    lua_settop(co, 0);  /* the function and its arguments */
+  }
+  if (err == UMS_ENOMEM)
+    lua_getfield(co, LUA_REGISTRYINDEX, NOMEM_KEY);
+  else
+    lua_pushstring(co, ums_strerror(err));
+  task_finish(t, LUA_ERRRUN, 0);
+}
+
 static int task_step(void *arg) {
   ltask *t = arg;
   ltask *prev = lums_cur_task;
@@ -464,6 +492,12 @@ static int task_step(void *arg) {
     /* It ended with a park begun last step (below). */
     t->finish_pending = false;
     task_finish(t, t->finish_st, t->finish_nres);
+    lums_cur_task = prev;
+    return UMS_STEP_DONE;
+  }
+  int err = ums_step_error();
+  if (__builtin_expect(err != 0, 0)) {
+    task_fail(t, err);
     lums_cur_task = prev;
     return UMS_STEP_DONE;
   }
@@ -535,7 +569,7 @@ static int task_step(void *arg) {
 static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
                          int mt) {
   int n = lua_gettop(L) - first;  /* arguments */
-  ltask *t = take_task(r);
+  ltask *t = take_task(L, r);
   if (!t) luaL_error(L, "ums.spawn: out of memory");
   /* Function and arguments go onto the coroutine first, so that the
   ** handle is made right at `first`. */
@@ -1557,6 +1591,8 @@ int lums_open(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
   }
   lua_pop(L, 1);
+  lua_pushstring(L, ums_strerror(UMS_ENOMEM));
+  lua_setfield(L, LUA_REGISTRYINDEX, NOMEM_KEY);
   new_errors_set(L);
   if (lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY) == LUA_TNIL) {
     struct lnopreempt *np = lua_newuserdatauv(L, sizeof *np, 0);
