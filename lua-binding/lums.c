@@ -569,13 +569,16 @@ static int task_step(void *arg) {
 static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
                          int mt) {
   int n = lua_gettop(L) - first;  /* arguments */
+  /* The handle first, then the ltask: running out of memory in either
+  ** raises with nothing taken that the collector cannot get back. */
+  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 1);
   ltask *t = take_task(L, r);
   if (!t) luaL_error(L, "ums.spawn: out of memory");
-  /* Function and arguments go onto the coroutine first, so that the
-  ** handle is made right at `first`. */
+  /* The handle goes to `first`, below the function and arguments, which
+  ** go onto the coroutine. */
+  lua_rotate(L, first, 1);
   lua_xmove(L, t->co, n + 1);
   t->nargs = n;
-  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 1);
   memset(h, 0, sizeof *h);
   h->tag = &lums_task_tag;
   h->t = t;
