@@ -319,6 +319,7 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   t->wait.q = NULL;
   t->wait.prev = t->wait.next = NULL;
   t->ffi_errno = 0;
+  t->req = NULL;
   if (t->rfbuf) {
     ums_buf_release(t->rfbuf);
     t->rfbuf = NULL;
@@ -469,7 +470,9 @@ static void task_finish(ltask *t, int st, int nres) {
 ** not t's, where no wait can begin (the runtime refuses them). */
 static __attribute__((noinline)) void task_fail(ltask *t, int err) {
   lua_State *co = t->co;
-  if (t->h->state == T_NEW) {
+  bool fresh = t->h->state == T_NEW;
+  lums_vms_task_failed(t, fresh, ums_strerror(err));
+  if (fresh) {
     t->h->state = T_LIVE;
     lua_settop(co, 0);  /* the function and its arguments */
   }

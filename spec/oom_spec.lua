@@ -82,6 +82,44 @@ print(("run=%s err=%s ok=%d oom=%d other=%d spawn_oom=%d reported=%d " ..
               status.pending or 0, status.suspended or 0, #hs))
 ]]
 
+-- The same shape as work submitted to another scheduler (ums.submit_on):
+-- the work's join sees the result or "out of memory"; no work is left
+-- "pending" or "running" after the run.
+local SUBMIT_CHILD = [[
+local ums = require "ums"
+local n = tonumber(arg[1])
+ums.config{quantum = 0, schedulers = 2}
+local ws, seen = {}, {ok = 0, oom = 0, other = 0}
+local ran, err = pcall(ums.run, function()
+  for i = 1, n do
+    ws[i] = ums.submit_on(2, function()
+      local ums = require "ums"
+      local t = {3, 1, 2}
+      table.sort(t, function(a, b) ums.sleep(0.5); return a < b end)
+      return t[1]
+    end)
+  end
+  for i = 1, n do
+    local ok, v = ws[i]:join()
+    local k = ok and v == 1 and "ok" or
+              not ok and tostring(v):find("out of memory", 1, true) and "oom"
+              or "other"
+    if k == "other" then io.stderr:write("unexpected: ", tostring(v), "\n") end
+    seen[k] = seen[k] + 1
+  end
+end)
+local st = {}
+for i = 1, #ws do
+  local s = ws[i]:status()
+  st[s] = (st[s] or 0) + 1
+end
+print(("run=%s err=%s ok=%d oom=%d other=%d done=%d error=%d " ..
+       "cancelled=%d pending=%d running=%d handles=%d")
+      :format(tostring(ran), tostring(err):gsub("%s+", " "):sub(1, 80),
+              seen.ok, seen.oom, seen.other, st.done or 0, st.error or 0,
+              st.cancelled or 0, st.pending or 0, st.running or 0, #ws))
+]]
+
 local function field(out, name)
   return tonumber(out:match(name .. "=(%d+)"))
 end
@@ -136,6 +174,28 @@ describe("a task that cannot get memory", function()
       end
     end)
   end
+
+  it("ends submitted work with out of memory under ulimit -v", function()
+    if sanitized then return pending(sanitized) end
+    local script = sp.temp(SUBMIT_CHILD, ".lua")
+    local r = sp.sh("sh -c " .. sp.q("ulimit -v 4000000 && exec " ..
+                    sp.q(sp.lua) .. " " .. sp.q(script) .. " 20000"),
+                    {timeout = 240})
+    sp.assert_exit(r, 0)
+    local out, why = r.stdout, sp.describe(r)
+    assert.is_truthy(out:find("run=", 1, true), why)
+    assert.equal(0, field(out, "other"), why)
+    assert.equal(0, field(out, "pending"), why)
+    assert.equal(0, field(out, "running"), why)
+    assert.equal(20000, field(out, "done") + field(out, "error") +
+                 field(out, "cancelled"), why)
+    assert.is_true(field(out, "error") > 0, why)
+    if out:find("run=false", 1, true) then
+      assert.is_truthy(out:find("err=[^\n]*out of memory"), why)
+    else
+      assert.equal(20000, field(out, "ok") + field(out, "oom"), why)
+    end
+  end)
 
   it("ends with an error when allocations fail at random during spawns",
      function()
