@@ -377,68 +377,121 @@ static void run_task_ended(lrun *r) {
   if (--r->nlive == 0) lums_vms_release(r->vms);
 }
 
+/* What keep_outcome does on r->SL that may allocate, protected: nothing
+** else on the scheduler protects r->SL, and a memory error raised there
+** would unwind into the main thread's handler. None of it may wait
+** (another step could then push onto r->SL above it). */
+typedef struct lkeep {
+  ltask *t;
+  int st, nres;
+  bool closed;  /* after the coroutine was closed: the failed-handle
+                   bookkeeping; before: the outcome */
+} lkeep;
+
+static int keep_protected(lua_State *SL) {
+  lkeep *k = (lkeep *)lua_touserdata(SL, 1);
+  ltask *t = k->t;
+  lua_State *co = t->co;
+  lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
+  if (k->closed) {
+    /* Nobody may ever join it: its handle now has a finalizer that
+    ** reports the error if it is collected unjoined, and the run reports
+    ** it at its end if it is still unjoined then (the set is weak, so it
+    ** does not keep the handle alive). */
+    lua_getfield(SL, LUA_REGISTRYINDEX, FAILED_MT);
+    lua_setmetatable(SL, -2);
+    lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
+    lua_pushvalue(SL, -2);
+    lua_pushboolean(SL, 1);
+    lua_rawset(SL, -3);
+    return 0;
+  }
+  push_extras(SL, -1);
+  if (k->st == LUA_OK) {
+    lua_xmove(co, SL, k->nres);
+    /* With i values left above it, the table is at -(i + 1). */
+    for (int i = k->nres; i >= 1; i--) lua_rawseti(SL, -(i + 1), i);
+    return 0;
+  }
+  /* The traceback of the coroutine at the error, before it is closed. */
+  /* lua_tostring would turn a number error into a string in place. */
+  const char *msg =
+      lua_type(co, -1) == LUA_TSTRING ? lua_tostring(co, -1) : NULL;
+  luaL_traceback(SL, co, msg, 0);
+  lua_setfield(SL, -2, X_TB);
+  lua_pushvalue(co, -1);
+  lua_xmove(co, SL, 1);  /* the error value, identity kept */
+  lua_setfield(SL, -2, X_ERR);
+  return 0;
+}
+
+static bool keep_run(lua_State *SL, lkeep *k) {
+  if (!lua_checkstack(SL, 3)) return false;
+  lua_pushcfunction(SL, keep_protected);
+  lua_pushlightuserdata(SL, k);
+  if (lua_pcall(SL, 1, 0, 0) == LUA_OK) return true;
+  lua_pop(SL, 1);  /* a memory error: the only one these calls raise */
+  return false;
+}
+
+/* Whether the value at the top of co is core.CANCELLED. */
+static bool top_is_cancelled(lua_State *co) {
+  if (lua_gettop(co) == 0 || !lua_checkstack(co, 1)) return false;
+  push_cancelled(co);
+  bool c = lua_rawequal(co, -1, -2);
+  lua_pop(co, 1);
+  return c;
+}
+
 /* task_finish for any end but the usual one (results, an error, a
 ** cancellation): keeps the outcome in the handle and closes the
-** coroutine. Out of line, so that the usual end needs no stack frame of
-** its size. */
+** coroutine. An outcome that cannot be kept for lack of memory becomes
+** the error "out of memory" (h->nomem). Out of line, so that the usual
+** end needs no stack frame of its size. */
 static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
                                                    int nres) {
   lrun *r = t->run;
   lhandle *h = t->h;
   lua_State *SL = r->SL, *co = t->co;
-  lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
+  lkeep k = {t, st, nres, false};
   if (st == LUA_OK) {
     h->ok = true;
     h->nres = nres;
-    if (nres > 0) {
-      push_extras(SL, -1);
-      lua_xmove(co, SL, nres);
-      /* With i values left above it, the table is at -(i + 1). */
-      for (int i = nres; i >= 1; i--) lua_rawseti(SL, -(i + 1), i);
-      lua_pop(SL, 1);
+    if (nres > 0 && !keep_run(SL, &k)) {
+      h->ok = false;
+      h->nres = 0;
+      h->nomem = true;
+    } else {
+      return;
     }
   } else {
     h->ok = false;
-    push_extras(SL, -1);
-    /* The traceback of the coroutine at the error, before it is closed. */
-    /* lua_tostring would turn a number error into a string in place. */
-    const char *msg =
-        lua_type(co, -1) == LUA_TSTRING ? lua_tostring(co, -1) : NULL;
-    luaL_traceback(SL, co, msg, 0);
-    lua_setfield(SL, -2, X_TB);
-    lua_pushvalue(co, -1);
-    lua_xmove(co, SL, 1);  /* the error value, identity kept */
+    h->nomem = !keep_run(SL, &k);
+    bool cancelled = top_is_cancelled(co);
     /* Close pending to-be-closed variables now, with the error still on
     ** the coroutine (their __close gets it), while the task is current
     ** (they may wait, on the blocking path): an error they raise replaces
     ** the original, as in plain Lua. */
     if (lua_resetthread(co) != LUA_OK) {
-      lua_pop(SL, 1);
-      lua_xmove(co, SL, 1);
+      cancelled = top_is_cancelled(co);
+      if (!h->nomem && lua_checkstack(SL, 3)) {
+        /* X_ERR is already in the extras: setting it allocates nothing. */
+        lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);
+        lua_getiuservalue(SL, -1, 1);
+        lua_xmove(co, SL, 1);
+        lua_setfield(SL, -2, X_ERR);
+        lua_pop(SL, 2);
+      }
     }
     lua_settop(co, 0);
-    push_cancelled(SL);
-    h->cancelled = lua_rawequal(SL, -1, -2);
-    lua_pop(SL, 1);
-    lua_setfield(SL, -2, X_ERR);
-    lua_pop(SL, 1);  /* the extras */
-    /* The run has failed: work not started yet never starts now. */
-    if (h == r->main) lums_vms_stop(r->vms);
-    if (!h->cancelled) {
-      /* Nobody may ever join it: its handle now has a finalizer that
-      ** reports the error if it is collected unjoined, and the run
-      ** reports it at its end if it is still unjoined then (the set is
-      ** weak, so it does not keep the handle alive). */
-      lua_getfield(SL, LUA_REGISTRYINDEX, FAILED_MT);
-      lua_setmetatable(SL, -2);
-      lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
-      lua_pushvalue(SL, -2);
-      lua_pushboolean(SL, 1);
-      lua_rawset(SL, -3);
-      lua_pop(SL, 1);
-    }
+    h->cancelled = cancelled && !h->nomem;
   }
-  lua_pop(SL, 1);  /* the handle: from here on only its holders keep it */
+  /* The run has failed: work not started yet never starts now. */
+  if (h == r->main) lums_vms_stop(r->vms);
+  if (!h->cancelled) {
+    k.closed = true;
+    keep_run(SL, &k);
+  }
 }
 
 /* The task's coroutine ended with status st: keep its outcome in the
@@ -994,6 +1047,20 @@ static int l_now(lua_State *L) {
 /* Task methods                                                            */
 /* ---------------------------------------------------------------------- */
 
+/* Pushes the error and the traceback of the failed task whose handle h is
+** at idx. */
+static void push_failure(lua_State *L, int idx, lhandle *h) {
+  if (h->nomem) {
+    lua_getfield(L, LUA_REGISTRYINDEX, NOMEM_KEY);
+    lua_pushnil(L);
+    return;
+  }
+  lua_getiuservalue(L, idx, 1);
+  lua_getfield(L, -1, X_ERR);
+  lua_getfield(L, -2, X_TB);
+  lua_remove(L, -3);
+}
+
 /* Pushes a finished task's outcome as join returns it. */
 static int push_outcome(lua_State *L, int idx, lhandle *h) {
   h->joined = true;
@@ -1008,10 +1075,7 @@ static int push_outcome(lua_State *L, int idx, lhandle *h) {
     return 1 + h->nres;
   }
   lua_pushboolean(L, 0);
-  lua_getiuservalue(L, idx, 1);
-  lua_getfield(L, -1, X_ERR);
-  lua_getfield(L, -2, X_TB);
-  lua_remove(L, -3);
+  push_failure(L, idx, h);
   return 3;
 }
 
@@ -1194,10 +1258,7 @@ static void report_error(lua_State *L) {
   }
   h->joined = true;
   lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
-  lua_getiuservalue(L, -2, 1);
-  lua_getfield(L, -1, X_ERR);
-  lua_getfield(L, -2, X_TB);
-  lua_remove(L, -3);
+  push_failure(L, -2, h);
   lua_pushvalue(L, -4);
   if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
     fprintf(stderr, "ums: error in the on_error handler: %s\n",
@@ -1478,12 +1539,8 @@ static int run(lua_State *L, double limit) {
   }
   /* Raise the main task's error, keeping its identity; a string gets the
   ** task's traceback, which the caller's own traceback would not show. */
-  lua_getiuservalue(L, 1, 1);
-  lua_getfield(L, -1, X_ERR);
-  if (lua_type(L, -1) == LUA_TSTRING) {
-    lua_pop(L, 1);
-    lua_getfield(L, -1, X_TB);
-  }
+  push_failure(L, 1, main);
+  if (lua_type(L, -2) != LUA_TSTRING || lua_isnil(L, -1)) lua_pop(L, 1);
   return lua_error(L);
 }
 

@@ -134,6 +134,9 @@ struct lhandle {
   bool ok;               /* done: ended normally */
   bool cancelled;        /* done: ended by cancellation */
   bool joined;           /* its outcome was taken by a join */
+  bool nomem;            /* done with an error whose value and traceback
+                            could not be kept for lack of memory: it
+                            reads as "out of memory", with no traceback */
   int nres;              /* done ok: number of results */
 };
 
