@@ -10,10 +10,14 @@ local sp = require "subprocess"
 local it = sp.guard(it, pending)
 
 local preload = os.getenv("LD_PRELOAD") or ""
--- ASan reserves terabytes of shadow memory: no process of it starts under
--- `ulimit -v`, and the failure library's malloc would sit behind ASan's.
-local sanitized = preload:find("libasan", 1, true) and
-                  "ASan cannot run under ulimit -v nor behind another malloc"
+local child_preload = (sp.child_preload or "") .. " " .. preload
+-- The sanitizers reserve terabytes of shadow memory: none of their
+-- processes starts under `ulimit -v`, and the failure library's malloc
+-- would sit behind theirs.
+local sanitized = (child_preload:find("libasan", 1, true) or
+                   child_preload:find("libtsan", 1, true)) and
+                  "a sanitizer cannot run under ulimit -v nor behind " ..
+                  "another malloc"
 
 -- The child: spawns n tasks that each wait inside table.sort's comparator
 -- (arg 3: seconds), joins them all, and prints what it saw. It counts
