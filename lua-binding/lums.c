@@ -43,6 +43,9 @@
 #define ONERROR_KEY "ums.on_error"
 #define ERRORS_KEY "ums.errors"
 #define FAILED_MT "ums.task.failed"
+/* The message of a task the runtime cannot run for lack of memory, made
+** when the module opens: ending such a task must not need memory for it. */
+#define NOMEM_KEY "ums.nomem"
 
 /* Lua's C stack needs room for LUAI_MAXCCALLS nested C calls; fiber stacks
 ** for Lua runs are larger than the C default. Untouched pages cost nothing. */
@@ -264,15 +267,22 @@ static void qhook(lua_State *L, lua_Debug *ar);
 static void qpoll_hook(lua_State *L, lua_Debug *ar);
 #endif
 
-/* Takes an ltask with a reset coroutine from the pool, or makes one. */
-static ltask *take_task(lrun *r) {
+/* Takes an ltask with a reset coroutine from the pool, or makes one. L is
+** the caller's thread, running protected: the coroutine and its registry
+** slots are made there, so that running out of memory raises in the
+** caller rather than on r->SL, which no protected call covers. */
+static ltask *take_task(lua_State *L, lrun *r) {
   if (r->npool) return r->pool[--r->npool];
+  lua_State *co = lua_newthread(L);
   ltask *t = calloc(1, sizeof *t);
-  if (!t) return NULL;
-  t->co = lua_newthread(r->SL);
-  t->co_ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
-  lua_pushboolean(r->SL, 0);
-  t->self_ref = luaL_ref(r->SL, LUA_REGISTRYINDEX);
+  if (!t) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  t->co = co;
+  t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushboolean(L, 0);
+  t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   return t;
 }
 
@@ -311,6 +321,7 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   t->wait.q = NULL;
   t->wait.prev = t->wait.next = NULL;
   t->ffi_errno = 0;
+  t->req = NULL;
   if (t->rfbuf) {
     ums_buf_release(t->rfbuf);
     t->rfbuf = NULL;
@@ -368,68 +379,121 @@ static void run_task_ended(lrun *r) {
   if (--r->nlive == 0) lums_vms_release(r->vms);
 }
 
+/* What keep_outcome does on r->SL that may allocate, protected: nothing
+** else on the scheduler protects r->SL, and a memory error raised there
+** would unwind into the main thread's handler. None of it may wait
+** (another step could then push onto r->SL above it). */
+typedef struct lkeep {
+  ltask *t;
+  int st, nres;
+  bool closed;  /* after the coroutine was closed: the failed-handle
+                   bookkeeping; before: the outcome */
+} lkeep;
+
+static int keep_protected(lua_State *SL) {
+  lkeep *k = (lkeep *)lua_touserdata(SL, 1);
+  ltask *t = k->t;
+  lua_State *co = t->co;
+  lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
+  if (k->closed) {
+    /* Nobody may ever join it: its handle now has a finalizer that
+    ** reports the error if it is collected unjoined, and the run reports
+    ** it at its end if it is still unjoined then (the set is weak, so it
+    ** does not keep the handle alive). */
+    lua_getfield(SL, LUA_REGISTRYINDEX, FAILED_MT);
+    lua_setmetatable(SL, -2);
+    lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
+    lua_pushvalue(SL, -2);
+    lua_pushboolean(SL, 1);
+    lua_rawset(SL, -3);
+    return 0;
+  }
+  push_extras(SL, -1);
+  if (k->st == LUA_OK) {
+    lua_xmove(co, SL, k->nres);
+    /* With i values left above it, the table is at -(i + 1). */
+    for (int i = k->nres; i >= 1; i--) lua_rawseti(SL, -(i + 1), i);
+    return 0;
+  }
+  /* The traceback of the coroutine at the error, before it is closed. */
+  /* lua_tostring would turn a number error into a string in place. */
+  const char *msg =
+      lua_type(co, -1) == LUA_TSTRING ? lua_tostring(co, -1) : NULL;
+  luaL_traceback(SL, co, msg, 0);
+  lua_setfield(SL, -2, X_TB);
+  lua_pushvalue(co, -1);
+  lua_xmove(co, SL, 1);  /* the error value, identity kept */
+  lua_setfield(SL, -2, X_ERR);
+  return 0;
+}
+
+static bool keep_run(lua_State *SL, lkeep *k) {
+  if (!lua_checkstack(SL, 3)) return false;
+  lua_pushcfunction(SL, keep_protected);
+  lua_pushlightuserdata(SL, k);
+  if (lua_pcall(SL, 1, 0, 0) == LUA_OK) return true;
+  lua_pop(SL, 1);  /* a memory error: the only one these calls raise */
+  return false;
+}
+
+/* Whether the value at the top of co is core.CANCELLED. */
+static bool top_is_cancelled(lua_State *co) {
+  if (lua_gettop(co) == 0 || !lua_checkstack(co, 1)) return false;
+  push_cancelled(co);
+  bool c = lua_rawequal(co, -1, -2);
+  lua_pop(co, 1);
+  return c;
+}
+
 /* task_finish for any end but the usual one (results, an error, a
 ** cancellation): keeps the outcome in the handle and closes the
-** coroutine. Out of line, so that the usual end needs no stack frame of
-** its size. */
+** coroutine. An outcome that cannot be kept for lack of memory becomes
+** the error "out of memory" (h->nomem). Out of line, so that the usual
+** end needs no stack frame of its size. */
 static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
                                                    int nres) {
   lrun *r = t->run;
   lhandle *h = t->h;
   lua_State *SL = r->SL, *co = t->co;
-  lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
+  lkeep k = {t, st, nres, false};
   if (st == LUA_OK) {
     h->ok = true;
     h->nres = nres;
-    if (nres > 0) {
-      push_extras(SL, -1);
-      lua_xmove(co, SL, nres);
-      /* With i values left above it, the table is at -(i + 1). */
-      for (int i = nres; i >= 1; i--) lua_rawseti(SL, -(i + 1), i);
-      lua_pop(SL, 1);
+    if (nres > 0 && !keep_run(SL, &k)) {
+      h->ok = false;
+      h->nres = 0;
+      h->nomem = true;
+    } else {
+      return;
     }
   } else {
     h->ok = false;
-    push_extras(SL, -1);
-    /* The traceback of the coroutine at the error, before it is closed. */
-    /* lua_tostring would turn a number error into a string in place. */
-    const char *msg =
-        lua_type(co, -1) == LUA_TSTRING ? lua_tostring(co, -1) : NULL;
-    luaL_traceback(SL, co, msg, 0);
-    lua_setfield(SL, -2, X_TB);
-    lua_pushvalue(co, -1);
-    lua_xmove(co, SL, 1);  /* the error value, identity kept */
+    h->nomem = !keep_run(SL, &k);
+    bool cancelled = top_is_cancelled(co);
     /* Close pending to-be-closed variables now, with the error still on
     ** the coroutine (their __close gets it), while the task is current
     ** (they may wait, on the blocking path): an error they raise replaces
     ** the original, as in plain Lua. */
     if (lua_resetthread(co) != LUA_OK) {
-      lua_pop(SL, 1);
-      lua_xmove(co, SL, 1);
+      cancelled = top_is_cancelled(co);
+      if (!h->nomem && lua_checkstack(SL, 3)) {
+        /* X_ERR is already in the extras: setting it allocates nothing. */
+        lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);
+        lua_getiuservalue(SL, -1, 1);
+        lua_xmove(co, SL, 1);
+        lua_setfield(SL, -2, X_ERR);
+        lua_pop(SL, 2);
+      }
     }
     lua_settop(co, 0);
-    push_cancelled(SL);
-    h->cancelled = lua_rawequal(SL, -1, -2);
-    lua_pop(SL, 1);
-    lua_setfield(SL, -2, X_ERR);
-    lua_pop(SL, 1);  /* the extras */
-    /* The run has failed: work not started yet never starts now. */
-    if (h == r->main) lums_vms_stop(r->vms);
-    if (!h->cancelled) {
-      /* Nobody may ever join it: its handle now has a finalizer that
-      ** reports the error if it is collected unjoined, and the run
-      ** reports it at its end if it is still unjoined then (the set is
-      ** weak, so it does not keep the handle alive). */
-      lua_getfield(SL, LUA_REGISTRYINDEX, FAILED_MT);
-      lua_setmetatable(SL, -2);
-      lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
-      lua_pushvalue(SL, -2);
-      lua_pushboolean(SL, 1);
-      lua_rawset(SL, -3);
-      lua_pop(SL, 1);
-    }
+    h->cancelled = cancelled && !h->nomem;
   }
-  lua_pop(SL, 1);  /* the handle: from here on only its holders keep it */
+  /* The run has failed: work not started yet never starts now. */
+  if (h == r->main) lums_vms_stop(r->vms);
+  if (!h->cancelled) {
+    k.closed = true;
+    keep_run(SL, &k);
+  }
 }
 
 /* The task's coroutine ended with status st: keep its outcome in the
@@ -454,6 +518,26 @@ static void task_finish(ltask *t, int st, int nres) {
   run_task_ended(r);  /* last: the run may end now */
 }
 
+/* The runtime cannot run t any further (ums_step_error: no worker or
+** timer could be had for it): t ends here, started or not, with the
+** runtime's message as its error, raised as it were where t stands, so
+** that its joiner or ums.on_error sees it. This runs on a stack that is
+** not t's, where no wait can begin (the runtime refuses them). */
+static __attribute__((noinline)) void task_fail(ltask *t, int err) {
+  lua_State *co = t->co;
+  bool fresh = t->h->state == T_NEW;
+  lums_vms_task_failed(t, fresh, ums_strerror(err));
+  if (fresh) {
+    t->h->state = T_LIVE;
+    lua_settop(co, 0);  /* the function and its arguments */
+  }
+  if (err == UMS_ENOMEM)
+    lua_getfield(co, LUA_REGISTRYINDEX, NOMEM_KEY);
+  else
+    lua_pushstring(co, ums_strerror(err));
+  task_finish(t, LUA_ERRRUN, 0);
+}
+
 static int task_step(void *arg) {
   ltask *t = arg;
   ltask *prev = lums_cur_task;
@@ -466,6 +550,12 @@ static int task_step(void *arg) {
     /* It ended with a park begun last step (below). */
     t->finish_pending = false;
     task_finish(t, t->finish_st, t->finish_nres);
+    lums_cur_task = prev;
+    return UMS_STEP_DONE;
+  }
+  int err = ums_step_error();
+  if (__builtin_expect(err != 0, 0)) {
+    task_fail(t, err);
     lums_cur_task = prev;
     return UMS_STEP_DONE;
   }
@@ -537,13 +627,16 @@ static int task_step(void *arg) {
 static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
                          int mt) {
   int n = lua_gettop(L) - first;  /* arguments */
-  ltask *t = take_task(r);
+  /* The handle first, then the ltask: running out of memory in either
+  ** raises with nothing taken that the collector cannot get back. */
+  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 1);
+  ltask *t = take_task(L, r);
   if (!t) luaL_error(L, "ums.spawn: out of memory");
-  /* Function and arguments go onto the coroutine first, so that the
-  ** handle is made right at `first`. */
+  /* The handle goes to `first`, below the function and arguments, which
+  ** go onto the coroutine. */
+  lua_rotate(L, first, 1);
   lua_xmove(L, t->co, n + 1);
   t->nargs = n;
-  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 1);
   memset(h, 0, sizeof *h);
   h->tag = &lums_task_tag;
   h->t = t;
@@ -968,6 +1061,20 @@ static int l_now(lua_State *L) {
 /* Task methods                                                            */
 /* ---------------------------------------------------------------------- */
 
+/* Pushes the error and the traceback of the failed task whose handle h is
+** at idx. */
+static void push_failure(lua_State *L, int idx, lhandle *h) {
+  if (h->nomem) {
+    lua_getfield(L, LUA_REGISTRYINDEX, NOMEM_KEY);
+    lua_pushnil(L);
+    return;
+  }
+  lua_getiuservalue(L, idx, 1);
+  lua_getfield(L, -1, X_ERR);
+  lua_getfield(L, -2, X_TB);
+  lua_remove(L, -3);
+}
+
 /* Pushes a finished task's outcome as join returns it. */
 static int push_outcome(lua_State *L, int idx, lhandle *h) {
   h->joined = true;
@@ -982,10 +1089,7 @@ static int push_outcome(lua_State *L, int idx, lhandle *h) {
     return 1 + h->nres;
   }
   lua_pushboolean(L, 0);
-  lua_getiuservalue(L, idx, 1);
-  lua_getfield(L, -1, X_ERR);
-  lua_getfield(L, -2, X_TB);
-  lua_remove(L, -3);
+  push_failure(L, idx, h);
   return 3;
 }
 
@@ -1168,10 +1272,7 @@ static void report_error(lua_State *L) {
   }
   h->joined = true;
   lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
-  lua_getiuservalue(L, -2, 1);
-  lua_getfield(L, -1, X_ERR);
-  lua_getfield(L, -2, X_TB);
-  lua_remove(L, -3);
+  push_failure(L, -2, h);
   lua_pushvalue(L, -4);
   if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
     fprintf(stderr, "ums: error in the on_error handler: %s\n",
@@ -1504,12 +1605,8 @@ static int run(lua_State *L, double limit) {
   }
   /* Raise the main task's error, keeping its identity; a string gets the
   ** task's traceback, which the caller's own traceback would not show. */
-  lua_getiuservalue(L, 1, 1);
-  lua_getfield(L, -1, X_ERR);
-  if (lua_type(L, -1) == LUA_TSTRING) {
-    lua_pop(L, 1);
-    lua_getfield(L, -1, X_TB);
-  }
+  push_failure(L, 1, main);
+  if (lua_type(L, -2) != LUA_TSTRING || lua_isnil(L, -1)) lua_pop(L, 1);
   return lua_error(L);
 }
 
@@ -1623,6 +1720,8 @@ int lums_open(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
   }
   lua_pop(L, 1);
+  lua_pushstring(L, ums_strerror(UMS_ENOMEM));
+  lua_setfield(L, LUA_REGISTRYINDEX, NOMEM_KEY);
   new_errors_set(L);
   if (lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY) == LUA_TNIL) {
     struct lnopreempt *np = lua_newuserdatauv(L, sizeof *np, 0);

@@ -35,6 +35,7 @@ enum { T_NEW, T_LIVE, T_DONE };
 
 typedef struct ltask ltask;
 typedef struct lhandle lhandle;
+typedef struct lreq lreq;
 typedef struct lwait lwait;
 
 /* A FIFO of waiters on one side of a channel. Every Lua task of a VM
@@ -123,6 +124,9 @@ struct ltask {
                             its own while it runs); released when the call
                             ends, or when the task ends if a raise cut the
                             call short (give_back_task) */
+  lreq *req;             /* lvm.c: the work request it runs (set when
+                            that begins, so that an end the request's code
+                            never sees still ends the request), or NULL */
 };
 
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
@@ -137,6 +141,9 @@ struct lhandle {
   bool ok;               /* done: ended normally */
   bool cancelled;        /* done: ended by cancellation */
   bool joined;           /* its outcome was taken by a join */
+  bool nomem;            /* done with an error whose value and traceback
+                            could not be kept for lack of memory: it
+                            reads as "out of memory", with no traceback */
   int nres;              /* done ok: number of results */
 };
 

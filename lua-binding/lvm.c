@@ -595,6 +595,7 @@ static lmsg *encode_values(lua_State *L, int n, const char *root,
 
 static int req_main_k(lua_State *L, int status, lua_KContext ctx) {
   lreq *r = (lreq *)ctx;
+  lums_cur_task->req = NULL;
   encode_out o;
   if (status == LUA_OK || status == LUA_YIELD) {
     int n = lua_gettop(L) - 1;  /* above the message handler */
@@ -653,11 +654,22 @@ static int req_main(lua_State *L) {
     req_finish(r, O_CANCELLED, NULL, "cancelled before it started");
     return 0;
   }
+  lums_cur_task->req = r;
   lua_pushcfunction(L, req_msgh);
   lua_pushcfunction(L, req_body);
   lua_pushlightuserdata(L, r);
   int st = lua_pcallk(L, 1, LUA_MULTRET, 1, (lua_KContext)r, req_main_k);
   return req_main_k(L, st, (lua_KContext)r);
+}
+
+void lums_vms_task_failed(ltask *t, bool fresh, const char *msg) {
+  lreq *r = t->req;
+  /* A request not begun yet has its function and argument still on the
+  ** coroutine. */
+  if (fresh && lua_tocfunction(t->co, 1) == req_main)
+    r = (lreq *)lua_touserdata(t->co, 2);
+  t->req = NULL;
+  if (r) req_fail(r, msg);
 }
 
 /* Protected on the VM's own thread: (r) -> starts r's task. */
@@ -775,10 +787,49 @@ static void disp_end(ldisp *d) {
   lums_vms_release(v);
 }
 
+static int disp_spawn(lvms *v, int s);
+
+/* The runtime cannot run dispatcher d any further (ums_step_error: no
+** worker could be had for it). The request it would have started next
+** fails with that error instead, and a new dispatcher takes over the
+** queue: it runs once memory is back, or fails the next request the same
+** way, so every queued request ends. If not even that can be spawned, the
+** requests left in d's queue fail now: none may wait for a dispatcher
+** that never comes. */
+static int disp_fail(ldisp *d, int err) {
+  lvms *v = d->v;
+  int s = d->sched;
+  const char *msg = ums_strerror(err);
+  pthread_mutex_lock(&v->lock);
+  lreq *r = take_request(v, s);
+  if (!r) v->disp[s] = false;
+  pthread_mutex_unlock(&v->lock);
+  if (r) {
+    req_fail(r, msg);
+    if (disp_spawn(v, s) != 0) {
+      for (;;) {
+        pthread_mutex_lock(&v->lock);
+        r = v->disp[s] ? NULL : v->q[s].head;
+        if (r) {
+          q_remove(&v->q[s], r);
+          r->queued = false;
+        }
+        pthread_mutex_unlock(&v->lock);
+        if (!r) break;
+        req_fail(r, msg);
+      }
+    }
+  }
+  disp_end(d);
+  return UMS_STEP_DONE;
+}
+
 static int disp_step(void *arg) {
   ldisp *d = arg;
   lvms *v = d->v;
   int s = d->sched;
+  int err = ums_step_error();
+  if (err) return disp_fail(d, err);
   /* Cancelled: the run is being torn down. Stopping: it failed. Either
   ** way the requests left are cancelled by lums_vms_close. */
   bool cancelled = ums_cancelled() || atomic_load(&v->stopping);

@@ -72,6 +72,11 @@ LUMS_HIDDEN void lums_vms_stop(lvms *v);
 ** errors of submitted work nobody joined, closes the VMs of the other
 ** schedulers and frees v. L is the main VM, on the main thread. */
 LUMS_HIDDEN void lums_vms_close(lua_State *L, lvms *v);
+/* Task t ends for a reason of the runtime's (msg) before or while it
+** runs its coroutine (fresh: it never ran): if it carries a work request,
+** the request ends with that error, since the code that would have ended
+** it never runs. On the task's scheduler. */
+LUMS_HIDDEN void lums_vms_task_failed(ltask *t, bool fresh, const char *msg);
 
 /* ====================================================================== */
 /* Work requests (lvm.c)                                                   */

@@ -371,6 +371,14 @@ UMS_API int ums_task_spawn_step(ums_runtime_t *rt,
                                 ums_task_t *out);
 /* Sets the calling task's result and status, reported to its joiner. */
 UMS_API void ums_step_set_result(void *result, int status);
+/* In a step: 0, or why the runtime cannot run the task any further
+** (UMS_ENOMEM: no worker, worker stack or timer could be had for it). Such
+** a task, started or not, is stepped once more on a stack that is not its
+** own, so that its binding can release what it holds for it: the step
+** must end the task at once (UMS_STEP_DONE, no park begun). Every wait
+** and ums_yield fail with that error meanwhile. The joiner sees the
+** error as the task's status, whatever the step set. */
+UMS_API int ums_step_error(void);
 
 /* A park: the building block for waits implemented outside the runtime.
 ** ums_park_begin starts a park of the calling task and fills a token that

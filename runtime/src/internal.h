@@ -449,6 +449,8 @@ struct ums__task {
   ums_step_fn step;            /* [const] step task: stepped on any worker */
   void *arg;                   /* [const] */
   bool started;                /* [owner] picked to run at least once */
+  int start_err;               /* [owner] why the task cannot run (a step
+                                  task's last step: sched.c), else 0 */
   bool live_own;               /* [owner; the spawner before placement]
                                   counted in its scheduler's nlive_own
                                   instead of rt->live (task.c) */

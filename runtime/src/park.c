@@ -50,6 +50,8 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
   if (flags & ~(UMS_PARK_NOCANCEL | UMS_PARK_LOCAL)) return UMS_EINVAL;
   if (type <= UMS_WAIT_NONE || type >= UMS_WAIT_NTYPES) return UMS_EINVAL;
   if (t->park_pending) return UMS_EBUSY;
+  /* A step task's last step runs on a stack that is not its own. */
+  if (UMS__UNLIKELY(t->start_err)) return t->start_err;
   bool nocancel = (flags & UMS_PARK_NOCANCEL) != 0;
   if (!nocancel && atomic_load_explicit(&t->cancelled, memory_order_relaxed))
     return UMS_ECANCELED;

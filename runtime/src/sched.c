@@ -140,17 +140,23 @@ void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
     return;
   }
   /* One timer per task at most: reserving here keeps waits from
-  ** allocating. If even that fails, the task ends before it starts. */
+  ** allocating. If even that fails, the task ends before it starts: a C
+  ** task here, a step task at its pick (fail_task), where its binding is
+  ** told, rather than inside the spawn that admitted it. */
   if (s->nlocal + 1 > s->timers.cap &&
       ums__timer_heap_reserve(&s->timers, s->nlocal + 1) != 0) {
-    t->status = UMS_ENOMEM;
-    ums__task_finish(t);
-    return;
+    if (!t->step) {
+      t->status = UMS_ENOMEM;
+      ums__task_finish(t);
+      return;
+    }
+    t->start_err = UMS_ENOMEM;
   }
   s->nlocal++;
   UMS__COUNT(s, tasks_spawned);
   int max = s->rt->cfg.max_workers;
-  if (max > 0 && !atomic_load(&t->cancelled) &&
+  /* A task that cannot run needs no worker: it ends at its pick. */
+  if (max > 0 && !atomic_load(&t->cancelled) && !t->start_err &&
       atomic_load_explicit(&s->nactive, memory_order_relaxed) >= (uint32_t)max) {
     t->state = UMS__T_PENDING;
     ums__wait_begin_pending(s, t);
@@ -517,6 +523,34 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
   }
 }
 
+/* Ends t, which cannot run for lack of memory (err: no worker, stack or
+** timer could be had for it), so that whoever joins it sees err. A step
+** task, started or not, is stepped once more all the same, on the stack
+** of this pass, with ums_step_error() returning err, so that its binding
+** learns of the end and lets go of what it holds for the task; every
+** wait fails with err meanwhile, so nothing binds this stack (another
+** task's, or the thread's own) to it. */
+static void fail_task(ums__sched_t *s, ums__task_t *t, int err) {
+  t->start_err = err;
+  /* Back from a park that ended, if it was one (ums__task_finish disarms
+  ** its timer). */
+  t->wait = NULL;
+  if (t->step) {
+    ums__task_t *prev = s->cur_task;
+    s->cur_task = t;
+    t->state = UMS__T_RUNNING;
+    t->started = true;
+    if (t->step(t->arg) != UMS_STEP_DONE)
+      ums__step_misuse(t, "did not end at once on ums_step_error()");
+    if (t->park_pending)
+      ums__step_misuse(t, "returned UMS_STEP_DONE with a park begun");
+    s->cur_task = prev;
+  }
+  t->status = err;
+  ums__sched_task_ended(s);
+  ums__task_finish(t);
+}
+
 static inline void switch_to(ums__sched_t *s, ums__worker_t *self,
                              ums__worker_t *to) {
   s->cur = to;
@@ -550,7 +584,12 @@ void ums__sched_schedule(ums__sched_t *s) {
       ** to the pool is restarted from the top, never resumed here.) */
       return;
     }
-    /* A task that has not started: a free worker takes it on the spot. */
+    if (UMS__UNLIKELY(t->start_err)) {
+      fail_task(s, t, t->start_err);
+      continue;
+    }
+    /* A task that has not started, or a step task between two steps: a
+    ** free worker takes it on the spot. */
     if (self && !self->task) {
       ums__worker_bind(s, self, t);
       return;
@@ -559,9 +598,7 @@ void ums__sched_schedule(ums__sched_t *s) {
     if (!w || ums__ctx_make(&w->ctx, w->stack.lo, w->stack.size,
                             ums__worker_main, w) != 0) {
       if (w) ums__worker_put(s, w);
-      ums__sched_task_ended(s);
-      t->status = UMS_ENOMEM;
-      ums__task_finish(t);
+      fail_task(s, t, UMS_ENOMEM);
       continue;
     }
     ums__worker_bind(s, w, t);

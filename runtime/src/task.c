@@ -71,6 +71,7 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
   t->timer.cb = timeout_cb;
   t->result = NULL;
   t->status = 0;
+  t->start_err = 0;
   t->done = t->joining = t->detached = t->started = false;
   t->park_pending = false;
   atomic_store_explicit(&t->park.state, 0, memory_order_relaxed);
@@ -446,6 +447,11 @@ int ums_task_spawn_step(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   return r;
 }
 
+int ums_step_error(void) {
+  ums__task_t *t = ums__task_current();
+  return t ? t->start_err : 0;
+}
+
 void ums_step_set_result(void *result, int status) {
   ums__task_t *t = ums__task_current();
   if (!t) return;
@@ -512,6 +518,7 @@ int ums_yield(void) {
   if (atomic_load_explicit(&t->cancelled, memory_order_relaxed))
     return UMS_ECANCELED;
   if (t->park_pending) return UMS_EBUSY;  /* its unpark would queue it too */
+  if (UMS__UNLIKELY(t->start_err)) return t->start_err;
   UMS__COUNT(s, yields);
   t->state = UMS__T_RUNNABLE;
   ums__obs_yield(t);

@@ -70,6 +70,8 @@ int ums__waiter_init(ums__waiter_t *w, ums__wq_t *wq, ums__lock_t *lock) {
   ** waits here. (ums_park_begin itself initialises t->park before it sets
   ** park_pending.) */
   if (t && t->park_pending) return UMS_EBUSY;
+  /* A step task's last step runs on a stack that is not its own. */
+  if (t && UMS__UNLIKELY(t->start_err)) return t->start_err;
   ums__waiter_init_nocancel(w, wq, lock);
   w->nocancel = false;
   return 0;
