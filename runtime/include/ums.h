@@ -121,12 +121,20 @@ typedef struct ums_runtime ums_runtime_t;
 
 struct ums_stall; /* see "Observability" */
 
+/* The smallest ums_config_t.stack_size accepted. A worker's stack holds
+** the runtime's own frames (the scheduler pass runs on it), a signal's
+** frame (several KiB on x86-64 with AVX-512), and glibc's stdio writing a
+** report to unbuffered stderr (a BUFSIZ buffer on the stack), besides the
+** task's own code: 64 KiB leaves the task most of it. */
+#define UMS_STACK_SIZE_MIN (64 * 1024)
+
 /* Configuration; zero-initialise and set what you need. Zero means the
 ** default shown. */
 typedef struct ums_config {
   int schedulers;               /* schedulers (OS threads); default: CPUs */
   int max_workers;              /* active tasks per scheduler; 0: unbounded */
-  size_t stack_size;            /* bytes per C task stack; default 256 KiB */
+  size_t stack_size;            /* bytes per C task stack; default 256 KiB,
+                                   at least UMS_STACK_SIZE_MIN */
   int64_t worker_idle_timeout;  /* ns before an idle worker is trimmed;
                                    default 10 s; negative: never trim */
   int idle_workers_kept;        /* idle workers never trimmed per scheduler;

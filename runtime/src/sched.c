@@ -25,7 +25,6 @@
 _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 
 #define DEFAULT_STACK_SIZE (256 * 1024)
-#define MIN_STACK_SIZE (16 * 1024)
 #define DEFAULT_IDLE_TIMEOUT (10 * UMS_NSEC_PER_SEC)
 #define DEFAULT_IDLE_KEPT 16
 #define MAX_SCHEDULERS 1024
@@ -707,7 +706,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
       c.io_backend < UMS_IO_AUTO || c.io_backend > UMS_IO_POOL ||
       c.io_pool_threads < 0 || c.preempt_threads < 0 ||
       c.stats < UMS_STATS_DEFAULT || c.stats > UMS_STATS_PRECISE ||
-      (c.stack_size != 0 && c.stack_size < MIN_STACK_SIZE) ||
+      (c.stack_size != 0 && c.stack_size < UMS_STACK_SIZE_MIN) ||
       c.stack_size > ((size_t)1 << 30) ||
       (c.clock != UMS_CLOCK_REAL && c.clock != UMS_CLOCK_VIRTUAL) ||
       (c.clock == UMS_CLOCK_VIRTUAL && c.schedulers > 1)) {
