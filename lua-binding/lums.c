@@ -1307,6 +1307,10 @@ static int run(lua_State *L, double limit) {
   cfg.schedulers = config_int(L, cfgi, "schedulers", 1);
   cfg.max_workers = config_int(L, cfgi, "max_workers", 0);
   cfg.stack_size = (size_t)config_int(L, cfgi, "stack_size", LUA_STACK_SIZE);
+  if (cfg.stack_size < UMS_LUA_STACK_SIZE_MIN)
+    return luaL_error(L, "ums.run: stack_size %d is below the minimum, %d "
+                         "bytes", (int)cfg.stack_size,
+                      UMS_LUA_STACK_SIZE_MIN);
   double idle = config_num(L, cfgi, "worker_idle_timeout", 10.0);
   cfg.worker_idle_timeout = idle < 0 ? -1 : (int64_t)(idle * 1e9);
   cfg.idle_workers_kept = config_int(L, cfgi, "idle_workers_kept", 16);
@@ -1599,5 +1603,7 @@ int lums_open(lua_State *L) {
   lums_open_vm(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
+  lua_pushinteger(L, UMS_LUA_STACK_SIZE_MIN);
+  lua_setfield(L, -2, "STACK_SIZE_MIN");
   return 1;
 }

@@ -25,8 +25,11 @@ local settings = {
   max_workers = {non_negative_int, "a non-negative integer (0: no bound)"},
   quantum = {non_negative_number,
              "a non-negative number of seconds (0: off)"},
-  stack_size = {function(v) return math.type(v) == "integer" and v >= 16384 end,
-                "an integer number of bytes, at least 16384"},
+  stack_size = {function(v)
+                  return math.type(v) == "integer" and v >= core.STACK_SIZE_MIN
+                end,
+                ("an integer number of bytes, at least %d (ums.STACK_SIZE_MIN)")
+                :format(core.STACK_SIZE_MIN)},
   worker_idle_timeout = {number_or_negative,
                          "a number of seconds (negative: never trim)"},
   idle_workers_kept = {non_negative_int, "a non-negative integer"},
