@@ -31,7 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Deeper nesting is refused: each level is a C frame on a task's stack. */
+/* Deeper nesting is refused. The encoder and the decoder walk tables with
+** an array of open tables rather than by recursion, so that a copy needs
+** the same C stack at any depth: a copy made at the bottom of a task's
+** smallest stack (under Lua's own limit of nested C calls) must not
+** overflow it. */
 #define MAX_DEPTH 200
 
 
@@ -61,6 +65,12 @@ typedef struct enc {
   ** the key that leads from level d - 1 to level d, or 0 where the value
   ** at level d is itself a key (it is shown as "[key]"). */
   int path[MAX_DEPTH + 1];
+  /* The tables being walked, outermost first: open[j] is at depth j. */
+  struct {
+    int t;               /* stack index of the table */
+    int step;            /* E_NEXT, E_VALUE or E_POP: what comes next */
+  } open[MAX_DEPTH];
+  int nopen;
   const char *root;
   bool indexed;
   int top;               /* which top-level value (0-based) */
@@ -308,8 +318,6 @@ static bool check_upvalues(enc *e, int depth, int idx) {
   return true;
 }
 
-static void encode(enc *e, int idx, int depth);
-
 /* A table or function met before is written as a reference. */
 static bool put_seen(enc *e, int idx) {
   lua_State *L = e->L;
@@ -332,7 +340,13 @@ static void mark_seen(enc *e, int idx) {
   lua_rawset(L, e->seen);
 }
 
-static void encode_table(enc *e, int idx, int depth) {
+/* What the walk of an open table does next. */
+enum { E_NEXT, E_VALUE, E_POP };
+
+/* Writes the table's header and opens it: encode_walk writes its pairs.
+** The table's traversal key is the top of the Lua stack while it is
+** open. */
+static void open_table(enc *e, int idx, int depth) {
   lua_State *L = e->L;
   if (put_seen(e, idx)) return;
   if (lua_getmetatable(L, idx)) {
@@ -350,17 +364,9 @@ static void encode_table(enc *e, int idx, int depth) {
   lua_Unsigned n = lua_rawlen(L, idx);
   put_u32(e, n > 0xffffffu ? 0xffffffu : (uint32_t)n);
   lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    int k = lua_gettop(L) - 1;
-    e->path[depth + 1] = 0;
-    encode(e, k, depth + 1);
-    if (e->failed) return;
-    e->path[depth + 1] = k;
-    encode(e, k + 1, depth + 1);
-    if (e->failed) return;
-    lua_pop(L, 1);
-  }
-  put_tag(e, 'e');
+  e->open[e->nopen].t = idx;
+  e->open[e->nopen].step = E_NEXT;
+  e->nopen++;
 }
 
 static void encode_function(enc *e, int idx, int depth) {
@@ -383,7 +389,8 @@ static void encode_function(enc *e, int idx, int depth) {
   memcpy(e->m->data + at, &n, sizeof n);
 }
 
-static void encode(enc *e, int idx, int depth) {
+/* Writes the value at idx, at the given depth; a table is only opened. */
+static void encode_value(enc *e, int idx, int depth) {
   lua_State *L = e->L;
   switch (lua_type(L, idx)) {
     case LUA_TNIL:
@@ -412,7 +419,7 @@ static void encode(enc *e, int idx, int depth) {
       break;
     }
     case LUA_TTABLE:
-      encode_table(e, idx, depth);
+      open_table(e, idx, depth);
       break;
     case LUA_TFUNCTION:
       encode_function(e, idx, depth);
@@ -440,6 +447,44 @@ static void encode(enc *e, int idx, int depth) {
   }
 }
 
+/* Writes the top-level value at idx and everything it holds. The pairs
+** of the innermost open table come next; a key or value that is a table
+** opens it on top, and its walk resumes once that one is closed. The Lua
+** stack mirrors e->open: each open table has its traversal key (and,
+** from E_VALUE on, the value) above those of the tables around it. */
+static void encode(enc *e, int idx) {
+  lua_State *L = e->L;
+  e->nopen = 0;
+  encode_value(e, idx, 0);
+  while (e->nopen > 0 && !e->failed) {
+    int depth = e->nopen;  /* the depth of the open table's pairs */
+    int t = e->open[depth - 1].t;
+    switch (e->open[depth - 1].step) {
+      case E_NEXT:
+        if (!lua_next(L, t)) {
+          put_tag(e, 'e');
+          e->nopen--;
+          break;
+        }
+        e->open[depth - 1].step = E_VALUE;
+        e->path[depth] = 0;
+        encode_value(e, lua_gettop(L) - 1, depth);
+        break;
+      case E_VALUE: {
+        int k = lua_gettop(L) - 1;
+        e->open[depth - 1].step = E_POP;
+        e->path[depth] = k;
+        encode_value(e, k + 1, depth);
+        break;
+      }
+      default: /* E_POP */
+        lua_pop(L, 1);
+        e->open[depth - 1].step = E_NEXT;
+        break;
+    }
+  }
+}
+
 /* The encoding proper, in a protected call: (e, values...). */
 static int encode_all(lua_State *L) {
   enc *e = (enc *)lua_touserdata(L, 1);
@@ -458,7 +503,7 @@ static int encode_all(lua_State *L) {
   for (int i = 0; i < n && !e->failed; i++) {
     e->top = i;
     e->path[0] = 0;
-    encode(e, 2 + i, 0);
+    encode(e, 2 + i);
   }
   return 0;
 }
@@ -506,6 +551,12 @@ typedef struct dec {
   const char *p, *end;
   int ids;               /* stack index: id + 1 -> table or function */
   lua_Integer nids;
+  /* The tables being filled, outermost first (as the encoder's). */
+  struct {
+    int t;               /* stack index of the table */
+    bool has_key;        /* its next key is on the stack, the value next */
+  } open[MAX_DEPTH];
+  int nopen;
 } dec;
 
 static void get(dec *d, void *out, size_t n) {
@@ -538,7 +589,9 @@ static void new_id(dec *d) {
   lua_rawseti(d->L, d->ids, ++d->nids);
 }
 
-static void decode(dec *d) {
+/* Pushes the next value; a table is pushed empty and opened, and decode
+** fills it. Returns whether the value pushed is whole. */
+static bool decode_value(dec *d) {
   lua_State *L = d->L;
   luaL_checkstack(L, 4, "tables nested too deeply");
   char tag = get_tag(d);
@@ -573,19 +626,14 @@ static void decode(dec *d) {
     case 'T': {
       uint32_t narr;
       get(d, &narr, sizeof narr);
+      /* The encoder opens fewer tables than this. */
+      if (d->nopen >= MAX_DEPTH) luaL_error(L, "ums: corrupt message");
       lua_createtable(L, (int)(narr > 1u << 20 ? 1u << 20 : narr), 0);
       new_id(d);
-      int t = lua_gettop(L);
-      for (;;) {
-        if (d->p < d->end && *d->p == 'e') {
-          d->p++;
-          break;
-        }
-        decode(d);
-        decode(d);
-        lua_rawset(L, t);
-      }
-      break;
+      d->open[d->nopen].t = lua_gettop(L);
+      d->open[d->nopen].has_key = false;
+      d->nopen++;
+      return false;
     }
     case 'F': {
       size_t n;
@@ -616,6 +664,29 @@ static void decode(dec *d) {
     }
     default:
       luaL_error(L, "ums: corrupt message");
+  }
+  return true;
+}
+
+/* Pushes the next top-level value, whole. A whole value goes into the
+** innermost open table: as its key, or, with the key, as a pair. */
+static void decode(dec *d) {
+  lua_State *L = d->L;
+  d->nopen = 0;
+  bool whole = decode_value(d);
+  while (d->nopen > 0) {
+    int i = d->nopen - 1;
+    if (whole) {
+      if (d->open[i].has_key) lua_rawset(L, d->open[i].t);
+      d->open[i].has_key = !d->open[i].has_key;
+    }
+    if (!d->open[i].has_key && d->p < d->end && *d->p == 'e') {
+      d->p++;
+      d->nopen--;
+      whole = true;
+      continue;
+    }
+    whole = decode_value(d);
   }
 }
 

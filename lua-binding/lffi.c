@@ -1338,49 +1338,119 @@ static void *try_open(const char *name, char *err, size_t errlen) {
   return h;
 }
 
-/* ffi.load(name) -> namespace. A name without '/' is also tried as
-** lib<name>.so, as LuaJIT does. */
-static int l_load(lua_State *L) {
-  const char *name = luaL_checkstring(L, 1);
-  char err[512] = {0};
-  void *h = try_open(name, err, sizeof err);
-  if (!h && !strchr(name, '/')) {
-    char buf[300];
-    snprintf(buf, sizeof buf, "lib%s.so", name);
-    h = try_open(buf, err, sizeof err);
-    if (!h) {
-      /* An ld script is found only by path: look where the linker does. */
-      static const char *const dirs[] = {"/usr/lib/x86_64-linux-gnu",
-                                         "/usr/lib/aarch64-linux-gnu",
-                                         "/lib/x86_64-linux-gnu",
-                                         "/usr/lib64", "/usr/lib", NULL};
-      for (int i = 0; !h && dirs[i]; i++) {
-        char path[400];
-        snprintf(path, sizeof path, "%s/lib%s.so", dirs[i], name);
-        if (access(path, R_OK) == 0) {
-          char *target = ld_script_target(path);
-          if (target) {
-            h = dlopen(target, RTLD_NOW | RTLD_LOCAL);
-            free(target);
-          }
-        }
+/* Opens a library by name: as given, then (a name without '/') as
+** lib<name>.so, as LuaJIT does, then the target of an ld script by that
+** name where the linker looks. NULL with the first error in err. */
+static void *open_library(const char *name, char *err, size_t errlen) {
+  void *h = try_open(name, err, errlen);
+  if (h || strchr(name, '/')) return h;
+  size_t n = strlen(name) + sizeof "lib.so";
+  char *buf = malloc(n);
+  if (!buf) return NULL;
+  snprintf(buf, n, "lib%s.so", name);
+  h = try_open(buf, err, errlen);
+  free(buf);
+  /* An ld script is found only by path: look where the linker does. */
+  static const char *const dirs[] = {"/usr/lib/x86_64-linux-gnu",
+                                     "/usr/lib/aarch64-linux-gnu",
+                                     "/lib/x86_64-linux-gnu",
+                                     "/usr/lib64", "/usr/lib", NULL};
+  for (int i = 0; !h && dirs[i]; i++) {
+    n = strlen(dirs[i]) + strlen(name) + sizeof "/lib.so";
+    char *path = malloc(n);
+    if (!path) break;
+    snprintf(path, n, "%s/lib%s.so", dirs[i], name);
+    if (access(path, R_OK) == 0) {
+      char *target = ld_script_target(path);
+      if (target) {
+        h = dlopen(target, RTLD_NOW | RTLD_LOCAL);
+        free(target);
       }
     }
+    free(path);
   }
-  if (!h)
-    return luaL_error(L, "ums.ffi.load: cannot load library '%s': %s", name,
-                      err);
-  size_t len = strlen(name);
+  return h;
+}
+
+/* A library load. dlopen runs on the C-call pool, not on the task's
+** scheduler thread: it may block (on the loader's lock, the file system,
+** a library's constructors), and it needs more stack than a task may
+** have (glibc copies the name and each path it tries onto the stack).
+** Owned by l_load until the call is begun, then by the call: the caller
+** gets it back once the call returned (load_k), or, if the task was
+** cancelled meanwhile, the runtime passes it to load_release on the pool
+** thread after dlopen returned. */
+typedef struct lload {
+  ums_preempt_call_t *call;  /* [Lua thread] the call in flight */
+  void *handle;              /* [pool thread, then the owner] */
+  char err[512];             /* [pool thread, then the owner] */
+  char name[];               /* [const] */
+} lload;
+
+static void load_run(void *arg) {
+  lload *r = arg;
+  r->err[0] = '\0';
+  r->handle = open_library(r->name, r->err, sizeof r->err);
+  if (!r->handle && !r->err[0])
+    snprintf(r->err, sizeof r->err, "out of memory");
+}
+
+/* The caller gave up on the load: nobody will use the library. */
+static void load_release(void *arg) {
+  lload *r = arg;
+  if (r->handle) dlclose(r->handle);
+  free(r);
+}
+
+/* Pushes the namespace of a finished load and frees r, or raises. */
+static int load_done(lua_State *L, lload *r) {
+  void *h = r->handle;
+  if (!h) {
+    lua_pushfstring(L, "ums.ffi.load: cannot load library '%s': %s",
+                    r->name, r->err);
+    free(r);
+    return lua_error(L);
+  }
+  size_t len = strlen(r->name);
   flib *lib = malloc(sizeof *lib + len + 1);
   if (!lib) {
-    dlclose(h);
+    load_release(r);
     return luaL_error(L, "ums.ffi.load: out of memory");
   }
   atomic_store(&lib->refs, 1);
   lib->handle = h;
-  memcpy(lib->name, name, len + 1);
+  memcpy(lib->name, r->name, len + 1);
+  free(r);
   push_namespace(L, lib);
   return 1;
+}
+
+static int load_k(lua_State *L, int status, lua_KContext ctx) {
+  lload *r = (lload *)ctx;
+  (void)status;
+  /* Returns 0 (no deadline, so never a timeout) or raises when the task
+  ** was cancelled, r then being the runtime's. */
+  lums_preempt_settle(L, r->call, "ums.ffi.load");
+  return load_done(L, r);
+}
+
+/* ffi.load(name) -> namespace. */
+static int l_load(lua_State *L) {
+  size_t len;
+  const char *name = luaL_checklstring(L, 1, &len);
+  lload *r = malloc(sizeof *r + len + 1);
+  if (!r) return luaL_error(L, "ums.ffi.load: out of memory");
+  memcpy(r->name, name, len + 1);
+  r->handle = NULL;
+  r->call = NULL;
+  ltask *t = lums_cur_task;
+  if (!t || !t->run) {
+    /* Outside a task: the main thread's stack, and nothing to stall. */
+    load_run(r);
+    return load_done(L, r);
+  }
+  return lums_preempt_start(L, t, "ums.ffi.load", load_run, r, load_release,
+                            UMS_FOREVER, &r->call, (lua_KContext)r, load_k);
 }
 
 void lums_open_ffi(lua_State *L) {

@@ -408,6 +408,13 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
   else
     memset(&c, 0, sizeof c);
   if (c.runtime.stack_size == 0) c.runtime.stack_size = HOST_STACK_SIZE;
+  if (c.runtime.stack_size < UMS_LUA_STACK_SIZE_MIN) {
+    if (err) *err = UMS_EINVAL;
+    fail(UMS_EINVAL, "ums_lua_host_new: stack_size %zu is below the "
+                     "minimum for Lua, %d bytes (UMS_LUA_STACK_SIZE_MIN)",
+         c.runtime.stack_size, UMS_LUA_STACK_SIZE_MIN);
+    return NULL;
+  }
   int64_t quantum = c.quantum == 0  ? HOST_QUANTUM_NS
                     : c.quantum < 0 ? 0
                                     : (int64_t)(c.quantum * 1e9);

@@ -1419,10 +1419,10 @@ static void push_limits(lua_State *L) {
     const char *name;
     lua_Number min, max;
   } lim[] = {
-      {"schedulers", 1, UMS_MAX_SCHEDULERS},
+      {"schedulers", 1, UMS_SCHEDULERS_MAX},
       {"max_workers", 0, INT_MAX},
-      {"stack_size", (lua_Number)UMS_MIN_STACK_SIZE,
-       (lua_Number)UMS_MAX_STACK_SIZE},
+      {"stack_size", (lua_Number)UMS_LUA_STACK_SIZE_MIN,
+       (lua_Number)UMS_STACK_SIZE_MAX},
       {"idle_workers_kept", 0, INT_MAX},
       {"io_threads", 0, INT_MAX},
       {"preempt_threads", 0, INT_MAX},
@@ -1462,6 +1462,10 @@ static int run(lua_State *L, double limit) {
   cfg.schedulers = config_int(L, cfgi, "schedulers", 1);
   cfg.max_workers = config_int(L, cfgi, "max_workers", 0);
   cfg.stack_size = (size_t)config_int(L, cfgi, "stack_size", LUA_STACK_SIZE);
+  if (cfg.stack_size < UMS_LUA_STACK_SIZE_MIN)
+    return luaL_error(L, "ums.run: stack_size %d is below the minimum, %d "
+                         "bytes", (int)cfg.stack_size,
+                      UMS_LUA_STACK_SIZE_MIN);
   double idle = config_num(L, cfgi, "worker_idle_timeout", 10.0);
   cfg.worker_idle_timeout = idle < 0 ? -1 : (int64_t)(idle * 1e9);
   cfg.idle_workers_kept = config_int(L, cfgi, "idle_workers_kept", 16);
@@ -1766,5 +1770,7 @@ int lums_open(lua_State *L) {
   lua_setfield(L, -2, "CANCELLED");
   push_limits(L);
   lua_setfield(L, -2, "limits");
+  lua_pushinteger(L, UMS_LUA_STACK_SIZE_MIN);
+  lua_setfield(L, -2, "STACK_SIZE_MIN");
   return 1;
 }

@@ -266,7 +266,8 @@ describe("error messages", function()
       {{preempt_threads = -1}, "'preempt_threads' must be an integer from "
         .. "0 to 2147483647"},
       {{stack_size = 100}, "'stack_size' must be an integer number of "
-        .. "bytes from 16384 to 1073741824, got 100"},
+        .. "bytes from 524288 to 1073741824 (ums.STACK_SIZE_MIN and up), "
+        .. "got 100"},
       {{quantum = 1e300}, "'quantum' must be a number of seconds from 0 "
         .. "to 1000000000 (0: off), got 1e+300"},
       {{stall_threshold = 0 / 0}, "'stall_threshold' must be a number of "

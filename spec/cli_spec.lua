@@ -310,11 +310,11 @@ describe("ums command", function()
     it("are applied before the run", function()
       local r = sp.ums({script(SHOW_CONFIG)}, {env = {
         UMS_SCHEDULERS = "2", UMS_MAX_WORKERS = "7", UMS_QUANTUM = "0.25",
-        UMS_STACK_SIZE = "262144", UMS_WORKER_IDLE_TIMEOUT = "1.5",
+        UMS_STACK_SIZE = "524288", UMS_WORKER_IDLE_TIMEOUT = "1.5",
         UMS_IDLE_WORKERS_KEPT = "3"}})
       sp.assert_exit(r, 0)
       assert.same({"schedulers\t2", "max_workers\t7", "quantum\t0.25",
-                   "stack_size\t262144", "worker_idle_timeout\t1.5",
+                   "stack_size\t524288", "worker_idle_timeout\t1.5",
                    "idle_workers_kept\t3"}, lines(r.stdout))
     end)
 
@@ -329,10 +329,10 @@ describe("ums command", function()
     it("accept 0 for quantum (off) and k/m suffixes for the stack size",
        function()
       local r = sp.ums({script(SHOW_CONFIG)},
-                       {env = {UMS_QUANTUM = "0", UMS_STACK_SIZE = "256k"}})
+                       {env = {UMS_QUANTUM = "0", UMS_STACK_SIZE = "512k"}})
       sp.assert_exit(r, 0)
       assert.truthy(r.stdout:find("quantum\t0", 1, true))
-      assert.truthy(r.stdout:find("stack_size\t262144", 1, true))
+      assert.truthy(r.stdout:find("stack_size\t524288", 1, true))
     end)
 
     it("are in force in the run: a CPU hog does not starve others",

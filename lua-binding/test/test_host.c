@@ -173,6 +173,21 @@ static void test_bad_input(void) {
   CHECK(ums_lua_host_new(&cfg, &err) == NULL);
   CHECK_CONTAINS(ums_lua_last_error(), "preempt_threads = -3 is negative");
 
+  /* A stack too small for Lua's nested C calls is refused, naming the
+  ** minimum; the minimum itself is taken. */
+  memset(&cfg, 0, sizeof cfg);
+  cfg.runtime.schedulers = 1;
+  cfg.runtime.stack_size = 64 * 1024;
+  err = 0;
+  CHECK(ums_lua_host_new(&cfg, &err) == NULL);
+  CHECK_RC(err, UMS_EINVAL);
+  CHECK_CONTAINS(ums_lua_last_error(), "stack_size 65536 is below");
+  CHECK_CONTAINS(ums_lua_last_error(), "524288");
+  cfg.runtime.stack_size = UMS_LUA_STACK_SIZE_MIN;
+  ums_lua_host_t *small = ums_lua_host_new(&cfg, &err);
+  CHECK(small != NULL);
+  ums_lua_host_delete(small);
+
   ums_lua_host_t *h = host_new(2);
   ums_lua_req_t *req = NULL;
   ums_lua_value_t one = ums_lua_integer(1);

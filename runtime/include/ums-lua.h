@@ -441,11 +441,21 @@ typedef struct ums_lua_host ums_lua_host_t;
 ** (submitting is fine, waiting is not). */
 typedef int (*ums_lua_setup_fn)(lua_State *L, int sched, void *arg);
 
+/* The smallest stack_size a host (and ums.config) accepts. Lua allows
+** 200 nested C calls (LUAI_MAXCCALLS) before it raises "C stack
+** overflow", and a task's worker stack must hold them: a string.gsub
+** callback is the costliest level, about 2 KiB (its match state and
+** buffer), so 200 of them with a load or a copy on top take about
+** 420 KiB; the rest is margin for other compilers' frames and the
+** runtime's own (UMS_STACK_SIZE_MIN). */
+#define UMS_LUA_STACK_SIZE_MIN (512 * 1024)
+
 /* Configuration; zero-initialise and set what you need. */
 typedef struct ums_lua_host_config {
   ums_config_t runtime;        /* schedulers, workers, I/O, stats... as
                                   for ums_runtime_new (0: defaults);
-                                  stack_size defaults to 1 MiB here */
+                                  stack_size defaults to 1 MiB here, and
+                                  is at least UMS_LUA_STACK_SIZE_MIN */
   const char *path;            /* package.path of every VM; NULL: Lua's
                                   default (LUA_PATH_5_4 / LUA_PATH) */
   const char *cpath;           /* package.cpath, the same way */
@@ -465,7 +475,8 @@ typedef struct ums_lua_host_config {
 /* Starts the runtime (no VM yet: each is made when its scheduler first
 ** gets work). cfg may be NULL. NULL on failure, with *err (if not NULL)
 ** set as ums_runtime_new sets it, or UMS_EINVAL for a bad config (a
-** virtual clock with more than one scheduler). Any thread. */
+** virtual clock with more than one scheduler, a stack_size below
+** UMS_LUA_STACK_SIZE_MIN). Any thread. */
 UMS_API ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
                                          int *err);
 

@@ -121,12 +121,20 @@ typedef struct ums_runtime ums_runtime_t;
 
 struct ums_stall; /* see "Observability" */
 
+/* The smallest ums_config_t.stack_size accepted. A worker's stack holds
+** the runtime's own frames (the scheduler pass runs on it), a signal's
+** frame (several KiB on x86-64 with AVX-512), and glibc's stdio writing a
+** report to unbuffered stderr (a BUFSIZ buffer on the stack), besides the
+** task's own code: 64 KiB leaves the task most of it. */
+#define UMS_STACK_SIZE_MIN (64 * 1024)
+
 /* Configuration; zero-initialise and set what you need. Zero means the
 ** default shown. */
 typedef struct ums_config {
   int schedulers;               /* schedulers (OS threads); default: CPUs */
   int max_workers;              /* active tasks per scheduler; 0: unbounded */
-  size_t stack_size;            /* bytes per C task stack; default 256 KiB */
+  size_t stack_size;            /* bytes per C task stack; default 256 KiB,
+                                   at least UMS_STACK_SIZE_MIN */
   int64_t worker_idle_timeout;  /* ns before an idle worker is trimmed;
                                    default 10 s; negative: never trim */
   int idle_workers_kept;        /* idle workers never trimmed per scheduler;
@@ -174,12 +182,12 @@ enum {
 ** reports the backend in force, never AUTO. */
 enum { UMS_IO_AUTO = 0, UMS_IO_URING = 1, UMS_IO_POOL = 2 };
 
-/* Bounds of ums_config_t's settings (0 always means the default; the
-** other integer settings may be anything from 0 to INT_MAX). The Lua
-** binding's ums.config checks against these same bounds. */
-#define UMS_MAX_SCHEDULERS 1024
-#define UMS_MIN_STACK_SIZE ((size_t)16 * 1024)
-#define UMS_MAX_STACK_SIZE ((size_t)1 << 30)
+/* Bounds of ums_config_t's settings besides UMS_STACK_SIZE_MIN (0 always
+** means the default; the other integer settings may be anything from 0 to
+** INT_MAX). The Lua binding's ums.config checks against these same bounds
+** (with UMS_LUA_STACK_SIZE_MIN for Lua's stacks). */
+#define UMS_SCHEDULERS_MAX 1024
+#define UMS_STACK_SIZE_MAX ((size_t)1 << 30)
 
 /* Starts the schedulers. cfg may be NULL. On failure returns NULL and, if
 ** err is not NULL, stores the reason (UMS_EAGAIN when a thread could not be

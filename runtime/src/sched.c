@@ -779,15 +779,15 @@ static int check_env(void) {
 /* Checks a configuration against the bounds in ums.h. Returns 0 or
 ** UMS_EINVAL with the reason recorded, naming the setting. */
 static int check_config(const ums_config_t *c) {
-  if (c->schedulers < 0 || c->schedulers > UMS_MAX_SCHEDULERS)
+  if (c->schedulers < 0 || c->schedulers > UMS_SCHEDULERS_MAX)
     return start_fail(UMS_EINVAL, "schedulers = %d is out of range (0: one "
                       "per CPU, or 1 to %d)", c->schedulers,
-                      UMS_MAX_SCHEDULERS);
-  if (c->stack_size != 0 && (c->stack_size < UMS_MIN_STACK_SIZE ||
-                             c->stack_size > UMS_MAX_STACK_SIZE))
+                      UMS_SCHEDULERS_MAX);
+  if (c->stack_size != 0 && (c->stack_size < UMS_STACK_SIZE_MIN ||
+                             c->stack_size > UMS_STACK_SIZE_MAX))
     return start_fail(UMS_EINVAL, "stack_size = %zu is out of range (0: the "
                       "default, or %zu to %zu)", c->stack_size,
-                      UMS_MIN_STACK_SIZE, UMS_MAX_STACK_SIZE);
+                      UMS_STACK_SIZE_MIN, UMS_STACK_SIZE_MAX);
   static const char *const ints[] = {"max_workers", "idle_workers_kept",
                                      "io_pool_threads", "preempt_threads"};
   const int vals[] = {c->max_workers, c->idle_workers_kept,

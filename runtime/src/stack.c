@@ -58,7 +58,6 @@
 #define GUARD_MADVISE 1
 #define GUARD_MPROTECT 2
 
-#define STACK_MIN ((size_t)16 * 1024)
 /* Far beyond any sane fiber stack; keeps slot arithmetic from
 ** overflowing. */
 #define STACK_MAX ((size_t)1 << 40)
@@ -212,7 +211,7 @@ static int guard_install(ums__stack_pool_t *p, char *guard) {
 int ums__stack_pool_init(ums__stack_pool_t *p, size_t stack_size) {
   size_t pg = page_size();
   if (stack_size > STACK_MAX) return UMS_EINVAL;
-  if (stack_size < STACK_MIN) stack_size = STACK_MIN;
+  if (stack_size < UMS_STACK_SIZE_MIN) stack_size = UMS_STACK_SIZE_MIN;
   stack_size = (stack_size + pg - 1) & ~(pg - 1);
 
   memset(p, 0, sizeof *p);

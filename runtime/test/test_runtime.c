@@ -48,6 +48,8 @@ static void test_config_validation(void) {
   expect_einval((ums_config_t){.idle_workers_kept = -1});
   expect_einval((ums_config_t){.stack_size = 1});
   expect_einval((ums_config_t){.stack_size = 4096});
+  expect_einval((ums_config_t){.stack_size = 16 * 1024});
+  expect_einval((ums_config_t){.stack_size = UMS_STACK_SIZE_MIN - 1});
   expect_einval((ums_config_t){.stack_size = (size_t)1 << 40});
   expect_einval((ums_config_t){.stack_size = SIZE_MAX});
   expect_einval((ums_config_t){.io_backend = -1});

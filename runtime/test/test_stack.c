@@ -89,7 +89,7 @@ static int write_in_child(char *addr) {
 static void test_sizes(void) {
   ums__stack_pool_t p;
   CHECK(ums__stack_pool_init(&p, 1000) == 0);
-  CHECK(p.stack_size == 16 * 1024); /* the minimum */
+  CHECK(p.stack_size == UMS_STACK_SIZE_MIN);
   CHECK(p.slot_size == p.stack_size + page);
   ums__stack_pool_destroy(&p);
 
