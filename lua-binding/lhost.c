@@ -410,9 +410,10 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
   if (c.runtime.stack_size == 0) c.runtime.stack_size = HOST_STACK_SIZE;
   if (c.runtime.stack_size < UMS_LUA_STACK_SIZE_MIN) {
     if (err) *err = UMS_EINVAL;
-    fail(UMS_EINVAL, "ums_lua_host_new: stack_size %zu is below the "
-                     "minimum for Lua, %d bytes (UMS_LUA_STACK_SIZE_MIN)",
-         c.runtime.stack_size, UMS_LUA_STACK_SIZE_MIN);
+    fail(UMS_EINVAL, "ums_lua_host_new: stack_size = %zu is out of range "
+                     "for Lua (0: the default, or %d (UMS_LUA_STACK_SIZE_MIN) "
+                     "to %zu)",
+         c.runtime.stack_size, UMS_LUA_STACK_SIZE_MIN, UMS_STACK_SIZE_MAX);
     return NULL;
   }
   int64_t quantum = c.quantum == 0  ? HOST_QUANTUM_NS

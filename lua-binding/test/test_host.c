@@ -181,7 +181,7 @@ static void test_bad_input(void) {
   err = 0;
   CHECK(ums_lua_host_new(&cfg, &err) == NULL);
   CHECK_RC(err, UMS_EINVAL);
-  CHECK_CONTAINS(ums_lua_last_error(), "stack_size 65536 is below");
+  CHECK_CONTAINS(ums_lua_last_error(), "stack_size = 65536 is out of range");
   CHECK_CONTAINS(ums_lua_last_error(), "524288");
   cfg.runtime.stack_size = UMS_LUA_STACK_SIZE_MIN;
   ums_lua_host_t *small = ums_lua_host_new(&cfg, &err);
