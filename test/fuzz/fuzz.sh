@@ -75,8 +75,19 @@ for ((seed = first; seed <= last; seed++)); do
     bad=$((bad + 1))
     echo "FAIL seed=$seed: $why"
     echo "  reproduce: (cd /tmp && $lua $here/api_fuzz.lua $seed $calls)"
-    grep -Em 3 "$reports|fatal|api_fuzz:" "$work/err" | sed 's/^/  /'
-    tail -n 5 "$work/err" | sed 's/^/  | /'
+    if [[ $why == "sanitizer report" ]]; then
+      # The first report, each stack cut to its top frames (a task's
+      # stack runs through every worker it resumed): CI logs may be all
+      # there is of a rare one.
+      awk -v re="$reports" '
+        !on && $0 ~ re { on = 1 }
+        on && /^==================$/ { exit }
+        on && (!/^ +#[0-9]+ / || $1 ~ /^#[0-5]$/) { print "  | " $0 }
+      ' "$work/err" | head -n 120
+    else
+      grep -Em 3 "fatal|api_fuzz:" "$work/err" | sed 's/^/  /'
+      tail -n 5 "$work/err" | sed 's/^/  | /'
+    fi
     if [[ -n $keep ]]; then
       cp "$work/out" "$keep/seed-$seed.out"
       cp "$work/err" "$keep/seed-$seed.err"

@@ -170,6 +170,14 @@ action("sleep-yield", 4, "any", function(ctx)
   else return ums.now(), ums.self(), ums.locals() end
 end)
 
+-- Computing without a wait for a while: the quantum (when on) must cut it
+-- at a safe point, and a cancel must reach it there.
+action("compute", 2, "any", function(ctx)
+  local x, n = 0, random(1000, 300000)
+  for i = 1, n do x = x + i % 7 end
+  return x
+end)
+
 -- Channels, plain and shared.
 action("channel", 3, "any", function(ctx)
   local r = random(6)
