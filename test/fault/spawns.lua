@@ -5,11 +5,12 @@
 -- task must end: joined with its results, or with an error that says
 -- memory ran out. The run must end too.
 --
--- usage: lua5.4 test/fault/spawns.lua [TASKS [RUNS [SCHEDULERS]]]
+-- usage: lua5.4 test/fault/spawns.lua [TASKS [RUNS [SCHEDULERS [QUANTUM]]]]
 local ums = require "ums"
 local N = math.tointeger(tonumber(arg[1] or "2000"))
 local RUNS = math.tointeger(tonumber(arg[2] or "1"))
-ums.config{schedulers = math.tointeger(tonumber(arg[3] or "1"))}
+ums.config{schedulers = math.tointeger(tonumber(arg[3] or "1")),
+           quantum = tonumber(arg[4] or "0.004")}
 
 local function oom(msg)
   msg = tostring(msg)
@@ -22,11 +23,13 @@ local function run() return pcall(ums.run, function()
   -- Set once every task is spawned: until then each task waits inside its
   -- comparator, holding a worker, so that all their stacks exist at once.
   local gate = ums.event(true)
+  local waiting = 0
   local tasks = {}
   for i = 1, N do
     local spawned, t = pcall(ums.spawn, function()
       local t = {5, 3, 9, 1, 7}
       table.sort(t, function(a, b)
+        if not gate:is_set() then waiting = waiting + 1 end
         gate:wait(120)
         return a < b
       end)
@@ -40,6 +43,12 @@ local function run() return pcall(ums.run, function()
     else
       assert(oom(t), "spawn: " .. tostring(t))
     end
+  end
+  -- Until every task waits (or, with tasks that cannot start, for ten
+  -- seconds at most).
+  for _ = 1, 200 do
+    if waiting >= #tasks then break end
+    ums.sleep(0.05)
   end
   gate:set()
   local done, failed = 0, 0
