@@ -527,6 +527,37 @@ action("misuse", 8, "any", function(ctx)
   return pick(misuse)(ctx)
 end)
 
+-- A method of one kind of object called on another (or on any value):
+-- every method must check its self. The other arguments are short
+-- timeouts, so that a self that happens to fit cannot wait for ever.
+local function methods(o)
+  local found, seen = {}, {}
+  local function scan(t)
+    if type(t) ~= "table" or seen[t] then return end
+    seen[t] = true
+    for k, v in pairs(t) do
+      if type(k) == "string" and type(v) == "function" and k:sub(1, 2) ~= "__"
+      then found[#found + 1] = v end
+    end
+  end
+  if type(o) == "table" then scan(o) end
+  local mt = getmetatable(o)
+  if type(mt) == "table" then scan(rawget(mt, "__index")) end
+  return found
+end
+
+action("wrong-self", 5, "any", function(ctx)
+  local kinds = {ctx.tasks, ctx.chans, ctx.schans, ctx.mutexes, ctx.sems,
+                 ctx.events, ctx.conds, ctx.wgs, ctx.files, ctx.groups,
+                 ctx.works}
+  local src = obj(pick(kinds))
+  if src == nil then return end
+  local m = methods(src)
+  if #m == 0 then return end
+  local self = random(3) == 1 and any(ctx) or obj(pick(kinds))
+  return pick(m)(self, short(), short())
+end)
+
 local total = 0
 for _, w in ipairs(weights) do total = total + w end
 
