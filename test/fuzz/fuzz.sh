@@ -9,7 +9,8 @@
 #   --seeds A-B      seeds A to B (default 1-1000000, cut by --budget)
 #   --budget S       start no seed after S seconds (default: none)
 #   --calls N        calls per seed (default 2000)
-#   --timeout S      a seed that runs longer than S seconds hangs (default 60)
+#   --timeout S      a seed that runs longer than S seconds hangs (default 60);
+#                    its threads' stacks are printed (gdb) before the kill
 #   --keep DIR       keep each failing seed's output in DIR
 #
 # The Lua paths, the interpreter (UMS_LUA, default lua5.4) and, for the
@@ -55,12 +56,30 @@ for ((seed = first; seed <= last; seed++)); do
   # The child runs in a directory of its own: misused paths (a number, a
   # mode string) name files in the working directory.
   (cd "$work" &&
-   exec timeout -k 10 "$limit" "${run[@]}" "$here/api_fuzz.lua" "$seed" \
-        "$calls" "$work/files") >"$work/out" 2>"$work/err"
+   exec "${run[@]}" "$here/api_fuzz.lua" "$seed" "$calls" "$work/files") \
+    >"$work/out" 2>"$work/err" &
+  pid=$!
+  sleep "$limit" &
+  timer=$!
+  wait -n -p ended "$pid" "$timer"
   rc=$?
+  hung=0
+  if [[ $ended == "$pid" ]]; then
+    kill "$timer" 2>/dev/null
+    wait "$timer" 2>/dev/null
+  else
+    # Every thread's stack before the kill: a rare hang may not come back.
+    hung=1
+    if command -v gdb >/dev/null; then
+      gdb -p "$pid" -batch -ex 'thread apply all bt 25' \
+        >"$work/backtrace" 2>&1 </dev/null
+    fi
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  fi
   seeds=$((seeds + 1))
   why=""
-  if ((rc == 124 || rc == 137)); then
+  if ((hung)); then
     why="hang (still running after ${limit} s)"
   elif ((rc > 128)); then
     why="crash (signal $((rc - 128)))"
@@ -88,9 +107,14 @@ for ((seed = first; seed <= last; seed++)); do
       grep -Em 3 "fatal|api_fuzz:" "$work/err" | sed 's/^/  /'
       tail -n 5 "$work/err" | sed 's/^/  | /'
     fi
+    if ((hung)) && [[ -s $work/backtrace ]]; then
+      grep -E '^Thread |^#[0-9]+ ' "$work/backtrace" | head -n 80 |
+        sed 's/^/  bt| /'
+    fi
     if [[ -n $keep ]]; then
       cp "$work/out" "$keep/seed-$seed.out"
       cp "$work/err" "$keep/seed-$seed.err"
+      [[ -f $work/backtrace ]] && cp "$work/backtrace" "$keep/seed-$seed.bt"
     fi
   fi
   rm -rf "$work"
