@@ -329,15 +329,18 @@ static int64_t check_count(lua_State *L, int idx, const char *fname) {
 /* Channel                                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* A ring of `cap` encoded values holding `count` from `head`; recvq holds
-** receivers (only while the ring is empty), sendq senders with their
-** value in their waiter (only while it is full). A value taken from a
-** full ring is replaced by the first parked sender's, which keeps the
-** order of sends. */
+/* A ring of `nslots` encoded values holding `count` (at most `cap`) from
+** `head`; recvq holds receivers (only while the ring is empty), sendq
+** senders with their value in their waiter (only while it is full). A
+** value taken from a full ring is replaced by the first parked sender's,
+** which keeps the order of sends. The ring grows by doubling as values
+** arrive, up to `cap`: a capacity is a bound, not a reservation, as for
+** the plain channel's buffer table. */
 typedef struct schan {
   lshared h;
   lswaitq recvq, sendq;  /* [h.lock] */
   lmsg **ring;           /* [h.lock] */
+  size_t nslots;         /* [h.lock] slots in ring, at most cap */
   size_t cap;            /* [const] */
   size_t head, count;    /* [h.lock] */
   bool closed;           /* [h.lock] */
@@ -346,7 +349,7 @@ typedef struct schan {
 static void chan_destroy(lshared *o) {
   schan *c = (schan *)o;
   for (size_t i = 0; i < c->count; i++)
-    lcopy_free(c->ring[(c->head + i) % c->cap]);
+    lcopy_free(c->ring[(c->head + i) % c->nslots]);
   free(c->ring);
   free(c);
 }
@@ -370,15 +373,32 @@ static lmsg *encode_value(lua_State *L, int idx, const char *fname) {
 }
 
 static void ring_push(schan *c, lmsg *m) {
-  c->ring[(c->head + c->count) % c->cap] = m;
+  c->ring[(c->head + c->count) % c->nslots] = m;
   c->count++;
 }
 
 static lmsg *ring_pop(schan *c) {
   lmsg *m = c->ring[c->head];
-  c->head = (c->head + 1) % c->cap;
+  c->head = (c->head + 1) % c->nslots;
   c->count--;
   return m;
+}
+
+/* Makes room for one more value in a ring that is full but below cap.
+** With the lock held; false when memory runs out. */
+static bool ring_grow(schan *c) {
+  size_t n = c->nslots < 4 ? 4 : c->nslots;
+  if (n > c->cap / 2) n = c->cap;
+  else n *= 2;
+  lmsg **ring = malloc(n * sizeof *ring);
+  if (!ring) return false;
+  for (size_t i = 0; i < c->count; i++)
+    ring[i] = c->ring[(c->head + i) % c->nslots];
+  free(c->ring);
+  c->ring = ring;
+  c->nslots = n;
+  c->head = 0;
+  return true;
 }
 
 /* Takes the value of the first parked sender whose park has not ended,
@@ -400,7 +420,10 @@ static lmsg *take_sender(schan *c) {
 ** lock held; false if it would block (m is still the caller's). */
 static bool send_now(schan *c, lmsg *m) {
   if (lshared_grant(&c->recvq, GRANTED, m)) return true;
-  if (c->count < c->cap) {
+  /* Without memory to grow the ring the channel acts as if it were full:
+  ** the sender parks (or try_send fails) until a receiver makes room,
+  ** which keeps every value and the order of sends. */
+  if (c->count < c->cap && (c->count < c->nslots || ring_grow(c))) {
     ring_push(c, m);
     return true;
   }
@@ -427,13 +450,8 @@ int lums_shared_channel(lua_State *L) {
       lums_argerr(L, 1, "channel", "size too large");
   }
   schan *c = lshared_new(L, sizeof *c, &chan_kind);
-  /* An unbuffered channel has no ring. Until the ring is there cap stays
-  ** 0, which chan_destroy is fine with. */
-  if (size > 0) {
-    if (!(c->ring = calloc((size_t)size, sizeof *c->ring)))
-      return luaL_error(L, "ums: out of memory");
-    c->cap = (size_t)size;
-  }
+  /* The ring is allocated by the first buffered send. */
+  c->cap = (size_t)size;
   return 1;
 }
 

@@ -482,6 +482,32 @@ describe("shared objects", function()
       end)
     end)
 
+  it("a channel's capacity is a bound, not memory reserved up front",
+    function()
+      -- 2^40 slots would be 8 TiB if they were allocated at creation.
+      local ch = ums.shared.channel(1 << 40)
+      assert.equal(1 << 40, ch:cap())
+      -- The ring grows while its oldest value is not in its first slot,
+      -- and keeps the order of sends across the growth.
+      local sent, got = 0, 0
+      for round = 1, 6 do
+        for _ = 1, round * 7 do
+          sent = sent + 1
+          assert.is_true(ch:try_send(sent))
+        end
+        for _ = 1, round * 3 do
+          got = got + 1
+          assert.same({true, got}, {ch:try_recv()})
+        end
+      end
+      assert.equal(sent - got, ch:len())
+      while got < sent do
+        got = got + 1
+        assert.same({true, got}, {ch:try_recv()})
+      end
+      assert.same({false, nil, "empty"}, {ch:try_recv()})
+    end)
+
   it("a mutex, semaphore, event and wait group work across VMs", function()
     run(function()
       local m = ums.mutex{shared = true}

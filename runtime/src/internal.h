@@ -865,7 +865,7 @@ struct ums_fs_req {
                                    (read at the end, or the descriptor's
                                    install), close */
   ums__io_req_t *chain_next;
-  int64_t chain_size;           /* a regular file's size by the fstat
+  int64_t chain_size;           /* a regular file's size by the statx
                                    after its open (ums__io_readfile_kind;
                                    0 for a directory), also the pool's */
   bool chain_short;             /* stage 2 without the read at the end:
@@ -899,7 +899,7 @@ void ums__io_req_cache_clear(ums__io_req_cache_t *c);
 
 /* A readfile has opened fd: 0 when it is a regular file or a directory
 ** (read it; a directory's read fails), else the request's result: the
-** fstat's error (fd closed), or UMS_ESPIPE with fd left in r->fd for the
+** statx's error (fd closed), or UMS_ESPIPE with fd left in r->fd for the
 ** caller (a stream: nothing may be read from it first). Any thread.
 ** (io.c) */
 int64_t ums__io_readfile_kind(ums__io_req_t *r, int fd);

@@ -239,12 +239,12 @@ static void queued(ums__sched_t *s) {
 ** user time per file against ~2.5 us in the kernel).
 **
 ** Stage 1: OPENAT. Then (chain_stages, after reap: reap must not submit,
-** submitting may reap) an fstat(2) on this thread says what was opened:
+** submitting may reap) a statx(2) on this thread says what was opened:
 **   - a regular file (or a directory, whose read gives EISDIR): stage 2,
 **     a READ of the whole buffer at offset 0, a READ of one byte at the
 **     buffer's end (0: the file fits; more: it is larger) and the CLOSE,
 **     hard-linked so that each runs whatever the one before gave (a short
-**     read "fails" a plain link); when the fstat's size fits the buffer,
+**     read "fails" a plain link); when the statx's size fits the buffer,
 **     only the READ and the CLOSE (a read that returns exactly that size
 **     has found the end; another count starts the request over, reading
 **     to the end this time);
@@ -324,7 +324,7 @@ static int64_t chain_stage2(ums__sched_t *s, ums__io_req_t *r, int fd) {
   /* When the file fits, by its size, a read of the whole buffer that
   ** gives exactly that size has found the end (a regular file's read is
   ** short only there; procfs files say 0 and take the long way), so no
-  ** read at the end. Any other count (the file changed since the fstat)
+  ** read at the end. Any other count (the file changed since the statx)
   ** reads it again the long way (chain_stages). */
   r->chain_short = !r->chain_full && size > 0 && (uint64_t)size < len;
   r->chain_left = r->chain_short ? 2 : 3;

@@ -7,7 +7,9 @@
 ** It replaces malloc, calloc, realloc, mmap and mmap64 (free, memalign and
 ** the like are left alone: they never fail for lack of memory in a way
 ** callers check). A replaced call either fails (NULL, or MAP_FAILED, with
-** errno = ENOMEM) or goes to glibc.
+** errno = ENOMEM) or goes to glibc. Only anonymous mappings count as mmap
+** calls here: a file mapping is the program's code or data, not memory it
+** may run short of.
 **
 ** Nothing fails until the library is armed, so that start-up (the dynamic
 ** loader, the interpreter, the program's own set-up) runs normally. The
@@ -187,7 +189,7 @@ void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
     real = (mmap_fn)dlsym(RTLD_NEXT, "mmap");
     atomic_store(&real_mmap_p, real);
   }
-  if (len >= mmap_min && should_fail(F_MMAP)) {
+  if ((flags & MAP_ANONYMOUS) && len >= mmap_min && should_fail(F_MMAP)) {
     errno = ENOMEM;
     return MAP_FAILED;
   }
