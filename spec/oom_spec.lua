@@ -95,7 +95,7 @@ ums.config{quantum = 0, schedulers = 2}
 local ws, seen = {}, {ok = 0, oom = 0, other = 0}
 local ran, err = pcall(ums.run, function()
   for i = 1, n do
-    ws[i] = ums.submit_on(2, function()
+    ws[i] = ums.submit_on(1, function()
       local ums = require "ums"
       local t = {3, 1, 2}
       table.sort(t, function(a, b) ums.sleep(0.5); return a < b end)

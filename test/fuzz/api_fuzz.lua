@@ -48,7 +48,7 @@ local settings = {
   quantum = pick{0, 0.004, 0.001},
   io = pick{"auto", "pool"},
   max_workers = pick{0, 0, 4, 32},
-  stack_size = pick{nil, nil, 256 * 1024},
+  stack_size = pick{nil, nil, ums.STACK_SIZE_MIN},
   io_threads = pick{0, 2},
   preempt_threads = pick{64, 2},
 }
