@@ -371,4 +371,26 @@ describe("os.exit flushes ums.fs files", function()
       end)
     ]], "", {expect = "main VM\nother VM\n", unordered = true})
   end)
+
+  -- The same from a thread of the preemptive pool, where a C function
+  -- called through ums.ffi runs while its task's scheduler goes on.
+  it("when a C function calls exit() on the preemptive pool", function()
+    check([[
+      local ums = require "ums"
+      ums.config{schedulers = 2}
+      ums.run(function()
+        local w = ums.submit_on(2, function(out)
+          local ums = require "ums"
+          KEEP = assert(ums.fs.open(out, "a"))
+          KEEP:write("other VM\n")
+          return true
+        end, OUT)
+        assert(w:join())
+        local f = assert(ums.fs.open(OUT, "a"))
+        f:write("main VM\n")
+        ums.ffi.cdef("void exit(int);")
+        ums.ffi.C.exit(0)
+      end)
+    ]], "", {expect = "main VM\nother VM\n", unordered = true})
+  end)
 end)
