@@ -14,7 +14,11 @@ local it = sp.guard(it, pending)
 -- once it holds a line "$SECOND" (when set).
 local DRIVER = [=[
 status=$1; shift
-"$@" >"$OUT" 2>"$ERR" &
+if [ -n "$CHILD_PRELOAD" ]; then
+  env LD_PRELOAD="$CHILD_PRELOAD" "$@" >"$OUT" 2>"$ERR" &
+else
+  "$@" >"$OUT" 2>"$ERR" &
+fi
 pid=$!
 wait_for() {
   n=0
@@ -59,10 +63,17 @@ local function interrupt(src, opts)
   cmd[#cmd + 1] = script
   local q = {}
   for i, a in ipairs(cmd) do q[i] = sp.q(a) end
-  local r = sp.sh(table.concat(q, " "), {
+  -- Under the TSan build only lua5.4 may get the preload (the shell
+  -- crashes with it; see subprocess.lua): the driver passes it on.
+  local preload = sp.child_preload
+  sp.child_preload = nil
+  local ok, r = pcall(sp.sh, table.concat(q, " "), {
     env = {OUT = out, ERR = err, SECOND = opts.second or "",
-           UMS_QUANTUM = opts.quantum, UMS_SCHEDULERS = opts.schedulers},
+           UMS_QUANTUM = opts.quantum, UMS_SCHEDULERS = opts.schedulers,
+           CHILD_PRELOAD = preload},
     timeout = 30})
+  sp.child_preload = preload
+  if not ok then error(r, 0) end
   local st = slurp(status)
   local res = {status = tonumber(st:match("(%d+)%s*$")), stdout = slurp(out),
                stderr = slurp(err)}
