@@ -1352,7 +1352,6 @@ static int run(lua_State *L, double limit) {
                          "(got %d)", cfg.schedulers);
 
   int err;
-  /* Before the runtime's threads exist: they inherit the blocked SIGINT. */
   lintr *intr = lums_intr_block();
   ums_runtime_t *rt = ums_runtime_new(&cfg, &err);
   if (!rt) {

@@ -207,6 +207,28 @@ describe("Ctrl-C", function()
     end)
   end
 
+  -- The signal mask is inherited by every thread the run makes and every
+  -- process a task starts: SIGINT blocked there would leave a command
+  -- started without a shell deaf to Ctrl-C for good.
+  it("leaves SIGINT unblocked in the threads that run tasks", function()
+    local r = sp.lua_run({sp.temp([[
+      local ums = require "ums"
+      ums.config{schedulers = 2}
+      local function blocked()
+        local ums = require "ums"
+        ums.ffi.cdef("UMS_INLINE int sigprocmask(int, const void *, void *);")
+        local old = ums.ffi.buffer(128)
+        assert(ums.ffi.C.sigprocmask(0, nil, old) == 0)
+        return ums.ffi.string(old, 1):byte() & 2 ~= 0  -- SIGINT is 2
+      end
+      ums.run(function()
+        print(blocked(), select(2, assert(ums.submit_on(2, blocked):join())))
+      end)
+    ]], ".lua")})
+    sp.assert_exit(r, 0)
+    assert.equal("false\tfalse\n", r.stdout, sp.describe(r))
+  end)
+
   it("is left to lua5.4 outside ums.run", function()
     local r = interrupt([[
       local ums = require "ums"
