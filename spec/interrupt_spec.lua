@@ -125,11 +125,25 @@ local function lines(s)
   return t
 end
 
+-- Under TSan a signal handler runs only once its thread calls a function
+-- TSan intercepts; the thread that called ums.run waits in a raw futex
+-- system call, which is none, and is not woken: Ctrl-C reaches no run
+-- there, so the cases that send it are pending under TSan.
+local TSAN = os.getenv("UMS_TSAN") and
+             "TSan holds back signal handlers while a thread waits in a " ..
+             "raw system call"
+local function it_sig(name, fn)
+  return it(name, function()
+    if TSAN then return pending(TSAN) end
+    return fn()
+  end)
+end
+
 describe("Ctrl-C", function()
   after_each(sp.cleanup)
 
   for _, n in ipairs{1, 2} do
-    it(("cancels ums.run at once and raises interrupted! (%d scheduler%s)")
+    it_sig(("cancels ums.run at once and raises interrupted! (%d scheduler%s)")
        :format(n, n > 1 and "s" or ""), function()
       local r = interrupt(sleeping_run(n))
       assert.equal(1, r.status, r.describe)
@@ -141,7 +155,8 @@ describe("Ctrl-C", function()
     end)
   end
 
-  it("can be caught with pcall, and lua5.4 is itself again after", function()
+  it_sig("can be caught with pcall, and lua5.4 is itself again after",
+         function()
     local r = interrupt([[
       local ums = require "ums"
       local ok, err = pcall(ums.run, function()
@@ -158,7 +173,7 @@ describe("Ctrl-C", function()
     assert.equal("ready\nfalse interrupted!\nagain\n", r.stderr, r.describe)
   end)
 
-  it("in the ums command: reported with a traceback, status 1", function()
+  it_sig("in the ums command: reported with a traceback, status 1", function()
     local r = interrupt([[
       local ums = require "ums"
       ums.spawn(function()
@@ -178,7 +193,7 @@ describe("Ctrl-C", function()
     assert.truthy(r.stderr:find(":10: in main chunk", 1, true), r.describe)
   end)
 
-  it("in the ums command, for a script that calls ums.run", function()
+  it_sig("in the ums command, for a script that calls ums.run", function()
     local r = interrupt(sleeping_run(2), {ums = true, schedulers = "2"})
     assert.equal(1, r.status, r.describe)
     assert.same({"first task closed", "task closed", "work closed"},
@@ -188,7 +203,7 @@ describe("Ctrl-C", function()
   end)
 
   for _, ums_cmd in ipairs{false, true} do
-    it("a second one during the cancellation ends the process" ..
+    it_sig("a second one during the cancellation ends the process" ..
        (ums_cmd and " (ums command)" or ""), function()
       local r = interrupt([[
         local ums = require "ums"
