@@ -38,6 +38,17 @@
 ** and writes larger than the buffer go straight between the kernel and a
 ** page-aligned ums_buf (the method's accumulator), then one copy into (or
 ** from) the Lua string.
+**
+** Exit. As C stdio does for its streams, the process's exit writes what
+** every open file of every VM still buffers: each file is on a list of
+** the process (open_files) from its making to its __gc, and an atexit
+** handler (flush_at_exit) walks it. exit() may run on any thread while
+** the files' own threads still run (a scheduler thread calling the C
+** exit, directly or through a C function), so the handler touches a
+** file only after taking it from its owner: the file's hold word says
+** whether a method has it (then its bytes belong to the I/O in flight
+** and the handler leaves it) or is free (then the handler takes it for
+** the time of a plain write(), never through another thread's ring).
 */
 #define _GNU_SOURCE
 #include "lums.h"
@@ -51,6 +62,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #define FILE_MT "ums.fs.file"
@@ -149,7 +163,12 @@ struct lfile {
   ums_buf_t *buf;        /* BUF_SIZE bytes, made on first use */
   size_t rpos, rlen;     /* unread read-ahead: buf[rpos, rlen) */
   size_t wlen;           /* pending writes: buf[0, wlen) */
-  bool busy;             /* a method is using the file */
+  /* FILE_HELD while a method is using the file (the file lock is taken),
+  ** FILE_EXIT while the exit handler writes its buffer, else FILE_FREE.
+  ** [atomic; the VM's thread takes and gives it, the exit handler takes
+  ** it only from FILE_FREE] */
+  atomic_int hold;
+  lfile *prev_open, *next_open;  /* open_files [open_lock] */
   ltask *owner;          /* the task whose method holds it (NULL outside
                             tasks) */
   lwaitq waiters;        /* tasks waiting for it, FIFO */
@@ -173,6 +192,56 @@ struct lfile {
   bool pos_known;
   bool append;           /* opened with O_APPEND */
 };
+
+enum { FILE_FREE, FILE_HELD, FILE_EXIT };
+
+/* Every file of every VM, from new_file to f_gc, for flush_at_exit. */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static lfile *open_files;   /* [open_lock] */
+
+/* Takes f's hold for a method of its own VM's thread. Taken already, it
+** stays taken: outside tasks nothing else can use the file (a method
+** left by a collected coroutine counts for nothing). The exit handler
+** gives it back after one write. */
+static void hold_take(lfile *f) {
+  int seen = atomic_load(&f->hold);
+  for (;;) {
+    if (seen == FILE_EXIT) {
+      sched_yield();
+      seen = atomic_load(&f->hold);
+    } else if (atomic_compare_exchange_weak(&f->hold, &seen, FILE_HELD)) {
+      return;
+    }
+  }
+}
+
+/* Gives back a hold taken by hold_take; leaves the exit handler's. */
+static void hold_give(lfile *f) {
+  int held = FILE_HELD;
+  atomic_compare_exchange_strong(&f->hold, &held, FILE_FREE);
+}
+
+static bool held(lfile *f) { return atomic_load(&f->hold) == FILE_HELD; }
+
+static void open_add(lfile *f) {
+  pthread_mutex_lock(&open_lock);
+  f->prev_open = NULL;
+  f->next_open = open_files;
+  if (open_files) open_files->prev_open = f;
+  open_files = f;
+  pthread_mutex_unlock(&open_lock);
+}
+
+/* Unlists f before its memory goes: the exit handler, which walks the
+** list under the lock, never sees a freed file. */
+static void open_remove(lfile *f) {
+  pthread_mutex_lock(&open_lock);
+  if (f->prev_open) f->prev_open->next_open = f->next_open;
+  else if (open_files == f) open_files = f->next_open;
+  if (f->next_open) f->next_open->prev_open = f->prev_open;
+  f->prev_open = f->next_open = NULL;
+  pthread_mutex_unlock(&open_lock);
+}
 
 /* ---------------------------------------------------------------------- */
 /* Errors                                                                  */
@@ -210,6 +279,7 @@ static int fail(lua_State *L, const char *what, int64_t err) {
 ** task raises core.CANCELLED. */
 static void file_check_cancel(lua_State *L, lfile *f, int64_t err) {
   if (err != UMS_ECANCELED) return;
+  hold_take(f);
   if (f->buf) {
     ums_buf_release(f->buf);
     f->buf = NULL;
@@ -217,6 +287,7 @@ static void file_check_cancel(lua_State *L, lfile *f, int64_t err) {
   /* The read-ahead goes; the position goes back to the logical one. */
   if (f->pos_known) f->kpos -= (int64_t)(f->rlen - f->rpos);
   f->rpos = f->rlen = f->wlen = 0;
+  hold_give(f);
   check_cancel(L, err);
 }
 
@@ -232,7 +303,7 @@ static int file_fail(lua_State *L, lfile *f, int64_t err) {
 
 /* Gives the file back; the first waiter still waiting tries again. */
 static void file_unlock(lfile *f) {
-  f->busy = false;
+  hold_give(f);
   f->owner = NULL;
   lwait *w;
   while ((w = f->waiters.head) != NULL) {
@@ -410,7 +481,7 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
 ** it waits, holding nothing. */
 static int method_start(lua_State *L, lfile *f, const lmethod *m) {
   ltask *me = lums_cur_task;
-  while (f->busy && me) {
+  while (held(f) && me) {
     lwait *w = &me->wait;
     int r = ums_park_begin(UMS_FOREVER, &w->tok);
     if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
@@ -433,7 +504,7 @@ static int method_start(lua_State *L, lfile *f, const lmethod *m) {
     file_unlock(f);  /* the next waiter finds out for itself */
     return luaL_error(L, "attempt to use a closed file");
   }
-  f->busy = true;
+  hold_take(f);
   f->owner = me;
   op_clear(&f->op);
   f->op.m = m;
@@ -1329,7 +1400,7 @@ static int f_sync(lua_State *L) {
 enum { SH_FILE = 1, SH_BUF, SH_N, SH_OFF, SH_DONE, SH_FD };
 
 static bool can_share(lfile *f) {
-  return lums_cur_task && !f->busy && f->wlen == 0 && !f->waiters.head;
+  return lums_cur_task && !held(f) && f->wlen == 0 && !f->waiters.head;
 }
 
 /* The reader leaves; the last one out closes a descriptor left to it. */
@@ -1673,6 +1744,7 @@ static int f_tbc(lua_State *L) {
 static int f_gc(lua_State *L) {
   lfile *f = to_file(L, 1);
   if (!f) return 0;
+  open_remove(f);
   if (f->fd >= 0) {
     flush_plain(f);
     close(f->fd);
@@ -1688,6 +1760,26 @@ static int f_gc(lua_State *L) {
   op_clear(&f->op);
   return 0;
 }
+
+/* The atexit handler: writes what every file still buffers, as exit does
+** for stdio streams. A file a method holds is left alone: its buffer
+** belongs to that method's I/O, which may be in flight. The lock is held
+** only here and around the list's updates, none of which calls out, so
+** an exit on any thread finds it free or soon free; a thread that wants
+** a file meanwhile waits only for one write. */
+static void flush_at_exit(void) {
+  pthread_mutex_lock(&open_lock);
+  for (lfile *f = open_files; f; f = f->next_open) {
+    int free_ = FILE_FREE;
+    if (!atomic_compare_exchange_strong(&f->hold, &free_, FILE_EXIT))
+      continue;
+    if (f->fd >= 0 && f->wlen > 0) flush_plain(f);
+    atomic_store(&f->hold, FILE_FREE);
+  }
+  pthread_mutex_unlock(&open_lock);
+}
+
+static void register_flush_at_exit(void) { atexit(flush_at_exit); }
 
 static int f_tostring(lua_State *L) {
   lfile *f = to_file(L, 1);
@@ -1802,12 +1894,15 @@ static bool parse_mode(const char *m, int *flags, bool *rd, bool *wr) {
 static lfile *new_file(lua_State *L, bool rd, bool wr) {
   lfile *f = (lfile *)lua_newuserdatauv(L, sizeof *f, 0);
   memset(f, 0, sizeof *f);
+  atomic_init(&f->hold, FILE_FREE);
   f->tag = &file_tag;
   f->fd = -1;
   f->orphan_fd = -1;
   f->readable = rd;
   f->writable = wr;
   luaL_setmetatable(L, FILE_MT);
+  /* Listed only now that its __gc is sure to run and unlist it. */
+  open_add(f);
   return f;
 }
 
@@ -2280,6 +2375,10 @@ static int fs_type(lua_State *L) {
 }
 
 void lums_open_fs(lua_State *L) {
+  /* Once per process: the module stays mapped until the exit (lums.c pins
+  ** it), so the handler is there when exit() calls it. */
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, register_flush_at_exit);
   static const luaL_Reg methods[] = {
       {"read", f_read},   {"write", f_write}, {"lines", f_lines},
       {"seek", f_seek},   {"flush", f_flush}, {"close", f_close},

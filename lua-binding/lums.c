@@ -1511,8 +1511,10 @@ static int run(lua_State *L, double limit) {
                          "(got %d)", cfg.schedulers);
 
   int err;
+  lintr *intr = lums_intr_block();
   ums_runtime_t *rt = ums_runtime_new(&cfg, &err);
   if (!rt) {
+    lums_intr_end(intr);
     lums_stall_free(stall_state);
     return luaL_error(L, "ums.run: cannot start the runtime: %s",
                       ums_runtime_error());
@@ -1523,6 +1525,7 @@ static int run(lua_State *L, double limit) {
                                (int64_t)(quantum * 1e9) : 0) : NULL;
   if (!r) {
     ums_runtime_shutdown(rt, 0);
+    lums_intr_end(intr);
     if (vms) lums_vms_close(L, vms);
     lums_stall_free(stall_state);
     return luaL_error(L, "ums.run: out of memory");
@@ -1549,6 +1552,7 @@ static int run(lua_State *L, double limit) {
   ** walks this thread's stack too): this thread must not touch the VM
   ** until the run is over. task_new leaves the handle alone at index 1. */
   lhandle *main = task_new(L, r, 1, true, lua_upvalueindex(1));
+  lums_intr_watch(intr, vms);
   /* From here until the runtime is shut down, the VM belongs to the
   ** scheduler thread; this thread only waits. */
   /* The limit is real time (this is a host thread), also when the run's
@@ -1573,12 +1577,15 @@ static int run(lua_State *L, double limit) {
     over = true;
     lums_vms_stop(vms);
   }
+  /* Ctrl-C may cancel the run until its outcome is settled here. */
+  bool interrupted = lums_intr_settle(intr);
   int exit_code;
   bool exit_close;
   bool exiting = lums_vms_exit_requested(vms, &exit_code, &exit_close);
-  ums_runtime_shutdown(r->rt,
-                       main->ok && !exiting && !over ? UMS_FOREVER : 0);
+  ums_runtime_shutdown(r->rt, main->ok && !exiting && !over && !interrupted ?
+                       UMS_FOREVER : 0);
   r->rt = NULL;
+  lums_intr_end(intr);
   monitor_stop(r);
   /* A report the main VM never got to (the run ended first). */
   if (lums_stall_pending(r)) lums_stall_flush(r, L);
@@ -1600,6 +1607,11 @@ static int run(lua_State *L, double limit) {
   }
   run_free(L, r);
   report_errors(L, main);
+  /* lua.c's message for Ctrl-C; the traceback shows where ums.run was. */
+  if (interrupted) {
+    lua_pushliteral(L, "interrupted!");
+    return lua_error(L);
+  }
   if (over)
     return luaL_error(L, "ums.run: time limit of %f s reached; every task "
                          "was cancelled", limit);

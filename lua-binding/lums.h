@@ -435,6 +435,19 @@ LUMS_HIDDEN void lums_report_errors(lua_State *L);
 LUMS_HIDDEN lrun *lums_monitor_new(lvms *vms, int64_t quantum, int *err);
 LUMS_HIDDEN void lums_monitor_free(lrun *r);
 
+/* lintr.c: Ctrl-C during ums.run (see the top of lintr.c). run() calls
+** lums_intr_block first (NULL: Ctrl-C is not watched; every call below
+** accepts it), lums_intr_watch once the first task exists,
+** lums_intr_settle before the runtime shuts down (true: Ctrl-C
+** interrupted the run; nothing is cancelled after it) and lums_intr_end,
+** which stops the watcher and gives SIGINT back, on every way out once
+** the runtime's threads are gone. All on the thread that called ums.run. */
+typedef struct lintr lintr;
+LUMS_HIDDEN lintr *lums_intr_block(void);
+LUMS_HIDDEN void lums_intr_watch(lintr *in, lvms *vms);
+LUMS_HIDDEN bool lums_intr_settle(lintr *in);
+LUMS_HIDDEN void lums_intr_end(lintr *in);
+
 /* lshared.c: shared objects (ums.shared.*), registered in every VM. */
 LUMS_HIDDEN void lums_open_shared(lua_State *L);
 /* lvm.c: ums.submit and the rest of the many-VM API. */

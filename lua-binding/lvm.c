@@ -112,6 +112,7 @@ struct lvms {
   bool exit_requested;   /* [quiet_lock] */
   int exit_code;         /* [quiet_lock] */
   bool exit_close;       /* [quiet_lock] */
+  bool interrupted;      /* [quiet_lock] Ctrl-C came */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -244,18 +245,30 @@ bool lums_vms_wait_quiet(lvms *v, int64_t deadline) {
                         (long)(deadline % UMS_NSEC_PER_SEC)};
   bool quiet = true;
   pthread_mutex_lock(&v->quiet_lock);
-  while (atomic_load(&v->live) > 0 && !v->exit_requested) {
+  while (atomic_load(&v->live) > 0 && !v->exit_requested &&
+         !v->interrupted) {
     if (deadline == UMS_FOREVER) {
       pthread_cond_wait(&v->quiet_cond, &v->quiet_lock);
     } else if (pthread_cond_timedwait(&v->quiet_cond, &v->quiet_lock,
                                       &ts) == ETIMEDOUT &&
-               atomic_load(&v->live) > 0 && !v->exit_requested) {
+               atomic_load(&v->live) > 0 && !v->exit_requested &&
+               !v->interrupted) {
       quiet = false;
       break;
     }
   }
   pthread_mutex_unlock(&v->quiet_lock);
   return quiet;
+}
+
+/* Ends the run early: nothing more starts and the first task is
+** cancelled; the main thread then shuts the runtime down without waiting,
+** which cancels every other task. The first task's id was stored before
+** it could start, hence before any task or signal watcher that can end
+** the run existed. */
+static void cancel_run(lvms *v) {
+  lums_vms_stop(v);
+  ums_task_cancel(v->rt, v->main->main->id);
 }
 
 void lums_vms_request_exit(lvms *v, int code, bool close) {
@@ -267,10 +280,15 @@ void lums_vms_request_exit(lvms *v, int code, bool close) {
   }
   pthread_cond_broadcast(&v->quiet_cond);
   pthread_mutex_unlock(&v->quiet_lock);
-  lums_vms_stop(v);
-  /* The first task's id was stored before it could start, hence before
-  ** any task that can call os.exit existed. */
-  ums_task_cancel(v->rt, v->main->main->id);
+  cancel_run(v);
+}
+
+void lums_vms_interrupt(lvms *v) {
+  pthread_mutex_lock(&v->quiet_lock);
+  v->interrupted = true;
+  pthread_cond_broadcast(&v->quiet_cond);
+  pthread_mutex_unlock(&v->quiet_lock);
+  cancel_run(v);
 }
 
 void lums_vms_stop(lvms *v) { atomic_store(&v->stopping, true); }

@@ -56,14 +56,17 @@ LUMS_HIDDEN lrun *lums_vms_at(lvms *v, int i);
 ** not started, each dispatcher. Any thread. */
 LUMS_HIDDEN void lums_vms_hold(lvms *v);
 LUMS_HIDDEN void lums_vms_release(lvms *v);
-/* Blocks the main thread until nothing is held any more or an os.exit
-** was requested (true), or until the absolute monotonic deadline
+/* Blocks the main thread until nothing is held any more, an os.exit
+** was requested or Ctrl-C came (true), or until the absolute monotonic deadline
 ** (false; UMS_FOREVER: none). */
 LUMS_HIDDEN bool lums_vms_wait_quiet(lvms *v, int64_t deadline);
 /* os.exit in a task of any VM: the first request is kept; cancels the
 ** run's first task and ends lums_vms_wait_quiet. */
 LUMS_HIDDEN void lums_vms_request_exit(lvms *v, int code, bool close);
 LUMS_HIDDEN bool lums_vms_exit_requested(lvms *v, int *code, bool *close);
+/* Ctrl-C (lintr.c's watcher): cancels the run as lums_vms_request_exit
+** does, without an exit; ends lums_vms_wait_quiet. Any thread. */
+LUMS_HIDDEN void lums_vms_interrupt(lvms *v);
 /* The run is failing (its first task raised, or os.exit): requests not
 ** started yet are not started any more. Any thread. */
 LUMS_HIDDEN void lums_vms_stop(lvms *v);
