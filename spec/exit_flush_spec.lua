@@ -84,7 +84,7 @@ describe("os.exit flushes ums.fs files", function()
           local ums = require "ums"
           ums.config{schedulers = 2}
           ums.run(function()
-            local w = ums.submit_on(2, function(out)
+            local w = ums.submit_on(1, function(out)
               local ums = require "ums"
               KEEP = assert(ums.fs.open(out, "w"))
               KEEP:write("line\n")
@@ -108,14 +108,14 @@ describe("os.exit flushes ums.fs files", function()
       local c_exit = os.exit
       ums.config{schedulers = 2}
       ums.run(function()
-        local w = ums.submit_on(2, function(out)
+        local w = ums.submit_on(1, function(out)
           local ums = require "ums"
           KEEP = assert(ums.fs.open(out, "a"))
           KEEP:write("other VM\n")
           return true
         end, OUT)
         assert(w:join())
-        ums.submit_on(2, function() require("ums").sleep(30) end)
+        ums.submit_on(1, function() require("ums").sleep(30) end)
         local f = assert(ums.fs.open(OUT, "a"))
         f:write("main VM\n")
         c_exit(0)
@@ -130,7 +130,7 @@ describe("os.exit flushes ums.fs files", function()
       local ums = require "ums"
       ums.config{schedulers = 2}
       ums.run(function()
-        local w = ums.submit_on(2, function(out)
+        local w = ums.submit_on(1, function(out)
           local ums = require "ums"
           KEEP = assert(ums.fs.open(out, "a"))
           KEEP:write("other VM\n")

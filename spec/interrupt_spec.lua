@@ -99,7 +99,7 @@ ums.run(function()
     local _ <close> = closer("task")
     ums.sleep(30)
   end)
-  ums.submit_on(SCHEDULERS, function()
+  ums.submit_on(SCHEDULERS - 1, function()
     local ums = require "ums"
     local _ <close> = setmetatable({}, {__close = function()
       io.stdout:write("work closed\n")
@@ -237,7 +237,7 @@ describe("Ctrl-C", function()
         return ums.ffi.string(old, 1):byte() & 2 ~= 0  -- SIGINT is 2
       end
       ums.run(function()
-        print(blocked(), select(2, assert(ums.submit_on(2, blocked):join())))
+        print(blocked(), select(2, assert(ums.submit_on(1, blocked):join())))
       end)
     ]], ".lua")})
     sp.assert_exit(r, 0)
