@@ -53,7 +53,9 @@ local core = require "ums.core"
 local test = require "ums.test"
 local busted = require "busted"
 
-local M = {}
+-- M.options: the options in force; M.runs: how many blocks have run as
+-- tasks of a fresh run so far.
+local M = {runs = 0}
 
 local options = {timeout = 10, clock = "real", limit = nil, gc = false}
 local chained, chained_args = nil, {}
@@ -198,6 +200,7 @@ local pack, unpack = table.pack, table.unpack
 local function run_block(fn, own_name, ...)
   local clock, notask = settings(own_name)
   if notask or core.self() then return fn(...) end
+  M.runs = M.runs + 1
   local args = pack(...)
   local caught  -- {err, source, line}: fn's own error, seen in its task
   local function handler(e)
@@ -296,7 +299,9 @@ end
 
 M.options = options
 
--- The suite's own helper, loaded as Busted would have loaded it.
+-- The suite's own helper, loaded as Busted would have loaded it. It may
+-- require this module, which is therefore registered first.
+package.loaded["ums.busted"] = M
 if chained and chained ~= "" then
   local saved = arg
   arg = chained_args  -- luacheck: ignore
