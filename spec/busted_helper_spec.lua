@@ -133,7 +133,7 @@ return { default = { helper = "ums.busted", Xhelper = {"timeout=5"},
 
   it("refuses a bad option before any test runs", function()
     for _, opt in ipairs{"timeout=0", "timeout=x", "clock=fast",
-                         "limit=-1"} do
+                         "limit=-1", "timout=5"} do
       local r = busted({"--helper=ums.busted", "-Xhelper", opt,
                         DIR .. "pass_spec.lua"})
       sp.assert_exit(r, 1)

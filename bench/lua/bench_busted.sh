@@ -54,7 +54,7 @@ trap 'rm -rf "$tmp"' EXIT
 # 70 MB of small tables, live until the process ends.
 cat >"$tmp/heap.lua" <<'EOF'
 BENCH_HEAP = {}
-for i = 1, 720000 do BENCH_HEAP[i] = {i} end
+for i = 1, 780000 do BENCH_HEAP[i] = {i} end
 EOF
 : >"$tmp/none.lua"
 

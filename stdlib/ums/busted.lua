@@ -21,7 +21,8 @@
 --               gc option), for finalizers that report errors
 --   helper=P    the suite's own helper (a .lua path, else a module name),
 --               loaded after this one with the options this one does not
---               know as its `arg`
+--               know as its `arg` (without helper=, such an option is an
+--               error)
 --
 -- Tags, in the name of a test or of a describe around it (a describe's
 -- tags also apply to the before_each and after_each run for its tests):
@@ -96,6 +97,11 @@ for _, a in ipairs(arg or {}) do
   else
     chained_args[#chained_args + 1] = a
   end
+end
+-- Without a helper to take them, other options are mistakes.
+if not chained and chained_args[1] ~= nil then
+  bad_option("unknown option '%s' (no helper= to pass it to)",
+             tostring(chained_args[1]))
 end
 
 -- ---------------------------------------------------------------------
