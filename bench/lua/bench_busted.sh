@@ -9,7 +9,8 @@
 # --reps runs. A last row runs the helper with gc (a full collection per
 # block, on request) on the large heap.
 #
-#   bench/lua/bench_busted.sh [--quick] [--reps N] [--build-dir DIR]
+#   bench/lua/bench_busted.sh [--quick] [--reps N] [--tests N]
+#                             [--build-dir DIR]
 #
 # Uses a Release tree (default: build-release/, built if missing; any
 # other tree with --build-dir).
@@ -22,8 +23,9 @@ while (($#)); do
   case "$1" in
     --quick) n=40; reps=1 ;;
     --reps) reps=$2; shift ;;
+    --tests) n=$2; shift ;;
     --build-dir) build=$2; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "bench_busted.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
