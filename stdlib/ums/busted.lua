@@ -18,7 +18,8 @@
 --   limit=S     with the virtual clock, the virtual seconds after which a
 --               block that is still blocked fails (default 1e7)
 --   gc          a full collection at the end of every block (ums.test's
---               gc option), for finalizers that report errors
+--               gc option), for specs that rely on finalizers running
+--               inside their own run (a dropped ums.fs file's close)
 --   helper=P    the suite's own helper (a .lua path, else a module name),
 --               loaded after this one with the options this one does not
 --               know as its `arg` (without helper=, such an option is an

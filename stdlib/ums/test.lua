@@ -9,7 +9,8 @@
 -- opts: timeout (seconds, as the plain number form), clock ("real", the
 -- default, or "virtual"), with the virtual clock, limit (virtual
 -- seconds, default 1e7, about four months), and gc (true: a full
--- collection at the end of fn, see below).
+-- collection at the end of fn, so that finalizers a spec relies on, such
+-- as a dropped ums.fs file's close, run inside its own run; see below).
 --
 -- With clock = "virtual" the run uses the runtime's virtual clock
 -- (README, "Deterministic time"): sleeps and timeouts take no real time
