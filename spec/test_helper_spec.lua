@@ -239,6 +239,44 @@ describe("ums.test", function()
     end)
   end)
 
+  describe("collects garbage", function()
+    -- With the collector stopped, only an explicit collection runs
+    -- finalizers: whether one ran says whether ums.test collected.
+    local function finalized_after(opts)
+      local flag = {done = false}
+      collectgarbage("stop")
+      local ok, err = pcall(ums.test, function()
+        setmetatable({}, {__gc = function() flag.done = true end})
+        ums.yield()
+      end, opts)
+      collectgarbage("restart")
+      assert(ok, err)
+      return flag.done
+    end
+
+    it("not by default: a test does not pay for the heap's size",
+       function()
+      assert.is_false(finalized_after(nil))
+      assert.is_false(finalized_after({}))
+    end)
+
+    it("when asked (gc = true)", function()
+      assert.is_true(finalized_after({gc = true}))
+    end)
+
+    it("when a failed work queue item nobody looked at may be garbage, "
+       .. "so that its error fails the test", function()
+      local ok, err = pcall(ums.test, function()
+        local q = ums.workqueue{}
+        local item = q:post(function() error("queue item failed") end)
+        while item:status() ~= "error" do ums.sleep(0.001) end
+      end)
+      assert.is_false(ok)
+      assert.matches("nobody joined", err)
+      assert.matches("queue item failed", err)
+    end)
+  end)
+
   describe("leaves things as they were", function()
     it("restores the error handler, after a pass and after a failure",
        function()

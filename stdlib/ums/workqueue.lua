@@ -99,6 +99,11 @@ local function report(err, tb, item)
   end
 end
 
+-- Failed items not seen yet, for ums.test (which collects garbage at the
+-- end of a test only when there may be one to report). Weak: an item
+-- nobody holds still goes, reporting from its __gc.
+local unseen = setmetatable({}, {__mode = "k"})
+
 function FailedItem.__gc(item)
   if not item.seen_ then
     item.seen_ = true
@@ -171,6 +176,7 @@ local function settle(q, item, status, ok, results, err, tb)
         if not okh then report(e, traceback(tostring(e)), item) end
       else
         setmetatable(item, FailedItem)  -- reported if never seen
+        unseen[item] = true
       end
     end
   end
@@ -519,5 +525,20 @@ FailedItem.__name = Item.__name
 
 wq.methods(Queue)
 wq.methods(Item)
+
+--- true if a failed item nobody has looked at yet may still be alive
+-- (ums.test then collects garbage at the end of a test, so that its __gc
+-- reports the error inside the test).
+function M.unseen_failures()
+  for item in pairs(unseen) do
+    if item.seen_ then
+      unseen[item] = nil
+    else
+      return true
+    end
+  end
+  return false
+end
+
 M.Queue, M.Item = Queue, Item
 return M

@@ -1,0 +1,329 @@
+--- ums.busted: a Busted helper that runs every test body, before_each,
+-- after_each and finally function as a task of a fresh ums run, so that a
+-- spec may sleep, join, wait on channels and start tasks without wrapping
+-- anything:
+--
+--   busted --helper=ums.busted spec/
+--   busted --helper=ums.busted -Xhelper timeout=30,clock=virtual spec/
+--   -- or in .busted:  _all = { lua = "lua5.4", helper = "ums.busted" }
+--
+-- Each block runs through ums.test (stdlib/ums/test.lua), which gives it a
+-- fresh run, a timeout, the choice of clock, and fails it when a task it
+-- started failed and nobody joined it. Helper options (-Xhelper, split at
+-- commas by Busted):
+--
+--   timeout=S   real seconds each block may take (default 10)
+--   clock=C     "real" (the default) or "virtual" (README, "Deterministic
+--               time"); tags below override it per block
+--   limit=S     with the virtual clock, the virtual seconds after which a
+--               block that is still blocked fails (default 1e7)
+--   gc          a full collection at the end of every block (ums.test's
+--               gc option), for specs that rely on finalizers running
+--               inside their own run (a dropped ums.fs file's close)
+--   helper=P    the suite's own helper (a .lua path, else a module name),
+--               loaded after this one with the options this one does not
+--               know as its `arg` (without helper=, such an option is an
+--               error)
+--
+-- Tags, in the name of a test or of a describe around it (a describe's
+-- tags also apply to the before_each and after_each run for its tests):
+--
+--   #virtual    the virtual clock
+--   #real       the real clock (overrides clock=virtual)
+--   #notask     run on Busted's own thread, as without this helper (for a
+--               spec that calls ums.run or ums.test itself)
+--
+-- setup/teardown (lazy or strict) and describe bodies run on Busted's
+-- thread: what they build outlives one run, which a task cannot. Tasks a
+-- block starts must end before the block does (ums.test waits for them).
+--
+-- Under the ums command (`ums /usr/bin/busted --helper=ums.busted`), Busted
+-- itself is already a task: blocks then run in that task, in the one run
+-- of the command, without a fresh run, timeout or clock of their own.
+--
+-- A failure is reported at the spec's own line, as without the helper:
+-- the block's error is caught inside its task, where the line that raised
+-- it is still on the stack, and raised again on Busted's thread from a
+-- frame that carries that line (Busted takes a failure's place from the
+-- frame that raises it).
+--
+-- Only Busted's public API is used: `busted.subscribe`/`busted.publish`
+-- (the registration of blocks goes through the "register" channel, which
+-- this helper intercepts to wrap the block's function) and the test
+-- environment's `finally`.
+local core = require "ums.core"
+local test = require "ums.test"
+local busted = require "busted"
+
+-- M.options: the options in force; M.runs: how many blocks have run as
+-- tasks of a fresh run so far.
+local M = {runs = 0}
+
+local options = {timeout = 10, clock = "real", limit = nil, gc = false}
+local chained, chained_args = nil, {}
+
+local function bad_option(fmt, ...)
+  error("ums.busted: " .. fmt:format(...), 0)
+end
+
+local function positive(key, v)
+  local n = tonumber(v)
+  if not n or not (n > 0) then
+    bad_option("%s must be a positive number of seconds, got '%s'", key,
+               tostring(v))
+  end
+  return n
+end
+
+-- The helper's `arg` holds Busted's -Xhelper options (busted's
+-- helper_loader sets it while the helper loads).
+for _, a in ipairs(arg or {}) do
+  local key, value = tostring(a):match("^([%w_]+)=(.*)$")
+  key = key or a
+  if key == "timeout" then
+    options.timeout = positive(key, value)
+  elseif key == "limit" then
+    options.limit = positive(key, value)
+  elseif key == "clock" then
+    if value ~= "real" and value ~= "virtual" then
+      bad_option("clock must be 'real' or 'virtual', got '%s'",
+                 tostring(value))
+    end
+    options.clock = value
+  elseif key == "gc" then
+    options.gc = value == nil or value == "" or value == "true"
+                 or value == "1" or value == "yes"
+  elseif key == "helper" then
+    chained = value
+  else
+    chained_args[#chained_args + 1] = a
+  end
+end
+-- Without a helper to take them, other options are mistakes.
+if not chained and chained_args[1] ~= nil then
+  bad_option("unknown option '%s' (no helper= to pass it to)",
+             tostring(chained_args[1]))
+end
+
+-- ---------------------------------------------------------------------
+-- Where a failure is reported
+-- ---------------------------------------------------------------------
+
+local function dir_of(modname)
+  local p = package.searchpath(modname, package.path)
+  return p and p:match("^(.*)[/\\][^/\\]*$")
+end
+
+-- Frames of these files are not the spec's: Busted skips its own and
+-- luassert's the same way (busted.core's getTrace).
+local skip_dirs = {}
+for _, m in ipairs{"busted.core", "luassert.assert", "ums.test"} do
+  local d = dir_of(m)
+  if d then skip_dirs[#skip_dirs + 1] = d end
+end
+
+local function skipped(info)
+  if info.what == "C" then return true end
+  local src = info.source
+  if src:sub(1, 1) ~= "@" then return false end
+  for _, d in ipairs(skip_dirs) do
+    if src:sub(2, #d + 2) == d .. "/" then return true end
+  end
+  return false
+end
+
+-- The first frame from `level` on (in the running coroutine) that is the
+-- spec's: its source and line, or nil.
+local function spec_frame(level)
+  while true do
+    local info = debug.getinfo(level + 1, "Sl")
+    if not info then return nil end
+    if not skipped(info) and info.currentline > 0 then
+      return info.source, info.currentline
+    end
+    level = level + 1
+  end
+end
+
+-- Raisers by source and line: a function that raises its argument, whose
+-- only frame says source:line. Busted reports an error without a position
+-- at the first frame that is neither C nor its own nor luassert's, and
+-- takes the failure's trace from there.
+local raisers = {}
+
+local function raise_at(source, line, err)
+  if not source then error(err, 0) end
+  local key = source .. ":" .. line
+  local f = raisers[key]
+  if not f then
+    -- The chunk's one statement is on `line`, so that its frame does.
+    f = assert(load(("\n"):rep(line - 1) .. "error((...), 0)", source))
+    raisers[key] = f
+  end
+  -- A tail call: between Busted's handler and this frame, no frame of
+  -- the helper's shows in the failure's traceback.
+  return f(err)
+end
+
+-- ---------------------------------------------------------------------
+-- Running a block
+-- ---------------------------------------------------------------------
+
+local function has_tag(name, tag)
+  return type(name) == "string" and
+         name:find("#" .. tag .. "%f[^%w_%-]") ~= nil
+end
+
+-- The names of the describe blocks being run, innermost last: Busted
+-- publishes describe start and end around the run of each one.
+local describes = {}
+busted.subscribe({"describe", "start"}, function(element)
+  describes[#describes + 1] = element.name
+  return nil, true
+end)
+busted.subscribe({"describe", "end"}, function()
+  describes[#describes] = nil
+  return nil, true
+end)
+
+-- How a block runs: clock ("real" | "virtual") and notask, from the
+-- options, then the describes' tags outside in, then the block's own.
+local function settings(own_name)
+  local clock, notask = options.clock, false
+  local function apply(name)
+    if has_tag(name, "virtual") then clock = "virtual" end
+    if has_tag(name, "real") then clock = "real" end
+    if has_tag(name, "notask") then notask = true end
+  end
+  for i = 1, #describes do apply(describes[i]) end
+  apply(own_name)
+  return clock, notask
+end
+
+local pack, unpack = table.pack, table.unpack
+
+-- Runs fn(...) as the first task of a fresh run (ums.test) and raises its
+-- failure at the spec's line.
+local function run_block(fn, own_name, ...)
+  local clock, notask = settings(own_name)
+  if notask or core.self() then return fn(...) end
+  M.runs = M.runs + 1
+  local args = pack(...)
+  local caught  -- {err, source, line}: fn's own error, seen in its task
+  local function handler(e)
+    -- A cancellation (the timeout) is the run's business, not fn's error.
+    if not rawequal(e, core.CANCELLED) then
+      local source, line = spec_frame(2)
+      caught = {err = e, source = source, line = line}
+    end
+    return e
+  end
+  local function body()
+    local r = pack(xpcall(fn, handler, unpack(args, 1, args.n)))
+    if not r[1] then error(r[2], 0) end
+    return unpack(r, 2, r.n)
+  end
+  local r = pack(pcall(test, body, {timeout = options.timeout, clock = clock,
+                                    limit = options.limit,
+                                    gc = options.gc or nil}))
+  if r[1] then return unpack(r, 2, r.n) end
+  local err = r[2]
+  local info = debug.getinfo(fn, "S")
+  if caught then
+    local e = caught.err
+    -- ums.test adds a note when tasks nobody joined failed too.
+    local note = type(err) == "string" and
+                 err:match("\n(%(and %d+ task%(s%) failed that nobody " ..
+                           "joined%))$")
+    if note and type(e) == "string" then e = e .. "\n" .. note end
+    return raise_at(caught.source or info.source,
+                    caught.line or info.linedefined, e)
+  end
+  -- A timeout or a failed task nobody joined: at the block's first line.
+  return raise_at(info.source, info.linedefined, err)
+end
+
+-- Gives wrapper the same _ENV upvalue as fn: Busted looks at a block's
+-- environment (busted.compatibility's getfenv) to know which of its
+-- functions to reject inside it, and the block's `finally` lives there.
+local function env_index(f)
+  local i = 1
+  while true do
+    local name = debug.getupvalue(f, i)
+    if name == nil then return nil end
+    if name == "_ENV" then return i end
+    i = i + 1
+  end
+end
+
+local function share_env(wrapper, fn)
+  local wi, fi = env_index(wrapper), env_index(fn)
+  if wi and fi then debug.upvaluejoin(wrapper, wi, fn, fi) end
+end
+
+local wrapped = setmetatable({}, {__mode = "k"})
+
+local function wrap(descriptor, name, fn)
+  local wrapper
+  if descriptor == "it" then
+    wrapper = function(...)
+      local env = _ENV
+      -- `finally` is set by Busted in the test's environment before the
+      -- body runs, and called on Busted's thread after it: its function
+      -- runs as a block of its own, with the test's settings.
+      local finally = env.finally
+      if type(finally) == "function" then
+        env.finally = function(f)
+          finally(function(...) return run_block(f, name, ...) end)
+        end
+      end
+      return run_block(fn, name, ...)
+    end
+  else
+    wrapper = function(...)
+      local _ = _ENV
+      return run_block(fn, nil, ...)
+    end
+  end
+  share_env(wrapper, fn)
+  wrapped[wrapper] = true
+  return wrapper
+end
+
+-- Busted registers each block by publishing ("register", descriptor) with
+-- its name and function; its own subscriber attaches the block. This one
+-- runs first (priority 1), publishes the same registration with the
+-- wrapped function, and stops the original.
+for _, descriptor in ipairs{"it", "before_each", "after_each"} do
+  busted.subscribe({"register", descriptor},
+    function(name, fn, trace, attributes)
+      if type(fn) ~= "function" or wrapped[fn] then return nil, true end
+      busted.publish({"register", descriptor}, name,
+                     wrap(descriptor, name, fn), trace, attributes)
+      return nil, false
+    end, {priority = 1})
+end
+
+M.options = options
+
+-- The suite's own helper, loaded as Busted would have loaded it. It may
+-- require this module, which is therefore registered first.
+package.loaded["ums.busted"] = M
+if chained and chained ~= "" then
+  local saved = arg
+  arg = chained_args  -- luacheck: ignore
+  local ok, err = pcall(function()
+    if chained:match("%.lua$") then
+      dofile(chained)
+    else
+      require(chained)
+    end
+  end)
+  arg = saved  -- luacheck: ignore
+  if not ok then
+    error(("ums.busted: the suite's helper '%s' failed: %s")
+          :format(chained, tostring(err)), 0)
+  end
+end
+
+return M
