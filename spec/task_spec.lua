@@ -910,6 +910,24 @@ describe("ums.run", function()
     assert.is_true(got.same)
   end)
 
+  it("is a coroutine: not the main thread, and a bare coroutine.yield "
+     .. "yields to the scheduler", function()
+    local got = {}
+    ums.run(function()
+      got.co, got.main = coroutine.running()
+      got.yieldable = coroutine.isyieldable()
+      local other = ums.spawn(function() got.other_ran = true end)
+      got.yielded = table.pack(coroutine.yield(1, 2))
+      got.other = other:status()
+    end)
+    assert.equal("thread", type(got.co))
+    assert.is_false(got.main)
+    assert.is_true(got.yieldable)
+    assert.same({n = 0}, got.yielded)
+    assert.is_true(got.other_ran)
+    assert.equal("done", got.other)
+  end)
+
   it("called from a task that is cancelled, cancels the inner task",
      function()
     local inner_status
