@@ -511,9 +511,14 @@ static const char *vm_init(lvms *v, lrun *r) {
 /* Running a request (in its VM, as a task)                                */
 /* ---------------------------------------------------------------------- */
 
-/* Message handler: the error value and the traceback where it was
-** raised, in a table. */
+/* Message handler of a request, a C closure made per request: keeps the
+** error value (upvalue 1) and the traceback where it was raised (upvalue
+** 2), and returns the value itself. Lua also runs the parser under this
+** handler (a reader of `load` that raises, a chunk nested too deeply), so
+** anything else would change what `load` returns to the work; req_main_k
+** reads the upvalues right after the pcall. */
 static int req_msgh(lua_State *L) {
+  lua_settop(L, 1);
   const char *msg = lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : NULL;
   luaL_traceback(L, L, msg, 1);
   /* The two C frames below the work's function are this file's (req_body
@@ -526,12 +531,10 @@ static int req_msgh(lua_State *L) {
        i++)
     len -= n;
   lua_pushlstring(L, tb, len);
-  lua_remove(L, -2);
-  lua_createtable(L, 2, 0);
+  lua_replace(L, lua_upvalueindex(2));
   lua_pushvalue(L, 1);
-  lua_rawseti(L, -2, 1);
-  lua_pushvalue(L, -2);
-  lua_rawseti(L, -2, 2);
+  lua_replace(L, lua_upvalueindex(1));
+  lua_settop(L, 1);
   return 1;
 }
 
@@ -628,16 +631,20 @@ static int req_main_k(lua_State *L, int status, lua_KContext ctx) {
     }
     return 0;
   }
-  /* The handler's {err, traceback}, or a bare error if it failed. */
+  /* The error, with the traceback the handler (at 1) kept for it; none
+  ** when the handler did not see this value (it failed itself, memory ran
+  ** out, or a __close replaced the error). */
   const char *tb = NULL;
-  if (lua_type(L, -1) == LUA_TTABLE) {
-    lua_rawgeti(L, -1, 2);
+  lua_getupvalue(L, 1, 1);
+  if (lua_rawequal(L, -1, -2)) {
+    lua_getupvalue(L, 1, 2);
     tb = lua_tostring(L, -1);
-    lua_rawgeti(L, -2, 1);
+    lua_remove(L, -2);
   } else {
+    lua_pop(L, 1);
     lua_pushnil(L);
-    lua_pushvalue(L, -2);
   }
+  lua_pushvalue(L, -2);
   lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
   bool cancelled = lua_rawequal(L, -1, -2);
   lua_pop(L, 1);
@@ -673,7 +680,9 @@ static int req_main(lua_State *L) {
     return 0;
   }
   lums_cur_task->req = r;
-  lua_pushcfunction(L, req_msgh);
+  lua_pushnil(L);
+  lua_pushnil(L);
+  lua_pushcclosure(L, req_msgh, 2);  /* one per request, on its stack */
   lua_pushcfunction(L, req_body);
   lua_pushlightuserdata(L, r);
   int st = lua_pcallk(L, 1, LUA_MULTRET, 1, (lua_KContext)r, req_main_k);

@@ -181,10 +181,55 @@ describe("ums command", function()
         error(setmetatable({}, {__tostring = function() return "custom" end}))
       ]]})
       sp.assert_exit(r, 1)
-      assert.matches("^ums: custom\nstack traceback:", r.stderr)
+      -- As lua.c's handler: the object's string is the whole message.
+      assert.equal("ums: custom\n", r.stderr)
       r = sp.ums({script "error(42)"})
       sp.assert_exit(r, 1)
-      assert.matches("^ums: 42\n", r.stderr)
+      assert.matches("^ums: 42\nstack traceback:\n", r.stderr)
+      r = sp.ums({script "error()"})
+      sp.assert_exit(r, 1)
+      assert.matches("^ums: %(error object is a nil value%)\n", r.stderr)
+    end)
+
+    it("gives load's reader error and a too-deep chunk's as lua5.4 does",
+       function()
+      -- Lua runs the parser under the caller's message handler: the
+      -- command's handler must give what lua.c's gives, a string.
+      local s = script [[
+        local f, e = load(function() error("reader failed") end)
+        print(f, type(e), e)
+        f, e = load(function() error({}) end)
+        print(f, type(e), e)
+        f, e = load(string.rep("(", 300) .. "1" .. string.rep(")", 300))
+        print(f, type(e), e)
+      ]]
+      local r = sp.ums({s})
+      sp.assert_exit(r, 0)
+      assert.matches("^nil\tstring\t[^\n]*:1: reader failed\n" ..
+                     "stack traceback:\n", r.stdout)
+      assert.matches("\nnil\tstring\t%(error object is a table value%)\n",
+                     r.stdout)
+      assert.matches("\nnil\tstring\tC stack overflow\n", r.stdout)
+      local plain = sp.lua_run({s})
+      sp.assert_exit(plain, 0)
+      assert.equal(plain.stdout, r.stdout)
+    end)
+
+    it("reports the error of a script that removed the globals it uses",
+       function()
+      local s = script [[
+        local raise = error
+        debug, string, io, table = nil, nil, nil, nil
+        tostring = function() return "replaced" end
+        getmetatable, xpcall, pcall, error = nil, nil, nil, nil
+        raise("still reported")
+      ]]
+      local r = sp.ums({s})
+      sp.assert_exit(r, 1)
+      assert.matches("^ums: [^\n]*:5: still reported\nstack traceback:\n",
+                     r.stderr)
+      local plain = sp.lua_run({s})
+      assert.equal(plain.stderr:gsub("^lua5%.4: ", "ums: "), r.stderr)
     end)
 
     it("reports an error of a task nobody joined, and exits 1", function()

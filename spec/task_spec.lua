@@ -885,13 +885,71 @@ describe("ums.run", function()
     assert.equal(10, done)
   end)
 
-  it("cannot nest", function()
-    local ok, err
+  it("called from a task, runs fn as a task of the same run and waits "
+     .. "for it", function()
+    local got = {}
     ums.run(function()
-      ok, err = pcall(ums.run, function() end)
+      local outer = ums.self()
+      got.results = table.pack(ums.run(function(a, b)
+        got.inner = ums.self()
+        ums.sleep(0.001)
+        return a + b, "sum"
+      end, 20, 22))
+      got.outer = outer
+      -- Its error comes back as ums.run's own: a string with the
+      -- traceback, any other value as it is.
+      got.ok, got.err = pcall(ums.run, function() error("inner boom") end)
+      local e = {}
+      got.same = select(2, pcall(ums.run, function() error(e) end)) == e
     end)
-    assert.is_false(ok)
-    assert.matches("cannot be nested", err)
+    assert.same({n = 2, 42, "sum"}, got.results)
+    assert.is_not_nil(got.inner)
+    assert.are_not.equal(got.outer, got.inner)
+    assert.is_false(got.ok)
+    assert.matches("inner boom\nstack traceback:", got.err)
+    assert.is_true(got.same)
+  end)
+
+  it("is a coroutine: not the main thread, and a bare coroutine.yield "
+     .. "yields to the scheduler", function()
+    local got = {}
+    ums.run(function()
+      got.co, got.main = coroutine.running()
+      got.yieldable = coroutine.isyieldable()
+      local other = ums.spawn(function() got.other_ran = true end)
+      got.yielded = table.pack(coroutine.yield(1, 2))
+      got.other = other:status()
+    end)
+    assert.equal("thread", type(got.co))
+    assert.is_false(got.main)
+    assert.is_true(got.yieldable)
+    assert.same({n = 0}, got.yielded)
+    assert.is_true(got.other_ran)
+    assert.equal("done", got.other)
+  end)
+
+  it("called from a task that is cancelled, cancels the inner task",
+     function()
+    local inner_status
+    ums.run(function()
+      local inner
+      local outer = ums.spawn(function()
+        ums.run(function()
+          inner = ums.self()
+          ums.sleep(60)
+        end)
+      end)
+      for _ = 1, 10000 do
+        if inner ~= nil then break end
+        ums.sleep(0.001)
+      end
+      assert(inner, "the inner task never started")
+      outer:cancel()
+      outer:join()
+      inner:join()
+      inner_status = inner:status()
+    end)
+    assert.equal("cancelled", inner_status)
   end)
 
   it("re-raises the first task's string error with its traceback", function()

@@ -675,6 +675,44 @@ describe("errors in submitted work", function()
       end)
     end)
 
+  it("leave load's errors as they are inside the work", function()
+    -- Lua runs the parser under the work's message handler: a reader that
+    -- raises and a chunk nested too deeply give load's usual results.
+    run(function()
+      local ok, r = ums.submit_on(2, function()
+        local out = {}
+        local function add(...) out[#out + 1] = table.pack(...) end
+        add(load(function() error("reader failed") end))
+        add(load(function() error({code = 7}) end))
+        add(load(string.rep("(", 300) .. "1" .. string.rep(")", 300)))
+        add(pcall(load, function() error("in pcall") end))
+        -- The work's own error afterwards keeps its traceback.
+        local ok, e = pcall(error, "caught")
+        out.caught = {ok, e}
+        return out
+      end):join(20)
+      assert.is_true(ok)
+      assert.equal(2, r[1].n)
+      assert.is_nil(r[1][1])
+      assert.equal("string", type(r[1][2]))
+      assert.matches("vm_spec%.lua:%d+: reader failed$", r[1][2])
+      assert.same({n = 2, nil, {code = 7}}, r[2])
+      assert.same({n = 2, nil, "C stack overflow"}, r[3])
+      assert.is_true(r[4][1])
+      assert.matches("in pcall$", r[4][3])
+      assert.same({false, "caught"}, r.caught)
+      local tb
+      ok, r, tb = ums.submit_on(2, function()
+        assert(not load(function() error("first") end))
+        error("second")
+      end):join(20)
+      assert.is_false(ok)
+      assert.matches("vm_spec%.lua:%d+: second$", r)
+      assert.matches("^[^\n]*second\nstack traceback:", tb)
+      assert.not_matches("first", tb)
+    end)
+  end)
+
   it("keep error values that can be copied, and the name's module in the "
      .. "traceback", function()
     run(function()

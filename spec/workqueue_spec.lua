@@ -254,6 +254,32 @@ describe("ums.workqueue", function()
       end)
     end)
 
+    it("leaves load's errors as they are inside an item", function()
+      run(function()
+        local q = ums.workqueue()
+        local ok, f, e = q:post(load, function() error("reader failed") end)
+          :result()
+        assert.is_true(ok)
+        assert.is_nil(f)
+        assert.equal("string", type(e))
+        assert.matches("workqueue_spec%.lua:%d+: reader failed$", e)
+        local _, _, deep = q:post(load, string.rep("(", 300) .. "1" ..
+                                  string.rep(")", 300)):result()
+        assert.equal("C stack overflow", deep)
+        -- An item's own error afterwards keeps its traceback.
+        local tb
+        ok, e, tb = q:post(function()
+          assert(not load(function() error("first") end))
+          error("second")
+        end):result()
+        assert.is_false(ok)
+        assert.matches("second$", e)
+        assert.matches("^[^\n]*second\nstack traceback:", tb)
+        assert.not_matches("first", tb)
+        q:wait()
+      end)
+    end)
+
     it("never swallows an error nobody looked at", function()
       local ok, err = pcall(ums.test, function()
         local q = ums.workqueue { readers = 1 }

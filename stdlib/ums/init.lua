@@ -123,9 +123,31 @@ end
 -- Make the defaults explicit in the core's table, once.
 core.config(ums.config())
 
+local spawn, self, pack, unpack = core.spawn, core.self, table.pack,
+  table.unpack
+
 --- ums.run(fn, ...) -> fn's results. Blocks until every task has ended.
--- core.run itself (copied above), so that its errors (a bad argument, a
--- runtime that cannot start) name the caller's line.
+-- Called from a task (a program written for plain lua5.4, run inside a
+-- task, by the ums command or as submitted work), it runs fn as a task of
+-- the current run and waits for that task only: a run cannot be nested,
+-- and the program must behave as it does on its own. Outside a task it
+-- is core.run, called last so that its errors name the caller's line.
+function ums.run(fn, ...)
+  if type(fn) ~= "function" then
+    error(("bad argument #1 to 'run' (function expected, got %s)")
+          :format(type(fn)), 2)
+  end
+  if self() == nil then return core.run(fn, ...) end
+  local t = spawn(fn, ...)
+  -- If the caller is cancelled while waiting, so is the inner task.
+  local _ <close> = setmetatable({}, {__close = function() t:cancel() end})
+  local r = pack(t:join())
+  if r[1] then return unpack(r, 2, r.n) end
+  -- As from a run of its own: a string error with the task's traceback.
+  local err, tb = r[2], r[3]
+  if type(err) == "string" and type(tb) == "string" then err = tb end
+  error(err, 0)
+end
 
 --- ums.locals() -> the current task's local storage table.
 function ums.locals()

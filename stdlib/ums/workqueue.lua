@@ -252,48 +252,66 @@ local function take(q, me)
   end
 end
 
--- Called by the reader with the item's pcall-style outcome.
-local function finish(q, item, ok, ...)
+-- A description of an error value, where a traceback starts.
+local function describe(e)
+  return type(e) == "string" and e or format("(error value: %s)", tostring(e))
+end
+
+-- Called by the reader with its capture state (see capturer) and the
+-- item's pcall-style outcome.
+local function finish(q, item, cap, ok, ...)
   q.nrunning = q.nrunning - 1
   release_locks(item)
   if ok then
     settle(q, item, "done", true, pack(...))
     return
   end
-  local w = ...
-  if rawequal(w.err, CANCELLED) then
+  local e = ...
+  -- The handler did not see this value when it failed itself or memory
+  -- ran out: the item keeps the value, described, as its traceback.
+  local tb = rawequal(cap.err, e) and cap.tb or describe(e)
+  cap.err, cap.tb = nil, nil
+  if rawequal(e, CANCELLED) then
     -- The reader was cancelled (its run is ending, or somebody cancelled
     -- it): the item ends cancelled and the reader with it; queued items
     -- get a reader of their own.
-    settle(q, item, "cancelled", false, nil, CANCELLED, w.tb)
+    settle(q, item, "cancelled", false, nil, CANCELLED, tb)
     reader_stops(q)
     pcall(activate, q)
     error(CANCELLED, 0)
   end
-  settle(q, item, "error", false, nil, w.err, w.tb)
+  settle(q, item, "error", false, nil, e, tb)
 end
 
--- xpcall's handler: keeps the error value (identity) and the traceback
--- of the item's stack where it failed.
-local function capture(e)
-  return { err = e, tb = traceback(type(e) == "string" and e or
-    format("(error value: %s)", tostring(e)), 2) }
+-- xpcall's handler, one per reader (the reader's task owns cap): keeps
+-- the error value and the traceback of the item's stack where it failed in
+-- cap, for finish, and returns the value itself. Lua also runs load's
+-- parser under this handler, and an item's load must get what it gets in
+-- plain Lua when its reader raises or its chunk nests too deeply.
+local function capturer()
+  local cap = {}
+  return cap, function(e)
+    cap.err, cap.tb = e, traceback(describe(e), 2)
+    return e
+  end
 end
 
 -- The reader's loop calls the items' functions, so it comes from a chunk
 -- that the quantum may preempt (ums.waitq.preemptible).
 reader_body = wq.preemptible("ums.workqueue reader", [[
-  local take, finish, capture, self, xpcall, unpack = ...
+  local take, finish, capturer, self, xpcall, unpack = ...
   return function(q)
     local me = self()
+    local cap, capture = capturer()
     while true do
       local item = take(q, me)
       if item == nil then return end
       local args = item.args_
-      finish(q, item, xpcall(item.fn_, capture, unpack(args, 1, args.n)))
+      finish(q, item, cap, xpcall(item.fn_, capture,
+                                  unpack(args, 1, args.n)))
     end
   end
-]], take, finish, capture, core.self, xpcall, unpack)
+]], take, finish, capturer, core.self, xpcall, unpack)
 
 -- ---------------------------------------------------------------------
 -- The API

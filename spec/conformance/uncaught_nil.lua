@@ -1,0 +1,5 @@
+-- conformance: main
+-- An uncaught error whose value is not a string (nil): reported as lua.c
+-- reports it, exit status 1.
+print("before")
+error(nil)
