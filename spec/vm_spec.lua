@@ -679,7 +679,7 @@ describe("errors in submitted work", function()
     -- Lua runs the parser under the work's message handler: a reader that
     -- raises and a chunk nested too deeply give load's usual results.
     run(function()
-      local ok, r = ums.submit_on(2, function()
+      local ok, r = ums.submit_on(1, function()
         local out = {}
         local function add(...) out[#out + 1] = table.pack(...) end
         add(load(function() error("reader failed") end))
@@ -702,7 +702,7 @@ describe("errors in submitted work", function()
       assert.matches("in pcall$", r[4][3])
       assert.same({false, "caught"}, r.caught)
       local tb
-      ok, r, tb = ums.submit_on(2, function()
+      ok, r, tb = ums.submit_on(1, function()
         assert(not load(function() error("first") end))
         error("second")
       end):join(20)
