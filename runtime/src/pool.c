@@ -537,10 +537,31 @@ static void grow_check(ums__pool_t *p) {
     p->sampled_at = 0;
     return;
   }
+  /* Threads not in a work (idle, between works, or started and not yet
+  ** at the queue) each take queued work without help: a thread started
+  ** at an earlier tick that has not reached the queue yet (thread starts
+  ** are slow on a crowded machine) must not be started again at every
+  ** tick, or a pool with a high bound overshoots to it. */
+  uint32_t working = 0;
+  for (ums__pool_thread_t *th = p->threads; th; th = th->next)
+    if (!th->exited && th->current &&
+        atomic_load_explicit(&th->in_work, memory_order_relaxed))
+      working++;
+  uint32_t coming = p->nthreads - working;
+  if (coming >= p->nqueued || p->nthreads >= p->cfg.max) return;
+  /* At most this many threads may start: the looks below (a clock and a
+  ** /proc read each, under the pool's lock) stop once that many threads
+  ** are found blocked, so that a tick costs no more with a thousand
+  ** blocked threads than the growth it can do. The threads not looked
+  ** at keep their last sample: their next look spans more time, which
+  ** only makes a computing thread less likely to pass for blocked. */
+  uint32_t need = p->nqueued - coming;
+  if (need > p->cfg.max - p->nthreads) need = p->cfg.max - p->nthreads;
   int64_t now = ums__clock_now();
   int64_t interval = p->sampled_at ? now - p->sampled_at : 0;
   uint32_t blocked = 0;
-  for (ums__pool_thread_t *th = p->threads; th; th = th->next) {
+  for (ums__pool_thread_t *th = p->threads; th && blocked < need;
+       th = th->next) {
     const ums__pool_work_t *was = th->seen_work;
     uint64_t was_works = th->seen_works;
     int64_t cpu0 = th->seen_cpu;
@@ -576,8 +597,7 @@ static void grow_check(ums__pool_t *p) {
   if (p->nsleeping > p->wakes_pending || p->nthreads < p->cfg.core) return;
   /* As many as are blocked: the CPUs they leave idle are worth a thread
   ** each, and with everything blocked this doubles the pool per tick. */
-  uint32_t k = blocked;
-  if (k > p->nqueued) k = p->nqueued;
+  uint32_t k = blocked < need ? blocked : need;
   if (k > p->cfg.max - p->nthreads) k = p->cfg.max - p->nthreads;
   while (k-- > 0 && start_thread(p) == 0) p->grown++;
 }
