@@ -79,6 +79,9 @@ describe("a C-call pool out of threads", function()
         close_all(fds)
         local pool = preemptive_pool()
         assert.is_true(pool.max_threads >= 10000)
+        -- A thread per blocked call, not one per tick of the pool's
+        -- monitor up to its bound.
+        assert.is_true(pool.threads <= 2 * n + 64, pool.threads)
         assert.equal(0, pool.exhaustions)
         assert.is_false(pool.exhausted)
       end, 120)
