@@ -68,7 +68,9 @@ local function preemptive_pool()
 end
 
 describe("a C-call pool out of threads", function()
-  after_each(function() ums.config{preempt_threads = 0, stall_threshold = 1} end)
+  after_each(function()
+    ums.config{preempt_threads = 0, stall_threshold = 1}
+  end)
 
   for _, n in ipairs{100, 1000} do
     it(("completes %d readers and their writers by default"):format(n),
