@@ -1139,6 +1139,8 @@ static int l_call(lua_State *L) {
   ** scheduler's slot record): the pool thread polls this line. */
   if (c->req != req) c->req = req;
   if (c->heap != heap) c->heap = heap;
+  /* The name lives in f, which the request holds until its release. */
+  ums_preempt_set_what(call, f->d.name);
   /* On failure the runtime releases the request through fcall_free. */
   return lums_preempt_start_prepared(L, t, f->d.name, call, fcall_run, c,
                                      fcall_free, deadline,

@@ -365,7 +365,7 @@ static int l_stats(lua_State *L) {
   }
   for (int i = 0; i < np; i++) {
     const ums_pool_stats_t *p = &pools[i];
-    lua_createtable(L, 0, 8);
+    lua_createtable(L, 0, 14);
     set_int(L, "id", n + i);
     set_bool(L, "hidden", true);
     set_str(L, "name", p->name);
@@ -375,6 +375,13 @@ static int l_stats(lua_State *L) {
     set_int(L, "workers_active", (lua_Integer)p->active);
     set_int(L, "workers_idle", (lua_Integer)p->idle);
     set_int(L, "completed", (lua_Integer)p->completed);
+    set_int(L, "max_threads", (lua_Integer)p->max);
+    set_bool(L, "exhausted", p->exhausted != 0);
+    set_int(L, "exhaustions", (lua_Integer)p->episodes);
+    lua_pushnumber(L, (lua_Number)p->oldest_wait_ns / 1e9);
+    lua_setfield(L, -2, "oldest_wait");
+    lua_pushnumber(L, (lua_Number)p->longest_wait_ns / 1e9);
+    lua_setfield(L, -2, "longest_wait");
     lua_rawseti(L, -2, n + i + 1);
   }
   return 1;

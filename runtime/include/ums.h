@@ -120,6 +120,7 @@ UMS_API int64_t ums_deadline(int64_t ns);
 typedef struct ums_runtime ums_runtime_t;
 
 struct ums_stall; /* see "Observability" */
+struct ums_pool_exhausted; /* see "Observability" */
 
 /* The smallest ums_config_t.stack_size accepted. A worker's stack holds
 ** the runtime's own frames (the scheduler pass runs on it), a signal's
@@ -143,7 +144,7 @@ typedef struct ums_config {
                                    UMS_IO_POOL; see "File I/O" */
   int io_pool_threads;          /* most threads of the I/O pool; default 64 */
   int preempt_threads;          /* most threads of the C-call pool (see
-                                   "Going preemptive"); default 64 */
+                                   "Going preemptive"); default 10000 */
   int clock;                    /* UMS_CLOCK_REAL (default) or
                                    UMS_CLOCK_VIRTUAL; see "Virtual clock" */
   int stats;                    /* UMS_STATS_ON (default), UMS_STATS_OFF
@@ -161,6 +162,14 @@ typedef struct ums_config {
                                 /* called on the monitor thread for each
                                    stall; NULL: one line on stderr */
   void *on_stall_arg;           /* passed to on_stall */
+  void (*on_pool_exhausted)(const struct ums_pool_exhausted *ex,
+                            void *arg);
+                                /* called on the monitor thread once per
+                                   exhaustion episode of a pool (see
+                                   "Observability"; stall_threshold is
+                                   its threshold too); NULL: one line on
+                                   stderr */
+  void *on_pool_exhausted_arg;  /* passed to on_pool_exhausted */
 } ums_config_t;
 
 /* Clocks (ums_config_t.clock). */
@@ -922,6 +931,15 @@ UMS_API int ums_preempt_begin_prepared(ums_preempt_call_t *call,
 UMS_API int ums_preempt_end_copy(ums_preempt_call_t *call, void *out,
                                  size_t n);
 
+/* Names what a prepared call runs (a C function's name), for the report
+** of an exhausted pool (ums_pool_exhausted_t.what). what is not copied:
+** it must stay valid until the call has returned and been released
+** (keep it with what arg holds). NULL: unknown. Before
+** ums_preempt_begin_prepared; a record reused for the next call keeps
+** no name from the last one. */
+UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
+                                  const char *what);
+
 /* ====================================================================== */
 /* Observability: counters, tasks, wait statistics, the monitor            */
 /* ====================================================================== */
@@ -1055,6 +1073,14 @@ typedef struct ums_pool_stats {
   uint64_t active;              /* threads running work */
   uint64_t idle;                /* threads waiting for work */
   uint64_t completed;           /* work run to its end, total */
+  uint64_t max;                 /* the most threads it may have */
+  int exhausted;                /* 1 while an exhaustion episode lasts
+                                   (see ums_pool_exhausted_t) */
+  uint64_t episodes;            /* exhaustion episodes reported, total */
+  int64_t oldest_wait_ns;       /* how long the oldest queued work has
+                                   waited; 0 when none is queued */
+  int64_t longest_wait_ns;      /* the longest wait the monitor saw
+                                   during an episode, ns */
 } ums_pool_stats_t;
 
 /* Fills up to n rows and returns the number of pools (2). */
@@ -1155,6 +1181,32 @@ typedef struct ums_stall {
   uint64_t seq;               /* stalls reported by this runtime, this one
                                  included */
 } ums_stall_t;
+
+/* A pool exhausted (ums_config_t.on_pool_exhausted): every thread the
+** pool may have (its max, or fewer when the system refuses more) runs a
+** call, and the oldest queued call has waited stall_threshold or more.
+** When the running calls wait for the queued ones (a read whose writer
+** is queued behind it), nothing will ever move: raise the pool's bound,
+** or give those calls a deadline. Reported once per episode, between
+** stall_threshold and stall_threshold plus a tick of the monitor after
+** the oldest call was queued; the episode ends when nothing is queued
+** or a thread is free. The pools' monitor wakes the runtime's monitor
+** for it, also while every scheduler is idle. */
+typedef struct ums_pool_exhausted {
+  const char *pool;           /* "preemptive" or "io" */
+  uint64_t threads;           /* threads alive */
+  uint64_t active;            /* of those, running a call */
+  uint64_t queued;            /* calls waiting for a thread */
+  uint64_t max;               /* the pool's bound */
+  int64_t oldest_wait_ns;     /* how long the oldest queued call has
+                                 waited */
+  ums_task_t task;            /* the task that made it (0: unknown) */
+  char name[32];              /* that task's name */
+  char what[64];              /* what it calls: the name given with
+                                 ums_preempt_set_what, or the file
+                                 operation ("read", ...); "" when unknown */
+  uint64_t seq;               /* episodes of this pool, this one included */
+} ums_pool_exhausted_t;
 
 /* For language bindings: the calling task is being made to yield because
 ** it ran past its quantum; counted in ums_sched_stats_t.quantum_expiries.

@@ -618,6 +618,15 @@ struct ums__pool_work {
                                         read through ums__pool_interrupted */
   ums__pool_work_t *next;            /* [pool lock] queue link */
   int64_t queued_at;                 /* [pool lock] when it was queued */
+  /* For the exhaustion report (ums__pool_exhaustion), written by the
+  ** submitter before it queues the work and read under the pool's lock
+  ** only while the work is queued. */
+  uint64_t task;                     /* the task waiting for it; 0: none
+                                        known */
+  const char *what;                  /* what it runs ("read", a C
+                                        function's name); NULL: unknown.
+                                        Kept alive by the work's owner
+                                        until run() has returned */
 };
 
 typedef struct ums__pool_thread ums__pool_thread_t;
@@ -638,6 +647,13 @@ typedef struct ums__pool_cfg {
   int64_t spin_ns;      /* an idle thread spins that long for new work
                            before it sleeps; 0: it sleeps at once */
   int64_t grow_ns;      /* the monitor's tick; 0: 1 ms */
+  void (*on_wait)(void *arg); /* called by the pool's monitor, under the
+                           pool's lock, at each tick while the pool has
+                           max threads, none idle, and work queued for
+                           a tick: the runtime's monitor watches for
+                           exhaustion then (it may sleep otherwise).
+                           Must not take the pool's lock. NULL: none */
+  void *on_wait_arg;
 } ums__pool_cfg_t;
 
 typedef struct ums__pool {
@@ -703,6 +719,15 @@ typedef struct ums__pool {
   uint64_t slot_takes;               /* [lock] posts a thread took */
   uint64_t slot_backs;               /* [lock] posts taken back by their
                                         owner (ums__pool_unpost) */
+  /* Exhaustion (ums__pool_exhaustion): every thread there may be is
+  ** running work and work has waited past the runtime's threshold. */
+  bool exhausted;                    /* [lock] an episode is under way */
+  bool cannot_grow;                  /* [lock] the last thread start
+                                        failed: the pool is at its bound
+                                        for now, whatever max says */
+  uint64_t episodes;                 /* [lock] episodes since the start */
+  int64_t oldest_wait_max;           /* [lock] the longest wait seen by a
+                                        look in an episode, ns */
   ums__spin_gauge_t spin;            /* [lock] how the spinners fare */
   ums__pool_cfg_t cfg;               /* [const] normalised */
 } ums__pool_t;
@@ -757,6 +782,28 @@ void ums__pool_slot_counts(ums__pool_t *p, uint64_t *takes, uint64_t *backs);
 uint64_t ums__pool_woken(ums__pool_t *p);
 /* Fills a row of ums_runtime_pool_stats. */
 void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out);
+/* The runtime monitor's look at the pool (monitor.c): fills *out and
+** returns 1 when an exhaustion episode begins with this look (every
+** thread the pool may have is running work, and the oldest queued work
+** has waited threshold ns or more), 0 otherwise. An episode ends when
+** nothing is queued any more (or a thread is idle); the next one is
+** counted anew. out->oldest_task and out->oldest_what describe the
+** oldest queued work; what points at the owner's string, valid only
+** while that work is queued: the caller copies it under the lock, so
+** out->oldest_what is a copy in out. */
+typedef struct ums__pool_exhaust {
+  uint64_t threads, active, queued, max, episodes;
+  int64_t oldest_wait_ns;
+  uint64_t oldest_task;
+  char oldest_what[64];
+} ums__pool_exhaust_t;
+int ums__pool_exhaustion(ums__pool_t *p, int64_t threshold,
+                         ums__pool_exhaust_t *out);
+/* Whether work is queued or pushed, without the lock (a hint). */
+bool ums__pool_has_queued(ums__pool_t *p);
+/* Whether an exhaustion episode is under way (the monitor looks once more
+** after the queue drained, to end it). Takes the pool's lock. */
+bool ums__pool_exhausted_hint(ums__pool_t *p);
 
 /* ====================================================================== */
 /* I/O buffers (buf.c)                                                     */

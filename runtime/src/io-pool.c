@@ -208,8 +208,25 @@ static void pool_run(ums__pool_work_t *w) {
     atomic_fetch_sub_explicit(&s->io_pool_pending, 1, memory_order_release);
 }
 
+/* The system call an operation makes, for reports. */
+static const char *op_name(int op) {
+  static const char *const names[UMS__IO_NOPS] = {
+      [UMS__IO_OPEN] = "open",       [UMS__IO_CLOSE] = "close",
+      [UMS__IO_READ] = "read",       [UMS__IO_WRITE] = "write",
+      [UMS__IO_READV] = "readv",     [UMS__IO_WRITEV] = "writev",
+      [UMS__IO_FSYNC] = "fsync",     [UMS__IO_STATX] = "statx",
+      [UMS__IO_UNLINK] = "unlink",   [UMS__IO_RENAME] = "rename",
+      [UMS__IO_MKDIR] = "mkdir",     [UMS__IO_READDIR] = "readdir",
+      [UMS__IO_READFILE] = "readfile"};
+  return op >= 0 && op < UMS__IO_NOPS ? names[op] : NULL;
+}
+
 void ums__io_pool_submit(ums_runtime_t *rt, ums__io_req_t *r) {
   r->work.run = pool_run;
+  /* For the pool's exhaustion report. */
+  ums__task_t *t = ums__task_current();
+  r->work.task = t ? atomic_load_explicit(&t->id, memory_order_relaxed) : 0;
+  r->work.what = op_name(r->op);
   if (r->sched)
     atomic_fetch_add_explicit(&r->sched->io_pool_pending, 1,
                               memory_order_relaxed);

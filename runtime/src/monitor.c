@@ -19,6 +19,15 @@
 **     end; the sum over tasks is the threads' true CPU time).
 ** A scheduler in its idle wait is never reported and credits nobody.
 **
+** It also looks at the two thread pools (pool.c, "Exhaustion"): a pool
+** whose every possible thread runs a call while the oldest queued call
+** has waited stall_threshold is reported once per episode
+** (ums_config_t.on_pool_exhausted, else a line on stderr), with the task
+** that made that call and what it calls. The tasks waiting for such a
+** pool are parked and their schedulers idle, so the monitor keeps ticking
+** while a pool has work queued, and a pool's own monitor wakes it when
+** work waits at the pool's bound.
+**
 ** Not every scheduler that does not move is stalled by its task: on an
 ** oversubscribed machine (the 2-vCPU VMs this runs on are often shared)
 ** the kernel may not run its thread for a while. So before it reports,
@@ -158,6 +167,61 @@ static void report(ums_runtime_t *rt, ums__sched_t *s, uint64_t running,
   fflush(stderr);
 }
 
+static void report_pool(ums_runtime_t *rt, const char *pool,
+                        const ums__pool_exhaust_t *x) {
+  ums_pool_exhausted_t ex = {.pool = pool,
+                             .threads = x->threads,
+                             .active = x->active,
+                             .queued = x->queued,
+                             .max = x->max,
+                             .oldest_wait_ns = x->oldest_wait_ns,
+                             .seq = x->episodes};
+  memcpy(ex.what, x->oldest_what, sizeof ex.what);
+  if (x->oldest_task && task_name(rt, x->oldest_task, ex.name))
+    ex.task = x->oldest_task;
+  if (rt->cfg.on_pool_exhausted) {
+    rt->cfg.on_pool_exhausted(&ex, rt->cfg.on_pool_exhausted_arg);
+    return;
+  }
+  char who[96] = "";
+  if (ex.task)
+    snprintf(who, sizeof who, "; the oldest, of task %llu%s%s%s,",
+             (unsigned long long)ex.task, ex.name[0] ? " '" : "", ex.name,
+             ex.name[0] ? "'" : "");
+  char what[80] = "";
+  if (ex.what[0]) snprintf(what, sizeof what, " calls %s and", ex.what);
+  fprintf(stderr,
+          "ums: the %s pool is exhausted: %llu of its %llu threads run "
+          "calls and %llu wait%s%s has waited %.3f s (raise %s, or give "
+          "the calls a deadline)\n",
+          pool, (unsigned long long)ex.active, (unsigned long long)ex.max,
+          (unsigned long long)ex.queued, who, what,
+          (double)ex.oldest_wait_ns / 1e9,
+          strcmp(pool, "io") == 0 ? "io_pool_threads" : "preempt_threads");
+  fflush(stderr);
+}
+
+/* The pools' look at each tick. Returns whether one has work queued or
+** an episode to end (the monitor then keeps ticking, idle schedulers or
+** not). */
+static bool look_at_pools(ums_runtime_t *rt, int64_t threshold) {
+  static const char *const names[2] = {"preemptive", "io"};
+  ums__pool_t *pools[2] = {&rt->preempt_pool, &rt->io_pool};
+  bool queued = false;
+  for (int i = 0; i < 2; i++) {
+    if (!pools[i]->cfg.max) continue;
+    /* Looked at once more after it drained, to end its episode. */
+    if (!ums__pool_has_queued(pools[i]) &&
+        !ums__pool_exhausted_hint(pools[i]))
+      continue;
+    queued = true;
+    ums__pool_exhaust_t x;
+    if (ums__pool_exhaustion(pools[i], threshold, &x))
+      report_pool(rt, names[i], &x);
+  }
+  return queued;
+}
+
 static bool sched_idle(ums__sched_t *s) {
   return atomic_load(&s->idle_state) != 0;
 }
@@ -258,6 +322,7 @@ static void *monitor_main(void *arg) {
         report(rt, s, running, now - sl->since);
       }
     }
+    if (threshold >= 0 && look_at_pools(rt, threshold)) busy = true;
     if (!busy) {
       sleep_until_busy(rt);
       if (clock) ums__wait_clock_advance(rt, ums__stamp_now());

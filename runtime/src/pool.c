@@ -85,6 +85,17 @@
 ** incoming and the slots, are sequentially consistent, so at least one sees the other (and
 ** likewise for mon_asleep and the monitor).
 **
+** Exhaustion. Work that waits while every thread the pool may have runs
+** other work (max threads, or a thread start failed) waits for one of
+** them to end; when those are blocked waiting for the queued work (a
+** read whose writer is queued behind it), nothing ever will. The pool
+** cannot tell that from slow work, so it says what it sees: the
+** runtime's monitor looks (ums__pool_exhaustion) and reports an episode
+** once, with the oldest queued work's task and what it runs. The pool's
+** monitor, which ticks while work is queued, wakes the runtime's monitor
+** for it (cfg.on_wait), since that one sleeps while every scheduler is
+** idle, as they are when all their tasks wait for the pool.
+**
 ** Interrupts: a run() blocked in a system call (a read from a pipe nobody
 ** writes to) is woken with a signal whose handler does nothing, installed
 ** without SA_RESTART, so the call fails with EINTR; run() then sees its
@@ -458,6 +469,7 @@ static int start_thread(ums__pool_t *p) {
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int r = pthread_create(&th->thread, NULL, pool_main, th);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
+  p->cannot_grow = r != 0;
   if (r != 0) {
     free(th);
     /* Threads start on demand, long after the runtime did: the pool goes
@@ -525,10 +537,31 @@ static void grow_check(ums__pool_t *p) {
     p->sampled_at = 0;
     return;
   }
+  /* Threads not in a work (idle, between works, or started and not yet
+  ** at the queue) each take queued work without help: a thread started
+  ** at an earlier tick that has not reached the queue yet (thread starts
+  ** are slow on a crowded machine) must not be started again at every
+  ** tick, or a pool with a high bound overshoots to it. */
+  uint32_t working = 0;
+  for (ums__pool_thread_t *th = p->threads; th; th = th->next)
+    if (!th->exited && th->current &&
+        atomic_load_explicit(&th->in_work, memory_order_relaxed))
+      working++;
+  uint32_t coming = p->nthreads - working;
+  if (coming >= p->nqueued || p->nthreads >= p->cfg.max) return;
+  /* At most this many threads may start: the looks below (a clock and a
+  ** /proc read each, under the pool's lock) stop once that many threads
+  ** are found blocked, so that a tick costs no more with a thousand
+  ** blocked threads than the growth it can do. The threads not looked
+  ** at keep their last sample: their next look spans more time, which
+  ** only makes a computing thread less likely to pass for blocked. */
+  uint32_t need = p->nqueued - coming;
+  if (need > p->cfg.max - p->nthreads) need = p->cfg.max - p->nthreads;
   int64_t now = ums__clock_now();
   int64_t interval = p->sampled_at ? now - p->sampled_at : 0;
   uint32_t blocked = 0;
-  for (ums__pool_thread_t *th = p->threads; th; th = th->next) {
+  for (ums__pool_thread_t *th = p->threads; th && blocked < need;
+       th = th->next) {
     const ums__pool_work_t *was = th->seen_work;
     uint64_t was_works = th->seen_works;
     int64_t cpu0 = th->seen_cpu;
@@ -564,8 +597,7 @@ static void grow_check(ums__pool_t *p) {
   if (p->nsleeping > p->wakes_pending || p->nthreads < p->cfg.core) return;
   /* As many as are blocked: the CPUs they leave idle are worth a thread
   ** each, and with everything blocked this doubles the pool per tick. */
-  uint32_t k = blocked;
-  if (k > p->nqueued) k = p->nqueued;
+  uint32_t k = blocked < need ? blocked : need;
   if (k > p->cfg.max - p->nthreads) k = p->cfg.max - p->nthreads;
   while (k-- > 0 && start_thread(p) == 0) p->grown++;
 }
@@ -594,6 +626,19 @@ static void wake_stuck(ums__pool_t *p) {
   }
   while (want > 0 && p->nthreads < p->cfg.core && start_thread(p) == 0)
     want--;
+}
+
+/* Every thread the pool may have for now runs work. [lock] */
+static bool at_bound(ums__pool_t *p) {
+  return !p->nidle && (p->nthreads >= p->cfg.max || p->cannot_grow);
+}
+
+/* The runtime's monitor is told while work waits at the bound for a
+** tick (it decides whether that is an exhaustion). [lock] */
+static void tell_waiting(ums__pool_t *p) {
+  if (p->cfg.on_wait && p->head && at_bound(p) &&
+      ums__clock_now() - p->head->queued_at >= p->cfg.grow_ns)
+    p->cfg.on_wait(p->cfg.on_wait_arg);
 }
 
 /* Whether the monitor may sleep: nothing is queued, and no thread is
@@ -635,6 +680,7 @@ static void *monitor_main(void *arg) {
     p->idle_looks = p->head || p->interrupting ? 0 : p->idle_looks + 1;
     wake_stuck(p);
     grow_check(p);
+    tell_waiting(p);
     if (p->interrupting && signal_ok)
       for (ums__pool_thread_t *th = p->threads; th; th = th->next)
         if (th->interrupting && th->current && !th->exited)
@@ -864,7 +910,59 @@ void ums__pool_stats(ums__pool_t *p, ums_pool_stats_t *out) {
   out->idle = p->nidle;
   out->active = p->nthreads > p->nidle ? p->nthreads - p->nidle : 0;
   out->completed = p->completed;
+  out->max = p->cfg.max;
+  out->exhausted = p->exhausted;
+  out->episodes = p->episodes;
+  out->oldest_wait_ns =
+      p->head ? ums__clock_now() - p->head->queued_at : 0;
+  out->longest_wait_ns = p->oldest_wait_max;
   pthread_mutex_unlock(&p->lock);
+}
+
+int ums__pool_exhaustion(ums__pool_t *p, int64_t threshold,
+                         ums__pool_exhaust_t *out) {
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&p->lock);
+  take_incoming(p, false);
+  int64_t wait = p->head ? ums__clock_now() - p->head->queued_at : 0;
+  if (wait < 0) wait = 0;
+  int begins = 0;
+  if (!p->head || p->nidle) {
+    p->exhausted = false; /* drained, or a thread is free: it ended */
+  } else if (at_bound(p) && wait >= threshold) {
+    if (!p->exhausted) {
+      p->exhausted = true;
+      p->episodes++;
+      begins = 1;
+    }
+    if (wait > p->oldest_wait_max) p->oldest_wait_max = wait;
+  }
+  out->threads = p->nthreads;
+  out->active = p->nthreads - p->nidle;
+  out->queued = p->nqueued;
+  out->max = p->cfg.max;
+  out->episodes = p->episodes;
+  out->oldest_wait_ns = wait;
+  if (p->head) {
+    /* The work is queued, so its owner keeps what alive (internal.h). */
+    out->oldest_task = p->head->task;
+    if (p->head->what)
+      snprintf(out->oldest_what, sizeof out->oldest_what, "%s",
+               p->head->what);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return begins;
+}
+
+bool ums__pool_has_queued(ums__pool_t *p) {
+  return work_waiting(p);
+}
+
+bool ums__pool_exhausted_hint(ums__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  bool e = p->exhausted;
+  pthread_mutex_unlock(&p->lock);
+  return e;
 }
 
 uint64_t ums__pool_handed(ums__pool_t *p) {

@@ -100,6 +100,9 @@ struct ums_preempt_call {
   ums__pool_work_t work;       /* [pool] run, posted and interrupted on
                                   the first line, the queue link after */
   _Atomic uint32_t refs;       /* [atomic] caller + pool */
+  const char *what;            /* [caller until begun, then const] what fn
+                                  is (ums_preempt_set_what), for reports;
+                                  next to refs, which every call writes */
   bool lone;                   /* [const] its scheduler's slot record:
                                   never freed before the scheduler; free
                                   for another call when refs is 0 */
@@ -273,6 +276,7 @@ static ums_preempt_call_t *call_get(ums__sched_t *s) {
     }
   }
   atomic_store_explicit(&c->refs, 1, memory_order_relaxed);
+  c->what = NULL;
   return c;
 }
 
@@ -283,6 +287,11 @@ static ums_preempt_call_t *call_get(ums__sched_t *s) {
 ** caller finds DONE at once). The submit's release CAS (or the queue's
 ** lock) publishes the record to the pool thread. */
 static void call_queue(ums__sched_t *s, ums_preempt_call_t *c) {
+  /* Who waits and for what, for the pool's exhaustion report; only
+  ** queued calls need it, not one a spinning thread takes from a slot. */
+  ums__task_t *t = ums__task_current();
+  c->work.task = t ? atomic_load_explicit(&t->id, memory_order_relaxed) : 0;
+  c->work.what = c->what;
   if (ums__pool_submit(&s->rt->preempt_pool, &c->work) != 0)
     call_run(&c->work);
 }
@@ -463,6 +472,10 @@ int ums_preempt_prepare(ums_preempt_call_t **call, void **area) {
   *call = c;
   if (area) *area = c->area.bytes;
   return 0;
+}
+
+void ums_preempt_set_what(ums_preempt_call_t *call, const char *what) {
+  if (call) call->what = what;
 }
 
 void *ums_preempt_area(ums_preempt_call_t *call) {

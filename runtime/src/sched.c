@@ -30,7 +30,12 @@ _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 #define DEFAULT_IDLE_TIMEOUT (10 * UMS_NSEC_PER_SEC)
 #define DEFAULT_IDLE_KEPT 16
 #define DEFAULT_IO_POOL_THREADS 64
-#define DEFAULT_PREEMPT_THREADS 64
+/* Threads of the C-call pool beyond one per CPU start only for calls
+** queued behind blocked ones and end when idle, so a high bound costs
+** nothing until calls block; it is high so that tasks whose blocked calls
+** wait for each other's (a reader and its writer) get a thread each, as
+** Go allows 10,000 threads for blocked calls. */
+#define DEFAULT_PREEMPT_THREADS 10000
 #define DEFAULT_STALL_THRESHOLD UMS_NSEC_PER_SEC
 /* How long an idle pool thread, and a scheduler with preemptive calls in
 ** flight, spin before they sleep. A futex wake-up costs ~80 us round trip
@@ -670,6 +675,10 @@ static int cpu_count(void) {
 
 /* Each scheduler's slot record becomes a slot of the C-call pool
 ** (pool.c, "Slots"; preempt.c). */
+/* A pool's work waits at its bound: the runtime's monitor decides
+** whether that is an exhaustion (monitor.c), and may be asleep. */
+static void pool_waits(void *arg) { ums__monitor_wake(arg); }
+
 static int preempt_slots(ums_runtime_t *rt) {
   ums__pool_work_t **v = malloc((size_t)rt->nsched * sizeof *v);
   if (!v) return UMS_ENOMEM;
@@ -878,7 +887,11 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
                              .core = (uint32_t)cpu_count(),
                              .max = (uint32_t)c.preempt_threads,
                              .idle_timeout = c.worker_idle_timeout,
-                             .spin_ns = PREEMPT_POOL_SPIN_NS};
+                             .spin_ns = PREEMPT_POOL_SPIN_NS,
+                             .on_wait = pool_waits,
+                             .on_wait_arg = rt};
+  io_cfg.on_wait = pool_waits;
+  io_cfg.on_wait_arg = rt;
   if ((e = ums__pool_init(&rt->io_pool, &io_cfg)) != 0 ||
       (e = ums__pool_init(&rt->preempt_pool, &pre_cfg)) != 0 ||
       (e = preempt_slots(rt)) != 0) {
