@@ -524,6 +524,14 @@ static int dl_visit(const ums_task_info_t *info, void *arg) {
   return 0;
 }
 
+/* Whether the row is a blocked task. Nothing can run in the state
+** reported, but a reader that compares a task's wait stamps may show a
+** parked one as runnable "after a wait": its wait type says it waits. */
+static bool blocked(const ums_task_info_t *t) {
+  return t->state == UMS_TASK_SUSPENDED ||
+         (t->state == UMS_TASK_RUNNABLE && t->wait_type != UMS_WAIT_NONE);
+}
+
 /* Leaves a table id -> coroutine of the live tasks of L's VM on top:
 ** their handles sit in the registry while they live. */
 static void push_coroutines(lua_State *L) {
@@ -562,14 +570,14 @@ void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg) {
     luaL_buffinit(L, &b);
     size_t nblocked = 0;
     for (size_t i = 0; i < rows.n; i++)
-      nblocked += rows.v[i].state == UMS_TASK_SUSPENDED;
+      nblocked += blocked(&rows.v[i]);
     lua_pushfstring(L, "ums.run: deadlock: %d task(s) blocked, and nothing "
                     "can wake them (no timer, no I/O or C call in flight):",
                     (int)nblocked);
     luaL_addvalue(&b);
     for (size_t i = 0; i < rows.n; i++) {
       const ums_task_info_t *t = &rows.v[i];
-      if (t->state != UMS_TASK_SUSPENDED) continue;
+      if (!blocked(t)) continue;
       lua_pushfstring(L, "\n  task %I", (lua_Integer)t->id);
       luaL_addvalue(&b);
       if (t->name[0]) {

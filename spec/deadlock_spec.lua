@@ -149,7 +149,11 @@ describe("not a deadlock", function()
     assert.equal("returned", res)
   end)
 
-  it("a task waits for a file read in flight", function()
+  -- The writer is a shell, which cannot start under a TSan preload.
+  local TSAN = (os.getenv("LD_PRELOAD") or ""):find("libtsan") ~= nil
+  local it_sh = TSAN and pending or it
+
+  it_sh("a task waits for a file read in flight", function()
     local dir = os.tmpname()
     os.remove(dir)
     local fifo = dir .. ".fifo"
