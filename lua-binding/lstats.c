@@ -31,7 +31,9 @@
 #include "lvm.h"
 
 #include <errno.h>
+#include <lauxlib.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -478,6 +480,153 @@ static int l_waits_reset(lua_State *L) {
   ums_runtime_waits_reset(rt);
   lua_pushboolean(L, 1);
   return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Deadlock reports                                                        */
+/* ---------------------------------------------------------------------- */
+
+struct ldeadlock {
+  _Atomic(lvms *) vms;   /* set once the VMs exist; NULL before */
+  char *report;          /* [the scheduler thread that reports; read by
+                            the run's thread after every scheduler thread
+                            was joined] the first report */
+};
+
+ldeadlock *lums_deadlock_new(void) { return calloc(1, sizeof(ldeadlock)); }
+
+void lums_deadlock_attach(ldeadlock *d, lvms *vms) {
+  if (d) atomic_store(&d->vms, vms);
+}
+
+char *lums_deadlock_take(ldeadlock *d) {
+  if (!d) return NULL;
+  char *r = d->report;
+  d->report = NULL;
+  return r;
+}
+
+void lums_deadlock_free(ldeadlock *d) {
+  if (!d) return;
+  free(d->report);
+  free(d);
+}
+
+typedef struct dl_rows {
+  ums_task_info_t *v;
+  size_t n, cap;
+} dl_rows;
+
+static int dl_visit(const ums_task_info_t *info, void *arg) {
+  dl_rows *rows = arg;
+  if (info->state == UMS_TASK_DONE) return 0;
+  if (rows->n == rows->cap) {
+    size_t cap = rows->cap ? 2 * rows->cap : 16;
+    ums_task_info_t *v = realloc(rows->v, cap * sizeof *v);
+    if (!v) return 1;
+    rows->v = v;
+    rows->cap = cap;
+  }
+  rows->v[rows->n++] = *info;
+  return 0;
+}
+
+/* Whether the row is a blocked task. Nothing can run in the state
+** reported, but a reader that compares a task's wait stamps may show a
+** parked one as runnable "after a wait": its wait type says it waits. */
+static bool blocked(const ums_task_info_t *t) {
+  return t->state == UMS_TASK_SUSPENDED ||
+         (t->state == UMS_TASK_RUNNABLE && t->wait_type != UMS_WAIT_NONE);
+}
+
+/* Leaves a table id -> coroutine of the live tasks of L's VM on top:
+** their handles sit in the registry while they live. */
+static void push_coroutines(lua_State *L) {
+  lua_newtable(L);
+  int map = lua_gettop(L);
+  lua_pushnil(L);
+  while (lua_next(L, LUA_REGISTRYINDEX)) {
+    lhandle *h = lua_type(L, -1) == LUA_TUSERDATA
+                     ? (lhandle *)lua_touserdata(L, -1) : NULL;
+    if (h && lua_rawlen(L, -1) == sizeof *h && h->tag == &lums_task_tag &&
+        h->t && h->t->co) {
+      lua_rawgeti(L, LUA_REGISTRYINDEX, h->t->co_ref);
+      lua_rawseti(L, map, (lua_Integer)h->id);
+    }
+    lua_pop(L, 1);
+  }
+}
+
+/* Runs on the thread of scheduler sched, in its pass, while every
+** scheduler of the run is idle and nothing can wake a task: this VM is
+** this thread's, and the others do not run until something is posted to
+** them (the cancels at the end). */
+void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg) {
+  ldeadlock *d = arg;
+  lvms *vms = d ? atomic_load(&d->vms) : NULL;
+  lrun *vr = vms ? lums_vms_at(vms, sched) : NULL;
+  if (!vr) return;
+  dl_rows rows = {0};
+  ums_runtime_tasks(rt, dl_visit, &rows);
+  if (!d->report) {
+    lua_State *L = vr->SL;
+    int top = lua_gettop(L);
+    push_coroutines(L);
+    int map = lua_gettop(L);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    size_t nblocked = 0;
+    for (size_t i = 0; i < rows.n; i++)
+      nblocked += blocked(&rows.v[i]);
+    lua_pushfstring(L, "ums.run: deadlock: %d task(s) blocked, and nothing "
+                    "can wake them (no timer, no I/O or C call in flight):",
+                    (int)nblocked);
+    luaL_addvalue(&b);
+    for (size_t i = 0; i < rows.n; i++) {
+      const ums_task_info_t *t = &rows.v[i];
+      if (!blocked(t)) continue;
+      lua_pushfstring(L, "\n  task %I", (lua_Integer)t->id);
+      luaL_addvalue(&b);
+      if (t->name[0]) {
+        lua_pushfstring(L, " '%s'", t->name);
+        luaL_addvalue(&b);
+      }
+      lua_pushfstring(L, " (scheduler %d) waits: %s", t->sched,
+                      ums_wait_type_name(t->wait_type));
+      luaL_addvalue(&b);
+      if (t->wait_object) {
+        lua_pushfstring(L, " on %s: %p", object_kind(t->wait_type),
+                        t->wait_object);
+        luaL_addvalue(&b);
+      }
+      if (t->blocker) {
+        lua_pushfstring(L, ", held by task %I", (lua_Integer)t->blocker);
+        luaL_addvalue(&b);
+      }
+      luaL_addstring(&b, "\n    ");
+      if (lua_rawgeti(L, map, (lua_Integer)t->id) == LUA_TTHREAD) {
+        luaL_traceback(L, lua_tothread(L, -1), NULL, 0);
+        lua_remove(L, -2);
+        luaL_gsub(L, lua_tostring(L, -1), "\n", "\n    ");
+        lua_remove(L, -2);
+        luaL_addvalue(&b);
+      } else {
+        lua_pop(L, 1);
+        lua_pushfstring(L, "(its traceback is in the VM of scheduler %d)",
+                        t->sched);
+        luaL_addvalue(&b);
+      }
+    }
+    luaL_pushresult(&b);
+    size_t len;
+    const char *text = lua_tolstring(L, -1, &len);
+    d->report = malloc(len + 1);
+    if (d->report) memcpy(d->report, text, len + 1);
+    lua_settop(L, top);
+  }
+  /* After the report: a cancelled task may run at once. */
+  for (size_t i = 0; i < rows.n; i++) ums_task_cancel(rt, rows.v[i].id);
+  free(rows.v);
 }
 
 /* task:info() -> a table like a row of ums.tasks(), plus traceback. */

@@ -1497,7 +1497,11 @@ static int run(lua_State *L, double limit) {
   lua_pop(L, 1);
   double stall = config_num(L, cfgi, "stall_threshold", 1.0);
   cfg.stall_threshold = stall > 0 ? (int64_t)(stall * 1e9) : -1;
-  lua_pop(L, 1);
+  /* deadlock = false: a run whose tasks C code wakes from its own threads
+  ** (init.lua checks the setting). */
+  lua_getfield(L, cfgi, "deadlock");
+  bool detect = lua_isnil(L, -1) || lua_toboolean(L, -1);
+  lua_pop(L, 2);  /* the setting and the configuration */
   /* The stall state exists before the runtime, whose monitor may call
   ** lums_stall_cb from its first tick; it learns the VMs below. */
   lstall *stall_state = NULL;
@@ -1506,9 +1510,16 @@ static int run(lua_State *L, double limit) {
     cfg.on_stall = lums_stall_cb;
     cfg.on_stall_arg = stall_state;
   }
-  if (cfg.clock == UMS_CLOCK_VIRTUAL && cfg.schedulers > 1)
+  if (cfg.clock == UMS_CLOCK_VIRTUAL && cfg.schedulers > 1) {
+    lums_stall_free(stall_state);
     return luaL_error(L, "ums.run: clock = \"virtual\" needs schedulers = 1 "
                          "(got %d)", cfg.schedulers);
+  }
+  ldeadlock *deadlock = NULL;
+  if (detect && (deadlock = lums_deadlock_new()) != NULL) {
+    cfg.on_deadlock = lums_deadlock_cb;
+    cfg.on_deadlock_arg = deadlock;
+  }
 
   int err;
   lintr *intr = lums_intr_block();
@@ -1516,6 +1527,7 @@ static int run(lua_State *L, double limit) {
   if (!rt) {
     lums_intr_end(intr);
     lums_stall_free(stall_state);
+    lums_deadlock_free(deadlock);
     return luaL_error(L, "ums.run: cannot start the runtime: %s",
                       ums_runtime_error());
   }
@@ -1528,11 +1540,13 @@ static int run(lua_State *L, double limit) {
     lums_intr_end(intr);
     if (vms) lums_vms_close(L, vms);
     lums_stall_free(stall_state);
+    lums_deadlock_free(deadlock);
     return luaL_error(L, "ums.run: out of memory");
   }
   r->stall = stall_state;
   lums_vms_set_main(vms, r);
   lums_stall_attach(stall_state, vms);
+  lums_deadlock_attach(deadlock, vms);
   if ((err = monitor_start(r)) != 0) {
     /* No task has started: the run ends as one that never began. */
     ums_runtime_shutdown(rt, 0);
@@ -1540,6 +1554,7 @@ static int run(lua_State *L, double limit) {
     monitor_stop(r);
     lums_vms_close(L, vms);
     lums_stall_free(stall_state);
+    lums_deadlock_free(deadlock);
     r->stall = NULL;
     run_free(L, r);
     return luaL_error(L, "ums.run: cannot create the quantum monitor "
@@ -1596,7 +1611,11 @@ static int run(lua_State *L, double limit) {
   /* The runtime's monitor and every VM but this one are gone. */
   lums_stall_free(stall_state);
   r->stall = NULL;
+  /* The report's writer was a scheduler thread, joined by now. */
+  char *stuck = lums_deadlock_take(deadlock);
+  lums_deadlock_free(deadlock);
   if (exiting) {
+    free(stuck);
     /* Every runtime thread is gone: the real os.exit may close the VM. */
     run_free(L, r);
     lua_getglobal(L, "os");
@@ -1609,7 +1628,15 @@ static int run(lua_State *L, double limit) {
   report_errors(L, main);
   /* lua.c's message for Ctrl-C; the traceback shows where ums.run was. */
   if (interrupted) {
+    free(stuck);
     lua_pushliteral(L, "interrupted!");
+    return lua_error(L);
+  }
+  if (stuck) {
+    /* Every task was cancelled to end the run: the report is its
+    ** outcome, whatever the first task's was. */
+    lua_pushstring(L, stuck);
+    free(stuck);
     return lua_error(L);
   }
   if (over)

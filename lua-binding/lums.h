@@ -379,6 +379,19 @@ LUMS_HIDDEN lstall *lums_stall_new(lua_State *L, int64_t threshold);
 LUMS_HIDDEN void lums_stall_attach(lstall *s, lvms *vms);
 LUMS_HIDDEN void lums_stall_free(lstall *s);
 LUMS_HIDDEN void lums_stall_cb(const ums_stall_t *st, void *arg);
+/* A run's deadlock report (ums_config_t.on_deadlock): made before its
+** runtime starts, told the run's VMs once they exist. When nothing can
+** wake the run's tasks, lums_deadlock_cb (on the thread of the scheduler
+** that found it) writes the report, with the tracebacks of the tasks of
+** that scheduler's VM, and cancels every task so that the run ends.
+** lums_deadlock_take hands the report to the caller (free() it; NULL:
+** none) once every runtime thread is gone. */
+typedef struct ldeadlock ldeadlock;
+LUMS_HIDDEN ldeadlock *lums_deadlock_new(void);
+LUMS_HIDDEN void lums_deadlock_attach(ldeadlock *d, lvms *vms);
+LUMS_HIDDEN void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg);
+LUMS_HIDDEN char *lums_deadlock_take(ldeadlock *d);
+LUMS_HIDDEN void lums_deadlock_free(ldeadlock *d);
 /* Whether the VM of L has an on_stall handler. */
 LUMS_HIDDEN bool lums_stall_has_handler(lua_State *L);
 /* In a hook on a VM's thread, task t running L: delivers a pending stall

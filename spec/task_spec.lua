@@ -20,7 +20,8 @@ end
 local DEFAULTS = {
   schedulers = 1, max_workers = 0, quantum = 0.004, stack_size = 1024 * 1024,
   worker_idle_timeout = 10, idle_workers_kept = 16, io = "auto",
-  io_threads = 0, preempt_threads = 0, clock = "real", init = false,
+  io_threads = 0, preempt_threads = 0, clock = "real", deadlock = true,
+  init = false,
   stats = true, stall_threshold = 1,
 }
 

@@ -170,6 +170,11 @@ typedef struct ums_config {
                                    its threshold too); NULL: one line on
                                    stderr */
   void *on_pool_exhausted_arg;  /* passed to on_pool_exhausted */
+  void (*on_deadlock)(ums_runtime_t *rt, int sched, void *arg);
+                                /* called when nothing in the runtime can
+                                   wake its tasks any more (see
+                                   "Deadlocks"); NULL: no detection */
+  void *on_deadlock_arg;        /* passed to on_deadlock */
 } ums_config_t;
 
 /* Clocks (ums_config_t.clock). */
@@ -982,6 +987,24 @@ UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
 ** and stall_threshold plus a tick after the scheduler last passed
 ** through its loop. An idle scheduler is never reported.
 */
+
+/* Deadlocks. With ums_config_t.on_deadlock set, the runtime calls it
+** when every task it has is parked and nothing the runtime knows of can
+** end a park: every scheduler is in its idle wait with no timer armed
+** (no sleep, no wait with a deadline), no file I/O and no preemptive
+** call of its tasks in flight, no ums_wait_idle waiter, and nothing
+** posted to it (wake-ups, cancels, spawns). The decision is taken by the
+** last scheduler to go idle, from two readings of every scheduler's
+** state that must agree, so a wake-up on its way is never taken for a
+** deadlock. It is called once per such state, on that scheduler's
+** thread, inside its pass (not in a task): it may inspect tasks
+** (ums_runtime_tasks), cancel them or spawn, but must not wait.
+**
+** The runtime cannot see wake-ups that come from outside it: a host
+** thread that will unpark a token, cancel, set an event or spawn; a C
+** library thread holding a park token. That is why detection is an
+** opt-in: a host whose own threads wake tasks treats the call as "idle
+** with tasks parked", not necessarily as a deadlock. */
 
 /* What a task waits for. */
 enum {

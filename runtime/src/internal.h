@@ -1064,6 +1064,15 @@ struct ums__sched {
                                      scheduler's tasks handed to the I/O
                                      pool and not yet posted back: spun
                                      for like preempt_pending */
+  /* Deadlock detection (sched.c, "Deadlocks"). stuck is 1 while the
+  ** owner sits in an idle wait that nothing of its own can end (no
+  ** timer, nothing in flight); stuck_seq counts the times it went stuck
+  ** after running a task since the last time, so that two readings of
+  ** it that agree mean nothing ran in between. */
+  _Atomic int stuck;           /* [atomic, owner writes] */
+  _Atomic uint64_t stuck_seq;  /* [atomic, owner writes] */
+  uint64_t stuck_picks;        /* [owner] context_switches when last
+                                  stuck */
   ums__counters_t counters;
   _Atomic uint64_t running;    /* [atomic, owner writes] id of the task
                                   picked last (the monitor's view) */
@@ -1189,6 +1198,9 @@ struct ums_runtime {
                                   scheduler times waits on it */
   _Atomic int64_t vnow;        /* [atomic, owner of scheduler 0 writes]
                                   the virtual time, ns */
+  _Atomic uint64_t deadlock_state; /* [atomic] the sum of the schedulers'
+                                  stuck_seq last reported to on_deadlock:
+                                  each state is reported once */
 
   int io_backend;              /* [const] UMS_IO_URING or UMS_IO_POOL */
   ums__pool_t io_pool;         /* the hidden scheduler for file I/O */

@@ -355,6 +355,69 @@ static bool wake_pending(ums__sched_t *s) {
          atomic_load(&s->cancels) || atomic_load(&s->rt->exiting);
 }
 
+/* ---------------------------------------------------------------------- */
+/* Deadlocks (ums.h, "Deadlocks")                                          */
+/* ---------------------------------------------------------------------- */
+
+/* Whether nothing of s's own can end its idle wait: no timer, no I/O or
+** preemptive call in flight, no idle waiter to wake. Then only another
+** scheduler's task, or a thread outside the runtime, can. [owner] */
+static bool stuck_now(ums__sched_t *s) {
+  return s->rt->cfg.on_deadlock && s->timers.n == 0 &&
+         s->nidle_waiters == 0 && !work_in_flight(s) &&
+         !pool_work_pending(s) && !atomic_load(&s->rt->exiting);
+}
+
+/* Called by a scheduler that has just gone stuck, with idle_state = 1
+** and no wake-up pending: if every scheduler is stuck too, nothing
+** inside the runtime can wake a task any more. The wakers the runtime
+** knows are its schedulers' tasks (a task that posts a wake-up does so
+** before its scheduler goes stuck, so the post is seen below), pool
+** threads (they post before the in-flight counts drop, so a zero count
+** is read first, then the lists) and timers (none armed on a stuck
+** scheduler). Two readings of every stuck_seq that agree mean that no
+** scheduler ran a task between them: the lists read in between were
+** the state, not a moment of a change. */
+static void deadlock_check(ums__sched_t *self) {
+  ums_runtime_t *rt = self->rt;
+  uint64_t sum = 0, again = 0;
+  for (int i = 0; i < rt->nsched; i++) {
+    ums__sched_t *x = &rt->scheds[i];
+    if (!atomic_load(&x->stuck)) return;
+    sum += atomic_load(&x->stuck_seq);
+  }
+  for (int i = 0; i < rt->nsched; i++) {
+    ums__sched_t *x = &rt->scheds[i];
+    if (work_in_flight(x) || atomic_load(&x->io_pool_pending) ||
+        wake_pending(x))
+      return;
+  }
+  for (int i = 0; i < rt->nsched; i++) {
+    ums__sched_t *x = &rt->scheds[i];
+    if (!atomic_load(&x->stuck)) return;
+    again += atomic_load(&x->stuck_seq);
+  }
+  /* Each stuck_seq only grows: equal sums mean equal counts. */
+  if (again != sum || atomic_load(&rt->live) == 0) return;
+  uint64_t prev = atomic_load(&rt->deadlock_state);
+  if (prev == sum ||
+      !atomic_compare_exchange_strong(&rt->deadlock_state, &prev, sum))
+    return;
+  rt->cfg.on_deadlock(rt, self->id, rt->cfg.on_deadlock_arg);
+}
+
+static void go_stuck(ums__sched_t *s) {
+  uint64_t picks = atomic_load_explicit(&s->counters.context_switches,
+                                        memory_order_relaxed);
+  if (picks != s->stuck_picks) {
+    s->stuck_picks = picks;
+    atomic_store(&s->stuck_seq, atomic_load_explicit(
+                     &s->stuck_seq, memory_order_relaxed) + 1);
+  }
+  atomic_store(&s->stuck, 1);
+  deadlock_check(s);
+}
+
 /* Sleeps until a wake-up, an I/O completion or the real-time deadline.
 ** now is a real clock reading (the ring takes its timeout relative). */
 static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
@@ -368,10 +431,18 @@ static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
   }
   UMS__COUNT(s, idle_waits);
   atomic_store_explicit(&s->is_idle, 1, memory_order_relaxed);
-  if (s->ring)
-    ums__ring_wait(s, deadline, now);
-  else
-    ums__futex_wait(&s->idle_state, 1, deadline);
+  /* After idle_state = 1: what on_deadlock posts here wakes us, and
+  ** what it makes runnable on this thread (a cancel delivered on the
+  ** spot) is looked at before the wait. */
+  bool stuck = stuck_now(s);
+  if (stuck) go_stuck(s);
+  if (!stuck || !s->runq_n) {
+    if (s->ring)
+      ums__ring_wait(s, deadline, now);
+    else
+      ums__futex_wait(&s->idle_state, 1, deadline);
+  }
+  if (stuck) atomic_store(&s->stuck, 0);
   atomic_store_explicit(&s->is_idle, 0, memory_order_relaxed);
   atomic_store(&s->idle_state, 0);
   /* The monitor may have slept through the wait (every scheduler idle):

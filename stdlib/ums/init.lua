@@ -55,6 +55,7 @@ local settings = {
   stall_threshold = seconds(" (0: off)"),
   clock = {function(v) return v == "real" or v == "virtual" end,
            '"real" or "virtual"'},
+  deadlock = {function(v) return type(v) == "boolean" end, "a boolean"},
   -- Loaded (require) first in every VM that runs submitted work.
   init = {function(v) return v == false or (type(v) == "string" and v ~= "")
           end, "a module name, or false for none"},
@@ -78,6 +79,9 @@ local defaults = {
           or os.getenv("UMS_STATS") ~= "off",
   stall_threshold = 1,
   clock = "real",
+  -- false: a run whose tasks are woken by threads ums cannot see (README,
+  -- "Deadlocks") is not ended when every task is blocked.
+  deadlock = true,
   init = false,
 }
 

@@ -20,7 +20,9 @@
 -- where virtual time stands still), and `limit` a virtual one: if every
 -- task is blocked with nothing to wake it, the clock jumps to the limit
 -- at once, so a deadlocked test fails in milliseconds with
--- "ums.test: timed out after <limit> s of virtual time".
+-- "ums.test: timed out after <limit> s of virtual time". On the real
+-- clock a deadlocked test fails at once too, with ums.run's deadlock
+-- report (README, "Deadlocks"), which lists the blocked tasks.
 --
 -- Raises (so the surrounding `it` fails)
 --   * when fn raises: a string error is raised again with the task's
@@ -182,6 +184,16 @@ local function test(fn, timeout)
     local over <close> = setmetatable({}, over_mt)
     local me = core.self()
     me:name("ums.test")
+    -- On the real clock the run's own limit (core.run_limit) is the
+    -- timeout, and ums.run waits for the tasks fn started: the run then
+    -- arms no timer of its own, so a test whose tasks are all blocked
+    -- ends at once with ums.run's deadlock report.
+    if not virtual then
+      local r = table.pack(fn())
+      fn_returned = true
+      collectgarbage()
+      return r
+    end
     local watchdog = prev_spawn(function()
       core.sleep(virtual and limit or timeout)
       -- Everything had ended, and the helper's next look (below) is due
@@ -230,7 +242,7 @@ local function test(fn, timeout)
     ok, res = pcall(core.run_limit, timeout, main)
     core.config{clock = prev_clock or "real", schedulers = prev_scheds}
   else
-    ok, res = pcall(core.run, main)
+    ok, res = pcall(core.run_limit, timeout, main)
   end
   ums.spawn = prev_spawn
   ums.submit, ums.submit_on = prev_submit, prev_submit_on
