@@ -180,6 +180,19 @@ local function test(fn, timeout)
   local over_mt = {__close = function() main_over = true end}
   local fn_returned = false
 
+  -- A failed work queue item nobody looked at reports its error when it
+  -- is collected: if there is one, collect now, so that it reports to
+  -- the handler above, inside the test. Failed task handles need no
+  -- collection (the run reports those still unjoined at its end), and a
+  -- full collection per test would cost as much as the heap is large.
+  local function collect_if_needed()
+    local wqm = package.loaded["ums.workqueue"]
+    if gc or (type(wqm) == "table" and wqm.unseen_failures and
+              wqm.unseen_failures()) then
+      collectgarbage()
+    end
+  end
+
   local function main()
     local over <close> = setmetatable({}, over_mt)
     local me = core.self()
@@ -191,7 +204,7 @@ local function test(fn, timeout)
     if not virtual then
       local r = table.pack(fn())
       fn_returned = true
-      collectgarbage()
+      collect_if_needed()
       return r
     end
     local watchdog = prev_spawn(function()
@@ -218,16 +231,7 @@ local function test(fn, timeout)
       pause = virtual and pause * 2 or math.min(pause * 2, 0.02)
     end
     watchdog:cancel()
-    -- A failed work queue item nobody looked at reports its error when it
-    -- is collected: if there is one, collect now, so that it reports to
-    -- the handler above, inside the test. Failed task handles need no
-    -- collection (the run reports those still unjoined at its end), and a
-    -- full collection per test would cost as much as the heap is large.
-    local wqm = package.loaded["ums.workqueue"]
-    if gc or (type(wqm) == "table" and wqm.unseen_failures and
-              wqm.unseen_failures()) then
-      collectgarbage()
-    end
+    collect_if_needed()
     return r
   end
 
