@@ -1447,6 +1447,10 @@ static void push_limits(lua_State *L) {
 
 /* core.run(fn, ...) and core.run_limit: limit is a real time in seconds
 ** after which the run is cancelled (0: none). */
+/* Registry key of the Lua function that runs ums.run's function as a task
+** of the current run (stdlib/ums/init.lua). */
+#define RUN_IN_TASK_KEY "ums.run_in_task"
+
 static int run(lua_State *L, double limit) {
   /* Named as ums.run whatever the call looks like (pcall(ums.run, x)
   ** would otherwise be 'ums.run', ums.run(x) 'run'). */
@@ -1653,7 +1657,29 @@ static int run(lua_State *L, double limit) {
   return lua_error(L);
 }
 
-static int l_run(lua_State *L) { return run(L, 0); }
+static int run_in_task_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  return lua_gettop(L);
+}
+
+/* core.run(fn, ...). Called from a task, a run cannot be nested: fn runs
+** as a task of the current run, joined (stdlib/ums/init.lua registers
+** that function). ums.run is this function itself, so that its errors
+** name the caller's line. */
+static int l_run(lua_State *L) {
+  ltask *t = lums_cur_task;
+  if (t && t->self_ref != LUA_NOREF) {
+    if (lua_getfield(L, LUA_REGISTRYINDEX, RUN_IN_TASK_KEY) ==
+        LUA_TFUNCTION) {
+      lua_insert(L, 1);
+      lua_callk(L, lua_gettop(L) - 1, LUA_MULTRET, 0, run_in_task_k);
+      return lua_gettop(L);
+    }
+    lua_pop(L, 1);
+  }
+  return run(L, 0);
+}
 
 /* core.run_limit(seconds, fn, ...): core.run, cancelled after that many
 ** real seconds (then it raises "ums.run: time limit ..."). */

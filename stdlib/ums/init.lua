@@ -127,21 +127,14 @@ end
 -- Make the defaults explicit in the core's table, once.
 core.config(ums.config())
 
-local spawn, self, pack, unpack = core.spawn, core.self, table.pack,
-  table.unpack
+local spawn, pack, unpack = core.spawn, table.pack, table.unpack
 
---- ums.run(fn, ...) -> fn's results. Blocks until every task has ended.
--- Called from a task (a program written for plain lua5.4, run inside a
--- task, by the ums command or as submitted work), it runs fn as a task of
--- the current run and waits for that task only: a run cannot be nested,
--- and the program must behave as it does on its own. Outside a task it
--- is core.run, called last so that its errors name the caller's line.
-function ums.run(fn, ...)
-  if type(fn) ~= "function" then
-    error(("bad argument #1 to 'run' (function expected, got %s)")
-          :format(type(fn)), 2)
-  end
-  if self() == nil then return core.run(fn, ...) end
+-- ums.run(fn, ...) called from a task (a program written for plain
+-- lua5.4, run inside a task, by the ums command or as submitted work): fn
+-- runs as a task of the current run and is joined, since a run cannot be
+-- nested and the program must behave as it does on its own. core.run calls
+-- it (lua-binding/lums.c, l_run), so that ums.run is core.run itself.
+local function run_in_task(fn, ...)
   local t = spawn(fn, ...)
   -- If the caller is cancelled while waiting, so is the inner task.
   local _ <close> = setmetatable({}, {__close = function() t:cancel() end})
@@ -152,6 +145,7 @@ function ums.run(fn, ...)
   if type(err) == "string" and type(tb) == "string" then err = tb end
   error(err, 0)
 end
+debug.getregistry()["ums.run_in_task"] = run_in_task
 
 --- ums.locals() -> the current task's local storage table.
 function ums.locals()
