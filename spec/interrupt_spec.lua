@@ -42,13 +42,7 @@ kill $dog 2>/dev/null
 echo "$st" >>"$status"
 ]=]
 
-local function slurp(name)
-  local f = io.open(name, "rb")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local slurp = sp.slurp
 
 -- Runs the script (under the ums command when opts.ums) through the
 -- driver; returns the child's exit status as the shell reports it (128 +

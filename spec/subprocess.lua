@@ -61,6 +61,7 @@ function M.cleanup()
   temps = {}
 end
 
+--- The contents of file `name`, or "" if it cannot be opened.
 local function slurp(name)
   local f = io.open(name, "rb")
   if not f then return "" end
@@ -68,6 +69,7 @@ local function slurp(name)
   f:close()
   return s
 end
+M.slurp = slurp
 
 --- Runs a shell command line under `timeout`. opts: env (table of
 -- NAME = value), stdin (a string), timeout (seconds, default 20).
