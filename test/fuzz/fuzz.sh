@@ -48,34 +48,54 @@ trap 'rm -rf "$scratch"' EXIT
 reports='ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:'
 reports+='|WARNING: ThreadSanitizer|ERROR: ThreadSanitizer'
 
-start=$SECONDS seeds=0 bad=0
+start=$SECONDS seeds=0 bad=0 intermittent=0
 for ((seed = first; seed <= last; seed++)); do
   if ((budget > 0 && SECONDS - start >= budget)); then break; fi
   work="$scratch/$seed"
   mkdir -p "$work/files"
   # The child runs in a directory of its own: misused paths (a number, a
-  # mode string) name files in the working directory.
-  (cd "$work" &&
-   exec "${run[@]}" "$here/api_fuzz.lua" "$seed" "$calls" "$work/files") \
-    >"$work/out" 2>"$work/err" &
-  pid=$!
-  sleep "$limit" &
-  timer=$!
-  wait -n -p ended "$pid" "$timer"
-  rc=$?
-  hung=0
-  if [[ $ended == "$pid" ]]; then
-    kill "$timer" 2>/dev/null
-    wait "$timer" 2>/dev/null
-  else
-    # Every thread's stack before the kill: a rare hang may not come back.
-    hung=1
-    if command -v gdb >/dev/null; then
-      gdb -p "$pid" -batch -ex 'thread apply all bt 25' \
-        >"$work/backtrace" 2>&1 </dev/null
+  # mode string) name files in the working directory. run_seed sets rc
+  # and hung, and leaves every thread's stack of a hung child in
+  # $work/backtrace (a rare hang may not come back).
+  run_seed() {
+    (cd "$work" &&
+     exec "${run[@]}" "$here/api_fuzz.lua" "$seed" "$calls" "$work/files") \
+      >"$work/out" 2>"$work/err" &
+    pid=$!
+    sleep "$limit" &
+    timer=$!
+    wait -n -p ended "$pid" "$timer"
+    rc=$?
+    hung=0
+    if [[ $ended == "$pid" ]]; then
+      kill "$timer" 2>/dev/null
+      wait "$timer" 2>/dev/null
+    else
+      hung=1
+      if command -v gdb >/dev/null; then
+        gdb -p "$pid" -batch -ex 'thread apply all bt 25' \
+          >"$work/backtrace" 2>&1 </dev/null
+      fi
+      kill -KILL "$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
     fi
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
+  }
+  run_seed
+  # A hang that the same seed does not repeat at once is the known
+  # intermittent one (test/fuzz/README.md, "Known"): its stacks are
+  # printed and counted, and it fails the run only with UMS_FUZZ_STRICT=1
+  # or when the seed hangs again.
+  if ((hung)) && [[ ${UMS_FUZZ_STRICT:-0} != 1 ]]; then
+    mv "$work/backtrace" "$work/backtrace.first" 2>/dev/null
+    run_seed
+    if ((!hung)); then
+      intermittent=$((intermittent + 1))
+      echo "INTERMITTENT HANG seed=$seed (ended on its second run)"
+      if [[ -s $work/backtrace.first ]]; then
+        grep -E '^Thread |^#[0-9]+ ' "$work/backtrace.first" | head -n 80 |
+          sed 's/^/  bt| /'
+      fi
+    fi
   fi
   seeds=$((seeds + 1))
   why=""
@@ -121,5 +141,5 @@ for ((seed = first; seed <= last; seed++)); do
 done
 
 echo "fuzz: $seeds seeds ($first-$((first + seeds - 1))), $calls calls each," \
-     "$((SECONDS - start)) s: $bad failed"
+     "$((SECONDS - start)) s: $bad failed, $intermittent intermittent hangs"
 ((bad == 0))
