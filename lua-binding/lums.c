@@ -213,6 +213,11 @@ static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   (void)ctx;
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  /* Only a park that cancellation cannot end gets this (ums.h,
+  ** "Deadlocks"). */
+  if (r == UMS_EDEADLK)
+    return luaL_error(L, "deadlock: nothing could ever end this wait "
+                         "(ended by the deadlock detector)");
   if (r == UMS_ETIMEDOUT) {
     lua_pushnil(L);
     lua_pushliteral(L, "timeout");

@@ -100,6 +100,34 @@ describe("a deadlock", function()
     assert.truthy(err:find("in method 'recv'", 1, true), err)
   end)
 
+  it("a condition wait whose mutex was left locked by a task that ended: "
+     .. "the report, and wait raises instead of hanging", function()
+    local waited
+    local ok, err = run(function()
+      local m, c = ums.mutex(), ums.cond()
+      local w = ums.spawn(function()
+        m:lock()
+        local ok2, e = pcall(c.wait, c, m, 0.02)
+        waited = {ok2, e, m.owner}
+      end)
+      ums.yield()  -- w holds m and waits on c
+      local h = ums.spawn(function() m:lock() end)  -- ends holding m
+      h:join()
+      w:join()
+    end)
+    assert.is_false(ok)
+    assert.truthy(err:find("ums.run: deadlock:", 1, true), err)
+    assert.truthy(err:find("waits: mutex on ums.mutex", 1, true), err)
+    assert.is_table(waited)
+    assert.is_false(waited[1])
+    assert.truthy(tostring(waited[2]):find("ums.cond:wait: deadlock: the "
+      .. "mutex cannot be locked again %(its holder, task %d+, has ended%)"),
+      tostring(waited[2]))
+    -- Not the waiter's: unlock in a <close> handler would raise, as it
+    -- should.
+    assert.is_not_nil(waited[3])
+  end)
+
   it("fails ums.test at once on the real clock, with the report",
      function()
     local ok, err = pcall(ums.test, function()

@@ -423,7 +423,9 @@ UMS_API int ums_park_begin(int64_t deadline, ums_park_token_t *token);
 /* The same with flags: UMS_PARK_NOCANCEL makes a park that cancellation
 ** does not end (it still ends by unpark or deadline), and that a task
 ** already cancelled may begin: for waits that must complete, such as a
-** condition variable's re-lock of its mutex. */
+** condition variable's re-lock of its mutex. In a deadlock that the
+** handler's cancels do not resolve, the detector ends it with
+** UMS_EDEADLK (see "Deadlocks"). */
 #define UMS_PARK_NOCANCEL 1
 /* UMS_PARK_LOCAL makes a park whose token never leaves the task's
 ** scheduler thread: only code running on that thread (its other tasks,
@@ -500,8 +502,12 @@ UMS_API int ums_event_reset(ums_event_t *e);
 UMS_API int ums_event_wait(ums_event_t *e, int64_t deadline);
 UMS_API int ums_event_is_set(ums_event_t *e);
 
-/* Condition variable over a ums mutex. ums_cond_wait always returns with
-** the mutex held again, also on timeout and cancellation. */
+/* Condition variable over a ums mutex. ums_cond_wait returns with the
+** mutex held again, also on timeout and cancellation: taking it back is a
+** wait that cancellation does not end. One exception: UMS_EDEADLK, when
+** the deadlock detector found that nothing could ever hand the mutex
+** back (its holder ended, or waits for this task; see "Deadlocks"): the
+** caller does not hold the mutex then. */
 UMS_API ums_cond_t *ums_cond_new(void);
 UMS_API int ums_cond_delete(ums_cond_t *c);
 UMS_API int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline);
@@ -999,6 +1005,13 @@ UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
 ** deadlock. It is called once per such state, on that scheduler's
 ** thread, inside its pass (not in a task): it may inspect tasks
 ** (ums_runtime_tasks), cancel them or spawn, but must not wait.
+**
+** If the handler's response changes nothing (no task runs after it, and
+** every scheduler finds the same state again), what is left parked is in
+** waits that cancellation cannot end: a park begun with
+** UMS_PARK_NOCANCEL, or the mutex taken back at the end of
+** ums_cond_wait. Nothing could ever end those, so the runtime ends them,
+** once per state, with UMS_EDEADLK (the task is not cancelled by that).
 **
 ** The runtime cannot see wake-ups that come from outside it: a host
 ** thread that will unpark a token, cancel, set an event or spawn; a C

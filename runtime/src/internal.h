@@ -426,6 +426,10 @@ struct ums__task {
   _Atomic int refs;            /* [atomic] alive + handle + queued cancel */
   _Atomic int cancelled;       /* [atomic] cancel requested (sticky) */
   _Atomic int cancel_queued;   /* [atomic] on the sched's cancel list */
+  _Atomic int break_wait;      /* [atomic] the deadlock detector asks to
+                                  end a wait that cancellation cannot end
+                                  (sched.c, "Deadlocks"); delivered with
+                                  the cancels, cleared on delivery */
   bool done;                   /* [lock] finished */
   bool joining;                /* [lock] a joiner is waiting */
   bool detached;               /* [lock] no handle reference */
@@ -515,8 +519,14 @@ static inline ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id);
 void ums__task_finish(ums__task_t *t);
 /* Makes a parked or new task runnable from any thread. */
 void ums__task_ready(ums__task_t *t);
-/* Delivers a pending cancellation to a parked task. [owner] */
+/* Delivers a pending cancellation to a parked task, or the break that
+** ums__task_break asked for. [owner] */
 void ums__task_deliver_cancel(ums__task_t *t);
+/* Ends task id's wait with UMS_EDEADLK if it is one that cancellation
+** cannot end (UMS_PARK_NOCANCEL), without cancelling the task: for the
+** deadlock detector only, when nothing else could ever end that wait.
+** Any thread inside the runtime. Returns 0 or UMS_ESRCH. */
+int ums__task_break(ums_runtime_t *rt, ums_task_t id);
 
 /* t's id, read by a thread that holds t->lock to check that t is still
 ** the task it looked up. Acquire, not relaxed: the spawner publishes a
@@ -1201,6 +1211,9 @@ struct ums_runtime {
   _Atomic uint64_t deadlock_state; /* [atomic] the sum of the schedulers'
                                   stuck_seq last reported to on_deadlock:
                                   each state is reported once */
+  _Atomic uint64_t deadlock_broken; /* [atomic] the state whose waits that
+                                  cancellation cannot end were ended with
+                                  UMS_EDEADLK (once per state) */
 
   int io_backend;              /* [const] UMS_IO_URING or UMS_IO_POOL */
   ums__pool_t io_pool;         /* the hidden scheduler for file I/O */

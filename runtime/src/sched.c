@@ -368,6 +368,21 @@ static bool stuck_now(ums__sched_t *s) {
          !pool_work_pending(s) && !atomic_load(&s->rt->exiting);
 }
 
+/* The handler has seen this state and nothing has run since: what is
+** still parked is in waits that its cancels could not end. Those begun
+** with UMS_PARK_NOCANCEL (the mutex taken back at the end of a
+** condition wait) would never end at all: they end with UMS_EDEADLK.
+** Every live task is asked; each scheduler delivers the break to its own
+** tasks with the cancels, and a task in any other wait ignores it. */
+static void break_nocancel_waits(ums_runtime_t *rt) {
+  uint32_t n = atomic_load(&rt->nslots);
+  for (uint32_t slot = 0; slot < n; slot++) {
+    ums__task_t *chunk = atomic_load(&rt->chunks[slot / UMS__TASK_CHUNK]);
+    uint64_t id = atomic_load(&chunk[slot % UMS__TASK_CHUNK].id);
+    if (id) ums__task_break(rt, id);
+  }
+}
+
 /* Called by a scheduler that has just gone stuck, with idle_state = 1
 ** and no wake-up pending: if every scheduler is stuck too, nothing
 ** inside the runtime can wake a task any more. The wakers the runtime
@@ -377,36 +392,46 @@ static bool stuck_now(ums__sched_t *s) {
 ** is read first, then the lists) and timers (none armed on a stuck
 ** scheduler). Two readings of every stuck_seq that agree mean that no
 ** scheduler ran a task between them: the lists read in between were
-** the state, not a moment of a change. */
-static void deadlock_check(ums__sched_t *self) {
+** the state, not a moment of a change. Returns true when it acted
+** (called the handler, or broke waits): the caller then looks at its
+** lists again instead of sleeping. */
+static bool deadlock_check(ums__sched_t *self) {
   ums_runtime_t *rt = self->rt;
   uint64_t sum = 0, again = 0;
   for (int i = 0; i < rt->nsched; i++) {
     ums__sched_t *x = &rt->scheds[i];
-    if (!atomic_load(&x->stuck)) return;
+    if (!atomic_load(&x->stuck)) return false;
     sum += atomic_load(&x->stuck_seq);
   }
   for (int i = 0; i < rt->nsched; i++) {
     ums__sched_t *x = &rt->scheds[i];
     if (work_in_flight(x) || atomic_load(&x->io_pool_pending) ||
         wake_pending(x))
-      return;
+      return false;
   }
   for (int i = 0; i < rt->nsched; i++) {
     ums__sched_t *x = &rt->scheds[i];
-    if (!atomic_load(&x->stuck)) return;
+    if (!atomic_load(&x->stuck)) return false;
     again += atomic_load(&x->stuck_seq);
   }
   /* Each stuck_seq only grows: equal sums mean equal counts. */
-  if (again != sum || atomic_load(&rt->live) == 0) return;
+  if (again != sum || atomic_load(&rt->live) == 0) return false;
   uint64_t prev = atomic_load(&rt->deadlock_state);
-  if (prev == sum ||
-      !atomic_compare_exchange_strong(&rt->deadlock_state, &prev, sum))
-    return;
+  if (prev == sum) {
+    uint64_t broken = atomic_load(&rt->deadlock_broken);
+    if (broken == sum ||
+        !atomic_compare_exchange_strong(&rt->deadlock_broken, &broken, sum))
+      return false;
+    break_nocancel_waits(rt);
+    return true;
+  }
+  if (!atomic_compare_exchange_strong(&rt->deadlock_state, &prev, sum))
+    return false;
   rt->cfg.on_deadlock(rt, self->id, rt->cfg.on_deadlock_arg);
+  return true;
 }
 
-static void go_stuck(ums__sched_t *s) {
+static bool go_stuck(ums__sched_t *s) {
   uint64_t picks = atomic_load_explicit(&s->counters.context_switches,
                                         memory_order_relaxed);
   if (picks != s->stuck_picks) {
@@ -415,7 +440,7 @@ static void go_stuck(ums__sched_t *s) {
                      &s->stuck_seq, memory_order_relaxed) + 1);
   }
   atomic_store(&s->stuck, 1);
-  deadlock_check(s);
+  return deadlock_check(s);
 }
 
 /* Sleeps until a wake-up, an I/O completion or the real-time deadline.
@@ -431,12 +456,14 @@ static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
   }
   UMS__COUNT(s, idle_waits);
   atomic_store_explicit(&s->is_idle, 1, memory_order_relaxed);
-  /* After idle_state = 1: what on_deadlock posts here wakes us, and
-  ** what it makes runnable on this thread (a cancel delivered on the
-  ** spot) is looked at before the wait. */
+  /* After idle_state = 1: what on_deadlock posts here wakes us. What the
+  ** handler (or a break) did on this thread posts nothing: a cancel
+  ** delivered on the spot, or one that changed nothing, which the next
+  ** pass finds stuck again and then breaks. So after it acted, no wait:
+  ** the pass looks again. */
   bool stuck = stuck_now(s);
-  if (stuck) go_stuck(s);
-  if (!stuck || !s->runq_n) {
+  bool acted = stuck && go_stuck(s);
+  if (!acted) {
     if (s->ring)
       ums__ring_wait(s, deadline, now);
     else

@@ -361,9 +361,10 @@ int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
   ums__lock(&c->lock);
   r = ums__wait(&w, deadline);
   /* The mutex comes back whatever happened; a cancel that arrives now is
-  ** seen at the next wait point instead. */
-  mutex_lock(m, UMS_FOREVER, false);
-  return r;
+  ** seen at the next wait point instead. Only the deadlock detector ends
+  ** this wait otherwise (UMS_EDEADLK: the caller does not hold m). */
+  int relock = mutex_lock(m, UMS_FOREVER, false);
+  return relock ? relock : r;
 }
 
 int ums_cond_signal(ums_cond_t *c) {

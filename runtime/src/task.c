@@ -92,6 +92,7 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
   atomic_store_explicit(&t->cpu_ns, 0, memory_order_relaxed);
   atomic_store_explicit(&t->cancelled, 0, memory_order_relaxed);
   atomic_store_explicit(&t->cancel_queued, 0, memory_order_relaxed);
+  atomic_store_explicit(&t->break_wait, 0, memory_order_relaxed);
   return t;
 }
 
@@ -355,7 +356,10 @@ static int task_detach_impl(ums_runtime_t *rt, ums_task_t id) {
 /* Cancellation                                                            */
 /* ---------------------------------------------------------------------- */
 
-static int task_cancel_impl(ums_runtime_t *rt, ums_task_t id) {
+/* Cancels task id, or with brk asks for the end of its wait that
+** cancellation cannot end (ums__task_break) without cancelling it. Both
+** are delivered by the task's scheduler, through its cancel list. */
+static int task_cancel_impl(ums_runtime_t *rt, ums_task_t id, bool brk) {
   ums__task_t *t = ums__task_lookup(rt, id);
   if (!t) return UMS_ESRCH;
   ums__lock(&t->lock);
@@ -371,7 +375,10 @@ static int task_cancel_impl(ums_runtime_t *rt, ums_task_t id) {
     ums__unlock(&t->lock);
     return gone ? UMS_ESRCH : 0;
   }
-  atomic_store(&t->cancelled, 1);
+  if (brk)
+    atomic_store(&t->break_wait, 1);
+  else
+    atomic_store(&t->cancelled, 1);
   bool queue = !atomic_exchange(&t->cancel_queued, 1);
   if (queue) atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
   ums__unlock(&t->lock);
@@ -390,12 +397,19 @@ static int task_cancel_impl(ums_runtime_t *rt, ums_task_t id) {
 
 void ums__task_deliver_cancel(ums__task_t *t) {
   ums__sched_t *s = t->sched;
+  /* A break is for the wait the task is in now, if it is one that
+  ** cancellation cannot end; never for a later one. */
+  bool brk = atomic_exchange(&t->break_wait, 0);
+  bool cancelled = atomic_load(&t->cancelled);
   switch (t->state) {
     case UMS__T_PARKED:
-      if (t->wait && !t->wait->nocancel)
+      if (t->wait && !t->wait->nocancel && cancelled)
         ums__waiter_abort(t->wait, UMS_ECANCELED);
+      else if (t->wait && t->wait->nocancel && brk)
+        ums__waiter_abort(t->wait, UMS_EDEADLK);
       break;
     case UMS__T_PENDING:
+      if (!cancelled) break;
       /* It never got a worker: unlink it and end it without running. */
       if (t->prev)
         t->prev->next = t->next;
@@ -479,9 +493,13 @@ int ums_task_detach(ums_runtime_t *rt, ums_task_t id) {
 int ums_task_cancel(ums_runtime_t *rt, ums_task_t id) {
   if (!rt) return UMS_EINVAL;
   bool ext = ums__rt_enter_ext(rt);
-  int r = task_cancel_impl(rt, id);
+  int r = task_cancel_impl(rt, id, false);
   ums__rt_leave_ext(rt, ext);
   return r;
+}
+
+int ums__task_break(ums_runtime_t *rt, ums_task_t id) {
+  return task_cancel_impl(rt, id, true);
 }
 
 /* ---------------------------------------------------------------------- */

@@ -196,6 +196,59 @@ static void test_channel(void) {
   ums_chan_delete(ch);
 }
 
+/* ---- a condition wait whose mutex nobody will hand back --------------- */
+
+/* The waiter's condition wait times out, and taking the mutex back is a
+** wait that cancellation does not end; the mutex's holder has ended
+** holding it. The handler's cancels (or none) change nothing: the
+** detector then ends that wait with UMS_EDEADLK, and the waiter does not
+** hold the mutex. */
+static ums_mutex_t *cm;
+static ums_cond_t *cc;
+static ums_event_t *locked;
+
+static void *cond_waiter(void *arg) {
+  (void)arg;
+  CHECK_RC(ums_mutex_lock(cm, UMS_FOREVER), 0);
+  ums_event_set(locked);
+  int rc = ums_cond_wait(cc, cm, ums_deadline(20 * UMS_NSEC_PER_MSEC));
+  if (rc == UMS_EDEADLK) CHECK_RC(ums_mutex_unlock(cm), UMS_EPERM);
+  return (void *)(intptr_t)rc;
+}
+
+static void *lock_and_end(void *arg) {
+  (void)arg;
+  ums_event_wait(locked, UMS_FOREVER);
+  /* Granted once the waiter's condition wait lets go of the mutex. */
+  CHECK_RC(ums_mutex_lock(cm, UMS_FOREVER), 0);
+  return NULL;
+}
+
+static void cond_case(int cancel) {
+  ums_runtime_t *rt = start();
+  atomic_store(&cancel_on, cancel);
+  cm = ums_mutex_new();
+  cc = ums_cond_new();
+  locked = ums_event_new(1, 0);
+  shape_t sh = {rt, 2, {{0, "waiter", cond_waiter, NULL},
+                       {1, "holder", lock_and_end, NULL}}, {0}};
+  start_shape(&sh);
+  CHECK_EQ(join_status(rt, sh.id[1]), 0);
+  CHECK_EQ(join_status(rt, sh.id[0]), UMS_EDEADLK);
+  CHECK_GE(atomic_load(&calls), 1);
+  tu_runtime_shutdown(rt);
+  ums_cond_delete(cc);
+  ums_event_delete(locked);
+  /* ums_mutex_delete refuses a locked mutex, and this one stays locked
+  ** by its ended holder: its memory is ums_mutex_new's calloc. */
+  free(cm);
+}
+
+static void test_cond_relock(void) {
+  cond_case(1);
+  cond_case(0);
+}
+
 /* ---- slow, not stuck: a sleep, then the wake-up ------------------------ */
 
 static void *sleep_then_set(void *arg) {
@@ -297,6 +350,7 @@ int main(void) {
     test_event();
     test_mutexes();
     test_channel();
+    test_cond_relock();
   }
   test_sleep_not_reported();
   test_call_not_reported();

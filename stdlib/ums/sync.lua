@@ -383,14 +383,24 @@ end
 -- that arrives while we wait for m is kept and returned, to be raised
 -- once m is ours. The wait for m is a park that cancellation cannot end
 -- (a cancelled task is refused every other wait), as in the C
--- ums_cond_wait: unlock hands m over, which always ends it.
+-- ums_cond_wait: unlock hands m over, which always ends it, unless m's
+-- holder has ended or waits for this task. Then the deadlock detector ends
+-- the wait, and wait raises without m.
 local function relock(m, me, err)
   if m.owner == nil then
     m.owner = me
   elseif m.owner ~= me then
-    local seq = park_begin(nil, true, W.mutex, m, m.owner)
-    push(m.q, me, seq)
-    park_wait()  -- only unlock ends it, and unlock made us the owner
+    local owner = m.owner
+    local seq = park_begin(nil, true, W.mutex, m, owner)
+    local node = push(m.q, me, seq)
+    -- Only unlock, which makes us the owner, or the detector ends it.
+    if not pcall(park_wait) then
+      unlink(node)
+      wq.raise(3, ("ums.cond:wait: deadlock: the mutex cannot be locked " ..
+        "again (its holder, task %d, %s); wait returns without it"):format(
+        owner:id(), owner:status() == "suspended" and "waits for ever"
+          or "has ended"))
+    end
   end
   return err
 end

@@ -48,7 +48,7 @@ trap 'rm -rf "$scratch"' EXIT
 reports='ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:'
 reports+='|WARNING: ThreadSanitizer|ERROR: ThreadSanitizer'
 
-start=$SECONDS seeds=0 bad=0 intermittent=0
+start=$SECONDS seeds=0 bad=0 deadlocks=0
 for ((seed = first; seed <= last; seed++)); do
   if ((budget > 0 && SECONDS - start >= budget)); then break; fi
   work="$scratch/$seed"
@@ -72,31 +72,16 @@ for ((seed = first; seed <= last; seed++)); do
       wait "$timer" 2>/dev/null
     else
       hung=1
+      # Bounded: gdb is slow to attach to a sanitizer build's process.
       if command -v gdb >/dev/null; then
-        gdb -p "$pid" -batch -ex 'thread apply all bt 25' \
-          >"$work/backtrace" 2>&1 </dev/null
+        timeout 60 gdb -p "$pid" -batch -ex 'thread apply all bt 25' \
+          -x "$here/hang-state.py" >"$work/backtrace" 2>&1 </dev/null
       fi
       kill -KILL "$pid" 2>/dev/null
       wait "$pid" 2>/dev/null
     fi
   }
   run_seed
-  # A hang that the same seed does not repeat at once is the known
-  # intermittent one (test/fuzz/README.md, "Known"): its stacks are
-  # printed and counted, and it fails the run only with UMS_FUZZ_STRICT=1
-  # or when the seed hangs again.
-  if ((hung)) && [[ ${UMS_FUZZ_STRICT:-0} != 1 ]]; then
-    mv "$work/backtrace" "$work/backtrace.first" 2>/dev/null
-    run_seed
-    if ((!hung)); then
-      intermittent=$((intermittent + 1))
-      echo "INTERMITTENT HANG seed=$seed (ended on its second run)"
-      if [[ -s $work/backtrace.first ]]; then
-        grep -E '^Thread |^#[0-9]+ ' "$work/backtrace.first" | head -n 80 |
-          sed 's/^/  bt| /'
-      fi
-    fi
-  fi
   seeds=$((seeds + 1))
   why=""
   if ((hung)); then
@@ -109,6 +94,8 @@ for ((seed = first; seed <= last; seed++)); do
     why="exit status $rc"
   elif ! grep -q "^DONE seed=$seed " "$work/out"; then
     why="no DONE line"
+  elif grep -q "^DONE seed=$seed .* deadlock=1" "$work/out"; then
+    deadlocks=$((deadlocks + 1))
   fi
   if [[ -n $why ]]; then
     bad=$((bad + 1))
@@ -130,6 +117,8 @@ for ((seed = first; seed <= last; seed++)); do
     if ((hung)) && [[ -s $work/backtrace ]]; then
       grep -E '^Thread |^#[0-9]+ ' "$work/backtrace" | head -n 80 |
         sed 's/^/  bt| /'
+      grep -E '^(scheduler|runtime|task|no scheduler|hang-state)' \
+        "$work/backtrace" | head -n 40 | sed 's/^/  state| /'
     fi
     if [[ -n $keep ]]; then
       cp "$work/out" "$keep/seed-$seed.out"
@@ -141,5 +130,5 @@ for ((seed = first; seed <= last; seed++)); do
 done
 
 echo "fuzz: $seeds seeds ($first-$((first + seeds - 1))), $calls calls each," \
-     "$((SECONDS - start)) s: $bad failed, $intermittent intermittent hangs"
+     "$((SECONDS - start)) s: $bad failed, $deadlocks ended in a deadlock report"
 ((bad == 0))

@@ -6,7 +6,11 @@
 -- sanitizer report, or a run that does not end. So nothing here may wait
 -- without a bound: every wait has a timeout, every task does a bounded
 -- number of steps, and the main task cancels what is left at the end.
--- A hang is then a runtime bug, never the fuzzer's own deadlock.
+-- One deadlock is still possible, as in any program: a task that ends
+-- holding a mutex leaves a later condition wait on that mutex unable to
+-- take it back (that wait has no bound, as in C). ums.run then ends with
+-- its deadlock report, which api_fuzz.lua counts as an outcome. A hang is
+-- a runtime bug, never the fuzzer's own deadlock.
 --
 -- The same engine runs in other schedulers' VMs (`fuzzlib.work`, reached
 -- by ums.submit by name), where it touches only objects that may cross
