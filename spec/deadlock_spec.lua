@@ -107,11 +107,12 @@ describe("a deadlock", function()
       local m, c = ums.mutex(), ums.cond()
       local w = ums.spawn(function()
         m:lock()
-        local ok2, e = pcall(c.wait, c, m, 0.02)
+        local ok2, e = pcall(c.wait, c, m)
         waited = {ok2, e, m.owner}
       end)
       ums.yield()  -- w holds m and waits on c
-      local h = ums.spawn(function() m:lock() end)  -- ends holding m
+      -- Signals w while holding m, and ends holding it.
+      local h = ums.spawn(function() m:lock(); c:signal() end)
       h:join()
       w:join()
     end)

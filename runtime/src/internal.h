@@ -1299,6 +1299,12 @@ void ums__sched_post(ums__sched_t *s, ums__task_t *t);
 void ums__sched_post_cancel(ums__sched_t *s, ums__task_t *t);
 /* Wakes s if it is in its idle wait. */
 void ums__sched_wake(ums__sched_t *s);
+/* Lowers one of s's in-flight counts (io_pending, io_pool_pending,
+** preempt_pending) from another thread, after what the operation posts.
+** The last one wakes s if it is in its idle wait: s went to sleep
+** counting the operation as a waker, and must look at its state again
+** (a deadlock no longer hidden by it, an idle waiter to end). */
+void ums__sched_inflight_done(ums__sched_t *s, _Atomic uint32_t *count);
 /* Gives a new task to s (called on s's thread or via its inbox). [owner] */
 void ums__sched_admit(ums__sched_t *s, ums__task_t *t);
 /* The scheduler pass, run by the current context when it has nothing to

@@ -204,8 +204,7 @@ static void pool_run(ums__pool_work_t *w) {
     ums__io_complete(r, ums__io_exec(r));
   /* After the completion's unpark, so that the scheduler's idle spin
   ** (sched.c) keeps watching until the task is on its completion list. */
-  if (s)
-    atomic_fetch_sub_explicit(&s->io_pool_pending, 1, memory_order_release);
+  if (s) ums__sched_inflight_done(s, &s->io_pool_pending);
 }
 
 /* The system call an operation makes, for reports. */

@@ -232,12 +232,14 @@ void ums__io_complete(ums__io_req_t *r, int64_t res) {
       /* After the unpark (release): a virtual clock may move once this
       ** count is zero, and must then find the task in the inbox (sched.c,
       ** work_in_flight). s outlives this: the pool is destroyed first. */
-      atomic_fetch_sub_explicit(&s->io_pending, 1, memory_order_release);
+      ums__sched_inflight_done(s, &s->io_pending);
     }
     return;
   }
   drop_result(r);
-  if (s) atomic_fetch_sub_explicit(&s->io_pending, 1, memory_order_relaxed);
+  /* Nobody waits for this one, but the scheduler may have gone idle
+  ** counting it: the last one wakes it (ums__sched_inflight_done). */
+  if (s) ums__sched_inflight_done(s, &s->io_pending);
   ums__io_req_unref(r);
 }
 

@@ -221,8 +221,9 @@ static void call_run(ums__pool_work_t *w) {
     if (c->release) c->release(c->arg);
     call_unref(c);
   }
-  /* After the release, so that the count covers the call until its end. */
-  atomic_fetch_sub_explicit(&s->preempt_pending, 1, memory_order_release);
+  /* After the release, so that the count covers the call until its end;
+  ** the scheduler may have gone idle counting it. */
+  ums__sched_inflight_done(s, &s->preempt_pending);
 }
 
 void ums__preempt_reap(ums__sched_t *s) {

@@ -201,6 +201,13 @@ void ums__sched_wake(ums__sched_t *s) {
   }
 }
 
+void ums__sched_inflight_done(ums__sched_t *s, _Atomic uint32_t *count) {
+  /* Sequentially consistent, as are block's store of idle_state and its
+  ** loads of the counts (stuck_now): either it sees the count at zero,
+  ** or we see it idle and wake it. */
+  if (atomic_fetch_sub(count, 1) == 1) ums__sched_wake(s);
+}
+
 /* Once t is on the list it may run, end, and let a shutdown on another
 ** thread proceed; the in-flight count keeps s alive until the wake-up is
 ** done. (Taken before the push, while t still holds the runtime open.) */
@@ -363,9 +370,13 @@ static bool wake_pending(ums__sched_t *s) {
 ** preemptive call in flight, no idle waiter to wake. Then only another
 ** scheduler's task, or a thread outside the runtime, can. [owner] */
 static bool stuck_now(ums__sched_t *s) {
+  /* Sequentially consistent loads of the counts, after the store of
+  ** idle_state: see ums__sched_inflight_done. */
   return s->rt->cfg.on_deadlock && s->timers.n == 0 &&
-         s->nidle_waiters == 0 && !work_in_flight(s) &&
-         !pool_work_pending(s) && !atomic_load(&s->rt->exiting);
+         s->nidle_waiters == 0 && !atomic_load(&s->io_pending) &&
+         !atomic_load(&s->preempt_pending) &&
+         !atomic_load(&s->io_pool_pending) &&
+         !atomic_load(&s->rt->exiting);
 }
 
 /* The handler has seen this state and nothing has run since: what is

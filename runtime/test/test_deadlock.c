@@ -198,11 +198,11 @@ static void test_channel(void) {
 
 /* ---- a condition wait whose mutex nobody will hand back --------------- */
 
-/* The waiter's condition wait times out, and taking the mutex back is a
-** wait that cancellation does not end; the mutex's holder has ended
-** holding it. The handler's cancels (or none) change nothing: the
-** detector then ends that wait with UMS_EDEADLK, and the waiter does not
-** hold the mutex. */
+/* The waiter's condition wait is signalled by a task that holds the
+** mutex and then ends holding it: taking the mutex back is a wait that
+** cancellation does not end, and nothing can end it otherwise. The
+** handler's cancels (or none) change nothing: the detector then ends
+** that wait with UMS_EDEADLK, and the waiter does not hold the mutex. */
 static ums_mutex_t *cm;
 static ums_cond_t *cc;
 static ums_event_t *locked;
@@ -211,7 +211,7 @@ static void *cond_waiter(void *arg) {
   (void)arg;
   CHECK_RC(ums_mutex_lock(cm, UMS_FOREVER), 0);
   ums_event_set(locked);
-  int rc = ums_cond_wait(cc, cm, ums_deadline(20 * UMS_NSEC_PER_MSEC));
+  int rc = ums_cond_wait(cc, cm, UMS_FOREVER);
   if (rc == UMS_EDEADLK) CHECK_RC(ums_mutex_unlock(cm), UMS_EPERM);
   return (void *)(intptr_t)rc;
 }
@@ -219,8 +219,10 @@ static void *cond_waiter(void *arg) {
 static void *lock_and_end(void *arg) {
   (void)arg;
   ums_event_wait(locked, UMS_FOREVER);
-  /* Granted once the waiter's condition wait lets go of the mutex. */
+  /* Granted once the waiter's condition wait lets go of the mutex, with
+  ** the waiter on the condition's queue. */
   CHECK_RC(ums_mutex_lock(cm, UMS_FOREVER), 0);
+  CHECK_RC(ums_cond_signal(cc), 0);
   return NULL;
 }
 
@@ -235,7 +237,9 @@ static void cond_case(int cancel) {
   start_shape(&sh);
   CHECK_EQ(join_status(rt, sh.id[1]), 0);
   CHECK_EQ(join_status(rt, sh.id[0]), UMS_EDEADLK);
-  CHECK_GE(atomic_load(&calls), 1);
+  /* The handler counts its call last: the other scheduler may have
+  ** broken the wait meanwhile. */
+  WAIT_UNTIL(atomic_load(&calls) >= 1, 20000);
   tu_runtime_shutdown(rt);
   ums_cond_delete(cc);
   ums_event_delete(locked);
@@ -280,6 +284,11 @@ static void blocking_sleep(void *arg) {
   usleep(200 * 1000);
 }
 
+static void blocking_sleep_long(void *arg) {
+  (void)arg;
+  usleep(300 * 1000);
+}
+
 static void *call_then_set(void *arg) {
   (void)arg;
   CHECK_RC(ums_preempt(blocking_sleep, NULL, NULL, UMS_FOREVER), 0);
@@ -300,6 +309,34 @@ static void test_call_not_reported(void) {
   tu_runtime_shutdown(rt);
   CHECK_EQ(atomic_load(&calls), 0);
   ums_event_delete(ev);
+}
+
+/* ---- stuck behind a C call nobody waits for any more ------------------ */
+
+/* The caller gives up on its call (a 10 ms deadline; the call goes on
+** for 300 ms, detached) and then waits on a channel nobody writes. The
+** scheduler goes idle while the call still counts as in flight, so not
+** stuck yet; when the call ends, that count drops on the pool thread,
+** which must wake the scheduler to find the deadlock. */
+static void *give_up_then_recv(void *arg) {
+  (void)arg;
+  int rc = ums_preempt(blocking_sleep_long, NULL, NULL,
+                       ums_deadline(10 * UMS_NSEC_PER_MSEC));
+  CHECK_RC(rc, UMS_ETIMEDOUT);
+  int v;
+  return (void *)(intptr_t)ums_chan_recv(ch, &v, UMS_FOREVER);
+}
+
+static void test_abandoned_call_then_stuck(void) {
+  ums_runtime_t *rt = start();
+  atomic_store(&cancel_on, 1);
+  ch = ums_chan_new(sizeof(int), 0);
+  ums_task_t a = tu_spawn_named_at(__FILE__, __LINE__, rt, 0, "giver-up",
+                                   give_up_then_recv, NULL);
+  WAIT_UNTIL(atomic_load(&calls) == 1, 20000);
+  CHECK_EQ(join_status(rt, a), UMS_ECANCELED);
+  tu_runtime_shutdown(rt);
+  ums_chan_delete(ch);
 }
 
 /* ---- a host thread wakes a task after 100 ms --------------------------- */
@@ -354,6 +391,7 @@ int main(void) {
   }
   test_sleep_not_reported();
   test_call_not_reported();
+  test_abandoned_call_then_stuck();
   test_host_wakeup();
   test_off_by_default();
   puts("test_deadlock: ok");
