@@ -1719,10 +1719,26 @@ static int l_on_error(lua_State *L) {
   return 0;
 }
 
+/* Prints as lua.c reports an error: a string with its traceback, which
+** begins with it; another value as a number, by its __tostring, or as
+** "(error object is a T value)", then the traceback. */
 static int default_on_error(lua_State *L) {
   const char *tb = lua_tostring(L, 2);
-  const char *msg = luaL_tolstring(L, 1, NULL);
-  fprintf(stderr, "ums: error in a task nobody joined: %s\n", tb ? tb : msg);
+  const char *msg;
+  if (lua_type(L, 1) == LUA_TSTRING) {
+    msg = tb ? tb : lua_tostring(L, 1);
+    tb = NULL;
+  } else if (lua_type(L, 1) == LUA_TNUMBER) {
+    msg = lua_pushfstring(L, "%s", luaL_tolstring(L, 1, NULL));
+  } else if (luaL_callmeta(L, 1, "__tostring") &&
+             lua_type(L, -1) == LUA_TSTRING) {
+    msg = lua_tostring(L, -1);
+  } else {
+    msg = lua_pushfstring(L, "(error object is a %s value)",
+                          luaL_typename(L, 1));
+  }
+  fprintf(stderr, "ums: error in a task nobody joined: %s%s%s\n", msg,
+          tb ? "\n" : "", tb ? tb : "");
   fflush(stderr);
   return 0;
 }
@@ -1761,6 +1777,7 @@ int lums_open(lua_State *L) {
       {"nopreempt_chunk", l_nopreempt_chunk},
       {"config", l_config},
       {"on_error", l_on_error},
+      {"default_on_error", default_on_error},
       {NULL, NULL}};
   pin_module();
 

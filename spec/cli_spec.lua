@@ -242,6 +242,30 @@ describe("ums command", function()
       assert.matches("lost task", r.stderr)
     end)
 
+    it("reports such an error that is not a string as lua5.4 would: by "
+       .. "__tostring, or naming its type, then the traceback", function()
+      local r = sp.lua_run({script [[
+        local ums = require "ums"
+        ums.run(function()
+          ums.spawn(function() error({code = 1}) end)
+          ums.spawn(function()
+            error(setmetatable({}, {__tostring = function()
+              return "custom error" end}))
+          end)
+          ums.spawn(function() error(42) end)
+          ums.yield()
+        end)
+      ]]})
+      assert.is_false(r.timed_out)
+      local pre = "ums: error in a task nobody joined: "
+      assert.truthy(r.stderr:find(pre .. "(error object is a table value)\n"
+                                  .. "stack traceback:", 1, true), r.stderr)
+      assert.truthy(r.stderr:find(pre .. "custom error\nstack traceback:", 1,
+                                  true), r.stderr)
+      assert.truthy(r.stderr:find(pre .. "42\nstack traceback:", 1, true),
+                    r.stderr)
+    end)
+
     it("leaves the status to a script that handles such errors itself",
        function()
       local r = sp.ums({script [[

@@ -57,12 +57,6 @@ local core = require "ums.core"
 
 local ONERROR_KEY = "ums.on_error"  -- lua-binding/lums.c
 
-local function default_handler(err, traceback)
-  io.stderr:write("ums: error in a task nobody joined: ",
-                  tostring(traceback or err), "\n")
-  io.stderr:flush()
-end
-
 local function current_handler()
   local ok, reg = pcall(function() return debug.getregistry() end)
   if ok and type(reg) == "table" and type(reg[ONERROR_KEY]) == "function" then
@@ -250,7 +244,7 @@ local function test(fn, timeout)
   end
   ums.spawn = prev_spawn
   ums.submit, ums.submit_on = prev_submit, prev_submit_on
-  core.on_error(prev_handler or default_handler)
+  core.on_error(prev_handler or core.default_on_error)
 
   local failure
   if timed_out then
