@@ -297,10 +297,11 @@ static void test_awake_thread_relied_on(void) {
   printf("   %llu wake-ups for %d submits\n", (unsigned long long)woken, N);
   /* The first submit finds nobody awake and wakes one; after that only a
   ** work left waiting a whole tick (a thread preempted that long on a
-  ** crowded machine) brings the monitor to wake the other. Waking a
-  ** sleeper for every submit that finds the only awake thread busy would
-  ** make it about N. */
-  CHECK_LT(woken, N / 100);
+  ** crowded machine) brings the monitor to wake the other: a few, or on
+  ** a machine crowded enough (a sanitizer build among other tests), a
+  ** few hundred. Waking a sleeper for every submit that finds the only
+  ** awake thread busy would make it about N. */
+  CHECK_LT(woken, N / 10);
   ums__pool_destroy(&p);
   free(jobs);
   CHECK_THREADS(base);
