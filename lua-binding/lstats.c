@@ -602,6 +602,11 @@ void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg) {
       if (t->blocker) {
         lua_pushfstring(L, ", held by task %I", (lua_Integer)t->blocker);
         luaL_addvalue(&b);
+        /* A holder that is not among the live tasks ended holding it. */
+        bool live = false;
+        for (size_t k = 0; k < rows.n && !live; k++)
+          live = rows.v[k].id == t->blocker;
+        if (!live) luaL_addstring(&b, ", which has ended");
       }
       luaL_addstring(&b, "\n    ");
       if (lua_rawgeti(L, map, (lua_Integer)t->id) == LUA_TTHREAD) {
