@@ -130,6 +130,23 @@ describe("a deadlock", function()
     assert.is_not_nil(waited[3])
   end)
 
+  it("behind a C call nobody waits for any more: reported once it ends",
+     function()
+    local ffi = ums.ffi
+    ffi.cdef[[ int usleep(unsigned int usec); ]]
+    local sleep = ffi.timeout(ffi.C.usleep, 0.01)
+    local ok, err = run(function()
+      -- Given up after 10 ms; the call goes on for 0.3 s, detached, and
+      -- the scheduler goes idle counting it.
+      local res, why = sleep(300000)
+      assert(res == nil and why == "timeout", why)
+      return ums.channel():recv()
+    end)
+    assert.is_false(ok)
+    assert.truthy(err:find("ums.run: deadlock: 1 task(s) blocked", 1, true),
+                  err)
+  end)
+
   it("fails ums.test at once on the real clock, with the report",
      function()
     local ok, err = pcall(ums.test, function()
