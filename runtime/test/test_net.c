@@ -527,6 +527,7 @@ static void setup(stuck_t *s) {
       for (;;) {
         ssize_t k = send(s->fd, ums_buf_data(b), 65536,
                          MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue; /* strace's, in the fault runs */
         if (k < 0) {
           CHECK(errno == EAGAIN || errno == EWOULDBLOCK);
           break;
