@@ -867,10 +867,11 @@ UMS_API int ums_net_close(int fd, int64_t deadline);
 ** descriptor (non-blocking, close-on-exec). When addr is not NULL the
 ** peer's address is copied there, at most *len bytes, and *len is set to
 ** its length (accept(2)'s convention). A connection accepted for a caller
-** who gave up is closed by the runtime. UMS_EMFILE (-24, "too many
-** open files" for a descriptor) and UMS_ENFILE leave the connection in
-** the listener's queue: wait (or free descriptors) before accepting
-** again, or the loop spins. */
+** who gave up is closed by the runtime. UMS_EMFILE (here the process's
+** descriptor limit, although ums_strerror words it for tasks) and
+** UMS_ENFILE are returned, never retried by the runtime, and leave the
+** connection in the listener's queue: wait (or free descriptors) before
+** accepting again, or the caller's loop spins. */
 UMS_API int ums_net_accept(int fd, struct sockaddr *addr, socklen_t *len,
                            int64_t deadline);
 /* Connects fd to addr (copied). Returns 0 or -errno (UMS_ECONNREFUSED,
