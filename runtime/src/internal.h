@@ -1011,6 +1011,7 @@ uint32_t ums__net_events(const ums__io_req_t *r);
 ** scheduler, touched only by its thread except ums__poller_wake (any
 ** thread), waited on in its idle wait. */
 typedef struct ums__poller ums__poller_t;
+/* Makes s's set unless it has one. Returns 0 or -errno. [owner] */
 int ums__poller_new(ums__sched_t *s);
 void ums__poller_free(ums__poller_t *p);
 /* Takes r, whose park has begun: completes it now if its descriptor is
@@ -1189,8 +1190,11 @@ struct ums__sched {
   int64_t next_trim;           /* [owner] when the epoch advances next */
   ums__ring_t *ring;           /* [const pointer; the ring itself: owner]
                                   NULL: the pool backend */
-  ums__poller_t *poller;       /* [const pointer; the set itself: owner]
-                                  the pool backend's readiness (sockets) */
+  /* The pool backend's readiness for sockets (io-poll.c), made at the
+  ** first socket request, so that a program without sockets keeps the
+  ** futex idle wait and no descriptors. [atomic pointer, written once
+  ** by the owner; the set itself: owner] */
+  _Atomic(ums__poller_t *) poller;
   ums__buf_cache_t bufs;       /* [owner] I/O buffer cache */
   /* Call records of preemptive calls that ended here (preempt.c), kept
   ** for the next: with many calls in flight malloc's per-thread cache
@@ -1330,6 +1334,12 @@ static inline void ums__rt_leave(ums_runtime_t *rt) {
 extern _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 
 static inline ums__sched_t *ums__sched_current(void) { return ums__tls_sched; }
+
+/* s's socket readiness set (io-poll.c), NULL before its first socket
+** request. [owner] */
+static inline ums__poller_t *ums__poller_of(ums__sched_t *s) {
+  return atomic_load_explicit(&s->poller, memory_order_relaxed);
+}
 
 /* Brackets a public entry point with ums__rt_enter/leave unless the
 ** caller runs on one of rt's own schedulers (a task, the usual case),

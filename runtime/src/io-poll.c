@@ -19,7 +19,9 @@
 ** believes it is there, which the MOD-then-ADD below absorbs.
 **
 ** Wake-ups from other threads (ums__sched_wake) write an eventfd that is
-** in the set, the counterpart of the ring's eventfd read.
+** in the set, the counterpart of the ring's eventfd read. The set is made
+** at the scheduler's first socket request; until then its idle wait is
+** the futex one.
 */
 #include "internal.h"
 
@@ -51,6 +53,7 @@ struct ums__poller {
 };
 
 int ums__poller_new(ums__sched_t *s) {
+  if (ums__poller_of(s)) return 0;
   ums__poller_t *p = calloc(1, sizeof *p);
   if (!p) return UMS_ENOMEM;
   p->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -61,7 +64,10 @@ int ums__poller_new(ums__sched_t *s) {
     ums__poller_free(p);
     return e;
   }
-  s->poller = p;
+  /* Release: a waker that finds the scheduler idle after this (the
+  ** idle_state handshake orders it) writes the set's eventfd rather than
+  ** the futex (sched.c, ums__sched_wake). */
+  atomic_store_explicit(&s->poller, p, memory_order_release);
   return 0;
 }
 
@@ -143,7 +149,7 @@ static void dispatch(ums__poller_t *p, int fd, pfd_t *d, uint32_t ev,
 }
 
 void ums__poller_submit(ums__sched_t *s, ums__io_req_t *r) {
-  ums__poller_t *p = s->poller;
+  ums__poller_t *p = ums__poller_of(s);
   int64_t res = ums__net_try(r);
   if (res != UMS__NET_WAIT) {
     ums__io_complete(r, res);
@@ -164,7 +170,7 @@ void ums__poller_submit(ums__sched_t *s, ums__io_req_t *r) {
 }
 
 void ums__poller_cancel(ums__sched_t *s, ums__io_req_t *r) {
-  ums__poller_t *p = s->poller;
+  ums__poller_t *p = ums__poller_of(s);
   /* Completed meanwhile (and so unlinked): nothing is left to stop. */
   pfd_t *d = (size_t)r->fd < p->nfds ? &p->fds[r->fd] : NULL;
   bool linked = false;
@@ -179,7 +185,7 @@ void ums__poller_cancel(ums__sched_t *s, ums__io_req_t *r) {
 }
 
 void ums__poller_forget(ums__sched_t *s, int fd) {
-  ums__poller_t *p = s->poller;
+  ums__poller_t *p = ums__poller_of(s);
   if (fd < 0 || (size_t)fd >= p->nfds) return;
   pfd_t *d = &p->fds[fd];
   if (d->added) epoll_ctl(p->epfd, EPOLL_CTL_DEL, fd, NULL);
@@ -212,7 +218,7 @@ static void handle(ums__poller_t *p, const struct epoll_event *evs, int n) {
 }
 
 void ums__poller_poll(ums__sched_t *s) {
-  ums__poller_t *p = s->poller;
+  ums__poller_t *p = ums__poller_of(s);
   if (p->waiting == 0) return;
   /* Like the ring's batch: a busy scheduler looks once per round of its
   ** run queue, an idle one at once (its idle wait follows). */
@@ -227,7 +233,7 @@ void ums__poller_poll(ums__sched_t *s) {
 }
 
 void ums__poller_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
-  ums__poller_t *p = s->poller;
+  ums__poller_t *p = ums__poller_of(s);
   struct timespec ts, *tsp = NULL;
   if (deadline != UMS_FOREVER) {
     int64_t d = deadline > now ? deadline - now : 0;
@@ -255,6 +261,7 @@ void ums__poller_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
 
 void ums__poller_wake(ums__sched_t *s) {
   uint64_t one = 1;
-  while (write(s->poller->efd, &one, sizeof one) < 0 && errno == EINTR) {
+  ums__poller_t *p = atomic_load_explicit(&s->poller, memory_order_acquire);
+  while (write(p->efd, &one, sizeof one) < 0 && errno == EINTR) {
   }
 }

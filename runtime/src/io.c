@@ -276,7 +276,7 @@ static bool use_ring(ums__sched_t *s, const ums__io_req_t *r) {
 ** opcodes sends that operation to the pool, where it waits in poll(2):
 ** only kernels older than the socket opcodes, 5.5 and 5.6, get there.) */
 static bool use_poller(ums__sched_t *s, const ums__io_req_t *r) {
-  return s->poller && ums__io_is_net(r->op);
+  return !s->ring && ums__io_is_net(r->op);
 }
 
 /* Begins the calling task's park and hands r to its backend. r keeps the
@@ -284,6 +284,10 @@ static bool use_poller(ums__sched_t *s, const ums__io_req_t *r) {
 static int start(ums__io_req_t *r, int64_t deadline) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
+  if (use_poller(t->sched, r)) {
+    int e = ums__poller_new(t->sched);
+    if (e) return e;
+  }
   /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
   ** park the task has begun itself. */
   int rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_FILE_IO, NULL, 0,

@@ -256,7 +256,7 @@ int ums_net_close(int fd, int64_t deadline) {
   ** for ever; an operation in the ring would keep the socket open. */
   ums__sched_t *s = ums__task_current() ? ums__sched_current() : NULL;
   if (s && s->ring) ums__ring_cancel_fd(s, fd);
-  if (s && s->poller) {
+  if (s && ums__poller_of(s)) {
     ums__poller_forget(s, fd);
     /* close(2) of a socket returns at once unless SO_LINGER holds it
     ** for a time: only then is it worth a trip to the I/O pool. */

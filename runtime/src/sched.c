@@ -196,7 +196,7 @@ void ums__sched_wake(ums__sched_t *s) {
       atomic_compare_exchange_strong(&s->idle_state, &idle, 2)) {
     if (s->ring)
       ums__ring_wake(s);
-    else if (s->poller)
+    else if (atomic_load_explicit(&s->poller, memory_order_acquire))
       ums__poller_wake(s);
     else
       ums__futex_wake(&s->idle_state, 1);
@@ -441,7 +441,7 @@ static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
   if (!stuck || !s->runq_n) {
     if (s->ring)
       ums__ring_wait(s, deadline, now);
-    else if (s->poller)
+    else if (ums__poller_of(s))
       ums__poller_wait(s, deadline, now);
     else
       ums__futex_wait(&s->idle_state, 1, deadline);
@@ -588,7 +588,7 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
     if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
       drain_cancels(s);
     if (s->ring) ums__ring_poll(s);
-    if (s->poller) ums__poller_poll(s);
+    if (ums__poller_of(s)) ums__poller_poll(s);
     /* The clock is read only when some timer could be due. */
     if (s->timers.n) ums__timer_expire(s, &s->timers, ums__clock_now());
     set_relaxed(&s->ntimers, s->timers.n);
@@ -732,8 +732,8 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
 static void sched_destroy(ums__sched_t *s) {
   ums__ring_free(s->ring);
   s->ring = NULL;
-  ums__poller_free(s->poller);
-  s->poller = NULL;
+  ums__poller_free(ums__poller_of(s));
+  atomic_store_explicit(&s->poller, NULL, memory_order_relaxed);
   free(s->idle_waiters);
   s->idle_waiters = NULL;
   ums__stack_pool_destroy(&s->stacks);
@@ -817,12 +817,6 @@ static int io_setup(ums_runtime_t *rt) {
       }
       if (want == UMS_IO_URING) return e;
     }
-  }
-  /* Without rings, sockets wait for readiness in an epoll set per
-  ** scheduler (io-poll.c), which is then also the idle wait. */
-  for (int i = 0; i < rt->nsched && rt->io_backend == UMS_IO_POOL; i++) {
-    int e = ums__poller_new(&rt->scheds[i]);
-    if (e) return e;
   }
   rt->cfg.io_backend = rt->io_backend;
   return 0;
@@ -985,8 +979,8 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
   if ((e = io_setup(rt)) != 0) {
     runtime_free(rt);
-    start_fail(e, "cannot set up an io_uring ring (io backend \"uring\") "
-               "or the sockets' epoll set: %s", ums_strerror(e));
+    start_fail(e, "cannot set up an io_uring ring (io backend \"uring\"): "
+               "%s", ums_strerror(e));
     goto fail;
   }
   for (int i = 0; i < rt->nsched; i++) {
