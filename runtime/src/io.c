@@ -1,5 +1,6 @@
 /*
-** io.c: file I/O requests, from the public calls to their completion.
+** io.c: I/O requests (files; sockets build theirs in net.c), from the
+** public calls to their completion.
 **
 ** Every call in a task goes through two halves (ums.h, "deferred form"):
 **
@@ -18,6 +19,8 @@
 **   io-uring.c   the kernel, via s's own ring    s's pass, reaping the CQE
 **   io-pool.c    a thread of the runtime's pool  that pool thread (through
 **                                                s's completion list)
+**   io-poll.c    sockets without a ring: s's     s's pass or idle wait
+**                thread, when epoll says ready   (net.c has the calls)
 **
 ** Exactly one of "completed" and "abandoned" decides a request: the
 ** completer stores the result and then moves the state from INFLIGHT to
