@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -804,6 +805,152 @@ UMS_API int ums_fs_readdir_end(ums_fs_req_t *req, ums_dirlist_t **out);
 ** ums_fs_end closes a descriptor left to the caller). UMS_EINVAL for a
 ** request of another kind. */
 UMS_API int64_t ums_fs_readfile_end(ums_fs_req_t *req, int *fd);
+
+/* ====================================================================== */
+/* Sockets                                                                 */
+/* ====================================================================== */
+/*
+** Sockets are I/O requests like files: the same request, deadline,
+** cancellation, ownership and deferred form as "File I/O" above, and the
+** kernel's results (-errno: UMS_ECONNREFUSED, ECONNRESET, EPIPE, ...
+** pass through; ums_strerror names them). TCP and UDP over IPv4 and IPv6,
+** Unix stream and datagram sockets; addresses are the C library's
+** (struct sockaddr_in, sockaddr_in6, sockaddr_un).
+**
+** Backends (runtime/IO.md, "Network"). With io_uring a call is the
+** kernel's socket operation on the scheduler's ring (IORING_OP_ACCEPT,
+** CONNECT, RECV, SEND, RECVMSG, SENDMSG, POLL_ADD); a timed-out or
+** cancelled one is cancelled in the kernel. Without io_uring sockets are
+** non-blocking: a call makes its system call at once, and when the socket
+** is not ready its task waits in the scheduler's epoll set, which the
+** scheduler waits on when idle: no thread per blocked socket, a waiting
+** task costs its park. Outside a task (a host thread) each call blocks its
+** thread, waiting with poll(2) up to the deadline (UMS_ETIMEDOUT).
+**
+** Descriptors made here (ums_net_socket, ums_net_accept) are
+** non-blocking and close-on-exec. Sends never raise SIGPIPE
+** (MSG_NOSIGNAL): a send to a peer that has gone returns UMS_EPIPE. A
+** system call interrupted by a signal is restarted (no UMS_EINTR).
+**
+** Buffers: a receive fills, and a send reads, buf's data at [pos, pos +
+** len), held by reference until the operation has really ended, as for
+** files: after a timeout or a cancel the caller may release its
+** reference, and must not read what a timed-out receive left in it. A
+** timed-out send may have sent part of the data: a stream socket's
+** position in the stream is then unknown (close it). A timed-out connect
+** leaves the socket unusable (close it), as connect(2) does.
+**
+** One operation of each direction at a time per socket is the usual use
+** (a reader and a writer task may share one); several receives on one
+** stream socket at once get the data in an unspecified split.
+*/
+
+/* The calls that never wait, made on the calling thread: 0 (or the
+** descriptor) or -errno. ums_net_socket adds SOCK_NONBLOCK and
+** SOCK_CLOEXEC to type. */
+UMS_API int ums_net_socket(int domain, int type, int protocol);
+UMS_API int ums_net_bind(int fd, const struct sockaddr *addr, socklen_t len);
+UMS_API int ums_net_listen(int fd, int backlog);
+/* how: SHUT_RD, SHUT_WR, SHUT_RDWR. A half-closed stream still receives. */
+UMS_API int ums_net_shutdown(int fd, int how);
+UMS_API int ums_net_getsockopt(int fd, int level, int name, void *val,
+                               socklen_t *len);
+UMS_API int ums_net_setsockopt(int fd, int level, int name, const void *val,
+                               socklen_t len);
+UMS_API int ums_net_getsockname(int fd, struct sockaddr *addr,
+                                socklen_t *len);
+UMS_API int ums_net_getpeername(int fd, struct sockaddr *addr,
+                                socklen_t *len);
+
+/* Closes fd as ums_fs_close does. Requests of the calling task's
+** scheduler still waiting for fd's readiness (the epoll backend) end with
+** UMS_EBADF first. End or cancel other tasks' operations on fd before
+** closing it: an operation the kernel is running (io_uring) keeps the
+** socket open until it ends. */
+UMS_API int ums_net_close(int fd, int64_t deadline);
+
+/* Waits for a connection on the listening socket fd and returns its
+** descriptor (non-blocking, close-on-exec). When addr is not NULL the
+** peer's address is copied there, at most *len bytes, and *len is set to
+** its length (accept(2)'s convention). A connection accepted for a caller
+** who gave up is closed by the runtime. UMS_EMFILE (here the process's
+** descriptor limit, although ums_strerror words it for tasks) and
+** UMS_ENFILE are returned, never retried by the runtime, and leave the
+** connection in the listener's queue: wait (or free descriptors) before
+** accepting again, or the caller's loop spins. */
+UMS_API int ums_net_accept(int fd, struct sockaddr *addr, socklen_t *len,
+                           int64_t deadline);
+/* Connects fd to addr (copied). Returns 0 or -errno (UMS_ECONNREFUSED,
+** UMS_ETIMEDOUT for the deadline, ...). A Unix stream listener whose
+** backlog is full makes connect(2) on a non-blocking socket fail with
+** EAGAIN, and nothing signals when to try again: ums_net_connect then
+** sleeps (0.5 ms, doubling up to 16 ms) and tries again until the
+** deadline, as a blocking connect would wait; ums_net_connect_begin
+** returns that UMS_EAGAIN to its caller. */
+UMS_API int ums_net_connect(int fd, const struct sockaddr *addr,
+                            socklen_t len, int64_t deadline);
+/* Receives up to len bytes into buf's data at [pos, pos + len); returns
+** the count, 0 at the end of a stream (the peer shut its side down), or
+** -errno (UMS_ECONNRESET when the peer reset the connection). flags:
+** recv(2)'s (MSG_PEEK, MSG_WAITALL, ...). */
+UMS_API int64_t ums_net_recv(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                             int flags, int64_t deadline);
+/* Sends up to len bytes of buf's data at [pos, pos + len); returns the
+** count, which may be less than len on a stream socket (send the rest
+** with another call), or -errno (UMS_EPIPE, UMS_ECONNRESET). */
+UMS_API int64_t ums_net_send(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                             int flags, int64_t deadline);
+/* Datagrams: recvfrom copies the sender's address as ums_net_accept
+** does; sendto sends to addr (copied; NULL: a connected socket's peer). A
+** datagram longer than len is truncated (MSG_TRUNC in flags returns its
+** real length). */
+UMS_API int64_t ums_net_recvfrom(int fd, ums_buf_t *buf, size_t pos,
+                                 size_t len, int flags, struct sockaddr *addr,
+                                 socklen_t *alen, int64_t deadline);
+UMS_API int64_t ums_net_sendto(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                               int flags, const struct sockaddr *addr,
+                               socklen_t alen, int64_t deadline);
+
+/* Readiness of a descriptor the caller owns (a C library's socket, a
+** pipe, an eventfd), for C modules and hosts whose library does its own
+** I/O: parks the calling task until fd is ready for events (POLLIN,
+** POLLOUT, POLLPRI from <poll.h>) and returns poll(2)'s revents (> 0;
+** POLLHUP and POLLERR are reported whatever events says), or
+** UMS_ETIMEDOUT, UMS_ECANCELED, UMS_EBADF, UMS_EINVAL (no event asked
+** for). Uses the sockets' machinery: IORING_OP_POLL_ADD on io_uring (a
+** give-up removes it from the kernel), the scheduler's epoll set
+** otherwise. The descriptor is not changed (its O_NONBLOCK stays the
+** caller's) and must stay open until the call has returned. Outside a
+** task it is poll(2) with the deadline. */
+UMS_API int ums_wait_fd(int fd, int events, int64_t deadline);
+
+/* Deferred form of the waiting calls (see "File I/O", deferred form): the
+** same arguments, the request in *req. End it with ums_net_end, which
+** returns what the blocking call would and, for accept and recvfrom,
+** copies the peer's address as they do (addr may be NULL); ums_fs_end
+** ends these requests too, without the address. */
+UMS_API int ums_net_accept_begin(int fd, int64_t deadline,
+                                 ums_fs_req_t **req);
+UMS_API int ums_net_connect_begin(int fd, const struct sockaddr *addr,
+                                  socklen_t len, int64_t deadline,
+                                  ums_fs_req_t **req);
+UMS_API int ums_net_recv_begin(int fd, ums_buf_t *buf, size_t pos,
+                               size_t len, int flags, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_net_send_begin(int fd, ums_buf_t *buf, size_t pos,
+                               size_t len, int flags, int64_t deadline,
+                               ums_fs_req_t **req);
+UMS_API int ums_net_recvfrom_begin(int fd, ums_buf_t *buf, size_t pos,
+                                   size_t len, int flags, int64_t deadline,
+                                   ums_fs_req_t **req);
+UMS_API int ums_net_sendto_begin(int fd, ums_buf_t *buf, size_t pos,
+                                 size_t len, int flags,
+                                 const struct sockaddr *addr, socklen_t alen,
+                                 int64_t deadline, ums_fs_req_t **req);
+UMS_API int ums_wait_fd_begin(int fd, int events, int64_t deadline,
+                              ums_fs_req_t **req);
+UMS_API int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
+                            socklen_t *len);
 
 /* ====================================================================== */
 /* Going preemptive                                                        */

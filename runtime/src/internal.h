@@ -15,6 +15,7 @@
 
 #include <pthread.h>
 #include <setjmp.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -860,6 +861,9 @@ enum ums__io_op {
   UMS__IO_OPEN, UMS__IO_CLOSE, UMS__IO_READ, UMS__IO_WRITE, UMS__IO_READV,
   UMS__IO_WRITEV, UMS__IO_FSYNC, UMS__IO_STATX, UMS__IO_UNLINK,
   UMS__IO_RENAME, UMS__IO_MKDIR, UMS__IO_READDIR, UMS__IO_READFILE,
+  /* Sockets (net.c) and readiness (ums_wait_fd). */
+  UMS__IO_ACCEPT, UMS__IO_CONNECT, UMS__IO_RECV, UMS__IO_SEND,
+  UMS__IO_RECVMSG, UMS__IO_SENDMSG, UMS__IO_POLL,
   UMS__IO_NOPS
 };
 
@@ -885,6 +889,9 @@ struct ums_fs_req {
   _Atomic int state;            /* [atomic] UMS__IO_INFLIGHT/DONE/ABANDONED */
   int op;                       /* [const] enum ums__io_op */
   bool on_ring;                 /* [const once submitted] else on the pool */
+  bool on_poller;               /* [const once submitted] waiting for
+                                   readiness in its scheduler's poller
+                                   (io-poll.c) */
   ums__sched_t *sched;          /* [const] scheduler of the caller (NULL:
                                    a host thread) */
   ums_park_token_t token;       /* [const once submitted] the caller's park */
@@ -931,6 +938,22 @@ struct ums_fs_req {
                                    size: the retry reads to the end */
   char scratch[8];
 
+  /* Sockets (net.c) and readiness, [const] once submitted except where
+  ** said. A deadline for the calls of host threads, which wait with
+  ** poll(2). The address is the one to connect or send to, or the one
+  ** accept and recvfrom fill in (the completer writes it and addrlen
+  ** before the state CAS). */
+  int64_t deadline;
+  struct sockaddr_storage addr;
+  socklen_t addrlen;
+  struct msghdr msg;            /* RECVMSG, SENDMSG: over iov and addr */
+  uint32_t events;              /* POLL: POLLIN, POLLOUT, ... */
+  bool connecting;              /* [the executor] a non-blocking connect
+                                   is in progress: wait, then SO_ERROR */
+  /* [the poller's owner] the request's place among those waiting on the
+  ** same descriptor (io-poll.c). */
+  ums__io_req_t *poll_prev, *poll_next;
+
   /* Inline room, not zeroed when a request is made (io.c: req_new). A
   ** stat has no buffers, a read or write no statx. */
   union {
@@ -970,6 +993,52 @@ void ums__io_req_unref(ums__io_req_t *r);
 /* Runs r with plain system calls on the calling thread and returns the
 ** result (io-pool.c). Used by pool threads and by host-thread calls. */
 int64_t ums__io_exec(ums__io_req_t *r);
+/* Internal halves of the public calls (io.c), for net.c: a new request
+** holding the caller's reference; the buffer references and iovec;
+** the blocking form (the caller's reference stays with the caller); the
+** first half of the deferred form (on failure r is released). */
+ums__io_req_t *ums__io_req_new(int op);
+int ums__io_req_iov(ums__io_req_t *r, const ums_iov_t *iov, int n);
+int64_t ums__io_run(ums__io_req_t *r, int64_t deadline);
+int ums__io_begin(ums__io_req_t *r, int64_t deadline, ums_fs_req_t **out);
+/* Whether op is a socket operation or a readiness wait. */
+static inline bool ums__io_is_net(int op) {
+  return op >= UMS__IO_ACCEPT && op <= UMS__IO_POLL;
+}
+/* Socket operations (net.c). ums__net_try makes r's system call without
+** blocking and returns its result, UMS__NET_WAIT when the descriptor is
+** not ready (a connect's own EAGAIN is a result: see ums_net_connect)
+** (any thread; the readiness backends call it on the scheduler's
+** thread). ums__net_exec blocks until r is done, waiting with poll(2)
+** up to r->deadline (host threads, and the I/O pool for an operation the
+** ring lacks). ums__net_events is what r waits for (POLLIN, POLLOUT). */
+#define UMS__NET_WAIT INT64_MIN
+int64_t ums__net_try(ums__io_req_t *r);
+int64_t ums__net_exec(ums__io_req_t *r);
+uint32_t ums__net_events(const ums__io_req_t *r);
+
+/* The readiness backend without io_uring (io-poll.c): an epoll set per
+** scheduler, touched only by its thread except ums__poller_wake (any
+** thread), waited on in its idle wait. */
+typedef struct ums__poller ums__poller_t;
+/* Makes s's set unless it has one. Returns 0 or -errno. [owner] */
+int ums__poller_new(ums__sched_t *s);
+void ums__poller_free(ums__poller_t *p);
+/* Takes r, whose park has begun: completes it now if its descriptor is
+** ready, or when it becomes so. [owner] */
+void ums__poller_submit(ums__sched_t *s, ums__io_req_t *r);
+/* r was abandoned by its caller: it stops waiting and is completed
+** (its result dropped). [owner] */
+void ums__poller_cancel(ums__sched_t *s, ums__io_req_t *r);
+/* fd is about to be closed: its waiting requests end with UMS_EBADF and
+** it leaves the epoll set. [owner] */
+void ums__poller_forget(ums__sched_t *s, int fd);
+/* The pass's step and the idle wait, as ums__ring_poll and
+** ums__ring_wait. [owner] */
+void ums__poller_poll(ums__sched_t *s);
+void ums__poller_wait(ums__sched_t *s, int64_t deadline, int64_t now);
+void ums__poller_wake(ums__sched_t *s);
+
 /* Runs r on the runtime's I/O pool; completes it inline on the calling
 ** thread if the pool has no thread and cannot start one. (io-pool.c) */
 void ums__io_pool_submit(ums_runtime_t *rt, ums__io_req_t *r);
@@ -991,6 +1060,9 @@ void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r);
 /* Queues a kernel cancel of r, which its caller abandoned (a readfile
 ** chain: of its open, the one step that may block). [owner] */
 void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r);
+/* Queues a kernel cancel of every operation on fd, which is about to be
+** closed (ums_net_close); they complete with UMS_EBADF. [owner] */
+void ums__ring_cancel_fd(ums__sched_t *s, int fd);
 /* The pass's I/O step: submits queued entries when their batch is due
 ** and reaps every completion, without a system call when there is none.
 ** [owner] */
@@ -1128,6 +1200,11 @@ struct ums__sched {
   int64_t next_trim;           /* [owner] when the epoch advances next */
   ums__ring_t *ring;           /* [const pointer; the ring itself: owner]
                                   NULL: the pool backend */
+  /* The pool backend's readiness for sockets (io-poll.c), made at the
+  ** first socket request, so that a program without sockets keeps the
+  ** futex idle wait and no descriptors. [atomic pointer, written once
+  ** by the owner; the set itself: owner] */
+  _Atomic(ums__poller_t *) poller;
   ums__buf_cache_t bufs;       /* [owner] I/O buffer cache */
   /* Call records of preemptive calls that ended here (preempt.c), kept
   ** for the next: with many calls in flight malloc's per-thread cache
@@ -1270,6 +1347,12 @@ static inline void ums__rt_leave(ums_runtime_t *rt) {
 extern _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 
 static inline ums__sched_t *ums__sched_current(void) { return ums__tls_sched; }
+
+/* s's socket readiness set (io-poll.c), NULL before its first socket
+** request. [owner] */
+static inline ums__poller_t *ums__poller_of(ums__sched_t *s) {
+  return atomic_load_explicit(&s->poller, memory_order_relaxed);
+}
 
 /* Brackets a public entry point with ums__rt_enter/leave unless the
 ** caller runs on one of rt's own schedulers (a task, the usual case),

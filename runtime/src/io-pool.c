@@ -187,6 +187,10 @@ int64_t ums__io_exec(ums__io_req_t *r) {
       return readdir_exec(r);
     case UMS__IO_READFILE:
       return readfile_exec(r);
+    case UMS__IO_ACCEPT: case UMS__IO_CONNECT: case UMS__IO_RECV:
+    case UMS__IO_SEND: case UMS__IO_RECVMSG: case UMS__IO_SENDMSG:
+    case UMS__IO_POLL:
+      return ums__net_exec(r);
     default:
       return UMS_EINVAL;
   }
@@ -216,7 +220,10 @@ static const char *op_name(int op) {
       [UMS__IO_FSYNC] = "fsync",     [UMS__IO_STATX] = "statx",
       [UMS__IO_UNLINK] = "unlink",   [UMS__IO_RENAME] = "rename",
       [UMS__IO_MKDIR] = "mkdir",     [UMS__IO_READDIR] = "readdir",
-      [UMS__IO_READFILE] = "readfile"};
+      [UMS__IO_READFILE] = "readfile", [UMS__IO_ACCEPT] = "accept",
+      [UMS__IO_CONNECT] = "connect", [UMS__IO_RECV] = "recv",
+      [UMS__IO_SEND] = "send",       [UMS__IO_RECVMSG] = "recvmsg",
+      [UMS__IO_SENDMSG] = "sendmsg", [UMS__IO_POLL] = "poll"};
   return op >= 0 && op < UMS__IO_NOPS ? names[op] : NULL;
 }
 

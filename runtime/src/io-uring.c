@@ -76,9 +76,16 @@ static const int opcode_of[UMS__IO_NOPS] = {
     [UMS__IO_UNLINK] = IORING_OP_UNLINKAT, [UMS__IO_RENAME] = IORING_OP_RENAMEAT,
     [UMS__IO_MKDIR] = IORING_OP_MKDIRAT,   [UMS__IO_READDIR] = -1,
     [UMS__IO_READFILE] = -1, /* a chain: see "Whole small files" */
+    [UMS__IO_ACCEPT] = IORING_OP_ACCEPT,
+    [UMS__IO_CONNECT] = IORING_OP_CONNECT,
+    [UMS__IO_RECV] = IORING_OP_RECV,       [UMS__IO_SEND] = IORING_OP_SEND,
+    [UMS__IO_RECVMSG] = IORING_OP_RECVMSG,
+    [UMS__IO_SENDMSG] = IORING_OP_SENDMSG,
+    [UMS__IO_POLL] = IORING_OP_POLL_ADD,
 };
 
 #define CANCEL_ALL_UD ((uint64_t)2)
+#define CANCEL_FD_UD ((uint64_t)4)
 
 static inline uint64_t wake_ud(const ums__ring_t *rg) {
   return (uint64_t)(uintptr_t)&rg->wake_buf;
@@ -425,6 +432,35 @@ void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r) {
     case UMS__IO_MKDIR:
       io_uring_prep_mkdirat(sqe, AT_FDCWD, r->path, (mode_t)r->mode);
       break;
+    /* Sockets (net.c). The kernel waits for readiness itself, whatever
+    ** the socket's O_NONBLOCK; sends never raise SIGPIPE. */
+    case UMS__IO_ACCEPT:
+      r->addrlen = sizeof r->addr;
+      io_uring_prep_accept(sqe, r->fd, (struct sockaddr *)&r->addr,
+                           &r->addrlen, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      break;
+    case UMS__IO_CONNECT:
+      io_uring_prep_connect(sqe, r->fd, (struct sockaddr *)&r->addr,
+                            r->addrlen);
+      break;
+    case UMS__IO_RECV:
+      io_uring_prep_recv(sqe, r->fd, r->iov[0].iov_base, r->iov[0].iov_len,
+                         r->flags);
+      break;
+    case UMS__IO_SEND:
+      io_uring_prep_send(sqe, r->fd, r->iov[0].iov_base, r->iov[0].iov_len,
+                         r->flags | MSG_NOSIGNAL);
+      break;
+    case UMS__IO_RECVMSG:
+      io_uring_prep_recvmsg(sqe, r->fd, &r->msg, (unsigned)r->flags);
+      break;
+    case UMS__IO_SENDMSG:
+      io_uring_prep_sendmsg(sqe, r->fd, &r->msg,
+                            (unsigned)r->flags | MSG_NOSIGNAL);
+      break;
+    case UMS__IO_POLL:
+      io_uring_prep_poll_add(sqe, r->fd, r->events);
+      break;
     default:
       abort(); /* ums__ring_supports said no */
   }
@@ -454,6 +490,20 @@ void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r) {
   queued(s);
 }
 
+void ums__ring_cancel_fd(ums__sched_t *s, int fd) {
+  ums__ring_t *rg = s->ring;
+  if (rg->kernel_refs == 0) return;
+  /* Holds no reference: its completion touches no request. Before the
+  ** close in the same ring, so the operations end before the descriptor
+  ** goes (IORING_ASYNC_CANCEL_FD needs Linux 5.19; before that the
+  ** cancel fails and the operations run on until their socket's peer
+  ** ends them). */
+  struct io_uring_sqe *sqe = get_sqe(s);
+  io_uring_prep_cancel_fd(sqe, fd, IORING_ASYNC_CANCEL_ALL);
+  sqe->user_data = CANCEL_FD_UD;
+  queued(s);
+}
+
 static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
   ums__ring_t *rg = s->ring;
   if (ud == LIBURING_UDATA_TIMEOUT) return;
@@ -465,6 +515,9 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
     rg->draining = false;
     return;
   }
+  /* A close's cancel of the operations on its descriptor: the
+  ** operations' own CQEs say what became of them. */
+  if (ud == CANCEL_FD_UD) return;
   rg->kernel_refs--;
   if (ud & 1) {
     /* A cancel's own completion; its result (found, -ENOENT, -EALREADY)
@@ -478,6 +531,9 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
     return;
   }
   if (big_read(r)) rg->big_reads--;
+  /* A socket operation cancelled while its caller still waits: only
+  ** ums__ring_cancel_fd does that, for a close of its descriptor. */
+  if (res == -ECANCELED && ums__io_is_net(r->op)) res = UMS_EBADF;
   bool unknown_op = res == -EINVAL && rg->ops[r->op] == OP_ASSUMED;
   if (unknown_op) rg->ops[r->op] = OP_NO;
   /* -EOPNOTSUPP: this file or this kernel does not do it through the
@@ -613,6 +669,10 @@ void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r) {
   abort();
 }
 void ums__ring_poll(ums__sched_t *s) { (void)s; }
+void ums__ring_cancel_fd(ums__sched_t *s, int fd) {
+  (void)s;
+  (void)fd;
+}
 void ums__ring_wait(ums__sched_t *s, int64_t deadline, int64_t now) {
   (void)s;
   (void)deadline;

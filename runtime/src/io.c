@@ -1,5 +1,6 @@
 /*
-** io.c: file I/O requests, from the public calls to their completion.
+** io.c: I/O requests (files; sockets build theirs in net.c), from the
+** public calls to their completion.
 **
 ** Every call in a task goes through two halves (ums.h, "deferred form"):
 **
@@ -18,6 +19,8 @@
 **   io-uring.c   the kernel, via s's own ring    s's pass, reaping the CQE
 **   io-pool.c    a thread of the runtime's pool  that pool thread (through
 **                                                s's completion list)
+**   io-poll.c    sockets without a ring: s's     s's pass or idle wait
+**                thread, when epoll says ready   (net.c has the calls)
 **
 ** Exactly one of "completed" and "abandoned" decides a request: the
 ** completer stores the result and then moves the state from INFLIGHT to
@@ -59,7 +62,7 @@ _Static_assert(sizeof(struct statx) <=
 
 /* A new request holding the caller's reference only; submission adds the
 ** operation's. From this scheduler's cache when it has one. */
-static ums__io_req_t *req_new(int op) {
+ums__io_req_t *ums__io_req_new(int op) {
   ums__sched_t *s = ums__sched_current();
   ums__io_req_t *r = s ? s->reqs.head : NULL;
   if (r) {
@@ -136,7 +139,7 @@ static int req_paths(ums__io_req_t *r, const char *a, const char *b) {
 }
 
 /* Takes buffer references and builds the iovec array. */
-static int req_iov(ums__io_req_t *r, const ums_iov_t *iov, int n) {
+int ums__io_req_iov(ums__io_req_t *r, const ums_iov_t *iov, int n) {
   if (n <= 0 || n > UMS_FS_IOV_MAX || !iov) return UMS_EINVAL;
   size_t total = 0;
   for (int i = 0; i < n; i++) {
@@ -179,7 +182,8 @@ static int req_fail(ums__io_req_t *r, int err) {
 
 /* Releases what a result owns when nobody will take it. */
 static void drop_result(ums__io_req_t *r) {
-  if (r->op == UMS__IO_OPEN && r->res >= 0) close((int)r->res);
+  if ((r->op == UMS__IO_OPEN || r->op == UMS__IO_ACCEPT) && r->res >= 0)
+    close((int)r->res);
   if (r->op == UMS__IO_READFILE && r->res == UMS_ESPIPE && r->fd >= 0)
     close(r->fd);
 }
@@ -272,11 +276,23 @@ static bool use_ring(ums__sched_t *s, const ums__io_req_t *r) {
          !write_at_position(r);
 }
 
+/* Sockets without io_uring wait for readiness in the scheduler's epoll
+** set, never on a pool thread each. (A ring that lacks one of the socket
+** opcodes sends that operation to the pool, where it waits in poll(2):
+** only kernels older than the socket opcodes, 5.5 and 5.6, get there.) */
+static bool use_poller(ums__sched_t *s, const ums__io_req_t *r) {
+  return !s->ring && ums__io_is_net(r->op);
+}
+
 /* Begins the calling task's park and hands r to its backend. r keeps the
 ** caller's reference either way; on failure nothing was started. */
 static int start(ums__io_req_t *r, int64_t deadline) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
+  if (use_poller(t->sched, r)) {
+    int e = ums__poller_new(t->sched);
+    if (e) return e;
+  }
   /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
   ** park the task has begun itself. */
   int rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_FILE_IO, NULL, 0,
@@ -290,6 +306,9 @@ static int start(ums__io_req_t *r, int64_t deadline) {
   if (use_ring(s, r)) {
     r->on_ring = true;
     ums__ring_submit(s, r);
+  } else if (use_poller(s, r)) {
+    r->on_poller = true;
+    ums__poller_submit(s, r);
   } else {
     ums__io_pool_submit(s->rt, r);
   }
@@ -334,6 +353,8 @@ static int64_t collect(ums__io_req_t *r, ums__task_t *t) {
   ums__sched_t *s = r->sched;
   if (r->on_ring)
     ums__ring_cancel(s, r);
+  else if (r->on_poller)
+    ums__poller_cancel(s, r);
   else
     ums__pool_interrupt(&s->rt->io_pool, &r->work);
   return rc;
@@ -341,7 +362,7 @@ static int64_t collect(ums__io_req_t *r, ums__task_t *t) {
 
 /* The blocking form: runs r for the caller and returns its result. The
 ** caller's reference stays with the caller. */
-static int64_t run(ums__io_req_t *r, int64_t deadline) {
+int64_t ums__io_run(ums__io_req_t *r, int64_t deadline) {
   ums__task_t *t = ums__task_current();
   if (!t) {
     /* A host thread: the system call right here. */
@@ -355,13 +376,13 @@ static int64_t run(ums__io_req_t *r, int64_t deadline) {
 }
 
 static int64_t simple(ums__io_req_t *r, int64_t deadline) {
-  int64_t res = run(r, deadline);
+  int64_t res = ums__io_run(r, deadline);
   ums__io_req_unref(r);
   return res;
 }
 
 /* The first half of the deferred form: r is the caller's on success. */
-static int begin(ums__io_req_t *r, int64_t deadline, ums_fs_req_t **out) {
+int ums__io_begin(ums__io_req_t *r, int64_t deadline, ums_fs_req_t **out) {
   int rc = start(r, deadline);
   if (rc) return req_fail(r, rc);
   *out = r;
@@ -389,7 +410,7 @@ int64_t ums_fs_end(ums_fs_req_t *r) {
 static int mk_open(ums__io_req_t **out, const char *path, int flags,
                    int mode) {
   if (!path) return UMS_EINVAL;
-  ums__io_req_t *r = req_new(UMS__IO_OPEN);
+  ums__io_req_t *r = ums__io_req_new(UMS__IO_OPEN);
   if (!r) return UMS_ENOMEM;
   int rc = req_paths(r, path, NULL);
   if (rc) return req_fail(r, rc);
@@ -409,7 +430,7 @@ static int close_cancelled(int fd) {
 }
 
 static int mk_close(ums__io_req_t **out, int fd) {
-  ums__io_req_t *r = req_new(UMS__IO_CLOSE);
+  ums__io_req_t *r = ums__io_req_new(UMS__IO_CLOSE);
   if (!r) return UMS_ENOMEM;
   r->fd = fd;
   *out = r;
@@ -420,9 +441,9 @@ static int mk_rw(ums__io_req_t **out, int op, int fd, const ums_iov_t *iov,
                  int n, int64_t offset) {
   if (fd < 0) return UMS_EBADF;
   if (offset < 0 && offset != UMS_FS_CUR) return UMS_EINVAL;
-  ums__io_req_t *r = req_new(op);
+  ums__io_req_t *r = ums__io_req_new(op);
   if (!r) return UMS_ENOMEM;
-  int rc = req_iov(r, iov, n);
+  int rc = ums__io_req_iov(r, iov, n);
   if (rc) return req_fail(r, rc);
   r->fd = fd;
   r->off = offset;
@@ -440,7 +461,7 @@ static int mk_one(ums__io_req_t **out, int op, int fd, ums_buf_t *buf,
 static int mk_fsync(ums__io_req_t **out, int fd, int flags) {
   if (flags & ~UMS_FS_DATASYNC) return UMS_EINVAL;
   if (fd < 0) return UMS_EBADF;
-  ums__io_req_t *r = req_new(UMS__IO_FSYNC);
+  ums__io_req_t *r = ums__io_req_new(UMS__IO_FSYNC);
   if (!r) return UMS_ENOMEM;
   r->fd = fd;
   r->flags = flags;
@@ -450,7 +471,7 @@ static int mk_fsync(ums__io_req_t **out, int fd, int flags) {
 
 static int mk_stat(ums__io_req_t **out, int fd, const char *path,
                    int flags) {
-  ums__io_req_t *r = req_new(UMS__IO_STATX);
+  ums__io_req_t *r = ums__io_req_new(UMS__IO_STATX);
   if (!r) return UMS_ENOMEM;
   int rc = req_paths(r, path ? path : "", NULL);
   if (rc) return req_fail(r, rc);
@@ -477,7 +498,7 @@ static int mk_fstat(ums__io_req_t **out, int fd) {
 static int mk_path(ums__io_req_t **out, int op, const char *a, const char *b,
                    int mode, int flags) {
   if (!a || (op == UMS__IO_RENAME && !b)) return UMS_EINVAL;
-  ums__io_req_t *r = req_new(op);
+  ums__io_req_t *r = ums__io_req_new(op);
   if (!r) return UMS_ENOMEM;
   int rc = req_paths(r, a, b);
   if (rc) return req_fail(r, rc);
@@ -490,12 +511,12 @@ static int mk_path(ums__io_req_t **out, int op, const char *a, const char *b,
 static int mk_readfile(ums__io_req_t **out, const char *path,
                        ums_buf_t *buf) {
   if (!path || !buf) return UMS_EINVAL;
-  ums__io_req_t *r = req_new(UMS__IO_READFILE);
+  ums__io_req_t *r = ums__io_req_new(UMS__IO_READFILE);
   if (!r) return UMS_ENOMEM;
   int rc = req_paths(r, path, NULL);
   ums_iov_t v = {buf, 0, buf->size < UMS_FS_MAX_RW ? buf->size
                                                    : UMS_FS_MAX_RW};
-  if (!rc) rc = req_iov(r, &v, 1);
+  if (!rc) rc = ums__io_req_iov(r, &v, 1);
   if (rc) return req_fail(r, rc);
   r->flags = O_RDONLY | O_CLOEXEC;
   *out = r;
@@ -576,7 +597,7 @@ int ums_fs_fsync(int fd, int flags, int64_t deadline) {
 }
 
 static int stat_run(ums__io_req_t *r, ums_stat_t *out, int64_t deadline) {
-  int64_t res = run(r, deadline);
+  int64_t res = ums__io_run(r, deadline);
   if (res == 0) stat_out(r->stx, out);
   ums__io_req_unref(r);
   return (int)res;
@@ -627,7 +648,7 @@ int ums_fs_readdir(const char *path, ums_dirlist_t **out, int64_t deadline) {
   ums__io_req_t *r;
   int rc = mk_path(&r, UMS__IO_READDIR, path, NULL, 0, 0);
   if (rc) return rc;
-  int64_t res = run(r, deadline);
+  int64_t res = ums__io_run(r, deadline);
   if (res == 0) {
     *out = r->list;
     r->list = NULL;
@@ -641,7 +662,7 @@ int64_t ums_fs_readfile(const char *path, ums_buf_t *buf, int *fd,
   ums__io_req_t *r;
   int rc = mk_readfile(&r, path, buf);
   if (rc) return rc;
-  int64_t res = readfile_take(r, run(r, deadline), fd);
+  int64_t res = readfile_take(r, ums__io_run(r, deadline), fd);
   ums__io_req_unref(r);
   return res;
 }
@@ -654,7 +675,7 @@ void ums_dirlist_free(ums_dirlist_t *list) { free(list); }
 
 /* Every _begin: rc is the builder's; on success r goes to begin. */
 #define BEGIN(rc, r, deadline, out) \
-  ((rc) ? (rc) : begin((r), (deadline), (out)))
+  ((rc) ? (rc) : ums__io_begin((r), (deadline), (out)))
 
 int ums_fs_open_begin(const char *path, int flags, int mode,
                       int64_t deadline, ums_fs_req_t **req) {

@@ -196,6 +196,8 @@ void ums__sched_wake(ums__sched_t *s) {
       atomic_compare_exchange_strong(&s->idle_state, &idle, 2)) {
     if (s->ring)
       ums__ring_wake(s);
+    else if (atomic_load_explicit(&s->poller, memory_order_acquire))
+      ums__poller_wake(s);
     else
       ums__futex_wake(&s->idle_state, 1);
   }
@@ -477,6 +479,8 @@ static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
   if (!acted) {
     if (s->ring)
       ums__ring_wait(s, deadline, now);
+    else if (ums__poller_of(s))
+      ums__poller_wait(s, deadline, now);
     else
       ums__futex_wait(&s->idle_state, 1, deadline);
   }
@@ -622,6 +626,7 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
     if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
       drain_cancels(s);
     if (s->ring) ums__ring_poll(s);
+    if (ums__poller_of(s)) ums__poller_poll(s);
     /* The clock is read only when some timer could be due. */
     if (s->timers.n) ums__timer_expire(s, &s->timers, ums__clock_now());
     set_relaxed(&s->ntimers, s->timers.n);
@@ -765,6 +770,8 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
 static void sched_destroy(ums__sched_t *s) {
   ums__ring_free(s->ring);
   s->ring = NULL;
+  ums__poller_free(ums__poller_of(s));
+  atomic_store_explicit(&s->poller, NULL, memory_order_relaxed);
   free(s->idle_waiters);
   s->idle_waiters = NULL;
   ums__stack_pool_destroy(&s->stacks);

@@ -1,0 +1,431 @@
+/*
+** net.c: sockets (ums.h, "Sockets") and readiness waits (ums_wait_fd).
+**
+** A socket operation is an I/O request like a file's (io.c): the same
+** struct, the same start/collect halves, the same one-outcome CAS and the
+** same reference rules, so timeouts, cancellation and the deferred form
+** work as they do for files. Only where the operation waits differs:
+**
+**   backend      how the operation waits           who completes it
+**   io-uring.c   the kernel's socket opcodes       s's pass, reaping the
+**                (ACCEPT, CONNECT, RECV, SEND,     CQE
+**                RECVMSG, SENDMSG, POLL_ADD)
+**   io-poll.c    non-blocking system call, then    s's pass or idle wait,
+**                readiness from s's epoll set      retrying the call
+**   host thread  non-blocking system call, then    the calling thread
+**                poll(2) up to the deadline
+**
+** Every socket this file makes is non-blocking (SOCK_NONBLOCK, also for
+** accepted ones), which the readiness backend needs and io_uring does not
+** mind: its socket opcodes wait for readiness in the kernel whatever the
+** file's flags. Sends carry MSG_NOSIGNAL, so a peer that has gone makes
+** a send fail with EPIPE instead of raising SIGPIPE.
+**
+** The calls that never wait (socket, bind, listen, shutdown, the options
+** and names) are the plain system calls on the calling thread.
+*/
+#include "internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------- */
+/* The system calls                                                        */
+/* ---------------------------------------------------------------------- */
+
+/* Every system call here is retried after EINTR: none of them has done
+** anything when it fails so (a connect that was interrupted goes on in
+** the background, which the EALREADY case below covers). */
+#define NOINTR(expr)                                   \
+  __extension__({                                      \
+    long rv_;                                          \
+    do rv_ = (long)(expr);                             \
+    while (rv_ < 0 && errno == EINTR);                 \
+    rv_ < 0 ? (int64_t)(errno == EWOULDBLOCK ? -EAGAIN \
+                                             : -errno) \
+            : (int64_t)rv_;                            \
+  })
+
+uint32_t ums__net_events(const ums__io_req_t *r) {
+  switch (r->op) {
+    case UMS__IO_ACCEPT: case UMS__IO_RECV: case UMS__IO_RECVMSG:
+      return POLLIN;
+    case UMS__IO_CONNECT: case UMS__IO_SEND: case UMS__IO_SENDMSG:
+      return POLLOUT;
+    default:
+      return r->events;
+  }
+}
+
+/* "Not ready" for every call but connect, whose EAGAIN (a Unix
+** listener's full backlog) is its result. */
+static int64_t wait_if_again(int64_t rc) {
+  return rc == -EAGAIN ? UMS__NET_WAIT : rc;
+}
+
+/* A non-blocking connect in progress has ended when the socket is
+** writable; SO_ERROR then says how. */
+static int64_t connect_result(ums__io_req_t *r) {
+  struct pollfd p = {r->fd, POLLOUT, 0};
+  int64_t n = NOINTR(poll(&p, 1, 0));
+  if (n < 0) return n;
+  if (n == 0) return UMS__NET_WAIT;
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+    return -errno;
+  r->connecting = false;
+  return -err;
+}
+
+int64_t ums__net_try(ums__io_req_t *r) {
+  const struct iovec *v = r->iov;
+  switch (r->op) {
+    case UMS__IO_ACCEPT:
+      r->addrlen = sizeof r->addr;
+      return wait_if_again(NOINTR(accept4(r->fd, (struct sockaddr *)&r->addr,
+                                          &r->addrlen,
+                                          SOCK_CLOEXEC | SOCK_NONBLOCK)));
+    case UMS__IO_CONNECT: {
+      if (r->connecting) return connect_result(r);
+      int64_t rc = NOINTR(connect(r->fd, (struct sockaddr *)&r->addr,
+                                  r->addrlen));
+      /* In progress: EINPROGRESS at first, EALREADY when an interrupted
+      ** attempt (EINTR above) goes on in the background. */
+      if (rc == -EINPROGRESS || rc == -EALREADY) {
+        r->connecting = true;
+        return UMS__NET_WAIT;
+      }
+      return rc;
+    }
+    case UMS__IO_RECV:
+      return wait_if_again(NOINTR(recv(r->fd, v->iov_base, v->iov_len,
+                                       r->flags | MSG_DONTWAIT)));
+    case UMS__IO_SEND:
+      return wait_if_again(NOINTR(send(r->fd, v->iov_base, v->iov_len,
+                                       r->flags | MSG_DONTWAIT |
+                                           MSG_NOSIGNAL)));
+    case UMS__IO_RECVMSG:
+      r->msg.msg_namelen = sizeof r->addr;
+      return wait_if_again(
+          NOINTR(recvmsg(r->fd, &r->msg, r->flags | MSG_DONTWAIT)));
+    case UMS__IO_SENDMSG:
+      return wait_if_again(NOINTR(sendmsg(
+          r->fd, &r->msg, r->flags | MSG_DONTWAIT | MSG_NOSIGNAL)));
+    case UMS__IO_POLL: {
+      struct pollfd p = {r->fd, (short)r->events, 0};
+      int64_t n = NOINTR(poll(&p, 1, 0));
+      if (n < 0) return n;
+      if (p.revents & POLLNVAL) return UMS_EBADF;
+      return n ? p.revents : UMS__NET_WAIT;
+    }
+    default:
+      return UMS_EINVAL;
+  }
+}
+
+int64_t ums__net_exec(ums__io_req_t *r) {
+  for (;;) {
+    int64_t res = ums__net_try(r);
+    if (res != UMS__NET_WAIT) return res;
+    int ms = -1;
+    if (r->deadline != UMS_FOREVER) {
+      int64_t left = r->deadline - ums__clock_now();
+      if (left <= 0) return UMS_ETIMEDOUT;
+      /* Rounded up: waking before the deadline would only wait again. */
+      int64_t m = (left + UMS_NSEC_PER_MSEC - 1) / UMS_NSEC_PER_MSEC;
+      ms = m > 1000000 ? 1000000 : (int)m;
+    }
+    struct pollfd p = {r->fd, (short)ums__net_events(r), 0};
+    if (poll(&p, 1, ms) < 0 && errno == EINTR &&
+        ums__pool_interrupted(&r->work))
+      /* On the I/O pool: the caller gave up and the pool interrupted us. */
+      return UMS_ECANCELED;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Building requests                                                       */
+/* ---------------------------------------------------------------------- */
+
+/* A socket request on fd with one buffer range (buf may be NULL for
+** accept, connect and poll), flags, and an address to copy (connect,
+** sendto). */
+static int mk_net(ums__io_req_t **out, int op, int fd, ums_buf_t *buf,
+                  size_t pos, size_t len, int flags,
+                  const struct sockaddr *addr, socklen_t addrlen,
+                  int64_t deadline) {
+  if (fd < 0) return UMS_EBADF;
+  if (addr && addrlen > sizeof(struct sockaddr_storage)) return UMS_EINVAL;
+  ums__io_req_t *r = ums__io_req_new(op);
+  if (!r) return UMS_ENOMEM;
+  if (op != UMS__IO_ACCEPT && op != UMS__IO_CONNECT && op != UMS__IO_POLL) {
+    if (len > UMS_FS_MAX_RW) len = UMS_FS_MAX_RW;
+    ums_iov_t v = {buf, pos, len};
+    int rc = ums__io_req_iov(r, &v, 1);
+    if (rc) {
+      ums__io_req_unref(r);
+      return rc;
+    }
+  }
+  r->fd = fd;
+  r->flags = flags;
+  r->deadline = deadline;
+  if (addr) {
+    memcpy(&r->addr, addr, addrlen);
+    r->addrlen = addrlen;
+  }
+  if (op == UMS__IO_RECVMSG || op == UMS__IO_SENDMSG) {
+    r->msg.msg_iov = r->iov;
+    r->msg.msg_iovlen = 1;
+    r->msg.msg_name = &r->addr;
+    r->msg.msg_namelen = op == UMS__IO_SENDMSG ? r->addrlen
+                                               : sizeof r->addr;
+    /* sendto without an address: a connected socket's peer. */
+    if (op == UMS__IO_SENDMSG && !addr) r->msg.msg_name = NULL;
+  }
+  *out = r;
+  return 0;
+}
+
+/* Copies the address an accept or a recvfrom received to the caller: at
+** most *len bytes, *len set to the address's whole length, as accept(2)
+** does. */
+static void addr_out(const ums__io_req_t *r, struct sockaddr *addr,
+                     socklen_t *len) {
+  if (!addr || !len) return;
+  socklen_t have = r->op == UMS__IO_RECVMSG ? r->msg.msg_namelen
+                                            : r->addrlen;
+  memcpy(addr, &r->addr, have < *len ? have : *len);
+  *len = have;
+}
+
+/* The blocking form of every waiting call: runs r, copies the address on
+** success, drops the caller's reference. */
+static int64_t net_run(ums__io_req_t *r, struct sockaddr *addr,
+                       socklen_t *len) {
+  int64_t res = ums__io_run(r, r->deadline);
+  if (res >= 0) addr_out(r, addr, len);
+  ums__io_req_unref(r);
+  return res;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The public calls                                                        */
+/* ---------------------------------------------------------------------- */
+
+#define SYS(expr) ((expr) < 0 ? -errno : 0)
+
+int ums_net_socket(int domain, int type, int protocol) {
+  int fd = socket(domain, type | SOCK_NONBLOCK | SOCK_CLOEXEC, protocol);
+  return fd < 0 ? -errno : fd;
+}
+
+int ums_net_bind(int fd, const struct sockaddr *addr, socklen_t len) {
+  return SYS(bind(fd, addr, len));
+}
+
+int ums_net_listen(int fd, int backlog) { return SYS(listen(fd, backlog)); }
+
+int ums_net_shutdown(int fd, int how) { return SYS(shutdown(fd, how)); }
+
+int ums_net_getsockopt(int fd, int level, int name, void *val,
+                       socklen_t *len) {
+  return SYS(getsockopt(fd, level, name, val, len));
+}
+
+int ums_net_setsockopt(int fd, int level, int name, const void *val,
+                       socklen_t len) {
+  return SYS(setsockopt(fd, level, name, val, len));
+}
+
+int ums_net_getsockname(int fd, struct sockaddr *addr, socklen_t *len) {
+  return SYS(getsockname(fd, addr, len));
+}
+
+int ums_net_getpeername(int fd, struct sockaddr *addr, socklen_t *len) {
+  return SYS(getpeername(fd, addr, len));
+}
+
+int ums_net_close(int fd, int64_t deadline) {
+  if (fd < 0) return UMS_EBADF;
+  /* This scheduler's requests on fd end with UMS_EBADF: the epoll set
+  ** forgets a descriptor at its last close, and its waiters would wait
+  ** for ever; an operation in the ring would keep the socket open. */
+  ums__sched_t *s = ums__task_current() ? ums__sched_current() : NULL;
+  if (s && s->ring) ums__ring_cancel_fd(s, fd);
+  if (s && ums__poller_of(s)) {
+    ums__poller_forget(s, fd);
+    /* close(2) of a socket returns at once unless SO_LINGER holds it
+    ** for a time: only then is it worth a trip to the I/O pool. */
+    struct linger lg = {0, 0};
+    socklen_t len = sizeof lg;
+    if (getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) != 0 ||
+        !lg.l_onoff || lg.l_linger == 0)
+      return close(fd) == 0 || errno == EINTR ? 0 : -errno;
+  }
+  return ums_fs_close(fd, deadline);
+}
+
+int ums_net_accept(int fd, struct sockaddr *addr, socklen_t *len,
+                   int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_net(&r, UMS__IO_ACCEPT, fd, NULL, 0, 0, 0, NULL, 0, deadline);
+  return rc ? rc : (int)net_run(r, addr, len);
+}
+
+/* A Unix stream listener whose backlog is full makes a non-blocking
+** connect fail with EAGAIN, and nothing tells when to try again: poll(2)
+** says such a socket is writable at once. A blocking connect(2) would
+** wait in the kernel; here the task sleeps a little, longer each time,
+** and tries again, up to its deadline. */
+#define CONNECT_RETRY_MIN (UMS_NSEC_PER_MSEC / 2)
+#define CONNECT_RETRY_MAX (16 * UMS_NSEC_PER_MSEC)
+
+int ums_net_connect(int fd, const struct sockaddr *addr, socklen_t len,
+                    int64_t deadline) {
+  if (!addr) return UMS_EINVAL;
+  for (int64_t pause = CONNECT_RETRY_MIN;; pause *= 2) {
+    ums__io_req_t *r;
+    int rc = mk_net(&r, UMS__IO_CONNECT, fd, NULL, 0, 0, 0, addr, len,
+                    deadline);
+    if (!rc) rc = (int)net_run(r, NULL, NULL);
+    if (rc != UMS_EAGAIN || addr->sa_family != AF_UNIX) return rc;
+    if (pause > CONNECT_RETRY_MAX) pause = CONNECT_RETRY_MAX;
+    int64_t now = ums_now();
+    if (deadline != UMS_FOREVER && now >= deadline) return UMS_ETIMEDOUT;
+    int64_t until = deadline != UMS_FOREVER && deadline - now < pause
+                        ? deadline
+                        : now + pause;
+    rc = ums_sleep_until(until);
+    if (rc) return rc;
+  }
+}
+
+int64_t ums_net_recv(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                     int flags, int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_net(&r, UMS__IO_RECV, fd, buf, pos, len, flags, NULL, 0,
+                  deadline);
+  return rc ? rc : net_run(r, NULL, NULL);
+}
+
+int64_t ums_net_send(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                     int flags, int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_net(&r, UMS__IO_SEND, fd, buf, pos, len, flags, NULL, 0,
+                  deadline);
+  return rc ? rc : net_run(r, NULL, NULL);
+}
+
+int64_t ums_net_recvfrom(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                         int flags, struct sockaddr *addr, socklen_t *alen,
+                         int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_net(&r, UMS__IO_RECVMSG, fd, buf, pos, len, flags, NULL, 0,
+                  deadline);
+  return rc ? rc : net_run(r, addr, alen);
+}
+
+int64_t ums_net_sendto(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                       int flags, const struct sockaddr *addr,
+                       socklen_t alen, int64_t deadline) {
+  ums__io_req_t *r;
+  int rc = mk_net(&r, UMS__IO_SENDMSG, fd, buf, pos, len, flags, addr, alen,
+                  deadline);
+  return rc ? rc : net_run(r, NULL, NULL);
+}
+
+int ums_wait_fd(int fd, int events, int64_t deadline) {
+  if (!(events & (POLLIN | POLLOUT | POLLPRI))) return UMS_EINVAL;
+  ums__io_req_t *r;
+  int rc = mk_net(&r, UMS__IO_POLL, fd, NULL, 0, 0, 0, NULL, 0, deadline);
+  if (rc) return rc;
+  r->events = (uint32_t)events;
+  return (int)net_run(r, NULL, NULL);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The deferred form                                                       */
+/* ---------------------------------------------------------------------- */
+
+int ums_net_accept_begin(int fd, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_net(&r, UMS__IO_ACCEPT, fd, NULL, 0, 0, 0, NULL, 0, deadline);
+  return rc ? rc : ums__io_begin(r, deadline, req);
+}
+
+int ums_net_connect_begin(int fd, const struct sockaddr *addr, socklen_t len,
+                          int64_t deadline, ums_fs_req_t **req) {
+  if (!req || !addr) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_net(&r, UMS__IO_CONNECT, fd, NULL, 0, 0, 0, addr, len,
+                  deadline);
+  return rc ? rc : ums__io_begin(r, deadline, req);
+}
+
+int ums_net_recv_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                       int flags, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_net(&r, UMS__IO_RECV, fd, buf, pos, len, flags, NULL, 0,
+                  deadline);
+  return rc ? rc : ums__io_begin(r, deadline, req);
+}
+
+int ums_net_send_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                       int flags, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_net(&r, UMS__IO_SEND, fd, buf, pos, len, flags, NULL, 0,
+                  deadline);
+  return rc ? rc : ums__io_begin(r, deadline, req);
+}
+
+int ums_net_recvfrom_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                           int flags, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_net(&r, UMS__IO_RECVMSG, fd, buf, pos, len, flags, NULL, 0,
+                  deadline);
+  return rc ? rc : ums__io_begin(r, deadline, req);
+}
+
+int ums_net_sendto_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
+                         int flags, const struct sockaddr *addr,
+                         socklen_t alen, int64_t deadline,
+                         ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_net(&r, UMS__IO_SENDMSG, fd, buf, pos, len, flags, addr, alen,
+                  deadline);
+  return rc ? rc : ums__io_begin(r, deadline, req);
+}
+
+int ums_wait_fd_begin(int fd, int events, int64_t deadline,
+                      ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  if (!(events & (POLLIN | POLLOUT | POLLPRI))) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_net(&r, UMS__IO_POLL, fd, NULL, 0, 0, 0, NULL, 0, deadline);
+  if (rc) return rc;
+  r->events = (uint32_t)events;
+  return ums__io_begin(r, deadline, req);
+}
+
+int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
+                    socklen_t *len) {
+  if (!req) return UMS_EINVAL;
+  if (!ums__io_is_net(req->op)) return UMS_EINVAL;
+  /* Read before ums_fs_end drops the caller's reference: the request is
+  ** DONE or ABANDONED only once the end call has settled it, so the copy
+  ** is made from a request kept alive by one more reference. */
+  atomic_fetch_add_explicit(&req->refs, 1, memory_order_relaxed);
+  int64_t res = ums_fs_end(req);
+  if (res >= 0) addr_out(req, addr, len);
+  ums__io_req_unref(req);
+  return res;
+}

@@ -1,0 +1,1060 @@
+/*
+** test_net.c: sockets (net.c) and readiness waits (ums_wait_fd) on the
+** backend in force. ctest runs it as test_net (io_uring where the kernel
+** allows it), test_net_pool (UMS_IO=pool: epoll readiness), and under
+** strace: io_uring_setup failing (ENOSYS: the runtime falls back to the
+** pool backend) and system calls interrupted (EINTR) on either backend.
+** --expect-backend=uring|pool fails the run if the runtime chose
+** otherwise; --quick runs the subset the strace runs use.
+**
+** Addresses are local only: 127.0.0.1, ::1 and Unix paths in a temporary
+** directory. Every wait has a generous bound; nothing measures speed.
+*/
+#include "internal.h"
+#include "test-util.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/un.h>
+
+#define PTR(x) ((void *)(uintptr_t)(x))
+#define SEC UMS_NSEC_PER_SEC
+
+static char dir[200];
+static int expect_backend = -1;
+static ums_runtime_t *rt;
+static int unix_seq;
+
+/* Runs fn(arg) as a task on scheduler `sched` and returns its result. */
+static void *in_task(int sched, ums_task_fn fn, void *arg) {
+  ums_spawn_opts_t o = {.sched = sched};
+  ums_task_t t;
+  void *res = NULL;
+  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
+  return res;
+}
+
+static ums_task_t spawn_on(int sched, ums_task_fn fn, void *arg) {
+  return tu_spawn_named(rt, sched % ums_runtime_schedulers(rt), "net", fn,
+                        arg);
+}
+
+static void *join(ums_task_t t) {
+  void *res = NULL;
+  int status = 1;
+  CHECK_RC(ums_task_join(rt, t, ums_deadline(60 * SEC), &res, &status), 0);
+  CHECK_RC(status, 0);
+  return res;
+}
+
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  CHECK(d != NULL);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the one opendir holds */
+}
+
+static uint64_t io_pending(void) { return tu_stats_sum(rt, io_pending); }
+
+/* ====================================================================== */
+/* Addresses                                                               */
+/* ====================================================================== */
+
+/* One local address of a family, with port 0 (or a fresh Unix path) for
+** a listener to bind; after the bind, the address to connect to. */
+typedef struct addr {
+  int family;
+  struct sockaddr_storage ss;
+  socklen_t len;
+} addr_t;
+
+static const int families[] = {AF_INET, AF_INET6, AF_UNIX};
+
+static const char *family_name(int f) {
+  return f == AF_INET ? "127.0.0.1" : f == AF_INET6 ? "::1" : "unix";
+}
+
+static addr_t local_addr(int family) {
+  addr_t a = {.family = family};
+  memset(&a.ss, 0, sizeof a.ss);
+  if (family == AF_INET) {
+    struct sockaddr_in *s = (struct sockaddr_in *)&a.ss;
+    s->sin_family = AF_INET;
+    s->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.len = sizeof *s;
+  } else if (family == AF_INET6) {
+    struct sockaddr_in6 *s = (struct sockaddr_in6 *)&a.ss;
+    s->sin6_family = AF_INET6;
+    s->sin6_addr = in6addr_loopback;
+    a.len = sizeof *s;
+  } else {
+    struct sockaddr_un *s = (struct sockaddr_un *)&a.ss;
+    s->sun_family = AF_UNIX;
+    snprintf(s->sun_path, sizeof s->sun_path, "%.90s/s%d", dir,
+             __atomic_fetch_add(&unix_seq, 1, __ATOMIC_RELAXED));
+    a.len = sizeof *s;
+  }
+  return a;
+}
+
+/* A bound socket of type on a fresh local address of family; *a becomes
+** its address (the port the kernel chose). */
+static int bound(int family, int type, addr_t *a) {
+  *a = local_addr(family);
+  int fd = ums_net_socket(family, type, 0);
+  CHECK_GE(fd, 0);
+  if (family != AF_UNIX) {
+    int one = 1;
+    CHECK_RC(ums_net_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one,
+                                sizeof one), 0);
+  }
+  CHECK_RC(ums_net_bind(fd, (struct sockaddr *)&a->ss, a->len), 0);
+  a->len = sizeof a->ss;
+  CHECK_RC(ums_net_getsockname(fd, (struct sockaddr *)&a->ss, &a->len), 0);
+  CHECK_EQ(a->ss.ss_family, family);
+  return fd;
+}
+
+static int listener(int family, int backlog, addr_t *a) {
+  int fd = bound(family, SOCK_STREAM, a);
+  CHECK_RC(ums_net_listen(fd, backlog), 0);
+  return fd;
+}
+
+/* A connected pair through a listener: *srv is the accepted side. The
+** calls are made from the caller, in a task or on a host thread. */
+static int connected(int family, int *srv) {
+  addr_t a;
+  int l = listener(family, 8, &a);
+  int c = ums_net_socket(family, SOCK_STREAM, 0);
+  CHECK_GE(c, 0);
+  int64_t dl = ums_deadline(10 * SEC);
+  /* A local TCP connect completes once the kernel's handshake has; the
+  ** accept then finds it queued. */
+  CHECK_RC(ums_net_connect(c, (struct sockaddr *)&a.ss, a.len, dl), 0);
+  *srv = ums_net_accept(l, NULL, NULL, dl);
+  CHECK_GE(*srv, 0);
+  CHECK_RC(ums_net_close(l, dl), 0);
+  return c;
+}
+
+static void fill(ums_buf_t *b, size_t n, uint8_t seed) {
+  uint8_t *p = ums_buf_data(b);
+  for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed + i * 7);
+}
+
+static bool same(const ums_buf_t *b, size_t n, uint8_t seed) {
+  const uint8_t *p = ums_buf_data(b);
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != (uint8_t)(seed + i * 7)) return false;
+  return true;
+}
+
+/* Sends all of b[0, n) and returns 0, or the first error. */
+static int64_t send_all(int fd, ums_buf_t *b, size_t n, int64_t dl) {
+  size_t done = 0;
+  while (done < n) {
+    int64_t k = ums_net_send(fd, b, done, n - done, 0, dl);
+    if (k < 0) return k;
+    CHECK_GT(k, 0);
+    done += (size_t)k;
+  }
+  return 0;
+}
+
+/* Receives until the end of the stream into b; returns the count. */
+static int64_t recv_all(int fd, ums_buf_t *b, int64_t dl) {
+  size_t got = 0, cap = ums_buf_size(b);
+  for (;;) {
+    CHECK_LT(got, cap);
+    int64_t k = ums_net_recv(fd, b, got, cap - got, 0, dl);
+    if (k < 0) return k;
+    if (k == 0) return (int64_t)got;
+    got += (size_t)k;
+  }
+}
+
+/* ====================================================================== */
+/* The backend in force                                                    */
+/* ====================================================================== */
+
+static void test_backend(void) {
+  ums_config_t c;
+  ums_runtime_config(rt, &c);
+  printf("   backend: %s\n",
+         c.io_backend == UMS_IO_URING ? "io_uring" : "pool (epoll)");
+  if (expect_backend >= 0) CHECK_EQ(c.io_backend, expect_backend);
+}
+
+/* ====================================================================== */
+/* Streams: every call, each family, tasks and host threads                */
+/* ====================================================================== */
+
+#define ECHO_BYTES (512u << 10)
+
+typedef struct echo {
+  int family;
+  addr_t addr;        /* the listener's */
+  int lfd;
+  _Atomic int ready;
+} echo_t;
+
+/* Accepts one connection, receives until its end (the client's
+** shutdown), sends everything back and closes. */
+static void *echo_server(void *arg) {
+  echo_t *e = arg;
+  int64_t dl = ums_deadline(30 * SEC);
+  struct sockaddr_storage peer;
+  socklen_t plen = sizeof peer;
+  int fd = ums_net_accept(e->lfd, (struct sockaddr *)&peer, &plen, dl);
+  CHECK_GE(fd, 0);
+  CHECK_EQ(peer.ss_family, e->family);
+  /* Accepted descriptors are non-blocking and close-on-exec. */
+  CHECK(fcntl(fd, F_GETFL) & O_NONBLOCK);
+  CHECK(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+  ums_buf_t *b = ums_buf_new(ECHO_BYTES + 4096);
+  int64_t n = recv_all(fd, b, dl);
+  CHECK_EQ(n, ECHO_BYTES);
+  CHECK_RC((int)send_all(fd, b, (size_t)n, dl), 0);
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(fd, dl), 0);
+  return PTR(1);
+}
+
+/* Connects, checks both names, sends ECHO_BYTES, half-closes and reads
+** them back. In a task or on a host thread. */
+static void *echo_client(void *arg) {
+  echo_t *e = arg;
+  int64_t dl = ums_deadline(30 * SEC);
+  int fd = ums_net_socket(e->family, SOCK_STREAM, 0);
+  CHECK_GE(fd, 0);
+  CHECK_RC(ums_net_connect(fd, (struct sockaddr *)&e->addr.ss, e->addr.len,
+                           dl), 0);
+  struct sockaddr_storage peer, me;
+  socklen_t plen = sizeof peer, mlen = sizeof me;
+  CHECK_RC(ums_net_getpeername(fd, (struct sockaddr *)&peer, &plen), 0);
+  CHECK_RC(ums_net_getsockname(fd, (struct sockaddr *)&me, &mlen), 0);
+  CHECK_EQ(peer.ss_family, e->family);
+  if (e->family != AF_UNIX) {
+    CHECK_EQ(plen, e->addr.len);
+    CHECK(memcmp(&peer, &e->addr.ss, plen) == 0);
+    int one = 1, got = 0;
+    socklen_t glen = sizeof got;
+    CHECK_RC(ums_net_setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
+                                sizeof one), 0);
+    CHECK_RC(ums_net_getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &got, &glen),
+             0);
+    CHECK_NE(got, 0);
+  }
+  ums_buf_t *b = ums_buf_new(ECHO_BYTES + 4096);
+  fill(b, ECHO_BYTES, (uint8_t)e->family);
+  CHECK_RC((int)send_all(fd, b, ECHO_BYTES, dl), 0);
+  /* Half-close: the server sees the end and still answers. */
+  CHECK_RC(ums_net_shutdown(fd, SHUT_WR), 0);
+  memset(ums_buf_data(b), 0, ECHO_BYTES);
+  CHECK_EQ(recv_all(fd, b, dl), ECHO_BYTES);
+  CHECK(same(b, ECHO_BYTES, (uint8_t)e->family));
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(fd, dl), 0);
+  return PTR(1);
+}
+
+static void echo_family(int family, bool host_client) {
+  echo_t e = {.family = family};
+  e.lfd = listener(family, 16, &e.addr);
+  ums_task_t srv = spawn_on(0, echo_server, &e);
+  if (host_client) {
+    CHECK(echo_client(&e) == PTR(1));
+  } else {
+    ums_task_t cli = spawn_on(1, echo_client, &e);
+    CHECK(join(cli) == PTR(1));
+  }
+  CHECK(join(srv) == PTR(1));
+  CHECK_RC(ums_net_close(e.lfd, UMS_FOREVER), 0);
+}
+
+static void test_stream(void) {
+  for (size_t i = 0; i < sizeof families / sizeof *families; i++) {
+    printf("   %s: tasks, then a host-thread client\n",
+           family_name(families[i]));
+    echo_family(families[i], false);
+    echo_family(families[i], true);
+  }
+  CHECK_EQ(io_pending(), 0);
+}
+
+/* A server task on one scheduler and a client on the other, both in
+** tasks, many connections at once: every task waits on a socket at some
+** point. */
+typedef struct many {
+  int lfd;
+  addr_t addr;
+  _Atomic int served;
+} many_t;
+
+static void *many_serve_one(void *arg) {
+  int fd = (int)(intptr_t)arg;
+  ums_buf_t *b = ums_buf_new(64);
+  int64_t dl = ums_deadline(30 * SEC);
+  int64_t n = ums_net_recv(fd, b, 0, 64, 0, dl);
+  CHECK_EQ(n, 8);
+  CHECK_EQ(ums_net_send(fd, b, 0, 8, 0, dl), 8);
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(fd, dl), 0);
+  return NULL;
+}
+
+static void *many_acceptor(void *arg) {
+  many_t *m = arg;
+  ums_task_t t[64];
+  for (int i = 0; i < 64; i++) {
+    int fd = ums_net_accept(m->lfd, NULL, NULL, ums_deadline(30 * SEC));
+    CHECK_GE(fd, 0);
+    t[i] = spawn_on(0, many_serve_one, PTR(fd));
+  }
+  for (int i = 0; i < 64; i++) join(t[i]);
+  return NULL;
+}
+
+static void *many_client(void *arg) {
+  many_t *m = arg;
+  int64_t dl = ums_deadline(30 * SEC);
+  int fd = ums_net_socket(m->addr.family, SOCK_STREAM, 0);
+  CHECK_GE(fd, 0);
+  CHECK_RC(ums_net_connect(fd, (struct sockaddr *)&m->addr.ss, m->addr.len,
+                           dl), 0);
+  /* Let the servers wait in their receive first. */
+  CHECK_RC(ums_sleep(tu_ms(5)), 0);
+  ums_buf_t *b = ums_buf_new(64);
+  memcpy(ums_buf_data(b), "12345678", 8);
+  CHECK_EQ(ums_net_send(fd, b, 0, 8, 0, dl), 8);
+  memset(ums_buf_data(b), 0, 8);
+  CHECK_EQ(ums_net_recv(fd, b, 0, 64, MSG_WAITALL, dl), 8);
+  CHECK(memcmp(ums_buf_data(b), "12345678", 8) == 0);
+  CHECK_EQ(ums_net_recv(fd, b, 0, 64, 0, dl), 0);
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(fd, dl), 0);
+  atomic_fetch_add(&m->served, 1);
+  return NULL;
+}
+
+static void test_many(void) {
+  many_t m = {0};
+  m.lfd = listener(AF_INET, 128, &m.addr);
+  ums_task_t acc = spawn_on(0, many_acceptor, &m);
+  ums_task_t c[64];
+  for (int i = 0; i < 64; i++) c[i] = spawn_on(1, many_client, &m);
+  for (int i = 0; i < 64; i++) join(c[i]);
+  join(acc);
+  CHECK_EQ(atomic_load(&m.served), 64);
+  CHECK_RC(ums_net_close(m.lfd, UMS_FOREVER), 0);
+  CHECK_EQ(io_pending(), 0);
+}
+
+/* ====================================================================== */
+/* Datagrams                                                               */
+/* ====================================================================== */
+
+typedef struct dgram {
+  int family;
+  int fd;             /* the receiver's */
+  addr_t addr;        /* its address */
+  addr_t from;        /* the sender's bound address */
+} dgram_t;
+
+static void *dgram_receiver(void *arg) {
+  dgram_t *d = arg;
+  ums_buf_t *b = ums_buf_new(2048);
+  /* Nothing sent yet: the deadline. */
+  CHECK_RC((int)ums_net_recvfrom(d->fd, b, 0, 2048, 0, NULL, NULL,
+                                 ums_deadline(tu_ms(30))),
+           UMS_ETIMEDOUT);
+  for (int i = 0; i < 3; i++) {
+    struct sockaddr_storage from;
+    socklen_t flen = sizeof from;
+    int64_t n = ums_net_recvfrom(d->fd, b, 0, 2048, 0,
+                                 (struct sockaddr *)&from, &flen,
+                                 ums_deadline(30 * SEC));
+    CHECK_EQ(n, 100 + i);
+    CHECK(same(b, (size_t)n, (uint8_t)i));
+    CHECK_EQ(from.ss_family, d->family);
+    CHECK_EQ(flen, d->from.len);
+    CHECK(memcmp(&from, &d->from.ss, flen) == 0);
+    /* Answer the sender at the address it came from. */
+    CHECK_EQ(ums_net_sendto(d->fd, b, 0, (size_t)n, 0,
+                            (struct sockaddr *)&from, flen,
+                            ums_deadline(30 * SEC)),
+             n);
+  }
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+/* The sender in its own function: its socket is bound so the receiver
+** can check the source address and answer it. */
+static void *dgram_sender2(void *arg) {
+  dgram_t *d = arg;
+  int64_t dl = ums_deadline(30 * SEC);
+  addr_t me;
+  int fd = bound(d->family, SOCK_DGRAM, &me);
+  d->from = me;
+  ums_buf_t *b = ums_buf_new(2048);
+  CHECK_RC(ums_sleep(tu_ms(60)), 0); /* past the receiver's timeout */
+  for (int i = 0; i < 3; i++) {
+    fill(b, 100 + (size_t)i, (uint8_t)i);
+    CHECK_EQ(ums_net_sendto(fd, b, 0, 100 + (size_t)i, 0,
+                            (struct sockaddr *)&d->addr.ss, d->addr.len, dl),
+             100 + i);
+    memset(ums_buf_data(b), 0, 200);
+    struct sockaddr_storage from;
+    socklen_t flen = sizeof from;
+    CHECK_EQ(ums_net_recvfrom(fd, b, 0, 2048, 0, (struct sockaddr *)&from,
+                              &flen, dl),
+             100 + i);
+    CHECK(same(b, 100 + (size_t)i, (uint8_t)i));
+  }
+  /* A connected datagram socket: sendto without an address, recv. */
+  CHECK_RC(ums_net_connect(fd, (struct sockaddr *)&d->addr.ss, d->addr.len,
+                           dl), 0);
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(fd, dl), 0);
+  return PTR(1);
+}
+
+static void test_dgram(void) {
+  for (size_t i = 0; i < sizeof families / sizeof *families; i++) {
+    printf("   %s\n", family_name(families[i]));
+    dgram_t d = {.family = families[i]};
+    d.fd = bound(families[i], SOCK_DGRAM, &d.addr);
+    ums_task_t s = spawn_on(1, dgram_sender2, &d);
+    ums_task_t r = spawn_on(0, dgram_receiver, &d);
+    CHECK(join(r) == PTR(1));
+    CHECK(join(s) == PTR(1));
+    CHECK_RC(ums_net_close(d.fd, UMS_FOREVER), 0);
+  }
+  CHECK_EQ(io_pending(), 0);
+}
+
+/* ====================================================================== */
+/* Timeouts and cancellation: connect, accept, recv, send                  */
+/* ====================================================================== */
+
+enum { OP_CONNECT, OP_ACCEPT, OP_RECV, OP_SEND, OP_WAIT_FD, OP_N };
+static const char *const op_names[OP_N] = {"connect", "accept", "recv",
+                                           "send", "wait_fd"};
+
+/* One operation that cannot complete, set up on a host thread; the task
+** runs it with the deadline and reports the result. */
+typedef struct stuck {
+  int op;
+  int family;
+  int64_t timeout;    /* ns; < 0: none (the test cancels the task) */
+  int fds[80];        /* to close afterwards */
+  int nfds;
+  int fd;             /* the one the operation uses */
+  addr_t addr;        /* connect: the full listener's */
+  _Atomic int started;
+  int64_t result;
+} stuck_t;
+
+static void keep(stuck_t *s, int fd) {
+  CHECK_LT(s->nfds, 80);
+  s->fds[s->nfds++] = fd;
+}
+
+/* A listener with the smallest backlog that never accepts, filled up
+** until a connect cannot complete: that one is the stuck operation's
+** socket, made anew. */
+static void setup_connect(stuck_t *s) {
+  int l = listener(s->family, 0, &s->addr);
+  keep(s, l);
+  for (int i = 0; i < 64; i++) {
+    int c = ums_net_socket(s->family, SOCK_STREAM, 0);
+    CHECK_GE(c, 0);
+    keep(s, c);
+    int rc = ums_net_connect(c, (struct sockaddr *)&s->addr.ss, s->addr.len,
+                             ums_deadline(tu_ms(100)));
+    if (rc == UMS_ETIMEDOUT) break;
+    CHECK_RC(rc, 0);
+    CHECK_LT(i, 63);
+  }
+  s->fd = ums_net_socket(s->family, SOCK_STREAM, 0);
+  CHECK_GE(s->fd, 0);
+  keep(s, s->fd);
+}
+
+static void setup(stuck_t *s) {
+  int srv;
+  switch (s->op) {
+    case OP_CONNECT:
+      setup_connect(s);
+      break;
+    case OP_ACCEPT:
+      s->fd = listener(s->family, 4, &s->addr);
+      keep(s, s->fd);
+      break;
+    case OP_RECV:
+    case OP_WAIT_FD:
+      s->fd = connected(s->family, &srv);
+      keep(s, s->fd);
+      keep(s, srv);
+      break;
+    case OP_SEND: {
+      /* A peer that never reads: small buffers on both sides, filled. */
+      s->fd = connected(s->family, &srv);
+      keep(s, s->fd);
+      keep(s, srv);
+      int small = 4096;
+      CHECK_RC(ums_net_setsockopt(s->fd, SOL_SOCKET, SO_SNDBUF, &small,
+                                  sizeof small), 0);
+      CHECK_RC(ums_net_setsockopt(srv, SOL_SOCKET, SO_RCVBUF, &small,
+                                  sizeof small), 0);
+      ums_buf_t *b = ums_buf_new(65536);
+      fill(b, 65536, 1);
+      for (;;) {
+        ssize_t k = send(s->fd, ums_buf_data(b), 65536,
+                         MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue; /* strace's, in the fault runs */
+        if (k < 0) {
+          CHECK(errno == EAGAIN || errno == EWOULDBLOCK);
+          break;
+        }
+      }
+      ums_buf_release(b);
+      break;
+    }
+  }
+}
+
+static void *run_stuck(void *arg) {
+  stuck_t *s = arg;
+  int64_t dl = s->timeout < 0 ? UMS_FOREVER : ums_deadline(s->timeout);
+  ums_buf_t *b = ums_buf_new(65536);
+  atomic_store(&s->started, 1);
+  switch (s->op) {
+    case OP_CONNECT:
+      s->result = ums_net_connect(s->fd, (struct sockaddr *)&s->addr.ss,
+                                  s->addr.len, dl);
+      break;
+    case OP_ACCEPT:
+      s->result = ums_net_accept(s->fd, NULL, NULL, dl);
+      break;
+    case OP_RECV:
+      s->result = ums_net_recv(s->fd, b, 0, 65536, 0, dl);
+      break;
+    case OP_SEND:
+      s->result = ums_net_send(s->fd, b, 0, 65536, 0, dl);
+      break;
+    case OP_WAIT_FD:
+      s->result = ums_wait_fd(s->fd, POLLIN, dl);
+      break;
+  }
+  /* The request may still be in the kernel: the buffer is its too. */
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void finish(stuck_t *s) {
+  /* A given-up request ends in the kernel (or leaves the epoll set)
+  ** without the caller: the in-flight count comes back to zero. */
+  WAIT_UNTIL(io_pending() == 0, 10000);
+  for (int i = 0; i < s->nfds; i++) CHECK_RC(close(s->fds[i]), 0);
+}
+
+static void test_timeouts(void) {
+  for (int op = 0; op < OP_N; op++)
+    for (size_t f = 0; f < sizeof families / sizeof *families; f++) {
+      stuck_t s = {.op = op, .family = families[f], .timeout = tu_ms(50)};
+      setup(&s);
+      int64_t t0 = ums_now();
+      CHECK(in_task((int)f % 2, run_stuck, &s) == PTR(1));
+      if (s.result != UMS_ETIMEDOUT)
+        tu_fail(__FILE__, __LINE__, "%s on %s: %" PRId64 " (%s)",
+                op_names[op], family_name(families[f]), s.result,
+                ums_err_name((int)s.result));
+      /* Never early. */
+      CHECK_GE(ums_now() - t0, tu_ms(50));
+      /* The same on a host thread, where the call waits in poll(2). */
+      t0 = ums_now();
+      s.timeout = tu_ms(30);
+      run_stuck(&s);
+      if (s.result != UMS_ETIMEDOUT)
+        tu_fail(__FILE__, __LINE__, "host %s on %s: %" PRId64 " (%s)",
+                op_names[op], family_name(families[f]), s.result,
+                ums_err_name((int)s.result));
+      CHECK_GE(ums_now() - t0, tu_ms(30));
+      finish(&s);
+    }
+}
+
+static void test_cancel(void) {
+  for (int op = 0; op < OP_N; op++)
+    for (size_t f = 0; f < sizeof families / sizeof *families; f++) {
+      stuck_t s = {.op = op, .family = families[f], .timeout = -1};
+      setup(&s);
+      ums_task_t t = spawn_on((int)f, run_stuck, &s);
+      /* A Unix connect to a full backlog mostly sleeps between its tries
+      ** (ums.h): nothing is in flight then. */
+      bool retrying = op == OP_CONNECT && families[f] == AF_UNIX;
+      WAIT_UNTIL(atomic_load(&s.started) && (retrying || io_pending() == 1),
+                 10000);
+      /* Parked in the operation, not about to enter it. */
+      usleep(retrying ? 40000 : 2000);
+      CHECK_RC(ums_task_cancel(rt, t), 0);
+      CHECK(join(t) == PTR(1));
+      if (s.result != UMS_ECANCELED)
+        tu_fail(__FILE__, __LINE__, "%s on %s: %" PRId64 " (%s)",
+                op_names[op], family_name(families[f]), s.result,
+                ums_err_name((int)s.result));
+      finish(&s);
+    }
+}
+
+/* An accept whose caller gave up while a connection arrives: the
+** connection is closed by the runtime, never leaked. After the loop the
+** descriptor count is what it was. */
+static void *accept_short(void *arg) {
+  int lfd = *(int *)arg;
+  int fd = ums_net_accept(lfd, NULL, NULL, ums_deadline(tu_ms(1)));
+  if (fd >= 0) CHECK_RC(ums_net_close(fd, UMS_FOREVER), 0);
+  return NULL;
+}
+
+static void test_accept_abandoned(void) {
+  int before = open_fds();
+  addr_t a;
+  int lfd = listener(AF_INET, 64, &a);
+  for (int i = 0; i < 50; i++) {
+    ums_task_t t = spawn_on(i, accept_short, &lfd);
+    int c = ums_net_socket(AF_INET, SOCK_STREAM, 0);
+    CHECK_RC(ums_net_connect(c, (struct sockaddr *)&a.ss, a.len,
+                             ums_deadline(10 * SEC)), 0);
+    join(t);
+    CHECK_RC(close(c), 0);
+  }
+  WAIT_UNTIL(io_pending() == 0, 10000);
+  /* Connections nobody accepted are in the listener's queue; closing it
+  ** drops them. */
+  CHECK_RC(close(lfd), 0);
+  WAIT_UNTIL(open_fds() == before, 10000);
+}
+
+/* ====================================================================== */
+/* Reset, SIGPIPE                                                          */
+/* ====================================================================== */
+
+typedef struct pair {
+  int family;
+  int a, b;
+  _Atomic int started;
+  int64_t result;
+} pair_t;
+
+static void *recv_one(void *arg) {
+  pair_t *p = arg;
+  ums_buf_t *b = ums_buf_new(4096);
+  atomic_store(&p->started, 1);
+  p->result = ums_net_recv(p->a, b, 0, 4096, 0, ums_deadline(30 * SEC));
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void reset_by_peer(int fd) {
+  struct linger lg = {.l_onoff = 1, .l_linger = 0};
+  CHECK_RC(ums_net_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+  CHECK_RC(ums_net_close(fd, UMS_FOREVER), 0);
+}
+
+static void test_reset(void) {
+  for (int f = 0; f < 2; f++) {
+    /* The receiver waits in its recv when the reset comes. */
+    pair_t p = {.family = families[f]};
+    p.a = connected(p.family, &p.b);
+    ums_task_t t = spawn_on(f, recv_one, &p);
+    WAIT_UNTIL(atomic_load(&p.started) && io_pending() == 1, 10000);
+    usleep(2000);
+    reset_by_peer(p.b);
+    CHECK(join(t) == PTR(1));
+    CHECK_RC((int)p.result, -ECONNRESET);
+    CHECK_RC(ums_net_close(p.a, UMS_FOREVER), 0);
+    /* The reset came before the recv. */
+    p.a = connected(p.family, &p.b);
+    reset_by_peer(p.b);
+    usleep(2000);
+    CHECK(in_task(f, recv_one, &p) == PTR(1));
+    CHECK_RC((int)p.result, -ECONNRESET);
+    CHECK_RC(ums_net_close(p.a, UMS_FOREVER), 0);
+  }
+}
+
+static void *send_to_gone(void *arg) {
+  pair_t *p = arg;
+  ums_buf_t *b = ums_buf_new(65536);
+  fill(b, 65536, 3);
+  int64_t res = 0;
+  /* The first sends may still be accepted by the kernel; one fails. */
+  for (int i = 0; i < 100 && res >= 0; i++)
+    res = ums_net_send(p->a, b, 0, 65536, 0, ums_deadline(30 * SEC));
+  p->result = res;
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void test_no_sigpipe(void) {
+  /* The default action of SIGPIPE ends the process: a send that raised it
+  ** would end the test here. */
+  signal(SIGPIPE, SIG_DFL);
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++) {
+    pair_t p = {.family = families[f]};
+    p.a = connected(p.family, &p.b);
+    CHECK_RC(close(p.b), 0);
+    CHECK(in_task((int)f % 2, send_to_gone, &p) == PTR(1));
+    if (p.result != -EPIPE && p.result != -ECONNRESET)
+      tu_fail(__FILE__, __LINE__, "%s: %" PRId64, family_name(p.family),
+              p.result);
+    CHECK_RC(ums_net_close(p.a, UMS_FOREVER), 0);
+  }
+}
+
+/* ====================================================================== */
+/* Descriptors: cycles, EMFILE                                             */
+/* ====================================================================== */
+
+typedef struct cycles {
+  int family;
+  int n;
+  int lfd;
+  addr_t addr;
+} cycles_t;
+
+static void *cycle_server(void *arg) {
+  cycles_t *c = arg;
+  ums_buf_t *b = ums_buf_new(16);
+  for (int i = 0; i < c->n; i++) {
+    int64_t dl = ums_deadline(30 * SEC);
+    int fd = ums_net_accept(c->lfd, NULL, NULL, dl);
+    CHECK_GE(fd, 0);
+    CHECK_EQ(ums_net_recv(fd, b, 0, 16, 0, dl), 1);
+    CHECK_EQ(ums_net_recv(fd, b, 0, 16, 0, dl), 0);
+    CHECK_RC(ums_net_close(fd, dl), 0);
+  }
+  ums_buf_release(b);
+  return NULL;
+}
+
+static void *cycle_client(void *arg) {
+  cycles_t *c = arg;
+  ums_buf_t *b = ums_buf_new(16);
+  for (int i = 0; i < c->n; i++) {
+    int64_t dl = ums_deadline(30 * SEC);
+    int fd = ums_net_socket(c->family, SOCK_STREAM, 0);
+    CHECK_GE(fd, 0);
+    CHECK_RC(ums_net_connect(fd, (struct sockaddr *)&c->addr.ss, c->addr.len,
+                             dl), 0);
+    CHECK_EQ(ums_net_send(fd, b, 0, 1, 0, dl), 1);
+    if (c->family != AF_UNIX) {
+      /* No TIME_WAIT left behind on the client's side: thousands of them
+      ** would use up the local ports for the next runs. */
+      struct linger lg = {.l_onoff = 1, .l_linger = 0};
+      CHECK_RC(ums_net_shutdown(fd, SHUT_WR), 0);
+      ums_buf_t *z = ums_buf_new(16);
+      CHECK_EQ(ums_net_recv(fd, z, 0, 16, 0, dl), 0);
+      ums_buf_release(z);
+      CHECK_RC(ums_net_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg),
+               0);
+    }
+    CHECK_RC(ums_net_close(fd, dl), 0);
+  }
+  ums_buf_release(b);
+  return NULL;
+}
+
+static void test_fd_cycles(void) {
+#if defined(TU_TSAN)
+  const int total = 2000;
+#else
+  const int total = 10000;
+#endif
+  int before = open_fds();
+  int per[2] = {total / 2, total / 2};
+  int fam[2] = {AF_UNIX, AF_INET};
+  for (int i = 0; i < 2; i++) {
+    cycles_t c = {.family = fam[i], .n = per[i]};
+    c.lfd = listener(fam[i], 128, &c.addr);
+    ums_task_t s = spawn_on(0, cycle_server, &c);
+    ums_task_t k = spawn_on(1, cycle_client, &c);
+    join(k);
+    join(s);
+    CHECK_RC(ums_net_close(c.lfd, UMS_FOREVER), 0);
+  }
+  printf("   %d connect/accept/close cycles\n", total);
+  CHECK_EQ(open_fds(), before);
+}
+
+/* EMFILE on accept: the call fails (it does not retry by itself, which
+** would spin), the connection stays queued, and the listener serves it
+** once a descriptor is free. */
+typedef struct emfile {
+  int lfd;
+  int64_t first, second;
+} emfile_t;
+
+static void *accept_twice(void *arg) {
+  emfile_t *e = arg;
+  e->first = ums_net_accept(e->lfd, NULL, NULL, ums_deadline(10 * SEC));
+  return PTR(1);
+}
+
+static void test_emfile(void) {
+  addr_t a;
+  emfile_t e = {0};
+  e.lfd = listener(AF_INET, 8, &a);
+  int c = ums_net_socket(AF_INET, SOCK_STREAM, 0);
+  CHECK_RC(ums_net_connect(c, (struct sockaddr *)&a.ss, a.len,
+                           ums_deadline(10 * SEC)), 0);
+  struct rlimit old;
+  CHECK_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  int n = open_fds();
+  struct rlimit low = {(rlim_t)n + 16, old.rlim_max};
+  CHECK_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  int fill_fds[32], nfill = 0;
+  for (;;) {
+    int fd = dup(0);
+    if (fd < 0) {
+      CHECK_EQ(errno, EMFILE);
+      break;
+    }
+    CHECK_LT(nfill, 32);
+    fill_fds[nfill++] = fd;
+  }
+  CHECK(in_task(0, accept_twice, &e) == PTR(1));
+  CHECK_RC((int)e.first, UMS_EMFILE);
+  CHECK(in_task(1, accept_twice, &e) == PTR(1));
+  CHECK_RC((int)e.first, UMS_EMFILE);
+  for (int i = 0; i < nfill; i++) close(fill_fds[i]);
+  CHECK_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  CHECK(in_task(0, accept_twice, &e) == PTR(1));
+  CHECK_GE(e.first, 0);
+  CHECK_RC(close((int)e.first), 0);
+  CHECK_RC(close(c), 0);
+  CHECK_RC(close(e.lfd), 0);
+}
+
+/* ====================================================================== */
+/* ums_wait_fd, the deferred form                                          */
+/* ====================================================================== */
+
+typedef struct waitfd {
+  int fd;
+  int events;
+  int64_t timeout;
+  _Atomic int started;
+  int result;
+} waitfd_t;
+
+static void *wait_one(void *arg) {
+  waitfd_t *w = arg;
+  atomic_store(&w->started, 1);
+  w->result = ums_wait_fd(w->fd, w->events, w->timeout < 0
+                                                ? UMS_FOREVER
+                                                : ums_deadline(w->timeout));
+  return PTR(1);
+}
+
+static void test_wait_fd(void) {
+  int p[2];
+  CHECK_EQ(pipe2(p, O_CLOEXEC), 0);
+  /* Not ready: the deadline. */
+  waitfd_t w = {.fd = p[0], .events = POLLIN, .timeout = tu_ms(30)};
+  CHECK(in_task(0, wait_one, &w) == PTR(1));
+  CHECK_RC(w.result, UMS_ETIMEDOUT);
+  /* Made ready while it waits, by a host thread. */
+  for (int s = 0; s < 2; s++) {
+    waitfd_t r = {.fd = p[0], .events = POLLIN, .timeout = -1};
+    ums_task_t t = spawn_on(s, wait_one, &r);
+    WAIT_UNTIL(atomic_load(&r.started) && io_pending() == 1, 10000);
+    usleep(2000);
+    CHECK_EQ(write(p[1], "x", 1), 1);
+    CHECK(join(t) == PTR(1));
+    CHECK_EQ(r.result, POLLIN);
+    char ch;
+    CHECK_EQ(read(p[0], &ch, 1), 1);
+  }
+  /* Ready at once; the write end of a pipe. */
+  waitfd_t o = {.fd = p[1], .events = POLLOUT, .timeout = tu_ms(10000)};
+  CHECK(in_task(1, wait_one, &o) == PTR(1));
+  CHECK_EQ(o.result, POLLOUT);
+  /* The other end gone: POLLHUP whatever was asked. */
+  CHECK_RC(close(p[1]), 0);
+  waitfd_t h = {.fd = p[0], .events = POLLIN, .timeout = tu_ms(10000)};
+  CHECK(in_task(0, wait_one, &h) == PTR(1));
+  CHECK(h.result & POLLHUP);
+  CHECK_RC(close(p[0]), 0);
+  /* An eventfd, the shape C libraries hand out; and a host thread. */
+  int efd = eventfd(0, EFD_CLOEXEC);
+  CHECK_RC(ums_wait_fd(efd, POLLIN, ums_deadline(tu_ms(20))), UMS_ETIMEDOUT);
+  CHECK_EQ(ums_wait_fd(efd, POLLOUT, ums_deadline(10 * SEC)), POLLOUT);
+  waitfd_t e = {.fd = efd, .events = POLLIN, .timeout = -1};
+  ums_task_t t = spawn_on(1, wait_one, &e);
+  WAIT_UNTIL(atomic_load(&e.started) && io_pending() == 1, 10000);
+  uint64_t one = 1;
+  CHECK_EQ(write(efd, &one, sizeof one), (ssize_t)sizeof one);
+  CHECK(join(t) == PTR(1));
+  CHECK_EQ(e.result, POLLIN);
+  CHECK_RC(close(efd), 0);
+  /* Misuse. */
+  CHECK_RC(ums_wait_fd(-1, POLLIN, UMS_FOREVER), UMS_EBADF);
+  CHECK_RC(ums_wait_fd(0, 0, UMS_FOREVER), UMS_EINVAL);
+  CHECK_EQ(io_pending(), 0);
+}
+
+/* Deferred form: each call begun, its park waited on, ended. */
+static void *deferred_ok(void *arg) {
+  int family = *(int *)arg;
+  int srv;
+  int c = connected(family, &srv);
+  int64_t dl = ums_deadline(10 * SEC);
+  ums_buf_t *b = ums_buf_new(64);
+  memcpy(ums_buf_data(b), "hello", 5);
+  ums_fs_req_t *q = NULL;
+  CHECK_RC(ums_net_send_begin(c, b, 0, 5, 0, dl, &q), 0);
+  ums_park_wait();
+  CHECK_EQ(ums_net_end(q, NULL, NULL), 5);
+  CHECK_RC(ums_net_recv_begin(srv, b, 8, 56, 0, dl, &q), 0);
+  ums_park_wait();
+  CHECK_EQ(ums_fs_end(q), 5);
+  CHECK(memcmp((char *)ums_buf_data(b) + 8, "hello", 5) == 0);
+  /* Datagrams with the sender's address. */
+  addr_t ra, sa;
+  int r = bound(family, SOCK_DGRAM, &ra);
+  int s = bound(family, SOCK_DGRAM, &sa);
+  CHECK_RC(ums_net_sendto_begin(s, b, 0, 5, 0, (struct sockaddr *)&ra.ss,
+                                ra.len, dl, &q), 0);
+  ums_park_wait();
+  CHECK_EQ(ums_net_end(q, NULL, NULL), 5);
+  CHECK_RC(ums_net_recvfrom_begin(r, b, 16, 48, 0, dl, &q), 0);
+  ums_park_wait();
+  struct sockaddr_storage from;
+  socklen_t flen = sizeof from;
+  CHECK_EQ(ums_net_end(q, (struct sockaddr *)&from, &flen), 5);
+  CHECK_EQ(flen, sa.len);
+  CHECK(memcmp(&from, &sa.ss, flen) == 0);
+  /* Readiness. */
+  CHECK_RC(ums_wait_fd_begin(r, POLLOUT, dl, &q), 0);
+  ums_park_wait();
+  CHECK_EQ(ums_net_end(q, NULL, NULL), POLLOUT);
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(r, dl), 0);
+  CHECK_RC(ums_net_close(s, dl), 0);
+  CHECK_RC(ums_net_close(c, dl), 0);
+  CHECK_RC(ums_net_close(srv, dl), 0);
+  return PTR(1);
+}
+
+static void test_deferred(void) {
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    CHECK(in_task((int)f % 2, deferred_ok, (void *)&families[f]) == PTR(1));
+  CHECK_EQ(io_pending(), 0);
+}
+
+/* A descriptor closed with ums_net_close while a task of the same
+** scheduler waits on it: that wait ends with UMS_EBADF on both backends
+** (the ring's operation is cancelled in the kernel, the epoll set's
+** request ended). */
+static void *close_other(void *arg) {
+  pair_t *p = arg;
+  CHECK_RC(ums_net_close(p->a, UMS_FOREVER), 0);
+  return PTR(1);
+}
+
+static void test_close_while_waiting(void) {
+  pair_t p = {.family = AF_INET};
+  p.a = connected(p.family, &p.b);
+  ums_task_t t = spawn_on(0, recv_one, &p);
+  WAIT_UNTIL(atomic_load(&p.started) && io_pending() == 1, 10000);
+  usleep(2000);
+  CHECK(in_task(0, close_other, &p) == PTR(1));
+  CHECK(join(t) == PTR(1));
+  CHECK_RC((int)p.result, UMS_EBADF);
+  CHECK_RC(ums_net_close(p.b, UMS_FOREVER), 0);
+}
+
+static void test_bad_input(void) {
+  ums_buf_t *b = ums_buf_new(16);
+  CHECK_RC((int)ums_net_recv(-1, b, 0, 16, 0, UMS_FOREVER), UMS_EBADF);
+  CHECK_RC((int)ums_net_recv(0, b, 8, 16, 0, UMS_FOREVER), UMS_EINVAL);
+  CHECK_RC((int)ums_net_send(0, NULL, 0, 16, 0, UMS_FOREVER), UMS_EINVAL);
+  CHECK_RC(ums_net_connect(0, NULL, 0, UMS_FOREVER), UMS_EINVAL);
+  CHECK_RC(ums_net_socket(12345, SOCK_STREAM, 0), -EAFNOSUPPORT);
+  CHECK_RC(ums_net_listen(-1, 1), UMS_EBADF);
+  CHECK_RC(ums_net_close(-1, UMS_FOREVER), UMS_EBADF);
+  ums_buf_release(b);
+}
+
+/* ====================================================================== */
+
+static void rm_tree(const char *path) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", path);
+}
+
+int main(int argc, char **argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--expect-backend=uring") == 0)
+      expect_backend = UMS_IO_URING;
+    else if (strcmp(argv[i], "--expect-backend=pool") == 0)
+      expect_backend = UMS_IO_POOL;
+    else if (strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else {
+      fprintf(stderr, "usage: %s [--expect-backend=uring|pool] [--quick]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+  const char *base = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/ums-test-net-XXXXXX", base ? base : "/tmp");
+  CHECK(mkdtemp(dir) != NULL);
+  rt = tu_runtime_new(2);
+#define RUN_NET(fn)                                 \
+  do {                                              \
+    RUN(fn);                                        \
+    WAIT_UNTIL(io_pending() == 0, 10000);           \
+  } while (0)
+  RUN(test_backend);
+  RUN_NET(test_bad_input);
+  RUN_NET(test_stream);
+  RUN_NET(test_dgram);
+  RUN_NET(test_timeouts);
+  RUN_NET(test_cancel);
+  RUN_NET(test_reset);
+  RUN_NET(test_no_sigpipe);
+  RUN_NET(test_wait_fd);
+  RUN_NET(test_deferred);
+  if (!quick) {
+    RUN_NET(test_many);
+    RUN_NET(test_accept_abandoned);
+    RUN_NET(test_close_while_waiting);
+    RUN_NET(test_emfile);
+    RUN_NET(test_fd_cycles);
+  }
+  CHECK_EQ(io_pending(), 0);
+  tu_runtime_shutdown(rt);
+  rm_tree(dir);
+  return 0;
+}
