@@ -47,6 +47,9 @@ local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
 local W = core.WAIT
 local pairs, tostring = pairs, tostring
 local current_task = core.self
+-- Every wait below calls it first, before it looks at its object: a task
+-- past its quantum yields there, also when the wait need not wait.
+local quantum_point = core.quantum_point
 
 local error, getmetatable, pcall, rawget, setmetatable, type =
   error, getmetatable, pcall, rawget, setmetatable, type
@@ -204,6 +207,7 @@ end
 function Mutex:lock(timeout)
   check_self(self, Mutex, "lock")
   timeout = opt_timeout(timeout, 2, "lock")
+  quantum_point()
   local me = need_task("mutex:lock")
   local owner = self.owner
   if owner == nil then
@@ -272,6 +276,7 @@ end
 function Semaphore:acquire(timeout)
   check_self(self, Semaphore, "acquire")
   timeout = opt_timeout(timeout, 2, "acquire")
+  quantum_point()
   local n = self.count
   if n > 0 then
     self.count = n - 1
@@ -354,6 +359,7 @@ end
 function Event:wait(timeout)
   check_self(self, Event, "wait")
   timeout = opt_timeout(timeout, 2, "wait")
+  quantum_point()
   if self.set_ then
     if not self.manual then self.set_ = false end
     return true
@@ -486,6 +492,7 @@ end
 function WaitGroup:wait(timeout)
   check_self(self, WaitGroup, "wait")
   timeout = opt_timeout(timeout, 2, "wait")
+  quantum_point()
   if self.count == 0 then return true end
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("waitgroup:wait")

@@ -1,0 +1,265 @@
+-- Cooperative by default: a task is switched out only inside a ums call
+-- that can wait, never between two Lua instructions; preemption there is
+-- an opt-in (preempt = true). The user's debug hooks survive everything
+-- ums does, and nothing ums does per preemption grows with stack depth.
+local ums = require "ums"
+
+local function restore_config()
+  ums.config{quantum = 0.004, preempt = false, stall_threshold = 1}
+  ums.on_stall(nil)
+end
+
+local function spin(seconds)
+  local t0 = ums.now()
+  local x = 0
+  while ums.now() - t0 < seconds do x = x + 1 end
+  return x
+end
+
+-- Four tasks do read -> compute -> write on a shared table, 50 times
+-- each, yielding between updates. Returns the final count (200 when no
+-- update was lost).
+local function lost_updates()
+  local t = {n = 0}
+  ums.test(function()
+    local ws = {}
+    for i = 1, 4 do
+      ws[i] = ums.spawn(function()
+        for _ = 1, 50 do
+          local v = t.n
+          spin(0.0005)
+          t.n = v + 1
+          ums.yield()
+        end
+      end)
+    end
+    for i = 1, 4 do assert(ws[i]:join()) end
+  end, 60)
+  return t.n
+end
+
+describe("cooperative by default", function()
+  after_each(restore_config)
+
+  it("keeps every update of read-compute-write tasks", function()
+    assert.is_false(ums.config().preempt)
+    ums.config{quantum = 0.001}
+    assert.equal(200, lost_updates())
+  end)
+
+  it("loses some with preempt = true", function()
+    ums.config{quantum = 0.001, preempt = true}
+    local n
+    for _ = 1, 3 do
+      n = lost_updates()
+      if n < 200 then break end
+    end
+    assert.is_true(n < 200, "no update lost with preempt = true")
+  end)
+
+  -- Each case: a call that need not wait. A task past its quantum yields
+  -- there, so a task whose sleep has ended runs before the call returns,
+  -- and never before it (no switch between two instructions).
+  local cases = {
+    {"ums.yield", function() return function() ums.yield() end end},
+    {"channel:send with room", function()
+      local ch = ums.channel(10)
+      return function() ch:send(1) end
+    end},
+    {"channel:recv with a value", function()
+      local ch = ums.channel(10)
+      ch:send(1)
+      return function() ch:recv() end
+    end},
+    {"ums.select with a ready case", function()
+      local ch = ums.channel(10)
+      ch:send(1)
+      return function() ums.select({{ch, "recv"}}) end
+    end},
+    {"mutex:lock of a free mutex", function()
+      local m = ums.mutex()
+      return function() m:lock() end
+    end},
+    {"semaphore:acquire with a unit", function()
+      local s = ums.semaphore(1)
+      return function() s:acquire() end
+    end},
+    {"event:wait on a set event", function()
+      local e = ums.event(true)
+      e:set()
+      return function() e:wait() end
+    end},
+    {"task:join of an ended task", function()
+      local d = ums.spawn(function() return 1 end)
+      d:join()
+      return function() d:join() end
+    end},
+    {"shared channel send with room", function()
+      local ch = ums.shared.channel(10)
+      return function() ch:send(1) end
+    end},
+    {"shared mutex lock", function()
+      local m = ums.shared.mutex()
+      return function() m:lock() end
+    end},
+  }
+  for _, case in ipairs(cases) do
+    it("a task past its quantum yields at " .. case[1], function()
+      ums.config{quantum = 0.002}
+      ums.test(function()
+        local call = case[2]()
+        local ran = false
+        local light = ums.spawn(function()
+          ums.sleep(0.001)
+          ran = true
+        end)
+        local hog = ums.spawn(function()
+          spin(0.05)
+          local before = ran
+          call()
+          return before, ran
+        end)
+        local ok, before, after = hog:join()
+        assert.is_true(ok, before)
+        assert.is_false(before)
+        assert.is_true(after)
+        light:join()
+      end, 30)
+    end)
+  end
+
+  it("UMS_PREEMPT=1 in the environment sets the default", function()
+    local lua = os.getenv("UMS_LUA") or "lua5.4"
+    local p = assert(io.popen(("UMS_PREEMPT=1 %s -e "
+      .. "'print(require(\"ums\").config().preempt)'"):format(lua)))
+    local out = p:read("a")
+    p:close()
+    assert.equal("true\n", out)
+  end)
+end)
+
+describe("the user's hooks", function()
+  after_each(restore_config)
+
+  -- Runs body in a task with a line-counting hook; body gets a function
+  -- returning the count so far. Asserts the hook is still the user's
+  -- afterwards.
+  local function with_line_hook(body)
+    ums.test(function()
+      local t = ums.spawn(function()
+        local lines = 0
+        local function hook() lines = lines + 1 end
+        debug.sethook(hook, "l")
+        body(function() return lines end)
+        local h, mask = debug.gethook()
+        debug.sethook()
+        return h == hook, mask
+      end)
+      local ok, same, mask = t:join()
+      assert.is_true(ok, same)
+      assert.is_true(same, "debug.gethook returns another hook")
+      assert.equal("l", mask)
+    end, 30)
+  end
+
+  it("keeps counting across sleeps", function()
+    with_line_hook(function(count)
+      for _ = 1, 5 do
+        local c = count()
+        ums.sleep(0.001)
+        local x = 1
+        x = x + 1
+        assert.is_true(count() > c, "no line counted after a sleep")
+      end
+    end)
+  end)
+
+  it("keeps counting across quantum expiries (preempt = true)", function()
+    ums.config{quantum = 0.001, preempt = true}
+    with_line_hook(function(count)
+      local p0 = ums.stats()[1].quantum_expiries
+      for _ = 1, 5 do
+        local c = count()
+        spin(0.01)
+        assert.is_true(count() > c + 100, "lines not counted while spinning")
+      end
+      assert.is_true(ums.stats()[1].quantum_expiries > p0,
+                     "never preempted")
+    end)
+  end)
+
+  it("keeps counting across a stall report", function()
+    ums.config{stall_threshold = 0.05}
+    local reports = 0
+    ums.on_stall(function() reports = reports + 1 end)
+    with_line_hook(function(count)
+      local c = count()
+      spin(0.3)
+      local x = 1
+      x = x + 1
+      assert.is_true(count() > c + 100, "lines not counted past the stall")
+      ums.sleep(0.001)
+    end)
+    assert.is_true(reports >= 1, "no stall reported")
+  end)
+
+  it("a count hook fires at its own count while ums preempts", function()
+    ums.config{quantum = 0.001, preempt = true}
+    ums.test(function()
+      local t = ums.spawn(function()
+        local n = 0
+        debug.sethook(function() n = n + 1 end, "", 1000)
+        local c0 = n
+        spin(0.05)
+        local _, mask, count = debug.gethook()
+        debug.sethook()
+        return n - c0, mask, count
+      end)
+      local ok, fired, mask, count = t:join()
+      assert.is_true(ok, fired)
+      assert.is_true(fired > 10, "count hook fired " .. tostring(fired))
+      assert.equal("", mask)
+      assert.equal(1000, count)
+    end, 30)
+  end)
+end)
+
+describe("deep recursion", function()
+  after_each(restore_config)
+
+  local function deep(n)
+    if n == 0 then return spin(0.05) and 0 end
+    return 1 + deep(n - 1)
+  end
+
+  for _, preempt in ipairs({false, true}) do
+    it("to depth 100,000 runs with preempt = " .. tostring(preempt),
+       function()
+      ums.config{quantum = 0.001, preempt = preempt}
+      ums.test(function()
+        local other = ums.spawn(function()
+          for _ = 1, 20 do ums.sleep(0.001) end
+        end)
+        local t = ums.spawn(function() return deep(100000) end)
+        local ok, v = t:join()
+        assert.is_true(ok, v)
+        assert.equal(100000, v)
+        other:join()
+      end, 60)
+    end)
+  end
+
+  it("an xpcall stack overflow ends with preempt = true", function()
+    ums.config{quantum = 0.001, preempt = true}
+    ums.test(function()
+      local t = ums.spawn(function()
+        local function g(n) return 1 + g(n + 1) end
+        return xpcall(g, debug.traceback, 1)
+      end)
+      local ok, xok, msg = t:join()
+      assert.is_true(ok, xok)
+      assert.is_false(xok)
+      assert.matches("stack overflow", msg)
+    end, 60)
+  end)
+end)
