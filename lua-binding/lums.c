@@ -806,7 +806,9 @@ static void quantum_fire(lua_State *L, ltask *t) {
     hook_arm(L, t, QUANTUM_RETRY_COUNT);
     return;
   }
-  hook_disarm(L, t);
+  /* qhook stays until the step has ended (task_step puts the user's hook
+  ** back): Lua may still call the line hook before it leaves, and only
+  ** qhook knows to do nothing then. */
   atomic_fetch_add_explicit(&r->preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();
   t->parking = false;
