@@ -777,6 +777,36 @@ static void hook_disarm(lua_State *L, ltask *t) {
   if (lua_gethook(L) == qhook) lua_sethook(L, t->uhook, t->umask, t->ucount);
 }
 
+/* debug.gethook as a task sees it: while qhook is on the running task's
+** coroutine, the hook, mask and count the user set there. The debug
+** library's own function (upvalue 1) answers, with the user's hook put
+** back for the time of the call; a signal meanwhile arms qhook over it as
+** it would over any user hook. lums_open installs it in every VM. */
+static int l_gethook(lua_State *L) {
+  lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
+  ltask *t = lums_cur_task;
+  bool swap = t && L1 == t->co && lua_gethook(L1) == qhook;
+  if (swap) lua_sethook(L1, t->uhook, t->umask, t->ucount);
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  if (swap && lua_gethook(L1) == t->uhook) hook_set(L1, t);
+  return lua_gettop(L);
+}
+
+static void wrap_gethook(lua_State *L) {
+  int top = lua_gettop(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  if (lua_getfield(L, -1, "debug") == LUA_TTABLE &&
+      lua_getfield(L, -1, "gethook") == LUA_TFUNCTION &&
+      lua_tocfunction(L, -1) != l_gethook) {
+    lua_pushcclosure(L, l_gethook, 1);
+    lua_setfield(L, -2, "gethook");
+  }
+  lua_settop(L, top);
+}
+
 /* ums's errand once its count has run out: a stall report, then, with
 ** preempt on and the step past its quantum, a yield. It yields only from
 ** the task's own coroutine, where Lua can yield, outside a begun park and
@@ -1841,6 +1871,7 @@ int lums_open(lua_State *L) {
       {"on_error", l_on_error},
       {NULL, NULL}};
   pin_module();
+  wrap_gethook(L);
 
   if (luaL_newmetatable(L, TASK_MT)) {
     luaL_newlib(L, task_methods);
