@@ -201,6 +201,40 @@ describe("the user's hooks", function()
     end)
   end)
 
+  -- Where a preempted task cannot yield (a table.sort comparator), ums's
+  -- hook stays on it and retries: debug.gethook still gives the user's.
+  it("debug.gethook gives the user's hook while ums's waits to yield",
+     function()
+    ums.config{quantum = 0.001, preempt = true}
+    ums.test(function()
+      local t = ums.spawn(function()
+        local function hook() end
+        debug.sethook(hook, "l")
+        local p0 = ums.stats()[1].quantum_expiries
+        local seen = {}
+        table.sort({2, 1}, function(a, b)
+          for _ = 1, 50 do
+            spin(0.01)
+            local h, mask = debug.gethook()
+            if h ~= hook or mask ~= "l" then
+              seen[#seen + 1] = tostring(h) .. " " .. tostring(mask)
+            end
+          end
+          return a < b
+        end)
+        local x = 1
+        x = x + 1
+        debug.sethook()
+        return table.concat(seen, ", "),
+               ums.stats()[1].quantum_expiries > p0
+      end)
+      local ok, seen, preempted = t:join()
+      assert.is_true(ok, seen)
+      assert.equal("", seen)
+      assert.is_true(preempted, "never preempted")
+    end, 30)
+  end)
+
   it("keeps counting across a stall report", function()
     ums.config{stall_threshold = 0.05}
     local reports = 0
