@@ -473,6 +473,12 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
   return method_start(L, to_file(L, 1), (const lmethod *)ctx);
 }
 
+/* Continuation of a yield at the quantum, before the file was taken. */
+static int quantum_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return method_start(L, to_file(L, 1), (const lmethod *)ctx);
+}
+
 /* Runs method m on f for the caller: takes the file (waiting for it while
 ** another task's method holds it; outside tasks nothing else can run, so
 ** it is free), then steps the method to its end. A task that waited may
@@ -481,6 +487,9 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
 ** it waits, holding nothing. */
 static int method_start(lua_State *L, lfile *f, const lmethod *m) {
   ltask *me = lums_cur_task;
+  /* A method served from the buffer need not wait: a yield point all the
+  ** same. */
+  LUMS_YIELD_POINT_K(L, (lua_KContext)m, quantum_k);
   while (held(f) && me) {
     lwait *w = &me->wait;
     int r = ums_park_begin(UMS_FOREVER, &w->tok);

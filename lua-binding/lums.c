@@ -875,18 +875,18 @@ static void qhook(lua_State *L, lua_Debug *ar) {
   quantum_fire(L, t);
 }
 
-static int quantum_again_k(lua_State *L, int status, lua_KContext ctx) {
+int lums_quantum_again_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   return ((lua_CFunction)ctx)(L);
 }
 
-int lums_quantum_yield(lua_State *L, lua_CFunction fn) {
+int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
   ltask *t = lums_cur_task;
   if (L != t->co || t->park_begun || !lua_isyieldable(L)) return -1;
   atomic_fetch_add_explicit(&t->run->preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();
   t->parking = false;
-  return lua_yieldk(L, 0, (lua_KContext)fn, quantum_again_k);
+  return lua_yieldk(L, 0, ctx, k);
 }
 
 /* core.quantum_point(): the yield point of a wait written in Lua (ums.sync),

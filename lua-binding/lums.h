@@ -312,19 +312,28 @@ static inline bool lums_quantum_due(ltask *t) {
   return r && atomic_load_explicit(&r->preempt_seq, memory_order_relaxed) ==
               atomic_load_explicit(&r->step_seq, memory_order_relaxed);
 }
-/* The yield point of a call that can wait (a lua_CFunction fn): a task
-** past its quantum yields here, and fn runs again from its start when the
-** task is next stepped. Returns -1 where the task cannot yield (then fn
-** goes on); otherwise does not return. */
-LUMS_HIDDEN int lums_quantum_yield(lua_State *L, lua_CFunction fn);
-#define LUMS_YIELD_POINT(L, fn)                                   \
+/* The yield point of a call that can wait: a task past its quantum
+** yields here (continuation k with ctx, which goes on with the call when
+** the task is next stepped). Returns -1 where the task cannot yield (then
+** the call goes on); otherwise does not return. Every call the Lua API
+** documents as possibly waiting passes through it on its path that need
+** not wait, through one of the two macros below: LUMS_YIELD_POINT runs a
+** lua_CFunction fn again from its start, LUMS_YIELD_POINT_K continues
+** with k. */
+LUMS_HIDDEN int lums_quantum_yield(lua_State *L, lua_KContext ctx,
+                                   lua_KFunction k);
+LUMS_HIDDEN int lums_quantum_again_k(lua_State *L, int status,
+                                     lua_KContext ctx);
+#define LUMS_YIELD_POINT_K(L, ctx, k)                             \
   do {                                                            \
     ltask *yp_t = lums_cur_task;                                  \
     if (yp_t && lums_quantum_due(yp_t)) {                         \
-      int yp_n = lums_quantum_yield((L), (fn));                   \
+      int yp_n = lums_quantum_yield((L), (ctx), (k));             \
       if (yp_n >= 0) return yp_n;                                 \
     }                                                             \
   } while (0)
+#define LUMS_YIELD_POINT(L, fn) \
+  LUMS_YIELD_POINT_K(L, (lua_KContext)(fn), lums_quantum_again_k)
 
 /* lalloc.c: puts a cache of small freed blocks in front of L's allocator
 ** (lua_setallocf), for as long as L runs tasks. NULL when out of memory

@@ -1189,6 +1189,7 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
 /* w:join([timeout]) -> true, results... | false, err, traceback |
 ** nil, "timeout" */
 static int work_join(lua_State *L) {
+  LUMS_YIELD_POINT(L, work_join);
   lreq *r = check_work(L, "join");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "join", &poll);

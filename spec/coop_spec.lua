@@ -106,6 +106,45 @@ describe("cooperative by default", function()
       local m = ums.shared.mutex()
       return function() m:lock() end
     end},
+    {"group:wait of an ended group", function()
+      local g = ums.group()
+      g:spawn(function() end)
+      g:wait()
+      return function() g:wait() end
+    end},
+    {"workqueue:wait with nothing queued", function()
+      local q = ums.workqueue()
+      return function() q:wait() end
+    end},
+    {"item:result of a done item", function()
+      local q = ums.workqueue()
+      local item = q:post(function() return 1 end)
+      item:result()
+      return function() item:result() end
+    end},
+    {"applock.acquire of a free name", function()
+      local n = 0
+      return function()
+        n = n + 1
+        local lock = ums.applock.acquire("coop" .. n, "X")
+        lock:release()
+      end
+    end},
+    {"work:join of ended work", function()
+      local w = ums.submit(function() return 1 end)
+      w:join()
+      return function() w:join() end
+    end},
+    {"file:read served from the buffer", function()
+      local path = os.tmpname()
+      local out = assert(io.open(path, "w"))
+      out:write(("line\n"):rep(100))
+      out:close()
+      local f = assert(ums.fs.open(path))
+      assert(f:read("l"))
+      os.remove(path)
+      return function() assert(f:read("l")) end
+    end},
   }
   for _, case in ipairs(cases) do
     it("a task past its quantum yields at " .. case[1], function()

@@ -5,12 +5,13 @@
 -- Everything here is plain Lua on three calls of ums.core (see
 -- lua-binding/CORE-API.md): `core.park_begin`, `core.park_wait` and
 -- `core.unpark`. All tasks of a VM run on that VM's one scheduler
--- thread, and nothing in this file yields except `park_wait`, so the
--- state of a primitive needs no lock: the code between two waits runs as
--- one atomic step. For the same reason these objects belong to the VM
--- that created them; work on other cores talks through shared objects
--- (core.shared, lua-binding/lshared.c), which the constructors here make
--- when given {shared = true}.
+-- thread, and nothing in this file yields except `park_wait` and a
+-- wait's yield point (`core.quantum_point`, before the wait looks at its
+-- object), so the state of a primitive needs no lock: the code between
+-- two waits runs as one atomic step. For the same reason these objects
+-- belong to the VM that created them; work on other cores talks through
+-- shared objects (core.shared, lua-binding/lshared.c), which the
+-- constructors here make when given {shared = true}.
 --
 -- Conventions (DESIGN.md section 8):
 --   * a bad argument raises, with luaL_argerror's wording;
