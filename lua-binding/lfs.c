@@ -462,6 +462,7 @@ static int method_loop(lua_State *L, lfile *f) {
 }
 
 static int method_start(lua_State *L, lfile *f, const lmethod *m);
+static const lmethod m_tbc;
 
 /* Continuation of a yield waiting for the file (the file is the method's
 ** self, at index 1). */
@@ -488,8 +489,14 @@ static int quantum_k(lua_State *L, int status, lua_KContext ctx) {
 static int method_start(lua_State *L, lfile *f, const lmethod *m) {
   ltask *me = lums_cur_task;
   /* A method served from the buffer need not wait: a yield point all the
-  ** same. */
-  LUMS_YIELD_POINT_K(L, (lua_KContext)m, quantum_k);
+  ** same (LUMS_YIELD_POINT_K's check), for a method of the file at index
+  ** 1, as quantum_k finds it. Not for open, readfile and writefile (their
+  ** file is new and always waits for the kernel), nor for a <close> of the
+  ** file, which may run while an error unwinds the task. */
+  if (me && lums_quantum_due(me) && m != &m_tbc && to_file(L, 1) == f) {
+    int n = lums_quantum_yield(L, (lua_KContext)m, quantum_k);
+    if (n >= 0) return n;
+  }
   while (held(f) && me) {
     lwait *w = &me->wait;
     int r = ums_park_begin(UMS_FOREVER, &w->tok);
