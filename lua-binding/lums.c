@@ -268,6 +268,7 @@ static int l_unpark(lua_State *L) {
 /* ---------------------------------------------------------------------- */
 
 static void qhook(lua_State *L, lua_Debug *ar);
+static int monitor_want(lrun *v);
 static void hook_arm(lua_State *L, ltask *t, int count);
 static void hook_disarm(lua_State *L, ltask *t);
 
@@ -678,6 +679,9 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
 
 void lums_task_start(lrun *r, int nargs) {
   lua_State *L = r->SL;
+  /* Work that cannot start the monitor still runs; the next ums.spawn
+  ** reports the failure. */
+  (void)monitor_want(r);
   int first = lua_gettop(L) - nargs;
   luaL_getmetatable(L, TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
@@ -692,6 +696,10 @@ static int l_spawn(lua_State *L) {
   if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
+  int e = monitor_want(me->run);
+  if (e)
+    return luaL_error(L, "ums.spawn: cannot create the quantum monitor "
+                         "thread: %s", strerror(e));
   task_new(L, me->run, 1, false, lua_upvalueindex(1));
   return 1;  /* the handle, alone on the stack */
 }
@@ -997,8 +1005,36 @@ static int monitor_start(lrun *r) {
   if (r->quantum <= 0 && !r->stall) return 0;
   install_quantum_signal();
   if (r->quantum <= 0) return 0;
+  /* Without preemption the monitor only marks a step past its quantum for
+  ** the yield points, which matters once another task may want to run:
+  ** monitor_want starts it then, so that a run of one task (a test body)
+  ** does not pay for a thread. */
+  if (r->mon == r && !r->preempt) {
+    atomic_store(&r->monitor_deferred, true);
+    return 0;
+  }
   int e = pthread_create(&r->monitor, NULL, quantum_monitor, r);
   r->monitor_started = e == 0;
+  return e;
+}
+
+/* Starts v's run's deferred monitor, if any (any VM's thread, at a
+** spawn). Returns 0 or pthread_create's error. */
+static int monitor_want(lrun *v) {
+  lrun *m = v->mon;
+  if (!m || !atomic_load_explicit(&m->monitor_deferred,
+                                  memory_order_relaxed))
+    return 0;
+  int e = 0;
+  pthread_mutex_lock(&m->mon_lock);
+  if (atomic_load(&m->monitor_deferred) && !atomic_load(&m->stop)) {
+    atomic_store(&m->monitor_deferred, false);
+    e = pthread_create(&m->monitor, NULL, quantum_monitor, m);
+    m->monitor_started = e == 0;
+    /* The next spawn tries again (and reports it). */
+    if (e) atomic_store(&m->monitor_deferred, true);
+  }
+  pthread_mutex_unlock(&m->mon_lock);
   return e;
 }
 
@@ -1043,12 +1079,17 @@ void lums_request_hook(lrun *r) {
 }
 
 static void monitor_stop(lrun *r) {
-  if (r->monitor_started) {
-    pthread_mutex_lock(&r->mon_lock);
-    atomic_store(&r->stop, 1);
-    pthread_cond_signal(&r->mon_cond);
-    pthread_mutex_unlock(&r->mon_lock);
+  /* Under the lock: a spawn on another scheduler may be starting a
+  ** deferred monitor (monitor_want), which stop keeps from starting. */
+  pthread_mutex_lock(&r->mon_lock);
+  atomic_store(&r->stop, 1);
+  atomic_store(&r->monitor_deferred, false);
+  bool started = r->monitor_started;
+  pthread_cond_signal(&r->mon_cond);
+  pthread_mutex_unlock(&r->mon_lock);
+  if (started) {
     pthread_join(r->monitor, NULL);
+    r->monitor_started = false;
   }
   pthread_cond_destroy(&r->mon_cond);
   pthread_mutex_destroy(&r->mon_lock);
@@ -1424,6 +1465,12 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   r->sched = sched;
   r->quantum = quantum;
   r->preempt = vms && lums_vms_preempt(vms);
+  /* A run of ums.run may defer its monitor (monitor_start): the main VM,
+  ** made first, owns it. A host starts it with the runtime. */
+  if (vms && !lums_vms_hosted(vms)) {
+    lrun *m0 = lums_vms_at(vms, 0);
+    r->mon = m0 ? m0 : r;
+  }
   /* No step is past its quantum yet (step_seq counts from 0). */
   atomic_store(&r->preempt_seq, UINT64_MAX);
   /* Every VM shares the run's stall state, which the main VM made (set

@@ -184,9 +184,16 @@ struct lrun {
   _Atomic int stop;                 /* monitor: leave */
   pthread_t lua_thread;             /* the scheduler thread running Lua */
   _Atomic int lua_thread_known;
-  /* The monitor thread, one per run: only in the main VM's lrun. */
+  /* The monitor thread, one per run: only in the main VM's lrun. Without
+  ** preemption it starts with the run's second task (a lone task has
+  ** nobody to yield to): monitor_deferred says it is still to start,
+  ** monitor_started that it runs; both under mon_lock. */
   pthread_t monitor;
   bool monitor_started;
+  _Atomic bool monitor_deferred;    /* read without the lock first */
+  struct lrun *mon;                 /* [const] the lrun whose deferred
+                                       monitor this VM's spawns start, or
+                                       NULL (started with the run) */
   pthread_mutex_t mon_lock;
   pthread_cond_t mon_cond;
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */

@@ -177,6 +177,27 @@ describe("cooperative by default", function()
     end)
   end
 
+  -- The quantum's monitor thread starts with the run's second task: a
+  -- lone task has nobody to yield to.
+  it("starts the quantum's monitor only once a second task exists",
+     function()
+    local function threads()
+      local f = assert(io.open("/proc/self/status"))
+      local n = tonumber(f:read("a"):match("\nThreads:%s*(%d+)"))
+      f:close()
+      return n
+    end
+    local before, after
+    ums.test(function()
+      before = threads()
+      local t = ums.spawn(function() end)
+      t:join()
+      after = threads()
+    end, 30)
+    assert.is_true(after > before, ("threads %d, then %d"):format(before,
+                                                                  after))
+  end)
+
   it("UMS_PREEMPT=1 in the environment sets the default", function()
     local lua = os.getenv("UMS_LUA") or "lua5.4"
     local p = assert(io.popen(("UMS_PREEMPT=1 %s -e "
