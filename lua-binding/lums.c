@@ -782,6 +782,7 @@ static void hook_arm(lua_State *L, ltask *t, int count) {
 }
 
 static void hook_disarm(lua_State *L, ltask *t) {
+  t->qsig = 0;
   if (lua_gethook(L) == qhook) lua_sethook(L, t->uhook, t->umask, t->ucount);
 }
 
@@ -875,11 +876,23 @@ static void qhook(lua_State *L, lua_Debug *ar) {
       return;
     }
   }
-  if (ar->event != LUA_HOOKCOUNT) return;
+  if (ar->event != LUA_HOOKCOUNT) {
+    /* The count the signal handler set may be lost: with a line hook on,
+    ** Lua decrements the hook count at every instruction, and a store
+    ** made between its read and its write is overwritten. The next line
+    ** event carries the errand then (a line hook may yield, as a count
+    ** hook may). */
+    if (ar->event == LUA_HOOKLINE && t->qsig) {
+      t->qsig = 0;
+      quantum_fire(L, t);
+    }
+    return;
+  }
   if ((t->qleft -= ran) > 0) {
     hook_set(L, t);
     return;
   }
+  t->qsig = 0;
   quantum_fire(L, t);
 }
 
@@ -913,7 +926,10 @@ static void quantum_signal(int sig) {
   (void)sig;
   if (!r || !t) return;
   lua_State *co = atomic_load_explicit(&r->running_co, memory_order_relaxed);
-  if (co && co == t->co) hook_arm(co, t, 1);
+  if (co && co == t->co) {
+    t->qsig = 1;
+    hook_arm(co, t, 1);
+  }
 }
 
 /* What the monitor remembers of one VM between its looks. */

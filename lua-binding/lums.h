@@ -13,6 +13,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -133,6 +134,8 @@ struct ltask {
   lua_Hook uhook;
   int umask, ucount, uleft;
   int qleft;             /* instructions to ums's own next count event */
+  volatile sig_atomic_t qsig;  /* the quantum's signal armed qhook and
+                                  qhook has not run its errand yet */
 };
 
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,

@@ -253,7 +253,8 @@ describe("the user's hooks", function()
       local give_up = ums.now() + 30
       repeat
         local c = count()
-        spin(0.01)
+        local x = 0
+        for _ = 1, 20000 do x = x + 1 end
         assert.is_true(count() > c + 100, "lines not counted while spinning")
       until ums.stats()[1].quantum_expiries > p0 + 2 or ums.now() > give_up
       assert.is_true(ums.stats()[1].quantum_expiries > p0,
@@ -300,10 +301,10 @@ describe("the user's hooks", function()
     local reports = 0
     ums.on_stall(function() reports = reports + 1 end)
     with_line_hook(function(count)
-      local c = count()
       spin(0.3)
-      local x = 1
-      x = x + 1
+      local c = count()
+      local x = 0
+      for _ = 1, 1000 do x = x + 1 end
       assert.is_true(count() > c + 100, "lines not counted past the stall")
       ums.sleep(0.001)
     end)
@@ -318,6 +319,8 @@ describe("the user's hooks", function()
         debug.sethook(function() n = n + 1 end, "", 1000)
         local c0 = n
         spin(0.05)
+        local x = 0
+        for _ = 1, 100000 do x = x + 1 end
         local _, mask, count = debug.gethook()
         debug.sethook()
         return n - c0, mask, count
