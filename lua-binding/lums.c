@@ -857,7 +857,13 @@ static void quantum_fire(lua_State *L, ltask *t) {
 static void qhook(lua_State *L, lua_Debug *ar) {
   ltask *t = lums_cur_task;
   if (!t || L != t->co || !t->run) {
-    lua_sethook(L, NULL, 0, 0);
+    /* A coroutine the task made while qhook was on it inherited qhook
+    ** (lua_newthread copies the hook): it gets the hook qhook stood for,
+    ** as it would have inherited it without ums. */
+    if (t && t->run && L != t->co)
+      lua_sethook(L, t->uhook, t->umask, t->ucount);
+    else
+      lua_sethook(L, NULL, 0, 0);
     return;
   }
   /* Lua calls the line hook after a count hook that yielded, before it

@@ -296,6 +296,37 @@ describe("the user's hooks", function()
     end, 30)
   end)
 
+  -- A coroutine made while ums's hook is on the task inherits the hook
+  -- the task would have without ums (plain Lua copies a thread's hook,
+  -- mask and count into the threads it makes).
+  it("a coroutine made meanwhile inherits the user's hook", function()
+    ums.config{quantum = 0.001, preempt = true}
+    ums.test(function()
+      local t = ums.spawn(function()
+        debug.sethook(function() end, "l")
+        local masks = {}
+        table.sort({2, 1}, function(a, b)
+          for _ = 1, 50 do
+            spin(0.01)
+            local co = coroutine.create(function()
+              local x = 1
+              x = x + 1
+              return select(2, debug.gethook())
+            end)
+            local _, mask = coroutine.resume(co)
+            if mask ~= "l" then masks[#masks + 1] = tostring(mask) end
+          end
+          return a < b
+        end)
+        debug.sethook()
+        return table.concat(masks, ", ")
+      end)
+      local ok, masks = t:join()
+      assert.is_true(ok, masks)
+      assert.equal("", masks)
+    end, 30)
+  end)
+
   it("keeps counting across a stall report", function()
     ums.config{stall_threshold = 0.05}
     local reports = 0
