@@ -909,11 +909,26 @@ int lums_quantum_again_k(lua_State *L, int status, lua_KContext ctx) {
 
 int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
   ltask *t = lums_cur_task;
-  if (L != t->co || t->park_begun || !lua_isyieldable(L)) return -1;
-  atomic_fetch_add_explicit(&t->run->preemptions, 1, memory_order_relaxed);
+  lrun *r = t->run;
+  if (t->park_begun) return -1;
+  atomic_fetch_add_explicit(&r->preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();
-  t->parking = false;
-  return lua_yieldk(L, 0, ctx, k);
+  if (L == t->co && lua_isyieldable(L)) {
+    t->parking = false;
+    return lua_yieldk(L, 0, ctx, k);
+  }
+  /* Where Lua cannot yield, the task's worker yields instead (as
+  ** ums.yield does there) and the call goes on afterwards. The task's
+  ** time then counts as a new step, for the monitor and for the next
+  ** yield point alike. */
+  lums_before_block(t);
+  (void)ums_yield();
+  lums_become_current(t);
+  atomic_store_explicit(
+      &r->step_seq,
+      atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
+      memory_order_relaxed);
+  return -1;
 }
 
 /* core.quantum_point(): the yield point of a wait written in Lua (ums.sync),

@@ -70,6 +70,15 @@ describe("cooperative by default", function()
       local ch = ums.channel(10)
       return function() ch:send(1) end
     end},
+    {"channel:send where Lua cannot yield (a sort comparator)", function()
+      local ch = ums.channel(100)
+      return function()
+        table.sort({2, 1}, function(a, b)
+          ch:send(1)
+          return a < b
+        end)
+      end
+    end},
     {"channel:recv with a value", function()
       local ch = ums.channel(10)
       ch:send(1)
