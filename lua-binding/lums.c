@@ -786,11 +786,12 @@ static void hook_disarm(lua_State *L, ltask *t) {
   if (lua_gethook(L) == qhook) lua_sethook(L, t->uhook, t->umask, t->ucount);
 }
 
-/* debug.gethook as a task sees it: while qhook is on the running task's
-** coroutine, the hook, mask and count the user set there. The debug
-** library's own function (upvalue 1) answers, with the user's hook put
-** back for the time of the call; a signal meanwhile arms qhook over it as
-** it would over any user hook. lums_open installs it in every VM. */
+/* debug.gethook and debug.sethook as a task sees them: while qhook is on
+** the running task's coroutine, the hook, mask and count the user set
+** there are read and written, and qhook stays. The debug library's own
+** functions (upvalue 1) do the work, with the user's hook put back for
+** the time of a gethook; a signal meanwhile arms qhook over it as it
+** would over any user hook. lums_open installs both in every VM. */
 static int l_gethook(lua_State *L) {
   lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
   ltask *t = lums_cur_task;
@@ -804,14 +805,35 @@ static int l_gethook(lua_State *L) {
   return lua_gettop(L);
 }
 
-static void wrap_gethook(lua_State *L) {
+static int l_sethook(lua_State *L) {
+  lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
+  ltask *t = lums_cur_task;
+  bool ours = t && L1 == t->co && lua_gethook(L1) == qhook;
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  if (ours && lua_gethook(L1) != qhook)
+    hook_arm(L1, t, t->qleft > 0 ? t->qleft : 1);
+  return lua_gettop(L);
+}
+
+static void wrap_hook_fn(lua_State *L, const char *name, lua_CFunction f) {
+  if (lua_getfield(L, -1, name) == LUA_TFUNCTION &&
+      lua_tocfunction(L, -1) != f) {
+    lua_pushcclosure(L, f, 1);
+    lua_setfield(L, -2, name);
+  } else {
+    lua_pop(L, 1);
+  }
+}
+
+static void wrap_debug_hooks(lua_State *L) {
   int top = lua_gettop(L);
   lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-  if (lua_getfield(L, -1, "debug") == LUA_TTABLE &&
-      lua_getfield(L, -1, "gethook") == LUA_TFUNCTION &&
-      lua_tocfunction(L, -1) != l_gethook) {
-    lua_pushcclosure(L, l_gethook, 1);
-    lua_setfield(L, -2, "gethook");
+  if (lua_getfield(L, -1, "debug") == LUA_TTABLE) {
+    wrap_hook_fn(L, "gethook", l_gethook);
+    wrap_hook_fn(L, "sethook", l_sethook);
   }
   lua_settop(L, top);
 }
@@ -1955,7 +1977,7 @@ int lums_open(lua_State *L) {
       {"on_error", l_on_error},
       {NULL, NULL}};
   pin_module();
-  wrap_gethook(L);
+  wrap_debug_hooks(L);
 
   if (luaL_newmetatable(L, TASK_MT)) {
     luaL_newlib(L, task_methods);

@@ -3,6 +3,7 @@
 -- an opt-in (preempt = true). The user's debug hooks survive everything
 -- ums does, and nothing ums does per preemption grows with stack depth.
 local ums = require "ums"
+local sp = require "subprocess"
 
 local function restore_config()
   ums.config{quantum = 0.004, preempt = false, stall_threshold = 1}
@@ -207,13 +208,13 @@ describe("cooperative by default", function()
                                                                   after))
   end)
 
-  it("UMS_PREEMPT=1 in the environment sets the default", function()
-    local lua = os.getenv("UMS_LUA") or "lua5.4"
-    local p = assert(io.popen(("UMS_PREEMPT=1 %s -e "
-      .. "'print(require(\"ums\").config().preempt)'"):format(lua)))
-    local out = p:read("a")
-    p:close()
-    assert.equal("true\n", out)
+  -- A subprocess: pending where subprocesses cannot run (TSan).
+  sp.guard(it, pending)("UMS_PREEMPT=1 in the environment sets the default",
+                        function()
+    local r = sp.lua_run({"-e", 'print(require("ums").config().preempt)'},
+                         {env = {UMS_PREEMPT = "1"}})
+    sp.cleanup()
+    assert.equal("true\n", r.stdout, sp.describe(r))
   end)
 end)
 
@@ -302,6 +303,32 @@ describe("the user's hooks", function()
       assert.is_true(ok, seen)
       assert.equal("", seen)
       assert.is_true(preempted, "never preempted")
+    end, 30)
+  end)
+
+  -- A hook set while a preemption waits for a point where it may yield
+  -- becomes the user's hook, and the preemption still comes.
+  it("debug.sethook keeps a pending preemption", function()
+    ums.config{quantum = 0.001, preempt = true}
+    ums.test(function()
+      local t = ums.spawn(function()
+        debug.sethook(function() end, "l")
+        local p0 = ums.stats()[1].quantum_expiries
+        local function hook2() end
+        table.sort({2, 1}, function(a, b)
+          spin(0.5)
+          debug.sethook(hook2, "l")
+          return a < b
+        end)
+        spin(0.2)
+        local h = debug.gethook()
+        debug.sethook()
+        return h == hook2, ums.stats()[1].quantum_expiries > p0
+      end)
+      local ok, same, preempted = t:join()
+      assert.is_true(ok, same)
+      assert.is_true(same, "debug.gethook does not give the hook set")
+      assert.is_true(preempted, "the preemption was lost")
     end, 30)
   end)
 
