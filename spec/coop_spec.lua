@@ -61,8 +61,8 @@ describe("cooperative by default", function()
   end)
 
   -- Each case makes a call that need not wait. A task past its quantum
-  -- yields there, so a task whose sleep has ended runs before the call
-  -- returns, and never before it (no switch between two instructions).
+  -- yields there, so a runnable task runs before the call returns, and
+  -- never before it (no switch between two instructions).
   -- The hog tries again (with a fresh call) while the monitor has not
   -- found it past its quantum yet, which a loaded machine may delay.
   local cases = {
@@ -163,12 +163,14 @@ describe("cooperative by default", function()
         local calls = {}
         for i = 1, 10 do calls[i] = case[2]() end
         local ran = false
+        local go = ums.event()
         local light = ums.spawn(function()
-          ums.sleep(0.001)
+          go:wait()
           ran = true
         end)
         local hog = ums.spawn(function()
           local before
+          go:set()  -- light is runnable from here on
           for i = 1, #calls do
             spin(0.05)
             before = ran
