@@ -8,7 +8,8 @@
 --   lua5.4 examples/top.lua --once       run the workload 1 s, print once
 --   lua5.4 examples/top.lua --seconds 30 --interval 0.5
 --
--- The demo workload: CPU-bound tasks (the quantum makes them take turns),
+-- The demo workload: CPU-bound tasks (each calls ums.yield() between two
+-- computations, the cooperative recipe, so that the others get turns),
 -- a channel ping-pong, tasks fighting over a mutex, sleepers, blocking C
 -- calls sent to the C-call pool (ums.ffi), file reads (ums.fs) and a
 -- spawner of short-lived tasks.
@@ -75,7 +76,10 @@ local function workload()
   end
   for i = 1, 2 do
     add("cruncher-" .. i, function()
-      while not stop do fib(22) end
+      while not stop do
+        fib(22)
+        ums.yield()
+      end
     end)
   end
   local ping, pong = ums.channel(), ums.channel()

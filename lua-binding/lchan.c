@@ -485,10 +485,12 @@ static lchan *check_chan_bind(lua_State *L, const char *fname) {
 
 /* The metatable's send and recv, for any channel. */
 static int l_send(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_send);
   return send_on(L, check_chan_bind(L, "send"), 1);
 }
 
 static int l_recv(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_recv);
   return recv_on(L, check_chan_bind(L, "recv"), 1);
 }
 
@@ -530,6 +532,7 @@ static __attribute__((noinline)) int bound_recv_park(lua_State *L,
 }
 
 static int l_bound_send(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_bound_send);
   lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
   if (__builtin_expect(lua_topointer(L, 1) != ch->self ||
                        lua_gettop(L) != 2, 0))
@@ -545,6 +548,7 @@ static int l_bound_send(lua_State *L) {
 }
 
 static int l_bound_recv(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_bound_recv);
   lchan *ch = (lchan *)lua_touserdata(L, lua_upvalueindex(1));
   if (__builtin_expect(lua_topointer(L, 1) != ch->self ||
                        lua_gettop(L) != 1, 0))
@@ -691,6 +695,7 @@ static int select_k(lua_State *L, int status, lua_KContext ctx) {
 ** -> i, v (case i received v) | i (case i sent) |
 **    i, nil, "closed" (case i's channel is closed) | nil, "timeout" */
 static int l_select(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_select);
   if (!lua_istable(L, 1)) typeerr(L, 1, "select", "table");
   lua_Integer len = luaL_len(L, 1);
   if (len <= 0) argerr(L, 1, "select", "no cases");

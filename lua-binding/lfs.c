@@ -462,6 +462,7 @@ static int method_loop(lua_State *L, lfile *f) {
 }
 
 static int method_start(lua_State *L, lfile *f, const lmethod *m);
+static const lmethod m_tbc;
 
 /* Continuation of a yield waiting for the file (the file is the method's
 ** self, at index 1). */
@@ -473,6 +474,12 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
   return method_start(L, to_file(L, 1), (const lmethod *)ctx);
 }
 
+/* Continuation of a yield at the quantum, before the file was taken. */
+static int quantum_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return method_start(L, to_file(L, 1), (const lmethod *)ctx);
+}
+
 /* Runs method m on f for the caller: takes the file (waiting for it while
 ** another task's method holds it; outside tasks nothing else can run, so
 ** it is free), then steps the method to its end. A task that waited may
@@ -481,6 +488,15 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
 ** it waits, holding nothing. */
 static int method_start(lua_State *L, lfile *f, const lmethod *m) {
   ltask *me = lums_cur_task;
+  /* A method served from the buffer need not wait: a yield point all the
+  ** same (LUMS_YIELD_POINT_K's check), for a method of the file at index
+  ** 1, as quantum_k finds it. Not for open, readfile and writefile (their
+  ** file is new and always waits for the kernel), nor for a <close> of the
+  ** file, which may run while an error unwinds the task. */
+  if (me && lums_quantum_due(me) && m != &m_tbc && to_file(L, 1) == f) {
+    int n = lums_quantum_yield(L, (lua_KContext)m, quantum_k);
+    if (n >= 0) return n;
+  }
   while (held(f) && me) {
     lwait *w = &me->wait;
     int r = ums_park_begin(UMS_FOREVER, &w->tok);

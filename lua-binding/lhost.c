@@ -433,6 +433,11 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
   h->nsched = ums_runtime_schedulers(h->rt);
   h->vms = lums_vms_new_hosted(h->rt, c.path, c.cpath, c.init, quantum,
                                c.setup, c.setup_arg);
+  if (h->vms) {
+    const char *env = getenv("UMS_PREEMPT");
+    lums_vms_set_preempt(h->vms, c.preempt > 0 || (c.preempt == 0 && env &&
+                                                   strcmp(env, "1") == 0));
+  }
   int terr = 0;
   h->monitor = h->vms ? lums_monitor_new(h->vms, quantum, &terr) : NULL;
   if (!h->monitor) {

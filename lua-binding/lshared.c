@@ -466,6 +466,7 @@ static int send_k(lua_State *L, int status, lua_KContext ctx) {
 
 /* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed" */
 static int chan_send(lua_State *L) {
+  LUMS_YIELD_POINT(L, chan_send);
   schan *c = check_chan(L, "send");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 3, "send", &poll);
@@ -506,6 +507,7 @@ static int recv_k(lua_State *L, int status, lua_KContext ctx) {
 
 /* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */
 static int chan_recv(lua_State *L) {
+  LUMS_YIELD_POINT(L, chan_recv);
   schan *c = check_chan(L, "recv");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "recv", &poll);
@@ -643,6 +645,7 @@ static int mutex_new(lua_State *L) {
 
 /* m:lock([timeout]) -> true | nil, "timeout" | nil, msg (already ours) */
 static int mutex_lock(lua_State *L) {
+  LUMS_YIELD_POINT(L, mutex_lock);
   smutex *m = (smutex *)lshared_check(L, 1, &mutex_kind, "lock");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "lock", &poll);
@@ -736,6 +739,7 @@ static int sem_new(lua_State *L) {
 
 /* s:acquire([timeout]) -> true | nil, "timeout" */
 static int sem_acquire(lua_State *L) {
+  LUMS_YIELD_POINT(L, sem_acquire);
   ssem *s = (ssem *)lshared_check(L, 1, &sem_kind, "acquire");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "acquire", &poll);
@@ -849,6 +853,7 @@ static int event_is_set(lua_State *L) {
 
 /* e:wait([timeout]) -> true | nil, "timeout" */
 static int event_wait(lua_State *L) {
+  LUMS_YIELD_POINT(L, event_wait);
   sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "wait");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "wait", &poll);
@@ -919,6 +924,7 @@ static int wg_done(lua_State *L) {
 
 /* g:wait([timeout]) -> true | nil, "timeout" */
 static int wg_wait(lua_State *L) {
+  LUMS_YIELD_POINT(L, wg_wait);
   swg *g = (swg *)lshared_check(L, 1, &wg_kind, "wait");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "wait", &poll);

@@ -268,9 +268,9 @@ static int l_unpark(lua_State *L) {
 /* ---------------------------------------------------------------------- */
 
 static void qhook(lua_State *L, lua_Debug *ar);
-#ifdef QUANTUM_POLL
-static void qpoll_hook(lua_State *L, lua_Debug *ar);
-#endif
+static int monitor_want(lrun *v);
+static void hook_arm(lua_State *L, ltask *t, int count);
+static void hook_disarm(lua_State *L, ltask *t);
 
 /* Takes an ltask with a reset coroutine from the pool, or makes one. L is
 ** the caller's thread, running protected: the coroutine and its registry
@@ -305,10 +305,11 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   /* A coroutine that returned nothing has nothing left on its stack (the
   ** usual end, empty): no call needed. */
   if (!empty) lua_settop(t->co, 0);
-  /* A quantum hook may be left from the task's last step (or set while
-  ** a <close> of a failed task waited): cleared here, where the
+  /* A hook, the user's or ums's (set while a <close> of a failed task
+  ** waited), goes with the task that set it: cleared here, where the
   ** coroutine's state is in the cache, not at the next spawn. */
   if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
+  t->uhook = NULL;
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
   if (t->joiners != t->join1) free(t->joiners);
@@ -588,14 +589,14 @@ static int task_step(void *arg) {
       atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
 #ifdef QUANTUM_POLL
-  if (r->quantum > 0 || r->stall)
-    lua_sethook(t->co, qpoll_hook, LUA_MASKCOUNT, QUANTUM_POLL_COUNT);
+  if ((r->preempt && r->quantum > 0) || r->stall)
+    hook_arm(t->co, t, QUANTUM_POLL_COUNT);
 #endif
   st = lua_resume(t->co, NULL, nargs, &nres);
   atomic_store_explicit(&r->running_co, NULL, memory_order_relaxed);
   /* A preemption signalled just as the step ended set a hook nobody
-  ** needs any more. */
-  if (st == LUA_YIELD && lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
+  ** needs any more: the user's is put back. */
+  if (st == LUA_YIELD) hook_disarm(t->co, t);
   if (t->park_begun && !(st == LUA_YIELD && t->parking)) {
     /* The step ends (the task ended, or a bare coroutine.yield) between
     ** park_begin and park_wait: end that park on the task's behalf. The
@@ -678,6 +679,9 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
 
 void lums_task_start(lrun *r, int nargs) {
   lua_State *L = r->SL;
+  /* Work that cannot start the monitor still runs; the next ums.spawn
+  ** reports the failure. */
+  (void)monitor_want(r);
   int first = lua_gettop(L) - nargs;
   luaL_getmetatable(L, TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
@@ -692,6 +696,10 @@ static int l_spawn(lua_State *L) {
   if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
+  int e = monitor_want(me->run);
+  if (e)
+    return luaL_error(L, "ums.spawn: cannot create the quantum monitor "
+                         "thread: %s", strerror(e));
   task_new(L, me->run, 1, false, lua_upvalueindex(1));
   return 1;  /* the handle, alone on the stack */
 }
@@ -702,15 +710,17 @@ static int l_spawn(lua_State *L) {
 
 /* Chunks the quantum never interrupts (core.nopreempt_chunk): Lua code
 ** that relies on running atomically between its waits, such as ums.sync.
+** Only the function running now is looked at, so that the check costs the
+** same at any stack depth: a nopreempt chunk is atomic in its own
+** functions and in the C functions it calls (a count hook fires on Lua
+** instructions only), not in Lua functions of other chunks it calls.
 ** Each VM has its own list (struct lnopreempt), read by its own thread. */
 static bool in_nopreempt_chunk(lua_State *L, const struct lnopreempt *np) {
   lua_Debug d;
-  if (!np || np->n == 0) return false;
-  for (int level = 0; lua_getstack(L, level, &d); level++) {
-    lua_getinfo(L, "S", &d);
-    for (int i = 0; i < np->n; i++)
-      if (d.source == np->src[i]) return true;
-  }
+  if (!np || np->n == 0 || !lua_getstack(L, 0, &d)) return false;
+  lua_getinfo(L, "S", &d);
+  for (int i = 0; i < np->n; i++)
+    if (d.source == np->src[i]) return true;
   return false;
 }
 
@@ -740,64 +750,229 @@ static int l_nopreempt_chunk(lua_State *L) {
   return 0;
 }
 
-/* Set by the signal handler on a step that has used up its quantum. Yields
-** only from the task's own coroutine, where Lua can yield, outside a begun
-** park and outside nopreempt chunks; elsewhere it checks again shortly. */
-static void qhook(lua_State *L, lua_Debug *ar) {
-  ltask *t = lums_cur_task;
-  (void)ar;
-  if (!t || L != t->co || !t->run) {
-    lua_sethook(L, NULL, 0, 0);
-    return;
+/* ums's own hook on a task's coroutine (qhook, for a preemption or a
+** stall report) comes and goes; the user's hook stays. hook_arm puts
+** qhook on t->co to fire after count instructions, first saving in t the
+** hook the user has there; qhook forwards the user's events to it and
+** calls it at its own count. hook_disarm puts the user's hook back. They
+** run on the Lua thread, hook_arm also in the signal handler (lua_sethook
+** is what lua.c's own SIGINT handler calls); t->uhook is kept after a
+** disarm so that a signal between the two stores still saves the user's
+** hook, not ums's. */
+static void hook_set(lua_State *L, ltask *t) {
+  int n = t->qleft;
+  int mask = LUA_MASKCOUNT;
+  if (t->uhook) {
+    mask |= t->umask & ~LUA_MASKCOUNT;
+    if ((t->umask & LUA_MASKCOUNT) && t->ucount > 0 && t->uleft < n)
+      n = t->uleft;
   }
-  /* The monitor found this scheduler stalled: report, with the traceback
-  ** of the code running now. Without a quantum that was the hook's only
-  ** errand. */
-  if (lums_stall_pending(t->run)) lums_stall_hook(L, t);
-  if (t->run->quantum <= 0) {
-    lua_sethook(L, NULL, 0, 0);
+  lua_sethook(L, qhook, mask, n);
+}
+
+static void hook_arm(lua_State *L, ltask *t, int count) {
+  if (lua_gethook(L) != qhook) {
+    t->uhook = lua_gethook(L);
+    t->umask = lua_gethookmask(L);
+    t->ucount = lua_gethookcount(L);
+    t->uleft = t->ucount;
+  }
+  t->qleft = count;
+  hook_set(L, t);
+}
+
+static void hook_disarm(lua_State *L, ltask *t) {
+  t->qsig = 0;
+  if (lua_gethook(L) == qhook) lua_sethook(L, t->uhook, t->umask, t->ucount);
+}
+
+/* debug.gethook and debug.sethook as a task sees them: while qhook is on
+** the running task's coroutine, the hook, mask and count the user set
+** there are read and written, and qhook stays. The debug library's own
+** functions (upvalue 1) do the work, with the user's hook put back for
+** the time of a gethook; a signal meanwhile arms qhook over it as it
+** would over any user hook. lums_open installs both in every VM. */
+static int l_gethook(lua_State *L) {
+  lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
+  ltask *t = lums_cur_task;
+  bool swap = t && L1 == t->co && lua_gethook(L1) == qhook;
+  if (swap) lua_sethook(L1, t->uhook, t->umask, t->ucount);
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  if (swap && lua_gethook(L1) == t->uhook) hook_set(L1, t);
+  return lua_gettop(L);
+}
+
+static int l_sethook(lua_State *L) {
+  lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
+  ltask *t = lums_cur_task;
+  bool ours = t && L1 == t->co && lua_gethook(L1) == qhook;
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, n, LUA_MULTRET);
+  if (ours && lua_gethook(L1) != qhook)
+    hook_arm(L1, t, t->qleft > 0 ? t->qleft : 1);
+  return lua_gettop(L);
+}
+
+static void wrap_hook_fn(lua_State *L, const char *name, lua_CFunction f) {
+  if (lua_getfield(L, -1, name) == LUA_TFUNCTION &&
+      lua_tocfunction(L, -1) != f) {
+    lua_pushcclosure(L, f, 1);
+    lua_setfield(L, -2, name);
+  } else {
+    lua_pop(L, 1);
+  }
+}
+
+static void wrap_debug_hooks(lua_State *L) {
+  int top = lua_gettop(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  if (lua_getfield(L, -1, "debug") == LUA_TTABLE) {
+    wrap_hook_fn(L, "gethook", l_gethook);
+    wrap_hook_fn(L, "sethook", l_sethook);
+  }
+  lua_settop(L, top);
+}
+
+/* ums's errand once its count has run out: a stall report, then, with
+** preempt on and the step past its quantum, a yield. It yields only from
+** the task's own coroutine, where Lua can yield, outside a begun park and
+** outside nopreempt chunks; elsewhere it checks again shortly. */
+static void quantum_fire(lua_State *L, ltask *t) {
+  lrun *r = t->run;
+  if (lums_stall_pending(r)) lums_stall_hook(L, t);
+  if (!r->preempt || !lums_quantum_due(t)) {
+#ifdef QUANTUM_POLL
+    hook_arm(L, t, QUANTUM_POLL_COUNT);
+#else
+    hook_disarm(L, t);
+#endif
     return;
   }
   /* A task that computes without ever waiting learns of its cancellation
   ** here, the first time its quantum runs out; raising is allowed even
   ** where yielding is not. */
   if (ums_cancelled() && !t->park_begun &&
-      !in_nopreempt_chunk(L, t->run->nopreempt)) {
-    lua_sethook(L, NULL, 0, 0);
+      !in_nopreempt_chunk(L, r->nopreempt)) {
+    hook_disarm(L, t);
     lums_raise_cancelled(L);
     return;
   }
   if (t->park_begun || !lua_isyieldable(L) ||
-      in_nopreempt_chunk(L, t->run->nopreempt)) {
-    lua_sethook(L, qhook, LUA_MASKCOUNT, QUANTUM_RETRY_COUNT);
+      in_nopreempt_chunk(L, r->nopreempt)) {
+    hook_arm(L, t, QUANTUM_RETRY_COUNT);
     return;
   }
-  lua_sethook(L, NULL, 0, 0);
-  atomic_fetch_add_explicit(&t->run->preemptions, 1, memory_order_relaxed);
+  /* qhook stays until the step has ended (task_step puts the user's hook
+  ** back): Lua may still call the line hook before it leaves, and only
+  ** qhook knows to do nothing then. */
+  atomic_fetch_add_explicit(&r->preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();
   t->parking = false;
   lua_yield(L, 0);
 }
 
-bool lums_quantum_due(ltask *t) {
-  if (!t->run || t->run->quantum <= 0) return false;
-#ifdef QUANTUM_POLL
-  return atomic_load(&t->run->preempt_seq) ==
-         atomic_load_explicit(&t->run->step_seq, memory_order_relaxed);
-#else
-  /* Set by quantum_signal on this very thread, so a plain look suffices. */
-  return lua_gethook(t->co) == qhook;
-#endif
+static void qhook(lua_State *L, lua_Debug *ar) {
+  ltask *t = lums_cur_task;
+  if (!t || L != t->co || !t->run) {
+    /* A coroutine the task made while qhook was on it inherited qhook
+    ** (lua_newthread copies the hook): it gets the hook qhook stood for,
+    ** as it would have inherited it without ums. */
+    if (t && t->run && L != t->co)
+      lua_sethook(L, t->uhook, t->umask, t->ucount);
+    else
+      lua_sethook(L, NULL, 0, 0);
+    return;
+  }
+  /* Lua calls the line hook after a count hook that yielded, before it
+  ** leaves: nothing may run then. The instruction runs again, with its
+  ** events, when the task is resumed. */
+  if (lua_status(L) == LUA_YIELD) return;
+  int ran = ar->event == LUA_HOOKCOUNT ? lua_gethookcount(L) : 0;
+  if (t->uhook && (ar->event != LUA_HOOKCOUNT ||
+                   ((t->umask & LUA_MASKCOUNT) && t->ucount > 0 &&
+                    (t->uleft -= ran) <= 0))) {
+    if (ar->event == LUA_HOOKCOUNT) t->uleft = t->ucount;
+    t->uhook(L, ar);
+    /* The user's hook may have set another: that one is the user's now. */
+    if (lua_gethook(L) != qhook) {
+      hook_arm(L, t, t->qleft - ran > 0 ? t->qleft - ran : 1);
+      return;
+    }
+  }
+  if (ar->event != LUA_HOOKCOUNT) {
+    /* The count the signal handler set may be lost: with a line hook on,
+    ** Lua decrements the hook count at every instruction, and a store
+    ** made between its read and its write is overwritten. The next line
+    ** event carries the errand then (a line hook may yield, as a count
+    ** hook may). */
+    if (ar->event == LUA_HOOKLINE && t->qsig) {
+      t->qsig = 0;
+      quantum_fire(L, t);
+    }
+    return;
+  }
+  if ((t->qleft -= ran) > 0) {
+    hook_set(L, t);
+    return;
+  }
+  t->qsig = 0;
+  quantum_fire(L, t);
 }
 
-/* Runs on the Lua thread, anywhere in it. lua_sethook is safe here: it is
-** what lua.c's own SIGINT handler does. */
+int lums_quantum_again_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return ((lua_CFunction)ctx)(L);
+}
+
+int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
+  ltask *t = lums_cur_task;
+  lrun *r = t->run;
+  if (t->park_begun) return -1;
+  atomic_fetch_add_explicit(&r->preemptions, 1, memory_order_relaxed);
+  ums_quantum_expired();
+  if (L == t->co && lua_isyieldable(L)) {
+    t->parking = false;
+    return lua_yieldk(L, 0, ctx, k);
+  }
+  /* Where Lua cannot yield, the task's worker yields instead (as
+  ** ums.yield does there) and the call goes on afterwards. The task's
+  ** time then counts as a new step, for the monitor and for the next
+  ** yield point alike. */
+  lums_before_block(t);
+  (void)ums_yield();
+  lums_become_current(t);
+  atomic_store_explicit(
+      &r->step_seq,
+      atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
+      memory_order_relaxed);
+  return -1;
+}
+
+/* core.quantum_point(): the yield point of a wait written in Lua (ums.sync),
+** called before it looks at its object, on the path that need not wait
+** too. */
+static int l_quantum_point(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_quantum_point);
+  return 0;
+}
+
+/* Runs on the Lua thread, anywhere in it: arms qhook on the running
+** task's coroutine (see hook_arm). */
 static void quantum_signal(int sig) {
   lrun *r = thread_run;
+  ltask *t = lums_cur_task;
   (void)sig;
-  if (!r) return;
+  if (!r || !t) return;
   lua_State *co = atomic_load_explicit(&r->running_co, memory_order_relaxed);
-  if (co) lua_sethook(co, qhook, LUA_MASKCOUNT, 1);
+  if (co && co == t->co) {
+    t->qsig = 1;
+    hook_arm(co, t, 1);
+  }
 }
 
 /* What the monitor remembers of one VM between its looks. */
@@ -806,7 +981,9 @@ typedef struct qwatch {
   int64_t seen_at;
 } qwatch;
 
-/* One look at VM v (see quantum_monitor). */
+/* One look at VM v (see quantum_monitor). A step past its quantum is
+** marked (preempt_seq), which its next call that can wait reads; with
+** preempt on it is also signalled, to yield at any instruction. */
 static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
   uint64_t seq = atomic_load_explicit(&v->step_seq, memory_order_relaxed);
   bool running = atomic_load_explicit(&v->running_co,
@@ -818,20 +995,20 @@ static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
              seq != w->signalled_seq &&
              atomic_load(&v->lua_thread_known)) {
     w->signalled_seq = seq;
-#ifdef QUANTUM_POLL
-    atomic_store(&v->preempt_seq, seq);
-#else
-    pthread_kill(v->lua_thread, QUANTUM_SIGNAL);
+    atomic_store_explicit(&v->preempt_seq, seq, memory_order_relaxed);
+#ifndef QUANTUM_POLL
+    if (v->preempt) pthread_kill(v->lua_thread, QUANTUM_SIGNAL);
 #endif
   }
 }
 
 /* Looks every half quantum at the step running in each VM of the run;
-** once the same step has been seen for a whole quantum, signals it, once
+** once the same step has been seen for a whole quantum, marks it, once
 ** (a step blocked in a long C call is not signalled again, so it sees at
-** most one EINTR). A step is thus preempted between one and one and a
-** half quanta after it began. One thread watches every VM: r is the main
-** VM's lrun, the others are found through r->vms as they appear. */
+** most one EINTR). A step is thus found past its quantum between one and
+** one and a half quanta after it began. One thread watches every VM: r is
+** the main VM's lrun, the others are found through r->vms as they
+** appear. */
 static void *quantum_monitor(void *arg) {
   lrun *r = arg;
   int n = lums_vms_count(r->vms);
@@ -857,18 +1034,6 @@ static void *quantum_monitor(void *arg) {
   free(watch);
   return NULL;
 }
-
-#ifdef QUANTUM_POLL
-static void qpoll_hook(lua_State *L, lua_Debug *ar) {
-  ltask *t = lums_cur_task;
-  if (t && t->run &&
-      (lums_stall_pending(t->run) ||
-       (t->run->quantum > 0 &&
-        atomic_load(&t->run->preempt_seq) ==
-            atomic_load_explicit(&t->run->step_seq, memory_order_relaxed))))
-    qhook(L, ar);
-}
-#endif
 
 static void install_quantum_signal(void) {
   static atomic_int done;
@@ -899,8 +1064,36 @@ static int monitor_start(lrun *r) {
   if (r->quantum <= 0 && !r->stall) return 0;
   install_quantum_signal();
   if (r->quantum <= 0) return 0;
+  /* Without preemption the monitor only marks a step past its quantum for
+  ** the yield points, which matters once another task may want to run:
+  ** monitor_want starts it then, so that a run of one task (a test body)
+  ** does not pay for a thread. */
+  if (r->mon == r && !r->preempt) {
+    atomic_store(&r->monitor_deferred, true);
+    return 0;
+  }
   int e = pthread_create(&r->monitor, NULL, quantum_monitor, r);
   r->monitor_started = e == 0;
+  return e;
+}
+
+/* Starts v's run's deferred monitor, if any (any VM's thread, at a
+** spawn). Returns 0 or pthread_create's error. */
+static int monitor_want(lrun *v) {
+  lrun *m = v->mon;
+  if (!m || !atomic_load_explicit(&m->monitor_deferred,
+                                  memory_order_relaxed))
+    return 0;
+  int e = 0;
+  pthread_mutex_lock(&m->mon_lock);
+  if (atomic_load(&m->monitor_deferred) && !atomic_load(&m->stop)) {
+    atomic_store(&m->monitor_deferred, false);
+    e = pthread_create(&m->monitor, NULL, quantum_monitor, m);
+    m->monitor_started = e == 0;
+    /* The next spawn tries again (and reports it). */
+    if (e) atomic_store(&m->monitor_deferred, true);
+  }
+  pthread_mutex_unlock(&m->mon_lock);
   return e;
 }
 
@@ -932,11 +1125,12 @@ void lums_monitor_free(lrun *r) {
 
 void lums_request_hook(lrun *r) {
 #ifndef QUANTUM_POLL
-  /* With a quantum, the quantum monitor has signalled this long step
+  /* With preemption, the quantum monitor has signalled this long step
   ** already, and its hook (qhook) looks for stall reports: a second
   ** signal would only interrupt a blocking call once more. Under TSan the
   ** poll hook of every step looks for them. */
-  if (r->quantum <= 0 && atomic_load(&r->lua_thread_known))
+  if (!(r->preempt && r->quantum > 0) &&
+      atomic_load(&r->lua_thread_known))
     pthread_kill(r->lua_thread, QUANTUM_SIGNAL);
 #else
   (void)r;
@@ -944,12 +1138,17 @@ void lums_request_hook(lrun *r) {
 }
 
 static void monitor_stop(lrun *r) {
-  if (r->monitor_started) {
-    pthread_mutex_lock(&r->mon_lock);
-    atomic_store(&r->stop, 1);
-    pthread_cond_signal(&r->mon_cond);
-    pthread_mutex_unlock(&r->mon_lock);
+  /* Under the lock: a spawn on another scheduler may be starting a
+  ** deferred monitor (monitor_want), which stop keeps from starting. */
+  pthread_mutex_lock(&r->mon_lock);
+  atomic_store(&r->stop, 1);
+  atomic_store(&r->monitor_deferred, false);
+  bool started = r->monitor_started;
+  pthread_cond_signal(&r->mon_cond);
+  pthread_mutex_unlock(&r->mon_lock);
+  if (started) {
     pthread_join(r->monitor, NULL);
+    r->monitor_started = false;
   }
   pthread_cond_destroy(&r->mon_cond);
   pthread_mutex_destroy(&r->mon_lock);
@@ -1139,6 +1338,7 @@ static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
 }
 
 static int l_task_join(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_task_join);
   lhandle *h = check_task(L, 1);
   int64_t deadline = UMS_FOREVER;
   if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
@@ -1323,6 +1523,15 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   r->vms = vms;
   r->sched = sched;
   r->quantum = quantum;
+  r->preempt = vms && lums_vms_preempt(vms);
+  /* A run of ums.run may defer its monitor (monitor_start): the main VM,
+  ** made first, owns it. A host starts it with the runtime. */
+  if (vms && !lums_vms_hosted(vms)) {
+    lrun *m0 = lums_vms_at(vms, 0);
+    r->mon = m0 ? m0 : r;
+  }
+  /* No step is past its quantum yet (step_seq counts from 0). */
+  atomic_store(&r->preempt_seq, UINT64_MAX);
   /* Every VM shares the run's stall state, which the main VM made (set
   ** after this for the main VM itself). */
   lrun *m = vms ? lums_vms_at(vms, 0) : NULL;
@@ -1479,6 +1688,9 @@ static int run(lua_State *L, double limit) {
   cfg.worker_idle_timeout = idle < 0 ? -1 : (int64_t)(idle * 1e9);
   cfg.idle_workers_kept = config_int(L, cfgi, "idle_workers_kept", 16);
   double quantum = config_num(L, cfgi, "quantum", 0.004);
+  lua_getfield(L, cfgi, "preempt");
+  bool preempt = lua_toboolean(L, -1);
+  lua_pop(L, 1);
   /* "auto" (io_uring when the kernel allows it, else the pool; UMS_IO in
   ** the environment may choose), "uring" or "pool" (init.lua checks). */
   cfg.io_backend = UMS_IO_AUTO;
@@ -1542,6 +1754,7 @@ static int run(lua_State *L, double limit) {
   }
   /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
   lvms *vms = lums_vms_new(L, rt);
+  if (vms) lums_vms_set_preempt(vms, preempt);
   lrun *r = vms ? lums_run_new(L, vms, rt, 0, quantum > 0 ?
                                (int64_t)(quantum * 1e9) : 0) : NULL;
   if (!r) {
@@ -1775,11 +1988,13 @@ int lums_open(lua_State *L) {
       {"park_wait", l_park_wait},
       {"unpark", l_unpark},
       {"nopreempt_chunk", l_nopreempt_chunk},
+      {"quantum_point", l_quantum_point},
       {"config", l_config},
       {"on_error", l_on_error},
       {"default_on_error", default_on_error},
       {NULL, NULL}};
   pin_module();
+  wrap_debug_hooks(L);
 
   if (luaL_newmetatable(L, TASK_MT)) {
     luaL_newlib(L, task_methods);

@@ -13,6 +13,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -127,6 +128,14 @@ struct ltask {
   lreq *req;             /* lvm.c: the work request it runs (set when
                             that begins, so that an end the request's code
                             never sees still ends the request), or NULL */
+  /* The user's hook on co while ums has its own there (the quantum's or
+  ** a stall report's): restored when ums is done, called meanwhile at
+  ** its own mask and count (uleft: instructions to its next count). */
+  lua_Hook uhook;
+  int umask, ucount, uleft;
+  int qleft;             /* instructions to ums's own next count event */
+  volatile sig_atomic_t qsig;  /* the quantum's signal armed qhook and
+                                  qhook has not run its errand yet */
 };
 
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
@@ -167,6 +176,9 @@ struct lrun {
   lua_State *SL;         /* the run's own thread, for scheduler-side work */
   int sl_ref;
   int64_t quantum;       /* ns; 0: off */
+  bool preempt;          /* [const] the quantum may interrupt Lua code
+                            anywhere (a signal and a hook), not only at
+                            the calls that can wait */
   /* Quantum monitor. running_co and step_seq are written by the Lua
   ** thread, read by the monitor and by the signal handler (which runs on
   ** the Lua thread). */
@@ -175,13 +187,20 @@ struct lrun {
   _Atomic int stop;                 /* monitor: leave */
   pthread_t lua_thread;             /* the scheduler thread running Lua */
   _Atomic int lua_thread_known;
-  /* The monitor thread, one per run: only in the main VM's lrun. */
+  /* The monitor thread, one per run: only in the main VM's lrun. Without
+  ** preemption it starts with the run's second task (a lone task has
+  ** nobody to yield to): monitor_deferred says it is still to start,
+  ** monitor_started that it runs; both under mon_lock. */
   pthread_t monitor;
   bool monitor_started;
+  _Atomic bool monitor_deferred;    /* read without the lock first */
+  struct lrun *mon;                 /* [const] the lrun whose deferred
+                                       monitor this VM's spawns start, or
+                                       NULL (started with the run) */
   pthread_mutex_t mon_lock;
   pthread_cond_t mon_cond;
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
-  _Atomic uint64_t preempt_seq;     /* QUANTUM_POLL: step to preempt */
+  _Atomic uint64_t preempt_seq;     /* the step past its quantum */
   lhandle *main;                    /* main VM: the run's first task, set
                                        before it is spawned (its id is
                                        stored by the runtime before it
@@ -295,10 +314,36 @@ LUMS_HIDDEN void lums_before_block(ltask *t);
 ** steps ran on this thread meanwhile). */
 LUMS_HIDDEN void lums_become_current(ltask *t);
 
-/* Whether the quantum monitor has asked task t's running step to yield
-** (the hook that will yield it is set): then the task should not prolong
-** the step, e.g. by spinning for a preemptive call. */
-LUMS_HIDDEN bool lums_quantum_due(ltask *t);
+/* Whether the quantum monitor has found task t's running step past its
+** quantum: then the task should not prolong the step, e.g. by spinning
+** for a preemptive call, and yields at its next call that can wait. */
+static inline bool lums_quantum_due(ltask *t) {
+  lrun *r = t->run;
+  return r && atomic_load_explicit(&r->preempt_seq, memory_order_relaxed) ==
+              atomic_load_explicit(&r->step_seq, memory_order_relaxed);
+}
+/* The yield point of a call that can wait: a task past its quantum
+** yields here (continuation k with ctx, which goes on with the call when
+** the task is next stepped). Returns -1 where the task cannot yield (then
+** the call goes on); otherwise does not return. Every call the Lua API
+** documents as possibly waiting passes through it on its path that need
+** not wait, through one of the two macros below: LUMS_YIELD_POINT runs a
+** lua_CFunction fn again from its start, LUMS_YIELD_POINT_K continues
+** with k. */
+LUMS_HIDDEN int lums_quantum_yield(lua_State *L, lua_KContext ctx,
+                                   lua_KFunction k);
+LUMS_HIDDEN int lums_quantum_again_k(lua_State *L, int status,
+                                     lua_KContext ctx);
+#define LUMS_YIELD_POINT_K(L, ctx, k)                             \
+  do {                                                            \
+    ltask *yp_t = lums_cur_task;                                  \
+    if (yp_t && lums_quantum_due(yp_t)) {                         \
+      int yp_n = lums_quantum_yield((L), (ctx), (k));             \
+      if (yp_n >= 0) return yp_n;                                 \
+    }                                                             \
+  } while (0)
+#define LUMS_YIELD_POINT(L, fn) \
+  LUMS_YIELD_POINT_K(L, (lua_KContext)(fn), lums_quantum_again_k)
 
 /* lalloc.c: puts a cache of small freed blocks in front of L's allocator
 ** (lua_setallocf), for as long as L runs tasks. NULL when out of memory

@@ -81,6 +81,8 @@ struct lvms {
   ums_runtime_t *rt;     /* [const] */
   int nsched;            /* [const] */
   int64_t quantum;       /* [const] from the main VM's lrun */
+  bool preempt;          /* [const once set, before any VM] the quantum
+                            may interrupt Lua code anywhere */
   lrun *main;            /* [const once set] the main VM's lrun */
   char *path, *cpath;    /* [const] package.path, package.cpath */
   char *init;            /* [const] the init module, or NULL */
@@ -387,6 +389,10 @@ lvms *lums_vms_new_hosted(ums_runtime_t *rt, const char *path,
 }
 
 bool lums_vms_hosted(lvms *v) { return v->hosted; }
+
+void lums_vms_set_preempt(lvms *v, bool on) { v->preempt = on; }
+
+bool lums_vms_preempt(lvms *v) { return v->preempt; }
 
 void lums_vms_set_main(lvms *v, lrun *main) {
   v->main = main;
@@ -1183,6 +1189,7 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
 /* w:join([timeout]) -> true, results... | false, err, traceback |
 ** nil, "timeout" */
 static int work_join(lua_State *L) {
+  LUMS_YIELD_POINT(L, work_join);
   lreq *r = check_work(L, "join");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "join", &poll);

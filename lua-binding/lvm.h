@@ -45,6 +45,11 @@ LUMS_HIDDEN lvms *lums_vms_new_hosted(ums_runtime_t *rt, const char *path,
                                       void *setup_arg);
 /* Whether v is a hosted run (no main VM, no os.exit of its own). */
 LUMS_HIDDEN bool lums_vms_hosted(lvms *v);
+/* Whether the run's quantum may interrupt Lua code anywhere (preempt =
+** true), not only at the calls that can wait. Set before any VM is made,
+** by the thread that makes v. */
+LUMS_HIDDEN void lums_vms_set_preempt(lvms *v, bool on);
+LUMS_HIDDEN bool lums_vms_preempt(lvms *v);
 /* Records the main VM's lrun as the VM of scheduler 0. */
 LUMS_HIDDEN void lums_vms_set_main(lvms *v, lrun *main);
 /* Number of schedulers, and the VM of scheduler i (NULL: none yet). Any

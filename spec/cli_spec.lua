@@ -404,8 +404,8 @@ describe("ums command", function()
       assert.truthy(r.stdout:find("stack_size\t524288", 1, true))
     end)
 
-    it("are in force in the run: a CPU hog does not starve others",
-       function()
+    it("are in force in the run: a CPU hog does not starve others "
+       .. "(UMS_PREEMPT=1)", function()
       local r = sp.ums({script [[
         local ums = require "ums"
         local stop = false
@@ -413,7 +413,7 @@ describe("ums command", function()
         ums.sleep(0.05)
         stop = true
         print("not starved")
-      ]]}, {env = {UMS_QUANTUM = "0.002"}})
+      ]]}, {env = {UMS_QUANTUM = "0.002", UMS_PREEMPT = "1"}})
       sp.assert_exit(r, 0)
       assert.equal("not starved\n", r.stdout)
     end)

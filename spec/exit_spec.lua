@@ -11,7 +11,7 @@ local REPEAT = tonumber(os.getenv("UMS_EXIT_REPEAT")) or 5
 -- Puts the run into the state the exit must survive: tasks sleeping with
 -- far timers, a task waiting in join, tasks parked where Lua cannot yield
 -- (a bound worker), a task yielding in a loop, a CPU hog preempted by the
--- quantum, join timeouts pending, and (when ums.sync is there) tasks
+-- quantum (check asks for preemption), join timeouts pending, and (when ums.sync is there) tasks
 -- parked on a channel and a mutex. busy{hog = false} leaves out the hog
 -- (for runs without a quantum, and for runs that must cancel everything).
 local BUSY = [[
@@ -47,11 +47,15 @@ local function script(body)
 end
 
 -- Runs the script REPEAT times with lua5.4 (or the ums command) and checks
--- each exit.
+-- each exit. The runs ask for preemption (UMS_PREEMPT=1): busy()'s hog
+-- never calls anything that can wait, so without it nothing else would
+-- run once the hog is stepped.
 local function check(body, code, opts)
   opts = opts or {}
   local s = script(body)
-  local run_opts = {env = opts.env, timeout = opts.timeout}
+  local env = {UMS_PREEMPT = "1"}
+  for k, v in pairs(opts.env or {}) do env[k] = v end
+  local run_opts = {env = env, timeout = opts.timeout}
   for _ = 1, opts.times or REPEAT do
     local r = opts.ums and sp.ums({s}, run_opts) or sp.lua_run({s}, run_opts)
     sp.assert_exit(r, code)

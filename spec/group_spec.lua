@@ -214,10 +214,13 @@ describe("ums.group", function()
     assert.matches("forgotten failure", err)
   end)
 
-  it("lets the quantum preempt a CPU-bound task", function()
+  it("lets the quantum preempt a CPU-bound task (preempt = true)",
+     function()
     -- Real clock: a loop that never waits ends only if another task runs
-    -- meanwhile, which only the quantum can arrange. (Bounded by the
+    -- meanwhile, which only preemption can arrange. (Bounded by the
     -- test's timeout: a hang fails, a slow machine does not.)
+    ums.config{preempt = true}
+    finally(function() ums.config{preempt = false} end)
     ums.test(function()
       local stop = false
       local g <close> = ums.group()

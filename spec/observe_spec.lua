@@ -121,8 +121,10 @@ describe("ums.stats", function()
     end)
   end)
 
-  it("counts quantum expiries of a task that computes", function()
-    ums.config { quantum = 0.004 }
+  it("counts quantum expiries of a task that computes (preempt = true)",
+     function()
+    ums.config { quantum = 0.004, preempt = true }
+    finally(function() ums.config { preempt = false } end)
     run(function()
       local before = row_of(0).quantum_expiries
       local hog = ums.spawn(function() spin_cpu(0.1) end)
@@ -281,6 +283,9 @@ describe("ums.tasks and task:info", function()
   end)
 
   it("credit CPU time to the task that uses it", function()
+    -- The main task looks while the hog computes: preemption lets it.
+    ums.config { preempt = true }
+    finally(function() ums.config { preempt = false } end)
     run(function()
       local hog = ums.spawn(function() spin_cpu(0.3) end)
       local sleeper = ums.spawn(function() ums.sleep(0.3) end)

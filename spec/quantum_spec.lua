@@ -1,12 +1,14 @@
--- The quantum: a task running Lua code past its quantum is made to yield
--- at the next point where Lua can yield, so a CPU hog cannot starve the
--- others; where Lua cannot yield the preemption waits, never crashes.
+-- The quantum. By default (cooperative) a task past its quantum yields at
+-- its next call that can wait, and never between two Lua instructions.
+-- With preempt = true it is made to yield at the next point where Lua can
+-- yield, so a CPU hog cannot starve the others; where Lua cannot yield the
+-- preemption waits, never crashes.
 local ums = require "ums"
 
 local HOG_SECONDS = 0.5
 
 local function restore_config()
-  ums.config{quantum = 0.004, max_workers = 0}
+  ums.config{quantum = 0.004, max_workers = 0, preempt = false}
 end
 
 -- Spins (no ums call at all) until `seconds` have passed. os.clock would
@@ -66,7 +68,7 @@ describe("the quantum", function()
   after_each(restore_config)
 
   it("lets a light task run every quantum while a CPU hog spins", function()
-    ums.config{quantum = 0.004}
+    ums.config{quantum = 0.004, preempt = true}
     -- 0.5 s / 4 ms = 125 slices; ask for a fraction of that.
     local iters = best_of(20, function()
       return hog_and_light(function() spin(HOG_SECONDS) end)
@@ -86,7 +88,7 @@ describe("the quantum", function()
   it("the contrast holds in one process, off then on then off", function()
     local seen = {}
     for i, q in ipairs{0, 0.004, 0} do
-      ums.config{quantum = q}
+      ums.config{quantum = q, preempt = true}
       if q > 0 then
         seen[i] = best_of(8, function()
           return hog_and_light(function() spin(0.2) end)
@@ -101,9 +103,9 @@ describe("the quantum", function()
   end)
 
   it("a longer quantum interrupts the hog less often", function()
-    ums.config{quantum = 0.05}
+    ums.config{quantum = 0.05, preempt = true}
     local long = hog_and_light(function() spin(0.3) end)
-    ums.config{quantum = 0.004}
+    ums.config{quantum = 0.004, preempt = true}
     local short = best_of(long + 8, function()
       return hog_and_light(function() spin(0.3) end)
     end)
@@ -120,7 +122,7 @@ describe("the quantum", function()
     -- so it should get as many turns as Y. (If the preempted hog is queued
     -- before the tasks whose timers ran out during its slice, S gets every
     -- other turn only: a ratio of 0.5.)
-    ums.config{quantum = 0.004}
+    ums.config{quantum = 0.004, preempt = true}
     local dy, ds
     ums.run(function()
       local y, sl, stop = 0, 0, false
@@ -149,7 +151,7 @@ describe("the quantum", function()
   end)
 
   it("preempts a hog that never calls anything (a pure Lua loop)", function()
-    ums.config{quantum = 0.004}
+    ums.config{quantum = 0.004, preempt = true}
     local ran_meanwhile, stopped_by_flag
     local BOUND = 300000000  -- a few seconds: ends the spec if never preempted
     ums.run(function()
@@ -174,7 +176,7 @@ describe("the quantum", function()
   end)
 
   it("two hogs take turns", function()
-    ums.config{quantum = 0.004}
+    ums.config{quantum = 0.004, preempt = true}
     local switches = best_of(10, function()
       local switches
       ums.run(function()
@@ -200,7 +202,7 @@ describe("the quantum", function()
 
   it("a hog's results and errors are intact after many preemptions",
      function()
-    ums.config{quantum = 0.001}
+    ums.config{quantum = 0.001, preempt = true}
     ums.run(function()
       local t = ums.spawn(function(n)
         local t0, s = ums.now(), 0
@@ -221,7 +223,7 @@ describe("the quantum", function()
   end)
 
   it("a cancelled hog ends at its next wait", function()
-    ums.config{quantum = 0.004}
+    ums.config{quantum = 0.004, preempt = true}
     ums.run(function()
       local hog = ums.spawn(function()
         spin(0.3)
@@ -265,7 +267,7 @@ describe("the quantum where Lua cannot yield", function()
 
   it("is deferred inside a table.sort comparator (no crash) and happens "
      .. "once back in yieldable code", function()
-    ums.config{quantum = 0.004}
+    ums.config{quantum = 0.004, preempt = true}
     local in_sort_max = 0
     local after = best_of(10, function()
       local result = {}
@@ -295,7 +297,7 @@ describe("the quantum where Lua cannot yield", function()
 
   it("is deferred inside the user's own coroutine and a metamethod",
      function()
-    ums.config{quantum = 0.004}
+    ums.config{quantum = 0.004, preempt = true}
     ums.run(function()
       local n, stop = 0, false
       local light = ums.spawn(function()
@@ -328,7 +330,7 @@ describe("the quantum where Lua cannot yield", function()
   end)
 
   it("does not break a pcall'd hog", function()
-    ums.config{quantum = 0.002}
+    ums.config{quantum = 0.002, preempt = true}
     ums.run(function()
       local t = ums.spawn(function()
         return pcall(function() spin(0.05); return "inside" end)
@@ -371,7 +373,7 @@ describe("the quantum and parks", function()
     local out, ok, how, code = child_code(([[
       local ums = require "ums"
       local core = require "ums.core"
-      ums.config{quantum = 0.002}
+      ums.config{quantum = 0.002, preempt = true}
       ums.run(function()
         %s
       end)

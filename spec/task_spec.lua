@@ -18,7 +18,8 @@ local function with_on_error(handler, body)
 end
 
 local DEFAULTS = {
-  schedulers = 1, max_workers = 0, quantum = 0.004, stack_size = 1024 * 1024,
+  schedulers = 1, max_workers = 0, quantum = 0.004, preempt = false,
+  stack_size = 1024 * 1024,
   worker_idle_timeout = 10, idle_workers_kept = 16, io = "auto",
   io_threads = 0, preempt_threads = 0, clock = "real", deadlock = true,
   init = false,

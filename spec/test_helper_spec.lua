@@ -172,8 +172,11 @@ describe("ums.test", function()
       assert.matches("timed out", err)
     end)
 
-    it("when fn computes without ever waiting (the quantum lets the "
-       .. "watchdog run, the cancel reaches the loop)", function()
+    it("when fn computes without ever waiting (with preempt = true the "
+       .. "quantum lets the watchdog run, the cancel reaches the loop)",
+       function()
+      ums.config{preempt = true}
+      finally(function() ums.config{preempt = false} end)
       local t0 = ums.now()
       local ok, err = pcall(ums.test, function()
         local x = 0

@@ -29,7 +29,8 @@ end
 -- if the quantum monitor runs.
 local CANCEL = [[
 local ums = require "ums"
-ums.config{schedulers = 2, quantum = 0.004, stall_threshold = 0.3}
+ums.config{schedulers = 2, quantum = 0.004, stall_threshold = 0.3,
+           preempt = true}
 ums.run(function()
   local hog = ums.spawn(function() local x = 0; while true do x = x + 1 end end)
   ums.sleep(0.05)

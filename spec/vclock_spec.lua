@@ -262,7 +262,10 @@ describe("ums.test with clock = 'virtual'", function()
     assert.is_true(took < 5, "took " .. took)
   end)
 
-  it("fails a test that never blocks at its real-time timeout", function()
+  it("fails a test that never blocks at its real-time timeout "
+     .. "(preempt = true)", function()
+    ums.config{preempt = true}
+    finally(function() ums.config{preempt = false} end)
     -- A loop that computes: virtual time stands still, only the quantum
     -- interrupts it. (Not a loop of ums.yield: under TSan, some 60,000
     -- Lua yields in one run overflow TSan's shadow stack; see README,

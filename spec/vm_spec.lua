@@ -25,11 +25,12 @@ local function run(body, opts)
   local prev = ums.config()
   local cfg = {schedulers = opts.schedulers or 2,
                quantum = opts.quantum or prev.quantum,
+               preempt = opts.preempt or false,
                init = opts.init or false}
   ums.config(cfg)
   local ok, err = pcall(ums.test, body, opts.limit or 30)
   ums.config{schedulers = prev.schedulers, quantum = prev.quantum,
-             init = prev.init}
+             preempt = prev.preempt, init = prev.init}
   if not ok then error(err, 0) end
 end
 
@@ -654,7 +655,7 @@ describe("cancelling submitted work", function()
       local ok, err = w:join(20)
       assert.is_false(ok)
       assert.equal(CANCELLED, err)
-    end, {quantum = 0.004})
+    end, {quantum = 0.004, preempt = true})
   end)
 end)
 

@@ -319,7 +319,10 @@ describe("ums.workqueue", function()
     end)
   end)
 
-  it("lets the quantum preempt a CPU-bound item", function()
+  it("lets the quantum preempt a CPU-bound item (preempt = true)",
+     function()
+    ums.config{preempt = true}
+    finally(function() ums.config{preempt = false} end)
     -- Real clock: the item's loop ends only if another task runs
     -- meanwhile, which only the quantum can arrange.
     ums.test(function()

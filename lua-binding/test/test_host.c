@@ -84,10 +84,11 @@ static int setup(lua_State *L, int sched, void *arg) {
   return 0;
 }
 
-static ums_lua_host_t *host_new(int nsched) {
+static ums_lua_host_t *host_new_preempt(int nsched, int preempt) {
   ums_lua_host_config_t cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.runtime.schedulers = nsched;
+  cfg.preempt = preempt;
   cfg.path = UMS_TEST_LUA_PATH;  /* the stdlib of the source tree */
   cfg.setup = setup;
   int err = 0;
@@ -95,6 +96,10 @@ static ums_lua_host_t *host_new(int nsched) {
   CHECK(h != NULL);
   CHECK_RC(err, 0);
   return h;
+}
+
+static ums_lua_host_t *host_new(int nsched) {
+  return host_new_preempt(nsched, 0);
 }
 
 /* Shuts h down cleanly (nothing left to cancel) and proves every thread
@@ -422,14 +427,6 @@ static void test_wait_cancel(void) {
   CHECK_CONTAINS(res->traceback, "stack traceback:");
   CHECK_RC(ums_lua_req_cancel(req), UMS_ESRCH);
   ums_lua_req_free(req);
-  /* Code that never waits is cancelled at its quantum. */
-  CHECK_RC(ums_lua_submit(h, "hostmod.spin", NULL, 0, NULL, &req), 0);
-  CHECK_RC(ums_lua_req_wait(req, ums_deadline(tu_ms(30)), &res),
-           UMS_ETIMEDOUT);
-  CHECK_RC(ums_lua_req_cancel(req), 0);
-  CHECK_RC(ums_lua_req_wait(req, UMS_FOREVER, &res), 0);
-  CHECK_EQ(res->status, UMS_LUA_REQ_CANCELLED);
-  ums_lua_req_free(req);
   /* A short sleep ends on its own, through the wait. */
   args[0] = ums_lua_float(0.005);
   CHECK_RC(ums_lua_submit(h, "hostmod.sleep", args, 2, NULL, &req), 0);
@@ -443,6 +440,22 @@ static void test_wait_cancel(void) {
   CHECK_RC(ums_lua_submit(h, "hostmod.sleep", args, 2, &cb, &req), 0);
   ums_lua_req_free(req);
   WAIT_UNTIL(atomic_load(&n) == 1, 10000);
+  host_end(h);
+}
+
+/* With preempt, code that never waits is cancelled at its quantum
+** (without it, only a call that can wait sees the cancellation). */
+static void test_cancel_spin_preempt(void) {
+  ums_lua_host_t *h = host_new_preempt(2, 1);
+  const ums_lua_result_t *res;
+  ums_lua_req_t *req = NULL;
+  CHECK_RC(ums_lua_submit(h, "hostmod.spin", NULL, 0, NULL, &req), 0);
+  CHECK_RC(ums_lua_req_wait(req, ums_deadline(tu_ms(30)), &res),
+           UMS_ETIMEDOUT);
+  CHECK_RC(ums_lua_req_cancel(req), 0);
+  CHECK_RC(ums_lua_req_wait(req, UMS_FOREVER, &res), 0);
+  CHECK_EQ(res->status, UMS_LUA_REQ_CANCELLED);
+  ums_lua_req_free(req);
   host_end(h);
 }
 
@@ -831,7 +844,9 @@ static void *waiter_thread(void *p) {
 
 static void test_shutdown_in_flight(void) {
   for (int round = 0; round < 3; round++) {
-    ums_lua_host_t *h = host_new(2);
+    /* With preempt: the shutdown cancels hostmod.spin, which never
+    ** calls anything that can wait. */
+    ums_lua_host_t *h = host_new_preempt(2, 1);
     _Atomic int *seen = calloc(RACE_SLOTS, sizeof *seen);
     slots = calloc(RACE_SLOTS, sizeof *slots);
     _Atomic int accepted = 0, next = 0, cancelled = 0;
@@ -914,6 +929,7 @@ int main(void) {
   RUN(test_values);
   RUN(test_errors);
   RUN(test_wait_cancel);
+  RUN(test_cancel_spin_preempt);
   RUN(test_setup);
   RUN(test_setup_refuses);
   RUN(test_c_tasks);

@@ -464,12 +464,19 @@ typedef struct ums_lua_host_config {
   ums_lua_setup_fn setup;      /* NULL: none */
   void *setup_arg;
   double quantum;              /* seconds a Lua task may compute before it
-                                  is made to yield (and sees a
-                                  cancellation): 0 gives 4 ms, negative
-                                  turns it off. A monitor thread signals
-                                  a scheduler thread with SIGURG when a
-                                  step runs past it: the handler is
-                                  installed unless the process has one */
+                                  yields at its next call that can wait
+                                  (anywhere, and sees a cancellation, with
+                                  preempt): 0 gives 4 ms, negative turns
+                                  it off. With preempt, a monitor thread
+                                  signals a scheduler thread with SIGURG
+                                  when a step runs past it: the handler
+                                  is installed unless the process has
+                                  one */
+  int preempt;                 /* 0: a task past its quantum yields at its
+                                  next call that can wait (UMS_PREEMPT=1
+                                  in the environment: as 1); 1: also
+                                  between any two Lua instructions;
+                                  negative: never between instructions */
 } ums_lua_host_config_t;
 
 /* Starts the runtime (no VM yet: each is made when its scheduler first

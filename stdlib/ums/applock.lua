@@ -46,9 +46,12 @@
 -- exempt a request (SQL Server's rule).
 --
 -- As in ums.sync, everything here runs on the run's one scheduler thread
--- and never yields except in park_wait, so the state needs no lock.
+-- and never yields except in park_wait and at acquire's yield point
+-- (before it looks at any state), so the state needs no lock.
 local core = require "ums.core"
 local wq = require "ums.waitq"
+-- A task past its quantum yields there, also when acquire need not wait.
+local quantum_point = core.quantum_point
 
 core.nopreempt_chunk()
 
@@ -383,6 +386,7 @@ function M.acquire(name, mode, timeout, owner)
   timeout = opt_timeout(timeout, 3, "acquire", true)
   local me = need_task("applock.acquire")
   owner = check_owner(owner, 4, "acquire", me)
+  quantum_point()
 
   local r = resource(name)
   -- Owners that have ended give up their grants first, here and in the

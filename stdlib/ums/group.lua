@@ -39,6 +39,9 @@ local format = string.format
 local argerror, typename, opt_timeout, need_task =
   wq.argerror, wq.typename, wq.opt_timeout, wq.need_task
 local CANCELLED = core.CANCELLED
+-- A wait's yield point (a task past its quantum yields there, also when
+-- the wait need not wait), called before the wait looks at its object.
+local quantum_point = core.quantum_point
 
 local M = {}
 
@@ -256,6 +259,7 @@ end
 function Group:wait(timeout)
   wq.check_self(self, Group, "wait")
   timeout = opt_timeout(timeout, 2, "wait")
+  quantum_point()
   reap(self)
   if self.nlive > 0 then
     if timeout == 0 then return nil, "timeout" end

@@ -41,6 +41,7 @@ local settings = {
   schedulers = int_in("schedulers", "an integer"),
   max_workers = int_in("max_workers", "an integer", " (0: no bound)"),
   quantum = seconds(" (0: off)"),
+  preempt = {function(v) return type(v) == "boolean" end, "a boolean"},
   stack_size = int_in("stack_size", "an integer number of bytes",
                       " (ums.STACK_SIZE_MIN and up)"),
   worker_idle_timeout = seconds(" (negative: never trim)", true),
@@ -65,6 +66,10 @@ local defaults = {
   schedulers = 1,
   max_workers = 0,
   quantum = 0.004,
+  -- false: a task is switched out only in a call that can wait; true: the
+  -- quantum may interrupt it between any two instructions. UMS_PREEMPT=1
+  -- in the environment sets the default.
+  preempt = os.getenv("UMS_PREEMPT") == "1",
   stack_size = 1024 * 1024,
   worker_idle_timeout = 10,
   idle_workers_kept = 16,

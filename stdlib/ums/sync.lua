@@ -5,12 +5,13 @@
 -- Everything here is plain Lua on three calls of ums.core (see
 -- lua-binding/CORE-API.md): `core.park_begin`, `core.park_wait` and
 -- `core.unpark`. All tasks of a VM run on that VM's one scheduler
--- thread, and nothing in this file yields except `park_wait`, so the
--- state of a primitive needs no lock: the code between two waits runs as
--- one atomic step. For the same reason these objects belong to the VM
--- that created them; work on other cores talks through shared objects
--- (core.shared, lua-binding/lshared.c), which the constructors here make
--- when given {shared = true}.
+-- thread, and nothing in this file yields except `park_wait` and a
+-- wait's yield point (`core.quantum_point`, before the wait looks at its
+-- object), so the state of a primitive needs no lock: the code between
+-- two waits runs as one atomic step. For the same reason these objects
+-- belong to the VM that created them; work on other cores talks through
+-- shared objects (core.shared, lua-binding/lshared.c), which the
+-- constructors here make when given {shared = true}.
 --
 -- Conventions (DESIGN.md section 8):
 --   * a bad argument raises, with luaL_argerror's wording;
@@ -47,6 +48,9 @@ local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
 local W = core.WAIT
 local pairs, tostring = pairs, tostring
 local current_task = core.self
+-- Every wait below calls it first, before it looks at its object: a task
+-- past its quantum yields there, also when the wait need not wait.
+local quantum_point = core.quantum_point
 
 local error, getmetatable, pcall, rawget, setmetatable, type =
   error, getmetatable, pcall, rawget, setmetatable, type
@@ -204,6 +208,7 @@ end
 function Mutex:lock(timeout)
   check_self(self, Mutex, "lock")
   timeout = opt_timeout(timeout, 2, "lock")
+  quantum_point()
   local me = need_task("mutex:lock")
   local owner = self.owner
   if owner == nil then
@@ -272,6 +277,7 @@ end
 function Semaphore:acquire(timeout)
   check_self(self, Semaphore, "acquire")
   timeout = opt_timeout(timeout, 2, "acquire")
+  quantum_point()
   local n = self.count
   if n > 0 then
     self.count = n - 1
@@ -354,6 +360,7 @@ end
 function Event:wait(timeout)
   check_self(self, Event, "wait")
   timeout = opt_timeout(timeout, 2, "wait")
+  quantum_point()
   if self.set_ then
     if not self.manual then self.set_ = false end
     return true
@@ -486,6 +493,7 @@ end
 function WaitGroup:wait(timeout)
   check_self(self, WaitGroup, "wait")
   timeout = opt_timeout(timeout, 2, "wait")
+  quantum_point()
   if self.count == 0 then return true end
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("waitgroup:wait")

@@ -53,6 +53,9 @@ local traceback = debug.traceback
 local argerror, typename, opt_timeout, need_task =
   wq.argerror, wq.typename, wq.opt_timeout, wq.need_task
 local CANCELLED = core.CANCELLED
+-- A wait's yield point (a task past its quantum yields there, also when
+-- the wait need not wait), called before the wait looks at its object.
+local quantum_point = core.quantum_point
 
 local M = {}
 
@@ -440,6 +443,7 @@ end
 function Queue:wait(timeout)
   wq.check_self(self, Queue, "wait")
   timeout = opt_timeout(timeout, 2, "wait")
+  quantum_point()
   if self.outstanding > 0 then
     if timeout == 0 then return nil, "timeout" end
     local me = need_task("workqueue:wait")
@@ -493,6 +497,7 @@ end
 function Item:result(timeout)
   check_item(self, "result")
   timeout = opt_timeout(timeout, 2, "result")
+  quantum_point()
   local st = self.status_
   if st == "queued" or st == "waiting" or st == "running" then
     if timeout == 0 then return nil, "timeout" end
