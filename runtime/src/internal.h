@@ -973,6 +973,9 @@ typedef struct ums__ring ums__ring_t;
 ** built without liburing). The first ring probes the opcodes; `probe`
 ** carries the result to the others (NULL for the first). */
 int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from);
+/* Ends the use of a ring: a drained one is kept for a later ums__ring_new
+** (the process keeps up to a few, io-uring.c "Kept rings"), any other is
+** closed. */
 void ums__ring_free(ums__ring_t *ring);
 /* Whether the ring was probed to support op. */
 bool ums__ring_supports(const ums__ring_t *ring, int op);
