@@ -1473,6 +1473,10 @@ static inline void ums__obs_yield(ums__task_t *t) {
 ** the runtime is freed). start returns 0 or UMS_EAGAIN. */
 int ums__monitor_start(ums_runtime_t *rt);
 void ums__monitor_stop(ums_runtime_t *rt);
+/* Tells the monitor to end without waiting for it (ums__monitor_stop
+** then joins it), so that it ends while the schedulers do. [the thread
+** that shuts the runtime down] */
+void ums__monitor_stop_begin(ums_runtime_t *rt);
 void ums__monitor_wake(ums_runtime_t *rt);
 /* A scheduler left its idle wait: wakes the monitor if it sleeps. The
 ** load pairs with the monitor's (monitor.c): after the scheduler's

@@ -1043,6 +1043,9 @@ int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
     cancel_all(rt);
     wait_live(rt, UMS_FOREVER);
   }
+  /* No task is left for the monitor to report on: it ends while the
+  ** schedulers do, rather than after them. */
+  ums__monitor_stop_begin(rt);
   stop_threads(rt, rt->nsched);
   /* Host threads may still be finishing a call that began while tasks
   ** were alive (a wake-up they posted, a join that just returned). */
