@@ -453,9 +453,8 @@ LUMS_HIDDEN void lums_monitor_free(lrun *r);
 ** accepts it), lums_intr_watch once the first task exists,
 ** lums_intr_settle before the runtime shuts down (true: Ctrl-C
 ** interrupted the run; nothing is cancelled after it) and lums_intr_end,
-** which ends the watch (the watcher thread is kept for the next run) and
-** gives SIGINT back, on every way out once the runtime's threads are
-** gone. All on the thread that called ums.run. */
+** which stops the watcher and gives SIGINT back, on every way out once
+** the runtime's threads are gone. All on the thread that called ums.run. */
 typedef struct lintr lintr;
 LUMS_HIDDEN lintr *lums_intr_block(void);
 LUMS_HIDDEN void lums_intr_watch(lintr *in, lvms *vms);

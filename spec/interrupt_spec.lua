@@ -149,8 +149,8 @@ describe("Ctrl-C", function()
     end)
   end
 
-  -- The watcher thread is the process's, kept from run to run: a Ctrl-C
-  -- after many runs reaches the run in progress, and only that one.
+  -- A Ctrl-C after many runs reaches the run in progress, and only that
+  -- one.
   it_sig("cancels the run in progress after many runs", function()
     local r = interrupt("local ums = require 'ums'\n" ..
                         "for _ = 1, 30 do ums.run(function() end) end\n" ..

@@ -1,6 +1,6 @@
 -- Many runs in one process (a test framework starts one per test): what
 -- a run starts and stops each time, and what the process keeps for the
--- next runs (an io_uring ring per scheduler, the Ctrl-C watcher thread).
+-- next runs (an io_uring ring per scheduler).
 -- Whatever the number of runs, the threads and descriptors left once
 -- ums.run returns are those left by the first run.
 local ums = require "ums"
@@ -85,19 +85,6 @@ describe("runs one after another", function()
     for _ = 1, 5 do io_run() end
     assert.same(after, fds())
     for k in pairs(before) do assert.is_true(after[k], k) end
-  end)
-
-  it("keep one Ctrl-C watcher for the process", function()
-    -- lua5.4 has a SIGINT handler while it runs a script (Busted): then
-    -- every run is watched.
-    io_run()
-    local watchers = {}
-    for k in pairs(threads()) do
-      if k:sub(-11) == " ums-sigint" then watchers[#watchers + 1] = k end
-    end
-    assert.equal(1, #watchers)
-    for _ = 1, 5 do io_run() end
-    assert.is_true(threads()[watchers[1]], "the same watcher thread")
   end)
 
   it("still do I/O in every run after a run that abandoned I/O", function()
