@@ -149,6 +149,19 @@ describe("Ctrl-C", function()
     end)
   end
 
+  -- A Ctrl-C after many runs reaches the run in progress, and only that
+  -- one.
+  it_sig("cancels the run in progress after many runs", function()
+    local r = interrupt("local ums = require 'ums'\n" ..
+                        "for _ = 1, 30 do ums.run(function() end) end\n" ..
+                        sleeping_run(1))
+    assert.equal(1, r.status, r.describe)
+    assert.same({"first task closed", "task closed", "work closed"},
+                lines(r.stdout), r.describe)
+    assert.truthy(r.stderr:find("lua5.4: interrupted!\nstack traceback:",
+                                1, true), r.describe)
+  end)
+
   it_sig("can be caught with pcall, and lua5.4 is itself again after",
          function()
     local r = interrupt([[

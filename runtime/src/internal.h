@@ -1052,6 +1052,9 @@ typedef struct ums__ring ums__ring_t;
 ** built without liburing). The first ring probes the opcodes; `probe`
 ** carries the result to the others (NULL for the first). */
 int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from);
+/* Ends the use of a ring: a drained one is kept for a later ums__ring_new
+** (the process keeps up to a few, io-uring.c "Kept rings"), any other is
+** closed. */
 void ums__ring_free(ums__ring_t *ring);
 /* Whether the ring was probed to support op. */
 bool ums__ring_supports(const ums__ring_t *ring, int op);
@@ -1572,6 +1575,10 @@ static inline void ums__obs_yield(ums__task_t *t) {
 ** the runtime is freed). start returns 0 or UMS_EAGAIN. */
 int ums__monitor_start(ums_runtime_t *rt);
 void ums__monitor_stop(ums_runtime_t *rt);
+/* Tells the monitor to end without waiting for it (ums__monitor_stop
+** then joins it), so that it ends while the schedulers do. [the thread
+** that shuts the runtime down] */
+void ums__monitor_stop_begin(ums_runtime_t *rt);
 void ums__monitor_wake(ums_runtime_t *rt);
 /* A scheduler left its idle wait: wakes the monitor if it sleeps. The
 ** load pairs with the monitor's (monitor.c): after the scheduler's

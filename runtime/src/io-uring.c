@@ -22,10 +22,27 @@
 ** kernel cancel of that request; the address of ring->wake_buf for the
 ** eventfd read; LIBURING_UDATA_TIMEOUT for liburing's own timeouts on
 ** kernels without IORING_FEAT_EXT_ARG.
+**
+** Kept rings. Setting a ring up and tearing it down (its mappings, the
+** TLB shootdowns of unmapping them in a process with several threads,
+** its eventfd) is a large part of a short run's start and stop, and a
+** program may start many short runs (a test framework runs one per
+** test). So a ring whose scheduler has ended goes, drained and idle, to a
+** process-wide cache of at most RING_CACHE_MAX rings, and the next
+** scheduler set up takes it from there. The cache is the process's: its
+** rings and their two descriptors each stay open until the process ends.
+** A ring is only cached once its scheduler's thread has drained it and
+** every thread that could wake it is gone (ums__ring_free's contract),
+** so nothing of one runtime reaches the next through it but a wake-up
+** counted on its eventfd after the drain, which costs the next scheduler
+** one spurious pass at most. A child made by fork shares the cached
+** rings' memory with the parent's kernel rings: it closes its copies and
+** makes its own.
 */
 #include "internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,8 +108,68 @@ static inline uint64_t wake_ud(const ums__ring_t *rg) {
   return (uint64_t)(uintptr_t)&rg->wake_buf;
 }
 
+/* The process's kept rings (see "Kept rings" at the top). */
+#define RING_CACHE_MAX 8
+
+static struct {
+  pthread_mutex_t lock;
+  ums__ring_t *rings[RING_CACHE_MAX];  /* [lock] */
+  int n;                               /* [lock] */
+} cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+static void ring_close(ums__ring_t *rg) {
+  io_uring_queue_exit(&rg->ring);
+  close(rg->efd);
+  free(rg);
+}
+
+/* In a child made by fork: the cached rings are the parent's kernel
+** rings, mapped shared; only the forking thread lives on, so nothing
+** holds the lock. */
+static void cache_after_fork(void) {
+  pthread_mutex_init(&cache.lock, NULL);
+  for (int i = 0; i < cache.n; i++) ring_close(cache.rings[i]);
+  cache.n = 0;
+}
+
+static void cache_setup(void) {
+  pthread_atfork(NULL, NULL, cache_after_fork);
+}
+
+static ums__ring_t *cache_take(void) {
+  ums__ring_t *rg = NULL;
+  pthread_mutex_lock(&cache.lock);
+  if (cache.n > 0) rg = cache.rings[--cache.n];
+  pthread_mutex_unlock(&cache.lock);
+  return rg;
+}
+
+/* Keeps rg for a later scheduler; false if the cache is full. */
+static bool cache_put(ums__ring_t *rg) {
+  pthread_once(&cache_once, cache_setup);
+  bool kept = false;
+  pthread_mutex_lock(&cache.lock);
+  if (cache.n < RING_CACHE_MAX) {
+    cache.rings[cache.n++] = rg;
+    kept = true;
+  }
+  pthread_mutex_unlock(&cache.lock);
+  return kept;
+}
+
 int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from) {
-  ums__ring_t *rg = calloc(1, sizeof *rg);
+  ums__ring_t *rg = cache_take();
+  if (rg) {
+    /* Drained when it was cached: only what the kernel taught it stays. */
+    if (probe_from) {
+      memcpy(rg->ops, probe_from->ops, sizeof rg->ops);
+      rg->async_ok = probe_from->async_ok;
+    }
+    s->ring = rg;
+    return 0;
+  }
+  rg = calloc(1, sizeof *rg);
   if (!rg) return UMS_ENOMEM;
   struct io_uring_params p;
   memset(&p, 0, sizeof p);
@@ -135,7 +212,7 @@ int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from) {
             : OP_NO;
     if (pr) io_uring_free_probe(pr);
     if (!usable) {
-      ums__ring_free(rg);
+      ring_close(rg);
       return UMS_ENOTSUP;
     }
   }
@@ -145,9 +222,19 @@ int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from) {
 
 void ums__ring_free(ums__ring_t *rg) {
   if (!rg) return;
-  io_uring_queue_exit(&rg->ring);
-  close(rg->efd);
-  free(rg);
+  /* A ring with anything of its scheduler's left in it (a start that
+  ** failed before its thread ran is not: it never held anything) is
+  ** not reused. */
+  bool idle = rg->kernel_refs == 0 && !rg->wake_armed && !rg->draining &&
+              !rg->stage_head && rg->big_reads == 0 &&
+              io_uring_sq_ready(&rg->ring) == 0 &&
+              io_uring_cq_ready(&rg->ring) == 0 &&
+              !io_uring_cq_has_overflow(&rg->ring);
+  if (idle) {
+    rg->budget = 0;
+    if (cache_put(rg)) return;
+  }
+  ring_close(rg);
 }
 
 bool ums__ring_supports(const ums__ring_t *rg, int op) {

@@ -371,13 +371,19 @@ void ums__monitor_wake(ums_runtime_t *rt) {
   }
 }
 
-void ums__monitor_stop(ums_runtime_t *rt) {
+void ums__monitor_stop_begin(ums_runtime_t *rt) {
   ums__monitor_t *m = &rt->monitor;
   if (!m->started) return;
   atomic_store(&m->stop, 1);
   atomic_store(&m->asleep, 0);
   atomic_fetch_add(&m->word, 1);
   ums__futex_wake(&m->word, 1);
+}
+
+void ums__monitor_stop(ums_runtime_t *rt) {
+  ums__monitor_t *m = &rt->monitor;
+  if (!m->started) return;
+  ums__monitor_stop_begin(rt);
   pthread_join(m->thread, NULL);
   m->started = false;
   for (int i = 0; i < rt->nsched; i++)

@@ -816,7 +816,11 @@ static void runtime_free(ums_runtime_t *rt) {
   for (int i = 0; i < rt->nsched; i++) ums__preempt_reap(&rt->scheds[i]);
   for (int i = 0; i < rt->nsched; i++) sched_destroy(&rt->scheds[i]);
   free(rt->scheds);
-  for (int i = 0; i < UMS__TASK_MAX_CHUNKS; i++)
+  /* Chunks are added in order (task.c, grow_table): those past nslots
+  ** were never allocated, and a short run has one. */
+  uint32_t nchunks = atomic_load_explicit(&rt->nslots, memory_order_relaxed) /
+                     UMS__TASK_CHUNK;
+  for (uint32_t i = 0; i < nchunks; i++)
     free(atomic_load_explicit(&rt->chunks[i], memory_order_relaxed));
   pthread_mutex_destroy(&rt->table_lock);
   pthread_mutex_destroy(&rt->waits_lock);
@@ -1084,6 +1088,9 @@ int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
     cancel_all(rt);
     wait_live(rt, UMS_FOREVER);
   }
+  /* No task is left for the monitor to report on: it ends while the
+  ** schedulers do, rather than after them. */
+  ums__monitor_stop_begin(rt);
   stop_threads(rt, rt->nsched);
   /* Host threads may still be finishing a call that began while tasks
   ** were alive (a wake-up they posted, a join that just returned). */

@@ -1,0 +1,111 @@
+-- Many runs in one process (a test framework starts one per test): what
+-- a run starts and stops each time, and what the process keeps for the
+-- next runs (an io_uring ring per scheduler).
+-- Whatever the number of runs, the threads and descriptors left once
+-- ums.run returns are those left by the first run.
+local ums = require "ums"
+local core = require "ums.core"
+local fs = ums.fs
+
+local this_file = debug.getinfo(1, "S").source:sub(2)
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- The descriptors of this process, as a set of "fd type" strings, where
+-- type is "uring" (an io_uring ring), "eventfd" or "other".
+local function fds()
+  local names = {}
+  for name in fs.dir("/proc/self/fd") do names[#names + 1] = name end
+  local set = {}
+  for _, name in ipairs(names) do
+    local info = read("/proc/self/fdinfo/" .. name)
+    if info then  -- the listing's own descriptor is gone by now
+      local kind = info:find("SqMask", 1, true) and "uring"
+                   or info:find("eventfd-count", 1, true) and "eventfd"
+                   or "other"
+      set[name .. " " .. kind] = true
+    end
+  end
+  return set
+end
+
+local function count(set, suffix)
+  local n = 0
+  for k in pairs(set) do
+    if k:sub(-#suffix) == suffix then n = n + 1 end
+  end
+  return n
+end
+
+-- The threads of this process, as a set of "tid name" strings.
+local function threads()
+  local set = {}
+  for tid in fs.dir("/proc/self/task") do
+    local name = read("/proc/self/task/" .. tid .. "/comm")
+    if name then set[tid .. " " .. name:gsub("\n$", "")] = true end
+  end
+  return set
+end
+
+-- A run that does file I/O (through the ring, with that backend).
+local function io_run()
+  return ums.run(function()
+    assert(fs.readfile(this_file))
+    return core.io_backend()
+  end)
+end
+
+describe("runs one after another", function()
+  it("leave no more threads and descriptors than the first run left",
+     function()
+    io_run()
+    local t1, f1 = threads(), fds()
+    for _ = 1, 30 do io_run() end
+    assert.same(t1, threads())
+    assert.same(f1, fds())
+  end)
+
+  it("keep the ring of the first run for the next ones", function()
+    local before = fds()
+    local backend = io_run()
+    if backend ~= "uring" then
+      return pending("the io_uring backend is not in use here")
+    end
+    local after = fds()
+    -- Once a run has ended its ring and the ring's eventfd stay open...
+    assert.is_true(count(after, " uring") >= 1)
+    assert.is_true(count(after, " eventfd") >= 1)
+    -- ... and the next run uses them: the same descriptors, no new ones.
+    for _ = 1, 5 do io_run() end
+    assert.same(after, fds())
+    for k in pairs(before) do assert.is_true(after[k], k) end
+  end)
+
+  it("still do I/O in every run after a run that abandoned I/O", function()
+    -- An open of a FIFO nobody writes to, abandoned when its run is
+    -- cancelled: the ring is drained before the next run takes it.
+    local fifo = os.tmpname()
+    os.remove(fifo)
+    ums.run(function()
+      ums.ffi.cdef("UMS_INLINE int mkfifo(const char *, unsigned int);")
+      assert(ums.ffi.C.mkfifo(fifo, tonumber("600", 8)) == 0)
+    end)
+    -- Opened for reading and writing, a FIFO opens at once, and a read
+    -- of it waits for a write that never comes.
+    local ok, err = pcall(core.run_limit, 0.2, function()
+      local f = assert(fs.open(fifo, "r+"))
+      f:read(1)
+    end)
+    os.remove(fifo)
+    assert.is_false(ok)
+    assert.matches("time limit", tostring(err))
+    for _ = 1, 5 do assert.is_string(io_run()) end
+  end)
+
+end)
