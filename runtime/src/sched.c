@@ -435,11 +435,17 @@ static bool deadlock_check(ums__sched_t *self) {
     if (broken == sum ||
         !atomic_compare_exchange_strong(&rt->deadlock_broken, &broken, sum))
       return false;
+    /* Not stuck from here: what the break or the handler delivers on the
+    ** spot is runnable here, and another scheduler must not count this
+    ** one as stuck while it runs that (it would report a state that is
+    ** already gone). */
+    atomic_store(&self->stuck, 0);
     break_nocancel_waits(rt);
     return true;
   }
   if (!atomic_compare_exchange_strong(&rt->deadlock_state, &prev, sum))
     return false;
+  atomic_store(&self->stuck, 0);
   rt->cfg.on_deadlock(rt, self->id, rt->cfg.on_deadlock_arg);
   return true;
 }
