@@ -76,7 +76,10 @@ describe("ums.spawn and task:join", function()
   it("returns nil, 'timeout' when the task is still running, and a later "
      .. "join works", function()
     ums.run(function()
-      local t = ums.spawn(function() ums.sleep(0.05); return "late" end)
+      -- The task waits until told, not for a time a loaded machine (or
+      -- injected EINTR) could let pass before the checks below.
+      local go = ums.event()
+      local t = ums.spawn(function() go:wait(); return "late" end)
       local t0 = ums.now()
       local r = table.pack(t:join(0.01))
       assert.equal(2, r.n)
@@ -89,6 +92,7 @@ describe("ums.spawn and task:join", function()
       assert.equal("suspended", t:status())
       -- a zero timeout polls
       assert.same({nil, "timeout"}, {t:join(0)})
+      go:set()
       local ok, v = t:join()
       assert.is_true(ok)
       assert.equal("late", v)
