@@ -1184,12 +1184,15 @@ enum {
   UMS_WAIT_PREEMPT,         /* a blocking C call on the C-call pool */
   UMS_WAIT_PENDING_WORKER,  /* spawned past max_workers, waiting (FIFO)
                                for a worker */
+  UMS_WAIT_NET,             /* a socket operation (ums_net_*) or a
+                               descriptor's readiness (ums_wait_fd) */
   UMS_WAIT_NTYPES
 };
 
 /* The wait type's name: "park", "sleep", "mutex", "semaphore", "event",
 ** "cond", "channel_send", "channel_recv", "select", "join", "waitgroup",
-** "file_io", "preemptive", "pending_worker" ("none" for UMS_WAIT_NONE);
+** "file_io", "preemptive", "pending_worker", "network" ("none" for
+** UMS_WAIT_NONE);
 ** NULL out of range. */
 UMS_API const char *ums_wait_type_name(int type);
 

@@ -295,8 +295,8 @@ static int start(ums__io_req_t *r, int64_t deadline) {
   }
   /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
   ** park the task has begun itself. */
-  int rc = ums_park_begin_wait(deadline, 0, UMS_WAIT_FILE_IO, NULL, 0,
-                               &r->token);
+  int type = ums__io_is_net(r->op) ? UMS_WAIT_NET : UMS_WAIT_FILE_IO;
+  int rc = ums_park_begin_wait(deadline, 0, type, NULL, 0, &r->token);
   if (rc) return rc;
   ums__sched_t *s = t->sched;
   r->sched = s;

@@ -67,6 +67,7 @@ static const char *const wait_names[UMS_WAIT_NTYPES] = {
     [UMS_WAIT_FILE_IO] = "file_io",
     [UMS_WAIT_PREEMPT] = "preemptive",
     [UMS_WAIT_PENDING_WORKER] = "pending_worker",
+    [UMS_WAIT_NET] = "network",
 };
 
 const char *ums_wait_type_name(int type) {

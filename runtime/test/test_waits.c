@@ -16,6 +16,8 @@
 #include "internal.h" /* ums__stamp_now, the clock under the figures */
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <stdatomic.h>
 
 #define PTR(n) ((void *)(uintptr_t)(n))
@@ -56,7 +58,7 @@ static void test_names(void) {
       "none",         "park",         "sleep",     "mutex",
       "semaphore",    "event",        "cond",      "channel_send",
       "channel_recv", "select",       "join",      "waitgroup",
-      "file_io",      "preemptive",   "pending_worker"};
+      "file_io",      "preemptive",   "pending_worker", "network"};
   for (int i = 0; i < UMS_WAIT_NTYPES; i++)
     CHECK_STR_EQ(ums_wait_type_name(i), want[i]);
   CHECK(ums_wait_type_name(-1) == NULL);
@@ -208,6 +210,12 @@ static void *io_fn(void *arg) {
   return PTR(ums_fs_close(fd, UMS_FOREVER));
 }
 
+/* Waits for a socket that never becomes readable, and gives up. */
+static void *net_fn(void *arg) {
+  int fd = (int)(intptr_t)arg;
+  return PTR(ums_wait_fd(fd, POLLIN, UMS_FOREVER));
+}
+
 /* Runs fn as a task and checks that it waits on `type` (on `obj` when not
 ** NULL) until release() lets it go, and that the wait is then counted. */
 static void expect_wait(const char *what, ums_task_fn fn, void *arg,
@@ -306,6 +314,21 @@ static void test_every_type(void) {
     uint64_t n0 = waits_of(UMS_WAIT_FILE_IO).count;
     tu_join_ok(rt, tu_spawn_named(rt, 0, "io", io_fn, NULL));
     CHECK_GE(waits_of(UMS_WAIT_FILE_IO).count, n0 + 1);
+  }
+  /* A socket wait is a network wait, not file I/O. */
+  {
+    int sv[2];
+    CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    ums_task_t t = tu_spawn_named(rt, 0, "net", net_fn, PTR(sv[0]));
+    wait_until_waiting(t, UMS_WAIT_NET);
+    CHECK_RC(ums_task_cancel(rt, t), 0);
+    void *res = NULL;
+    CHECK_RC(ums_task_join(rt, t, ums_deadline(10 * UMS_NSEC_PER_SEC), &res,
+                           NULL), 0);
+    CHECK_EQ((int)(intptr_t)res, UMS_ECANCELED);
+    CHECK_GE(waits_of(UMS_WAIT_NET).count, 1);
+    close(sv[0]);
+    close(sv[1]);
   }
   /* A bad type is refused; a park outside a task too. */
   ums_park_token_t tok;
