@@ -140,15 +140,25 @@ static inline int tu_cpu_count(void) {
   return n > 0 ? (int)n : 1;
 }
 
-static inline int tu_thread_count(void) {
-  DIR *d = opendir("/proc/self/task");
-  if (!d) tu_fail(__FILE__, __LINE__, "cannot open /proc/self/task");
+/* Entries of a /proc directory, "." and ".." aside. */
+static inline int tu_dir_entries(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) tu_fail(__FILE__, __LINE__, "cannot open %s", path);
   int n = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL)
     if (e->d_name[0] != '.') n++;
   closedir(d);
   return n;
+}
+
+static inline int tu_thread_count(void) {
+  return tu_dir_entries("/proc/self/task");
+}
+
+/* Open descriptors of the process. */
+static inline int tu_fd_count(void) {
+  return tu_dir_entries("/proc/self/fd") - 1; /* the one opendir holds */
 }
 
 static inline void *tu_tid_thread(void *arg) {
@@ -263,6 +273,18 @@ static inline void tu_join_ok_at(const char *file, int line, ums_runtime_t *rt,
 #define tu_spawn_named(rt, sched, name, fn, arg)                               \
   tu_spawn_named_at(__FILE__, __LINE__, rt, sched, name, fn, arg)
 #define tu_join_ok(rt, t) tu_join_ok_at(__FILE__, __LINE__, rt, t)
+
+/* Runs fn(arg) as a task on scheduler `sched`, waits for it (without a
+** bound) and returns its result. */
+static inline void *tu_in_task(ums_runtime_t *rt, int sched, ums_task_fn fn,
+                               void *arg) {
+  ums_spawn_opts_t o = {.sched = sched};
+  ums_task_t t;
+  void *res = NULL;
+  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
+  return res;
+}
 
 /* Task bodies; arg is a count cast to a pointer. */
 static inline void *tu_spin_ms(void *arg) { /* computes, never yields */

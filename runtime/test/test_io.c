@@ -32,27 +32,6 @@ static char *path_of(char *buf, const char *name) {
   return buf;
 }
 
-/* Runs fn(arg) as a task on scheduler `sched` and returns its result. */
-static void *in_task(int sched, ums_task_fn fn, void *arg) {
-  ums_spawn_opts_t o = {.sched = sched};
-  ums_task_t t;
-  void *res = NULL;
-  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
-  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
-  return res;
-}
-
-static int open_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  CHECK(d != NULL);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the one opendir holds */
-}
-
 static uint64_t io_pending(void) { return tu_stats_sum(rt, io_pending); }
 
 /* Waits (2 s) for an abandoned read of a pipe to end: cancelled in the
@@ -279,9 +258,9 @@ static void *ops_suite(void *arg) {
   return PTR(1);
 }
 
-static void test_ops_task(void) { CHECK(in_task(0, ops_suite, "task")); }
+static void test_ops_task(void) { CHECK(tu_in_task(rt, 0, ops_suite, "task")); }
 static void test_ops_other_sched(void) {
-  CHECK(in_task(ums_runtime_schedulers(rt) - 1, ops_suite, "task2"));
+  CHECK(tu_in_task(rt, ums_runtime_schedulers(rt) - 1, ops_suite, "task2"));
 }
 static void test_ops_host(void) { CHECK(ops_suite("host")); }
 
@@ -316,7 +295,7 @@ static void *readfile_suite(void *arg) {
   put_file(path_of(under, name), 4095, 4);
   snprintf(name, sizeof name, "rf-fifo-%s", tag);
   CHECK_EQ(mkfifo(path_of(fifo, name), 0600), 0);
-  int before = open_fds();
+  int before = tu_fd_count();
   ums_buf_t *b = ums_buf_new(4096);
   int fd = -7;
 
@@ -385,14 +364,14 @@ static void *readfile_suite(void *arg) {
   }
   CHECK_EQ(ums_fs_readfile_end(NULL, &fd), UMS_EINVAL);
   close(holder);
-  CHECK_EQ(open_fds(), before);
+  CHECK_EQ(tu_fd_count(), before);
   ums_buf_release(b);
   unlink(fifo);
   return PTR(1);
 }
 
 static void test_readfile_task(void) {
-  CHECK(in_task(0, readfile_suite, "task"));
+  CHECK(tu_in_task(rt, 0, readfile_suite, "task"));
 }
 static void test_readfile_host(void) { CHECK(readfile_suite("host")); }
 
@@ -419,7 +398,7 @@ static void test_readfile_many(void) {
     snprintf(name, sizeof name, "rf-many-%d", i);
     put_file(path_of(p, name), (size_t)(i * 11), (uint8_t)i);
   }
-  int before = open_fds();
+  int before = tu_fd_count();
   ums_task_t t[32];
   for (int k = 0; k < 32; k++) {
     ums_spawn_opts_t o = {.sched = k % ums_runtime_schedulers(rt)};
@@ -430,7 +409,7 @@ static void test_readfile_many(void) {
     CHECK_RC(ums_task_join(rt, t[k], UMS_FOREVER, &res, NULL), 0);
     CHECK(res);
   }
-  CHECK_EQ(open_fds(), before);
+  CHECK_EQ(tu_fd_count(), before);
 }
 
 /* ====================================================================== */
@@ -524,7 +503,7 @@ static void *bad_input(void *arg) {
 }
 
 static void test_bad_input(void) {
-  CHECK(in_task(0, bad_input, NULL));
+  CHECK(tu_in_task(rt, 0, bad_input, NULL));
   CHECK(bad_input(NULL));
   /* Buffers: bad sizes. */
   CHECK(ums_buf_new(0) == NULL);
@@ -571,7 +550,7 @@ static void *buf_cache(void *arg) {
 }
 
 static void test_buffers(void) {
-  CHECK(in_task(0, buf_cache, NULL));
+  CHECK(tu_in_task(rt, 0, buf_cache, NULL));
   /* On a host thread: aligned, no cache. */
   ums_buf_t *b = ums_buf_new(12345);
   CHECK_EQ((uintptr_t)ums_buf_data(b) % 4096, 0);
@@ -619,7 +598,7 @@ static void *big_offset(void *arg) {
   return PTR(1);
 }
 
-static void test_big_file(void) { CHECK(in_task(0, big_offset, NULL)); }
+static void test_big_file(void) { CHECK(tu_in_task(rt, 0, big_offset, NULL)); }
 
 /* ====================================================================== */
 /* Short writes                                                            */
@@ -760,7 +739,7 @@ static void *short_write_suite(void *arg) {
 static void test_full_fs(void) {
   fsize_limit = (size_t)1 << 20;
   fsize_err = UMS_ENOSPC;
-  CHECK(in_task(0, short_write_suite, "task"));
+  CHECK(tu_in_task(rt, 0, short_write_suite, "task"));
   CHECK(short_write_suite("host"));
 }
 
@@ -778,7 +757,7 @@ static void test_short_write(void) {
   fsize_limit = set_here ? (size_t)1 << 20 : (size_t)old.rlim_cur;
   printf("   file size limit: %zu bytes%s\n", fsize_limit,
          set_here ? " (set here)" : "");
-  CHECK(in_task(0, short_write_suite, "task"));
+  CHECK(tu_in_task(rt, 0, short_write_suite, "task"));
   CHECK(short_write_suite("host"));
   if (set_here) CHECK_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
   CHECK_EQ(sigaction(SIGXFSZ, &old_act, NULL), 0);
@@ -958,7 +937,7 @@ static void test_timeout_in_flight(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
   pipe_read_t p = {.fd = fds[0], .timeout = tu_ms(50), .followup = true};
-  CHECK(in_task(0, pipe_reader, &p));
+  CHECK(tu_in_task(rt, 0, pipe_reader, &p));
   CHECK_RC((int)p.result, UMS_ETIMEDOUT);
   CHECK_GE(p.elapsed, tu_ms(50));
   CHECK_LT(p.elapsed, tu_ms(5000));
@@ -1122,7 +1101,7 @@ static void *close_when_cancelled(void *arg) {
 static void test_close_cancelled(void) {
   int fds[2];
   CHECK_EQ(pipe(fds), 0);
-  CHECK(in_task(0, close_when_cancelled, &fds[0]) == PTR(1));
+  CHECK(tu_in_task(rt, 0, close_when_cancelled, &fds[0]) == PTR(1));
   errno = 0;
   CHECK_EQ(fcntl(fds[0], F_GETFD), -1);
   CHECK_EQ(errno, EBADF);
@@ -1152,16 +1131,16 @@ static void test_open_abandoned(void) {
   char fifo[512];
   path_of(fifo, "fifo");
   CHECK_EQ(mkfifo(fifo, 0600), 0);
-  int before = open_fds();
+  int before = tu_fd_count();
   for (int i = 0; i < 10; i++) {
-    void *how = in_task(0, fifo_opener, fifo);
+    void *how = tu_in_task(rt, 0, fifo_opener, fifo);
     CHECK(how);
     /* ENXIO when no reader is left (the open was interrupted); otherwise
     ** our writer lets the abandoned open complete. */
     int w = open(fifo, O_WRONLY | O_NONBLOCK);
     if (w >= 0) close(w);
     WAIT_UNTIL(io_pending() == 0, 5000);
-    WAIT_UNTIL(open_fds() == before, 5000);
+    WAIT_UNTIL(tu_fd_count() == before, 5000);
   }
   unlink(fifo);
 }
@@ -1312,8 +1291,8 @@ static void *deferred_suite(void *arg) {
 }
 
 static void test_deferred_ops(void) {
-  CHECK(in_task(0, deferred_suite, "s0"));
-  CHECK(in_task(ums_runtime_schedulers(rt) - 1, deferred_suite, "s1"));
+  CHECK(tu_in_task(rt, 0, deferred_suite, "s0"));
+  CHECK(tu_in_task(rt, ums_runtime_schedulers(rt) - 1, deferred_suite, "s1"));
 }
 
 /* Misuse is refused with a clear code, and a refused end leaves the
@@ -1397,7 +1376,7 @@ static void *deferred_misuse(void *arg) {
 }
 
 static void test_deferred_misuse(void) {
-  CHECK(in_task(0, deferred_misuse, NULL));
+  CHECK(tu_in_task(rt, 0, deferred_misuse, NULL));
   /* A host thread has no park to end: it uses the blocking calls. */
   ums_buf_t *b = ums_buf_new(16);
   ums_fs_req_t *q = NULL;
@@ -1444,7 +1423,7 @@ static void *deferred_cache(void *arg) {
 }
 
 static void test_deferred_cache(void) {
-  CHECK(in_task(0, deferred_cache, NULL));
+  CHECK(tu_in_task(rt, 0, deferred_cache, NULL));
 }
 
 /* Step tasks: a read on a pipe begun in one step, collected in the next.
@@ -1666,7 +1645,7 @@ static void test_idle_cpu(void) {
   WAIT_UNTIL(io_pending() == 1, 5000);
   uint64_t w0 = tu_stats(rt, 0).idle_waits + tu_stats(rt, 1).idle_waits;
   int64_t c0 = cpu_ns(), t0 = ums_now();
-  CHECK(in_task(0, sleeper, PTR(tu_ms(200))));
+  CHECK(tu_in_task(rt, 0, sleeper, PTR(tu_ms(200))));
   int64_t cpu = cpu_ns() - c0, wall = ums_now() - t0;
   uint64_t waits = tu_stats(rt, 0).idle_waits + tu_stats(rt, 1).idle_waits -
                    w0;

@@ -33,16 +33,6 @@ static int expect_backend = -1;
 static ums_runtime_t *rt;
 static int unix_seq;
 
-/* Runs fn(arg) as a task on scheduler `sched` and returns its result. */
-static void *in_task(int sched, ums_task_fn fn, void *arg) {
-  ums_spawn_opts_t o = {.sched = sched};
-  ums_task_t t;
-  void *res = NULL;
-  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
-  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
-  return res;
-}
-
 static ums_task_t spawn_on(int sched, ums_task_fn fn, void *arg) {
   return tu_spawn_named(rt, sched % ums_runtime_schedulers(rt), "net", fn,
                         arg);
@@ -54,17 +44,6 @@ static void *join(ums_task_t t) {
   CHECK_RC(ums_task_join(rt, t, ums_deadline(60 * SEC), &res, &status), 0);
   CHECK_RC(status, 0);
   return res;
-}
-
-static int open_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  CHECK(d != NULL);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.') n++;
-  closedir(d);
-  return n - 1; /* the one opendir holds */
 }
 
 static uint64_t io_pending(void) { return tu_stats_sum(rt, io_pending); }
@@ -580,7 +559,7 @@ static void test_timeouts(void) {
       stuck_t s = {.op = op, .family = families[f], .timeout = tu_ms(50)};
       setup(&s);
       int64_t t0 = ums_now();
-      CHECK(in_task((int)f % 2, run_stuck, &s) == PTR(1));
+      CHECK(tu_in_task(rt, (int)f % 2, run_stuck, &s) == PTR(1));
       if (s.result != UMS_ETIMEDOUT)
         tu_fail(__FILE__, __LINE__, "%s on %s: %" PRId64 " (%s)",
                 op_names[op], family_name(families[f]), s.result,
@@ -634,7 +613,7 @@ static void *accept_short(void *arg) {
 }
 
 static void test_accept_abandoned(void) {
-  int before = open_fds();
+  int before = tu_fd_count();
   addr_t a;
   int lfd = listener(AF_INET, 64, &a);
   for (int i = 0; i < 50; i++) {
@@ -649,7 +628,7 @@ static void test_accept_abandoned(void) {
   /* Connections nobody accepted are in the listener's queue; closing it
   ** drops them. */
   CHECK_RC(close(lfd), 0);
-  WAIT_UNTIL(open_fds() == before, 10000);
+  WAIT_UNTIL(tu_fd_count() == before, 10000);
 }
 
 /* ====================================================================== */
@@ -694,7 +673,7 @@ static void test_reset(void) {
     p.a = connected(p.family, &p.b);
     reset_by_peer(p.b);
     usleep(2000);
-    CHECK(in_task(f, recv_one, &p) == PTR(1));
+    CHECK(tu_in_task(rt, f, recv_one, &p) == PTR(1));
     CHECK_RC((int)p.result, -ECONNRESET);
     CHECK_RC(ums_net_close(p.a, UMS_FOREVER), 0);
   }
@@ -721,7 +700,7 @@ static void test_no_sigpipe(void) {
     pair_t p = {.family = families[f]};
     p.a = connected(p.family, &p.b);
     CHECK_RC(close(p.b), 0);
-    CHECK(in_task((int)f % 2, send_to_gone, &p) == PTR(1));
+    CHECK(tu_in_task(rt, (int)f % 2, send_to_gone, &p) == PTR(1));
     if (p.result != -EPIPE && p.result != -ECONNRESET)
       tu_fail(__FILE__, __LINE__, "%s: %" PRId64, family_name(p.family),
               p.result);
@@ -788,7 +767,7 @@ static void test_fd_cycles(void) {
 #else
   const int total = 10000;
 #endif
-  int before = open_fds();
+  int before = tu_fd_count();
   int per[2] = {total / 2, total / 2};
   int fam[2] = {AF_UNIX, AF_INET};
   for (int i = 0; i < 2; i++) {
@@ -801,7 +780,7 @@ static void test_fd_cycles(void) {
     CHECK_RC(ums_net_close(c.lfd, UMS_FOREVER), 0);
   }
   printf("   %d connect/accept/close cycles\n", total);
-  CHECK_EQ(open_fds(), before);
+  CHECK_EQ(tu_fd_count(), before);
 }
 
 /* EMFILE on accept: the call fails (it does not retry by itself, which
@@ -827,7 +806,7 @@ static void test_emfile(void) {
                            ums_deadline(10 * SEC)), 0);
   struct rlimit old;
   CHECK_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
-  int n = open_fds();
+  int n = tu_fd_count();
   struct rlimit low = {(rlim_t)n + 16, old.rlim_max};
   CHECK_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
   int fill_fds[32], nfill = 0;
@@ -840,13 +819,13 @@ static void test_emfile(void) {
     CHECK_LT(nfill, 32);
     fill_fds[nfill++] = fd;
   }
-  CHECK(in_task(0, accept_twice, &e) == PTR(1));
+  CHECK(tu_in_task(rt, 0, accept_twice, &e) == PTR(1));
   CHECK_RC((int)e.first, UMS_EMFILE);
-  CHECK(in_task(1, accept_twice, &e) == PTR(1));
+  CHECK(tu_in_task(rt, 1, accept_twice, &e) == PTR(1));
   CHECK_RC((int)e.first, UMS_EMFILE);
   for (int i = 0; i < nfill; i++) close(fill_fds[i]);
   CHECK_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
-  CHECK(in_task(0, accept_twice, &e) == PTR(1));
+  CHECK(tu_in_task(rt, 0, accept_twice, &e) == PTR(1));
   CHECK_GE(e.first, 0);
   CHECK_RC(close((int)e.first), 0);
   CHECK_RC(close(c), 0);
@@ -879,7 +858,7 @@ static void test_wait_fd(void) {
   CHECK_EQ(pipe2(p, O_CLOEXEC), 0);
   /* Not ready: the deadline. */
   waitfd_t w = {.fd = p[0], .events = POLLIN, .timeout = tu_ms(30)};
-  CHECK(in_task(0, wait_one, &w) == PTR(1));
+  CHECK(tu_in_task(rt, 0, wait_one, &w) == PTR(1));
   CHECK_RC(w.result, UMS_ETIMEDOUT);
   /* Made ready while it waits, by a host thread. */
   for (int s = 0; s < 2; s++) {
@@ -895,12 +874,12 @@ static void test_wait_fd(void) {
   }
   /* Ready at once; the write end of a pipe. */
   waitfd_t o = {.fd = p[1], .events = POLLOUT, .timeout = tu_ms(10000)};
-  CHECK(in_task(1, wait_one, &o) == PTR(1));
+  CHECK(tu_in_task(rt, 1, wait_one, &o) == PTR(1));
   CHECK_EQ(o.result, POLLOUT);
   /* The other end gone: POLLHUP whatever was asked. */
   CHECK_RC(close(p[1]), 0);
   waitfd_t h = {.fd = p[0], .events = POLLIN, .timeout = tu_ms(10000)};
-  CHECK(in_task(0, wait_one, &h) == PTR(1));
+  CHECK(tu_in_task(rt, 0, wait_one, &h) == PTR(1));
   CHECK(h.result & POLLHUP);
   CHECK_RC(close(p[0]), 0);
   /* An eventfd, the shape C libraries hand out; and a host thread. */
@@ -966,7 +945,7 @@ static void *deferred_ok(void *arg) {
 
 static void test_deferred(void) {
   for (size_t f = 0; f < sizeof families / sizeof *families; f++)
-    CHECK(in_task((int)f % 2, deferred_ok, (void *)&families[f]) == PTR(1));
+    CHECK(tu_in_task(rt, (int)f % 2, deferred_ok, (void *)&families[f]) == PTR(1));
   CHECK_EQ(io_pending(), 0);
 }
 
@@ -986,7 +965,7 @@ static void test_close_while_waiting(void) {
   ums_task_t t = spawn_on(0, recv_one, &p);
   WAIT_UNTIL(atomic_load(&p.started) && io_pending() == 1, 10000);
   usleep(2000);
-  CHECK(in_task(0, close_other, &p) == PTR(1));
+  CHECK(tu_in_task(rt, 0, close_other, &p) == PTR(1));
   CHECK(join(t) == PTR(1));
   CHECK_RC((int)p.result, UMS_EBADF);
   CHECK_RC(ums_net_close(p.b, UMS_FOREVER), 0);

@@ -28,16 +28,6 @@
 
 static ums_runtime_t *rt;
 
-/* Runs fn(arg) as a task on scheduler `sched` and returns its result. */
-static void *in_task(int sched, ums_task_fn fn, void *arg) {
-  ums_spawn_opts_t o = {.sched = sched};
-  ums_task_t t;
-  void *res = NULL;
-  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
-  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
-  return res;
-}
-
 static uint64_t preempt_pending(ums_runtime_t *r) {
   return tu_stats_sum(r, preempt_pending);
 }
@@ -114,8 +104,8 @@ static void *one_call(void *arg) {
 }
 
 static void test_results(void) {
-  CHECK(in_task(0, one_call, PTR(20)));
-  CHECK(in_task(1, one_call, PTR(-7)));
+  CHECK(tu_in_task(rt, 0, one_call, PTR(20)));
+  CHECK(tu_in_task(rt, 1, one_call, PTR(-7)));
   CHECK_EQ(tu_stats_sum(rt, preempt_calls), 2);
   /* The pool thread drops the count just after its unpark (preempt.c), so
   ** the task may be joined a moment before: wait for it, bounded. */
@@ -157,7 +147,7 @@ static void *split_call(void *arg) {
   return PTR(1);
 }
 
-static void test_split(void) { CHECK(in_task(0, split_call, NULL)); }
+static void test_split(void) { CHECK(tu_in_task(rt, 0, split_call, NULL)); }
 
 /* ====================================================================== */
 /* Many calls                                                              */
@@ -241,7 +231,7 @@ static void test_bound_and_trim(void) {
   CHECK_EQ(core, (uint32_t)(tu_cpu_count() < 3 ? tu_cpu_count() : 3));
   WAIT_UNTIL(ums__pool_threads(&rt->preempt_pool) == core, 5000);
   /* And the pool starts threads again after that. */
-  CHECK(in_task(0, one_call, PTR(3)));
+  CHECK(tu_in_task(rt, 0, one_call, PTR(3)));
   atomic_store(&bound_gate, 0);
   tu_runtime_shutdown(rt);
   rt = saved;
@@ -316,9 +306,9 @@ static void test_give_up_in_call(void) {
   ** pool's thread is started first, and the deadline is long enough for
   ** a crowded VM to let it take the call (one that has not started when
   ** its caller gives up never starts: not what this checks). */
-  CHECK(in_task(0, note_thread, NULL));
+  CHECK(tu_in_task(rt, 0, note_thread, NULL));
   reset_counts();
-  CHECK(in_task(0, times_out, NULL));
+  CHECK(tu_in_task(rt, 0, times_out, NULL));
   CHECK_EQ(atomic_load(&started), 1);
   CHECK_EQ(atomic_load(&finished), 0);
   CHECK_EQ(atomic_load(&released), 0); /* the job is still alive */
@@ -328,7 +318,7 @@ static void test_give_up_in_call(void) {
   CHECK_EQ(atomic_load(&finished), 1);
   WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
   /* The only pool thread is free again and takes the next call. */
-  CHECK(in_task(0, note_thread, NULL));
+  CHECK(tu_in_task(rt, 0, note_thread, NULL));
   pthread_t first = last_thread;
   CHECK_EQ(ums__pool_threads(&rt->preempt_pool), 1);
 
@@ -346,7 +336,7 @@ static void test_give_up_in_call(void) {
   CHECK_EQ(atomic_load(&released), 1); /* the refused second call's */
   atomic_store(&gate, 1);
   WAIT_UNTIL(atomic_load(&released) == 2, 5000);
-  CHECK(in_task(0, note_thread, NULL));
+  CHECK(tu_in_task(rt, 0, note_thread, NULL));
   CHECK(pthread_equal(first, last_thread));
   CHECK_EQ(ums__pool_threads(&rt->preempt_pool), 1);
   tu_runtime_shutdown(rt);
@@ -381,7 +371,7 @@ static void test_give_up_queued(void) {
   ums_task_t blocker;
   CHECK_RC(ums_task_spawn(rt, NULL, blocks_the_pool, NULL, &blocker), 0);
   WAIT_UNTIL(atomic_load(&running_now) == 1, 5000);
-  CHECK(in_task(0, queued_times_out, NULL));
+  CHECK(tu_in_task(rt, 0, queued_times_out, NULL));
   atomic_store(&queued_gate, 1);
   CHECK_RC(ums_task_join(rt, blocker, UMS_FOREVER, NULL, NULL), 0);
   WAIT_UNTIL(atomic_load(&released) == 1, 5000);
@@ -429,7 +419,7 @@ static void test_sched_keeps_running(void) {
   atomic_store(&ticker_ticks, 0);
   ums_task_t tk;
   CHECK_RC(ums_task_spawn(rt, NULL, ticker, NULL, &tk), 0);
-  CHECK(in_task(0, slow_call, NULL));
+  CHECK(tu_in_task(rt, 0, slow_call, NULL));
   int64_t ticks = atomic_load(&ticker_ticks);
   atomic_store(&ticker_stop, 1);
   CHECK_RC(ums_task_join(rt, tk, UMS_FOREVER, NULL, NULL), 0);
@@ -496,7 +486,7 @@ static void test_no_starvation(void) {
   }
   WAIT_UNTIL(preempt_pending(rt) == SLOW_CALLS, 5000);
   WAIT_UNTIL(atomic_load(&running_now) == 4, 5000);
-  int64_t ns = (int64_t)(uintptr_t)in_task(0, timed_read, NULL);
+  int64_t ns = (int64_t)(uintptr_t)tu_in_task(rt, 0, timed_read, NULL);
   CHECK_LT(ns, 500 * UMS_NSEC_PER_MSEC);
   CHECK_EQ(atomic_load(&running_now), 4); /* nothing else moved */
   atomic_store(&slow_gate, 1);
@@ -613,7 +603,7 @@ static void test_spin_completes(void) {
   ums_runtime_t *saved = rt;
   rt = tu_runtime_new(1);
   uint64_t calls0 = tu_stats_sum(rt, preempt_calls);
-  void *spun = in_task(0, fast_calls, NULL);
+  void *spun = tu_in_task(rt, 0, fast_calls, NULL);
   printf("  %d of %d calls completed by the spin\n", (int)(uintptr_t)spun,
          SPIN_CALLS);
   CHECK_GE(tu_stats_sum(rt, preempt_spun), (uint64_t)(uintptr_t)spun);
@@ -697,7 +687,7 @@ static void test_spin_race(void) {
   rt = tu_runtime_new(1);
   atomic_store(&race_released, 0);
   uint64_t calls0 = tu_stats_sum(rt, preempt_calls);
-  uint64_t spun = (uint64_t)(uintptr_t)in_task(0, racing_calls, NULL) - 1;
+  uint64_t spun = (uint64_t)(uintptr_t)tu_in_task(rt, 0, racing_calls, NULL) - 1;
   printf("  %d of %d calls completed by the spin\n", (int)spun, RACE_CALLS);
   CHECK_EQ(tu_stats_sum(rt, preempt_calls) - calls0, RACE_CALLS);
   WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
@@ -794,7 +784,7 @@ static void test_spin_yields_to_others(void) {
   CHECK_RC(ums_task_join(rt, caller, UMS_FOREVER, NULL, NULL), 0);
   CHECK_RC(ums_task_join(rt, other, UMS_FOREVER, NULL, NULL), 0);
 
-  CHECK(in_task(0, call_with_timer_due, NULL));
+  CHECK(tu_in_task(rt, 0, call_with_timer_due, NULL));
   WAIT_UNTIL(preempt_pending(rt) == 0, 5000);
   tu_runtime_shutdown(rt);
   rt = saved;
@@ -835,7 +825,7 @@ static void test_spin_cancel_deadline(void) {
   cancel_lag_ns = 0;
   for (int i = 0; i < 20; i++) {
     reset_counts();
-    CHECK(in_task(0, call_cancelled_early, counted_job()) == PTR(2));
+    CHECK(tu_in_task(rt, 0, call_cancelled_early, counted_job()) == PTR(2));
     CHECK_EQ(atomic_load(&released), 0);
     atomic_store(&gate, 1);
     WAIT_UNTIL(atomic_load(&released) == 1, 5000);
@@ -848,7 +838,7 @@ static void test_spin_cancel_deadline(void) {
     reset_counts();
     atomic_store(&gate, 1);
     cancel_lag_ns = (i % 10) * 500;
-    int kind = (int)(uintptr_t)in_task(0, call_cancelled_early,
+    int kind = (int)(uintptr_t)tu_in_task(rt, 0, call_cancelled_early,
                                        counted_job());
     CHECK(kind == 1 || kind == 2);
     outcomes[kind]++;
@@ -861,7 +851,7 @@ static void test_spin_cancel_deadline(void) {
 
   /* A deadline beyond the spin: it spins, parks, and times out. */
   reset_counts();
-  CHECK(in_task(0, times_out, NULL));
+  CHECK(tu_in_task(rt, 0, times_out, NULL));
   CHECK_EQ(atomic_load(&started), 1);
   CHECK_EQ(atomic_load(&released), 0);
   atomic_store(&gate, 1);
@@ -986,7 +976,7 @@ static void test_prepared_area(void) {
            UMS_EPERM);
   atomic_store(&area_released, 0);
   reset_counts();
-  CHECK(in_task(0, prepared_calls, NULL));
+  CHECK(tu_in_task(rt, 0, prepared_calls, NULL));
   /* The two bad begins'; the detached call's waits for the gate. */
   CHECK_EQ(atomic_load(&area_released), 2);
   atomic_store(&gate, 1);
