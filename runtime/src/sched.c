@@ -381,6 +381,18 @@ static bool stuck_now(ums__sched_t *s) {
          !atomic_load(&s->rt->exiting);
 }
 
+/* Calls fn(rt, id) for every task the runtime holds (ums_task_cancel,
+** ums__task_break: each checks the id again under the task's lock). */
+static void for_each_task(ums_runtime_t *rt,
+                          int (*fn)(ums_runtime_t *, ums_task_t)) {
+  uint32_t n = atomic_load(&rt->nslots);
+  for (uint32_t slot = 0; slot < n; slot++) {
+    ums__task_t *chunk = atomic_load(&rt->chunks[slot / UMS__TASK_CHUNK]);
+    uint64_t id = atomic_load(&chunk[slot % UMS__TASK_CHUNK].id);
+    if (id) fn(rt, id);
+  }
+}
+
 /* The handler has seen this state and nothing has run since: what is
 ** still parked is in waits that its cancels could not end. Those begun
 ** with UMS_PARK_NOCANCEL (the mutex taken back at the end of a
@@ -388,12 +400,7 @@ static bool stuck_now(ums__sched_t *s) {
 ** Every live task is asked; each scheduler delivers the break to its own
 ** tasks with the cancels, and a task in any other wait ignores it. */
 static void break_nocancel_waits(ums_runtime_t *rt) {
-  uint32_t n = atomic_load(&rt->nslots);
-  for (uint32_t slot = 0; slot < n; slot++) {
-    ums__task_t *chunk = atomic_load(&rt->chunks[slot / UMS__TASK_CHUNK]);
-    uint64_t id = atomic_load(&chunk[slot % UMS__TASK_CHUNK].id);
-    if (id) ums__task_break(rt, id);
-  }
+  for_each_task(rt, ums__task_break);
 }
 
 /* Called by a scheduler that has just gone stuck, with idle_state = 1
@@ -1074,15 +1081,6 @@ static int wait_live(ums_runtime_t *rt, int64_t deadline) {
   }
 }
 
-static void cancel_all(ums_runtime_t *rt) {
-  uint32_t n = atomic_load(&rt->nslots);
-  for (uint32_t slot = 0; slot < n; slot++) {
-    ums__task_t *chunk = atomic_load(&rt->chunks[slot / UMS__TASK_CHUNK]);
-    uint64_t id = atomic_load(&chunk[slot % UMS__TASK_CHUNK].id);
-    if (id) ums_task_cancel(rt, id);
-  }
-}
-
 int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
   if (!rt) return UMS_EINVAL;
   ums__sched_t *here = ums__sched_current();
@@ -1091,7 +1089,7 @@ int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
   int ret = wait_live(rt, deadline);
   if (ret) {
     atomic_store(&rt->cancel_all, 1);
-    cancel_all(rt);
+    for_each_task(rt, ums_task_cancel);
     wait_live(rt, UMS_FOREVER);
   }
   /* No task is left for the monitor to report on: it ends while the
