@@ -712,8 +712,8 @@ static int l_spawn(lua_State *L) {
 ** that relies on running atomically between its waits, such as ums.sync.
 ** Only the function running now is looked at, so that the check costs the
 ** same at any stack depth: a nopreempt chunk is atomic in its own
-** functions and in the C functions it calls (a count hook fires on Lua
-** instructions only), not in Lua functions of other chunks it calls.
+** functions and in the C functions it calls (a count hook fires in Lua
+** functions only), not in Lua functions of other chunks it calls.
 ** Each VM has its own list (struct lnopreempt), read by its own thread. */
 static bool in_nopreempt_chunk(lua_State *L, const struct lnopreempt *np) {
   lua_Debug d;
@@ -752,7 +752,7 @@ static int l_nopreempt_chunk(lua_State *L) {
 
 /* ums's own hook on a task's coroutine (qhook, for a preemption or a
 ** stall report) comes and goes; the user's hook stays. hook_arm puts
-** qhook on t->co to fire after count instructions, first saving in t the
+** qhook on t->co as a count hook of `count`, first saving in t the
 ** hook the user has there; qhook forwards the user's events to it and
 ** calls it at its own count. hook_disarm puts the user's hook back. They
 ** run on the Lua thread, hook_arm also in the signal handler (lua_sethook

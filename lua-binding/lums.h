@@ -130,10 +130,10 @@ struct ltask {
                             never sees still ends the request), or NULL */
   /* The user's hook on co while ums has its own there (the quantum's or
   ** a stall report's): restored when ums is done, called meanwhile at
-  ** its own mask and count (uleft: instructions to its next count). */
+  ** its own mask and count (uleft: what is left of its count). */
   lua_Hook uhook;
   int umask, ucount, uleft;
-  int qleft;             /* instructions to ums's own next count event */
+  int qleft;             /* what is left of ums's own count */
   volatile sig_atomic_t qsig;  /* the quantum's signal armed qhook and
                                   qhook has not run its errand yet */
 };

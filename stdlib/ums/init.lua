@@ -67,8 +67,8 @@ local defaults = {
   max_workers = 0,
   quantum = 0.004,
   -- false: a task is switched out only in a call that can wait; true: the
-  -- quantum may interrupt it between any two instructions. UMS_PREEMPT=1
-  -- in the environment sets the default.
+  -- quantum may interrupt it anywhere in Lua code. UMS_PREEMPT=1 in the
+  -- environment sets the default.
   preempt = os.getenv("UMS_PREEMPT") == "1",
   stack_size = 1024 * 1024,
   worker_idle_timeout = 10,
