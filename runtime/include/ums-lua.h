@@ -1,5 +1,6 @@
 /*
 ** ums-lua.h: ums for C code that works with Lua states.
+** Copyright (c) 2026 the ums authors; MIT license, see LICENSE.
 **
 ** One header, grown by audience, each in its own section below:
 **
