@@ -2074,5 +2074,7 @@ int lums_open(lua_State *L) {
   lua_setfield(L, -2, "limits");
   lua_pushinteger(L, UMS_LUA_STACK_SIZE_MIN);
   lua_setfield(L, -2, "STACK_SIZE_MIN");
+  lua_pushliteral(L, "ums " UMS_VERSION_STRING);
+  lua_setfield(L, -2, "_VERSION");
   return 1;
 }

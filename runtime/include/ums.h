@@ -1,5 +1,6 @@
 /*
 ** ums.h: the public C API of ums, a user-mode scheduler.
+** Copyright (c) 2026 the ums authors; MIT license, see LICENSE.
 **
 ** A runtime owns N cooperative schedulers (default: one per CPU). Each
 ** scheduler is run by one OS thread and carries tasks on C fibers
@@ -26,6 +27,10 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+/* UMS_VERSION_MAJOR, _MINOR, _PATCH and _STRING, generated from the
+** project's version. */
+#include "ums-version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,10 +40,6 @@ extern "C" {
 #else
 #define UMS_API
 #endif
-
-#define UMS_VERSION_MAJOR 0
-#define UMS_VERSION_MINOR 1
-#define UMS_VERSION_PATCH 0
 
 /* ====================================================================== */
 /* Errors                                                                  */
