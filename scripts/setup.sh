@@ -11,7 +11,7 @@ PACKAGES=(
   lua5.4 liblua5.4-dev lua-busted                # Lua binding and specs
   strace                                         # fault-injection tests
   zlib1g-dev                                     # examples/cmod (zutil)
-  luarocks                                       # rockspec lint (install_embed)
+  luarocks                                       # the rock test (install_rock)
 )
 
 missing=()
