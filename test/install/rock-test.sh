@@ -62,8 +62,10 @@ echo "lua5.4: $out"
 [ "$out" = "ums $version	42" ] || { echo "want: ums $version	42"; exit 1; }
 
 # The README's way: `luarocks path` sets LUA_PATH, LUA_CPATH and PATH.
-printf 'local ums = require "ums"\nprint(ums.spawn(function() return "script ran" end):join())\n' \
-  >"$tmp/script.lua"
+cat >"$tmp/script.lua" <<'LUA'
+local ums = require "ums"
+print(ums.spawn(function() return "script ran" end):join())
+LUA
 out=$(env -i PATH=/usr/bin:/bin HOME="$tmp/home" sh -c '
   eval "$(luarocks --lua-version=5.4 --tree "$1" path)"
   command -v ums; timeout 60 ums -v; timeout 60 ums "$2"' sh "$tree" \
