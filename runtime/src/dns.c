@@ -70,6 +70,7 @@ static void append(struct addrinfo **a, struct addrinfo *b) {
 ** result, or its error, is then in r). Each numeric address of the name's
 ** lines, in the file's order, through getaddrinfo with AI_NUMERICHOST. */
 static bool from_hosts(struct ums_dns_req *r) {
+  if (!r->host) return false;
   FILE *fp = fopen("/etc/hosts", "re");
   if (!fp) return false;
   struct addrinfo hints = {0};
