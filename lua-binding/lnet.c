@@ -736,8 +736,9 @@ static int conn_gettimeout(lua_State *L) {
 
 static int shutdown_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
-  /* The flush's results are at the top: true, or its failure. */
-  if (lua_isnil(L, -3) && lua_gettop(L) >= 3) return 3;
+  /* Above the connection, the flush's results (none for "r"): true, or
+  ** its failure (nil, message, errno, written), which is the result. */
+  if (lua_gettop(L) >= 2 && lua_isnil(L, 2)) return lua_gettop(L) - 1;
   lfile *f = lstream_to(L, 1);
   if (!f || f->fd < 0) return luaL_error(L, "attempt to use a closed "
                                             "connection");

@@ -29,6 +29,9 @@ os.remove(TMP)
 local function unix_path(tag)
   return TMP .. "." .. tag .. ".sock"
 end
+-- The Unix listeners' paths stay after their close, as bind(2) leaves
+-- them.
+teardown(function() os.remove(unix_path("s")) end)
 
 -- A listener on each kind of address, and how to reach it.
 local kinds = {
