@@ -1,0 +1,553 @@
+-- Specs for ums.net (lua-binding/lnet.c over the stream of lfs.c): sockets
+-- for tasks, on loopback addresses and Unix paths only.
+--
+-- ctest runs this file on each socket backend (spec/CMakeLists.txt):
+-- spec_net (io_uring here), spec_net_pool (UMS_IO=pool: epoll readiness),
+-- and in the normal build spec_net_nouring (io_uring_setup fails with
+-- ENOSYS under strace: the runtime must fall back to epoll) and
+-- spec_net_eintr (io_uring_enter fails with EINTR every second call).
+-- UMS_NET_EXPECT_BACKEND=uring|pool makes the run check the backend.
+
+local ums = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
+  .. "helper.lua")
+local net = ums.net
+
+local function run(body, limit)
+  return ums.test(body, {timeout = limit or 20, gc = true})
+end
+
+-- Joins t and returns its results; fails if it did not end normally.
+local function results(t)
+  local r = table.pack(t:join(15))
+  assert(r[1] == true, "task did not end normally: " .. tostring(r[2])
+    .. "\n" .. tostring(r[3]))
+  return table.unpack(r, 2, r.n)
+end
+
+local TMP = os.tmpname()
+os.remove(TMP)
+local function unix_path(tag)
+  return TMP .. "." .. tag .. ".sock"
+end
+
+-- A listener on each kind of address, and how to reach it.
+local kinds = {
+  {name = "127.0.0.1",
+   listen = function() return net.listen("127.0.0.1", 0) end,
+   connect = function(srv, opts)
+     local _, port = srv:getsockname()
+     return net.connect("127.0.0.1", port, opts)
+   end},
+  {name = "::1",
+   listen = function() return net.listen("::1", 0) end,
+   connect = function(srv, opts)
+     local _, port = srv:getsockname()
+     return net.connect("::1", port, opts)
+   end},
+  {name = "a Unix path",
+   listen = function()
+     local path = unix_path("s")
+     os.remove(path)
+     return net.listen_unix(path)
+   end,
+   connect = function(srv, opts)
+     return net.connect_unix((srv:getsockname()), opts)
+   end},
+}
+
+-- A server task that accepts one connection and runs handler(conn).
+local function serve_one(srv, handler)
+  return ums.spawn(function()
+    local c = assert(srv:accept(10))
+    local r = table.pack(handler(c))
+    c:close()
+    return table.unpack(r, 1, r.n)
+  end)
+end
+
+describe("ums.net backend", function()
+  it("is the one UMS_NET_EXPECT_BACKEND names (if set)", function()
+    local said
+    run(function() said = ums.io_backend() end)
+    local want = os.getenv("UMS_NET_EXPECT_BACKEND")
+    if want then assert.equal(want, said) end
+    if os.getenv("UMS_IO") == "pool" then assert.equal("pool", said) end
+  end)
+end)
+
+describe("ums.net streams", function()
+  for _, kind in ipairs(kinds) do
+    describe("on " .. kind.name, function()
+      it("echo, lines and 'a' to the end of the stream", function()
+        run(function()
+          local srv = assert(kind.listen())
+          local t = serve_one(srv, function(c)
+            local n = 0
+            for line in c:lines("L") do
+              c:write(line:upper())
+              n = n + 1
+            end
+            return n
+          end)
+          local c = assert(kind.connect(srv))
+          assert.equal(c, c:write("hello\n", "wor", "ld\n", 42, "\n"))
+          assert.equal("HELLO", c:read("l"))
+          assert.equal("WORLD\n", c:read("L"))
+          assert.equal(42, c:read("n"))
+          assert.is_true(c:shutdown("w"))
+          assert.equal("\n", c:read("a"))
+          -- at the end of the stream, as io: nil for "l", "" for "a"
+          assert.is_nil(c:read("l"))
+          assert.equal("", c:read("a"))
+          assert.is_nil(c:recv())
+          assert.equal(3, results(t))
+          assert.is_true(c:close())
+          assert.equal("ums.net.conn (closed)", tostring(c))
+          srv:close()
+        end)
+      end)
+
+      it("counts, raw send/recv and a big transfer", function()
+        run(function()
+          local big = ("0123456789abcdef"):rep(1 << 16)  -- 1 MiB
+          local srv = assert(kind.listen())
+          local t = serve_one(srv, function(c)
+            local got = assert(c:read(#big))
+            -- all read before the close: unread data would make it a
+            -- reset, which may discard what is still on its way
+            assert.equal("yz", c:read(2))
+            assert.equal(#big, c:send(got))
+            return #got
+          end)
+          local c = assert(kind.connect(srv))
+          assert.equal(#big, c:send(big))
+          assert.equal(2, c:send("xyz", 2, -1))
+          local got = assert(c:read(#big))
+          assert.is_true(got == big, "the data came back changed")
+          assert.equal(#big, results(t))
+          c:close()
+          srv:close()
+        end)
+      end)
+    end)
+  end
+
+  it("tells the end of the stream, a reset and a timeout apart", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      -- end of stream: a clean close
+      local t = serve_one(srv, function(c) c:write("last") end)
+      local c = assert(kinds[1].connect(srv))
+      assert.equal("last", c:read("L"))  -- no "\n": the stream ended
+      local r = table.pack(c:read("l"))
+      assert.equal(1, r.n)
+      assert.is_nil(r[1])
+      results(t)
+      c:close()
+      -- reset: the peer closes with linger 0
+      t = ums.spawn(function()
+        local s = assert(srv:accept(10))
+        assert.is_true(s:setoption("linger", 0))
+        assert.equal(0, s:getoption("linger"))
+        assert.equal("ping", s:read("l"))
+        s:close()
+      end)
+      c = assert(kinds[1].connect(srv))
+      c:write("ping\n")
+      results(t)
+      local v, msg, code = c:read("l")
+      assert.is_nil(v)
+      assert.equal("connection reset by peer", msg)
+      assert.equal(net.errno.ECONNRESET, code)
+      c:close()
+      -- timeout
+      t = ums.spawn(function()
+        local s = assert(srv:accept(10))
+        s:read("a")
+        s:close()
+      end)
+      c = assert(kinds[1].connect(srv, {io_timeout = 0.05}))
+      assert.equal(0.05, c:gettimeout())
+      v, msg, code = c:read("l")
+      assert.is_nil(v)
+      assert.equal("timeout", msg)
+      assert.equal(net.errno.ETIMEDOUT, code)
+      c:close()
+      results(t)
+      srv:close()
+    end)
+  end)
+
+  it("keeps data received before a timeout for the next read", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local go = ums.channel()
+      local t = serve_one(srv, function(c)
+        c:write("abc")
+        go:recv()
+        c:write("def\nrest")
+        go:recv()
+        c:write("more")
+        return true
+      end)
+      local c = assert(kinds[1].connect(srv))
+      c:settimeout(0.05)
+      local v, msg = c:read("l")
+      assert.is_nil(v)
+      assert.equal("timeout", msg)
+      v, msg = c:read("l")
+      assert.equal("timeout", msg)
+      go:send(true)
+      c:settimeout(nil)
+      assert.equal("abcdef", c:read("l"))
+      -- drain takes the buffer without waiting
+      ums.sleep(0.05)
+      c:settimeout(0.05)
+      v, msg = c:read(100)
+      assert.is_nil(v)
+      assert.equal("timeout", msg)
+      assert.equal("rest", c:drain())
+      assert.equal("", c:drain())
+      go:send(true)
+      c:settimeout(nil)
+      assert.equal("more", c:read("a"))
+      results(t)
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("half-closes: shutdown('w'), then the reply", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local t = serve_one(srv, function(c)
+        local all = c:read("a")
+        c:write("got " .. #all)
+      end)
+      local c = assert(kinds[1].connect(srv))
+      c:setvbuf("full")
+      c:write(("x"):rep(1000))
+      assert.is_true(c:shutdown("w"))  -- flushes first
+      assert.equal("got 1000", c:read("a"))
+      results(t)
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("lets many tasks share a connection, whole writes in order", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local t = serve_one(srv, function(c)
+        local seen = {}
+        for line in c:lines() do seen[#seen + 1] = line end
+        return seen
+      end)
+      local c = assert(kinds[1].connect(srv))
+      local writers = {}
+      for w = 1, 10 do
+        writers[w] = ums.spawn(function()
+          for i = 1, 50 do
+            assert(c:write(("w%d-%d-"):format(w, i), ("z"):rep(100), "\n"))
+            if i % 7 == 0 then ums.yield() end
+          end
+        end)
+      end
+      for _, w in ipairs(writers) do results(w) end
+      c:shutdown("w")
+      local seen = results(t)
+      assert.equal(500, #seen)
+      local last = {}
+      for _, line in ipairs(seen) do
+        local w, i, z = line:match("^w(%d+)%-(%d+)%-(z*)$")
+        assert.is_truthy(w, line)
+        assert.equal(100, #z)
+        w, i = tonumber(w), tonumber(i)
+        assert.equal((last[w] or 0) + 1, i)
+        last[w] = i
+      end
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("a peer that stops reading blocks only its task; send times out",
+     function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local stop = ums.channel()
+      local t = serve_one(srv, function() stop:recv() end)
+      local c = assert(kinds[1].connect(srv))
+      c:setoption("sndbuf", 4096)
+      local ticks = 0
+      local ticker = ums.spawn(function()
+        for _ = 1, 5 do
+          ums.sleep(0.01)
+          ticks = ticks + 1
+        end
+      end)
+      c:settimeout(0.3)
+      local chunk = ("y"):rep(65536)
+      local total, v, msg, code, sent = 0, nil, nil, nil, nil
+      repeat
+        v, msg, code, sent = c:send(chunk)
+        total = total + (v or sent or 0)
+      until not v
+      assert.equal("timeout", msg)
+      assert.equal(net.errno.ETIMEDOUT, code)
+      assert.is_true(sent < #chunk)
+      assert.is_true(total > 0)
+      results(ticker)
+      assert.equal(5, ticks)
+      stop:send(true)
+      results(t)
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("never raises SIGPIPE: writes to a gone peer fail", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local t = serve_one(srv, function() end)
+      local c = assert(kinds[1].connect(srv))
+      results(t)
+      local v, msg, code
+      for _ = 1, 50 do
+        v, msg, code = c:write(("p"):rep(1000))
+        if not v then break end
+        ums.sleep(0.005)
+      end
+      assert.is_nil(v)
+      assert.is_truthy(code == net.errno.EPIPE or
+                       code == net.errno.ECONNRESET, msg)
+      c:close()
+      srv:close()
+    end)
+  end)
+end)
+
+describe("ums.net timeouts and cancellation", function()
+  it("accept times out and can be cancelled", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local v, msg, code = srv:accept(0.05)
+      assert.is_nil(v)
+      assert.equal("timeout", msg)
+      assert.equal(net.errno.ETIMEDOUT, code)
+      local t = ums.spawn(function() return srv:accept() end)
+      ums.sleep(0.02)
+      t:cancel()
+      assert.is_false((t:join(5)))
+      -- the listener still works
+      local t2 = serve_one(srv, function(c) return c:read("l") end)
+      local c = assert(kinds[1].connect(srv))
+      c:write("still\n")
+      assert.equal("still", results(t2))
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("recv and read time out and can be cancelled", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local stop = ums.channel()
+      local t = serve_one(srv, function(c)
+        stop:recv()
+        c:write("late\n")
+        stop:recv()
+      end)
+      local c = assert(kinds[1].connect(srv))
+      c:settimeout(0.05)
+      local v, msg = c:recv()
+      assert.is_nil(v)
+      assert.equal("timeout", msg)
+      c:settimeout(nil)
+      local r = ums.spawn(function() return c:read("l") end)
+      ums.sleep(0.02)
+      r:cancel()
+      assert.is_false((r:join(5)))
+      stop:send(true)
+      assert.equal("late", c:read("l"))
+      stop:send(true)
+      results(t)
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("connect times out, and can be cancelled, on a full backlog", function()
+    run(function()
+      -- A listener that never accepts, with the smallest backlog: once
+      -- it is full the kernel drops new SYNs and connects wait.
+      local srv = assert(net.listen("127.0.0.1", 0, {backlog = 0}))
+      local _, port = srv:getsockname()
+      local held, timed_out = {}, nil
+      for _ = 1, 20 do
+        local c, msg = net.connect("127.0.0.1", port, {timeout = 0.2})
+        if not c then
+          timed_out = msg
+          break
+        end
+        held[#held + 1] = c
+      end
+      assert.equal("timeout", timed_out)
+      local t = ums.spawn(function()
+        return net.connect("127.0.0.1", port)
+      end)
+      ums.sleep(0.05)
+      t:cancel()
+      assert.is_false((t:join(5)))
+      for _, c in ipairs(held) do c:close() end
+      srv:close()
+    end)
+  end)
+
+  it("connect is refused, and tries every address", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      srv:close()
+      local v, msg, code = net.connect("127.0.0.1", port)
+      assert.is_nil(v)
+      assert.equal("connection refused", msg)
+      assert.equal(net.errno.ECONNREFUSED, code)
+    end)
+  end)
+end)
+
+describe("ums.net.resolve", function()
+  it("answers numeric hosts and /etc/hosts names", function()
+    run(function()
+      local r = assert(net.resolve("127.0.0.1", 80))
+      assert.same({family = "inet", addr = "127.0.0.1", port = 80,
+                   socktype = "stream"}, r[1])
+      r = assert(net.resolve("::1", "8080", {socktype = "dgram"}))
+      assert.same({family = "inet6", addr = "::1", port = 8080,
+                   socktype = "dgram"}, r[1])
+      r = assert(net.resolve("localhost", 1))
+      assert.is_true(#r >= 1)
+      for _, a in ipairs(r) do
+        assert.is_truthy(a.addr == "127.0.0.1" or a.addr == "::1")
+      end
+      r = assert(net.resolve(nil, 99, {passive = true, family = "inet"}))
+      assert.equal("0.0.0.0", r[1].addr)
+      local v, msg = net.resolve("127.0.0.1", 80, {family = "inet6"})
+      assert.is_nil(v)
+      assert.is_string(msg)
+    end)
+  end)
+
+  it("a name it must look up fails or times out, never hangs", function()
+    run(function()
+      local v, msg = net.resolve("no-such-host.invalid", 80,
+                                 {timeout = 2})
+      assert.is_nil(v)
+      assert.is_string(msg)
+    end)
+  end)
+end)
+
+describe("ums.net datagrams", function()
+  for _, fam in ipairs({{"inet", "127.0.0.1"}, {"inet6", "::1"}}) do
+    it("sendto/recvfrom on " .. fam[2], function()
+      run(function()
+        local a = assert(net.udp({family = fam[1]}))
+        local b = assert(net.udp({family = fam[1]}))
+        assert.is_true(a:bind(fam[2], 0))
+        local _, aport = a:getsockname()
+        local t = ums.spawn(function()
+          local data, host, port = a:recvfrom()
+          assert.equal(fam[2], host)
+          assert.equal(5, a:sendto(data:upper(), host, port))
+          return data
+        end)
+        assert.equal(5, b:sendto("hello", fam[2], aport))
+        local data, host, port = b:recvfrom(100)
+        assert.equal("HELLO", data)
+        assert.equal(fam[2], host)
+        assert.equal(aport, port)
+        assert.equal("hello", results(t))
+        -- connected, with a timeout
+        assert.is_true(b:connect(fam[2], aport))
+        assert.equal(2, b:send("hi"))
+        assert.equal("hi", a:recv())
+        b:settimeout(0.05)
+        local v, msg = b:recv()
+        assert.is_nil(v)
+        assert.equal("timeout", msg)
+        a:close()
+        b:close()
+      end)
+    end)
+  end
+
+  it("Unix datagram sockets", function()
+    run(function()
+      local pa, pb = unix_path("da"), unix_path("db")
+      os.remove(pa)
+      os.remove(pb)
+      local a = assert(net.udp_unix(pa))
+      local b = assert(net.udp_unix(pb))
+      assert.equal(4, b:sendto("ping", pa))
+      local data, from = a:recvfrom()
+      assert.equal("ping", data)
+      assert.equal(pb, from)
+      a:close()
+      b:close()
+      os.remove(pa)
+      os.remove(pb)
+    end)
+  end)
+end)
+
+describe("ums.net arguments", function()
+  it("raises for bad arguments with Lua's wording", function()
+    run(function()
+      assert.has_error(function() net.connect() end,
+        "bad argument #1 to 'connect' (string expected, got no value)")
+      assert.has_error(function() net.connect("127.0.0.1", 70000) end,
+        "bad argument #2 to 'connect' (port out of range)")
+      assert.has_error(function() net.listen("127.0.0.1", 0, 5) end,
+        "bad argument #3 to 'listen' (table expected, got number)")
+      assert.has_error(function()
+        net.connect("127.0.0.1", 1, {timeout = "x"})
+      end, "bad argument #3 to 'connect' (timeout must be a number of "
+           .. "seconds)")
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local t = serve_one(srv, function(c) c:read("a") end)
+      local c = assert(kinds[1].connect(srv))
+      assert.has_error(function() c:read("x") end,
+        "bad argument #1 to 'read' (invalid format)")
+      assert.has_error(function() c:setoption("bogus", 1) end,
+        "bad argument #1 to 'setoption' (invalid option 'bogus')")
+      assert.has_error(function() c:shutdown("x") end,
+        "bad argument #1 to 'shutdown' (invalid option 'x')")
+      assert.has_error(function() c:recv(0) end,
+        "bad argument #1 to 'recv' (size must be positive)")
+      c:close()
+      assert.has_error(function() c:read() end,
+        "attempt to use a closed connection")
+      results(t)
+      srv:close()
+      assert.has_error(function() srv:accept() end,
+        "attempt to use a closed server")
+    end)
+  end)
+
+  it("waits only inside a task", function()
+    assert.has_error(function() net.connect("127.0.0.1", 1) end,
+      "ums.net.connect: not inside a task (call it from a function run "
+      .. "by ums.run or ums.spawn)")
+    local srv = assert(net.listen("127.0.0.1", 0))
+    assert.has_error(function() srv:accept() end,
+      "ums.net.accept: not inside a task (call it from a function run "
+      .. "by ums.run or ums.spawn)")
+    srv:close()
+  end)
+
+  it("is require 'ums.net' too", function()
+    assert.equal(net, require "ums.net")
+  end)
+end)
