@@ -31,6 +31,8 @@
 local ums = require "ums"
 local net = require "ums.net"
 local wq = require "ums.waitq"
+-- buffered(conn) and wait(fd, "r"|"w", t): lua-binding/lsocket.c.
+local helpers = require("ums.core").socket
 
 local error, getmetatable, ipairs, math_type, pairs, pcall, rawequal,
   select, setmetatable, tonumber, tostring, type =
@@ -188,8 +190,6 @@ local CLIENT = class("tcp{client}", tcp)
 local SERVER = class("tcp{server}", tcp)
 local UNCONNECTED = class("udp{unconnected}", udp)
 local CONNECTED = class("udp{connected}", udp)
-wq.methods(tcp)
-wq.methods(udp)
 
 local TCP_ANY = { [MASTER] = true, [CLIENT] = true, [SERVER] = true }
 local UDP_ANY = { [UNCONNECTED] = true, [CONNECTED] = true }
@@ -256,6 +256,8 @@ local function from_net(name, value)
     if value == false or value == nil then return { on = false, timeout = 0 } end
     return { on = true, timeout = value }
   end
+  -- LuaSocket's numbers are floats (lua_pushnumber).
+  if type(value) == "number" then return value + 0.0 end
   return value
 end
 
@@ -542,9 +544,7 @@ end
 -- socket as readable at once).
 local function dirty(s)
   local conn = s.conn
-  if not conn then return false end
-  if conn.buffered then return conn:buffered() > 0 end
-  return false
+  return conn ~= nil and helpers.buffered(conn) > 0
 end
 
 function tcp.dirty(s)
@@ -575,7 +575,8 @@ local function names(s, which, fname)
   if not o or not o[which] then return nil, "Bad file descriptor" end
   local addr, port, family = o[which](o)
   if not addr then return nil, message(port, family) end
-  return addr, port, family
+  -- LuaSocket 3.1 gives the port as getnameinfo's string.
+  return addr, tostring(port), family
 end
 
 function tcp.getsockname(s)
@@ -633,7 +634,8 @@ end
 
 function tcp.settimeout(s, t, mode)
   check(s, TCP_ANY, "settimeout", "tcp{any}")
-  return settimeout(s, t, mode, "settimeout")
+  local one = settimeout(s, t, mode, "settimeout")  -- not a tail call:
+  return one                                        -- argerror's level
 end
 
 function tcp.gettimeout(s)
@@ -853,7 +855,8 @@ end
 
 function udp.settimeout(s, t, mode)
   check(s, UDP_ANY, "settimeout", "udp{any}")
-  return settimeout(s, t, mode, "settimeout")
+  local one = settimeout(s, t, mode, "settimeout")
+  return one
 end
 
 function udp.gettimeout(s)
@@ -867,7 +870,7 @@ end
 
 -- Parks the calling task until descriptor fd is ready ("r" or "w") or t
 -- seconds have passed: true, or nil, "timeout".
-local wait_fd = net.wait_fd
+local wait_fd = helpers.wait
 
 -- Collects the sockets of a select list: { {sock, fd}, ... }, skipping
 -- objects without a descriptor (closed ones), as LuaSocket does.
@@ -946,6 +949,9 @@ function M.select(recvt, sendt, timeout)
   if #rout == 0 and #wout == 0 then return rout, wout, "timeout" end
   return rout, wout
 end
+
+wq.methods(tcp)
+wq.methods(udp)
 
 -- ---------------------------------------------------------------------
 -- DNS

@@ -1,0 +1,68 @@
+/*
+** lsocket.c: what ums.socket (stdlib/ums/socket.lua, LuaSocket's API
+** over ums.net) needs below Lua, as core.socket:
+**
+**   buffered(conn) -> n    bytes an ums.net connection has read ahead
+**                          (LuaSocket's dirty(): select must not wait
+**                          for the descriptor while they are there)
+**   wait(fd, what [, t])   parks the task until the descriptor is
+**                          readable ("r") or writable ("w"): true, or
+**                          nil, "timeout", code (select's readiness)
+**
+** The first reads the connection's stream (lstream.h); the second is the
+** runtime's readiness request (ums_wait_fd_begin, the sockets' io_uring
+** poll or epoll set) ended with lums_park_finish as ums.net's calls are:
+** the task holds no worker while it waits, and a task cancelled or timed
+** out takes nothing from the socket.
+*/
+#include "lstream.h"
+
+#include <poll.h>
+
+static int l_buffered(lua_State *L) {
+  lfile *f = lstream_to(L, 1);
+  luaL_argcheck(L, f != NULL && f->sock, 1, "ums.net.conn expected");
+  /* A method in progress owns the buffer; it reports what it leaves. */
+  size_t n = 0;
+  if (f->buf && atomic_load(&f->hold) == 0 /* FILE_FREE */)
+    n = f->rlen - f->rpos;
+  lua_pushinteger(L, (lua_Integer)n);
+  return 1;
+}
+
+static int wait_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  int64_t r = ums_net_end((ums_fs_req_t *)ctx, NULL, NULL);
+  if (r == UMS_ECANCELED && lums_cur_task) lums_raise_cancelled(L);
+  if (r < 0) return lstream_push_netfail(L, r);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_wait(lua_State *L) {
+  static const char *const whats[] = {"r", "w", NULL};
+  static const int events[] = {POLLIN, POLLOUT};
+  int fd = (int)luaL_checkinteger(L, 1);
+  int what = luaL_checkoption(L, 2, NULL, whats);
+  int64_t deadline = UMS_FOREVER;
+  if (!lua_isnoneornil(L, 3)) {
+    lua_Number t = luaL_checknumber(L, 3);
+    luaL_argcheck(L, t >= 0, 3, "timeout must not be negative");
+    if (t <= 1e9) deadline = ums_deadline((int64_t)(t * 1e9));
+  }
+  ltask *me = lums_need_task(L, "socket.wait");
+  ums_fs_req_t *req;
+  int rc = ums_wait_fd_begin(fd, events[what], deadline, &req);
+  if (rc) {
+    if (rc == UMS_ECANCELED) lums_raise_cancelled(L);
+    return lstream_push_netfail(L, rc);
+  }
+  return lums_park_finish(L, me, (lua_KContext)req, wait_k);
+}
+
+void lums_open_socket(lua_State *L) {
+  static const luaL_Reg fns[] = {
+      {"buffered", l_buffered}, {"wait", l_wait}, {NULL, NULL}};
+  luaL_newlib(L, fns);
+  lua_setfield(L, -2, "socket");
+}
