@@ -291,3 +291,392 @@ describe("ums.socket against LuaSocket", function()
     end)
   end)
 end)
+
+-- ---------------------------------------------------------------------
+-- Debian's socket.http, ltn12 and socket.smtp through ums.socket
+-- ---------------------------------------------------------------------
+
+describe("socket.http over ums.socket", function()
+  it("runs 20 GETs at once while a ticker task keeps ticking", function()
+    if not has_real then pending("no lua-socket") return end
+    run(function()
+      -- Every request is held by the server until all 20 are in and the
+      -- ticker has ticked 3 more times: with LuaSocket's blocking calls
+      -- one request at a time could reach the server, and nothing else,
+      -- the ticker included, would run meanwhile.
+      local ticks, stop = 0, false
+      local tick = ums.event()
+      local ticker = ums.spawn(function()
+        while not stop do
+          ums.sleep(0.01)
+          ticks = ticks + 1
+          tick:set()
+        end
+      end)
+      local arrived, most, all_in = 0, 0, ums.event(true)
+      local port, halt = http_server(function(_, path)
+        arrived = arrived + 1
+        most = math.max(most, arrived)
+        if arrived == 20 then all_in:set() end
+        assert(all_in:wait(20), "the 20 requests never were in at once")
+        local seen = ticks
+        while ticks < seen + 3 do tick:wait(5) end
+        return "page " .. path
+      end)
+      local bodies, codes = {}, {}
+      local g = ums.group()
+      for i = 1, 20 do
+        g:spawn(function()
+          local t = {}
+          local ok, code = real_http.request{
+            url = ("http://127.0.0.1:%d/%d"):format(port, i),
+            create = socket.tcp, sink = ltn12.sink.table(t)}
+          assert(ok, code)
+          bodies[i], codes[i] = table.concat(t), code
+        end)
+      end
+      assert(g:wait(25))
+      stop = true
+      ticker:join()
+      halt()
+      assert.equal(20, most)
+      for i = 1, 20 do
+        assert.equal(200, codes[i])
+        assert.equal("page /" .. i, bodies[i])
+      end
+      assert.is_true(ticks >= 3)
+    end)
+  end)
+
+  it("sends a body from an ltn12 source and fills an ltn12 sink", function()
+    if not has_real then pending("no lua-socket") return end
+    run(function()
+      local port, halt = http_server(function(method, _, body)
+        return method .. ":" .. body:upper()
+      end)
+      local body = ("payload "):rep(5000)
+      local out = {}
+      local ok, code, headers = real_http.request{
+        url = ("http://127.0.0.1:%d/post"):format(port),
+        method = "POST", create = socket.tcp,
+        source = ltn12.source.string(body),
+        headers = { ["content-length"] = #body },
+        sink = ltn12.sink.table(out)}
+      halt()
+      assert.equal(1, ok)
+      assert.equal(200, code)
+      assert.equal(tostring(#body + 5), headers["content-length"])
+      assert.equal("POST:" .. body:upper(), table.concat(out))
+    end)
+  end)
+
+  it("pumps a socket source into a socket sink with ltn12", function()
+    if not has_real then pending("no lua-socket") return end
+    run(function()
+      -- An echo server in ums.socket itself: by-length source from the
+      -- client, close-when-done sink back.
+      local srv = assert(socket.bind("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      local data = ("0123456789"):rep(7000)
+      local echo = ums.spawn(function()
+        local c = assert(srv:accept())
+        assert(ltn12.pump.all(socket.source("by-length", c, #data),
+                              socket.sink("close-when-done", c)))
+      end)
+      local c = assert(socket.connect("127.0.0.1", port))
+      -- Written whole before reading: an ums.net connection runs one
+      -- method at a time, so a reader and a writer task cannot share it
+      -- (the kernel's buffers hold the 70 KB meanwhile).
+      assert(ltn12.pump.all(ltn12.source.string(data),
+                            socket.sink("keep-open", c)))
+      local got = {}
+      assert(ltn12.pump.all(socket.source("until-closed", c),
+                            (ltn12.sink.table(got))))
+      assert(echo:join())
+      assert.equal(data, table.concat(got))
+      srv:close()
+    end)
+  end)
+end)
+
+describe("socket.smtp over ums.socket", function()
+  it("sends a message to a local SMTP responder task", function()
+    if not has_real then pending("no lua-socket") return end
+    local smtp = require "socket.smtp"
+    run(function()
+      local dialog, message = {}, {}
+      local port, halt = server(function(c)
+        c:write("220 ums test\r\n")
+        while true do
+          local line = c:read("l")
+          if not line then return end
+          line = line:gsub("\r$", "")
+          dialog[#dialog + 1] = line:match("^%u+") or line
+          local verb = line:match("^%u+")
+          if verb == "EHLO" then
+            c:write("250-localhost\r\n250 8BITMIME\r\n")
+          elseif verb == "DATA" then
+            c:write("354 go ahead\r\n")
+            while true do
+              local l = assert(c:read("l")):gsub("\r$", "")
+              if l == "." then break end
+              message[#message + 1] = l
+            end
+            c:write("250 queued\r\n")
+          elseif verb == "QUIT" then
+            c:write("221 bye\r\n")
+            return
+          else
+            c:write("250 ok\r\n")
+          end
+        end
+      end)
+      local ok, err = smtp.send{
+        from = "<a@example.org>", rcpt = { "<b@example.org>" },
+        server = "127.0.0.1", port = port, create = socket.tcp,
+        source = smtp.message{
+          headers = { subject = "hello", to = "b@example.org" },
+          body = "line one\r\nline two"},
+      }
+      halt()
+      assert.equal(1, ok, err)
+      assert.same({ "EHLO", "MAIL", "RCPT", "DATA", "QUIT" }, dialog)
+      local text = table.concat(message, "\n")
+      assert.matches("Subject: hello", text, 1, true)
+      assert.matches("line one\nline two", text, 1, true)
+    end)
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+-- install
+-- ---------------------------------------------------------------------
+
+describe("ums.socket.install", function()
+  it("gives require 'socket' and socket.http over ums.socket until undone",
+     function()
+    if not has_real then pending("no lua-socket") return end
+    local before_socket = package.loaded.socket
+    local before_http = package.loaded["socket.http"]
+    run(function()
+      local port, halt = http_server()
+      local undo = socket.install()
+      assert.equal(socket, require "socket")
+      assert.equal(socket, require "socket.core")
+      local http = require "socket.http"
+      assert.are_not.equal(real_http, http)
+      -- The simple string form uses the module's default socket.tcp.
+      local body, code = http.request(("http://127.0.0.1:%d/s"):format(port))
+      assert.equal("GET /s", body)
+      assert.equal(200, code)
+      -- url and headers stay Debian's.
+      assert.equal("x", require("socket.url").parse("http://x/").host)
+      undo()
+      halt()
+      assert.equal(before_socket, package.loaded.socket)
+    end)
+    assert.equal(before_http, package.loaded["socket.http"])
+    assert.equal(real, require "socket")
+  end)
+end)
+
+-- ---------------------------------------------------------------------
+-- select and timeouts
+-- ---------------------------------------------------------------------
+
+-- A connected pair: the ums.socket client and the ums.net conn the
+-- server accepted.
+local function pair()
+  local srv = assert(ums.net.listen("127.0.0.1", 0))
+  local _, port = srv:getsockname()
+  local c = assert(socket.connect("127.0.0.1", port))
+  local peer = assert(srv:accept(5))
+  srv:close()
+  return c, peer
+end
+
+describe("ums.socket.select", function()
+  it("returns the sockets that become readable, by list and by key",
+     function()
+    run(function()
+      local a, pa = pair()
+      local b, pb = pair()
+      local writer = ums.spawn(function()
+        ums.sleep(0.02)
+        pb:write("x")
+        pb:flush()
+      end)
+      local r, w, err = socket.select({ a, b }, nil, 10)
+      assert.is_nil(err)
+      assert.equal(1, #r)
+      assert.equal(b, r[1])
+      assert.equal(1, r[b])
+      assert.same({}, w)
+      writer:join()
+      assert.equal("x", b:receive(1))
+      a:close(); b:close(); pa:close(); pb:close()
+    end)
+  end)
+
+  it("times out with empty lists and 'timeout'", function()
+    run(function()
+      local a, pa = pair()
+      local r, w, err = socket.select({ a }, nil, 0.05)
+      assert.same({}, r)
+      assert.same({}, w)
+      assert.equal("timeout", err)
+      -- timeout 0 looks and returns at once
+      r, w, err = socket.select({ a }, {}, 0)
+      assert.equal("timeout", err)
+      a:close(); pa:close()
+    end)
+  end)
+
+  it("reports writable sockets, and readable ones with buffered data at once",
+     function()
+    run(function()
+      local a, pa = pair()
+      local r, w, err = socket.select(nil, { a }, 5)
+      assert.is_nil(err)
+      assert.equal(a, w[1])
+      pa:write("one\ntwo\n")
+      pa:flush()
+      assert.equal("one", a:receive())
+      -- "two\n" waits in the buffer, not in the kernel
+      assert.is_true(a:dirty())
+      r = socket.select({ a }, nil, 0)
+      assert.equal(a, r[1])
+      assert.equal("two", a:receive())
+      assert.is_false(a:dirty())
+      a:close(); pa:close()
+    end)
+  end)
+
+  it("skips closed sockets", function()
+    run(function()
+      local a, pa = pair()
+      a:close()
+      local r, _, err = socket.select({ a }, nil, 0.02)
+      assert.same({}, r)
+      assert.equal("timeout", err)
+      pa:close()
+    end)
+  end)
+end)
+
+describe("ums.socket timeouts", function()
+  it("keep LuaSocket's partial results, and zero does not wait", function()
+    run(function()
+      local c, peer = pair()
+      peer:write("abc")
+      peer:flush()
+      c:settimeout(0.05)
+      assert.same({ nil, "timeout", "abc" }, { c:receive() })
+      peer:write("def\n")
+      peer:flush()
+      assert.equal("def", c:receive())
+      peer:write("ab")
+      peer:flush()
+      assert.same({ nil, "timeout", "ab" }, { c:receive(5) })
+      -- a zero timeout is LuaSocket's non-blocking mode: nothing there,
+      -- "timeout" at once (the run's limit fails a hang)
+      c:settimeout(0)
+      for _ = 1, 100 do
+        assert.same({ nil, "timeout", "" }, { c:receive() })
+      end
+      peer:write("now\n")
+      peer:flush()
+      local line, err
+      for _ = 1, 1000 do
+        line, err = c:receive()
+        if line then break end
+        assert.equal("timeout", err)
+        ums.sleep(0.001)
+      end
+      assert.equal("now", line)
+      -- a total timeout counts from the start of the call
+      c:settimeout(nil)
+      c:settimeout(0.05, "t")
+      assert.same({ nil, "timeout", "" }, { c:receive("*a") })
+      c:close(); peer:close()
+    end)
+  end)
+
+  it("gives 'closed' with the partial data when the peer goes", function()
+    run(function()
+      local c, peer = pair()
+      peer:write("no newline")
+      peer:close()
+      assert.same({ nil, "closed", "no newline" }, { c:receive() })
+      assert.same({ nil, "closed", "" }, { c:receive() })
+      c:close()
+      -- a reset (linger 0) is "closed" too, as LuaSocket words it
+      c, peer = pair()
+      peer:setoption("linger", 0)
+      peer:close()
+      local ok, err = c:receive()
+      assert.is_nil(ok)
+      assert.equal("closed", err)
+      local n, err2, last
+      for _ = 1, 10 do
+        n, err2, last = c:send("data")
+        if not n then break end
+      end
+      assert.is_nil(n)
+      assert.equal("closed", err2)
+      assert.equal(0, last)
+      c:close()
+    end)
+  end)
+
+  it("ends a send to a peer that does not read with 'timeout' and the index",
+     function()
+    run(function()
+      local c, peer = pair()
+      c:setoption("send-buffer-size", 4096)
+      c:settimeout(0.1)
+      local chunk = ("x"):rep(1 << 20)
+      local n, err, last
+      for _ = 1, 64 do
+        n, err, last = c:send(chunk)
+        if not n then break end
+      end
+      assert.is_nil(n)
+      assert.equal("timeout", err)
+      assert.is_true(last >= 0 and last < #chunk)
+      c:close(); peer:close()
+    end)
+  end)
+end)
+
+describe("ums.socket outside LuaSocket's reach", function()
+  it("sleeps only its task and tells the time as LuaSocket's gettime",
+     function()
+    run(function()
+      local t0 = socket.gettime()
+      assert.is_true(math.abs(t0 - os.time()) < 2)
+      local other = 0
+      local t = ums.spawn(function()
+        for _ = 1, 3 do other = other + 1 ums.yield() end
+      end)
+      socket.sleep(0.02)
+      assert.equal(3, other)
+      assert.is_true(socket.gettime() > t0)
+      t:join()
+    end)
+  end)
+
+  it("raises LuaSocket's errors for a wrong object", function()
+    run(function()
+      local s = socket.tcp()
+      local ok, err = pcall(function() local r = s:receive() return r end)
+      assert.is_false(ok)
+      assert.matches("calling 'receive' on bad self %(tcp{client} expected%)",
+                     err)
+      -- a socket that is not bound cannot listen: a result, not an error
+      local r, msg = s:listen()
+      assert.is_nil(r)
+      assert.is_string(msg)
+    end)
+  end)
+end)
