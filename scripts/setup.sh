@@ -12,6 +12,7 @@ PACKAGES=(
   strace                                         # fault-injection tests
   zlib1g-dev                                     # examples/cmod (zutil)
   luarocks                                       # rockspec lint (install_embed)
+  lua-socket                                     # ums.socket specs, example
 )
 
 missing=()
