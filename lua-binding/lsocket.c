@@ -5,6 +5,8 @@
 **   buffered(conn) -> n    bytes an ums.net connection has read ahead
 **                          (LuaSocket's dirty(): select must not wait
 **                          for the descriptor while they are there)
+**   ready(fd, what)        whether the descriptor is readable ("r") or
+**                          writable ("w") now, without waiting
 **   wait(fd, what [, t])   parks the task until the descriptor is
 **                          readable ("r") or writable ("w"): true, or
 **                          nil, "timeout", code (select's readiness)
@@ -17,6 +19,7 @@
 */
 #include "lstream.h"
 
+#include <errno.h>
 #include <poll.h>
 
 static int l_buffered(lua_State *L) {
@@ -30,6 +33,23 @@ static int l_buffered(lua_State *L) {
   return 1;
 }
 
+static const char *const whats[] = {"r", "w", NULL};
+static const int events[] = {POLLIN, POLLOUT};
+
+/* poll(2) with a zero timeout: select's first look, and all of a select
+** with a zero timeout. A readiness request whose deadline has already
+** passed may end before the kernel has looked at the descriptor (the
+** io_uring backend's does), so it cannot answer "is it ready now". */
+static int l_ready(lua_State *L) {
+  struct pollfd p = {(int)luaL_checkinteger(L, 1), 0, 0};
+  p.events = (short)events[luaL_checkoption(L, 2, NULL, whats)];
+  int n;
+  do n = poll(&p, 1, 0); while (n < 0 && errno == EINTR);
+  /* A hang-up or an error is readiness too: the next call reports it. */
+  lua_pushboolean(L, n > 0 && p.revents != 0);
+  return 1;
+}
+
 static int wait_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   int64_t r = ums_net_end((ums_fs_req_t *)ctx, NULL, NULL);
@@ -40,8 +60,6 @@ static int wait_k(lua_State *L, int status, lua_KContext ctx) {
 }
 
 static int l_wait(lua_State *L) {
-  static const char *const whats[] = {"r", "w", NULL};
-  static const int events[] = {POLLIN, POLLOUT};
   int fd = (int)luaL_checkinteger(L, 1);
   int what = luaL_checkoption(L, 2, NULL, whats);
   int64_t deadline = UMS_FOREVER;
@@ -62,7 +80,10 @@ static int l_wait(lua_State *L) {
 
 void lums_open_socket(lua_State *L) {
   static const luaL_Reg fns[] = {
-      {"buffered", l_buffered}, {"wait", l_wait}, {NULL, NULL}};
+      {"buffered", l_buffered},
+      {"ready", l_ready},
+      {"wait", l_wait},
+      {NULL, NULL}};
   luaL_newlib(L, fns);
   lua_setfield(L, -2, "socket");
 }

@@ -552,6 +552,25 @@ describe("ums.socket.select", function()
     end)
   end)
 
+  it("with a zero timeout sees data the kernel holds (a polling loop ends)",
+     function()
+    run(function()
+      local a, pa = pair()
+      assert.equal("timeout", select(3, socket.select({ a }, nil, 0)))
+      pa:write("ready\n")
+      pa:flush()
+      local r
+      for _ = 1, 1000 do
+        r = socket.select({ a }, nil, 0)
+        if r[1] then break end
+        ums.sleep(0.001)
+      end
+      assert.equal(a, r[1])
+      assert.equal("ready", a:receive())
+      a:close(); pa:close()
+    end)
+  end)
+
   it("skips closed sockets", function()
     run(function()
       local a, pa = pair()

@@ -870,7 +870,7 @@ end
 
 -- Parks the calling task until descriptor fd is ready ("r" or "w") or t
 -- seconds have passed: true, or nil, "timeout".
-local wait_fd = helpers.wait
+local wait_fd, ready = helpers.wait, helpers.ready
 
 -- Collects the sockets of a select list: { {sock, fd}, ... }, skipping
 -- objects without a descriptor (closed ones), as LuaSocket does.
@@ -914,6 +914,15 @@ function M.select(recvt, sendt, timeout)
     if sock.dirty and sock:dirty() then add(rout, sock) end
   end
   if #rout > 0 then return rout, wout end
+  -- Then what is ready now (all of a select with a zero timeout).
+  for _, e in ipairs(rs) do
+    if ready(e[2], "r") then add(rout, e[1]) end
+  end
+  for _, e in ipairs(ws) do
+    if ready(e[2], "w") then add(wout, e[1]) end
+  end
+  if #rout > 0 or #wout > 0 then return rout, wout end
+  if timeout == 0 then return rout, wout, "timeout" end
   if #rs == 0 and #ws == 0 then
     -- Nothing to wait for: LuaSocket's select sleeps out its timeout
     -- (forever without one).
