@@ -480,6 +480,57 @@ describe("ums.socket.install", function()
   end)
 end)
 
+describe("socket.ftp over ums.socket", function()
+  it("gets a file from a local FTP responder task (through install)",
+     function()
+    if not has_real then pending("no lua-socket") return end
+    run(function()
+      local content = ("file content line\r\n"):rep(300)
+      local commands = {}
+      local port, halt = server(function(c)
+        local data
+        c:write("220 ums ftp\r\n")
+        while true do
+          local line = c:read("l")
+          if not line then return end
+          line = line:gsub("\r$", "")
+          local verb, arg = line:match("^(%a+)%s*(.*)$")
+          verb = verb:upper()
+          commands[#commands + 1] = verb
+          if verb == "USER" then c:write("331 password please\r\n")
+          elseif verb == "PASS" then c:write("230 logged in\r\n")
+          elseif verb == "EPSV" then
+            data = assert(ums.net.listen("127.0.0.1", 0))
+            local _, dport = data:getsockname()
+            c:write(("229 Entering Extended Passive Mode (|||%d|)\r\n")
+                    :format(dport))
+          elseif verb == "RETR" then
+            assert.equal("file.txt", arg)
+            c:write("150 here it comes\r\n")
+            local d = assert(data:accept(10))
+            d:write(content)
+            d:close()
+            data:close()
+            c:write("226 done\r\n")
+          elseif verb == "QUIT" then
+            c:write("221 bye\r\n")
+            return
+          else
+            c:write("502 no\r\n")
+          end
+        end
+      end)
+      local undo = socket.install()
+      local ftp = require "socket.ftp"
+      local got, err = ftp.get(("ftp://127.0.0.1:%d/file.txt"):format(port))
+      undo()
+      halt()
+      assert.equal(content, got, err)
+      assert.same({ "USER", "PASS", "EPSV", "RETR", "QUIT" }, commands)
+    end)
+  end)
+end)
+
 -- ---------------------------------------------------------------------
 -- select and timeouts
 -- ---------------------------------------------------------------------
