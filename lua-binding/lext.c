@@ -302,11 +302,67 @@ static int ext_preempt(lua_State *L, ums_lua_work_fn work, void *ud,
                             to_deadline(timeout), &j->call, gidx, ext_k);
 }
 
+/* ---------------------------------------------------------------------- */
+/* ums_lua_wait_fd                                                         */
+/* ---------------------------------------------------------------------- */
+
+/* A wait in flight: a userdata pushed above the caller's stack (at
+** index top + 1), dropped before k runs. Touched only by the task. */
+typedef struct fdwait {
+  ums_fs_req_t *req;
+  ums_lua_fd_cont_fn k;
+  void *ctx;
+  int top;               /* the caller's stack top */
+} fdwait;
+
+static int fd_result(lua_State *L, int64_t r, ums_lua_fd_cont_fn k,
+                     void *ctx) {
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r == UMS_ETIMEDOUT) r = 0;
+  if (r < 0)
+    return luaL_error(L, "%s: %s", ums_lua_pushfname(L), strerror((int)-r));
+  return k(L, (int)r, ctx);
+}
+
+static int wait_fd_k(lua_State *L, int status, lua_KContext kctx) {
+  (void)status;
+  fdwait *w = (fdwait *)kctx;
+  int64_t r = ums_net_end(w->req, NULL, NULL);
+  ums_lua_fd_cont_fn k = w->k;
+  void *ctx = w->ctx;
+  lua_settop(L, w->top);  /* w goes with it */
+  return fd_result(L, r, k, ctx);
+}
+
+static int ext_wait_fd(lua_State *L, int fd, int events, double timeout,
+                       ums_lua_fd_cont_fn k, void *ctx) {
+  ltask *t = lums_cur_task;
+  if (!t || !t->run) {
+    int64_t r = ums_wait_fd(fd, events, to_deadline(timeout));
+    return fd_result(L, r, k, ctx);
+  }
+  int top = lua_gettop(L);
+  fdwait *w = lua_newuserdatauv(L, sizeof *w, 0);
+  w->k = k;
+  w->ctx = ctx;
+  w->top = top;
+  int rc = ums_wait_fd_begin(fd, events, to_deadline(timeout), &w->req);
+  if (rc == UMS_EBUSY)
+    return luaL_error(L, "%s: cannot wait between ums.park_begin and "
+                         "ums.park_wait", ums_lua_pushfname(L));
+  if (rc) {
+    lua_settop(L, top);
+    return fd_result(L, rc, k, ctx);
+  }
+  return lums_park_finish(L, t, (lua_KContext)w, wait_fd_k);
+}
+
 /* Static: the table must outlive every state (the module is pinned). */
 static const ums_lua_api_t ext_api = {
     .version = UMS_LUA_API_VERSION,
     .size = sizeof(ums_lua_api_t),
     .preempt = ext_preempt,
+    .wait_fd = ext_wait_fd,
 };
 
 void lums_open_ext(lua_State *L) {

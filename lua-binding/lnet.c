@@ -27,6 +27,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -1179,7 +1180,24 @@ static int udp_tbc(lua_State *L) {
   return 0;
 }
 
+/* Raises the soft limit on open descriptors to the hard one, once per
+** process, as a server that holds many connections needs (Debian's
+** default soft limit is 1024). UMS_NOFILE=keep in the environment leaves
+** it alone, for programs that pass descriptors to select(2), whose sets
+** stop at FD_SETSIZE (1024). */
+static void raise_nofile(void) {
+  const char *keep = getenv("UMS_NOFILE");
+  if (keep && strcmp(keep, "keep") == 0) return;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+    return;
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 void lums_open_net(lua_State *L) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, raise_nofile);
   static const luaL_Reg conn_methods[] = {
       {"read", lstream_read},         {"write", lstream_write},
       {"lines", lstream_lines},       {"flush", lstream_flush},

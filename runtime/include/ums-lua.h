@@ -54,8 +54,9 @@ extern "C" {
 ** ums_lua_api_t of the ums.core loaded into that Lua state. */
 #define UMS_LUA_API_KEY "ums.lua_api"
 
-/* The version this header was written for. Version 1: ums_lua_preempt. */
-#define UMS_LUA_API_VERSION 1
+/* The version this header was written for. Version 1: ums_lua_preempt;
+** version 2: ums_lua_wait_fd. */
+#define UMS_LUA_API_VERSION 2
 
 /* ---- Going preemptive: the types (see the section below) ---- */
 
@@ -100,6 +101,13 @@ typedef int (*ums_lua_cont_fn)(lua_State *L, int status, void *ud);
 /* No timeout (any negative number means none). */
 #define UMS_LUA_NOTIMEOUT (-1.0)
 
+/* ---- Waiting for a descriptor: the types (see the section below) ---- */
+
+/* The continuation of ums_lua_wait_fd: revents is poll(2)'s (> 0: the
+** events asked for that are ready, POLLHUP and POLLERR whatever was
+** asked), or 0 when the timeout passed first. ctx is the caller's. */
+typedef int (*ums_lua_fd_cont_fn)(lua_State *L, int revents, void *ctx);
+
 typedef struct ums_lua_api {
   uint32_t version;  /* the highest UMS_LUA_API_VERSION ums.core provides */
   uint32_t size;     /* sizeof (ums_lua_api_t) as ums.core was built */
@@ -107,6 +115,9 @@ typedef struct ums_lua_api {
   int (*preempt)(lua_State *L, ums_lua_work_fn work, void *ud,
                  ums_lua_release_fn release, ums_lua_cont_fn k,
                  double timeout, int flags);
+  /* ---- version 2 ---- */
+  int (*wait_fd)(lua_State *L, int fd, int events, double timeout,
+                 ums_lua_fd_cont_fn k, void *ctx);
 } ums_lua_api_t;
 
 /* The table of the ums.core loaded into L, or NULL when there is none or
@@ -285,6 +296,45 @@ static inline int ums_lua_preempt(lua_State *L, ums_lua_work_fn work,
 /* Nonzero once the caller has given up on the call w runs for. */
 static inline int ums_lua_abandoned(const ums_lua_work_t *w) {
   return w->abandoned(w);
+}
+
+/* ====================================================================== */
+/* Waiting for a descriptor from a lua_CFunction                           */
+/* ====================================================================== */
+/*
+** A binding of a C library that does its own I/O on descriptors it owns
+** (a database driver's socket, curl's multi interface, an inotify or
+** event descriptor) parks the calling task until one of them is ready,
+** without a thread: the function ends with
+**   return ums_lua_wait_fd(L, fd, POLLIN, timeout, k, ctx);
+** and k(L, revents, ctx) runs in the task once fd is ready (revents > 0)
+** or the timeout passed (revents 0), then makes the library's
+** non-blocking call and pushes the results (or waits again, ending with
+** ums_lua_wait_fd once more). events are poll(2)'s (POLLIN, POLLOUT,
+** POLLPRI from <poll.h>).
+**
+** The wait is the runtime's ums_wait_fd (ums.h, "Sockets"): on the
+** scheduler's io_uring (a poll request) or its epoll set; the task yields
+** its coroutine where Lua can yield (where it cannot, it keeps its worker,
+** bound, as ums_lua_preempt does), and holds no pool thread. The
+** descriptor is not changed (its O_NONBLOCK stays the module's) and must
+** stay open until k runs. When the task is cancelled during the wait,
+** ums.CANCELLED is raised in it (k does not run). Outside a task, poll(2)
+** on the calling thread, then k.
+**
+** Stack and errors as for ums_lua_preempt's continuation: k sees the
+** stack the function had when it called ums_lua_wait_fd and may raise.
+** ctx is passed through untouched (it may point into a userdata of that
+** stack, which keeps it alive). A bad descriptor or no event asked for
+** raises "<function>: <strerror>". Raises if ums is not loaded into L or
+** is older than version 2. */
+static inline int ums_lua_wait_fd(lua_State *L, int fd, int events,
+                                  double timeout, ums_lua_fd_cont_fn k,
+                                  void *ctx) {
+  const ums_lua_api_t *api = ums_lua_api_get(
+      L, 2, offsetof(ums_lua_api_t, wait_fd) + sizeof(void (*)(void)));
+  if (api == NULL) return ums_lua_api_error(L, ums_lua_pushfname(L), 2);
+  return api->wait_fd(L, fd, events, timeout, k, ctx);
 }
 
 /* An optional timeout argument: nil or none gives UMS_LUA_NOTIMEOUT; a
