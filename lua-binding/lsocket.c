@@ -11,13 +11,14 @@
 **                          readable ("r") or writable ("w"): true, or
 **                          nil, "timeout", code (select's readiness)
 **
-** The first reads the connection's stream (lstream.h); the second is the
-** runtime's readiness request (ums_wait_fd_begin, the sockets' io_uring
-** poll or epoll set) ended with lums_park_finish as ums.net's calls are:
-** the task holds no worker while it waits, and a task cancelled or timed
-** out takes nothing from the socket.
+** buffered reads the connection's stream (lstream.h); wait is the C
+** modules' ums_lua_wait_fd (ums-lua.h: the runtime's readiness request on
+** the sockets' io_uring poll or epoll set): the task holds no worker
+** while it waits, and a task cancelled or timed out takes nothing from
+** the socket.
 */
 #include "lstream.h"
+#include "ums-lua.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -50,11 +51,14 @@ static int l_ready(lua_State *L) {
   return 1;
 }
 
-static int wait_k(lua_State *L, int status, lua_KContext ctx) {
-  (void)status;
-  int64_t r = ums_net_end((ums_fs_req_t *)ctx, NULL, NULL);
-  if (r == UMS_ECANCELED && lums_cur_task) lums_raise_cancelled(L);
-  if (r < 0) return lstream_push_netfail(L, r);
+/* The wait's end: readiness, or the timeout (revents 0). */
+static int wait_done(lua_State *L, int revents, void *ctx) {
+  (void)ctx;
+  if (revents == 0) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -62,20 +66,9 @@ static int wait_k(lua_State *L, int status, lua_KContext ctx) {
 static int l_wait(lua_State *L) {
   int fd = (int)luaL_checkinteger(L, 1);
   int what = luaL_checkoption(L, 2, NULL, whats);
-  int64_t deadline = UMS_FOREVER;
-  if (!lua_isnoneornil(L, 3)) {
-    lua_Number t = luaL_checknumber(L, 3);
-    luaL_argcheck(L, t >= 0, 3, "timeout must not be negative");
-    if (t <= 1e9) deadline = ums_deadline((int64_t)(t * 1e9));
-  }
-  ltask *me = lums_need_task(L, "socket.wait");
-  ums_fs_req_t *req;
-  int rc = ums_wait_fd_begin(fd, events[what], deadline, &req);
-  if (rc) {
-    if (rc == UMS_ECANCELED) lums_raise_cancelled(L);
-    return lstream_push_netfail(L, rc);
-  }
-  return lums_park_finish(L, me, (lua_KContext)req, wait_k);
+  double t = luaL_optnumber(L, 3, UMS_LUA_NOTIMEOUT);
+  luaL_argcheck(L, t == t, 3, "timeout is NaN");
+  return ums_lua_wait_fd(L, fd, events[what], t, wait_done, NULL);
 }
 
 void lums_open_socket(lua_State *L) {
