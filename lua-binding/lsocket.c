@@ -9,7 +9,7 @@
 **                          writable ("w") now, without waiting
 **   wait(fd, what [, t])   parks the task until the descriptor is
 **                          readable ("r") or writable ("w"): true, or
-**                          nil, "timeout", code (select's readiness)
+**                          nil, "timeout" (select's readiness)
 **
 ** buffered reads the connection's stream (lstream.h); wait is the C
 ** modules' ums_lua_wait_fd (ums-lua.h: the runtime's readiness request on
