@@ -31,7 +31,7 @@
 local ums = require "ums"
 local net = require "ums.net"
 local wq = require "ums.waitq"
--- buffered(conn) and wait(fd, "r"|"w", t): lua-binding/lsocket.c.
+-- buffered(conn), ready(fd, what), wait(fd, what, t): lsocket.c.
 local helpers = require("ums.core").socket
 
 local error, getmetatable, ipairs, math_type, pairs, pcall, rawequal,
@@ -75,7 +75,8 @@ word(E.ECONNREFUSED, "connection refused")
 local function message(msg, code)
   -- ums.net's end of stream (nil without a message) is LuaSocket's
   -- "closed".
-  if msg == nil or msg == "timeout" then return msg and "timeout" or "closed" end
+  if msg == nil then return "closed" end
+  if msg == "timeout" then return "timeout" end
   return (code and words[code]) or msg
 end
 
@@ -253,7 +254,7 @@ end
 
 local function from_net(name, value)
   if name == "linger" then
-    if value == false or value == nil then return { on = false, timeout = 0 } end
+    if not value then return { on = false, timeout = 0 } end
     return { on = true, timeout = value }
   end
   -- LuaSocket's numbers are floats (lua_pushnumber).
@@ -934,7 +935,7 @@ function M.select(recvt, sendt, timeout)
   -- wait, then the others are cancelled (a readiness wait takes no data,
   -- so cancelling one loses nothing).
   local done = ums.event(true)
-  local helpers = {}
+  local watchers = {}
   local function watch(e, what, out)
     local ok = wait_fd(e[2], what, timeout)
     if ok then
@@ -943,17 +944,17 @@ function M.select(recvt, sendt, timeout)
     end
   end
   for _, e in ipairs(rs) do
-    helpers[#helpers + 1] = ums.spawn(watch, e, "r", rout)
+    watchers[#watchers + 1] = ums.spawn(watch, e, "r", rout)
   end
   for _, e in ipairs(ws) do
-    helpers[#helpers + 1] = ums.spawn(watch, e, "w", wout)
+    watchers[#watchers + 1] = ums.spawn(watch, e, "w", wout)
   end
   local ok, err = pcall(done.wait, done, timeout)
   -- Helpers that became ready in the same pass add themselves before
   -- they are cancelled: let them run once.
   if ok then ums.yield() end
-  for _, h in ipairs(helpers) do h:cancel() end
-  for _, h in ipairs(helpers) do h:join() end
+  for _, h in ipairs(watchers) do h:cancel() end
+  for _, h in ipairs(watchers) do h:join() end
   if not ok then error(err, 0) end
   if #rout == 0 and #wout == 0 then return rout, wout, "timeout" end
   return rout, wout
