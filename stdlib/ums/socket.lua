@@ -560,10 +560,16 @@ function tcp.getfd(s)
   return (o:fileno() or -1) + 0.0
 end
 
-function tcp.setfd(s, fd)
-  check(s, TCP_ANY, "setfd", "tcp{any}")
-  argerror(2, 1, "setfd", "ums.socket objects own their ums.net " ..
+-- LuaSocket's setfd swaps the descriptor under the object; an ums.net
+-- object owns its descriptor for its whole life.
+local function no_setfd()
+  argerror(3, 2, "setfd", "ums.socket objects own their ums.net " ..
     "socket and cannot adopt a descriptor")
+end
+
+function tcp.setfd(s)
+  check(s, TCP_ANY, "setfd", "tcp{any}")
+  no_setfd()
 end
 
 function tcp.getfamily(s)
@@ -804,9 +810,9 @@ function udp.getfd(s)
   if not s.udp then return -1.0 end
   return (s.udp:fileno() or -1) + 0.0
 end
-udp.setfd = function(s, fd)
+function udp.setfd(s)
   check(s, UDP_ANY, "setfd", "udp{any}")
-  return tcp.setfd(new(MASTER), fd)
+  no_setfd()
 end
 
 function udp.getfamily(s)
