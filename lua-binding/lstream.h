@@ -5,8 +5,9 @@
 ** buffered writes, lines, setvbuf, and the file lock that keeps one
 ** method at a time on a stream, over the runtime's deferred I/O calls
 ** (ums_fs_*_begin for files, ums_net_recv_begin / ums_net_send_begin for
-** sockets). lfs.c holds the engine (see its head comment); lnet.c makes
-** sockets into streams with lstream_new and adds what only sockets have.
+** sockets). lstream.c holds the engine (see its head comment); lfs.c
+** opens files into streams and lnet.c sockets, with lstream_new, and each
+** adds what only its kind has.
 */
 #ifndef LSTREAM_H
 #define LSTREAM_H
@@ -14,6 +15,15 @@
 #include "lums.h"
 
 #define BUF_SIZE (64 * 1024)
+/* Largest single transfer asked of the runtime. */
+#define CHUNK_MAX ((size_t)16 * 1024 * 1024)
+#define FILE_MT "ums.fs.file"
+
+/* A step's answer besides a result count: it asked for an I/O. */
+#define STEP_IO (-1)
+/* A sub-operation's answer while its I/O is asked for (no real result is
+** this small). */
+#define AGAIN INT64_MIN
 
 /* setvbuf's modes: "full" (written when the buffer fills, on flush, read
 ** and close), "line" (also at the end of a write call that wrote a
@@ -139,6 +149,33 @@ struct lfile {
 };
 
 
+/* ---- The engine, for the files that make streams (lfs.c, lnet.c) ---- */
+
+/* Once per process, before the first stream: the exit handler that
+** writes what files still buffer (lstream.c, "Exit"). */
+LUMS_HIDDEN void lstream_init(void);
+/* Runs method m on f for the caller: takes the stream (waiting while
+** another task's method holds it), then steps the method to its end. */
+LUMS_HIDDEN int lstream_start(lua_State *L, lfile *f, const lmethod *m);
+/* A runtime call failed with err: a cancelled task raises core.CANCELLED;
+** lstream_fail pushes nil, "what: message", errno otherwise (returns 3). */
+LUMS_HIDDEN void lstream_check_cancel(lua_State *L, int64_t err);
+LUMS_HIDDEN int lstream_fail(lua_State *L, const char *what, int64_t err);
+/* Sub-operations for a method's step (AGAIN while their I/O is asked
+** for): the answer to the I/O asked for, the stream's buffer, a write
+** through it, "a" to the end, flush and close. */
+LUMS_HIDDEN bool lstream_answer(lfile *f, int64_t *res);
+LUMS_HIDDEN int64_t lstream_ensure_buf(lfile *f);
+LUMS_HIDDEN int64_t lstream_write_bytes(lfile *f, const char *s, size_t len);
+LUMS_HIDDEN int64_t lstream_fmt_all(lua_State *L, lfile *f);
+LUMS_HIDDEN int64_t lstream_sub_close(lfile *f);
+/* The next format or argument starts from scratch. */
+LUMS_HIDDEN void lstream_next_item(lop *o);
+/* Pushes a lines iterator over the stream at index file with the formats
+** from index first up; close: close it at the end. */
+LUMS_HIDDEN void lstream_push_lines(lua_State *L, int file, int first,
+                                    bool close);
+
 /* Pushes a new stream over fd (-1: set later by its open) with
 ** metatable mt; sock: a socket (see lfile.sock). The stream owns fd. */
 LUMS_HIDDEN lfile *lstream_new(lua_State *L, int fd, bool rd, bool wr,
@@ -163,6 +200,15 @@ LUMS_HIDDEN int lstream_close(lua_State *L);
 LUMS_HIDDEN int lstream_setvbuf(lua_State *L);
 LUMS_HIDDEN int lstream_gc(lua_State *L);
 LUMS_HIDDEN int lstream_tbc(lua_State *L);
+/* Methods of positioned streams (files): seek, sync, positional reads
+** and writes, reads into a buffer, and __tostring. */
+LUMS_HIDDEN int lstream_seek(lua_State *L);
+LUMS_HIDDEN int lstream_sync(lua_State *L);
+LUMS_HIDDEN int lstream_pread(lua_State *L);
+LUMS_HIDDEN int lstream_pwrite(lua_State *L);
+LUMS_HIDDEN int lstream_read_into(lua_State *L);
+LUMS_HIDDEN int lstream_pread_into(lua_State *L);
+LUMS_HIDDEN int lstream_file_tostring(lua_State *L);
 /* Stream methods of sockets: the raw recv and send, and drain. */
 LUMS_HIDDEN int lstream_recv(lua_State *L);
 LUMS_HIDDEN int lstream_send(lua_State *L);
