@@ -228,7 +228,8 @@ static int readfile_result(lua_State *L, int64_t r, int fd,
   *owner = NULL;
   ums_buf_release(b);
   if (r >= 0) return 1;
-  if (r != UMS_EFBIG && r != UMS_ESPIPE) return lstream_fail(L, lua_tostring(L, 1), r);
+  if (r != UMS_EFBIG && r != UMS_ESPIPE)
+    return lstream_fail(L, lua_tostring(L, 1), r);
   /* Larger than the buffer, or a stream: through a file, as io would. */
   lua_settop(L, 1);
   lfile *f = new_file(L, true, false);  /* closes it if we raise */
@@ -265,7 +266,8 @@ static int fs_readfile(lua_State *L) {
     luaL_setmetatable(L, RFBUF_MT);
     owner = &box->b;
   }
-  if (!(*owner = ums_buf_new(BUF_SIZE))) return lstream_fail(L, path, UMS_ENOMEM);
+  if (!(*owner = ums_buf_new(BUF_SIZE)))
+    return lstream_fail(L, path, UMS_ENOMEM);
   int fd = -1;
   if (!me) {
     int64_t r = ums_fs_readfile(path, *owner, &fd, UMS_FOREVER);
@@ -545,9 +547,11 @@ void lums_open_fs(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, lstream_init);
   static const luaL_Reg methods[] = {
-      {"read", lstream_read},   {"write", lstream_write}, {"lines", lstream_lines},
-      {"seek", lstream_seek},   {"flush", lstream_flush}, {"close", lstream_close},
-      {"pread", lstream_pread}, {"pwrite", lstream_pwrite}, {"sync", lstream_sync},
+      {"read", lstream_read},     {"write", lstream_write},
+      {"lines", lstream_lines},   {"seek", lstream_seek},
+      {"flush", lstream_flush},   {"close", lstream_close},
+      {"pread", lstream_pread},   {"pwrite", lstream_pwrite},
+      {"sync", lstream_sync},
       {"read_into", lstream_read_into}, {"pread_into", lstream_pread_into},
       {"setvbuf", lstream_setvbuf},
       {NULL, NULL}};

@@ -272,6 +272,20 @@ static lnet_op *new_op(lua_State *L, int kind) {
 
 static int after_resolve(lua_State *L, lnet_op *op);
 
+/* A listening socket. Touched only by the tasks of its VM. */
+typedef struct lserver {
+  int fd;                /* -1 once closed */
+  int family;            /* AF_INET, AF_INET6, AF_UNIX */
+} lserver;
+
+/* Pushes a server over fd (which it owns from here). */
+static void new_server(lua_State *L, int fd, int family) {
+  lserver *s = lua_newuserdatauv(L, sizeof *s, 0);
+  s->fd = fd;
+  s->family = family;
+  luaL_setmetatable(L, SERVER_MT);
+}
+
 /* The resolution has ended. */
 static int resolved(lua_State *L, lnet_op *op) {
   int eai = 0;
@@ -442,9 +456,7 @@ static int after_resolve(lua_State *L, lnet_op *op) {
           err = rc;
           continue;
         }
-        int *s = lua_newuserdatauv(L, sizeof(int), 0);
-        *s = fd;
-        luaL_setmetatable(L, SERVER_MT);
+        new_server(L, fd, a->ai_family);
         return 1;
       }
       return net_fail(L, err);
@@ -500,9 +512,9 @@ static int net_connect_unix(lua_State *L) {
 /* Servers                                                                 */
 /* ---------------------------------------------------------------------- */
 
-static int *check_server(lua_State *L, int idx) {
-  int *s = luaL_checkudata(L, idx, SERVER_MT);
-  if (*s < 0) luaL_error(L, "attempt to use a closed server");
+static lserver *check_server(lua_State *L, int idx) {
+  lserver *s = luaL_checkudata(L, idx, SERVER_MT);
+  if (s->fd < 0) luaL_error(L, "attempt to use a closed server");
   return s;
 }
 
@@ -565,9 +577,7 @@ static int net_listen_unix(lua_State *L) {
     close(fd);
     return net_fail(L, rc);
   }
-  int *s = lua_newuserdatauv(L, sizeof(int), 0);
-  *s = fd;
-  luaL_setmetatable(L, SERVER_MT);
+  new_server(L, fd, AF_UNIX);
   return 1;
 }
 
@@ -594,12 +604,8 @@ static int accept_k(lua_State *L, int status, lua_KContext ctx) {
   laccept *a = lua_touserdata(L, 2);
   int fd = (int)ums_net_end((ums_fs_req_t *)ctx, NULL, NULL);
   if (fd >= 0) {
-    int *s = lua_touserdata(L, 1);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (*s >= 0 && getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
-        ss.ss_family != AF_UNIX)
-      set_nodelay(fd, true);
+    lserver *s = lua_touserdata(L, 1);
+    if (s->family != AF_UNIX) set_nodelay(fd, true);
     new_conn(L, fd, -1);
     return 1;
   }
@@ -631,10 +637,10 @@ static int accept_again_k(lua_State *L, int status, lua_KContext ctx) {
 }
 
 static int accept_start(lua_State *L, laccept *a) {
-  int *s = lua_touserdata(L, 1);
-  if (*s < 0) return net_fail(L, UMS_EBADF);
+  lserver *s = lua_touserdata(L, 1);
+  if (s->fd < 0) return net_fail(L, UMS_EBADF);
   ums_fs_req_t *req;
-  int rc = ums_net_accept_begin(*s, a->deadline, &req);
+  int rc = ums_net_accept_begin(s->fd, a->deadline, &req);
   if (rc) return net_fail(L, rc);
   return lums_park_finish(L, lums_cur_task, (lua_KContext)req, accept_k);
 }
@@ -652,10 +658,10 @@ static int server_accept(lua_State *L) {
 }
 
 static int server_close(lua_State *L) {
-  int *s = luaL_checkudata(L, 1, SERVER_MT);
-  if (*s >= 0) {
-    int fd = *s;
-    *s = -1;
+  lserver *s = luaL_checkudata(L, 1, SERVER_MT);
+  if (s->fd >= 0) {
+    int fd = s->fd;
+    s->fd = -1;
     int rc = ums_net_close(fd, UMS_FOREVER);
     if (rc && rc != UMS_ECANCELED) return net_fail(L, rc);
   }
@@ -664,14 +670,14 @@ static int server_close(lua_State *L) {
 }
 
 static int server_gc(lua_State *L) {
-  int *s = luaL_checkudata(L, 1, SERVER_MT);
-  if (*s >= 0) close(*s);
-  *s = -1;
+  lserver *s = luaL_checkudata(L, 1, SERVER_MT);
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
   return 0;
 }
 
 static int server_fileno(lua_State *L) {
-  lua_pushinteger(L, *check_server(L, 1));
+  lua_pushinteger(L, check_server(L, 1)->fd);
   return 1;
 }
 
@@ -685,19 +691,19 @@ static int sock_name(lua_State *L, int fd, bool peer) {
 }
 
 static int server_getsockname(lua_State *L) {
-  return sock_name(L, *check_server(L, 1), false);
+  return sock_name(L, check_server(L, 1)->fd, false);
 }
 
 static int server_tostring(lua_State *L) {
-  int *s = luaL_checkudata(L, 1, SERVER_MT);
-  if (*s < 0) {
+  lserver *s = luaL_checkudata(L, 1, SERVER_MT);
+  if (s->fd < 0) {
     lua_pushliteral(L, "ums.net.server (closed)");
     return 1;
   }
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
-  if (getsockname(*s, (struct sockaddr *)&ss, &len) != 0) {
-    lua_pushfstring(L, "ums.net.server (%d)", *s);
+  if (getsockname(s->fd, (struct sockaddr *)&ss, &len) != 0) {
+    lua_pushfstring(L, "ums.net.server (%d)", s->fd);
     return 1;
   }
   push_addr(L, (struct sockaddr *)&ss, len);
@@ -736,8 +742,9 @@ static int conn_gettimeout(lua_State *L) {
 
 static int shutdown_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
-  /* The flush's results are at the top: true, or its failure. */
-  if (lua_isnil(L, -3) && lua_gettop(L) >= 3) return 3;
+  /* Above the connection, the flush's results (none for "r"): true, or
+  ** its failure (nil, message, errno, written), which is the result. */
+  if (lua_gettop(L) >= 2 && lua_isnil(L, 2)) return lua_gettop(L) - 1;
   lfile *f = lstream_to(L, 1);
   if (!f || f->fd < 0) return luaL_error(L, "attempt to use a closed "
                                             "connection");

@@ -28,9 +28,7 @@
 **
 ** A method holds its file (the file lock) from its first step to its
 ** last, so its progress lives in the file (lfile.op) and survives the
-** yields; results it has produced wait on the Lua stack. The calls that
-** have no file (stat, remove, rename, mkdir, dir) make one request at a
-** time, carried to their continuation as its context.
+** yields; results it has produced wait on the Lua stack.
 **
 ** A file is shared by the tasks that hold it: the file lock (a FIFO of
 ** parked tasks) keeps one method at a time on its buffer, so a log file
@@ -41,10 +39,14 @@
 ** unread bytes) or pending writes (behind it by the pending bytes). Reads
 ** and writes larger than the buffer go straight between the kernel and a
 ** page-aligned ums_buf (the method's accumulator), then one copy into (or
-** from) the Lua string.
+** from) the Lua string. A socket's two directions are independent: a
+** write keeps its read-ahead and, while there is some, goes out unbuffered
+** (write_bytes); a read that times out keeps what it received for the
+** next one (keep_after_timeout).
 **
 ** Exit. As C stdio does for its streams, the process's exit writes what
-** every open file of every VM still buffers: each file is on a list of
+** every open file of every VM still buffers (not sockets, whose send
+** could block): each file is on a list of
 ** the process (open_files) from its making to its __gc, and an atexit
 ** handler (flush_at_exit) walks it. exit() may run on any thread while
 ** the files' own threads still run (a scheduler thread calling the C
@@ -1379,9 +1381,9 @@ int lstream_sync(lua_State *L) {
 ** (the lock lets one at a time). Such a reader counts itself in
 ** f->sharers while it reads and carries its progress on its own stack
 ** (SH_* below); a close meanwhile closes the file for Lua at once and
-** leaves the descriptor to the last reader (lstream_sub_close), so its number is
-** not reused under them. Outside a task, or when the file is busy,
-** m_read_into runs under the lock.
+** leaves the descriptor to the last reader (lstream_sub_close), so its
+** number is not reused under them. Outside a task, or when the file is
+** busy, m_read_into runs under the lock.
 **
 ** pread (a string) stays under the lock: it needs a buffer of its own per
 ** read, and 64 of them in flight at once (64 tasks, 1 MiB each) put every

@@ -143,7 +143,8 @@ describe("ums.net limits", function()
 
   it("raises the soft open-files limit to the hard one at load, unless "
      .. "UMS_NOFILE=keep", function()
-    local probe = "dofile('" .. here .. "helper.lua'); for l in io.lines('/proc/self/limits') do "
+    local probe = "dofile('" .. here .. "helper.lua'); "
+      .. "for l in io.lines('/proc/self/limits') do "
       .. "if l:find('open files') then print(l) end end"
     local r = sp.sh("sh -c " .. sp.q("ulimit -S -n 256; " .. env_prefix() ..
       sp.q(sp.lua) .. " -e " .. sp.q(probe)))

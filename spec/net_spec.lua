@@ -29,6 +29,9 @@ os.remove(TMP)
 local function unix_path(tag)
   return TMP .. "." .. tag .. ".sock"
 end
+-- The Unix listeners' paths stay after their close, as bind(2) leaves
+-- them.
+teardown(function() os.remove(unix_path("s")) end)
 
 -- A listener on each kind of address, and how to reach it.
 local kinds = {
@@ -370,6 +373,29 @@ describe("ums.net timeouts and cancellation", function()
       assert.is_false((r:join(5)))
       stop:send(true)
       assert.equal("late", c:read("l"))
+      stop:send(true)
+      results(t)
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("a send to a peer that never reads can be cancelled", function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local stop = ums.channel()
+      local t = serve_one(srv, function() stop:recv() end)
+      local c = assert(kinds[1].connect(srv))
+      c:setoption("sndbuf", 4096)
+      local sent = 0
+      local s = ums.spawn(function()
+        local chunk = ("q"):rep(65536)
+        while true do sent = sent + assert(c:send(chunk)) end
+      end)
+      ums.sleep(0.1)
+      s:cancel()
+      assert.is_false((s:join(5)))
+      assert.is_true(sent > 0)
       stop:send(true)
       results(t)
       c:close()
