@@ -2065,6 +2065,7 @@ int lums_open(lua_State *L) {
   lums_open_stats(L);
   lums_open_fs(L);
   lums_open_net(L);
+  lums_open_socket(L);
   lums_open_ffi(L);
   lums_open_ext(L);
   lums_open_shared(L);

@@ -359,6 +359,8 @@ LUMS_HIDDEN void lums_open_fs(lua_State *L);
 
 /* lnet.c: adds the net table to the module table at the top. */
 LUMS_HIDDEN void lums_open_net(lua_State *L);
+/* lsocket.c: adds the socket table (ums.socket's helpers). */
+LUMS_HIDDEN void lums_open_socket(lua_State *L);
 
 /* lffi.c: adds the ffi table to the module table at the top. */
 LUMS_HIDDEN void lums_open_ffi(lua_State *L);

@@ -12,6 +12,7 @@ PACKAGES=(
   strace                                         # fault-injection tests
   zlib1g-dev                                     # examples/cmod (zutil)
   luarocks                                       # the rock test (install_rock)
+  lua-socket                                     # ums.socket specs, example
 )
 
 missing=()

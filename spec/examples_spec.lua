@@ -58,6 +58,11 @@ describe("examples", function()
         assert.same({ "100x4", "200x2", "300x1", "400x2", "500x1" }, phases)
         assert.matches("phases never overlap; at most [1-5] items ran at "
           .. "once %(readers = 5%)\n$", r.stdout)
+      elseif name == "http_fetch.lua" then
+        -- all 20 pages, and the fetches overlapped at the server
+        assert.matches("^fetched 20 pages, at most %d+ in flight", r.stdout)
+        local most = tonumber(r.stdout:match("at most (%d+) in flight"))
+        assert.is_true(most > 1)
       end
     end)
 
