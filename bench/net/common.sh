@@ -64,11 +64,12 @@ net_build() {
   loadgen="$build/bench/net/loadgen"
 }
 
-# net_port: prints a TCP port nobody listens on at the moment.
+# net_port: prints a TCP port nobody listens on at the moment, below the
+# ephemeral range (32768 and up) that clients' own ports come from.
 net_port() {
   local p
   while :; do
-    p=$((20000 + RANDOM % 20000))
+    p=$((10000 + RANDOM % 20000))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"
       return
@@ -98,15 +99,21 @@ net_start() {
   return 1
 }
 
+# net_forget PID: PID has been reaped; the exit trap must not signal it
+# (the number may belong to another process by then).
+net_forget() {
+  local kept=() pid
+  for pid in "${net_pids[@]}"; do
+    [[ "$pid" == "$1" ]] || kept+=("$pid")
+  done
+  net_pids=("${kept[@]}")
+}
+
 # net_stop: stops the server net_start started last.
 net_stop() {
   kill -TERM "$server_pid" 2>/dev/null || true
   net_reap "$server_pid"
-  local kept=() pid
-  for pid in "${net_pids[@]}"; do
-    [[ "$pid" == "$server_pid" ]] || kept+=("$pid")
-  done
-  net_pids=("${kept[@]}")
+  net_forget "$server_pid"
 }
 
 # median: the median of the numbers on stdin, one per line.

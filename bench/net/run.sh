@@ -21,7 +21,7 @@
 #
 # Uses a Release tree (default: build-release/, configured and built if
 # missing). Peers: apt-get install lua-luv lua-cqueues golang-go tarantool
-# (scripts/bench-setup.sh installs them); a missing Lua peer is skipped.
+# (scripts/setup.sh --bench installs them); a missing Lua peer is skipped.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build="$root/build-release"
