@@ -6,7 +6,8 @@
 --        answers, stop (this is how the example runs as a test)
 --   lua5.4 examples/http_server.lua --port 8080 [--schedulers 2]
 --        serve 127.0.0.1:8080 until killed (bench/net/http.sh drives it
---        with wrk)
+--        with wrk); --port 0 picks a free port; the first line printed
+--        names the port and the schedulers listening
 --
 -- A listener per scheduler, all on the same port with SO_REUSEPORT, rather
 -- than one acceptor handing connections on: the kernel spreads incoming
@@ -25,12 +26,12 @@
 -- "Connection: keep-alive".
 local ums = require "ums"
 
--- One scheduler's listener: the work submitted to each scheduler (and run
--- by the first task itself on scheduler 0). Its only upvalue is _ENV, as
+-- One scheduler's listener: the work submitted to each scheduler (a task
+-- of the caller's own scheduler for that one). Its only upvalue is _ENV, as
 -- ums.submit requires; it reports its scheduler and port on ready, serves
 -- until stop is set, and returns how many connections it accepted.
 local function listen_on(port, stop, ready)
-  local ums = require "ums"  -- luacheck: ignore 431 (this VM's own ums)
+  local ums = require "ums"  -- this VM's own: the only upvalue is _ENV
   local body = "Hello, World!\n"
   local response = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n" ..
                    "Content-Length: " .. #body .. "\r\n\r\n" .. body
@@ -94,20 +95,23 @@ local function listen_on(port, stop, ready)
 end
 
 -- Starts a listener on every scheduler, all on one port (port 0: the
--- first listener picks a free one). Returns the port, the listeners' works
--- (scheduler 0's is a task) and the schedulers they run on.
+-- first listener picks a free one). Returns the port, the listeners (a
+-- task on this scheduler, works on the others) and the schedulers they
+-- run on.
 local function start(port, stop)
   local ready = ums.shared.channel(ums.schedulers())
   local first = ums.spawn(listen_on, port, stop, ready)
   local at = ready:recv()
   local listeners, schedulers = {first}, {at.scheduler}
-  for i = 1, ums.schedulers() - 1 do
-    local work = ums.submit_on(i, listen_on, at.port, stop, ready)
-    -- An idle scheduler may steal work that has not started; this task
-    -- keeps scheduler 0 busy until scheduler i has taken its listener.
-    while work:status() == "pending" do ums.yield() end
-    listeners[#listeners + 1] = work
-    schedulers[#schedulers + 1] = ready:recv().scheduler
+  for i = 0, ums.schedulers() - 1 do
+    if i ~= at.scheduler then
+      local work = ums.submit_on(i, listen_on, at.port, stop, ready)
+      -- An idle scheduler may steal work that has not started; this task
+      -- keeps its own scheduler busy until scheduler i has taken the work.
+      while work:status() == "pending" do ums.yield() end
+      listeners[#listeners + 1] = work
+      schedulers[#schedulers + 1] = ready:recv().scheduler
+    end
   end
   return at.port, listeners, schedulers
 end
@@ -170,9 +174,10 @@ local function self_test()
 end
 
 local function serve_forever(port)
-  local _, listeners, schedulers = start(port, ums.shared.event(true))
-  print(("http_server: serving http://127.0.0.1:%d/ on %d scheduler(s)")
-        :format(port, #schedulers))
+  local bound, listeners, schedulers = start(port, ums.shared.event(true))
+  table.sort(schedulers)
+  print(("http_server: serving http://127.0.0.1:%d/ on schedulers %s")
+        :format(bound, table.concat(schedulers, ", ")))
   io.stdout:flush()
   for _, l in ipairs(listeners) do assert(l:join()) end
 end

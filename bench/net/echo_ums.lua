@@ -12,7 +12,7 @@ local nsched = math.tointeger(tonumber(arg[2] or 1))
 
 -- One scheduler's listener; its only upvalue is _ENV (ums.submit).
 local function listen_on(p)
-  local ums = require "ums"  -- luacheck: ignore 431 (this VM's own ums)
+  local ums = require "ums"  -- this VM's own: the only upvalue is _ENV
   local function serve(conn)
     while true do
       local data = conn:recv()
