@@ -51,7 +51,11 @@ net_build() {
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       >/dev/null
   fi
-  cmake --build "$build" --target ums_lua echo_epoll echo_ums >/dev/null
+  if ! cmake --build "$build" --target ums_lua echo_epoll echo_ums \
+       >"$net_tmp/build.log" 2>&1; then
+    cat "$net_tmp/build.log" >&2
+    exit 1
+  fi
   mkdir -p "$build/bench/net"
   (
     cd "$root/bench/net"
