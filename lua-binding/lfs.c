@@ -51,7 +51,7 @@
 ** the time of a plain write(), never through another thread's ring).
 */
 #define _GNU_SOURCE
-#include "lums.h"
+#include "lstream.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -68,7 +68,6 @@
 #include <unistd.h>
 
 #define FILE_MT "ums.fs.file"
-#define BUF_SIZE (64 * 1024)
 /* Largest single transfer asked of the runtime. */
 #define CHUNK_MAX ((size_t)16 * 1024 * 1024)
 /* read("a") goes through the file buffer up to this much, then straight
@@ -85,117 +84,9 @@
 
 static const char file_tag = 0;
 
-typedef struct lfile lfile;
-
-enum { IO_READ, IO_WRITE, IO_CLOSE, IO_FSYNC, IO_OPEN };
-
-/* The one I/O a step asks for. */
-typedef struct lio {
-  int kind;              /* IO_* */
-  int fd;
-  ums_buf_t *buf;        /* read, write: the file's buffer or the
-                            method's accumulator; the request holds its
-                            own reference until it really ends */
-  size_t pos, len;
-  int64_t off;           /* >= 0, or UMS_FS_CUR */
-  bool at_pos;           /* read, write: at the file's position (off is
-                            kpos, or UMS_FS_CUR while it is not known) */
-  const char *path;      /* open: anchored on the caller's Lua stack */
-  int flags, mode;       /* open */
-} lio;
-
-/* A method: how it runs once it holds the file. */
-typedef struct lmethod {
-  /* Sets up op from the arguments on the stack (NULL: nothing to do). */
-  void (*init)(lua_State *L, lfile *f);
-  /* Runs the method on: returns STEP_IO after asking for an I/O, or the
-  ** number of results pushed once it has ended (its error, if any, in
-  ** op.err). Steps again after each I/O, with the answer in op.res. */
-  int (*step)(lua_State *L, lfile *f);
-  /* After the file is given back: the call's results (may raise). */
-  int (*done)(lua_State *L, lfile *f, int nres, int64_t err);
-  /* A closed file is fine (the step copes): no "closed file" error. */
-  bool closed_ok;
-} lmethod;
-
-/* The method running on a file. Touched only by the holder of the file
-** (the task whose method holds it, or the host thread), from its first
-** step to its last. */
-typedef struct lop {
-  const lmethod *m;
-  int phase;             /* the method's own progress */
-  int sub;               /* progress inside the current format, argument
-                            or close */
-  int i, last;           /* read: the formats (stack indices); write: the
-                            arguments */
-  int first;             /* read: stack index of the first result */
-  bool hit_eof;          /* read: a read in this format returned 0 */
-  bool close_at_end;     /* lines: close the file at its end */
-  size_t done;           /* bytes of the current item done; read("a"):
-                            the next chunk */
-  bool sized;            /* read("a"): end_at was looked up */
-  int64_t end_at;        /* read("a"): the file's size by fstat when the
-                            format began (a regular file whose position
-                            is known), else -1 */
-  size_t wdone;          /* flush: pending bytes written so far */
-  size_t wpos;           /* write_acc: accumulator bytes written so far */
-  int64_t err;           /* the method's error (0: none) */
-  bool werr;             /* err is a write's: the result says how much
-                            was written (wrote) */
-  int64_t wrote;         /* bytes this method wrote into the file */
-  int64_t err2;          /* close: the flush's error */
-  const char *path;      /* open: the path (on the stack) */
-  int oflags, omode;     /* open */
-  ums_buf_t *acc;        /* data being gathered for a result, or a chunk
-                            being written: the op's reference, dropped at
-                            the method's end */
-  size_t acclen;
-  lio io;                /* the I/O asked for */
-  bool answered;         /* res answers io, for the one who asked */
-  int64_t res;
-  ums_fs_req_t *req;     /* io in flight (a task), between begin and end */
-} lop;
-
-struct lfile {
-  const char *tag;       /* &file_tag */
-  int fd;                /* -1 once closed (and before an open ends) */
-  bool readable, writable;
-  ums_buf_t *buf;        /* BUF_SIZE bytes, made on first use */
-  size_t rpos, rlen;     /* unread read-ahead: buf[rpos, rlen) */
-  size_t wlen;           /* pending writes: buf[0, wlen) */
-  /* FILE_HELD while a method is using the file (the file lock is taken),
-  ** FILE_EXIT while the exit handler writes its buffer, else FILE_FREE.
-  ** [atomic; the VM's thread takes and gives it, the exit handler takes
-  ** it only from FILE_FREE] */
-  atomic_int hold;
-  lfile *prev_open, *next_open;  /* open_files [open_lock] */
-  ltask *owner;          /* the task whose method holds it (NULL outside
-                            tasks) */
-  lwaitq waiters;        /* tasks waiting for it, FIFO */
-  lop op;                /* the method holding it */
-  int sharers;           /* pread_into calls in flight beside the file
-                            lock ("Positional reads side by side") */
-  int orphan_fd;         /* the descriptor of a file closed while sharers
-                            read from it: the last of them closes it;
-                            -1 when none */
-  /* The file's position as the kernel would hold it (ahead of the
-  ** logical one by the read-ahead, behind it by the pending writes),
-  ** while pos_known: on a file that can seek and is not in append mode.
-  ** This file keeps it itself, from the open on, and every read and write
-  ** "at the position" is made at the explicit offset kpos: the kernel's
-  ** own position is not used, because io_uring leaves it unchanged after
-  ** a short write (a retry would then overwrite the file's start). The
-  ** descriptor is this file's alone, so nothing else needs the kernel's
-  ** position. A stream (pipe, socket, terminal) and a file in append mode
-  ** (every write jumps to the end) use the kernel's position instead. */
-  int64_t kpos;
-  bool pos_known;
-  bool append;           /* opened with O_APPEND */
-};
-
 enum { FILE_FREE, FILE_HELD, FILE_EXIT };
 
-/* Every file of every VM, from new_file to f_gc, for flush_at_exit. */
+/* Every file of every VM, from new_file to lstream_gc, for flush_at_exit. */
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static lfile *open_files;   /* [open_lock] */
 
@@ -291,9 +182,24 @@ static void file_check_cancel(lua_State *L, lfile *f, int64_t err) {
   check_cancel(L, err);
 }
 
+int lstream_push_netfail(lua_State *L, int64_t err) {
+  char msg[128];
+  if (err == UMS_ETIMEDOUT) {
+    snprintf(msg, sizeof msg, "timeout");
+  } else {
+    snprintf(msg, sizeof msg, "%s", strerror((int)-err));
+    msg[0] = (char)tolower((unsigned char)msg[0]);
+  }
+  lua_pushnil(L);
+  lua_pushstring(L, msg);
+  lua_pushinteger(L, (lua_Integer)-err);
+  return 3;
+}
+
 /* file_check_cancel, then the result nil, message, errno. */
 static int file_fail(lua_State *L, lfile *f, int64_t err) {
   file_check_cancel(L, f, err);
+  if (f->sock) return lstream_push_netfail(L, err);
   return push_fail(L, NULL, err);
 }
 
@@ -312,19 +218,31 @@ static void file_unlock(lfile *f) {
   }
 }
 
-static lfile *to_file(lua_State *L, int idx) {
+lfile *lstream_to(lua_State *L, int idx) {
   lfile *f = (lfile *)lua_touserdata(L, idx);
   if (!f || lua_rawlen(L, idx) != sizeof *f || f->tag != &file_tag)
     return NULL;
   return f;
 }
 
+lfile *lstream_check(lua_State *L, int idx, const char *mt) {
+  lfile *f = lstream_to(L, idx);
+  if (!f) luaL_checkudata(L, idx, mt);  /* raises */
+  if (f->fd < 0)
+    luaL_error(L, f->sock ? "attempt to use a closed connection"
+                          : "attempt to use a closed file");
+  return f;
+}
+
+/* A socket's method that can wait runs only inside a task, as every
+** other wait of ums; raises "ums.net.<name>: not inside a task". */
+static void sock_need_task(lua_State *L, lfile *f, const char *name) {
+  if (f->sock) lums_need_task(L, name);
+}
+
 /* The open file at idx (a method's self); raises for anything else. */
 static lfile *check_file(lua_State *L, int idx) {
-  lfile *f = to_file(L, idx);
-  if (!f) luaL_checkudata(L, idx, FILE_MT);  /* raises */
-  if (f->fd < 0) luaL_error(L, "attempt to use a closed file");
-  return f;
+  return lstream_check(L, idx, FILE_MT);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -342,6 +260,12 @@ static void op_clear(lop *o) {
 static int io_begin(lfile *f) {
   lop *o = &f->op;
   lio *io = &o->io;
+  if (f->sock && io->kind == IO_READ)
+    return ums_net_recv_begin(io->fd, io->buf, io->pos, io->len, 0,
+                              o->deadline, &o->req);
+  if (f->sock && io->kind == IO_WRITE)
+    return ums_net_send_begin(io->fd, io->buf, io->pos, io->len, 0,
+                              o->deadline, &o->req);
   switch (io->kind) {
     case IO_READ:
       return ums_fs_read_begin(io->fd, io->buf, io->pos, io->len, io->off,
@@ -362,6 +286,12 @@ static int io_begin(lfile *f) {
 /* The same I/O made outside a task: the plain system call. */
 static int64_t io_now(lfile *f) {
   lio *io = &f->op.io;
+  if (f->sock && io->kind == IO_READ)
+    return ums_net_recv(io->fd, io->buf, io->pos, io->len, 0,
+                        f->op.deadline);
+  if (f->sock && io->kind == IO_WRITE)
+    return ums_net_send(io->fd, io->buf, io->pos, io->len, 0,
+                        f->op.deadline);
   switch (io->kind) {
     case IO_READ:
       return ums_fs_read(io->fd, io->buf, io->pos, io->len, io->off,
@@ -401,6 +331,34 @@ static void io_end(lfile *f) {
 }
 
 static int method_loop(lua_State *L, lfile *f);
+static bool reads(const lmethod *m);
+
+/* A socket's method timed out. What it had received and not returned
+** stays for the next read: the bytes a format gathered (op.acc, for a
+** reading method) go back in front of the unread read-ahead. The request
+** that timed out may still hold the buffer (the kernel may yet write into
+** it, or read from it for a send), so the bytes move to a new buffer and
+** the stream lets go of the old one; pending writes are dropped, as after
+** any failed flush. Out of memory, the bytes are lost. */
+static void keep_after_timeout(lfile *f) {
+  lop *o = &f->op;
+  size_t gathered = reads(o->m) ? o->acclen : 0;
+  size_t unread = f->buf ? f->rlen - f->rpos : 0;
+  size_t keep = gathered + unread;
+  ums_buf_t *b = ums_buf_new(keep > BUF_SIZE ? keep : BUF_SIZE);
+  if (b) {
+    char *d = ums_buf_data(b);
+    if (gathered) memcpy(d, ums_buf_data(o->acc), gathered);
+    if (unread)
+      memcpy(d + gathered, (char *)ums_buf_data(f->buf) + f->rpos, unread);
+  }
+  ums_buf_release(f->buf);
+  f->buf = b;
+  f->rpos = 0;
+  f->rlen = b ? keep : 0;
+  f->wlen = 0;
+  o->acclen = 0;
+}
 
 /* Continuation of a yield for an I/O. The file is anchored on this
 ** thread's stack by the running method, so its address is the context. */
@@ -417,6 +375,7 @@ static int method_end(lua_State *L, lfile *f, int nres) {
   const lmethod *m = o->m;
   int64_t err = o->err, wrote = o->wrote;
   bool werr = o->werr;
+  if (f->sock && err == UMS_ETIMEDOUT) keep_after_timeout(f);
   op_clear(o);
   file_unlock(f);
   int n = m->done(L, f, nres, err);
@@ -471,13 +430,13 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
   ltask *me = lums_cur_task;
   lums_q_unlink(&me->wait);
   if (ums_park_result() == UMS_ECANCELED) return lums_raise_cancelled(L);
-  return method_start(L, to_file(L, 1), (const lmethod *)ctx);
+  return method_start(L, lstream_to(L, 1), (const lmethod *)ctx);
 }
 
 /* Continuation of a yield at the quantum, before the file was taken. */
 static int quantum_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
-  return method_start(L, to_file(L, 1), (const lmethod *)ctx);
+  return method_start(L, lstream_to(L, 1), (const lmethod *)ctx);
 }
 
 /* Runs method m on f for the caller: takes the file (waiting for it while
@@ -493,7 +452,7 @@ static int method_start(lua_State *L, lfile *f, const lmethod *m) {
   ** 1, as quantum_k finds it. Not for open, readfile and writefile (their
   ** file is new and always waits for the kernel), nor for a <close> of the
   ** file, which may run while an error unwinds the task. */
-  if (me && lums_quantum_due(me) && m != &m_tbc && to_file(L, 1) == f) {
+  if (me && lums_quantum_due(me) && m != &m_tbc && lstream_to(L, 1) == f) {
     int n = lums_quantum_yield(L, (lua_KContext)m, quantum_k);
     if (n >= 0) return n;
   }
@@ -524,6 +483,7 @@ static int method_start(lua_State *L, lfile *f, const lmethod *m) {
   f->owner = me;
   op_clear(&f->op);
   f->op.m = m;
+  f->op.deadline = f->sock ? ums_deadline(f->timeout) : UMS_FOREVER;
   if (m->init) m->init(L, f);
   return method_loop(L, f);
 }
@@ -671,7 +631,7 @@ static int64_t sub_fill(lfile *f) {
     f->rlen -= f->rpos;
     f->rpos = 0;
   }
-  return ask_rw(f, IO_READ, f->buf, f->rlen, BUF_SIZE - f->rlen,
+  return ask_rw(f, IO_READ, f->buf, f->rlen, ums_buf_size(f->buf) - f->rlen,
                 UMS_FS_CUR);
 }
 
@@ -684,8 +644,9 @@ static int64_t flush_plain(lfile *f) {
   size_t n = f->wlen;
   f->wlen = 0;
   while (n > 0) {
-    ssize_t w = f->pos_known ? pwrite(f->fd, p, n, (off_t)f->kpos)
-                             : write(f->fd, p, n);
+    ssize_t w = f->sock        ? send(f->fd, p, n, MSG_NOSIGNAL)
+                : f->pos_known ? pwrite(f->fd, p, n, (off_t)f->kpos)
+                               : write(f->fd, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       f->op.werr = true;
@@ -725,6 +686,7 @@ static int64_t sub_close(lfile *f) {
       r = 0;
       goto hand_over;
     }
+    if (f->sock) goto sock;
     o->sub = 2;
     o->io = (lio){.kind = IO_CLOSE, .fd = f->fd};
     f->fd = -1;
@@ -740,6 +702,17 @@ plain:
     goto hand_over;
   }
   r = close(f->fd) == 0 ? 0 : -errno;
+  f->fd = -1;
+  ums_buf_release(f->buf);
+  f->buf = NULL;
+  return o->err2 ? o->err2 : r;
+sock:
+  /* ums_net_close, not a close request: it also ends what this
+  ** scheduler still has waiting on the descriptor. It parks only for a
+  ** socket that lingers, on the task's worker. */
+  if (f->owner) lums_before_block(f->owner);
+  r = ums_net_close(f->fd, UMS_FOREVER);
+  if (f->owner) lums_become_current(f->owner);
   f->fd = -1;
   ums_buf_release(f->buf);
   f->buf = NULL;
@@ -930,9 +903,9 @@ static int64_t fmt_all(lua_State *L, lfile *f) {
     o->end_at = known_end(f);
   }
   while (o->sub == 0) {
-    if (f->rlen - f->rpos == BUF_SIZE) {
+    if (f->rlen - f->rpos == ums_buf_size(f->buf)) {
       /* Full: its bytes go to the accumulator. */
-      if ((r = acc_add(f, data + f->rpos, BUF_SIZE))) return r;
+      if ((r = acc_add(f, data + f->rpos, f->rlen - f->rpos))) return r;
       f->rpos = f->rlen;
       if (o->acclen >= ALL_BUFFERED) {
         o->sub = 1;
@@ -1007,6 +980,13 @@ static int readdigits(numbuf *rn, bool hex) {
 
 static bool is_space(int c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
+static bool has_space(lfile *f) {
+  const unsigned char *d = ums_buf_data(f->buf);
+  for (size_t i = f->rpos; i < f->rlen; i++)
+    if (is_space(d[i])) return true;
+  return false;
+}
+
 static int64_t fmt_number(lua_State *L, lfile *f) {
   lop *o = &f->op;
   int64_t r;
@@ -1024,7 +1004,10 @@ static int64_t fmt_number(lua_State *L, lfile *f) {
     }
     o->sub = 1;
   }
-  while (f->rlen - f->rpos <= MAXNUM && !o->hit_eof) {
+  /* A numeral holds no white space: one that is followed by some is
+  ** whole, and a stream need not wait for more. */
+  while (f->rlen - f->rpos <= MAXNUM && !o->hit_eof &&
+         !has_space(f)) {
     r = sub_fill(f);
     if (r == AGAIN || r < 0) return r;
   }
@@ -1147,8 +1130,9 @@ static void check_formats(lua_State *L, int first, int last) {
   }
 }
 
-static int f_read(lua_State *L) {
+int lstream_read(lua_State *L) {
   lfile *f = check_file(L, 1);
+  sock_need_task(L, f, "net.read");
   if (lua_gettop(L) == 1) lua_pushliteral(L, "l");
   int nargs = lua_gettop(L) - 1;
   check_formats(L, 2, nargs + 1);
@@ -1204,6 +1188,8 @@ static int64_t write_chunks(lfile *f, const char *s, size_t len,
 static int64_t write_bytes(lfile *f, const char *s, size_t len) {
   lop *o = &f->op;
   char *data = ums_buf_data(f->buf);
+  /* A socket's read-ahead holds the buffer (step_write). */
+  if (o->sub == 0 && f->rpos < f->rlen) o->sub = 2;
   switch (o->sub) {
     case 0:
       if (f->wlen + len <= BUF_SIZE) {
@@ -1233,8 +1219,13 @@ static int64_t write_bytes(lfile *f, const char *s, size_t len) {
 static int step_write(lua_State *L, lfile *f) {
   lop *o = &f->op;
   if (o->phase == 0) {
-    /* No read-ahead. */
-    drop_readahead(f);
+    /* No read-ahead: a file's position goes back to the logical one. A
+    ** socket's read-ahead is the other direction's and stays: while it
+    ** is there, writes go out unbuffered (write_bytes). */
+    if (!f->sock)
+      drop_readahead(f);
+    else if (f->rpos == f->rlen)
+      f->rpos = f->rlen = 0;
     int64_t r = ensure_buf(f);
     if (r) {
       o->err = r;
@@ -1252,8 +1243,14 @@ static int step_write(lua_State *L, lfile *f) {
       o->err = r;
       return 0;
     }
+    if (f->vbuf == LSTREAM_LINE && memchr(s, '\n', len)) o->flush_end = true;
     op_next_item(o);
     o->i++;
+  }
+  if (f->vbuf == LSTREAM_NO || o->flush_end) {
+    int64_t r = sub_flush(f);
+    if (r == AGAIN) return STEP_IO;
+    o->err = r;
   }
   return 0;
 }
@@ -1268,8 +1265,9 @@ static int done_write(lua_State *L, lfile *f, int nres, int64_t err) {
 static const lmethod m_write = {items_init, step_write, done_write, false};
 
 /* file:write(...): strings and numbers, as io's. Returns the file. */
-static int f_write(lua_State *L) {
+int lstream_write(lua_State *L) {
   lfile *f = check_file(L, 1);
+  sock_need_task(L, f, "net.write");
   int nargs = lua_gettop(L);
   for (int i = 2; i <= nargs; i++) {
     if (lua_type(L, i) != LUA_TNUMBER) luaL_checkstring(L, i);
@@ -1293,8 +1291,9 @@ static int step_flush(lua_State *L, lfile *f) {
 static const lmethod m_flush = {NULL, step_flush, done_result, false};
 
 /* file:flush() -> true | nil, msg, errno (io's result, not the file) */
-static int f_flush(lua_State *L) {
+int lstream_flush(lua_State *L) {
   lfile *f = check_file(L, 1);
+  sock_need_task(L, f, "net.flush");
   return method_start(L, f, &m_flush);
 }
 
@@ -1481,7 +1480,7 @@ static int shared_step(lua_State *L, lfile *f, int64_t r) {
 static int shared_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   int64_t r = ums_fs_end((ums_fs_req_t *)ctx);
-  return shared_step(L, to_file(L, SH_FILE), r);
+  return shared_step(L, lstream_to(L, SH_FILE), r);
 }
 
 /* pread_into(buf, n, off) beside the lock: the buffer at index 2. */
@@ -1725,7 +1724,7 @@ static int done_close(lua_State *L, lfile *f, int nres, int64_t err) {
 
 static const lmethod m_close = {NULL, step_close, done_close, false};
 
-static int f_close(lua_State *L) {
+int lstream_close(lua_State *L) {
   lfile *f = check_file(L, 1);
   return method_start(L, f, &m_close);
 }
@@ -1745,8 +1744,8 @@ static int done_tbc(lua_State *L, lfile *f, int nres, int64_t err) {
 
 static const lmethod m_tbc = {NULL, step_close, done_tbc, true};
 
-static int f_tbc(lua_State *L) {
-  lfile *f = to_file(L, 1);
+int lstream_tbc(lua_State *L) {
+  lfile *f = lstream_to(L, 1);
   if (!f || f->fd < 0) return 0;
   lua_settop(L, 1);
   return method_start(L, f, &m_tbc);
@@ -1757,12 +1756,14 @@ static int f_tbc(lua_State *L) {
 ** allocated, and must not park that task (it may be half-way through a
 ** channel operation). Errors cannot be reported here. A file cannot be
 ** collected while a method runs on it (the method's stack holds it). */
-static int f_gc(lua_State *L) {
-  lfile *f = to_file(L, 1);
+int lstream_gc(lua_State *L) {
+  lfile *f = lstream_to(L, 1);
   if (!f) return 0;
   open_remove(f);
   if (f->fd >= 0) {
-    flush_plain(f);
+    /* A socket is not flushed here: a send may have to wait, and a
+    ** finalizer cannot. */
+    if (!f->sock) flush_plain(f);
     close(f->fd);
     f->fd = -1;
   }
@@ -1798,12 +1799,137 @@ static void flush_at_exit(void) {
 static void register_flush_at_exit(void) { atexit(flush_at_exit); }
 
 static int f_tostring(lua_State *L) {
-  lfile *f = to_file(L, 1);
+  lfile *f = lstream_to(L, 1);
   if (!f) return luaL_typeerror(L, 1, FILE_MT);
   if (f->fd < 0)
     lua_pushliteral(L, "ums.fs.file (closed)");
   else
     lua_pushfstring(L, "ums.fs.file (%p)", (void *)f);
+  return 1;
+}
+
+/* file:setvbuf(mode [, size]) -> true, as io's. The size is a hint
+** this stream does not take: its buffer stays BUF_SIZE bytes. */
+int lstream_setvbuf(lua_State *L) {
+  static const char *const modes[] = {"full", "line", "no", NULL};
+  static const int mode[] = {LSTREAM_FULL, LSTREAM_LINE, LSTREAM_NO};
+  lfile *f = check_file(L, 1);
+  int op = luaL_checkoption(L, 2, NULL, modes);
+  lua_Integer size = luaL_optinteger(L, 3, BUF_SIZE);
+  luaL_argcheck(L, size >= 0, 3, "size must not be negative");
+  f->vbuf = mode[op];
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Raw reads and writes of sockets                                         */
+/* ---------------------------------------------------------------------- */
+
+/* Stack: stream, max. What the buffer holds, else one receive into it:
+** up to max bytes, nil at the end of the stream. */
+static int step_recv(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  if (o->phase == 0) {
+    int st = flush_first(f);
+    if (st != 1) return st;
+    int64_t r = ensure_buf(f);
+    if (r) {
+      o->err = r;
+      return 0;
+    }
+  }
+  if (f->rpos == f->rlen) {
+    int64_t r = sub_fill(f);
+    if (r == AGAIN) return STEP_IO;
+    if (r < 0) {
+      o->err = r;
+      return 0;
+    }
+    if (r == 0) {
+      lua_pushnil(L);
+      return 1;
+    }
+  }
+  size_t max = (size_t)lua_tointeger(L, 2);
+  size_t avail = f->rlen - f->rpos;
+  size_t k = avail < max ? avail : max;
+  lua_pushlstring(L, (char *)ums_buf_data(f->buf) + f->rpos, k);
+  f->rpos += k;
+  return 1;
+}
+
+static const lmethod m_recv = {NULL, step_recv, done_result, false};
+
+/* conn:recv([max]) -> string | nil (end of stream) | nil, msg, errno */
+int lstream_recv(lua_State *L) {
+  lfile *f = check_file(L, 1);
+  lua_Integer max = luaL_optinteger(L, 2, BUF_SIZE);
+  luaL_argcheck(L, max > 0, 2, "size must be positive");
+  sock_need_task(L, f, "net.recv");
+  lua_settop(L, 1);
+  lua_pushinteger(L, max);
+  return method_start(L, f, &m_recv);
+}
+
+/* Stack: stream, data, i, j (checked). Pending writes first, then
+** data[i, j] unbuffered; the result counts data's bytes only. */
+static int step_send(lua_State *L, lfile *f) {
+  lop *o = &f->op;
+  if (o->phase == 0) {
+    int st = flush_first(f);
+    if (st != 1) return st;
+    o->wrote = 0;
+  }
+  size_t len;
+  const char *s = lua_tolstring(L, 2, &len);
+  size_t i = (size_t)lua_tointeger(L, 3), j = (size_t)lua_tointeger(L, 4);
+  int64_t r = write_chunks(f, s + i - 1, j - i + 1, UMS_FS_CUR);
+  if (r == AGAIN) return STEP_IO;
+  if (r) {
+    o->err = r;
+    return 0;
+  }
+  lua_pushinteger(L, (lua_Integer)o->wrote);
+  return 1;
+}
+
+static const lmethod m_send = {NULL, step_send, done_result, false};
+
+/* conn:send(data [, i [, j]]) -> count | nil, msg, errno, sent; i and j
+** as string.sub's. */
+int lstream_send(lua_State *L) {
+  lfile *f = check_file(L, 1);
+  size_t len;
+  luaL_checklstring(L, 2, &len);
+  lua_Integer i = luaL_optinteger(L, 3, 1);
+  lua_Integer j = luaL_optinteger(L, 4, -1);
+  if (i < 0) i = (lua_Integer)len + i + 1 > 0 ? (lua_Integer)len + i + 1 : 1;
+  if (i == 0) i = 1;
+  if (j < 0) j = (lua_Integer)len + j + 1;
+  if (j > (lua_Integer)len) j = (lua_Integer)len;
+  sock_need_task(L, f, "net.send");
+  if (i > j) {
+    lua_pushinteger(L, 0);
+    return 1;
+  }
+  lua_settop(L, 2);
+  lua_pushinteger(L, i);
+  lua_pushinteger(L, j);
+  return method_start(L, f, &m_send);
+}
+
+/* conn:drain() -> what the read buffer holds ("" when nothing, or while
+** another task's method has the stream), without waiting. */
+int lstream_drain(lua_State *L) {
+  lfile *f = check_file(L, 1);
+  if (held(f) || !f->buf || f->rpos == f->rlen) {
+    lua_pushliteral(L, "");
+    return 1;
+  }
+  lua_pushlstring(L, (char *)ums_buf_data(f->buf) + f->rpos,
+                  f->rlen - f->rpos);
+  f->rpos = f->rlen = 0;
   return 1;
 }
 
@@ -1845,10 +1971,13 @@ static int done_lines(lua_State *L, lfile *f, int nres, int64_t err) {
 
 static const lmethod m_lines = {lines_init, step_lines, done_lines, false};
 
+/* Whether m gathers received bytes in op.acc (keep_after_timeout). */
+static bool reads(const lmethod *m) { return m == &m_read || m == &m_lines; }
+
 /* lines iterator: upvalues file, number of formats, close at end,
 ** formats... */
 static int lines_iter(lua_State *L) {
-  lfile *f = to_file(L, lua_upvalueindex(1));
+  lfile *f = lstream_to(L, lua_upvalueindex(1));
   if (!f || f->fd < 0) return luaL_error(L, "file is already closed");
   int n = (int)lua_tointeger(L, lua_upvalueindex(2));
   lua_settop(L, 0);
@@ -1875,8 +2004,8 @@ static void push_lines(lua_State *L, int file, int first, bool close) {
 }
 
 /* file:lines(...) -> iterator reading with the formats (default "l") */
-static int f_lines(lua_State *L) {
-  check_file(L, 1);
+int lstream_lines(lua_State *L) {
+  sock_need_task(L, check_file(L, 1), "net.lines");
   push_lines(L, 1, 2, false);
   return 1;
 }
@@ -1906,20 +2035,29 @@ static bool parse_mode(const char *m, int *flags, bool *rd, bool *wr) {
   return *m == '\0';
 }
 
-/* Pushes a file whose descriptor its open method will set. */
-static lfile *new_file(lua_State *L, bool rd, bool wr) {
+lfile *lstream_new(lua_State *L, int fd, bool rd, bool wr, bool sock,
+                   const char *mt) {
   lfile *f = (lfile *)lua_newuserdatauv(L, sizeof *f, 0);
   memset(f, 0, sizeof *f);
   atomic_init(&f->hold, FILE_FREE);
   f->tag = &file_tag;
-  f->fd = -1;
+  f->fd = fd;
   f->orphan_fd = -1;
   f->readable = rd;
   f->writable = wr;
-  luaL_setmetatable(L, FILE_MT);
-  /* Listed only now that its __gc is sure to run and unlist it. */
-  open_add(f);
+  f->sock = sock;
+  f->timeout = -1;
+  f->vbuf = LSTREAM_FULL;
+  luaL_setmetatable(L, mt);
+  /* Listed only now that its __gc is sure to run and unlist it. Sockets
+  ** are not flushed at exit (a send may block), so not listed. */
+  if (!sock) open_add(f);
   return f;
+}
+
+/* Pushes a file whose descriptor its open method will set. */
+static lfile *new_file(lua_State *L, bool rd, bool wr) {
+  return lstream_new(L, -1, rd, wr, false, FILE_MT);
 }
 
 /* Stack: path, ..., the new file. */
@@ -2380,7 +2518,7 @@ static int fs_dir(lua_State *L) {
 /* ums.fs.type(v) -> "file" | "closed file" | nil, as io.type */
 static int fs_type(lua_State *L) {
   luaL_checkany(L, 1);
-  lfile *f = to_file(L, 1);
+  lfile *f = lstream_to(L, 1);
   if (!f)
     lua_pushnil(L);
   else if (f->fd < 0)
@@ -2396,10 +2534,11 @@ void lums_open_fs(lua_State *L) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, register_flush_at_exit);
   static const luaL_Reg methods[] = {
-      {"read", f_read},   {"write", f_write}, {"lines", f_lines},
-      {"seek", f_seek},   {"flush", f_flush}, {"close", f_close},
+      {"read", lstream_read},   {"write", lstream_write}, {"lines", lstream_lines},
+      {"seek", f_seek},   {"flush", lstream_flush}, {"close", lstream_close},
       {"pread", f_pread}, {"pwrite", f_pwrite}, {"sync", f_sync},
       {"read_into", f_read_into}, {"pread_into", f_pread_into},
+      {"setvbuf", lstream_setvbuf},
       {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"open", fs_open},           {"lines", fs_lines},
@@ -2411,9 +2550,9 @@ void lums_open_fs(lua_State *L) {
   if (luaL_newmetatable(L, FILE_MT)) {
     luaL_newlib(L, methods);
     lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, f_gc);
+    lua_pushcfunction(L, lstream_gc);
     lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, f_tbc);
+    lua_pushcfunction(L, lstream_tbc);
     lua_setfield(L, -2, "__close");
     lua_pushcfunction(L, f_tostring);
     lua_setfield(L, -2, "__tostring");

@@ -2064,6 +2064,7 @@ int lums_open(lua_State *L) {
   lums_open_chan(L);
   lums_open_stats(L);
   lums_open_fs(L);
+  lums_open_net(L);
   lums_open_ffi(L);
   lums_open_ext(L);
   lums_open_shared(L);

@@ -357,6 +357,9 @@ LUMS_HIDDEN void lums_alloc_remove(lua_State *L, lalloc *a);
 /* lfs.c: adds the fs table to the module table at the top. */
 LUMS_HIDDEN void lums_open_fs(lua_State *L);
 
+/* lnet.c: adds the net table to the module table at the top. */
+LUMS_HIDDEN void lums_open_net(lua_State *L);
+
 /* lffi.c: adds the ffi table to the module table at the top. */
 LUMS_HIDDEN void lums_open_ffi(lua_State *L);
 /* lffi.c: the I/O buffer behind the ums.ffi.buffer at idx, storing its

@@ -952,6 +952,42 @@ UMS_API int ums_wait_fd_begin(int fd, int events, int64_t deadline,
 UMS_API int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
                             socklen_t *len);
 
+/* Name resolution: getaddrinfo(3) that never blocks a scheduler. Numeric
+** hosts, a NULL host and names in /etc/hosts are answered on the calling
+** thread without a lookup; other names go to the C-call pool ("Going
+** preemptive"), where the C library's getaddrinfo runs while the task
+** parks (runtime/IO.md, "Name resolution"). hints: getaddrinfo's (only
+** ai_flags, ai_family, ai_socktype, ai_protocol are read; NULL: none).
+** Returns 0 and the list in *res (the caller frees it with
+** freeaddrinfo), or UMS_ENOENT (no such name, or no address of the
+** family asked for), UMS_EAGAIN (a temporary failure of the name
+** service), UMS_EINVAL (bad hints, family or service; host and service
+** both NULL), UMS_ENOMEM, another -errno (EAI_SYSTEM), UMS_ETIMEDOUT,
+** UMS_ECANCELED. When eai is not NULL it gets getaddrinfo's own result
+** (for gai_strerror; 0 when the call did not end with one). A lookup whose
+** caller gave up goes on detached on the pool, which frees its request
+** and list when getaddrinfo returns. Outside a task, the C library's call
+** on the calling thread (no deadline). */
+struct addrinfo;  /* <netdb.h> */
+UMS_API int ums_net_getaddrinfo(const char *host, const char *service,
+                                const struct addrinfo *hints,
+                                struct addrinfo **res, int *eai,
+                                int64_t deadline);
+
+/* Deferred form. ums_net_getaddrinfo_begin returns 1 when the answer is
+** already there (no park begun: call ums_net_getaddrinfo_end at once), 0
+** after beginning a park of the calling task (end it, then call
+** ums_net_getaddrinfo_end), or an error (UMS_EPERM outside a task,
+** UMS_EINVAL, UMS_ENOMEM, UMS_ECANCELED, UMS_EBUSY) with nothing begun.
+** The end call returns what ums_net_getaddrinfo would and frees the
+** request. */
+typedef struct ums_dns_req ums_dns_req_t;
+UMS_API int ums_net_getaddrinfo_begin(const char *host, const char *service,
+                                      const struct addrinfo *hints,
+                                      int64_t deadline, ums_dns_req_t **req);
+UMS_API int ums_net_getaddrinfo_end(ums_dns_req_t *req,
+                                    struct addrinfo **res, int *eai);
+
 /* ====================================================================== */
 /* Going preemptive                                                        */
 /* ====================================================================== */

@@ -1,0 +1,171 @@
+/*
+** lstream.h: the buffered stream shared by ums.fs files (lfs.c) and
+** ums.net connections (lnet.c). One implementation of io's reading and
+** writing: the buffer, the read formats ("l", "L", "n", "a", a count),
+** buffered writes, lines, setvbuf, and the file lock that keeps one
+** method at a time on a stream, over the runtime's deferred I/O calls
+** (ums_fs_*_begin for files, ums_net_recv_begin / ums_net_send_begin for
+** sockets). lfs.c holds the engine (see its head comment); lnet.c makes
+** sockets into streams with lstream_new and adds what only sockets have.
+*/
+#ifndef LSTREAM_H
+#define LSTREAM_H
+
+#include "lums.h"
+
+#define BUF_SIZE (64 * 1024)
+
+/* setvbuf's modes: "full" (written when the buffer fills, on flush, read
+** and close), "line" (also at the end of a write call that wrote a
+** newline), "no" (at the end of every write call). */
+enum { LSTREAM_FULL, LSTREAM_LINE, LSTREAM_NO };
+
+typedef struct lfile lfile;
+
+enum { IO_READ, IO_WRITE, IO_CLOSE, IO_FSYNC, IO_OPEN };
+
+/* The one I/O a step asks for. */
+typedef struct lio {
+  int kind;              /* IO_* */
+  int fd;
+  ums_buf_t *buf;        /* read, write: the file's buffer or the
+                            method's accumulator; the request holds its
+                            own reference until it really ends */
+  size_t pos, len;
+  int64_t off;           /* >= 0, or UMS_FS_CUR */
+  bool at_pos;           /* read, write: at the file's position (off is
+                            kpos, or UMS_FS_CUR while it is not known) */
+  const char *path;      /* open: anchored on the caller's Lua stack */
+  int flags, mode;       /* open */
+} lio;
+
+/* A method: how it runs once it holds the file. */
+typedef struct lmethod {
+  /* Sets up op from the arguments on the stack (NULL: nothing to do). */
+  void (*init)(lua_State *L, lfile *f);
+  /* Runs the method on: returns STEP_IO after asking for an I/O, or the
+  ** number of results pushed once it has ended (its error, if any, in
+  ** op.err). Steps again after each I/O, with the answer in op.res. */
+  int (*step)(lua_State *L, lfile *f);
+  /* After the file is given back: the call's results (may raise). */
+  int (*done)(lua_State *L, lfile *f, int nres, int64_t err);
+  /* A closed file is fine (the step copes): no "closed file" error. */
+  bool closed_ok;
+} lmethod;
+
+/* The method running on a file. Touched only by the holder of the file
+** (the task whose method holds it, or the host thread), from its first
+** step to its last. */
+typedef struct lop {
+  const lmethod *m;
+  int phase;             /* the method's own progress */
+  int sub;               /* progress inside the current format, argument
+                            or close */
+  int i, last;           /* read: the formats (stack indices); write: the
+                            arguments */
+  int first;             /* read: stack index of the first result */
+  bool hit_eof;          /* read: a read in this format returned 0 */
+  bool close_at_end;     /* lines: close the file at its end */
+  bool flush_end;        /* write: flush at the end (setvbuf "line") */
+  size_t done;           /* bytes of the current item done; read("a"):
+                            the next chunk */
+  bool sized;            /* read("a"): end_at was looked up */
+  int64_t end_at;        /* read("a"): the file's size by fstat when the
+                            format began (a regular file whose position
+                            is known), else -1 */
+  size_t wdone;          /* flush: pending bytes written so far */
+  size_t wpos;           /* write_acc: accumulator bytes written so far */
+  int64_t err;           /* the method's error (0: none) */
+  int64_t deadline;      /* a socket's: when this call's I/O times out
+                            (from lfile.timeout at the method's start) */
+  bool werr;             /* err is a write's: the result says how much
+                            was written (wrote) */
+  int64_t wrote;         /* bytes this method wrote into the file */
+  int64_t err2;          /* close: the flush's error */
+  const char *path;      /* open: the path (on the stack) */
+  int oflags, omode;     /* open */
+  ums_buf_t *acc;        /* data being gathered for a result, or a chunk
+                            being written: the op's reference, dropped at
+                            the method's end */
+  size_t acclen;
+  lio io;                /* the I/O asked for */
+  bool answered;         /* res answers io, for the one who asked */
+  int64_t res;
+  ums_fs_req_t *req;     /* io in flight (a task), between begin and end */
+} lop;
+
+struct lfile {
+  const char *tag;       /* &file_tag */
+  int fd;                /* -1 once closed (and before an open ends) */
+  bool readable, writable;
+  ums_buf_t *buf;        /* BUF_SIZE bytes, made on first use */
+  size_t rpos, rlen;     /* unread read-ahead: buf[rpos, rlen) */
+  size_t wlen;           /* pending writes: buf[0, wlen) */
+  /* FILE_HELD while a method is using the file (the file lock is taken),
+  ** FILE_EXIT while the exit handler writes its buffer, else FILE_FREE.
+  ** [atomic; the VM's thread takes and gives it, the exit handler takes
+  ** it only from FILE_FREE] */
+  atomic_int hold;
+  lfile *prev_open, *next_open;  /* open_files [open_lock] */
+  ltask *owner;          /* the task whose method holds it (NULL outside
+                            tasks) */
+  lwaitq waiters;        /* tasks waiting for it, FIFO */
+  lop op;                /* the method holding it */
+  int sharers;           /* pread_into calls in flight beside the file
+                            lock ("Positional reads side by side") */
+  int orphan_fd;         /* the descriptor of a file closed while sharers
+                            read from it: the last of them closes it;
+                            -1 when none */
+  /* The file's position as the kernel would hold it (ahead of the
+  ** logical one by the read-ahead, behind it by the pending writes),
+  ** while pos_known: on a file that can seek and is not in append mode.
+  ** This file keeps it itself, from the open on, and every read and write
+  ** "at the position" is made at the explicit offset kpos: the kernel's
+  ** own position is not used, because io_uring leaves it unchanged after
+  ** a short write (a retry would then overwrite the file's start). The
+  ** descriptor is this file's alone, so nothing else needs the kernel's
+  ** position. A stream (pipe, socket, terminal) and a file in append mode
+  ** (every write jumps to the end) use the kernel's position instead. */
+  int64_t kpos;
+  bool pos_known;
+  bool append;           /* opened with O_APPEND */
+  /* A connected socket (ums.net): its reads and writes are recv and send
+  ** with the method's deadline, reading and writing are independent (a
+  ** write keeps the read-ahead), its errors are worded for ums.net, it is
+  ** not flushed at exit, and its finalizer closes without flushing. */
+  bool sock;
+  int64_t timeout;       /* a socket's per-call timeout in ns; -1: none */
+  int vbuf;              /* LSTREAM_FULL, LSTREAM_LINE or LSTREAM_NO */
+};
+
+
+/* Pushes a new stream over fd (-1: set later by its open) with
+** metatable mt; sock: a socket (see lfile.sock). The stream owns fd. */
+LUMS_HIDDEN lfile *lstream_new(lua_State *L, int fd, bool rd, bool wr,
+                               bool sock, const char *mt);
+/* The stream at idx, or NULL. */
+LUMS_HIDDEN lfile *lstream_to(lua_State *L, int idx);
+/* The open stream at idx (a method's self); raises for anything else,
+** naming mt in a type error. */
+LUMS_HIDDEN lfile *lstream_check(lua_State *L, int idx, const char *mt);
+/* Pushes nil, message, errno for a failure of the runtime (err < 0) as
+** ums.net words it: strerror in lower case, "timeout" for UMS_ETIMEDOUT;
+** returns 3. */
+LUMS_HIDDEN int lstream_push_netfail(lua_State *L, int64_t err);
+
+/* The methods both kinds of stream have, as lua_CFunctions with the
+** stream at index 1. */
+LUMS_HIDDEN int lstream_read(lua_State *L);
+LUMS_HIDDEN int lstream_write(lua_State *L);
+LUMS_HIDDEN int lstream_lines(lua_State *L);
+LUMS_HIDDEN int lstream_flush(lua_State *L);
+LUMS_HIDDEN int lstream_close(lua_State *L);
+LUMS_HIDDEN int lstream_setvbuf(lua_State *L);
+LUMS_HIDDEN int lstream_gc(lua_State *L);
+LUMS_HIDDEN int lstream_tbc(lua_State *L);
+/* Stream methods of sockets: the raw recv and send, and drain. */
+LUMS_HIDDEN int lstream_recv(lua_State *L);
+LUMS_HIDDEN int lstream_send(lua_State *L);
+LUMS_HIDDEN int lstream_drain(lua_State *L);
+
+#endif
