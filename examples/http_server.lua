@@ -129,7 +129,7 @@ local function client(port, n)
     assert(conn:flush())
     local status = assert(conn:read("l"))
     assert(status == "HTTP/1.1 200 OK\r", "bad status line: " .. status)
-    local length, close
+    local length, close = nil, false
     while true do
       local header = assert(conn:read("l")):gsub("\r$", "")
       if header == "" then break end
@@ -138,7 +138,7 @@ local function client(port, n)
     end
     local body = assert(conn:read(length))
     assert(body == "Hello, World!\n", "bad body: " .. body)
-    assert(close == (last or nil), "Connection: close answered wrongly")
+    assert(close == last, "Connection: close answered wrongly")
     good = good + 1
   end
   -- The server closes after "Connection: close": end of stream.
@@ -195,10 +195,11 @@ while arg and arg[i] do
   i = i + 2
 end
 
--- One scheduler per CPU unless told. Under the ums command (or inside
--- another run) the run is already there, with its schedulers; ums.run then
--- runs the function as one of its tasks.
-if nsched and not ums.scheduler() then ums.config{schedulers = nsched} end
+-- Two schedulers unless told, so that the self-test has listeners to
+-- share the port. Under the ums command (or inside another run) the run is
+-- already there, with its schedulers; ums.run then runs the function as
+-- one of its tasks.
+if not ums.scheduler() then ums.config{schedulers = nsched or 2} end
 if port then
   ums.run(serve_forever, port)
 else
