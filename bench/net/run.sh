@@ -10,7 +10,9 @@
 #   Go 1, Go 2       bench/net/goserver (net package), GOMAXPROCS 1 and 2
 #   ums C 1, 2       bench/net/echo_ums.c: a C task per connection on the
 #                    runtime's ums_net_* calls, 1 and 2 schedulers
-#   ums Lua 1, 2     bench/net/echo_ums.lua: ums.net, 1 and 2 schedulers
+#   ums Lua 1, 2     bench/net/echo_ums.lua: ums.net, 1 and 2 schedulers;
+#                    1 scheduler again without io_uring (UMS_IO=pool: the
+#                    sockets' epoll backend)
 #   Tarantool        bench/net/echo_tarantool.lua (when installed)
 #
 # Each repetition runs every server in turn; the table gives medians over
@@ -58,7 +60,8 @@ servers+=(
   "ums C, 1 scheduler|$net/echo_ums PORT 1"
   "ums C, 2 schedulers|$net/echo_ums PORT 2"
   "ums Lua, 1 scheduler|lua5.4 $root/bench/net/echo_ums.lua PORT 1"
-  "ums Lua, 2 schedulers|lua5.4 $root/bench/net/echo_ums.lua PORT 2")
+  "ums Lua, 2 schedulers|lua5.4 $root/bench/net/echo_ums.lua PORT 2"
+  "ums Lua, 1 scheduler, epoll backend|env UMS_IO=pool lua5.4 $root/bench/net/echo_ums.lua PORT 1")
 command -v tarantool >/dev/null &&
   servers+=("Tarantool|tarantool $root/bench/net/echo_tarantool.lua PORT")
 
