@@ -61,7 +61,7 @@ echo "command: $0 --conns $conns --reps $reps (build: $build)"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), load average" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| server | RSS before, KiB | RSS with $conns idle, KiB | bytes per connection (median of $reps) |"
+echo "| server | RSS before, KiB | RSS with $conns idle, KiB | bytes per connection, median of $reps (range) |"
 echo "|---|---:|---:|---:|"
 for s in "${servers[@]}"; do
   name=${s%%|*}
@@ -101,10 +101,12 @@ for s in "${servers[@]}"; do
     per+=("$(((a - b) * 1024 / conns))")
   done
   ((${#per[@]})) || continue
-  printf '| %s | %s | %s | %s |\n' "$name" \
+  printf '| %s | %s | %s | %s (%s-%s) |\n' "$name" \
     "$(printf '%s\n' "${before[@]}" | median)" \
     "$(printf '%s\n' "${after[@]}" | median)" \
-    "$(printf '%s\n' "${per[@]}" | median)"
+    "$(printf '%s\n' "${per[@]}" | median)" \
+    "$(printf '%s\n' "${per[@]}" | sort -g | head -1)" \
+    "$(printf '%s\n' "${per[@]}" | sort -g | tail -1)"
 done
 echo
 echo "Target: ums Lua <= 8 KiB (8192 bytes) per idle connection."
