@@ -3,6 +3,9 @@
 # Safe to run again: when everything is installed it touches nothing and
 # needs no network. Runs as root; as another user it prints the apt-get
 # command to run and fails.
+#
+#   scripts/setup.sh            what builds and tests need
+#   scripts/setup.sh --bench    that, plus the benchmarks' peers (bench/)
 set -euo pipefail
 
 PACKAGES=(
@@ -14,6 +17,13 @@ PACKAGES=(
   luarocks                                       # the rock test (install_rock)
   lua-socket                                     # ums.socket specs, example
 )
+# The peers the benchmarks compare with: not needed by any test.
+if [[ "${1:-}" == --bench ]]; then
+  PACKAGES+=(
+    tarantool lua-luv lua-cqueues                # Lua peers (bench/lua, bench/net)
+    golang-go wrk nginx-light                    # network peers and load (bench/net)
+  )
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
