@@ -15,6 +15,7 @@
 
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <stdatomic.h>
@@ -129,6 +130,30 @@ void ums__clock_advance(ums_runtime_t *rt, int64_t to);
 int ums__futex_wait(_Atomic uint32_t *addr, uint32_t expected,
                     int64_t deadline);
 void ums__futex_wake(_Atomic uint32_t *addr, int n);
+
+/* ====================================================================== */
+/* The runtime's OS threads (thread.c)                                     */
+/* ====================================================================== */
+
+/* A thread of the runtime's own (a scheduler's, the monitor's), created
+** or taken from the idle threads kept for the process. */
+typedef struct ums__thread ums__thread_t;
+
+/* Runs fn(arg) on a thread, with signal mask *mask (NULL: the caller's)
+** and, if name is not NULL, that thread name. Returns 0 and the thread
+** in *out, UMS_EAGAIN or UMS_ENOMEM. The caller owns the thread until it
+** passes it to ums__thread_join. */
+int ums__thread_start(ums__thread_t **out, void *(*fn)(void *), void *arg,
+                      const sigset_t *mask, const char *name);
+/* Waits for fn to return. Then, while fewer than keep (and the process's
+** bound) are kept, the thread parks for a later ums__thread_start;
+** otherwise it exits and is joined. Either way th is no longer the
+** caller's. */
+void ums__thread_join(ums__thread_t *th, int keep);
+/* The thread's pthread handle, while the caller owns it. */
+pthread_t ums__thread_handle(const ums__thread_t *th);
+/* Idle threads kept for the process right now. */
+int ums__thread_kept(void);
 
 /* ====================================================================== */
 /* The stamp clock (stamp.c): cheap readings for statistics               */
@@ -1241,8 +1266,7 @@ struct ums__sched {
   /* Constant. */
   int id;
   ums_runtime_t *rt;
-  pthread_t thread;
-  bool thread_started;
+  ums__thread_t *thread;       /* NULL until started (thread.c) */
   _Atomic int tid;             /* [atomic] the thread's kernel id, for the
                                   monitor; 0 until it has started */
 };
@@ -1250,7 +1274,7 @@ struct ums__sched {
 /* The scheduler monitor (monitor.c): one thread per runtime. */
 typedef struct ums__monitor_slot ums__monitor_slot_t;
 typedef struct ums__monitor {
-  pthread_t thread;            /* [const] valid if started */
+  ums__thread_t *thread;       /* [const] NULL unless started */
   bool started;                /* [const] */
   _Atomic uint32_t word;       /* [atomic] futex word: bumped to wake it */
   _Atomic int asleep;          /* [atomic] waits for a scheduler to get

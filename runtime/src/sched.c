@@ -844,8 +844,11 @@ static void runtime_free(ums_runtime_t *rt) {
 static void stop_threads(ums_runtime_t *rt, int n) {
   atomic_store(&rt->exiting, 1);
   for (int i = 0; i < n; i++) ums__sched_wake(&rt->scheds[i]);
-  for (int i = 0; i < n; i++)
-    if (rt->scheds[i].thread_started) pthread_join(rt->scheds[i].thread, NULL);
+  for (int i = 0; i < n; i++) {
+    if (rt->scheds[i].thread)
+      ums__thread_join(rt->scheds[i].thread, rt->cfg.keep_threads);
+    rt->scheds[i].thread = NULL;
+  }
 }
 
 /* Chooses the I/O backend and sets up one ring per scheduler. With AUTO,
@@ -931,9 +934,11 @@ static int check_config(const ums_config_t *c) {
                       "default, or %zu to %zu)", c->stack_size,
                       UMS_STACK_SIZE_MIN, UMS_STACK_SIZE_MAX);
   static const char *const ints[] = {"max_workers", "idle_workers_kept",
-                                     "io_pool_threads", "preempt_threads"};
+                                     "io_pool_threads", "preempt_threads",
+                                     "keep_threads"};
   const int vals[] = {c->max_workers, c->idle_workers_kept,
-                      c->io_pool_threads, c->preempt_threads};
+                      c->io_pool_threads, c->preempt_threads,
+                      c->keep_threads};
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
     if (vals[i] < 0)
       return start_fail(UMS_EINVAL, "%s = %d is negative", ints[i], vals[i]);
@@ -1040,16 +1045,15 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
   for (int i = 0; i < rt->nsched; i++) {
     ums__sched_t *s = &rt->scheds[i];
-    int r = pthread_create(&s->thread, NULL, sched_thread, s);
+    int r = ums__thread_start(&s->thread, sched_thread, s, NULL,
+                              "ums-sched");
     if (r != 0) {
       stop_threads(rt, i);
       runtime_free(rt);
-      e = start_fail(r == ENOMEM ? UMS_ENOMEM : UMS_EAGAIN,
-                     "cannot create the thread of scheduler %d: %s", i,
-                     strerror(r));
+      e = start_fail(r, "cannot create the thread of scheduler %d: %s", i,
+                     strerror(r == UMS_ENOMEM ? ENOMEM : EAGAIN));
       goto fail;
     }
-    s->thread_started = true;
   }
   /* Only when it has something to do: stall detection, or sampling. A
   ** runtime without the monitor it was asked for would lose stall reports
