@@ -11,7 +11,10 @@
 ** has returned, parks in a process-wide cache of at most KEEP_MAX idle
 ** threads, and the next runtime's ums__thread_start wakes one instead of
 ** creating one. Any kept thread can take any role: the role's signal mask
-** and name are set each time it starts one.
+** and name are set each time it starts one. The cache is first in, first
+** out: a runtime that starts its threads in the order the previous one
+** joined them (schedulers, then the monitor) gives each the same role
+** again, so that a thread keeps its name from run to run.
 **
 ** A thread's life, on its record's futex word (state):
 **   RUN   the starter handed it fn and arg (or created it so);
@@ -55,9 +58,10 @@ struct ums__thread {
 
 static struct {
   pthread_mutex_t lock;
-  ums__thread_t *idle;        /* [lock] parked threads, LIFO */
+  ums__thread_t *idle;        /* [lock] parked threads, oldest first */
+  ums__thread_t **tail;       /* [lock] where the next one is linked */
   int n;                      /* [lock] how many */
-} cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} cache = {.lock = PTHREAD_MUTEX_INITIALIZER, .tail = &cache.idle};
 static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
 
 static void block_all(void) {
@@ -68,13 +72,17 @@ static void block_all(void) {
 
 static void *thread_main(void *arg) {
   ums__thread_t *th = arg;
+  char named[sizeof th->name] = "";  /* the name it has (set it once) */
   for (;;) {
     uint32_t st;
     while ((st = atomic_load(&th->state)) == IDLE || st == DONE)
       ums__futex_wait(&th->state, st, UMS_FOREVER);
     if (st == EXIT) return NULL;
     pthread_sigmask(SIG_SETMASK, &th->mask, NULL);
-    if (th->name[0]) pthread_setname_np(pthread_self(), th->name);
+    if (th->name[0] && strcmp(th->name, named) != 0) {
+      pthread_setname_np(pthread_self(), th->name);
+      memcpy(named, th->name, sizeof named);
+    }
     th->fn(th->arg);
     block_all();
     atomic_store(&th->state, DONE);
@@ -99,6 +107,7 @@ static void cache_after_fork(void) {
     cache.idle = th->next;
     free(th);
   }
+  cache.tail = &cache.idle;
   cache.n = 0;
 }
 
@@ -112,6 +121,7 @@ __attribute__((destructor)) static void cache_clear(void) {
   pthread_mutex_lock(&cache.lock);
   ums__thread_t *list = cache.idle;
   cache.idle = NULL;
+  cache.tail = &cache.idle;
   cache.n = 0;
   pthread_mutex_unlock(&cache.lock);
   while (list) {
@@ -128,6 +138,7 @@ int ums__thread_start(ums__thread_t **out, void *(*fn)(void *), void *arg,
   if (cache.idle) {
     th = cache.idle;
     cache.idle = th->next;
+    if (!cache.idle) cache.tail = &cache.idle;
     cache.n--;
   }
   pthread_mutex_unlock(&cache.lock);
@@ -172,8 +183,9 @@ void ums__thread_join(ums__thread_t *th, int keep) {
     pthread_mutex_lock(&cache.lock);
     if (cache.n < keep && cache.n < KEEP_MAX) {
       atomic_store(&th->state, IDLE);
-      th->next = cache.idle;
-      cache.idle = th;
+      th->next = NULL;
+      *cache.tail = th;
+      cache.tail = &th->next;
       cache.n++;
       th = NULL;
     }
