@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <stdatomic.h>
@@ -34,6 +35,20 @@
 static inline void *ums__cacheline_alloc(size_t n) {
   return aligned_alloc(UMS__CACHELINE,
                        (n + UMS__CACHELINE - 1) & ~(size_t)(UMS__CACHELINE - 1));
+}
+/* n bytes of zeroed memory straight from the kernel (page-aligned, so
+** cache-line aligned too), or NULL; ums__pages_free(p, n) gives it back.
+** For large tables of which a short runtime touches a few pages (the
+** runtime itself with its chunk index, the task table's chunks): only the
+** pages touched cost anything, where calloc from the heap would clear
+** every byte on each runtime's start. */
+static inline void *ums__pages_alloc(size_t n) {
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+static inline void ums__pages_free(void *p, size_t n) {
+  if (p) munmap(p, n);
 }
 #define UMS__LIKELY(x) __builtin_expect(!!(x), 1)
 #define UMS__UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -1333,6 +1348,8 @@ struct ums_runtime {
   _Atomic uint32_t nslots;     /* [atomic, written under table_lock] */
   pthread_mutex_t table_lock;  /* guards chunk creation and free_tasks */
   ums__task_t *free_tasks;     /* [table_lock] shared free list */
+  uint32_t fresh;              /* [table_lock] slots [fresh, nslots) were
+                                  never handed out (grow_table) */
 };
 
 /* The task in slot of rt's table, or NULL before its chunk exists. */

@@ -834,10 +834,12 @@ static void runtime_free(ums_runtime_t *rt) {
   uint32_t nchunks = atomic_load_explicit(&rt->nslots, memory_order_relaxed) /
                      UMS__TASK_CHUNK;
   for (uint32_t i = 0; i < nchunks; i++)
-    free(atomic_load_explicit(&rt->chunks[i], memory_order_relaxed));
+    ums__pages_free(atomic_load_explicit(&rt->chunks[i],
+                                         memory_order_relaxed),
+                    UMS__TASK_CHUNK * sizeof(ums__task_t));
   pthread_mutex_destroy(&rt->table_lock);
   pthread_mutex_destroy(&rt->waits_lock);
-  free(rt);
+  ums__pages_free(rt, sizeof *rt);
 }
 
 /* Stops and joins the first n scheduler threads. */
@@ -980,13 +982,13 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
 
   /* Aligned as its cache-line members (the wait clock, the pools'
-  ** submission lines) say. */
-  ums_runtime_t *rt = ums__cacheline_alloc(sizeof *rt);
+  ** submission lines) say, and zeroed: most of it is the task table's
+  ** chunk index, of which a short runtime uses one entry. */
+  ums_runtime_t *rt = ums__pages_alloc(sizeof *rt);
   if (!rt) {
     e = start_fail(UMS_ENOMEM, "out of memory");
     goto fail;
   }
-  memset(rt, 0, sizeof *rt);
   rt->cfg = c;
   rt->vclock = c.clock == UMS_CLOCK_VIRTUAL;
   rt->wait_clock_ticks = c.stats == UMS_STATS_ON && !rt->vclock;
@@ -997,7 +999,7 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;
   rt->scheds = ums__cacheline_alloc(bytes);
   if (!rt->scheds) {
-    free(rt);
+    ums__pages_free(rt, sizeof *rt);
     e = start_fail(UMS_ENOMEM, "out of memory");
     goto fail;
   }
