@@ -284,7 +284,8 @@ typedef struct ums__stack_pool {
 /* UMS_STACK_GUARD=mprotect in the environment forces the mprotect guard
 ** (to test the fallback on a kernel that has the madvise one). */
 int ums__stack_pool_init(ums__stack_pool_t *p, size_t stack_size);
-/* Frees every slab; every stack must have been freed. */
+/* Frees every slab (empty ones may be kept for the next pool: stack.c);
+** every stack must have been freed. */
 void ums__stack_pool_destroy(ums__stack_pool_t *p);
 int ums__stack_alloc(ums__stack_pool_t *p, ums__stack_t *out);
 /* Returns the stack; its memory is given back to the kernel
