@@ -36,20 +36,16 @@ static inline void *ums__cacheline_alloc(size_t n) {
   return aligned_alloc(UMS__CACHELINE,
                        (n + UMS__CACHELINE - 1) & ~(size_t)(UMS__CACHELINE - 1));
 }
-/* n bytes of zeroed memory straight from the kernel (page-aligned, so
-** cache-line aligned too), or NULL; ums__pages_free(p, n) gives it back.
-** For large tables of which a short runtime touches a few pages (the
-** runtime itself with its chunk index, the task table's chunks): only the
-** pages touched cost anything, where calloc from the heap would clear
-** every byte on each runtime's start. */
-static inline void *ums__pages_alloc(size_t n) {
-  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
-}
-static inline void ums__pages_free(void *p, size_t n) {
-  if (p) munmap(p, n);
-}
+/* Zeroed memory for large tables of which a short runtime touches a few
+** pages (the runtime itself with its chunk index, the task table's
+** chunks), page-aligned (so cache-line aligned too), or NULL. It comes
+** from the kernel, zeroed page by page as it is touched, or from a region
+** of the same size a previous runtime gave back (pages.c): calloc from the
+** heap would clear every byte on each runtime's start. The caller gives
+** it back with ums__pages_free(p, n, zeroed): zeroed says p is all zero
+** again (the caller cleared what it used), so that it may be kept. */
+void *ums__pages_alloc(size_t n);
+void ums__pages_free(void *p, size_t n, bool zeroed);
 #define UMS__LIKELY(x) __builtin_expect(!!(x), 1)
 #define UMS__UNLIKELY(x) __builtin_expect(!!(x), 0)
 /* For internal symbols on a hot path: the runtime is linked into a shared

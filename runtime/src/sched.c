@@ -817,6 +817,10 @@ static int preempt_slots(ums_runtime_t *rt) {
   return e;
 }
 
+/* Tasks of a chunk that runtime_free clears for the next runtime, rather
+** than giving the chunk back to the kernel. */
+#define CHUNK_CLEAR_MAX 64
+
 static void runtime_free(ums_runtime_t *rt) {
   ums__monitor_stop(rt);
   /* Pool work left now was abandoned by tasks that have ended; the pool
@@ -830,16 +834,29 @@ static void runtime_free(ums_runtime_t *rt) {
   for (int i = 0; i < rt->nsched; i++) sched_destroy(&rt->scheds[i]);
   free(rt->scheds);
   /* Chunks are added in order (task.c, grow_table): those past nslots
-  ** were never allocated, and a short run has one. */
+  ** were never allocated, and a short run has one. Tasks are handed out
+  ** in slot order: those below rt->fresh are all a chunk has used, and
+  ** a chunk that used few is cleared for the next runtime (pages.c). */
   uint32_t nchunks = atomic_load_explicit(&rt->nslots, memory_order_relaxed) /
                      UMS__TASK_CHUNK;
-  for (uint32_t i = 0; i < nchunks; i++)
-    ums__pages_free(atomic_load_explicit(&rt->chunks[i],
-                                         memory_order_relaxed),
-                    UMS__TASK_CHUNK * sizeof(ums__task_t));
+  for (uint32_t i = 0; i < nchunks; i++) {
+    ums__task_t *chunk = atomic_load_explicit(&rt->chunks[i],
+                                              memory_order_relaxed);
+    uint32_t used = rt->fresh - i * UMS__TASK_CHUNK;
+    if (used > UMS__TASK_CHUNK) used = UMS__TASK_CHUNK;
+    bool clear = used <= CHUNK_CLEAR_MAX;
+    if (clear) memset(chunk, 0, used * sizeof *chunk);
+    ums__pages_free(chunk, UMS__TASK_CHUNK * sizeof *chunk, clear);
+    atomic_store_explicit(&rt->chunks[i], NULL, memory_order_relaxed);
+  }
   pthread_mutex_destroy(&rt->table_lock);
   pthread_mutex_destroy(&rt->waits_lock);
-  ums__pages_free(rt, sizeof *rt);
+  /* All zero again but the chunk index (cleared above) and the members
+  ** around it. */
+  memset(rt, 0, offsetof(ums_runtime_t, chunks));
+  memset((char *)rt + sizeof rt->chunks + offsetof(ums_runtime_t, chunks), 0,
+         sizeof *rt - sizeof rt->chunks - offsetof(ums_runtime_t, chunks));
+  ums__pages_free(rt, sizeof *rt, true);
 }
 
 /* Stops and joins the first n scheduler threads. */
@@ -999,7 +1016,9 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;
   rt->scheds = ums__cacheline_alloc(bytes);
   if (!rt->scheds) {
-    ums__pages_free(rt, sizeof *rt);
+    pthread_mutex_destroy(&rt->table_lock);
+    pthread_mutex_destroy(&rt->waits_lock);
+    ums__pages_free(rt, sizeof *rt, false);
     e = start_fail(UMS_ENOMEM, "out of memory");
     goto fail;
   }
