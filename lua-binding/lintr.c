@@ -17,10 +17,19 @@
 ** handler restore the default action and raise the signal again, which
 ** ends the process, as after lua.c's first Ctrl-C.
 **
+** A run that ends within a few milliseconds (a test framework starts one
+** per test) never needs the watcher: the handler is installed when the
+** run starts, and the watcher thread only once the run has lasted
+** LUMS_INTR_WATCH_DELAY (lums_intr_watch_late, called by run() while it
+** waits). A Ctrl-C before that waits on the semaphore for the watcher,
+** at most that delay; one in a run that ended first is owed to the
+** caller, as below. A second Ctrl-C needs no watcher: the handler itself
+** ends the process.
+**
 ** The watcher lives until the runtime has shut down, since <close>
-** handlers of cancelled tasks run during the shutdown and a second Ctrl-C
-** must still end them. Once the run's outcome is settled
-** (lums_intr_settle, before the shutdown) it cancels nothing more: a
+** handlers of cancelled tasks run during the shutdown. Once the run's
+** outcome is settled (lums_intr_settle, before the shutdown) it cancels
+** nothing more: a
 ** first Ctrl-C after that is owed to the caller, and lums_intr_end raises
 ** it once the caller's handler is back.
 **
@@ -134,6 +143,7 @@ static void interrupt(lintr *in) {
 /* The watcher: see the top of this file. */
 static void *watch(void *arg) {
   lintr *in = arg;
+  pthread_setname_np(pthread_self(), "ums-sigint");
   for (;;) {
     while (sem_wait(&in->sem) != 0 && errno == EINTR) {}
     if (atomic_load(&in->stop)) return NULL;
@@ -144,15 +154,23 @@ static void *watch(void *arg) {
 void lums_intr_watch(lintr *in, lvms *vms) {
   if (!in) return;
   in->vms = vms;
-  if (pthread_create(&in->thread, NULL, watch, in) != 0)
-    return;  /* no watcher: Ctrl-C goes to the caller's handler */
-  in->watching = true;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigint;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
+}
+
+void lums_intr_watch_late(lintr *in) {
+  if (!in || in->watching) return;
+  if (pthread_create(&in->thread, NULL, watch, in) != 0) {
+    /* No watcher: Ctrl-C goes to the caller's handler again (one
+    ** already counted is owed to it, lums_intr_end). */
+    sigaction(SIGINT, &in->old, NULL);
+    return;
+  }
+  in->watching = true;
 }
 
 bool lums_intr_settle(lintr *in) {

@@ -1742,6 +1742,11 @@ static int run(lua_State *L, double limit) {
     cfg.on_deadlock_arg = deadlock;
   }
 
+  /* A program may start many runs (a test framework, one per test): the
+  ** runtime's threads stay parked for the next one (README, "What a run
+  ** keeps for the process"). */
+  cfg.keep_threads = cfg.schedulers > 0 ? cfg.schedulers + 1 : INT_MAX;
+
   int err;
   lintr *intr = lums_intr_block();
   ums_runtime_t *rt = ums_runtime_new(&cfg, &err);
@@ -1798,7 +1803,17 @@ static int run(lua_State *L, double limit) {
   bool over = false;
   int64_t until = limit > 0 ? ums_deadline((int64_t)(limit * 1e9)) :
                   UMS_FOREVER;
-  if (ums_task_join(r->rt, main->id, until, NULL, NULL) == UMS_ETIMEDOUT) {
+  /* A run that ends before LUMS_INTR_WATCH_DELAY never starts the Ctrl-C
+  ** watcher; past it, the waits below start it (lintr.c). */
+  int64_t watch_at = intr ? ums_deadline(LUMS_INTR_WATCH_DELAY) :
+                     UMS_FOREVER;
+  int jr = ums_task_join(r->rt, main->id, watch_at < until ? watch_at :
+                         until, NULL, NULL);
+  if (jr == UMS_ETIMEDOUT && watch_at < until) {
+    lums_intr_watch_late(intr);
+    jr = ums_task_join(r->rt, main->id, until, NULL, NULL);
+  }
+  if (jr == UMS_ETIMEDOUT) {
     over = true;
     ums_task_cancel(r->rt, main->id);
     ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
@@ -1810,9 +1825,17 @@ static int run(lua_State *L, double limit) {
   ** submit): only once all of it has ended may the runtime stop taking
   ** work. An os.exit (in any VM) ends the wait at once; the limit ends it
   ** as it ends the first task's. */
-  if (main->ok && !over && !lums_vms_wait_quiet(vms, until)) {
-    over = true;
-    lums_vms_stop(vms);
+  if (main->ok && !over) {
+    bool quiet = lums_vms_wait_quiet(vms, watch_at < until ? watch_at :
+                                     until);
+    if (!quiet && watch_at < until) {
+      lums_intr_watch_late(intr);
+      quiet = lums_vms_wait_quiet(vms, until);
+    }
+    if (!quiet) {
+      over = true;
+      lums_vms_stop(vms);
+    }
   }
   /* Ctrl-C may cancel the run until its outcome is settled here. */
   bool interrupted = lums_intr_settle(intr);

@@ -162,6 +162,23 @@ describe("Ctrl-C", function()
                                 1, true), r.describe)
   end)
 
+  -- The watcher thread starts only once a run has lasted a few
+  -- milliseconds (lintr.c): a Ctrl-C in a run that ends before is not
+  -- lost, it reaches the caller as ums.run returns.
+  it_sig("in a run that ends at once still raises interrupted!", function()
+    local r = sp.lua_run({sp.temp([[
+      local ums = require "ums"
+      ums.ffi.cdef("UMS_INLINE int kill(int, int); " ..
+                   "UMS_INLINE int getpid(void);")
+      local ok, err = pcall(ums.run, function()
+        ums.ffi.C.kill(ums.ffi.C.getpid(), 2)  -- SIGINT
+      end)
+      print(ok, err)
+    ]], ".lua")})
+    sp.assert_exit(r, 0)
+    assert.equal("false\tinterrupted!\n", r.stdout, sp.describe(r))
+  end)
+
   it_sig("can be caught with pcall, and lua5.4 is itself again after",
          function()
     local r = interrupt([[

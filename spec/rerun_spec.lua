@@ -1,6 +1,7 @@
 -- Many runs in one process (a test framework starts one per test): what
 -- a run starts and stops each time, and what the process keeps for the
--- next runs (an io_uring ring per scheduler).
+-- next runs (an io_uring ring per scheduler, the scheduler and monitor
+-- threads).
 -- Whatever the number of runs, the threads and descriptors left once
 -- ums.run returns are those left by the first run.
 local ums = require "ums"
@@ -69,6 +70,43 @@ describe("runs one after another", function()
     for _ = 1, 30 do io_run() end
     assert.same(t1, threads())
     assert.same(f1, fds())
+  end)
+
+  -- The threads a short run needs (its scheduler, the runtime's monitor)
+  -- are those the previous run left parked, and the Ctrl-C watcher starts
+  -- only in a run that lasts (lintr.c): an empty run starts no thread.
+  it("run on the threads the previous run left, and start none", function()
+    -- The count from /proc/self/status: plain io, which starts nothing.
+    local function count()
+      local f = assert(io.open("/proc/self/status"))
+      local n = tonumber(f:read("a"):match("\nThreads:%s*(%d+)"))
+      f:close()
+      return n
+    end
+    ums.run(function() end)
+    local before = threads()
+    local added = {}
+    for i = 1, 20 do
+      -- Only the watcher may be new, in a run the machine made last.
+      added[i] = ums.run(count) - count()
+      assert.is_true(added[i] == 0 or added[i] == 1, tostring(added[i]))
+      assert.same(before, threads())
+    end
+    table.sort(added)
+    assert.equal(0, added[1])
+  end)
+
+  it("start the Ctrl-C watcher in a run that lasts", function()
+    local watched = ums.run(function()
+      for _ = 1, 500 do
+        for k in pairs(threads()) do
+          if k:match(" ums%-sigint$") then return true end
+        end
+        ums.sleep(0.01)
+      end
+      return false
+    end)
+    assert.is_true(watched)
   end)
 
   it("keep the ring of the first run for the next ones", function()

@@ -177,6 +177,12 @@ typedef struct ums_config {
                                    wake its tasks any more (see
                                    "Deadlocks"); NULL: no detection */
   void *on_deadlock_arg;        /* passed to on_deadlock */
+  int keep_threads;             /* idle threads (schedulers', the
+                                   monitor's) this runtime's shutdown may
+                                   leave parked for the process, for later
+                                   runtimes to reuse instead of creating
+                                   their own (see "Runtime"); default 0:
+                                   every thread ends with the runtime */
 } ums_config_t;
 
 /* Clocks (ums_config_t.clock). */
@@ -225,8 +231,12 @@ UMS_API const char *ums_runtime_error(void);
 ** task has finished or the deadline passes, then cancels the tasks left
 ** (they see UMS_ECANCELED at their next wait point, and every wait after
 ** that fails the same way) and waits for them to end; finally joins every
-** thread and frees the runtime and everything it owns. Joinable tasks that
-** were never joined are released. Must not be called from a task of this
+** thread and frees the runtime and everything it owns (with keep_threads =
+** n, up to n of its scheduler and monitor threads, at most 8 for the
+** process, park instead, every signal blocked, for a later
+** ums_runtime_new to reuse; they are joined at process exit, and a child
+** made by fork has none). Joinable tasks that were never joined are
+** released. Must not be called from a task of this
 ** runtime (returns UMS_EDEADLK and does nothing). Returns 0, or
 ** UMS_ETIMEDOUT when tasks had to be cancelled at the deadline; in both
 ** cases rt is freed. Host threads may be inside calls on rt (a join, a

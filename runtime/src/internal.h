@@ -15,6 +15,8 @@
 
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <stdatomic.h>
@@ -34,6 +36,16 @@ static inline void *ums__cacheline_alloc(size_t n) {
   return aligned_alloc(UMS__CACHELINE,
                        (n + UMS__CACHELINE - 1) & ~(size_t)(UMS__CACHELINE - 1));
 }
+/* Zeroed memory for large tables of which a short runtime touches a few
+** pages (the runtime itself with its chunk index, the task table's
+** chunks), page-aligned (so cache-line aligned too), or NULL. It comes
+** from the kernel, zeroed page by page as it is touched, or from a region
+** of the same size a previous runtime gave back (pages.c): calloc from the
+** heap would clear every byte on each runtime's start. The caller gives
+** it back with ums__pages_free(p, n, zeroed): zeroed says p is all zero
+** again (the caller cleared what it used), so that it may be kept. */
+void *ums__pages_alloc(size_t n);
+void ums__pages_free(void *p, size_t n, bool zeroed);
 #define UMS__LIKELY(x) __builtin_expect(!!(x), 1)
 #define UMS__UNLIKELY(x) __builtin_expect(!!(x), 0)
 /* For internal symbols on a hot path: the runtime is linked into a shared
@@ -129,6 +141,30 @@ void ums__clock_advance(ums_runtime_t *rt, int64_t to);
 int ums__futex_wait(_Atomic uint32_t *addr, uint32_t expected,
                     int64_t deadline);
 void ums__futex_wake(_Atomic uint32_t *addr, int n);
+
+/* ====================================================================== */
+/* The runtime's OS threads (thread.c)                                     */
+/* ====================================================================== */
+
+/* A thread of the runtime's own (a scheduler's, the monitor's), created
+** or taken from the idle threads kept for the process. */
+typedef struct ums__thread ums__thread_t;
+
+/* Runs fn(arg) on a thread, with signal mask *mask (NULL: the caller's)
+** and, if name is not NULL, that thread name. Returns 0 and the thread
+** in *out, UMS_EAGAIN or UMS_ENOMEM. The caller owns the thread until it
+** passes it to ums__thread_join. */
+int ums__thread_start(ums__thread_t **out, void *(*fn)(void *), void *arg,
+                      const sigset_t *mask, const char *name);
+/* Waits for fn to return. Then, while fewer than keep (and the process's
+** bound) are kept, the thread parks for a later ums__thread_start;
+** otherwise it exits and is joined. Either way th is no longer the
+** caller's. */
+void ums__thread_join(ums__thread_t *th, int keep);
+/* The thread's pthread handle, while the caller owns it. */
+pthread_t ums__thread_handle(const ums__thread_t *th);
+/* Idle threads kept for the process right now. */
+int ums__thread_kept(void);
 
 /* ====================================================================== */
 /* The stamp clock (stamp.c): cheap readings for statistics               */
@@ -244,7 +280,8 @@ typedef struct ums__stack_pool {
 /* UMS_STACK_GUARD=mprotect in the environment forces the mprotect guard
 ** (to test the fallback on a kernel that has the madvise one). */
 int ums__stack_pool_init(ums__stack_pool_t *p, size_t stack_size);
-/* Frees every slab; every stack must have been freed. */
+/* Frees every slab (empty ones may be kept for the next pool: stack.c);
+** every stack must have been freed. */
 void ums__stack_pool_destroy(ums__stack_pool_t *p);
 int ums__stack_alloc(ums__stack_pool_t *p, ums__stack_t *out);
 /* Returns the stack; its memory is given back to the kernel
@@ -1241,8 +1278,7 @@ struct ums__sched {
   /* Constant. */
   int id;
   ums_runtime_t *rt;
-  pthread_t thread;
-  bool thread_started;
+  ums__thread_t *thread;       /* NULL until started (thread.c) */
   _Atomic int tid;             /* [atomic] the thread's kernel id, for the
                                   monitor; 0 until it has started */
 };
@@ -1250,7 +1286,7 @@ struct ums__sched {
 /* The scheduler monitor (monitor.c): one thread per runtime. */
 typedef struct ums__monitor_slot ums__monitor_slot_t;
 typedef struct ums__monitor {
-  pthread_t thread;            /* [const] valid if started */
+  ums__thread_t *thread;       /* [const] NULL unless started */
   bool started;                /* [const] */
   _Atomic uint32_t word;       /* [atomic] futex word: bumped to wake it */
   _Atomic int asleep;          /* [atomic] waits for a scheduler to get
@@ -1309,6 +1345,8 @@ struct ums_runtime {
   _Atomic uint32_t nslots;     /* [atomic, written under table_lock] */
   pthread_mutex_t table_lock;  /* guards chunk creation and free_tasks */
   ums__task_t *free_tasks;     /* [table_lock] shared free list */
+  uint32_t fresh;              /* [table_lock] slots [fresh, nslots) were
+                                  never handed out (grow_table) */
 };
 
 /* The task in slot of rt's table, or NULL before its chunk exists. */

@@ -276,7 +276,6 @@ static void *monitor_main(void *arg) {
   ums_runtime_t *rt = arg;
   ums__monitor_t *m = &rt->monitor;
   int64_t threshold = rt->cfg.stall_threshold;
-  pthread_setname_np(pthread_self(), "ums-monitor");
   bool clock = rt->wait_clock_ticks;
   int64_t last = ums__clock_real();
   reset_slots(rt, last);
@@ -344,20 +343,19 @@ int ums__monitor_start(ums_runtime_t *rt) {
   for (int i = 0; i < rt->nsched; i++) {
     ums__monitor_slot_t *sl = &m->slots[i];
     sl->stat_fd = -1;
-    sl->has_clock =
-        pthread_getcpuclockid(rt->scheds[i].thread, &sl->clock) == 0;
+    sl->has_clock = pthread_getcpuclockid(
+        ums__thread_handle(rt->scheds[i].thread), &sl->clock) == 0;
   }
   /* The monitor never runs a signal handler meant for a scheduler or the
   ** host (the Lua binding's quantum signal, a pool interrupt). */
-  sigset_t all, old;
+  sigset_t all;
   sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int r = pthread_create(&m->thread, NULL, monitor_main, rt);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  int r = ums__thread_start(&m->thread, monitor_main, rt, &all,
+                            "ums-monitor");
   if (r != 0) {
     free(m->slots);
     m->slots = NULL;
-    return UMS_EAGAIN;
+    return r;
   }
   m->started = true;
   return 0;
@@ -384,7 +382,8 @@ void ums__monitor_stop(ums_runtime_t *rt) {
   ums__monitor_t *m = &rt->monitor;
   if (!m->started) return;
   ums__monitor_stop_begin(rt);
-  pthread_join(m->thread, NULL);
+  ums__thread_join(m->thread, rt->cfg.keep_threads);
+  m->thread = NULL;
   m->started = false;
   for (int i = 0; i < rt->nsched; i++)
     if (m->slots[i].stat_fd >= 0) close(m->slots[i].stat_fd);

@@ -817,6 +817,10 @@ static int preempt_slots(ums_runtime_t *rt) {
   return e;
 }
 
+/* Tasks of a chunk that runtime_free clears for the next runtime, rather
+** than giving the chunk back to the kernel. */
+#define CHUNK_CLEAR_MAX 64
+
 static void runtime_free(ums_runtime_t *rt) {
   ums__monitor_stop(rt);
   /* Pool work left now was abandoned by tasks that have ended; the pool
@@ -830,22 +834,40 @@ static void runtime_free(ums_runtime_t *rt) {
   for (int i = 0; i < rt->nsched; i++) sched_destroy(&rt->scheds[i]);
   free(rt->scheds);
   /* Chunks are added in order (task.c, grow_table): those past nslots
-  ** were never allocated, and a short run has one. */
+  ** were never allocated, and a short run has one. Tasks are handed out
+  ** in slot order: those below rt->fresh are all a chunk has used, and
+  ** a chunk that used few is cleared for the next runtime (pages.c). */
   uint32_t nchunks = atomic_load_explicit(&rt->nslots, memory_order_relaxed) /
                      UMS__TASK_CHUNK;
-  for (uint32_t i = 0; i < nchunks; i++)
-    free(atomic_load_explicit(&rt->chunks[i], memory_order_relaxed));
+  for (uint32_t i = 0; i < nchunks; i++) {
+    ums__task_t *chunk = atomic_load_explicit(&rt->chunks[i],
+                                              memory_order_relaxed);
+    uint32_t used = rt->fresh - i * UMS__TASK_CHUNK;
+    if (used > UMS__TASK_CHUNK) used = UMS__TASK_CHUNK;
+    bool clear = used <= CHUNK_CLEAR_MAX;
+    if (clear) memset(chunk, 0, used * sizeof *chunk);
+    ums__pages_free(chunk, UMS__TASK_CHUNK * sizeof *chunk, clear);
+    atomic_store_explicit(&rt->chunks[i], NULL, memory_order_relaxed);
+  }
   pthread_mutex_destroy(&rt->table_lock);
   pthread_mutex_destroy(&rt->waits_lock);
-  free(rt);
+  /* All zero again but the chunk index (cleared above) and the members
+  ** around it. */
+  memset(rt, 0, offsetof(ums_runtime_t, chunks));
+  memset((char *)rt + sizeof rt->chunks + offsetof(ums_runtime_t, chunks), 0,
+         sizeof *rt - sizeof rt->chunks - offsetof(ums_runtime_t, chunks));
+  ums__pages_free(rt, sizeof *rt, true);
 }
 
 /* Stops and joins the first n scheduler threads. */
 static void stop_threads(ums_runtime_t *rt, int n) {
   atomic_store(&rt->exiting, 1);
   for (int i = 0; i < n; i++) ums__sched_wake(&rt->scheds[i]);
-  for (int i = 0; i < n; i++)
-    if (rt->scheds[i].thread_started) pthread_join(rt->scheds[i].thread, NULL);
+  for (int i = 0; i < n; i++) {
+    if (rt->scheds[i].thread)
+      ums__thread_join(rt->scheds[i].thread, rt->cfg.keep_threads);
+    rt->scheds[i].thread = NULL;
+  }
 }
 
 /* Chooses the I/O backend and sets up one ring per scheduler. With AUTO,
@@ -931,9 +953,11 @@ static int check_config(const ums_config_t *c) {
                       "default, or %zu to %zu)", c->stack_size,
                       UMS_STACK_SIZE_MIN, UMS_STACK_SIZE_MAX);
   static const char *const ints[] = {"max_workers", "idle_workers_kept",
-                                     "io_pool_threads", "preempt_threads"};
+                                     "io_pool_threads", "preempt_threads",
+                                     "keep_threads"};
   const int vals[] = {c->max_workers, c->idle_workers_kept,
-                      c->io_pool_threads, c->preempt_threads};
+                      c->io_pool_threads, c->preempt_threads,
+                      c->keep_threads};
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
     if (vals[i] < 0)
       return start_fail(UMS_EINVAL, "%s = %d is negative", ints[i], vals[i]);
@@ -975,13 +999,13 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
 
   /* Aligned as its cache-line members (the wait clock, the pools'
-  ** submission lines) say. */
-  ums_runtime_t *rt = ums__cacheline_alloc(sizeof *rt);
+  ** submission lines) say, and zeroed: most of it is the task table's
+  ** chunk index, of which a short runtime uses one entry. */
+  ums_runtime_t *rt = ums__pages_alloc(sizeof *rt);
   if (!rt) {
     e = start_fail(UMS_ENOMEM, "out of memory");
     goto fail;
   }
-  memset(rt, 0, sizeof *rt);
   rt->cfg = c;
   rt->vclock = c.clock == UMS_CLOCK_VIRTUAL;
   rt->wait_clock_ticks = c.stats == UMS_STATS_ON && !rt->vclock;
@@ -992,7 +1016,9 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;
   rt->scheds = ums__cacheline_alloc(bytes);
   if (!rt->scheds) {
-    free(rt);
+    pthread_mutex_destroy(&rt->table_lock);
+    pthread_mutex_destroy(&rt->waits_lock);
+    ums__pages_free(rt, sizeof *rt, false);
     e = start_fail(UMS_ENOMEM, "out of memory");
     goto fail;
   }
@@ -1040,16 +1066,15 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   }
   for (int i = 0; i < rt->nsched; i++) {
     ums__sched_t *s = &rt->scheds[i];
-    int r = pthread_create(&s->thread, NULL, sched_thread, s);
+    int r = ums__thread_start(&s->thread, sched_thread, s, NULL,
+                              "ums-sched");
     if (r != 0) {
       stop_threads(rt, i);
       runtime_free(rt);
-      e = start_fail(r == ENOMEM ? UMS_ENOMEM : UMS_EAGAIN,
-                     "cannot create the thread of scheduler %d: %s", i,
-                     strerror(r));
+      e = start_fail(r, "cannot create the thread of scheduler %d: %s", i,
+                     strerror(r == UMS_ENOMEM ? ENOMEM : EAGAIN));
       goto fail;
     }
-    s->thread_started = true;
   }
   /* Only when it has something to do: stall detection, or sampling. A
   ** runtime without the monitor it was asked for would lose stall reports

@@ -25,11 +25,22 @@
 ** a partly used slab to the empty one so that empty slabs can go away.
 ** Allocation and free are O(1), apart from the rare new slab. The pool
 ** belongs to one scheduler thread: no locks.
+**
+** Kept slabs. A program may start many short runtimes (a test framework
+** starts one per test), and mapping a slab, guarding its first slot and
+** unmapping it again (a TLB shootdown in a process with several threads)
+** was a good part of a short runtime's start and stop. So a pool being
+** destroyed leaves its empty slabs (at most KEEP_MAX of at most
+** KEEP_BYTES each, for the process) to the next pool with the same slot
+** size, guards and all; their stacks' pages were given back when the
+** stacks were freed, so a kept slab costs address space, not memory. A
+** child made by fork inherits the mappings and may use them too.
 */
 
 #include "internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -69,6 +80,8 @@ struct ums__slab {
   struct ums__slab *prev, *next; /* the pool's list, see above */
   char *base;                    /* the mapping */
   size_t map_size;
+  size_t slot_size;
+  int guard_mode;                /* how its guards were put */
   uint32_t nslots;
   uint32_t nfree;  /* slots not handed out */
   uint32_t nfresh; /* slots [nfresh, nslots) were never
@@ -145,6 +158,59 @@ static void slab_unmap(ums__stack_pool_t *p, struct ums__slab *sl) {
   p->nslabs--;
 }
 
+#define KEEP_MAX 4
+#define KEEP_BYTES ((size_t)64 << 20)
+
+static struct {
+  pthread_mutex_t lock;
+  struct ums__slab *slabs[KEEP_MAX]; /* [lock] empty, off every pool */
+  int n;                             /* [lock] */
+} kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+
+/* The forking thread may have left the lock taken. */
+static void kept_after_fork(void) { pthread_mutex_init(&kept.lock, NULL); }
+static void kept_setup(void) { pthread_atfork(NULL, NULL, kept_after_fork); }
+
+/* Leaves the empty slab sl to a later pool; false if none may be kept. */
+static bool slab_keep(ums__stack_pool_t *p, struct ums__slab *sl) {
+  if (sl->map_size > KEEP_BYTES) return false;
+  pthread_once(&kept_once, kept_setup);
+  pthread_mutex_lock(&kept.lock);
+  bool ok = kept.n < KEEP_MAX;
+  if (ok) {
+    list_unlink(p, sl);
+    sl->guard_mode = p->guard_mode;
+    kept.slabs[kept.n++] = sl;
+    p->nslabs--;
+  }
+  pthread_mutex_unlock(&kept.lock);
+  return ok;
+}
+
+/* A kept slab for p's slot size whose guards are of p's kind (p takes
+** the kind if it has none yet), or NULL. */
+static struct ums__slab *slab_take(ums__stack_pool_t *p) {
+  struct ums__slab *sl = NULL;
+  pthread_mutex_lock(&kept.lock);
+  for (int i = 0; i < kept.n; i++) {
+    struct ums__slab *k = kept.slabs[i];
+    if (k->slot_size == p->slot_size &&
+        (p->guard_mode == GUARD_UNKNOWN || k->guard_mode == GUARD_UNKNOWN ||
+         k->guard_mode == p->guard_mode)) {
+      sl = k;
+      kept.slabs[i] = kept.slabs[--kept.n];
+      break;
+    }
+  }
+  pthread_mutex_unlock(&kept.lock);
+  if (sl) {
+    if (p->guard_mode == GUARD_UNKNOWN) p->guard_mode = sl->guard_mode;
+    p->nslabs++;
+  }
+  return sl;
+}
+
 static int slab_new(ums__stack_pool_t *p, struct ums__slab **out) {
   /* Called once per new slab, and slabs are few: counting is cheaper
   ** than keeping a total in the pool. */
@@ -156,6 +222,7 @@ static int slab_new(ums__stack_pool_t *p, struct ums__slab **out) {
       it = it->next;
     } while (it != p->slabs);
   }
+  if (have == 0 && (*out = slab_take(p)) != NULL) return 0;
   size_t want = have < SLAB_MIN_SLOTS   ? SLAB_MIN_SLOTS
                 : have > SLAB_MAX_SLOTS ? SLAB_MAX_SLOTS
                                         : have;
@@ -182,6 +249,8 @@ static int slab_new(ums__stack_pool_t *p, struct ums__slab **out) {
   sl->prev = sl->next = NULL;
   sl->base = base;
   sl->map_size = want * p->slot_size;
+  sl->slot_size = p->slot_size;
+  sl->guard_mode = GUARD_UNKNOWN;
   sl->nslots = (uint32_t)want;
   sl->nfree = (uint32_t)want;
   sl->nfresh = 0;
@@ -227,7 +296,10 @@ int ums__stack_pool_init(ums__stack_pool_t *p, size_t stack_size) {
 }
 
 void ums__stack_pool_destroy(ums__stack_pool_t *p) {
-  while (p->slabs) slab_unmap(p, p->slabs);
+  while (p->slabs) {
+    struct ums__slab *sl = p->slabs;
+    if (!slab_empty(sl) || !slab_keep(p, sl)) slab_unmap(p, sl);
+  }
   p->in_use = 0;
 }
 

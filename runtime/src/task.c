@@ -29,17 +29,14 @@ static void timeout_cb(ums__sched_t *s, ums__timer_t *tm) {
   if (t->wait) ums__waiter_abort(t->wait, UMS_ETIMEDOUT);
 }
 
-/* Adds a chunk of fresh tasks to the shared free list. [table_lock] */
+/* Adds a chunk of fresh tasks, handed out from rt->fresh on. Its zeroed
+** pages stay untouched until then: a short runtime faults in the few it
+** uses. [table_lock] */
 static int grow_table(ums_runtime_t *rt) {
   uint32_t base = atomic_load_explicit(&rt->nslots, memory_order_relaxed);
   if (base / UMS__TASK_CHUNK >= UMS__TASK_MAX_CHUNKS) return UMS_EMFILE;
-  ums__task_t *chunk = calloc(UMS__TASK_CHUNK, sizeof *chunk);
+  ums__task_t *chunk = ums__pages_alloc(UMS__TASK_CHUNK * sizeof *chunk);
   if (!chunk) return UMS_ENOMEM;
-  for (uint32_t i = UMS__TASK_CHUNK; i-- > 0;) {
-    chunk[i].slot = base + i;
-    chunk[i].next = rt->free_tasks;
-    rt->free_tasks = &chunk[i];
-  }
   atomic_store_explicit(&rt->chunks[base / UMS__TASK_CHUNK], chunk,
                         memory_order_release);
   atomic_store_explicit(&rt->nslots, base + UMS__TASK_CHUNK,
@@ -58,8 +55,14 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
     s->nfree_tasks--;
   } else {
     pthread_mutex_lock(&rt->table_lock);
-    if (!rt->free_tasks) grow_table(rt);
-    if ((t = rt->free_tasks) != NULL) rt->free_tasks = t->next;
+    if ((t = rt->free_tasks) != NULL) {
+      rt->free_tasks = t->next;
+    } else if (rt->fresh < atomic_load_explicit(&rt->nslots,
+                                                memory_order_relaxed) ||
+               grow_table(rt) == 0) {
+      t = ums__task_at(rt, rt->fresh);
+      t->slot = rt->fresh++;
+    }
     pthread_mutex_unlock(&rt->table_lock);
     if (!t) return NULL;
   }

@@ -273,8 +273,34 @@ static void test_reuse(void) {
   CHECK(p.nslabs == 0);
 }
 
+/* A destroyed pool leaves its empty slab, guards and all, to the next
+** pool of the same stack size (stack.c, "Kept slabs"). A stack size no
+** other case uses, so that no slab kept before serves. */
+static void test_kept_slab(void) {
+  unsetenv("UMS_STACK_GUARD");
+  ums__stack_pool_t p, q;
+  ums__stack_t st;
+  CHECK(ums__stack_pool_init(&p, 3 * STACK_SIZE) == 0);
+  CHECK(ums__stack_alloc(&p, &st) == 0);
+  char *lo = st.lo;
+  lo[0] = 1;
+  ums__stack_free(&p, &st);
+  ums__stack_pool_destroy(&p);
+  CHECK(p.nslabs == 0);
+  CHECK(is_mapped(lo));
+  CHECK(ums__stack_pool_init(&q, 3 * STACK_SIZE) == 0);
+  CHECK(ums__stack_alloc(&q, &st) == 0);
+  CHECK(st.lo == lo);
+  CHECK(lo[0] == 0);  /* the stack's pages were given back */
+  CHECK(strcmp(ums__stack_guard_kind(&q), ums__stack_guard_kind(&p)) == 0);
+  check_guard(&st);
+  ums__stack_free(&q, &st);
+  ums__stack_pool_destroy(&q);
+}
+
 int main(void) {
   page = (size_t)sysconf(_SC_PAGESIZE);
+  test_kept_slab();
   test_sizes();
   test_reuse();
   test_many(NULL, MANY_MADVISE);
