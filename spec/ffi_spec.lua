@@ -233,6 +233,12 @@ describe("ums.ffi", function()
     end
 
     it("a lone task's fast calls complete without a park", function()
+      -- Under strace (the EINTR fault run) the scheduler's idle wait and
+      -- the pool's wake-ups stop for the tracer, far longer than a spin.
+      if os.getenv("UMS_TEST_TRACED") then
+        pending("the spin's timing cannot hold under strace")
+        return
+      end
       run(function()
         local spun, n, pid = 0, 300, C.getpid_inline()
         for _ = 1, n do
