@@ -284,6 +284,29 @@ static bool use_poller(ums__sched_t *s, const ums__io_req_t *r) {
   return !s->ring && ums__io_is_net(r->op);
 }
 
+/* Whether a socket request whose deadline has already passed is answered
+** by one non-blocking system call made at once. The epoll backend makes
+** that call first anyway; on the ring the deadline would end the wait
+** before the kernel's answer is reaped, so a zero timeout (LuaSocket's
+** non-blocking mode) would say "timeout" to a socket that is ready, and
+** a receive left to the kernel could take data after its caller has
+** gone. Only calls that cannot block: a connect already started belongs to the
+** kernel, and an accept only on a non-blocking listener. */
+static bool try_at_once(const ums__io_req_t *r, int64_t deadline) {
+  if (deadline == UMS_FOREVER || deadline > ums__clock_now()) return false;
+  switch (r->op) {
+    case UMS__IO_RECV: case UMS__IO_SEND: case UMS__IO_RECVMSG:
+    case UMS__IO_SENDMSG: case UMS__IO_POLL:
+      return true;
+    case UMS__IO_ACCEPT: {
+      int fl = fcntl(r->fd, F_GETFL);
+      return fl >= 0 && (fl & O_NONBLOCK);
+    }
+    default:
+      return false;
+  }
+}
+
 /* Begins the calling task's park and hands r to its backend. r keeps the
 ** caller's reference either way; on failure nothing was started. */
 static int start(ums__io_req_t *r, int64_t deadline) {
@@ -303,6 +326,13 @@ static int start(ums__io_req_t *r, int64_t deadline) {
   atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->io_pending, 1, memory_order_relaxed);
   UMS__COUNT(s, io_requests);
+  if (use_ring(s, r) && try_at_once(r, deadline)) {
+    /* Not ready: the deadline's answer, without a kernel operation that
+    ** could still take data after it. */
+    int64_t res = ums__net_try(r);
+    ums__io_complete(r, res == UMS__NET_WAIT ? UMS_ETIMEDOUT : res);
+    return 0;
+  }
   if (use_ring(s, r)) {
     r->on_ring = true;
     ums__ring_submit(s, r);

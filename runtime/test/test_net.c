@@ -900,6 +900,52 @@ static void test_wait_fd(void) {
   CHECK_EQ(io_pending(), 0);
 }
 
+/* A deadline that has already passed answers a ready descriptor as both
+** backends' zero timeout should (LuaSocket's non-blocking mode): the call
+** is made once, at once, and only a descriptor that is not ready gets
+** UMS_ETIMEDOUT. */
+static void *expired_ok(void *arg) {
+  int family = *(int *)arg;
+  int srv;
+  int c = connected(family, &srv);
+  int64_t past = ums_now() - 1;
+  CHECK_RC(ums_wait_fd(srv, POLLIN, past), UMS_ETIMEDOUT);
+  CHECK_EQ(ums_wait_fd(c, POLLOUT, past), POLLOUT);
+  ums_buf_t *b = ums_buf_new(64);
+  memcpy(ums_buf_data(b), "ping", 4);
+  CHECK_RC(ums_net_recv(srv, b, 8, 8, 0, past), UMS_ETIMEDOUT);
+  CHECK_EQ(ums_net_send(c, b, 0, 4, 0, past), 4);
+  /* Once the data has reached the peer (loopback TCP may take a moment
+  ** after the send returned), the expired calls see it. */
+  CHECK_EQ(ums_wait_fd(srv, POLLIN, ums_deadline(10 * SEC)), POLLIN);
+  CHECK_EQ(ums_wait_fd(srv, POLLIN, past), POLLIN);
+  CHECK_EQ(ums_net_recv(srv, b, 8, 8, 0, past), 4);
+  CHECK(memcmp((char *)ums_buf_data(b) + 8, "ping", 4) == 0);
+  /* A queued connection on a non-blocking listener. */
+  addr_t a;
+  int l = listener(family, 8, &a);
+  CHECK_RC(ums_net_accept(l, NULL, NULL, past), UMS_ETIMEDOUT);
+  int d = ums_net_socket(family, SOCK_STREAM, 0);
+  CHECK_RC(ums_net_connect(d, (struct sockaddr *)&a.ss, a.len,
+                           ums_deadline(10 * SEC)), 0);
+  CHECK_EQ(ums_wait_fd(l, POLLIN, ums_deadline(10 * SEC)), POLLIN);
+  int e = ums_net_accept(l, NULL, NULL, past);
+  CHECK_GE(e, 0);
+  ums_buf_release(b);
+  int64_t dl = ums_deadline(10 * SEC);
+  int fds[] = {c, srv, l, d, e};
+  for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
+    CHECK_RC(ums_net_close(fds[i], dl), 0);
+  return PTR(1);
+}
+
+static void test_expired(void) {
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    CHECK(tu_in_task(rt, (int)f % 2, expired_ok, (void *)&families[f]) ==
+          PTR(1));
+  CHECK_EQ(io_pending(), 0);
+}
+
 /* Deferred form: each call begun, its park waited on, ended. */
 static void *deferred_ok(void *arg) {
   int family = *(int *)arg;
@@ -1025,6 +1071,7 @@ int main(int argc, char **argv) {
   RUN_NET(test_no_sigpipe);
   RUN_NET(test_wait_fd);
   RUN_NET(test_deferred);
+  RUN_NET(test_expired);
   if (!quick) {
     RUN_NET(test_many);
     RUN_NET(test_accept_abandoned);
