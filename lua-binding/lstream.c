@@ -417,8 +417,22 @@ static int method_loop(lua_State *L, lfile *f) {
   }
 }
 
-int lstream_start(lua_State *L, lfile *f, const lmethod *m);
-static const lmethod m_tbc;
+static int start(lua_State *L, lfile *f, const lmethod *m,
+                 int64_t deadline);
+static const lmethod m_close, m_tbc;
+static bool writes(const lmethod *m);
+
+/* A socket's method gave up waiting for the file at its deadline, having
+** touched nothing: the method's failure result for a timeout (a writing
+** method's says it wrote nothing). */
+static int lock_timeout(lua_State *L, lfile *f, const lmethod *m) {
+  int n = m->done(L, f, 0, UMS_ETIMEDOUT);
+  if (writes(m) && n == 3 && lua_isnil(L, -3)) {
+    lua_pushinteger(L, 0);
+    n++;
+  }
+  return n;
+}
 
 /* Continuation of a yield waiting for the file (the file is the method's
 ** self, at index 1). */
@@ -426,8 +440,12 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   ltask *me = lums_cur_task;
   lums_q_unlink(&me->wait);
-  if (ums_park_result() == UMS_ECANCELED) return lums_raise_cancelled(L);
-  return lstream_start(L, lstream_to(L, 1), (const lmethod *)ctx);
+  int r = ums_park_result();
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  const lmethod *m = (const lmethod *)ctx;
+  lfile *f = lstream_to(L, 1);
+  if (r == UMS_ETIMEDOUT) return lock_timeout(L, f, m);
+  return start(L, f, m, me->wait.deadline);
 }
 
 /* Continuation of a yield at the quantum, before the file was taken. */
@@ -438,10 +456,13 @@ static int quantum_k(lua_State *L, int status, lua_KContext ctx) {
 
 /* Runs method m on f for the caller: takes the file (waiting for it while
 ** another task's method holds it; outside tasks nothing else can run, so
-** it is free), then steps the method to its end. A task that waited may
-** find that the holder closed the file meanwhile: it then raises as for
-** any closed file, having touched nothing. A cancelled task raises while
-** it waits, holding nothing. */
+** it is free), then steps the method to its end. A socket's method but
+** close has the connection's timeout for the whole call, its wait for the
+** file included: one that times out waiting returns its timeout failure,
+** having touched nothing. A close waits as long as it takes (a <close>
+** must close). A task that waited may find that the holder closed the
+** file meanwhile: it then raises as for any closed file, having touched
+** nothing. A cancelled task raises while it waits, holding nothing. */
 int lstream_start(lua_State *L, lfile *f, const lmethod *m) {
   ltask *me = lums_cur_task;
   /* A method served from the buffer need not wait: a yield point all the
@@ -453,9 +474,18 @@ int lstream_start(lua_State *L, lfile *f, const lmethod *m) {
     int n = lums_quantum_yield(L, (lua_KContext)m, quantum_k);
     if (n >= 0) return n;
   }
+  bool timed = f->sock && m != &m_close && m != &m_tbc;
+  return start(L, f, m, timed ? ums_deadline(f->timeout) : UMS_FOREVER);
+}
+
+/* lstream_start after the quantum's yield point, with the deadline of the
+** call's wait for the file. */
+static int start(lua_State *L, lfile *f, const lmethod *m,
+                 int64_t deadline) {
+  ltask *me = lums_cur_task;
   while (held(f) && me) {
     lwait *w = &me->wait;
-    int r = ums_park_begin(UMS_FOREVER, &w->tok);
+    int r = ums_park_begin(deadline, &w->tok);
     if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
     if (r)
       return luaL_error(L, "ums.fs: cannot wait for the file: %s",
@@ -463,6 +493,7 @@ int lstream_start(lua_State *L, lfile *f, const lmethod *m) {
     w->task = me;
     w->L = L;
     w->kase = 0;
+    w->deadline = deadline;
     lums_q_push(&f->waiters, w);
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)m, lock_k);
@@ -471,6 +502,7 @@ int lstream_start(lua_State *L, lfile *f, const lmethod *m) {
     lums_become_current(me);
     lums_q_unlink(w);
     if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+    if (r == UMS_ETIMEDOUT) return lock_timeout(L, f, m);
   }
   if (f->fd < 0 && !m->closed_ok) {
     file_unlock(f);  /* the next waiter finds out for itself */
@@ -480,7 +512,12 @@ int lstream_start(lua_State *L, lfile *f, const lmethod *m) {
   f->owner = me;
   op_clear(&f->op);
   f->op.m = m;
-  f->op.deadline = f->sock ? ums_deadline(f->timeout) : UMS_FOREVER;
+  if (!f->sock)
+    f->op.deadline = UMS_FOREVER;
+  else if (deadline != UMS_FOREVER)
+    f->op.deadline = deadline;
+  else
+    f->op.deadline = ums_deadline(f->timeout);
   if (m->init) m->init(L, f);
   return method_loop(L, f);
 }
@@ -1952,6 +1989,11 @@ static const lmethod m_lines = {lines_init, step_lines, done_lines, false};
 
 /* Whether m gathers received bytes in op.acc (keep_after_timeout). */
 static bool reads(const lmethod *m) { return m == &m_read || m == &m_lines; }
+
+/* Whether m's failure result says how much it wrote (method_end). */
+static bool writes(const lmethod *m) {
+  return m == &m_write || m == &m_send || m == &m_flush;
+}
 
 /* lines iterator: upvalues file, number of formats, close at end,
 ** formats... */

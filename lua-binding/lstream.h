@@ -87,7 +87,8 @@ typedef struct lop {
   size_t wpos;           /* write_acc: accumulator bytes written so far */
   int64_t err;           /* the method's error (0: none) */
   int64_t deadline;      /* a socket's: when this call's I/O times out
-                            (from lfile.timeout at the method's start) */
+                            (from lfile.timeout at the call's start,
+                            its wait for the file included) */
   bool werr;             /* err is a write's: the result says how much
                             was written (wrote) */
   int64_t wrote;         /* bytes this method wrote into the file */

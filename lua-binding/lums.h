@@ -62,6 +62,7 @@ struct lwait {
                             value pushed on it, above the waiting frame */
   int vidx;
   int kase;              /* 0, or the select case (1-based) */
+  int64_t deadline;      /* a stream lock's wait: when the call gives up */
 };
 
 /* Appends w to q. */
