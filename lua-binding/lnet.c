@@ -657,11 +657,14 @@ static int server_accept(lua_State *L) {
   return accept_start(L, a);
 }
 
-static int server_close(lua_State *L) {
-  lserver *s = luaL_checkudata(L, 1, SERVER_MT);
-  if (s->fd >= 0) {
-    int fd = s->fd;
-    s->fd = -1;
+/* close() of an object that owns the descriptor *fdp (servers and
+** datagram sockets): the object forgets it first, so a second close and
+** the collector find nothing to close. A cancelled task's close still
+** closes (ums.h), so UMS_ECANCELED is not a failure here. */
+static int fd_close(lua_State *L, int *fdp) {
+  if (*fdp >= 0) {
+    int fd = *fdp;
+    *fdp = -1;
     int rc = ums_net_close(fd, UMS_FOREVER);
     if (rc && rc != UMS_ECANCELED) return net_fail(L, rc);
   }
@@ -669,11 +672,19 @@ static int server_close(lua_State *L) {
   return 1;
 }
 
-static int server_gc(lua_State *L) {
-  lserver *s = luaL_checkudata(L, 1, SERVER_MT);
-  if (s->fd >= 0) close(s->fd);
-  s->fd = -1;
+/* The collector's close: it cannot wait, so close(2) on this thread. */
+static int fd_gc(int *fdp) {
+  if (*fdp >= 0) close(*fdp);
+  *fdp = -1;
   return 0;
+}
+
+static int server_close(lua_State *L) {
+  return fd_close(L, &((lserver *)luaL_checkudata(L, 1, SERVER_MT))->fd);
+}
+
+static int server_gc(lua_State *L) {
+  return fd_gc(&((lserver *)luaL_checkudata(L, 1, SERVER_MT))->fd);
 }
 
 static int server_fileno(lua_State *L) {
@@ -1129,22 +1140,11 @@ static int udp_fileno(lua_State *L) {
 }
 
 static int udp_close(lua_State *L) {
-  ludp *u = luaL_checkudata(L, 1, UDP_MT);
-  if (u->fd >= 0) {
-    int fd = u->fd;
-    u->fd = -1;
-    int rc = ums_net_close(fd, UMS_FOREVER);
-    if (rc && rc != UMS_ECANCELED) return net_fail(L, rc);
-  }
-  lua_pushboolean(L, 1);
-  return 1;
+  return fd_close(L, &((ludp *)luaL_checkudata(L, 1, UDP_MT))->fd);
 }
 
 static int udp_gc(lua_State *L) {
-  ludp *u = luaL_checkudata(L, 1, UDP_MT);
-  if (u->fd >= 0) close(u->fd);
-  u->fd = -1;
-  return 0;
+  return fd_gc(&((ludp *)luaL_checkudata(L, 1, UDP_MT))->fd);
 }
 
 static int udp_tostring(lua_State *L) {
