@@ -149,9 +149,9 @@ function M.protect(f)
 end
 
 -- ---------------------------------------------------------------------
--- Timeouts: LuaSocket's block and total timeouts, both measured from the
--- start of each method call (timeout.c), become one ums.net per-call
--- timeout.
+-- Timeouts: LuaSocket's block and total timeouts, both counted from the
+-- start of each method call as LuaSocket counts them, become one ums.net
+-- per-call timeout.
 -- ---------------------------------------------------------------------
 
 -- The timeout of a call starting now: nil (none) or seconds.
@@ -262,8 +262,26 @@ local function from_net(name, value)
   return value
 end
 
+-- Checks an option's name (argument 2 of method `what`) against `ok`, a
+-- predicate: LuaSocket's errors for a non-string and an unknown name,
+-- raised at the method's caller (level 3: through this helper).
+local function option_name(name, what, ok)
+  if type(name) ~= "string" then
+    argerror(3, 2, what, "string expected, got " .. typename(name))
+  end
+  if not ok(name) then
+    argerror(3, 2, what, format("unsupported option `%.35s'", name))
+  end
+end
+
+-- tcp options: ums.net's, and those only a master keeps until it has a
+-- descriptor (`early`). udp options: ums.net's alone.
 local function known(name)
   return option_names[name] or early[name]
+end
+
+local function known_net(name)
+  return option_names[name]
 end
 
 -- The object's ums.net object, whichever it has.
@@ -273,12 +291,7 @@ end
 
 function tcp.setoption(s, name, value)
   check(s, TCP_ANY, "setoption", "tcp{any}")
-  if type(name) ~= "string" then
-    argerror(2, 2, "setoption", "string expected, got " .. typename(name))
-  end
-  if not known(name) then
-    argerror(2, 2, "setoption", format("unsupported option `%.35s'", name))
-  end
+  option_name(name, "setoption", known)
   local o = handle(s)
   if not o then
     s.options[name] = value
@@ -296,12 +309,7 @@ end
 
 function tcp.getoption(s, name)
   check(s, TCP_ANY, "getoption", "tcp{any}")
-  if type(name) ~= "string" then
-    argerror(2, 2, "getoption", "string expected, got " .. typename(name))
-  end
-  if not known(name) then
-    argerror(2, 2, "getoption", format("unsupported option `%.35s'", name))
-  end
+  option_name(name, "getoption", known)
   local o = handle(s)
   local net_name = option_names[name]
   if not o or not net_name then
@@ -832,13 +840,8 @@ end
 
 function udp.setoption(s, name, value)
   check(s, UDP_ANY, "setoption", "udp{any}")
-  if type(name) ~= "string" then
-    argerror(2, 2, "setoption", "string expected, got " .. typename(name))
-  end
+  option_name(name, "setoption", known_net)
   local net_name = option_names[name]
-  if not net_name then
-    argerror(2, 2, "setoption", format("unsupported option `%.35s'", name))
-  end
   if not s.udp then return nil, "closed" end
   local ok, msg, code = s.udp:setoption(net_name, to_net(name, value))
   if not ok then return nil, message(msg, code) end
@@ -847,13 +850,8 @@ end
 
 function udp.getoption(s, name)
   check(s, UDP_ANY, "getoption", "udp{any}")
-  if type(name) ~= "string" then
-    argerror(2, 2, "getoption", "string expected, got " .. typename(name))
-  end
+  option_name(name, "getoption", known_net)
   local net_name = option_names[name]
-  if not net_name then
-    argerror(2, 2, "getoption", format("unsupported option `%.35s'", name))
-  end
   if not s.udp then return nil, "closed" end
   local v, msg, code = s.udp:getoption(net_name)
   if v == nil then return nil, message(msg, code) end
