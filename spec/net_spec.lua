@@ -68,6 +68,23 @@ local function serve_one(srv, handler)
   end)
 end
 
+-- A TCP connection whose peer never reads, with a small send buffer, so
+-- that sends soon block: returns the connection and a function that lets
+-- the peer end and closes both sides. Call from a task.
+local function unread_peer()
+  local srv = assert(net.listen("127.0.0.1", 0))
+  local stop = ums.channel()
+  local t = serve_one(srv, function() stop:recv() end)
+  local c = assert(kinds[1].connect(srv))
+  c:setoption("sndbuf", 4096)
+  return c, function()
+    stop:send(true)
+    results(t)
+    c:close()
+    srv:close()
+  end
+end
+
 describe("ums.net backend", function()
   it("is the one UMS_NET_EXPECT_BACKEND names (if set)", function()
     local said
@@ -277,11 +294,7 @@ describe("ums.net streams", function()
   it("a peer that stops reading blocks only its task; send times out",
      function()
     run(function()
-      local srv = assert(net.listen("127.0.0.1", 0))
-      local stop = ums.channel()
-      local t = serve_one(srv, function() stop:recv() end)
-      local c = assert(kinds[1].connect(srv))
-      c:setoption("sndbuf", 4096)
+      local c, finish = unread_peer()
       local ticks = 0
       local ticker = ums.spawn(function()
         for _ = 1, 5 do
@@ -302,10 +315,7 @@ describe("ums.net streams", function()
       assert.is_true(total > 0)
       results(ticker)
       assert.equal(5, ticks)
-      stop:send(true)
-      results(t)
-      c:close()
-      srv:close()
+      finish()
     end)
   end)
 
@@ -382,11 +392,7 @@ describe("ums.net timeouts and cancellation", function()
 
   it("a send to a peer that never reads can be cancelled", function()
     run(function()
-      local srv = assert(net.listen("127.0.0.1", 0))
-      local stop = ums.channel()
-      local t = serve_one(srv, function() stop:recv() end)
-      local c = assert(kinds[1].connect(srv))
-      c:setoption("sndbuf", 4096)
+      local c, finish = unread_peer()
       local sent = 0
       local s = ums.spawn(function()
         local chunk = ("q"):rep(65536)
@@ -396,10 +402,7 @@ describe("ums.net timeouts and cancellation", function()
       s:cancel()
       assert.is_false((s:join(5)))
       assert.is_true(sent > 0)
-      stop:send(true)
-      results(t)
-      c:close()
-      srv:close()
+      finish()
     end)
   end)
 
@@ -436,11 +439,7 @@ describe("ums.net timeouts and cancellation", function()
 
   it("a send waiting behind a blocked send times out", function()
     run(function()
-      local srv = assert(net.listen("127.0.0.1", 0))
-      local stop = ums.channel()
-      local t = serve_one(srv, function() stop:recv() end)
-      local c = assert(kinds[1].connect(srv))
-      c:setoption("sndbuf", 4096)
+      local c, finish = unread_peer()
       local s = ums.spawn(function()
         local chunk = ("q"):rep(65536)
         while true do assert(c:send(chunk)) end
@@ -458,10 +457,7 @@ describe("ums.net timeouts and cancellation", function()
       assert.equal(0, sent)
       s:cancel()
       assert.is_false((s:join(5)))
-      stop:send(true)
-      results(t)
-      c:close()
-      srv:close()
+      finish()
     end)
   end)
 
