@@ -38,9 +38,10 @@ static const char *const whats[] = {"r", "w", NULL};
 static const int events[] = {POLLIN, POLLOUT};
 
 /* poll(2) with a zero timeout: select's first look, and all of a select
-** with a zero timeout. A readiness request whose deadline has already
-** passed may end before the kernel has looked at the descriptor (the
-** io_uring backend's does), so it cannot answer "is it ready now". */
+** with a zero timeout. It never parks: a select that finds something
+** ready, or has a zero timeout, returns without a task switch (the
+** cooperative rule: only a call that waits lets other tasks run), and it
+** also works outside a task. */
 static int l_ready(lua_State *L) {
   struct pollfd p = {(int)luaL_checkinteger(L, 1), 0, 0};
   p.events = (short)events[luaL_checkoption(L, 2, NULL, whats)];
