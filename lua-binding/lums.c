@@ -27,9 +27,12 @@
 #include <lua.h>
 #include <lualib.h>
 #include <pthread.h>
+#include <errno.h>
+#include <linux/membarrier.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -88,6 +91,21 @@ struct lnopreempt {
   int n;
 };
 
+/* The quantum monitor's sleep (see monitor_sleep): a VM's thread that
+** has just published a step (running_co, step_seq) wakes a monitor that
+** sleeps. The signal fence only keeps the compiler from moving the load
+** above those stores; the processor's ordering comes from the
+** monitor's membarrier, so a step pays one load of a line that changes
+** only when the monitor sleeps or wakes. */
+static void monitor_wake(lrun *m);
+static inline void monitor_note_step(lrun *r) {
+  lrun *m = r->watch;
+  atomic_signal_fence(memory_order_seq_cst);
+  if (m && __builtin_expect(atomic_load_explicit(&m->mon_asleep,
+                                                 memory_order_relaxed), 0))
+    monitor_wake(m);
+}
+
 /* Makes t current again on this thread: after a blocking wait, other
 ** steps have run on other workers of this thread meanwhile. */
 void lums_before_block(ltask *t) {
@@ -97,8 +115,10 @@ void lums_before_block(ltask *t) {
 
 void lums_become_current(ltask *t) {
   lums_cur_task = t;
-  if (t->run) atomic_store_explicit(&t->run->running_co, t->co,
-                                    memory_order_relaxed);
+  if (t->run) {
+    atomic_store_explicit(&t->run->running_co, t->co, memory_order_relaxed);
+    monitor_note_step(t->run);
+  }
 }
 
 /* ---------------------------------------------------------------------- */
@@ -588,6 +608,7 @@ static int task_step(void *arg) {
   atomic_store_explicit(&r->step_seq,
       atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
+  monitor_note_step(r);
 #ifdef QUANTUM_POLL
   if ((r->preempt && r->quantum > 0) || r->stall)
     hook_arm(t->co, t, QUANTUM_POLL_COUNT);
@@ -950,6 +971,7 @@ int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
       &r->step_seq,
       atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
+  monitor_note_step(r);
   return -1;
 }
 
@@ -979,15 +1001,19 @@ static void quantum_signal(int sig) {
 typedef struct qwatch {
   uint64_t seen_seq, signalled_seq;
   int64_t seen_at;
+  bool known;            /* looked at once: seen_seq is the VM's */
 } qwatch;
 
 /* One look at VM v (see quantum_monitor). A step past its quantum is
 ** marked (preempt_seq), which its next call that can wait reads; with
-** preempt on it is also signalled, to yield at any instruction. */
-static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
+** preempt on it is also signalled, to yield at any instruction. Returns
+** whether the VM ran a step since the last look (or runs one). */
+static bool quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
   uint64_t seq = atomic_load_explicit(&v->step_seq, memory_order_relaxed);
   bool running = atomic_load_explicit(&v->running_co,
                                       memory_order_relaxed) != NULL;
+  bool busy = running || seq != w->seen_seq || !w->known;
+  w->known = true;
   if (seq != w->seen_seq || !running) {
     w->seen_seq = seq;
     w->seen_at = now;
@@ -1000,6 +1026,7 @@ static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
     if (v->preempt) pthread_kill(v->lua_thread, QUANTUM_SIGNAL);
 #endif
   }
+  return busy;
 }
 
 /* Looks every half quantum at the step running in each VM of the run;
@@ -1009,11 +1036,78 @@ static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
 ** one and a half quanta after it began. One thread watches every VM: r is
 ** the main VM's lrun, the others are found through r->vms as they
 ** appear. */
+/* Looks this many times in a row at a run where no VM runs a step, then
+** sleeps until a step starts. */
+#define MONITOR_IDLE_LOOKS 8
+
+/* A full memory barrier on every thread of the process that runs at the
+** moment (membarrier's private expedited command), so that the steps'
+** side of the sleep protocol needs no fence of its own. Registered once
+** per process, again after a fork if the kernel asks for it. False where
+** the kernel has no membarrier: the monitor then keeps ticking. */
+static bool process_barrier(void) {
+#ifdef SYS_membarrier
+  static _Atomic int registered;
+  if (!atomic_load_explicit(&registered, memory_order_relaxed)) {
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+                0, 0) != 0)
+      return false;
+    atomic_store_explicit(&registered, 1, memory_order_relaxed);
+  }
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+    return true;
+  if (errno != EPERM) return false;
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
+              0) != 0)
+    return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+#else
+  return false;
+#endif
+}
+
+static void monitor_wake(lrun *m) {
+  pthread_mutex_lock(&m->mon_lock);
+  if (atomic_load_explicit(&m->mon_asleep, memory_order_relaxed)) {
+    atomic_store_explicit(&m->mon_asleep, false, memory_order_relaxed);
+    pthread_cond_signal(&m->mon_cond);
+  }
+  pthread_mutex_unlock(&m->mon_lock);
+}
+
+/* With mon_lock held, after MONITOR_IDLE_LOOKS looks at a run where no
+** VM ran a step: sleeps until a step starts (monitor_note_step) or the
+** run stops, so that an idle run costs no CPU. The protocol is the usual
+** store-then-load pair, made asymmetric: the monitor stores mon_asleep,
+** then (process_barrier) every running thread passes a full barrier,
+** then the monitor loads each VM's running_co and step_seq; a step
+** stores those, then loads mon_asleep. Either the monitor sees the step
+** (and does not sleep) or the step sees mon_asleep (and wakes it). A VM
+** that appears meanwhile counts as a step. */
+static void monitor_sleep(lrun *r, qwatch *watch, int n) {
+  atomic_store_explicit(&r->mon_asleep, true, memory_order_relaxed);
+  bool idle = process_barrier();
+  for (int i = 0; idle && i < n; i++) {
+    lrun *v = lums_vms_at(r->vms, i);
+    if (!v) continue;
+    if (!watch[i].known ||
+        atomic_load_explicit(&v->running_co, memory_order_relaxed) ||
+        atomic_load_explicit(&v->step_seq, memory_order_relaxed) !=
+            watch[i].seen_seq)
+      idle = false;
+  }
+  while (idle && atomic_load_explicit(&r->mon_asleep, memory_order_relaxed) &&
+         !atomic_load(&r->stop))
+    pthread_cond_wait(&r->mon_cond, &r->mon_lock);
+  atomic_store_explicit(&r->mon_asleep, false, memory_order_relaxed);
+}
+
 static void *quantum_monitor(void *arg) {
   lrun *r = arg;
   int n = lums_vms_count(r->vms);
   qwatch *watch = calloc((size_t)n, sizeof *watch);
   int64_t period = r->quantum / 2;
+  int idle_looks = 0;
   if (!watch) return NULL;  /* no quantum for this run, rather than none */
   pthread_mutex_lock(&r->mon_lock);
   while (!atomic_load(&r->stop)) {
@@ -1025,9 +1119,15 @@ static void *quantum_monitor(void *arg) {
     pthread_cond_timedwait(&r->mon_cond, &r->mon_lock, &ts);
     if (atomic_load(&r->stop)) break;
     int64_t now = ums_now();
+    bool busy = false;
     for (int i = 0; i < n; i++) {
       lrun *v = lums_vms_at(r->vms, i);
-      if (v) quantum_check(v, &watch[i], now, period);
+      if (v) busy |= quantum_check(v, &watch[i], now, period);
+    }
+    idle_looks = busy ? 0 : idle_looks + 1;
+    if (idle_looks >= MONITOR_IDLE_LOOKS) {
+      monitor_sleep(r, watch, n);
+      idle_looks = 0;
     }
   }
   pthread_mutex_unlock(&r->mon_lock);
@@ -1114,6 +1214,7 @@ lrun *lums_monitor_new(lvms *vms, int64_t quantum, int *err) {
     free(r);
     return NULL;
   }
+  lums_vms_set_monitor(vms, r);
   return r;
 }
 
@@ -1529,6 +1630,12 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   if (vms && !lums_vms_hosted(vms)) {
     lrun *m0 = lums_vms_at(vms, 0);
     r->mon = m0 ? m0 : r;
+  }
+  /* The monitor that watches this VM: the main VM's (the main VM itself,
+  ** made before lums_vms_set_main), or a host's. */
+  if (vms) {
+    r->watch = lums_vms_monitor(vms);
+    if (!r->watch && !lums_vms_hosted(vms)) r->watch = r;
   }
   /* No step is past its quantum yet (step_seq counts from 0). */
   atomic_store(&r->preempt_seq, UINT64_MAX);

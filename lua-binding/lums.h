@@ -200,6 +200,13 @@ struct lrun {
                                        NULL (started with the run) */
   pthread_mutex_t mon_lock;
   pthread_cond_t mon_cond;
+  /* The monitor sleeps without a timeout while no VM of the run runs a
+  ** step (see monitor_sleep): the first step to start wakes it. */
+  _Atomic bool mon_asleep;          /* [mon_lock to set and clear; read
+                                       by any VM's thread without it] */
+  struct lrun *watch;               /* [const] the lrun that owns the
+                                       monitor watching this VM (itself
+                                       in the main VM), or NULL */
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
   _Atomic uint64_t preempt_seq;     /* the step past its quantum */
   lhandle *main;                    /* main VM: the run's first task, set
