@@ -45,15 +45,21 @@ local function threads()
   return tids
 end
 
+-- Context switches: the total, and per thread ("tid name" -> count).
 local function switches(tids)
-  local n = 0
+  local n, per = 0, {}
   for _, tid in ipairs(tids) do
     local s = read("/proc/self/task/" .. tid .. "/status")
     if s then
-      for v in s:gmatch("ctxt_switches:%s*(%d+)") do n = n + tonumber(v) end
+      local name = (read("/proc/self/task/" .. tid .. "/comm") or "?")
+        :gsub("\n$", "")
+      local k = 0
+      for v in s:gmatch("ctxt_switches:%s*(%d+)") do k = k + tonumber(v) end
+      per[tid .. " " .. name] = k
+      n = n + k
     end
   end
-  return n
+  return n, per
 end
 
 ums.config{schedulers = nsched}
@@ -73,12 +79,23 @@ ums.run(function()
   ums.spawn(function() ums.sleep(0.01) end):join()
   ums.sleep(0.1)
   local tids = threads()
-  local c0, s0, t0 = cpu_ticks(), switches(tids), ums.now()
+  local c0, t0 = cpu_ticks(), ums.now()
+  local s0, per0 = switches(tids)
   ums.sleep(seconds)
-  local c1, s1, t1 = cpu_ticks(), switches(tids), ums.now()
+  local c1, t1 = cpu_ticks(), ums.now()
+  local s1, per1 = switches(tids)
   local wall = t1 - t0
   print(("idle %.1f s, %d schedulers, %d threads: CPU %d ticks (%.3f%% of "
          .. "one CPU), %d context switches (%.1f/s)"):format(
     wall, nsched, #tids, c1 - c0, (c1 - c0) * 1.0 / wall, s1 - s0,
     (s1 - s0) / wall))
+  local woke = {}
+  for k, v in pairs(per1) do
+    if per0[k] and v > per0[k] then
+      woke[#woke + 1] = ("%s %d"):format(k:match("^%d+ (.*)$"), v - per0[k])
+    end
+  end
+  table.sort(woke)
+  print("  threads that woke: " .. (#woke > 0 and table.concat(woke, ", ")
+                                    or "none"))
 end)
