@@ -599,6 +599,38 @@ describe("ums.net arguments", function()
         net.connect("127.0.0.1", 1, {timeout = "x"})
       end, "bad argument #3 to 'connect' (timeout must be a number of "
            .. "seconds)")
+      -- A misspelt option raises, naming it and the options there are.
+      assert.has_error(function()
+        net.listen("127.0.0.1", 0, {reuse_port = true})
+      end, "bad argument #3 to 'listen' (unknown option 'reuse_port' "
+           .. "(options: backlog, reuseaddr, reuseport, family))")
+      assert.has_error(function()
+        net.connect("127.0.0.1", 1, {timout = 1})
+      end, "bad argument #3 to 'connect' (unknown option 'timout' "
+           .. "(options: timeout, family, nodelay, io_timeout))")
+      assert.has_error(function() net.udp({[1] = "inet"}) end,
+        "bad argument #1 to 'udp' (option names must be strings "
+        .. "(options: family, timeout))")
+      assert.has_error(function() net.resolve("localhost", 80, {ttl = 1}) end,
+        "bad argument #3 to 'resolve' (unknown option 'ttl' (options: "
+        .. "family, socktype, passive, timeout))")
+      assert.has_error(function()
+        net.connect_unix("/nonexistent", {backlog = 1})
+      end, "bad argument #2 to 'connect_unix' (unknown option 'backlog' "
+           .. "(options: timeout, io_timeout))")
+      assert.has_error(function()
+        net.listen_unix("/nonexistent", {timeout = 1})
+      end, "bad argument #2 to 'listen_unix' (unknown option 'timeout' "
+           .. "(options: backlog))")
+      -- Called through pcall (no name at the call site), the error names
+      -- the function by its module.
+      local ok, err = pcall(net.connect, "127.0.0.1", 70000)
+      assert.is_false(ok)
+      assert.equal("bad argument #2 to 'ums.net.connect' (port out of range)",
+                   err)
+      ok, err = pcall(ums.fs.open, "x", "bogus")
+      assert.is_false(ok)
+      assert.matches("^bad argument #2 to 'ums.fs.open'", err)
       local srv = assert(net.listen("127.0.0.1", 0))
       local t = serve_one(srv, function(c) c:read("a") end)
       local c = assert(kinds[1].connect(srv))

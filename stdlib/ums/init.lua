@@ -50,7 +50,7 @@ local settings = {
         '"auto", "uring" or "pool"'},
   io_threads = int_in("io_threads", "an integer", " (0: the default, 64)"),
   preempt_threads = int_in("preempt_threads", "an integer",
-                           " (0: the default, 64)"),
+                           " (0: the default, 10000)"),
   stats = {function(v) return type(v) == "boolean" or v == "precise" end,
            'a boolean or "precise"'},
   stall_threshold = seconds(" (0: off)"),
@@ -179,7 +179,18 @@ end
 -- and no file I/O or C call is in flight. With the virtual clock, it
 -- returns before the clock moves.
 
--- The standard library for programs (issue 9): work queues, application
+-- The C core's modules are loaded under their own names too (require
+-- "ums.net" gives ums.net), and that is also where Lua looks for a
+-- function's name when it reports a bad argument: "bad argument #1 to
+-- 'ums.fs.open'", not "to '?'", when the call came through pcall or a
+-- local.
+for _, name in ipairs{"fs", "net", "ffi", "shared"} do
+  if package.loaded["ums." .. name] == nil then
+    package.loaded["ums." .. name] = core[name]
+  end
+end
+
+-- The standard library for programs: work queues, application
 -- locks, task groups. Each module also works on its own through require.
 ums.applock = require "ums.applock"
 ums.group = require("ums.group").new
