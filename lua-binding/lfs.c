@@ -193,18 +193,16 @@ static const lmethod m_readfile = {open_init, step_readfile,
 ** chain, so the task parks once instead of four times), read into a
 ** page-aligned buffer and copied once into the string.
 **
-** Who holds the caller's buffer reference while the task is parked: in a
-** task, the task itself (ltask.rfbuf), not a Lua object: a userdata with
-** a __gc per call cost an allocation, a metatable and a finalizer call
-** per file, and every object with a finalizer costs the collector more
-** (callgrind, 64 tasks reading 4 KiB files: 5,975 -> 4,310 instructions
-** per file). The call's end releases it. A raise between (no memory for
-** the string) leaves it in the slot until the task ends
-** (give_back_task). While the slot is taken (by that, or by a readfile
-** of this task that a finalizer run from inside this one interrupted) a
-** call uses a box on the stack instead, collected if it raises, as it
-** does outside a task. The request holds its own reference while it
-** runs either way. */
+** Who holds the caller's buffer reference while the task is parked: in a task,
+** the task itself (ltask.rfbuf), not a Lua object: a userdata with a __gc per
+** call cost an allocation, a metatable and a finalizer call per file, and every
+** object with a finalizer costs the collector more. The call's end releases it.
+** A raise between (no memory for the string) leaves it in the slot until the
+** task ends (give_back_task). While the slot is taken (by that, or by a
+** readfile of this task that a finalizer run from inside this one interrupted)
+** a call uses a box on the stack instead, collected if it raises, as it does
+** outside a task. The request holds its own reference while it runs either
+** way. */
 #define RFBUF_MT "ums.fs.readbuf"
 
 typedef struct rfbuf {

@@ -1,5 +1,5 @@
 /*
-** lnet.c: ums.net, sockets for tasks (README.md, "The Lua API").
+** lnet.c: ums.net, sockets for tasks (docs/lua-api.md, "Sockets").
 **
 ** A connection is a buffered stream (lstream.h): the reading, writing,
 ** lines, setvbuf and the one-method-at-a-time lock of ums.fs files, with

@@ -20,9 +20,10 @@
 **     switch;
 **   - elsewhere (a table.sort comparator, a C call without continuation,
 **     the user's own coroutine), waits on the task's worker (ums_park_wait
-**     binds it while another worker runs the scheduler, DESIGN.md section
-**     4), then loops: it never recurses, so a long read in such a place
-**     costs one C frame however many requests it takes.
+**     binds it while another worker runs the scheduler:
+**     docs/design/architecture.md), then loops: it never recurses, so a
+**     long read in such a place costs one C frame however many requests
+**     it takes.
 ** Outside a task (the main thread outside ums.run) the runtime's blocking
 ** calls are plain system calls, made in the same loop.
 **
@@ -1425,8 +1426,8 @@ int lstream_sync(lua_State *L) {
 ** pread (a string) stays under the lock: it needs a buffer of its own per
 ** read, and 64 of them in flight at once (64 tasks, 1 MiB each) put every
 ** byte through a 64 MiB working set twice (the kernel's copy, then the
-** string's): 0.33-0.38x the C read loop against 0.62-0.67x one at a time
-** (bench_fs.lua big64, one VM on scheduler 0). */
+** string's), where one read at a time keeps the buffer in the cache
+** (bench_fs.lua's big64 shape). */
 
 enum { SH_FILE = 1, SH_BUF, SH_N, SH_OFF, SH_DONE, SH_FD };
 

@@ -5,7 +5,8 @@
 ** coroutine, where Lua can yield) or, where Lua cannot yield (a C call
 ** without continuation, a metamethod, the user's own coroutine), with
 ** ums_park_wait, which binds the worker to the task while another worker
-** runs the scheduler (DESIGN.md section 4).
+** runs the scheduler (docs/design/architecture.md, "Tasks, workers and
+** the cooperative rule"; docs/design/trace.md follows one task).
 **
 ** Threads: each VM of a run belongs to one scheduler (the caller's VM to
 ** scheduler 0, the others to theirs: lvm.c) and its tasks run there; the
@@ -319,8 +320,9 @@ static void free_task(lua_State *L, ltask *t) {
 
 /* Pools t, whose coroutine has ended normally or been reset by
 ** task_finish: a function pushed on that coroutine starts at the next
-** lua_resume, which is ~5x cheaper than a new thread. This unanchors the
-** handle t had. empty: the caller knows the coroutine's stack is empty. */
+** lua_resume, which costs much less than creating a thread. This
+** unanchors the handle t had. empty: the caller knows the coroutine's
+** stack is empty. */
 static void give_back_task(lrun *r, ltask *t, bool empty) {
   /* A coroutine that returned nothing has nothing left on its stack (the
   ** usual end, empty): no call needed. */
@@ -1850,8 +1852,8 @@ static int run(lua_State *L, double limit) {
   }
 
   /* A program may start many runs (a test framework, one per test): the
-  ** runtime's threads stay parked for the next one (README, "What a run
-  ** keeps for the process"). */
+  ** runtime's threads stay parked for the next one (docs/lua-api.md,
+  ** "What a run keeps for the process"). */
   cfg.keep_threads = cfg.schedulers > 0 ? cfg.schedulers + 1 : INT_MAX;
 
   int err;

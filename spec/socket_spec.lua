@@ -247,7 +247,7 @@ local function script(socket)
   return out
 end
 
--- Where the two records differ, by design (README, "ums.socket").
+-- Where the two records differ, by design (docs/stdlib.md, "ums.socket").
 local function known_differences(rec)
   return rec
 end

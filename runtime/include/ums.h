@@ -5,7 +5,8 @@
 ** A runtime owns N cooperative schedulers (default: one per CPU). Each
 ** scheduler is run by one OS thread and carries tasks on C fibers
 ** ("workers"). Tasks yield cooperatively; every wait can carry a deadline
-** and can be cancelled. See DESIGN.md for the architecture.
+** and can be cancelled. docs/design/architecture.md describes the
+** architecture, docs/c-api.md indexes this header.
 **
 ** Conventions:
 **   - Functions return 0 or a negative UMS_E* code (see ums_strerror).
@@ -381,7 +382,8 @@ UMS_API void ums_exit(void *result, int status) __attribute__((noreturn));
 **
 ** Inside a step, the blocking calls of this header still work: they bind
 ** the worker to the task until the wait ends, and another worker takes
-** over the scheduler (DESIGN.md section 4). That is the path for waits
+** over the scheduler (docs/design/architecture.md, "Tasks, workers and
+** the cooperative rule"). That is the path for waits
 ** where the step cannot return (Lua inside a C call).
 */
 
@@ -552,7 +554,7 @@ UMS_API size_t ums_chan_cap(ums_chan_t *ch);
 ** an operation the ring does not support, such as listing a directory) a
 ** pool of OS threads makes the plain system call and hands the task back
 ** through its scheduler's completion list. Both give the same results.
-** runtime/IO.md describes the design.
+** docs/design/io.md describes the design.
 **
 ** Results are the kernel's: >= 0 on success, a negative errno value
 ** (UMS_ENOENT, UMS_EBADF, UMS_EISDIR, ...) on failure. Every call takes an
@@ -828,7 +830,7 @@ UMS_API int64_t ums_fs_readfile_end(ums_fs_req_t *req, int *fd);
 ** Unix stream and datagram sockets; addresses are the C library's
 ** (struct sockaddr_in, sockaddr_in6, sockaddr_un).
 **
-** Backends (runtime/IO.md, "Network"). With io_uring a call is the
+** Backends (docs/design/io.md, "Network"). With io_uring a call is the
 ** kernel's socket operation on the scheduler's ring (IORING_OP_ACCEPT,
 ** CONNECT, RECV, SEND, RECVMSG, SENDMSG, POLL_ADD); a timed-out or
 ** cancelled one is cancelled in the kernel. Without io_uring sockets are
@@ -967,7 +969,7 @@ UMS_API int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
 ** hosts, a NULL host and names in /etc/hosts are answered on the calling
 ** thread without a lookup; other names go to the C-call pool ("Going
 ** preemptive"), where the C library's getaddrinfo runs while the task
-** parks (runtime/IO.md, "Name resolution"). hints: getaddrinfo's (only
+** parks (docs/design/io.md, "Name resolution"). hints: getaddrinfo's (only
 ** ai_flags, ai_family, ai_socktype, ai_protocol are read; NULL: none).
 ** Returns 0 and the list in *res (the caller frees it with
 ** freeaddrinfo), or UMS_ENOENT (no such name, or no address of the
@@ -1013,7 +1015,7 @@ UMS_API int ums_net_getaddrinfo_end(ums_dns_req_t *req,
 ** ums_config_t.preempt_threads, only while those are blocked in their
 ** calls and calls wait (short or computing calls gain nothing from more
 ** threads than CPUs); threads beyond one per CPU
-** end after worker_idle_timeout without work. runtime/PREEMPT.md
+** end after worker_idle_timeout without work. docs/design/preempt.md
 ** describes the design.
 **
 ** A call is never killed. When the caller's wait ends first (the deadline
@@ -1165,7 +1167,7 @@ UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
 ** counts as 0 or 1 ms, with the chance of its length, so totals over many
 ** waits are right on average and a single wait is right to +-1 ms.
 ** (Reading a real clock on each park, even the CPU's time stamp counter,
-** costs 20-25 ns on a VM: a quarter of a channel message.)
+** would be a sizeable share of a channel message.)
 ** UMS_STATS_PRECISE times each wait to the nanosecond instead, with one
 ** reading of the stamp clock (the time stamp counter calibrated against
 ** CLOCK_MONOTONIC; clock_gettime where there is none) per park. A task's
@@ -1272,7 +1274,7 @@ typedef struct ums_sched_stats {
                                    spins for at the call site) */
   uint64_t preempt_calls;       /* preemptive calls started here, total
                                    (SQL Server's preemptive switches) */
-  /* Since observability (issue 7). */
+  /* Observability (below). */
   int hidden;                   /* 0: schedulers are visible; the hidden
                                    pools are in ums_runtime_pool_stats */
   uint64_t fiber_switches;      /* switches between C fibers (a step
@@ -1286,7 +1288,7 @@ typedef struct ums_sched_stats {
   uint64_t running;             /* the task running now or last (a handle),
                                    0 when idle or none */
   char running_name[32];        /* its name */
-  /* Since issue 5's spin at the call site. */
+  /* Spinning at the call site (ums_preempt). */
   uint64_t preempt_spun;        /* of preempt_calls, those the calling task
                                    waited for by spinning where it called,
                                    without parking (see ums_preempt) */
@@ -1298,7 +1300,7 @@ UMS_API int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows,
                               int n);
 
 /* The hidden schedulers: the runtime's thread pools for blocking C calls
-** and for file I/O (runtime/PREEMPT.md, runtime/IO.md). */
+** and for file I/O (docs/design/preempt.md, docs/design/io.md). */
 typedef struct ums_pool_stats {
   const char *name;             /* "preemptive" or "io" */
   uint64_t queued;              /* work waiting for a thread */

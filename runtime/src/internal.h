@@ -99,8 +99,8 @@ static inline void ums__cpu_relax(void) {
 /* Adaptive spinning (pool.c, sched.c). A spin-wait for another thread
 ** pays only when that thread runs on another CPU and answers within a few
 ** microseconds; on a crowded machine the spinner holds the very CPU its
-** partner waits for (measured: a preemptive round trip took 19 us with
-** spinning against 10.5 us without, at load 3 on 2 CPUs). Each spin site
+** partner waits for, and a round trip takes longer with the spin than
+** without it. Each spin site
 ** keeps a running average of how long its spins took, a miss counting as
 ** twice the limit; above a quarter of the limit it sleeps at once, and
 ** spins anyway every UMS__SPIN_PROBE-th time to notice calmer times. */
@@ -1212,7 +1212,8 @@ struct ums__sched {
   /* Tasks whose timer woke them go before the run queue (a late timer is
   ** the lateness users see, and a spawn burst can queue 100,000 tasks not
   ** yet started), but at most UMS__URGENT_STREAK in a row, so the run
-  ** queue never starves (DESIGN.md section 3, step 5). */
+  ** queue never starves (docs/design/architecture.md, "The scheduler
+  ** pass"). */
   ums__task_t *urgent_head, *urgent_tail; /* [owner] */
   uint32_t urgent_streak;      /* [owner] urgent picks in a row */
   bool expiring;               /* [owner] inside timer expiry */
@@ -1381,8 +1382,8 @@ static inline void ums__rt_leave(ums_runtime_t *rt) {
 
 /* The scheduler the calling thread runs, or NULL. Initial-exec: the
 ** runtime is often linked into a dlopen'ed Lua module, where the default
-** model makes every access a __tls_get_addr call (~55 instructions per
-** task switch measured); one pointer fits glibc's static TLS surplus,
+** model makes every access a __tls_get_addr call, several per task
+** switch; one pointer fits glibc's static TLS surplus,
 ** which exists for such modules. */
 #define UMS__TLS_IE __attribute__((tls_model("initial-exec")))
 extern _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;

@@ -234,8 +234,8 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   ** A thread that sees the new id (ums__task_lookup, ums__task_id_locked:
   ** acquire) sees the initialisation above, which this release store
   ** publishes. gen is only ever touched here, by the one spawner of the
-  ** free record. The locked exchange this used to take stalled on the
-  ** cold stores of the initialisation (perf: ~5% of a spawn+join). */
+  ** free record, so a plain store does: a locked exchange would stall on
+  ** the cold stores of the initialisation. */
   t->gen = t->gen + 1 ? t->gen + 1 : 1;
   uint64_t id = ((uint64_t)t->gen << 32) | t->slot;
   atomic_store_explicit(&t->id, id, memory_order_release);

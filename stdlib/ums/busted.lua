@@ -13,8 +13,9 @@
 -- commas by Busted):
 --
 --   timeout=S   real seconds each block may take (default 10)
---   clock=C     "real" (the default) or "virtual" (README, "Deterministic
---               time"); tags below override it per block
+--   clock=C     "real" (the default) or "virtual"
+--               (docs/deterministic-time.md); tags below override it per
+--               block
 --   limit=S     with the virtual clock, the virtual seconds after which a
 --               block that is still blocked fails (default 1e7)
 --   gc          a full collection at the end of every block (ums.test's

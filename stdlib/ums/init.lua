@@ -1,7 +1,7 @@
 --- ums: green threads for Lua 5.4 on a user-mode scheduler.
 -- The C core (ums.core) runs tasks and parks them; this module adds the
 -- checked configuration, the synchronisation primitives (ums.sync) and
--- the test helper. See README.md for the API.
+-- the test helper. docs/lua-api.md describes the API.
 local core = require "ums.core"
 local raise = require("ums.waitq").raise
 
@@ -84,8 +84,8 @@ local defaults = {
           or os.getenv("UMS_STATS") ~= "off",
   stall_threshold = 1,
   clock = "real",
-  -- false: a run whose tasks are woken by threads ums cannot see (README,
-  -- "Deadlocks") is not ended when every task is blocked.
+  -- false: a run whose tasks are woken by threads ums cannot see
+  -- (docs/deadlocks.md) is not ended when every task is blocked.
   deadlock = true,
   init = false,
 }
@@ -190,7 +190,8 @@ for _, name in ipairs{"fs", "net", "ffi", "shared"} do
   end
 end
 
--- The standard library for programs: work queues, application
+-- The standard library for programs (docs/stdlib.md): work queues,
+-- application
 -- locks, task groups. Each module also works on its own through require.
 ums.applock = require "ums.applock"
 ums.group = require("ums.group").new

@@ -13,7 +13,7 @@
 -- as a dropped ums.fs file's close, run inside its own run; see below).
 --
 -- With clock = "virtual" the run uses the runtime's virtual clock
--- (README, "Deterministic time"): sleeps and timeouts take no real time
+-- (docs/deterministic-time.md): sleeps and timeouts take no real time
 -- and tasks wake in the same order on every run. The run gets one
 -- scheduler; the settings are restored afterwards. `timeout` is then a
 -- real-time limit on the whole run (it catches a test that never blocks,
@@ -22,7 +22,7 @@
 -- at once, so a deadlocked test fails in milliseconds with
 -- "ums.test: timed out after <limit> s of virtual time". On the real
 -- clock a deadlocked test fails at once too, with ums.run's deadlock
--- report (README, "Deadlocks"), which lists the blocked tasks.
+-- report (docs/deadlocks.md), which lists the blocked tasks.
 --
 -- Raises (so the surrounding `it` fails)
 --   * when fn raises: a string error is raised again with the task's
