@@ -252,6 +252,14 @@ local function known_differences(rec)
   return rec
 end
 
+describe("ums.socket, the field", function()
+  it("is the module require \"ums.socket\" gives", function()
+    assert.equal(socket, ums.socket)
+    assert.is_function(ums.socket.tcp)
+    assert.is_function(ums.socket.install)
+  end)
+end)
+
 describe("ums.socket against LuaSocket", function()
   it("gives LuaSocket's results for the same script", function()
     if not has_real then

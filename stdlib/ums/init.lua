@@ -9,6 +9,10 @@ local ums = {}
 for k, v in pairs(core) do ums[k] = v end
 -- core.run_limit is the test helper's (stdlib/ums/test.lua), not API.
 ums.run_limit = nil
+-- core.socket holds the helpers stdlib/ums/socket.lua is built on; the
+-- field ums.socket is that module, LuaSocket's API (loaded on first use,
+-- at the end of this file).
+ums.socket = nil
 
 -- Configuration: every key is checked here, so a typo fails at once
 -- rather than silently running with a default. The numeric bounds are
@@ -196,5 +200,16 @@ end
 ums.applock = require "ums.applock"
 ums.group = require("ums.group").new
 ums.workqueue = require("ums.workqueue").new
+
+-- ums.socket is require "ums.socket", loaded the first time a program
+-- reads the field (that module requires this one, so it cannot be loaded
+-- here).
+setmetatable(ums, {__index = function(t, k)
+  if k == "socket" then
+    local m = require "ums.socket"
+    rawset(t, k, m)
+    return m
+  end
+end})
 
 return ums

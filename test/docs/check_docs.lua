@@ -151,13 +151,6 @@ local function check_api()
   for _, m in ipairs{"ums.net", "ums.sync", "ums.applock", "ums.group",
                      "ums.workqueue", "ums.socket"} do
     local mod = require(m)
-    -- require "ums.socket" is LuaSocket's API, not the core's socket
-    -- helpers that ums.socket holds in the ums table.
-    if m == "ums.socket" then
-      for k in pairs(seen) do
-        if seen[k]:match("^ums%.socket%.") then seen[k] = nil end
-      end
-    end
     if type(mod) == "table" and not seen[mod] then
       seen[mod] = m
       functions_of(m, mod, want, seen, 1)
