@@ -113,18 +113,24 @@ static void pending_push(ums__sched_t *s, ums__task_t *t) {
               atomic_load_explicit(&s->npending, memory_order_relaxed) + 1);
 }
 
+/* Takes t off the pending list, wherever it is on it. */
+static void pending_unlink(ums__sched_t *s, ums__task_t *t) {
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    s->pend_head = t->next;
+  if (t->next)
+    t->next->prev = t->prev;
+  else
+    s->pend_tail = t->prev;
+  t->next = t->prev = NULL;
+  set_relaxed(&s->npending,
+              atomic_load_explicit(&s->npending, memory_order_relaxed) - 1);
+}
+
 static ums__task_t *pending_pop(ums__sched_t *s) {
   ums__task_t *t = s->pend_head;
-  if (t) {
-    s->pend_head = t->next;
-    if (s->pend_head)
-      s->pend_head->prev = NULL;
-    else
-      s->pend_tail = NULL;
-    t->next = t->prev = NULL;
-    set_relaxed(&s->npending,
-                atomic_load_explicit(&s->npending, memory_order_relaxed) - 1);
-  }
+  if (t) pending_unlink(s, t);
   return t;
 }
 
@@ -171,6 +177,18 @@ void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
     return;
   }
   ums__sched_start_now(s, t);
+}
+
+void ums__sched_cancel_pending(ums__sched_t *s, ums__task_t *t) {
+  pending_unlink(s, t);
+  if (t->step) {
+    /* Stepped once, past max_workers, so its binding can let go. */
+    ums__sched_start_now(s, t);
+    return;
+  }
+  s->nlocal--;
+  t->status = UMS_ECANCELED;
+  ums__task_finish(t);
 }
 
 void ums__sched_task_ended(ums__sched_t *s) {
@@ -636,7 +654,7 @@ static bool wake_idle_waiters(ums__sched_t *s) {
 /* Housekeeping plus the pick; NULL only when the runtime is exiting and
 ** this scheduler has no task left. */
 static ums__task_t *next_runnable(ums__sched_t *s) {
-  s->seg_start = -1; /* the turn has ended: in the pass (waits.c) */
+  s->seg_start = -1; /* the turn has ended: in the pass (waitstats.c) */
   for (;;) {
     if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
       drain_cancels(s);

@@ -1,6 +1,6 @@
 /*
 ** stamp.c: the stamp clock, monotonic nanoseconds cheap enough to read
-** on the switch path (wait statistics, waits.c).
+** on the switch path (wait statistics, waitstats.c).
 **
 ** clock_gettime reads the time stamp counter underneath and does more
 ** besides, so reading the counter directly costs a fraction of it. The

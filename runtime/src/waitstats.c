@@ -1,5 +1,5 @@
 /*
-** waits.c: what tasks wait for, and wait statistics (SQL Server's
+** waitstats.c: what tasks wait for, and wait statistics (SQL Server's
 ** sys.dm_os_waiting_tasks and sys.dm_os_wait_stats).
 **
 ** A wait has three moments: the task parks (ums__wait_begin), something
