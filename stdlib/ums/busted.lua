@@ -196,6 +196,8 @@ end)
 local set_clock, set_notask
 
 local function apply_tags(name)
+  -- Most names have no tag at all: one plain search says so.
+  if type(name) ~= "string" or not name:find("#", 1, true) then return end
   if has_tag(name, "virtual") then set_clock = "virtual" end
   if has_tag(name, "real") then set_clock = "real" end
   if has_tag(name, "notask") then set_notask = true end
