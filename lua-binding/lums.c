@@ -46,6 +46,8 @@
 #define CONFIG_KEY "ums.config"
 #define ONERROR_KEY "ums.on_error"
 #define ERRORS_KEY "ums.errors"
+/* What a VM keeps between its runs (lkept, below). */
+#define KEPT_KEY "ums.kept"
 #define FAILED_MT "ums.task.failed"
 /* The message of a task the runtime cannot run for lack of memory, made
 ** when the module opens: ending such a task must not need memory for it. */
@@ -73,8 +75,22 @@
 #define QUANTUM_RETRY_COUNT 100
 /* Finished coroutines kept for reuse. */
 #define POOL_MAX 4096
+/* Of those, how many a VM keeps for its next run: enough for the tasks
+** of a test, without holding a big run's coroutines for the process. */
+#define KEPT_POOL_MAX 64
 
 _Thread_local ltask *lums_cur_task;
+
+/* What a VM keeps from one run to the next, in a registry userdata
+** (KEPT_KEY) whose user value anchors SL: the scheduler-side thread and
+** up to KEPT_POOL_MAX pooled tasks. Between runs the VM's thread owns
+** them; during a run its lrun does (lums_run_new takes them,
+** lums_run_free gives them back), and they are freed with the VM. */
+struct lkept {
+  lua_State *SL;
+  ltask **pool;
+  int npool, cappool;
+};
 
 /* The VM whose tasks this scheduler thread runs, for the signal handler.
 ** Initial-exec like lums_cur_task: the first use of a dlopen'ed module's
@@ -1612,8 +1628,16 @@ static void report_errors(lua_State *L, lhandle *main) {
     else
       report_error(L);
   }
+  /* Emptied in place rather than replaced: a run per test would otherwise
+  ** leave two tables per run to the collector. */
+  lua_pushnil(L);
+  while (lua_next(L, errs)) {
+    lua_pop(L, 1);
+    lua_pushvalue(L, -1);
+    lua_pushnil(L);
+    lua_rawset(L, errs);
+  }
   lua_pop(L, 1);
-  new_errors_set(L);
 }
 
 void lums_report_errors(lua_State *L) { report_errors(L, NULL); }
@@ -1649,8 +1673,31 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY);
   r->nopreempt = (struct lnopreempt *)lua_touserdata(L, -1);
   lua_pop(L, 1);
-  r->SL = lua_newthread(L);
-  r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  /* A VM that runs one short run after another (a test framework, one
+  ** per test) takes its scheduler-side thread and its pooled tasks from
+  ** the previous run: what each run would otherwise allocate is what the
+  ** collector must then trace, a cost that grows with the heap. */
+  if (lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY) == LUA_TUSERDATA) {
+    lkept *k = (lkept *)lua_touserdata(L, -1);
+    r->kept = k;
+    if (k->SL && lua_status(k->SL) == LUA_OK) {
+      r->SL = k->SL;
+    } else {
+      k->SL = r->SL = lua_newthread(L);
+      lua_setiuservalue(L, -2, 1);
+    }
+    r->sl_ref = LUA_NOREF;
+    r->pool = k->pool;
+    r->npool = k->npool;
+    r->cappool = k->cappool;
+    k->pool = NULL;
+    k->npool = k->cappool = 0;
+    lua_pop(L, 1);
+  } else {
+    lua_pop(L, 1);
+    r->SL = lua_newthread(L);
+    r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   lua_pushlightuserdata(L, r);
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
   /* Last: from here on, until lums_run_free, the VM's small blocks (a
@@ -1660,6 +1707,21 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
 }
 
 void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
+  /* The VM lives on: its next run takes the thread and some of the
+  ** pooled tasks back (lums_run_new). */
+  lkept *k = close_vm ? NULL : r->kept;
+  if (k && r->npool > KEPT_POOL_MAX) {
+    for (int i = KEPT_POOL_MAX; i < r->npool; i++) free_task(L, r->pool[i]);
+    r->npool = KEPT_POOL_MAX;
+  }
+  if (k) {
+    lua_settop(r->SL, 0);
+    k->pool = r->pool;
+    k->npool = r->npool;
+    k->cappool = r->cappool;
+    r->pool = NULL;
+    r->npool = 0;
+  }
   for (int i = 0; i < r->npool; i++) {
     if (close_vm)
       free(r->pool[i]);
@@ -1671,7 +1733,7 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
   free(r->ffi_free);
   lums_alloc_remove(close_vm ? NULL : L, r->alloc);
   if (!close_vm) {
-    luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
+    if (r->sl_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
     lua_pushnil(L);
     lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
   }
@@ -1679,6 +1741,18 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
 }
 
 static void run_free(lua_State *L, lrun *r) { lums_run_free(L, r, false); }
+
+/* The VM is closing: its kept tasks' coroutines go with it, their ltasks
+** here (the registry slots die with the VM). */
+static int kept_gc(lua_State *L) {
+  lkept *k = (lkept *)lua_touserdata(L, 1);
+  for (int i = 0; i < k->npool; i++) free(k->pool[i]);
+  free(k->pool);
+  k->pool = NULL;
+  k->npool = k->cappool = 0;
+  k->SL = NULL;
+  return 0;
+}
 
 /* os.exit while a run is in progress, in any VM of the run. Lua's own
 ** would close the state from this task, freeing the VM under the run's
@@ -2161,6 +2235,16 @@ int lums_open(lua_State *L) {
   lua_pushstring(L, ums_strerror(UMS_ENOMEM));
   lua_setfield(L, LUA_REGISTRYINDEX, NOMEM_KEY);
   new_errors_set(L);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY) == LUA_TNIL) {
+    lkept *k = lua_newuserdatauv(L, sizeof *k, 1);
+    memset(k, 0, sizeof *k);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, kept_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, KEPT_KEY);
+  }
+  lua_pop(L, 1);
   if (lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY) == LUA_TNIL) {
     struct lnopreempt *np = lua_newuserdatauv(L, sizeof *np, 0);
     memset(np, 0, sizeof *np);
