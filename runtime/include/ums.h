@@ -880,6 +880,19 @@ UMS_API int ums_net_getpeername(int fd, struct sockaddr *addr,
 ** socket open until it ends. */
 UMS_API int ums_net_close(int fd, int64_t deadline);
 
+/* Ends the operations on fd that tasks of the calling task's scheduler
+** wait on (receives, sends, accepts, connects, ums_wait_fd), each with
+** UMS_EBADF, without closing fd: for a close from another task than the
+** ones using the socket. Returns 0 at once (UMS_EBADF for a negative fd,
+** UMS_EPERM outside a task); each waiting task resumes once the kernel
+** has let go of its operation (io_uring: when the cancelled request's
+** completion comes; epoll: at once). Close fd only after those tasks
+** have resumed (join them, or wait for them to give the socket back):
+** until then the kernel may still use the descriptor. An operation that
+** completed first keeps its result; one begun after the call is not
+** ended. Other schedulers' operations on fd are not ended. */
+UMS_API int ums_net_cancel(int fd);
+
 /* Waits for a connection on the listening socket fd and returns its
 ** descriptor (non-blocking, close-on-exec). When addr is not NULL the
 ** peer's address is copied there, at most *len bytes, and *len is set to

@@ -249,13 +249,28 @@ int ums_net_getpeername(int fd, struct sockaddr *addr, socklen_t *len) {
   return SYS(getpeername(fd, addr, len));
 }
 
+/* Ends scheduler s's requests on fd with UMS_EBADF: on the ring, by a
+** cancel of every request on fd (their completions, -ECANCELED, are
+** reported as UMS_EBADF); in the epoll set, at once. */
+static void cancel_fd(ums__sched_t *s, int fd) {
+  if (s->ring) ums__ring_cancel_fd(s, fd);
+  if (ums__poller_of(s)) ums__poller_forget(s, fd);
+}
+
+int ums_net_cancel(int fd) {
+  if (fd < 0) return UMS_EBADF;
+  if (!ums__task_current()) return UMS_EPERM;
+  cancel_fd(ums__sched_current(), fd);
+  return 0;
+}
+
 int ums_net_close(int fd, int64_t deadline) {
   if (fd < 0) return UMS_EBADF;
   /* This scheduler's requests on fd end with UMS_EBADF: the epoll set
   ** forgets a descriptor at its last close, and its waiters would wait
   ** for ever; an operation in the ring would keep the socket open. */
   ums__sched_t *s = ums__task_current() ? ums__sched_current() : NULL;
-  if (s && s->ring) ums__ring_cancel_fd(s, fd);
+  if (s) cancel_fd(s, fd);
   if (s && ums__poller_of(s)) {
     ums__poller_forget(s, fd);
     /* close(2) of a socket returns at once unless SO_LINGER holds it

@@ -1017,6 +1017,52 @@ static void test_close_while_waiting(void) {
   CHECK_RC(ums_net_close(p.b, UMS_FOREVER), 0);
 }
 
+/* ums_net_cancel from another task of the same scheduler: the waiting
+** receive, send, accept or readiness wait ends with UMS_EBADF once the
+** kernel has let go of it, and the descriptor stays open and usable. */
+typedef struct cancel_arg {
+  stuck_t *s;
+  int rc;
+} cancel_arg_t;
+
+static void *cancel_other(void *arg) {
+  cancel_arg_t *c = arg;
+  c->rc = ums_net_cancel(c->s->fd);
+  return PTR(1);
+}
+
+static void test_cancel_fd(void) {
+  CHECK_RC(ums_net_cancel(-1), UMS_EBADF);
+  static const int ops[] = {OP_ACCEPT, OP_RECV, OP_SEND, OP_WAIT_FD};
+  for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+    for (size_t f = 0; f < sizeof families / sizeof *families; f++) {
+      stuck_t s = {.op = ops[i], .family = families[f], .timeout = -1};
+      setup(&s);
+      /* Outside a task there is no scheduler to end anything on. */
+      CHECK_RC(ums_net_cancel(s.fd), UMS_EPERM);
+      ums_task_t t = spawn_on(0, run_stuck, &s);
+      WAIT_UNTIL(atomic_load(&s.started) && io_pending() == 1, 10000);
+      /* Parked in the operation, not about to enter it. */
+      usleep(2000);
+      cancel_arg_t c = {.s = &s, .rc = 1};
+      CHECK(tu_in_task(rt, 0, cancel_other, &c) == PTR(1));
+      CHECK_RC(c.rc, 0);
+      CHECK(join(t) == PTR(1));
+      if (s.result != UMS_EBADF)
+        tu_fail(__FILE__, __LINE__, "%s on %s: %" PRId64 " (%s)",
+                op_names[ops[i]], family_name(families[f]), s.result,
+                ums_err_name((int)s.result));
+      WAIT_UNTIL(io_pending() == 0, 10000);
+      /* Still open, and the same operation waits again until its
+      ** deadline. */
+      CHECK(fcntl(s.fd, F_GETFD) >= 0);
+      s.timeout = tu_ms(20);
+      CHECK(tu_in_task(rt, 0, run_stuck, &s) == PTR(1));
+      CHECK_RC((int)s.result, UMS_ETIMEDOUT);
+      finish(&s);
+    }
+}
+
 static void test_bad_input(void) {
   ums_buf_t *b = ums_buf_new(16);
   CHECK_RC((int)ums_net_recv(-1, b, 0, 16, 0, UMS_FOREVER), UMS_EBADF);
@@ -1076,6 +1122,7 @@ int main(int argc, char **argv) {
     RUN_NET(test_many);
     RUN_NET(test_accept_abandoned);
     RUN_NET(test_close_while_waiting);
+    RUN_NET(test_cancel_fd);
     RUN_NET(test_emfile);
     RUN_NET(test_fd_cycles);
   }
