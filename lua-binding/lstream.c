@@ -316,11 +316,14 @@ static void op_clear(lop *o) {
   memset(o, 0, sizeof *o);
 }
 
-/* Starts the I/O the step asked for (a task): 0, or the error of the
-** begin (then nothing was started). */
+/* Starts the I/O the step asked for (a task): 0, the error of the begin
+** (then nothing was started), or 1 when it is done already with the
+** result 0 (a socket closed at once by ums_net_close_begin). */
 static int io_begin(lop *o) {
   lfile *f = o->f;
   lio *io = &o->io;
+  if (f->sock && io->kind == IO_CLOSE)
+    return ums_net_close_begin(io->fd, UMS_FOREVER, &o->req);
   if (f->sock && io->kind == IO_READ)
     return ums_net_recv_begin(io->fd, io->buf, io->pos, io->len, 0,
                               o->deadline, &o->req);
@@ -354,6 +357,8 @@ static int64_t io_now(lop *o) {
   if (f->sock && io->kind == IO_WRITE)
     return ums_net_send(io->fd, io->buf, io->pos, io->len, 0,
                         o->deadline);
+  if (f->sock && io->kind == IO_CLOSE)
+    return ums_net_close(io->fd, UMS_FOREVER);
   switch (io->kind) {
     case IO_READ:
       return ums_fs_read(io->fd, io->buf, io->pos, io->len, io->off,
@@ -486,8 +491,9 @@ static int method_loop(lua_State *L, lop *o) {
     int rc = io_begin(o);
     if (rc) {
       /* Nothing started (a cancelled task, a park begun by ums.park_begin
-      ** in the way): the step gets the error as its answer. */
-      o->res = rc;
+      ** in the way): the step gets the error as its answer; or nothing
+      ** to wait for: the answer 0. */
+      o->res = rc > 0 ? 0 : rc;
       o->answered = true;
       track_pos(o);
       continue;
@@ -834,7 +840,8 @@ int64_t lstream_sub_close(lop *o) {
       r = 0;
       goto hand_over;
     }
-    if (f->sock) goto sock;
+    /* A socket's close is ums_net_close's (io_begin): it also ends what
+    ** this scheduler still has waiting on the descriptor. */
     o->sub = 2;
     o->io = (lio){.kind = IO_CLOSE, .fd = f->fd};
     f->fd = -1;
@@ -849,16 +856,6 @@ plain:
     goto hand_over;
   }
   r = close(f->fd) == 0 ? 0 : -errno;
-  f->fd = -1;
-  release_buffers(f);
-  return o->err2 ? o->err2 : r;
-sock:
-  /* ums_net_close, not a close request: it also ends what this
-  ** scheduler still has waiting on the descriptor. It parks only for a
-  ** socket that lingers, on the task's worker. */
-  if (o->owner) lums_before_block(o->owner);
-  r = ums_net_close(f->fd, UMS_FOREVER);
-  if (o->owner) lums_become_current(o->owner);
   f->fd = -1;
   release_buffers(f);
   return o->err2 ? o->err2 : r;

@@ -973,6 +973,17 @@ UMS_API int ums_net_sendto_begin(int fd, ums_buf_t *buf, size_t pos,
                                  int64_t deadline, ums_fs_req_t **req);
 UMS_API int ums_wait_fd_begin(int fd, int events, int64_t deadline,
                               ums_fs_req_t **req);
+/* Deferred ums_net_close: returns 1 when fd is closed already (no park
+** begun, *req untouched: the epoll backend closes a socket that does not
+** linger at once), 0 after beginning a park whose request (the ring's
+** close, or the pool's for a lingering socket) ends with ums_fs_end, or
+** an error with nothing begun (UMS_EINVAL for a NULL req, UMS_EBADF,
+** UMS_EPERM outside a task, and those of ums_fs_close_begin). fd is gone
+** in every case but UMS_EINVAL, UMS_EBADF, UMS_EPERM, UMS_EBUSY and
+** UMS_ENOMEM. Like ums_net_close, it first ends this scheduler's
+** operations on fd (ums_net_cancel). */
+UMS_API int ums_net_close_begin(int fd, int64_t deadline,
+                                ums_fs_req_t **req);
 UMS_API int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
                             socklen_t *len);
 

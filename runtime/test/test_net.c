@@ -1005,16 +1005,43 @@ static void *close_other(void *arg) {
   return PTR(1);
 }
 
+/* The same with the deferred form: the closing task parks on the ring's
+** close (1: the epoll backend closed it at once). */
+static void *close_begin_other(void *arg) {
+  pair_t *p = arg;
+  ums_fs_req_t *q = NULL;
+  int rc = ums_net_close_begin(p->a, UMS_FOREVER, &q);
+  if (rc == 0) {
+    CHECK_RC(ums_park_wait(), 0);
+    rc = (int)ums_fs_end(q);
+  } else {
+    CHECK_EQ(rc, 1);
+    rc = 0;
+  }
+  CHECK_RC(rc, 0);
+  return PTR(1);
+}
+
 static void test_close_while_waiting(void) {
-  pair_t p = {.family = AF_INET};
-  p.a = connected(p.family, &p.b);
-  ums_task_t t = spawn_on(0, recv_one, &p);
-  WAIT_UNTIL(atomic_load(&p.started) && io_pending() == 1, 10000);
-  usleep(2000);
-  CHECK(tu_in_task(rt, 0, close_other, &p) == PTR(1));
-  CHECK(join(t) == PTR(1));
-  CHECK_RC((int)p.result, UMS_EBADF);
-  CHECK_RC(ums_net_close(p.b, UMS_FOREVER), 0);
+  ums_fs_req_t *q = NULL;
+  CHECK_RC(ums_net_close_begin(-1, UMS_FOREVER, &q), UMS_EBADF);
+  CHECK_RC(ums_net_close_begin(0, UMS_FOREVER, NULL), UMS_EINVAL);
+  for (int deferred = 0; deferred < 2; deferred++) {
+    pair_t p = {.family = AF_INET};
+    p.a = connected(p.family, &p.b);
+    /* Outside a task there is no park to begin. */
+    CHECK_RC(ums_net_close_begin(p.a, UMS_FOREVER, &q), UMS_EPERM);
+    ums_task_t t = spawn_on(0, recv_one, &p);
+    WAIT_UNTIL(atomic_load(&p.started) && io_pending() == 1, 10000);
+    usleep(2000);
+    CHECK(tu_in_task(rt, 0, deferred ? close_begin_other : close_other,
+                     &p) == PTR(1));
+    CHECK(join(t) == PTR(1));
+    CHECK_RC((int)p.result, UMS_EBADF);
+    /* Closed: the number is free (nothing else opens one meanwhile). */
+    CHECK(fcntl(p.a, F_GETFD) < 0 && errno == EBADF);
+    CHECK_RC(ums_net_close(p.b, UMS_FOREVER), 0);
+  }
 }
 
 /* ums_net_cancel from another task of the same scheduler: the waiting
