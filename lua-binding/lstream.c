@@ -2086,7 +2086,7 @@ int lstream_send(lua_State *L) {
 }
 
 /* conn:drain() -> what the read buffer holds ("" when nothing, or while
-** another task's method has the stream), without waiting. */
+** another task's reading method has the read side), without waiting. */
 int lstream_drain(lua_State *L) {
   lfile *f = check_file(L, 1);
   if (f->side[0].busy || !f->buf || f->rpos == f->rlen) {
