@@ -384,14 +384,16 @@ describe("socket.http over ums.socket", function()
                               socket.sink("close-when-done", c)))
       end)
       local c = assert(socket.connect("127.0.0.1", port))
-      -- Written whole before reading: an ums.net connection runs one
-      -- method at a time, so a reader and a writer task cannot share it
-      -- (the kernel's buffers hold the 70 KB meanwhile).
-      assert(ltn12.pump.all(ltn12.source.string(data),
-                            socket.sink("keep-open", c)))
+      -- A writer task pumps the data out while this task reads the echo
+      -- (a connection is full duplex).
+      local writer = ums.spawn(function()
+        return ltn12.pump.all(ltn12.source.string(data),
+                              socket.sink("keep-open", c))
+      end)
       local got = {}
       assert(ltn12.pump.all(socket.source("until-closed", c),
                             (ltn12.sink.table(got))))
+      assert(writer:join())
       assert(echo:join())
       assert.equal(data, table.concat(got))
       srv:close()
