@@ -2,8 +2,9 @@
 ** lnet.c: ums.net, sockets for tasks (docs/lua-api.md, "Sockets").
 **
 ** A connection is a buffered stream (lstream.h): the reading, writing,
-** lines, setvbuf and the one-method-at-a-time lock of ums.fs files, with
-** recv and send for its I/O. This file adds what only sockets have:
+** lines and setvbuf of ums.fs files, with recv and send for its I/O and
+** a lock per direction (one reading and one writing method at a time; a
+** close from another task ends them). This file adds what only sockets have:
 ** making them (resolve, connect, listen, accept, datagram sockets),
 ** their options and addresses, shutdown, and timeouts.
 **

@@ -882,6 +882,19 @@ UMS_API int ums_net_getpeername(int fd, struct sockaddr *addr,
 ** socket open until it ends. */
 UMS_API int ums_net_close(int fd, int64_t deadline);
 
+/* Ends the operations on fd that tasks of the calling task's scheduler
+** wait on (receives, sends, accepts, connects, ums_wait_fd), each with
+** UMS_EBADF, without closing fd: for a close from another task than the
+** ones using the socket. Returns 0 at once (UMS_EBADF for a negative fd,
+** UMS_EPERM outside a task); each waiting task resumes once the kernel
+** has let go of its operation (io_uring: when the cancelled request's
+** completion comes; epoll: at once). Close fd only after those tasks
+** have resumed (join them, or wait for them to give the socket back):
+** until then the kernel may still use the descriptor. An operation that
+** completed first keeps its result; one begun after the call is not
+** ended. Other schedulers' operations on fd are not ended. */
+UMS_API int ums_net_cancel(int fd);
+
 /* Waits for a connection on the listening socket fd and returns its
 ** descriptor (non-blocking, close-on-exec). When addr is not NULL the
 ** peer's address is copied there, at most *len bytes, and *len is set to
@@ -962,6 +975,17 @@ UMS_API int ums_net_sendto_begin(int fd, ums_buf_t *buf, size_t pos,
                                  int64_t deadline, ums_fs_req_t **req);
 UMS_API int ums_wait_fd_begin(int fd, int events, int64_t deadline,
                               ums_fs_req_t **req);
+/* Deferred ums_net_close: returns 1 when fd is closed already (no park
+** begun, *req untouched: the epoll backend closes a socket that does not
+** linger at once), 0 after beginning a park whose request (the ring's
+** close, or the pool's for a lingering socket) ends with ums_fs_end, or
+** an error with nothing begun (UMS_EINVAL for a NULL req, UMS_EBADF,
+** UMS_EPERM outside a task, and those of ums_fs_close_begin). fd is gone
+** in every case but UMS_EINVAL, UMS_EBADF, UMS_EPERM, UMS_EBUSY and
+** UMS_ENOMEM. Like ums_net_close, it first ends this scheduler's
+** operations on fd (ums_net_cancel). */
+UMS_API int ums_net_close_begin(int fd, int64_t deadline,
+                                ums_fs_req_t **req);
 UMS_API int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
                             socklen_t *len);
 
