@@ -1,4 +1,4 @@
--- Specs for ums.ffi (lua-binding/lffi.c): C functions declared with
+-- Specs for ums.ffi (lua-binding/lffi.c and lc*.c): C functions declared with
 -- ffi.cdef and called like Lua functions. A call goes preemptive by
 -- default (it runs on the runtime's C-call pool while only the calling
 -- task parks); UMS_INLINE declarations run directly; outside a task every
