@@ -74,6 +74,12 @@ static int ns_index(lua_State *L) {
   if (lua_getfield(L, -1, name) != LUA_TNIL) return 1;
   lua_pop(L, 1);
   const char *where = ns->lib ? ns->lib->name : "C";
+  lua_Integer v;
+  if (lffi_const(L, name, &v)) {
+    /* An enum constant, as in LuaJIT: not cached, a number is cheap. */
+    lua_pushinteger(L, v);
+    return 1;
+  }
   lua_getfield(L, LUA_REGISTRYINDEX, DECLS_KEY);
   lua_getfield(L, -1, name);
   fdecl *d = (fdecl *)lua_touserdata(L, -1);
@@ -314,6 +320,7 @@ void lums_open_ffi(lua_State *L) {
   lua_pop(L, 1);
 
   luaL_newlib(L, funcs);
+  lffi_open_types(L);
   lffi_open_cdata(L);
   lffi_open_call(L);
   if (lua_getfield(L, LUA_REGISTRYINDEX, C_KEY) != LUA_TUSERDATA) {
