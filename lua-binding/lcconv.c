@@ -22,6 +22,7 @@ static int arg_type_error(lua_State *L, const fdecl *f, int i, int idx,
                           const char *want) {
   const char *got = luaL_typename(L, idx);
   if (lffi_to_buf(L, idx)) got = "ums.ffi.buffer";
+  else if (lffi_to_cdata(L, idx)) got = "ums.ffi.cdata";
   else if (lffi_to_ptr(L, idx)) got = "ums.ffi.pointer";
   lua_pushfstring(L, "%s expected, got %s", want, got);
   return arg_error(L, f, i, lua_tostring(L, -1));
@@ -74,11 +75,16 @@ static void conv_ptr(lua_State *L, const fdecl *f, int i, int idx, int k,
   cval *v = &a->vals[i - 1];
   lbuf *b;
   lptr *p;
+  lcdata *c;
   if (lua_isnil(L, idx)) {
     v->p = NULL;
   } else if ((b = lffi_to_buf(L, idx)) != NULL) {
     v->p = ums_buf_data(b->b);
     a->bufs[i - 1] = b->b;
+  } else if ((c = lffi_to_cdata(L, idx)) != NULL) {
+    /* Held like a buffer: the same memory, the same reference rule. */
+    v->p = c->p;
+    a->bufs[i - 1] = c->b;
   } else if ((p = lffi_to_ptr(L, idx)) != NULL) {
     v->p = p->p;
   } else if (lua_type(L, idx) == LUA_TSTRING) {
@@ -90,9 +96,10 @@ static void conv_ptr(lua_State *L, const fdecl *f, int i, int idx, int k,
     v->p = (void *)a->strs[i - 1];
   } else {
     arg_type_error(L, f, i, idx,
-                   k == K_PTR ? "ums.ffi.buffer, ums.ffi.pointer or nil"
-                              : "string, ums.ffi.buffer, ums.ffi.pointer or "
-                                "nil");
+                   k == K_PTR ? "ums.ffi.buffer, ums.ffi.pointer, cdata or "
+                                "nil"
+                              : "string, ums.ffi.buffer, ums.ffi.pointer, "
+                                "cdata or nil");
   }
 }
 
@@ -124,7 +131,7 @@ void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
       else if (t == LUA_TBOOLEAN)
         k = K_I32;
       else if (t == LUA_TSTRING || t == LUA_TNIL || lffi_to_buf(L, idx) ||
-               lffi_to_ptr(L, idx))
+               lffi_to_ptr(L, idx) || lffi_to_cdata(L, idx))
         k = K_CPTR;
       else {
         arg_type_error(L, f, i, idx,

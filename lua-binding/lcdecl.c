@@ -1001,7 +1001,9 @@ const ctype *lffi_check_ctype(lua_State *L, int arg) {
   if (lua_type(L, arg) == LUA_TSTRING)
     return lffi_parse_type(L, lua_tostring(L, arg), arg);
   const ctype *t = luaL_testudata(L, arg, LFFI_CTYPE_MT);
-  if (!t) luaL_typeerror(L, arg, "C type name or ctype");
+  const ctype **cd = luaL_testudata(L, arg, LFFI_CDATA_MT);
+  if (cd) return *cd;
+  if (!t) luaL_typeerror(L, arg, "C type name, ctype or cdata");
   return t;
 }
 

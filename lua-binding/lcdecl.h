@@ -61,6 +61,9 @@ typedef struct fdecl {
 ** union declared forward is completed in place by its definition.
 ** [Lua thread of the VM] */
 #define LFFI_CTYPE_MT "ums.ffi.ctype"
+/* A cdata's metatable (lcdata.c); a cdata userdata begins with its
+** const ctype *. */
+#define LFFI_CDATA_MT "ums.ffi.cdata"
 
 enum ctag {
   CT_PRIM,   /* a value of a kind: kind */

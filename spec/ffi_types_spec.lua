@@ -170,7 +170,7 @@ describe("ums.ffi types", function()
       {ffi.sizeof, {"struct t_undeclared"}, "bad argument #1 to "
        .. "'ums.ffi.sizeof' (undeclared type"},
       {ffi.sizeof, {"int int"}, "invalid combination"},
-      {ffi.sizeof, {42}, "C type name or ctype expected"},
+      {ffi.sizeof, {42}, "C type name, ctype or cdata expected"},
       {ffi.sizeof, {"char[?]"}, "bad argument #2"},
       {ffi.sizeof, {"char[?]", -1}, "element count out of range"},
       {ffi.offsetof, {"struct t_small", "nope"},
