@@ -104,14 +104,15 @@ lcdata *lffi_to_cdata(lua_State *L, int idx) {
   return (lcdata *)luaL_testudata(L, idx, LFFI_CDATA_MT);
 }
 
-/* Pushes a cdata of type t at p inside b (taking a reference on b). */
+/* Pushes a cdata of type t at p inside b (taking a reference on b; NULL:
+** memory it does not own). Its user value holds its ffi.gc finalizer. */
 static lcdata *push_cdata(lua_State *L, const ctype *t, ums_buf_t *b,
                           char *p) {
-  lcdata *c = (lcdata *)lua_newuserdatauv(L, sizeof *c, 0);
+  lcdata *c = (lcdata *)lua_newuserdatauv(L, sizeof *c, 1);
   c->t = t;
   c->b = b;
   c->p = p;
-  ums_buf_retain(b);
+  if (b) ums_buf_retain(b);
   luaL_setmetatable(L, LFFI_CDATA_MT);
   return c;
 }
@@ -326,6 +327,44 @@ static const ctype *locate(lua_State *L, lcdata *c, int k, char **q) {
     *q = c->p + f->offset;
     return f->type;
   }
+  if (t->tag == CT_PTR) {
+    /* A pointer cdata (ffi.cast): p is its target. An integer indexes
+    ** the elements it points to, a name a field of the struct it points
+    ** to. Bounded by the memory behind it where that is a cdata's or a
+    ** buffer's, unchecked otherwise. */
+    const ctype *e = t->elem;
+    if (!c->p) luaL_error(L, "ums.ffi: NULL %s dereferenced", t->name);
+    if (!e || !e->complete)
+      luaL_error(L, "ums.ffi: cannot index a %s (incomplete target)",
+                 t->name);
+    char *q0;
+    const ctype *r;
+    if (lua_type(L, k) == LUA_TSTRING) {
+      const cfield *f = lffi_field(e, lua_tostring(L, k));
+      if (!f)
+        luaL_error(L, "ums.ffi: '%s' has no field '%s'", e->name,
+                   lua_tostring(L, k));
+      q0 = c->p;
+      *q = c->p + f->offset;
+      r = f->type;
+    } else {
+      int isint;
+      lua_Integer i = lua_tointegerx(L, k, &isint);
+      if (!isint)
+        luaL_error(L, "ums.ffi: index of %s must be an integer, got %s",
+                   t->name, luaL_typename(L, k));
+      q0 = c->p + (ptrdiff_t)i * (ptrdiff_t)e->size;
+      *q = q0;
+      r = e;
+    }
+    if (c->b) {
+      char *lo = ums_buf_data(c->b), *hi = lo + ums_buf_size(c->b);
+      if (q0 < lo || q0 > hi || (size_t)(hi - q0) < e->size)
+        luaL_error(L, "ums.ffi: %s access out of bounds of its memory",
+                   t->name);
+    }
+    return r;
+  }
   luaL_error(L, "ums.ffi: cannot index a cdata of type %s", t->name);
   return NULL;
 }
@@ -350,6 +389,11 @@ static int cdata_newindex(lua_State *L) {
 
 static int cdata_gc(lua_State *L) {
   lcdata *c = luaL_checkudata(L, 1, LFFI_CDATA_MT);
+  if (lua_getiuservalue(L, 1, 1) == LUA_TFUNCTION) {
+    /* The ffi.gc finalizer, on this VM's thread, before the memory goes. */
+    lua_pushvalue(L, 1);
+    lua_call(L, 1, 0);
+  }
   if (c->b) {
     ums_buf_release(c->b);
     c->b = NULL;
@@ -407,13 +451,102 @@ static int l_new(lua_State *L) {
   return 1;
 }
 
+/* ffi.cast(ct, v): a pointer type gives a pointer cdata to v's address
+** (a pointer, cdata, buffer, integer or nil), which keeps v's memory
+** alive when v is a cdata or buffer; a number type gives the number
+** converted as C would (integers wrap, floats truncate). */
+static int l_cast(lua_State *L) {
+  const ctype *t = lffi_check_ctype(L, 1);
+  if (t->tag == CT_PTR) {
+    char *p = NULL;
+    ums_buf_t *b = NULL;
+    lcdata *c;
+    lbuf *u;
+    lptr *r;
+    if (lua_isnoneornil(L, 2)) {
+      p = NULL;
+    } else if ((c = lffi_to_cdata(L, 2)) != NULL) {
+      p = c->p;
+      b = c->b;
+    } else if ((u = lffi_to_buf(L, 2)) != NULL) {
+      p = ums_buf_data(u->b);
+      b = u->b;
+    } else if ((r = lffi_to_ptr(L, 2)) != NULL) {
+      p = r->p;
+    } else if (lua_isinteger(L, 2)) {
+      p = (char *)(intptr_t)lua_tointeger(L, 2);
+    } else {
+      return luaL_typeerror(L, 2, "pointer, cdata, buffer, integer or nil");
+    }
+    push_cdata(L, t, b, p);
+    return 1;
+  }
+  if (t->tag != CT_PRIM && t->tag != CT_ENUM)
+    return luaL_argerror(L, 1, lua_pushfstring(L, "cannot cast to %s",
+                                               t->name));
+  int k = t->kind;
+  lua_Integer n;
+  lcdata *c = lffi_to_cdata(L, 2);
+  lptr *r = c ? NULL : lffi_to_ptr(L, 2);
+  if (c || r) {
+    n = (lua_Integer)(intptr_t)(c ? c->p : r->p);
+  } else if (k == K_FLOAT || k == K_DOUBLE) {
+    lua_Number x = luaL_checknumber(L, 2);
+    lua_pushnumber(L, k == K_FLOAT ? (lua_Number)(float)x : x);
+    return 1;
+  } else if (k == K_BOOL) {
+    lua_pushboolean(L, lua_isinteger(L, 2) ? lua_tointeger(L, 2) != 0
+                                           : luaL_checknumber(L, 2) != 0);
+    return 1;
+  } else if (lua_isinteger(L, 2)) {
+    n = lua_tointeger(L, 2);
+  } else {
+    lua_Number x = luaL_checknumber(L, 2);
+    luaL_argcheck(L, x >= -0x1p63 && x < 0x1p63, 2,
+                  "number out of range for an integer");
+    n = (lua_Integer)x;
+  }
+  switch (k) {
+    case K_I8: n = (int8_t)n; break;
+    case K_U8: n = (uint8_t)n; break;
+    case K_I16: n = (int16_t)n; break;
+    case K_U16: n = (uint16_t)n; break;
+    case K_I32: n = (int32_t)n; break;
+    case K_U32: n = (uint32_t)n; break;
+    default: break;
+  }
+  if (k == K_FLOAT || k == K_DOUBLE)
+    lua_pushnumber(L, (lua_Number)n);
+  else if (k == K_BOOL)
+    lua_pushboolean(L, n != 0);
+  else
+    lua_pushinteger(L, n);
+  return 1;
+}
+
+/* ffi.gc(cdata, fn | nil) -> cdata: fn(cdata) runs when the cdata is
+** collected (on its VM's thread), before its memory is released; nil
+** removes it. */
+static int l_gc(lua_State *L) {
+  luaL_checkudata(L, 1, LFFI_CDATA_MT);
+  if (!lua_isnil(L, 2)) luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);
+  lua_setiuservalue(L, 1, 1);
+  return 1;
+}
+
 /* The bytes a cdata, buffer or pointer argument spans (SIZE_MAX: a
 ** pointer, unknown), or raises. */
 static char *span(lua_State *L, int arg, size_t *size) {
   lcdata *c = lffi_to_cdata(L, arg);
   if (c) {
-    *size = (size_t)((char *)ums_buf_data(c->b) + ums_buf_size(c->b) - c->p);
-    if (c->t->size < *size) *size = c->t->size;
+    if (!c->b) { /* a pointer cdata to memory it does not own */
+      *size = SIZE_MAX;
+      return c->p;
+    }
+    char *lo = ums_buf_data(c->b), *hi = lo + ums_buf_size(c->b);
+    *size = c->p >= lo && c->p <= hi ? (size_t)(hi - c->p) : 0;
+    if (c->t->tag != CT_PTR && c->t->size < *size) *size = c->t->size;
     return c->p;
   }
   lbuf *b = lffi_to_buf(L, arg);
@@ -495,7 +628,7 @@ void lffi_open_cdata(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"buffer", l_buffer}, {"string", l_string}, {"new", l_new},
       {"copy", l_copy},     {"fill", l_fill},     {"istype", l_istype},
-      {NULL, NULL}};
+      {"cast", l_cast},     {"gc", l_gc},         {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
   if (luaL_newmetatable(L, LFFI_CDATA_MT)) {
     static const luaL_Reg mt[] = {

@@ -26,6 +26,8 @@ int close(int fd);
 long syscall(long number, ...);
 UMS_INLINE ssize_t c_write_inline(int fd, const void *buf, size_t n)
   __asm__("write");
+void *malloc(size_t n);
+void free(void *p);
 ]]
 
 local function run(body, limit)
@@ -117,6 +119,61 @@ describe("ums.ffi cdata", function()
     assert.is_true(ffi.istype(ffi.typeof(c), d))
     assert.is_false(ffi.istype("int[2]", c))
     assert.is_false(ffi.istype("int", 1))
+  end)
+
+  it("cast makes typed pointers and converts numbers", function()
+    local arr = ffi.new("struct c_pt[3]", {{x = 1}, {x = 2}, {x = 3, y = 4}})
+    local p = ffi.cast("struct c_pt *", arr)
+    assert.same({1, 2, 3, 4}, {p.x, p[1].x, p[2].x, p[2].y})
+    p[1].y = 20
+    assert.equal(20, arr[1].y)
+    -- A pointer into a cdata is bounded by that cdata's memory.
+    assert.matches("out of bounds", errmsg(function() return p[3].x end),
+                   1, true)
+    assert.matches("out of bounds", errmsg(function() return p[-1].x end),
+                   1, true)
+    -- It keeps that memory alive.
+    arr = nil -- luacheck: ignore
+    collectgarbage()
+    collectgarbage()
+    assert.equal(4, p[2].y)
+    assert.equal(44, ffi.cast("uint8_t", 300))
+    assert.equal(-1, ffi.cast("int8_t", 255))
+    assert.equal(2, ffi.cast("int", 2.9))
+    assert.is_true(ffi.cast("bool", 7))
+    assert.is_true(ffi.cast("uintptr_t", p) ~= 0)
+    local null = ffi.cast("struct c_pt *", nil)
+    assert.matches("NULL struct c_pt * dereferenced",
+                   errmsg(function() return null.x end), 1, true)
+    assert.matches("cannot cast to struct c_pt",
+                   errmsg(ffi.cast, "struct c_pt", 1), 1, true)
+    assert.matches("incomplete target",
+                   errmsg(function() return ffi.cast("sqlite3 *", 8)[0] end),
+                   1, true)
+  end)
+
+  it("gc runs a finalizer when the cdata is collected", function()
+    local freed = 0
+    do
+      local m = ffi.gc(ffi.cast("struct c_pt *", C.malloc(8)), function(c)
+        freed = freed + 1
+        C.free(c)
+      end)
+      m.x = 5
+      assert.equal(5, m.x)
+    end
+    collectgarbage()
+    collectgarbage()
+    assert.equal(1, freed)
+    -- nil removes the finalizer.
+    local n = ffi.gc(ffi.new("int[1]"), function() freed = freed + 1 end)
+    ffi.gc(n, nil)
+    n = nil -- luacheck: ignore
+    collectgarbage()
+    collectgarbage()
+    assert.equal(1, freed)
+    assert.matches("bad argument #2", errmsg(ffi.gc, ffi.new("int[1]"), 5),
+                   1, true)
   end)
 
   it("raises for bad input, never crashes", function()
