@@ -216,6 +216,10 @@ static int typedef_kind(const char *s) {
 #define ANCHOR_KEY "ums.ffi.anchor"
 #define TYPES_KEY "ums.ffi.types"
 #define CONSTS_KEY "ums.ffi.consts"
+/* Type names given to typeof, sizeof, new... and variable-length array
+** sizes, with their ctypes: a name is parsed once, so a loop calling
+** ffi.new("T *[1]") makes its types once. */
+#define NAMES_KEY "ums.ffi.typenames"
 /* Most fields of one struct or union. */
 #define MAXFIELDS 256
 
@@ -306,8 +310,33 @@ static const ctype *array_type(lua_State *L, const ctype *elem, size_t n,
   return t;
 }
 
+/* The ctype cached under the key at the top (popped), or NULL. */
+static const ctype *cached(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, NAMES_KEY);
+  lua_pushvalue(L, -2);
+  const ctype *t = lua_rawget(L, -2) == LUA_TUSERDATA ? lua_touserdata(L, -1)
+                                                      : NULL;
+  lua_pop(L, 3);
+  return t;
+}
+
+/* Caches t under the key at the top (popped). */
+static void cache(lua_State *L, const ctype *t) {
+  lua_getfield(L, LUA_REGISTRYINDEX, NAMES_KEY);
+  lua_insert(L, -2);
+  lffi_push_ctype(L, t);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
 const ctype *lffi_array_of(lua_State *L, const ctype *elem, size_t n) {
-  return array_type(L, elem, n, false);
+  lua_pushfstring(L, "%p[%I]", (const void *)elem, (lua_Integer)n);
+  const ctype *t = cached(L);
+  if (t) return t;
+  t = array_type(L, elem, n, false);
+  lua_pushfstring(L, "%p[%I]", (const void *)elem, (lua_Integer)n);
+  cache(L, t);
+  return t;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -803,7 +832,7 @@ static const ctype *parse_enum(lexer *x) {
 }
 
 /* The kind a parameter or result of type t passes as. */
-static int param_kind(lexer *x, const ctype *t, bool is_const) {
+static int param_kind(lexer *x, const ctype *t) {
   switch (t->tag) {
     case CT_PRIM: return t->kind;
     case CT_ENUM: return t->kind;
@@ -816,7 +845,6 @@ static int param_kind(lexer *x, const ctype *t, bool is_const) {
       return t->to_const ? K_CPTR : K_PTR;
     }
     default:
-      (void)is_const;
       parse_error(x, "struct or union passed by value is not supported "
                      "(pass a pointer)");
       return K_VOID;
@@ -842,7 +870,7 @@ static void parse_params(lexer *x, fdecl *d) {
       const ctype *base = parse_base(x, &c);
       declarator pd;
       parse_declarator(x, base, c, &pd, false);
-      int k = pd.func ? K_PTR : param_kind(x, pd.type, c);
+      int k = pd.func ? K_PTR : param_kind(x, pd.type);
       if (pd.func) skip_parens(x);
       if (k == K_VOID) parse_error(x, "argument of type void");
       d->args[d->nargs++] = k;
@@ -913,7 +941,7 @@ static void parse_decl(lexer *x, int pending, bool inlined) {
       if (dd.type->tag == CT_PRIM && dd.type->kind == K_VOID)
         d->ret = K_VOID;
       else
-        d->ret = param_kind(x, dd.type, c);
+        d->ret = param_kind(x, dd.type);
       parse_params(x, d);
       strcpy(d->sym, d->name);
       for (;;) {
@@ -974,10 +1002,21 @@ void lffi_parse(lua_State *L, const char *src, bool inlined) {
     }
     lua_pop(L, 1);
   }
+  /* A new declaration may change what a cached name means (a typedef
+  ** declared again): the cache starts over. */
+  lua_pushnil(L);
+  if (lua_next(L, x.ptypes)) {
+    lua_pop(L, 2);
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, NAMES_KEY);
+  }
   lua_pop(L, 2);
 }
 
 const ctype *lffi_parse_type(lua_State *L, const char *src, int arg) {
+  lua_pushstring(L, src);
+  const ctype *t = cached(L);
+  if (t) return t;
   lexer x = {.L = L, .src = src, .p = src, .arg = arg};
   next(&x);
   bool c;
@@ -985,6 +1024,8 @@ const ctype *lffi_parse_type(lua_State *L, const char *src, int arg) {
   declarator d;
   parse_declarator(&x, base, c, &d, true);
   if (!x.eof || d.func) parse_error(&x, "type name expected");
+  lua_pushstring(L, src);
+  cache(L, d.type);
   return d.type;
 }
 
@@ -1071,8 +1112,9 @@ static int ctype_tostring(lua_State *L) {
 }
 
 void lffi_open_types(lua_State *L) {
-  static const char *const keys[] = {ANCHOR_KEY, TYPES_KEY, CONSTS_KEY};
-  for (int i = 0; i < 3; i++) {
+  static const char *const keys[] = {ANCHOR_KEY, TYPES_KEY, CONSTS_KEY,
+                                     NAMES_KEY};
+  for (int i = 0; i < 4; i++) {
     if (lua_getfield(L, LUA_REGISTRYINDEX, keys[i]) != LUA_TTABLE) {
       lua_newtable(L);
       lua_setfield(L, LUA_REGISTRYINDEX, keys[i]);

@@ -165,6 +165,31 @@ describe("ums.ffi types", function()
     assert.equal(0, ffi.C.clock_gettime(1, buf))
   end)
 
+  it("a type name means what the latest cdef says", function()
+    ffi.cdef("typedef int t_redef;")
+    assert.equal(4, ffi.sizeof("t_redef"))
+    ffi.cdef("typedef long long t_redef;")
+    assert.equal(8, ffi.sizeof("t_redef"))
+  end)
+
+  it("makes a type name's types once, however often it is used", function()
+    -- Types live as long as the VM: a loop must not make new ones.
+    for _ = 1, 10 do ffi.new("struct t_small *[1]") end
+    collectgarbage()
+    collectgarbage()
+    local before = collectgarbage("count")
+    for _ = 1, 20000 do
+      ffi.typeof("struct t_small *[1]")
+      ffi.sizeof("char[?]", 16)
+    end
+    collectgarbage()
+    collectgarbage()
+    -- Each new ctype would take a few hundred bytes: 20,000 of them
+    -- several MB. The bound is generous.
+    assert.is_true(collectgarbage("count") - before < 1024,
+                   "grew by " .. (collectgarbage("count") - before) .. " KB")
+  end)
+
   it("raises naming the argument or the line for bad input", function()
     local cases = {
       {ffi.sizeof, {"struct t_undeclared"}, "bad argument #1 to "
