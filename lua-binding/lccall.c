@@ -16,10 +16,11 @@
 ** the bound function (whose cif and library handle it uses) and, for a
 ** call with arguments, a heap request (the cif of a variadic call, the
 ** argument values and pointer array, copies of the string arguments,
-** which holds a reference on every buffer passed); both are dropped by
-** ums_preempt's release callback when the caller gave up, or by the
-** caller once it has read the results. Buffers are ums_buf_t (reference counted),
-** so a buffer collected by Lua while a detached call writes into it stays
+** which holds a reference on the memory of every buffer and cdata
+** passed); both are dropped by ums_preempt's release callback when the
+** caller gave up, or by the caller once it has read the results. That
+** memory is an ums_buf_t (reference counted, lcdata.c), so a buffer or
+** cdata collected by Lua while a detached call writes into it stays
 ** allocated until the call is done.
 **
 ** Threads: everything here runs on the Lua thread of the run (the
