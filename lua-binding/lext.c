@@ -1,6 +1,6 @@
 /*
 ** lext.c: the C extension API (runtime/include/ums-lua.h), and the
-** preemptive-call path it shares with ums.ffi (lffi.c).
+** preemptive-call path it shares with ums.ffi (lccall.c).
 **
 ** ums.core publishes a static ums_lua_api_t in the registry of every Lua
 ** state it is loaded into (lums_open_ext). A C module's lua_CFunction

@@ -236,7 +236,7 @@ struct lrun {
   _Atomic int stall_pending;
   _Atomic int stall_custom;         /* this VM has an on_stall handler */
   /* Freed ums.ffi call requests of the standard size, kept for the next
-  ** calls of this VM's tasks (lffi.c): a request is larger than malloc's
+  ** calls of this VM's tasks (lccall.c): a request is larger than malloc's
   ** per-thread cache takes, and 64 calls in flight spent a sixth of
   ** their instructions in malloc. [Lua thread; freed with the run] */
   void **ffi_free;
@@ -377,7 +377,7 @@ LUMS_HIDDEN void lums_open_socket(lua_State *L);
 
 /* lffi.c: adds the ffi table to the module table at the top. */
 LUMS_HIDDEN void lums_open_ffi(lua_State *L);
-/* lffi.c: the I/O buffer behind the ums.ffi.buffer at idx, storing its
+/* lcdata.c: the I/O buffer behind the ums.ffi.buffer at idx, storing its
 ** size in *size; NULL for any other value. The userdata owns one
 ** reference, dropped when it is collected: a caller that hands the buffer
 ** to a request that may outlive the call takes its own (the runtime's

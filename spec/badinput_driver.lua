@@ -108,6 +108,18 @@ local entries = {
   -- a buffer that never fills: a send never waits
   shared_send = {"send", {"SCHAN", 1, 0}, of = "SCHAN"},
   shared_try_send = {"try_send", {"SCHAN", 1}, of = "SCHAN"},
+  -- ums.ffi's types and cdata (CDATA: a struct badinput_pt[2])
+  ffi_new = {ums.ffi.new, {"struct badinput_pt[?]", 2}},
+  ffi_typeof = {ums.ffi.typeof, {"struct badinput_pt *"}},
+  ffi_sizeof = {ums.ffi.sizeof, {"int[?]", 2}},
+  ffi_alignof = {ums.ffi.alignof, {"double"}},
+  ffi_offsetof = {ums.ffi.offsetof, {"struct badinput_pt", "y"}},
+  ffi_cast = {ums.ffi.cast, {"struct badinput_pt *", "CDATA"}},
+  ffi_copy = {ums.ffi.copy, {"CDATA", "CDATA", 8}},
+  ffi_fill = {ums.ffi.fill, {"CDATA", 8, 0}},
+  ffi_string = {ums.ffi.string, {"CDATA", 4}},
+  ffi_istype = {ums.ffi.istype, {"struct badinput_pt[2]", "CDATA"}},
+  ffi_gc = {ums.ffi.gc, {"CDATA", function() end}},
 }
 
 local function describe_call(pos, vname, n)
@@ -173,6 +185,8 @@ ums.run(function()
 end)
 objects.TASK = done_task
 objects.SCHAN = ums.shared.channel(100000)
+ums.ffi.cdef("struct badinput_pt { int x, y; };")
+objects.CDATA = ums.ffi.new("struct badinput_pt[2]")
 
 local calls
 if where == "outside" then

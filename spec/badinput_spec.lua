@@ -49,6 +49,9 @@ local FUNCTIONS = {
   "work_cancel", "work_status", "work_scheduler", "shared_channel",
   "shared_mutex", "shared_semaphore", "shared_event", "shared_waitgroup",
   "shared_send", "shared_try_send",
+  -- ums.ffi's types and cdata
+  "ffi_new", "ffi_typeof", "ffi_sizeof", "ffi_alignof", "ffi_offsetof",
+  "ffi_cast", "ffi_copy", "ffi_fill", "ffi_string", "ffi_istype", "ffi_gc",
 }
 
 describe("bad input", function()

@@ -1,4 +1,4 @@
--- Specs for ums.ffi (lua-binding/lffi.c): C functions declared with
+-- Specs for ums.ffi (lua-binding/lffi.c and lc*.c): C functions declared with
 -- ffi.cdef and called like Lua functions. A call goes preemptive by
 -- default (it runs on the runtime's C-call pool while only the calling
 -- task parks); UMS_INLINE declarations run directly; outside a task every
@@ -456,7 +456,7 @@ describe("ums.ffi", function()
 
     it("malformed declarations", function()
       local bad = {
-        {"int (", "function name expected"},
+        {"int (", "'*' expected"},
         {"int f(int", "')' expected"},
         {"int f(int);\nint g(int x", "line 2"},
         {"struct s f(void);", "struct"},
@@ -467,7 +467,13 @@ describe("ums.ffi", function()
         {"unsigned double f(void);", "invalid combination"},
         {"int f(void, int);", "argument of type void"},
         {"int f(...);", "fixed argument"},
-        {"typedef int myint;", "typedef"},
+        {"struct bits { int x : 3; };", "bit fields are not supported"},
+        {"typedef int;", "declaration declares nothing"},
+        {"struct u1 { int a; }; union u1 *f(void);", "different kind"},
+        {"struct r1 { int a; }; struct r1 { int a; };", "redefinition"},
+        {"enum e1 { E1 = 1 << 70 };", "shift out of range"},
+        {"struct inc; struct holder { struct inc x; };", "incomplete"},
+        {"int arr[-1];", "array size out of range"},
         {"int f(int) __asm__(sym);", "symbol name expected"},
       }
       for _, case in ipairs(bad) do

@@ -1,0 +1,53 @@
+/*
+** lccall.h: ums.ffi's libraries, bound functions and calls (lccall.c).
+** Libraries and bound functions are shared with pool threads: see
+** "Ownership" at the top of lccall.c.
+*/
+#ifndef LCCALL_H
+#define LCCALL_H
+
+#include <stdatomic.h>
+
+#include "lcdecl.h"
+
+/* The cache line, for what a pool thread and the Lua thread must not
+** share (the binding sees only the runtime's public headers). */
+#define LFFI_CACHELINE 64
+
+/* A library handle; the last reference closes it, possibly on a pool
+** thread (a detached call still runs its code until then). */
+typedef struct flib {
+  _Atomic int refs;
+  void *handle;            /* NULL: the process (RTLD_DEFAULT) */
+  char name[];
+} flib;
+
+/* A declaration bound to an address. Immutable once made, so pool threads
+** read it without locks; reference counted: its userdata holds one, every
+** call in flight one. The count has a cache line of its own (ffn is
+** allocated aligned to one): the Lua thread moves it on every call, and on
+** the name's or the cif's line it would take that line from the pool
+** thread each time, to be fetched back by the next call. */
+typedef struct ffn {
+  fdecl d;
+  void *addr;
+  flib *lib;               /* reference held; NULL for ffi.C */
+  ffi_cif cif;             /* prepared once (not for variadic functions,
+                              whose cif depends on each call) */
+  ffi_type *atypes[LFFI_MAXARGS];
+  _Atomic int refs __attribute__((aligned(LFFI_CACHELINE)));
+} ffn;
+
+/* Drop one reference; the last one closes the library or frees the
+** function (dropping its library reference). Any thread. */
+LUMS_HIDDEN void lffi_lib_unref(flib *l);
+LUMS_HIDDEN void lffi_fn_unref(ffn *f);
+
+/* Pushes the Lua function calling f, taking over the caller's reference. */
+LUMS_HIDDEN void lffi_push_function(lua_State *L, ffn *f);
+
+/* Installs the fatal-signal report, creates the bound functions'
+** metatable and adds errno and timeout to the ffi table at the top. */
+LUMS_HIDDEN void lffi_open_call(lua_State *L);
+
+#endif

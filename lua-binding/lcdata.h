@@ -1,0 +1,50 @@
+/*
+** lcdata.h: ums.ffi's memory seen from Lua (lcdata.c): cdata and buffers,
+** which own reference-counted memory a call may read or write, and
+** pointers, which own nothing.
+*/
+#ifndef LCDATA_H
+#define LCDATA_H
+
+#include "lcdecl.h"
+#include "lums.h"
+
+#define LFFI_BUF_MT "ums.ffi.buffer"
+#define LFFI_PTR_MT "ums.ffi.pointer"
+
+typedef struct lbuf {
+  ums_buf_t *b;            /* one reference, dropped at __gc */
+  size_t size;
+} lbuf;
+
+typedef struct lptr {
+  void *p;
+} lptr;
+
+static inline lbuf *lffi_to_buf(lua_State *L, int idx) {
+  return (lbuf *)luaL_testudata(L, idx, LFFI_BUF_MT);
+}
+
+static inline lptr *lffi_to_ptr(lua_State *L, int idx) {
+  return (lptr *)luaL_testudata(L, idx, LFFI_PTR_MT);
+}
+
+/* A cdata: an object of type t at p, inside b. Its first member is its
+** type (lcdecl.c's ffi.sizeof and typeof read it; see LFFI_CDATA_MT). */
+typedef struct lcdata {
+  const ctype *t;
+  ums_buf_t *b;            /* one reference, dropped at __gc */
+  char *p;                 /* within b's data */
+} lcdata;
+
+/* The cdata at idx, or NULL. */
+LUMS_HIDDEN lcdata *lffi_to_cdata(lua_State *L, int idx);
+
+/* Pushes p as an ums.ffi.pointer, or nil for NULL. */
+LUMS_HIDDEN void lffi_push_ptr(lua_State *L, void *p);
+
+/* Creates the cdata, buffer and pointer metatables and adds new, buffer,
+** string, copy, fill and istype to the ffi table at the top. */
+LUMS_HIDDEN void lffi_open_cdata(lua_State *L);
+
+#endif
