@@ -283,8 +283,9 @@ function parsers.cores(group, command, file)
   end
 end
 
--- The Markdown tables of bench/net/*.sh: "| name | value | ... |" under
--- a heading line; `fields` names the columns used.
+-- The Markdown tables of bench/net/*.sh and bench_busted.sh, each a list
+-- of rows of cells ("| name | value | ... |", header and rule left out)
+-- under the last line of text before it, its title.
 local function md_tables(file)
   local tables, cur = {}, nil
   for line in readfile(file):gmatch("[^\n]+") do
