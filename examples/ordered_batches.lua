@@ -1,4 +1,5 @@
--- ordered_batches.lua: the seed's "ordered batches" on ums.workqueue.
+-- ordered_batches.lua: a Service Broker queue's "ordered batches" on
+-- ums.workqueue (docs/stdlib.md).
 --
 -- A Service Broker queue with MAX_QUEUE_READERS = 5 runs ten SQL
 -- batches ("waitfor delay ...") tagged with an execution order: the four
@@ -6,13 +7,13 @@
 -- finished, and so on up to 500. Here the queue is ums.workqueue with
 -- readers = 5, each batch is an item posted with post_ordered, and the
 -- phases come from application locks (Shared on the item's own order,
--- IntentExclusive on the previous one), as in the seed's activation
+-- IntentExclusive on the previous one), as in the queue's activation
 -- procedure. Each item writes its start and end into an execution log,
--- as the seed's ExecSQL procedure does.
+-- as the queue's ExecSQL procedure does.
 --
 --   lua5.4 examples/ordered_batches.lua            real time, scaled down
 --                                                  100x (10.1 s -> 0.101 s)
---   lua5.4 examples/ordered_batches.lua --virtual  the seed's own delays on
+--   lua5.4 examples/ordered_batches.lua --virtual  the queue's own delays on
 --                                                  the virtual clock: the
 --                                                  41.5 s schedule runs in
 --                                                  milliseconds, and the
@@ -34,7 +35,7 @@ local scale = virtual and 1 or 0.01
 if virtual then ums.config { clock = "virtual" } end
 
 local READERS = 5
-local batches = { -- the seed's #SQLs: delay, execution order
+local batches = { -- the queue's #SQLs: delay, execution order
   { "00:00:10.100", 100 }, { "00:00:10.100", 100 }, { "00:00:10.100", 100 },
   { "00:00:10.100", 100 }, { "00:00:09.200", 200 }, { "00:00:09.200", 200 },
   { "00:00:08.300", 300 }, { "00:00:07.400", 400 }, { "00:00:07.400", 400 },

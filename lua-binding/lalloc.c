@@ -7,10 +7,10 @@
 ** least. The collector frees in bursts (a sweep step frees every dead
 ** handle it meets), which overflows glibc's per-thread cache (7 blocks a
 ** size), and the scheduler threads make the process multi-threaded, so the
-** rest goes through the arenas' atomic fast bins: ~110 instructions for a
-** malloc and ~125 for a free per spawned task, measured. A VM is used by
-** one thread at a time, so a plain free list per block size, with no
-** atomics, serves the same blocks again for ~10.
+** rest goes through the arenas' atomic fast bins, a hundred-odd
+** instructions for each malloc and free. A VM is used by one thread at a
+** time, so a plain free list per block size, with no atomics, serves the
+** same blocks again for a few instructions.
 **
 ** Only exact sizes are cached: a block freed with size n (Lua always
 ** tells the size it allocated) is handed out again only for a request of
@@ -49,9 +49,9 @@
 #define CACHE_MAX_SIZE 256
 /* Bytes the cache may hold at once. A sweep frees a whole cycle's dead
 ** objects in a burst that allocations then drain, so the cache must hold
-** about what the VM allocates between two sweeps: with 1 MiB a spawn+join
-** loop (1,000 tasks in flight) still missed for ~1 in 5 handles in one
-** host (40 more instructions a task), with 4 MiB it never did. */
+** about what the VM allocates between two sweeps: a spawn+join loop with
+** 1,000 tasks in flight frees more than 1 MiB between sweeps, and fits
+** in 4 MiB. */
 #define CACHE_BYTES (4096 * 1024)
 
 struct lalloc {

@@ -25,26 +25,24 @@
 ** full). A value taken from a full buffer is replaced by the first parked
 ** sender's, so the order of sends is kept across buffer and parked senders.
 **
-** The channel Lua code holds is a table, like ums.mutex and the other
-** sync.lua objects: [1] is its state (a full userdata, lchan), and send
-** and recv are its own fields; the other methods come from the metatable's
-** __index. That is for the method call: ch:send(v) on a userdata goes
-** through its metatable (luaV_finishget: __index found in the metatable,
-** then the method in __index, two hash lookups and ~120 instructions a
-** call), on a table with the method as its own field it is one hash
-** lookup inline in the VM. A message is one send and one receive, and the
-** two lookups cost ~70 of its ~390 ns (measured with the methods taken
-** into locals instead). The own send and recv are C closures whose
-** upvalues are the state: they read it without looking [1] up or checking
-** it, only comparing self with the table the state belongs to (another
-** channel as self is served as the metatable's methods serve it), and
-** the closure, on the stack while the call waits, anchors the state.
-** They are made by the channel's BIND_AFTER-th send or recv through the
-** metatable, not by ums.channel: two closures more per channel cost more
-** than a channel used for a message or two (a reply channel per request)
-** spends on lookups. The metatable's methods replace self on their stack
-** with the state (chan_open), which anchors it the same way, whatever the
-** table's [1] is changed to.
+** The channel Lua code holds is a table, like ums.mutex and the other sync.lua
+** objects: [1] is its state (a full userdata, lchan), and send and recv are its
+** own fields; the other methods come from the metatable's __index. That is for
+** the method call: ch:send(v) on a userdata goes through its metatable
+** (luaV_finishget: __index found in the metatable, then the method in __index,
+** two hash lookups outside the VM's inline path), on a table with the method as
+** its own field it is one hash lookup inline in the VM. A message is one send
+** and one receive, so the lookups are a sizeable share of a message's cost. The
+** own send and recv are C closures whose upvalues are the state: they read it
+** without looking [1] up or checking it, only comparing self with the table the
+** state belongs to (another channel as self is served as the metatable's
+** methods serve it), and the closure, on the stack while the call waits,
+** anchors the state. They are made by the channel's BIND_AFTER-th send or recv
+** through the metatable, not by ums.channel: two closures more per channel cost
+** more than a channel used for a message or two (a reply channel per request)
+** spends on lookups. The metatable's methods replace self on their stack with
+** the state (chan_open), which anchors it the same way, whatever the table's
+** [1] is changed to.
 */
 #include "lums.h"
 #include "lvm.h"
@@ -57,8 +55,8 @@
 static const char chan_mt_key = 0;
 /* Every channel starts with this address: telling a channel from other
 ** values costs a type check, a size check and one compare, where
-** luaL_checkudata's metatable lookup cost ~300 instructions per call
-** (measured with callgrind). Only C code that copies a channel's bytes
+** luaL_checkudata looks the metatable up in the registry by name on every
+** call. Only C code that copies a channel's bytes
 ** could forge it; Lua code cannot. */
 static const char chan_tag = 0;
 

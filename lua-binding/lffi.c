@@ -6,13 +6,12 @@
 **   ffi.C.usleep(1000)                              the process's symbols
 **   local m = ffi.load("m"); m.sqrt(2)              a shared library
 **
-** By default a call goes preemptive (runtime/PREEMPT.md): the arguments
-** are marshalled into a request, the call runs on the runtime's C-call
-** pool, the task parks (yielding its coroutine where Lua can yield,
-** otherwise binding its worker) and resumes with the results. A
-** declaration marked UMS_INLINE (or a cdef made with {inline = true}) is
-** called directly on the scheduler, for functions known not to block.
-** Outside a task every call is made directly.
+** By default a call goes preemptive (docs/design/preempt.md): the arguments are
+** marshalled into a request, the call runs on the runtime's C-call pool, the
+** task parks (yielding its coroutine where Lua can yield, otherwise binding its
+** worker) and resumes with the results. A declaration marked UMS_INLINE (or a
+** cdef made with {inline = true}) is called directly on the scheduler, for
+** functions known not to block. Outside a task every call is made directly.
 **
 ** Ownership. A preemptive call may outlive its caller's interest (timeout,
 ** cancel): the runtime then detaches it, and everything the call reads or
@@ -838,8 +837,8 @@ static _Thread_local const char *calling
 ** the C type push_result ignores). Where the C ABI returns every integer
 ** and pointer in one register whatever its width (x86-64, AArch64), a
 ** plain call through a pointer of the matching class does it without
-** libffi's argument classification: ~25 ns of a getpid call's ~220 here
-** (measured: ffi_call 218-231 ns, the direct call 189-194 ns). */
+** libffi's argument classification, a noticeable share of a call as
+** short as getpid's. */
 static void call_nullary(const ffn *f, ffi_cif *cif, rval *ret) {
 #if defined(__x86_64__) || defined(__aarch64__)
   switch (f->d.ret) {

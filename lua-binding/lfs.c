@@ -49,10 +49,10 @@ static bool parse_mode(const char *m, int *flags, bool *rd, bool *wr) {
 }
 
 /* Opens op.path for a file made before its descriptor: 0 or an error. */
-static int64_t sub_open(lfile *f) {
-  lop *o = &f->op;
+static int64_t sub_open(lop *o) {
+  lfile *f = o->f;
   int64_t r;
-  if (lstream_answer(f, &r)) {
+  if (lstream_answer(o, &r)) {
     if (r < 0) return r;
     f->fd = (int)r;
     f->append = (o->oflags & O_APPEND) != 0;
@@ -72,11 +72,11 @@ static lfile *new_file(lua_State *L, bool rd, bool wr) {
 }
 
 /* Stack: path, ..., the new file. */
-static int step_open(lua_State *L, lfile *f) {
+static int step_open(lua_State *L, lop *o) {
   (void)L;
-  int64_t r = sub_open(f);
+  int64_t r = sub_open(o);
   if (r == AGAIN) return STEP_IO;
-  f->op.err = r;
+  o->err = r;
   return 1;  /* the file, on top */
 }
 
@@ -86,14 +86,15 @@ static int done_open(lua_State *L, lfile *f, int nres, int64_t err) {
   return nres;
 }
 
-static void open_init(lua_State *L, lfile *f);
+static void open_init(lua_State *L, lop *o);
 
-static const lmethod m_open = {open_init, step_open, done_open, true};
+static const lmethod m_open = {open_init, step_open,
+                               done_open, true, LSIDE_BOTH};
 
 /* The open's path, flags and mode: the path at index 1; the flags and
 ** mode from the file's access and the method. */
-static void open_init(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static void open_init(lua_State *L, lop *o) {
+  lfile *f = o->f;
   o->path = lua_tostring(L, 1);
   o->omode = 0666;
   if (o->m == &m_open) {
@@ -135,8 +136,8 @@ static int done_lines_open(lua_State *L, lfile *f, int nres, int64_t err) {
   return 4;
 }
 
-static const lmethod m_lines_open = {open_init, step_open, done_lines_open,
-                                     true};
+static const lmethod m_lines_open = {open_init, step_open,
+                                     done_lines_open, true, LSIDE_BOTH};
 
 static int fs_lines(lua_State *L) {
   luaL_checkstring(L, 1);
@@ -147,12 +148,12 @@ static int fs_lines(lua_State *L) {
 /* ums.fs.readfile(path) through the file: what ums_fs_readfile leaves
 ** (a file larger than its buffer, or one that cannot be read at an
 ** offset: then its descriptor, already open). Stack: path, file. */
-static int step_readfile(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_readfile(lua_State *L, lop *o) {
+  lfile *f = o->f;
   int64_t r;
   switch (o->phase) {
     case 0:
-      r = f->fd >= 0 ? 0 : sub_open(f);
+      r = f->fd >= 0 ? 0 : sub_open(o);
       if (r == AGAIN) return STEP_IO;
       if (!r) r = lstream_ensure_buf(f);
       if (r) {
@@ -165,14 +166,14 @@ static int step_readfile(lua_State *L, lfile *f) {
       lstream_next_item(o);
       /* fall through */
     case 1:
-      r = lstream_fmt_all(L, f);
+      r = lstream_fmt_all(L, o);
       if (r == AGAIN) return STEP_IO;
       if (r < 0) o->err = r;
       o->phase = 2;
       lstream_next_item(o);
       break;
   }
-  r = lstream_sub_close(f);
+  r = lstream_sub_close(o);
   if (r == AGAIN) return STEP_IO;
   if (!o->err) o->err = r;
   return 1;
@@ -185,7 +186,7 @@ static int done_path_result(lua_State *L, lfile *f, int nres, int64_t err) {
 }
 
 static const lmethod m_readfile = {open_init, step_readfile,
-                                   done_path_result, true};
+                                   done_path_result, true, LSIDE_BOTH};
 
 /* ums.fs.readfile(path) -> string | nil, msg, errno. A file that fits
 ** in BUF_SIZE, nearly every small file, is one request of the runtime
@@ -193,18 +194,16 @@ static const lmethod m_readfile = {open_init, step_readfile,
 ** chain, so the task parks once instead of four times), read into a
 ** page-aligned buffer and copied once into the string.
 **
-** Who holds the caller's buffer reference while the task is parked: in a
-** task, the task itself (ltask.rfbuf), not a Lua object: a userdata with
-** a __gc per call cost an allocation, a metatable and a finalizer call
-** per file, and every object with a finalizer costs the collector more
-** (callgrind, 64 tasks reading 4 KiB files: 5,975 -> 4,310 instructions
-** per file). The call's end releases it. A raise between (no memory for
-** the string) leaves it in the slot until the task ends
-** (give_back_task). While the slot is taken (by that, or by a readfile
-** of this task that a finalizer run from inside this one interrupted) a
-** call uses a box on the stack instead, collected if it raises, as it
-** does outside a task. The request holds its own reference while it
-** runs either way. */
+** Who holds the caller's buffer reference while the task is parked: in a task,
+** the task itself (ltask.rfbuf), not a Lua object: a userdata with a __gc per
+** call cost an allocation, a metatable and a finalizer call per file, and every
+** object with a finalizer costs the collector more. The call's end releases it.
+** A raise between (no memory for the string) leaves it in the slot until the
+** task ends (give_back_task). While the slot is taken (by that, or by a
+** readfile of this task that a finalizer run from inside this one interrupted)
+** a call uses a box on the stack instead, collected if it raises, as it does
+** outside a task. The request holds its own reference while it runs either
+** way. */
 #define RFBUF_MT "ums.fs.readbuf"
 
 typedef struct rfbuf {
@@ -282,12 +281,12 @@ static int fs_readfile(lua_State *L) {
 
 /* ums.fs.writefile(path, s) -> true | nil, msg, errno (truncates). Stack:
 ** path, s, file. */
-static int step_writefile(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_writefile(lua_State *L, lop *o) {
+  lfile *f = o->f;
   int64_t r;
   switch (o->phase) {
     case 0:
-      r = sub_open(f);
+      r = sub_open(o);
       if (r == AGAIN) return STEP_IO;
       if (!r) r = lstream_ensure_buf(f);
       if (r) {
@@ -302,7 +301,7 @@ static int step_writefile(lua_State *L, lfile *f) {
     case 1: {
       size_t len;
       const char *s = lua_tolstring(L, 2, &len);
-      r = lstream_write_bytes(f, s, len);
+      r = lstream_write_bytes(o, s, len);
       if (r == AGAIN) return STEP_IO;
       if (r < 0) o->err = r;
       o->phase = 2;
@@ -310,7 +309,7 @@ static int step_writefile(lua_State *L, lfile *f) {
       break;
     }
   }
-  r = lstream_sub_close(f);
+  r = lstream_sub_close(o);
   if (r == AGAIN) return STEP_IO;
   if (!o->err) o->err = r;
   lua_pushboolean(L, 1);
@@ -318,7 +317,7 @@ static int step_writefile(lua_State *L, lfile *f) {
 }
 
 static const lmethod m_writefile = {open_init, step_writefile,
-                                    done_path_result, true};
+                                    done_path_result, true, LSIDE_BOTH};
 
 static int fs_writefile(lua_State *L) {
   luaL_checkstring(L, 1);

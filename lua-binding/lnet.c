@@ -1,9 +1,10 @@
 /*
-** lnet.c: ums.net, sockets for tasks (README.md, "The Lua API").
+** lnet.c: ums.net, sockets for tasks (docs/lua-api.md, "Sockets").
 **
 ** A connection is a buffered stream (lstream.h): the reading, writing,
-** lines, setvbuf and the one-method-at-a-time lock of ums.fs files, with
-** recv and send for its I/O. This file adds what only sockets have:
+** lines and setvbuf of ums.fs files, with recv and send for its I/O and
+** a lock per direction (one reading and one writing method at a time; a
+** close from another task ends them). This file adds what only sockets have:
 ** making them (resolve, connect, listen, accept, datagram sockets),
 ** their options and addresses, shutdown, and timeouts.
 **
@@ -75,9 +76,47 @@ static int opt_field(lua_State *L, int idx, const char *k) {
   return lua_getfield(L, idx, k);
 }
 
-static void check_opts(lua_State *L, int idx) {
-  if (!lua_isnoneornil(L, idx)) luaL_checktype(L, idx, LUA_TTABLE);
+/* The options table at idx, if any: a table whose every key is one of
+** names (a NULL-terminated list), so that a misspelt option raises rather
+** than being ignored. */
+static void check_opts(lua_State *L, int idx, const char *const *names) {
+  if (lua_isnoneornil(L, idx)) return;
+  luaL_checktype(L, idx, LUA_TTABLE);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1)
+                                                   : NULL;
+    int i = 0;
+    while (k && names[i] && strcmp(k, names[i]) != 0) i++;
+    if (!k || !names[i]) {
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      for (int j = 0; names[j]; j++) {
+        if (j) luaL_addstring(&b, ", ");
+        luaL_addstring(&b, names[j]);
+      }
+      luaL_pushresult(&b);
+      luaL_argerror(L, idx,
+                    k ? lua_pushfstring(L, "unknown option '%s' (options: %s)",
+                                        k, lua_tostring(L, -1))
+                      : lua_pushfstring(L, "option names must be strings "
+                                        "(options: %s)", lua_tostring(L, -1)));
+    }
+  }
 }
+
+/* The options each call takes (README.md, "ums.net"). */
+static const char *const resolve_opts[] = {"family", "socktype", "passive",
+                                           "timeout", NULL};
+static const char *const connect_opts[] = {"timeout", "family", "nodelay",
+                                           "io_timeout", NULL};
+static const char *const connect_unix_opts[] = {"timeout", "io_timeout",
+                                                NULL};
+static const char *const listen_opts[] = {"backlog", "reuseaddr", "reuseport",
+                                          "family", NULL};
+static const char *const listen_unix_opts[] = {"backlog", NULL};
+static const char *const udp_opts[] = {"family", "timeout", NULL};
 
 /* opts.family at idx: AF_INET, AF_INET6, or dflt when absent. */
 static int opt_family(lua_State *L, int idx, int argn, int dflt) {
@@ -341,7 +380,7 @@ static int net_resolve(lua_State *L) {
   lua_settop(L, 3);
   const char *service = NULL;
   if (!lua_isnoneornil(L, 2)) service = check_port(L, 2);
-  check_opts(L, 3);
+  check_opts(L, 3, resolve_opts);
   luaL_argcheck(L, host || service, 1, "host or service expected");
   lums_need_task(L, "net.resolve");
   struct addrinfo hints = {0};
@@ -469,7 +508,7 @@ static int net_connect(lua_State *L) {
   const char *host = luaL_checkstring(L, 1);
   lua_settop(L, 3);
   const char *port = check_port(L, 2);
-  check_opts(L, 3);
+  check_opts(L, 3, connect_opts);
   struct addrinfo hints = {0};
   hints.ai_family = opt_family(L, 3, 3, AF_UNSPEC);
   hints.ai_socktype = SOCK_STREAM;
@@ -488,7 +527,7 @@ static int net_connect(lua_State *L) {
 static int net_connect_unix(lua_State *L) {
   struct sockaddr_un un;
   socklen_t len = unix_addr(L, 1, &un);
-  check_opts(L, 2);
+  check_opts(L, 2, connect_unix_opts);
   int64_t t = opt_seconds(L, 2, "timeout", 2);
   int64_t io_timeout = opt_seconds(L, 2, "io_timeout", 2);
   lums_need_task(L, "net.connect_unix");
@@ -523,7 +562,7 @@ static int net_listen(lua_State *L) {
   const char *host = luaL_optstring(L, 1, NULL);
   lua_settop(L, 3);
   const char *port = check_port(L, 2);
-  check_opts(L, 3);
+  check_opts(L, 3, listen_opts);
   struct addrinfo hints = {0};
   hints.ai_family = opt_family(L, 3, 3, AF_UNSPEC);
   hints.ai_socktype = SOCK_STREAM;
@@ -561,7 +600,7 @@ static int net_listen(lua_State *L) {
 static int net_listen_unix(lua_State *L) {
   struct sockaddr_un un;
   socklen_t len = unix_addr(L, 1, &un);
-  check_opts(L, 2);
+  check_opts(L, 2, listen_unix_opts);
   int backlog = SOMAXCONN;
   if (opt_field(L, 2, "backlog") != LUA_TNIL) {
     if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0)
@@ -952,7 +991,7 @@ static int new_udp(lua_State *L, int family, int64_t timeout) {
 
 /* ums.net.udp([opts]) -> udp | nil, msg, code */
 static int net_udp(lua_State *L) {
-  check_opts(L, 1);
+  check_opts(L, 1, udp_opts);
   int fam = opt_family(L, 1, 1, AF_INET);
   int64_t t = opt_seconds(L, 1, "timeout", 1);
   return new_udp(L, fam, t);

@@ -20,28 +20,41 @@
 **     switch;
 **   - elsewhere (a table.sort comparator, a C call without continuation,
 **     the user's own coroutine), waits on the task's worker (ums_park_wait
-**     binds it while another worker runs the scheduler, DESIGN.md section
-**     4), then loops: it never recurses, so a long read in such a place
-**     costs one C frame however many requests it takes.
+**     binds it while another worker runs the scheduler:
+**     docs/design/architecture.md), then loops: it never recurses, so a
+**     long read in such a place costs one C frame however many requests
+**     it takes.
 ** Outside a task (the main thread outside ums.run) the runtime's blocking
 ** calls are plain system calls, made in the same loop.
 **
-** A method holds its file (the file lock) from its first step to its
-** last, so its progress lives in the file (lfile.op) and survives the
-** yields; results it has produced wait on the Lua stack.
+** A method holds its side of the stream (the lock) from its first step
+** to its last, so its progress lives in the stream (lside.op) and
+** survives the yields; results it has produced wait on the Lua stack.
 **
-** A file is shared by the tasks that hold it: the file lock (a FIFO of
-** parked tasks) keeps one method at a time on its buffer, so a log file
-** written by many tasks gets whole writes, in order.
+** A stream is shared by the tasks that hold it: the lock (a FIFO of
+** parked tasks per side) keeps one method at a time on a file's buffer,
+** so a log file written by many tasks gets whole writes, in order. A
+** socket has two sides, each with its own lock, method and buffer: one
+** reading method (read, lines, recv) and one writing method (write,
+** send, flush) may run at once, so a task may wait for what its peer
+** sends while another writes to it; close takes both. A file's methods
+** share its position and buffer: it has one lock (side 0).
+**
+** Closing a socket that other tasks' methods hold or wait for ends those
+** methods (begin_close): their requests are cancelled in the kernel and
+** they return the failure "closed"; the close takes both sides once
+** their holders have given them back, and only then closes the
+** descriptor.
 **
 ** Buffering is stdio's: one buffer per file, holding either read-ahead
 ** (the file's position, lfile.kpos, is ahead of the logical one by the
 ** unread bytes) or pending writes (behind it by the pending bytes). Reads
 ** and writes larger than the buffer go straight between the kernel and a
 ** page-aligned ums_buf (the method's accumulator), then one copy into (or
-** from) the Lua string. A socket's two directions are independent: a
-** write keeps its read-ahead and, while there is some, goes out unbuffered
-** (write_bytes); a read that times out keeps what it received for the
+** from) the Lua string. A socket's two directions are independent: its
+** read-ahead and its pending writes have a buffer each; a read sends
+** what earlier writes left buffered when no other task is writing
+** (flush_first); a read that times out keeps what it received for the
 ** next one (keep_after_timeout).
 **
 ** Exit. As C stdio does for its streams, the process's exit writes what
@@ -159,30 +172,44 @@ int lstream_fail(lua_State *L, const char *what, int64_t err) {
   return push_fail(L, what, err);
 }
 
-/* A method on f failed with err after giving f back. A request the task
-** gave up (it was cancelled while the kernel or a pool thread worked on
-** the file's buffer) may still write into that buffer or move the
-** kernel's position later: the file stops using the buffer (the request
-** holds its own reference) and forgets what it held. Then a cancelled
-** task raises core.CANCELLED. */
-static void file_check_cancel(lua_State *L, lfile *f, int64_t err) {
-  if (err != UMS_ECANCELED) return;
-  hold_take(f);
-  if (f->buf) {
+/* A method on f ended with err (the method still holds its sides). A
+** request the task gave up (it was cancelled while the kernel or a pool
+** thread worked on the stream's buffer) may still write into that buffer
+** or move the kernel's position later: the stream stops using the
+** buffers of the sides the method holds (the request holds its own
+** reference) and forgets what they held. A socket's other side may be
+** another task's method's, and is left alone. */
+static void forget_buffers(lop *o) {
+  lfile *f = o->f;
+  if (!f->sock) {
     ums_buf_release(f->buf);
     f->buf = NULL;
+    /* The read-ahead goes; the position goes back to the logical one. */
+    if (f->pos_known) f->kpos -= (int64_t)(f->rlen - f->rpos);
+    f->rpos = f->rlen = f->wlen = 0;
+    return;
   }
-  /* The read-ahead goes; the position goes back to the logical one. */
-  if (f->pos_known) f->kpos -= (int64_t)(f->rlen - f->rpos);
-  f->rpos = f->rlen = f->wlen = 0;
-  hold_give(f);
-  lstream_check_cancel(L, err);
+  if (o->sides & LSIDE_READ) {
+    ums_buf_release(f->buf);
+    f->buf = NULL;
+    f->rpos = f->rlen = 0;
+  }
+  if (o->sides & LSIDE_WRITE) {
+    ums_buf_release(f->wbuf);
+    f->wbuf = NULL;
+    f->wlen = 0;
+  }
 }
 
+/* A socket's failures: strerror in lower case, but "timeout" for the
+** deadline and "closed" for EBADF, which a socket stream, owning its
+** descriptor, meets only when its close ended the call. */
 int lstream_push_netfail(lua_State *L, int64_t err) {
   char msg[128];
   if (err == UMS_ETIMEDOUT) {
     snprintf(msg, sizeof msg, "timeout");
+  } else if (err == UMS_EBADF) {
+    snprintf(msg, sizeof msg, "closed");
   } else {
     snprintf(msg, sizeof msg, "%s", strerror((int)-err));
     msg[0] = (char)tolower((unsigned char)msg[0]);
@@ -193,25 +220,63 @@ int lstream_push_netfail(lua_State *L, int64_t err) {
   return 3;
 }
 
-/* file_check_cancel, then the result nil, message, errno. */
+/* A cancelled task raises core.CANCELLED (forget_buffers has run);
+** otherwise the result nil, message, errno. */
 static int file_fail(lua_State *L, lfile *f, int64_t err) {
-  file_check_cancel(L, f, err);
+  lstream_check_cancel(L, err);
   if (f->sock) return lstream_push_netfail(L, err);
   return push_fail(L, NULL, err);
 }
 
 /* ---------------------------------------------------------------------- */
-/* The file lock                                                           */
+/* The lock                                                                */
 /* ---------------------------------------------------------------------- */
 
-/* Gives the file back; the first waiter still waiting tries again. */
-static void file_unlock(lfile *f) {
-  hold_give(f);
-  f->owner = NULL;
+/* The sides method m takes on f: a file has one lock, side 0. */
+static int sides_of(lfile *f, const lmethod *m) {
+  return f->sock ? m->sides : LSIDE_READ;
+}
+
+/* The side of index i in a set of LSIDE_* bits. */
+static bool has_side(int sides, int i) { return (sides & (1 << i)) != 0; }
+
+/* The op of a method holding sides: that of the first side it holds. */
+static lop *op_of(lfile *f, int sides) {
+  return &f->side[has_side(sides, 0) ? 0 : 1].op;
+}
+
+/* The first of sides that a method holds, or NULL when all are free. */
+static lside *busy_side(lfile *f, int sides) {
+  for (int i = 0; i < 2; i++)
+    if (has_side(sides, i) && f->side[i].busy) return &f->side[i];
+  return NULL;
+}
+
+/* The first task still waiting for side s tries again. */
+static void side_wake(lside *s) {
   lwait *w;
-  while ((w = f->waiters.head) != NULL) {
+  while ((w = s->waiters.head) != NULL) {
     lums_q_unlink(w);
     if (lums_unpark(w->task, w->tok, 0)) break;
+  }
+}
+
+/* Takes sides (all free). Side 0 is a file's hold for the exit handler. */
+static void sides_take(lfile *f, int sides) {
+  for (int i = 0; i < 2; i++) {
+    if (!has_side(sides, i)) continue;
+    f->side[i].busy = true;
+    if (i == 0) hold_take(f);
+  }
+}
+
+/* Gives sides back; the first waiter of each tries again. */
+static void sides_give(lfile *f, int sides) {
+  for (int i = 0; i < 2; i++) {
+    if (!has_side(sides, i)) continue;
+    f->side[i].busy = false;
+    if (i == 0) hold_give(f);
+    side_wake(&f->side[i]);
   }
 }
 
@@ -252,11 +317,14 @@ static void op_clear(lop *o) {
   memset(o, 0, sizeof *o);
 }
 
-/* Starts the I/O the step asked for (a task): 0, or the error of the
-** begin (then nothing was started). */
-static int io_begin(lfile *f) {
-  lop *o = &f->op;
+/* Starts the I/O the step asked for (a task): 0, the error of the begin
+** (then nothing was started), or 1 when it is done already with the
+** result 0 (a socket closed at once by ums_net_close_begin). */
+static int io_begin(lop *o) {
+  lfile *f = o->f;
   lio *io = &o->io;
+  if (f->sock && io->kind == IO_CLOSE)
+    return ums_net_close_begin(io->fd, UMS_FOREVER, &o->req);
   if (f->sock && io->kind == IO_READ)
     return ums_net_recv_begin(io->fd, io->buf, io->pos, io->len, 0,
                               o->deadline, &o->req);
@@ -281,14 +349,17 @@ static int io_begin(lfile *f) {
 }
 
 /* The same I/O made outside a task: the plain system call. */
-static int64_t io_now(lfile *f) {
-  lio *io = &f->op.io;
+static int64_t io_now(lop *o) {
+  lfile *f = o->f;
+  lio *io = &o->io;
   if (f->sock && io->kind == IO_READ)
     return ums_net_recv(io->fd, io->buf, io->pos, io->len, 0,
-                        f->op.deadline);
+                        o->deadline);
   if (f->sock && io->kind == IO_WRITE)
     return ums_net_send(io->fd, io->buf, io->pos, io->len, 0,
-                        f->op.deadline);
+                        o->deadline);
+  if (f->sock && io->kind == IO_CLOSE)
+    return ums_net_close(io->fd, UMS_FOREVER);
   switch (io->kind) {
     case IO_READ:
       return ums_fs_read(io->fd, io->buf, io->pos, io->len, io->off,
@@ -308,8 +379,8 @@ static int64_t io_now(lfile *f) {
 /* A read or write at the file position has answered (op.res): moves
 ** the position by what it moved. One that failed at an explicit offset
 ** moved nothing. */
-static void track_pos(lfile *f) {
-  lop *o = &f->op;
+static void track_pos(lop *o) {
+  lfile *f = o->f;
   if ((o->io.kind != IO_READ && o->io.kind != IO_WRITE) || !o->io.at_pos)
     return;
   if (o->res >= 0)
@@ -319,15 +390,14 @@ static void track_pos(lfile *f) {
 }
 
 /* The request's park has ended: its result answers the step. */
-static void io_end(lfile *f) {
-  lop *o = &f->op;
+static void io_end(lop *o) {
   o->res = ums_fs_end(o->req);
   o->req = NULL;
   o->answered = true;
-  track_pos(f);
+  track_pos(o);
 }
 
-static int method_loop(lua_State *L, lfile *f);
+static int method_loop(lua_State *L, lop *o);
 static bool reads(const lmethod *m);
 
 /* A socket's method timed out. What it had received and not returned
@@ -336,9 +406,16 @@ static bool reads(const lmethod *m);
 ** that timed out may still hold the buffer (the kernel may yet write into
 ** it, or read from it for a send), so the bytes move to a new buffer and
 ** the stream lets go of the old one; pending writes are dropped, as after
-** any failed flush. Out of memory, the bytes are lost. */
-static void keep_after_timeout(lfile *f) {
-  lop *o = &f->op;
+** any failed flush. Only the sides the method holds are touched. Out of
+** memory, the bytes are lost. */
+static void keep_after_timeout(lop *o) {
+  lfile *f = o->f;
+  if (o->sides & LSIDE_WRITE) {
+    ums_buf_release(f->wbuf);
+    f->wbuf = NULL;
+    f->wlen = 0;
+  }
+  if (!(o->sides & LSIDE_READ)) return;
   size_t gathered = reads(o->m) ? o->acclen : 0;
   size_t unread = f->buf ? f->rlen - f->rpos : 0;
   size_t keep = gathered + unread;
@@ -353,28 +430,30 @@ static void keep_after_timeout(lfile *f) {
   f->buf = b;
   f->rpos = 0;
   f->rlen = b ? keep : 0;
-  f->wlen = 0;
   o->acclen = 0;
 }
 
-/* Continuation of a yield for an I/O. The file is anchored on this
-** thread's stack by the running method, so its address is the context. */
+/* Continuation of a yield for an I/O. The stream (and so its op) is
+** anchored on this thread's stack by the running method, so the op's
+** address is the context. */
 static int io_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
-  lfile *f = (lfile *)ctx;
-  io_end(f);
-  return method_loop(L, f);
+  lop *o = (lop *)ctx;
+  io_end(o);
+  return method_loop(L, o);
 }
 
-/* The method has ended: gives the file back, then the call's results. */
-static int method_end(lua_State *L, lfile *f, int nres) {
-  lop *o = &f->op;
+/* The method has ended: gives its sides back, then the call's results. */
+static int method_end(lua_State *L, lop *o, int nres) {
+  lfile *f = o->f;
   const lmethod *m = o->m;
   int64_t err = o->err, wrote = o->wrote;
   bool werr = o->werr;
-  if (f->sock && err == UMS_ETIMEDOUT) keep_after_timeout(f);
+  int sides = o->sides;
+  if (err == UMS_ECANCELED) forget_buffers(o);
+  if (f->sock && err == UMS_ETIMEDOUT) keep_after_timeout(o);
   op_clear(o);
-  file_unlock(f);
+  sides_give(f, sides);
   int n = m->done(L, f, nres, err);
   /* A write failed: a failure result (nil, message, errno; the methods
   ** that raise instead never get here) says how many bytes the method
@@ -386,34 +465,46 @@ static int method_end(lua_State *L, lfile *f, int nres) {
   return n;
 }
 
-/* Steps the method holding f until it ends, making the I/O it asks for. */
-static int method_loop(lua_State *L, lfile *f) {
-  lop *o = &f->op;
-  ltask *me = f->owner;
+static bool closes(const lmethod *m);
+static int flush_first(lop *o);
+static void begin_close(lfile *f);
+
+/* Steps the method holding o until it ends, making the I/O it asks for.
+** Once a socket's close has begun, another method starts no I/O: the
+** step gets UMS_EBADF ("closed") as its answer. */
+static int method_loop(lua_State *L, lop *o) {
+  lfile *f = o->f;
+  ltask *me = o->owner;
   for (;;) {
-    int n = o->m->step(L, f);
-    if (n != STEP_IO) return method_end(L, f, n);
-    if (!me) {
-      o->res = io_now(f);
+    int n = o->m->step(L, o);
+    if (n != STEP_IO) return method_end(L, o, n);
+    if (f->closing && !closes(o->m)) {
+      o->res = UMS_EBADF;
       o->answered = true;
-      track_pos(f);
       continue;
     }
-    int rc = io_begin(f);
+    if (!me) {
+      o->res = io_now(o);
+      o->answered = true;
+      track_pos(o);
+      continue;
+    }
+    int rc = io_begin(o);
     if (rc) {
       /* Nothing started (a cancelled task, a park begun by ums.park_begin
-      ** in the way): the step gets the error as its answer. */
-      o->res = rc;
+      ** in the way): the step gets the error as its answer; or nothing
+      ** to wait for: the answer 0. */
+      o->res = rc > 0 ? 0 : rc;
       o->answered = true;
-      track_pos(f);
+      track_pos(o);
       continue;
     }
     if (lums_can_yield(L, me))
-      return lums_park_finish(L, me, (lua_KContext)f, io_k);
+      return lums_park_finish(L, me, (lua_KContext)o, io_k);
     lums_before_block(me);
     ums_park_wait();
     lums_become_current(me);
-    io_end(f);
+    io_end(o);
   }
 }
 
@@ -422,11 +513,13 @@ static int start(lua_State *L, lfile *f, const lmethod *m,
 static const lmethod m_close, m_tbc;
 static bool writes(const lmethod *m);
 
-/* A socket's method gave up waiting for the file at its deadline, having
-** touched nothing: the method's failure result for a timeout (a writing
-** method's says it wrote nothing). */
-static int lock_timeout(lua_State *L, lfile *f, const lmethod *m) {
-  int n = m->done(L, f, 0, UMS_ETIMEDOUT);
+/* A socket's method gave up waiting for its sides, having touched
+** nothing: at its deadline (UMS_ETIMEDOUT), or because a close ended the
+** connection meanwhile (UMS_EBADF). The method's failure result (a
+** writing method's says it wrote nothing). */
+static int lock_fail(lua_State *L, lfile *f, const lmethod *m,
+                     int64_t err) {
+  int n = m->done(L, f, 0, err);
   if (writes(m) && n == 3 && lua_isnil(L, -3)) {
     lua_pushinteger(L, 0);
     n++;
@@ -434,7 +527,7 @@ static int lock_timeout(lua_State *L, lfile *f, const lmethod *m) {
   return n;
 }
 
-/* Continuation of a yield waiting for the file (the file is the method's
+/* Continuation of a yield waiting for a side (the stream is the method's
 ** self, at index 1). */
 static int lock_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
@@ -444,7 +537,7 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   const lmethod *m = (const lmethod *)ctx;
   lfile *f = lstream_to(L, 1);
-  if (r == UMS_ETIMEDOUT) return lock_timeout(L, f, m);
+  if (r == UMS_ETIMEDOUT) return lock_fail(L, f, m, UMS_ETIMEDOUT);
   return start(L, f, m, me->wait.deadline);
 }
 
@@ -454,15 +547,16 @@ static int quantum_k(lua_State *L, int status, lua_KContext ctx) {
   return lstream_start(L, lstream_to(L, 1), (const lmethod *)ctx);
 }
 
-/* Runs method m on f for the caller: takes the file (waiting for it while
-** another task's method holds it; outside tasks nothing else can run, so
-** it is free), then steps the method to its end. A socket's method but
-** close has the connection's timeout for the whole call, its wait for the
-** file included: one that times out waiting returns its timeout failure,
-** having touched nothing. A close waits as long as it takes (a <close>
-** must close). A task that waited may find that the holder closed the
-** file meanwhile: it then raises as for any closed file, having touched
-** nothing. A cancelled task raises while it waits, holding nothing. */
+/* Runs method m on f for the caller: takes its sides (waiting while
+** another task's method holds one of them; outside tasks nothing else can
+** run, so they are free), then steps the method to its end. A socket's
+** method but close has the connection's timeout for the whole call, its
+** wait for its sides included: one that times out waiting returns its
+** timeout failure, having touched nothing. A close waits as long as it
+** takes (a <close> must close). A task that waited may find that the
+** holder closed the stream meanwhile: it then raises as for any closed
+** file, having touched nothing, or, for a socket, returns the failure
+** "closed". A cancelled task raises while it waits, holding nothing. */
 int lstream_start(lua_State *L, lfile *f, const lmethod *m) {
   ltask *me = lums_cur_task;
   /* A method served from the buffer need not wait: a yield point all the
@@ -474,16 +568,23 @@ int lstream_start(lua_State *L, lfile *f, const lmethod *m) {
     int n = lums_quantum_yield(L, (lua_KContext)m, quantum_k);
     if (n >= 0) return n;
   }
-  bool timed = f->sock && m != &m_close && m != &m_tbc;
+  bool timed = f->sock && !closes(m);
   return start(L, f, m, timed ? ums_deadline(f->timeout) : UMS_FOREVER);
 }
 
 /* lstream_start after the quantum's yield point, with the deadline of the
-** call's wait for the file. */
+** call's wait for the stream. A method takes all its sides at once, when
+** all are free: a task never holds one side while it waits for the
+** other, so two tasks cannot wait for each other. A waiter woken for a
+** side that waits on for another leaves the first to the next waiter. */
 static int start(lua_State *L, lfile *f, const lmethod *m,
                  int64_t deadline) {
   ltask *me = lums_cur_task;
-  while (held(f) && me) {
+  int sides = sides_of(f, m);
+  lside *s;
+  while (me && (s = busy_side(f, sides)) != NULL) {
+    for (int i = 0; i < 2; i++)
+      if (has_side(sides, i) && !f->side[i].busy) side_wake(&f->side[i]);
     lwait *w = &me->wait;
     int r = ums_park_begin(deadline, &w->tok);
     if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
@@ -494,7 +595,7 @@ static int start(lua_State *L, lfile *f, const lmethod *m,
     w->L = L;
     w->kase = 0;
     w->deadline = deadline;
-    lums_q_push(&f->waiters, w);
+    lums_q_push(&s->waiters, w);
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)m, lock_k);
     lums_before_block(me);
@@ -502,32 +603,37 @@ static int start(lua_State *L, lfile *f, const lmethod *m,
     lums_become_current(me);
     lums_q_unlink(w);
     if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-    if (r == UMS_ETIMEDOUT) return lock_timeout(L, f, m);
+    if (r == UMS_ETIMEDOUT) return lock_fail(L, f, m, UMS_ETIMEDOUT);
   }
   if (f->fd < 0 && !m->closed_ok) {
-    file_unlock(f);  /* the next waiter finds out for itself */
+    /* The next waiters find out for themselves. */
+    for (int i = 0; i < 2; i++)
+      if (has_side(sides, i)) side_wake(&f->side[i]);
+    if (f->sock) return lock_fail(L, f, m, UMS_EBADF);
     return luaL_error(L, "attempt to use a closed file");
   }
-  hold_take(f);
-  f->owner = me;
-  op_clear(&f->op);
-  f->op.m = m;
+  sides_take(f, sides);
+  lop *o = op_of(f, sides);
+  op_clear(o);
+  o->f = f;
+  o->m = m;
+  o->sides = sides;
+  o->owner = me;
   if (!f->sock)
-    f->op.deadline = UMS_FOREVER;
+    o->deadline = UMS_FOREVER;
   else if (deadline != UMS_FOREVER)
-    f->op.deadline = deadline;
+    o->deadline = deadline;
   else
-    f->op.deadline = ums_deadline(f->timeout);
-  if (m->init) m->init(L, f);
-  return method_loop(L, f);
+    o->deadline = ums_deadline(f->timeout);
+  if (m->init) m->init(L, o);
+  return method_loop(L, o);
 }
 
 /* The answer to the I/O the calling sub-operation asked for, if it has
 ** come. A read or write interrupted before it moved anything (EINTR, or
 ** EAGAIN on a non-blocking descriptor) is not an answer: the caller finds
 ** none and asks for the same I/O again. */
-bool lstream_answer(lfile *f, int64_t *res) {
-  lop *o = &f->op;
+bool lstream_answer(lop *o, int64_t *res) {
   if (!o->answered) return false;
   o->answered = false;
   if ((o->io.kind == IO_READ || o->io.kind == IO_WRITE) &&
@@ -539,11 +645,12 @@ bool lstream_answer(lfile *f, int64_t *res) {
 
 /* Asks for a read or write of b[pos, pos + len) at off (UMS_FS_CUR: at
 ** the file's position, kpos when it is known). Returns AGAIN. */
-static int64_t ask_rw(lfile *f, int kind, ums_buf_t *b, size_t pos,
+static int64_t ask_rw(lop *o, int kind, ums_buf_t *b, size_t pos,
                       size_t len, int64_t off) {
+  lfile *f = o->f;
   bool at_pos = off == UMS_FS_CUR;
   if (at_pos && f->pos_known) off = f->kpos;
-  f->op.io = (lio){.kind = kind, .fd = f->fd, .buf = b, .pos = pos,
+  o->io = (lio){.kind = kind, .fd = f->fd, .buf = b, .pos = pos,
                    .len = len, .off = off, .at_pos = at_pos};
   return AGAIN;
 }
@@ -566,10 +673,25 @@ int64_t lstream_ensure_buf(lfile *f) {
   return 0;
 }
 
+/* The buffer of pending writes: a socket's own, a file's one buffer. */
+static ums_buf_t *wbuf_of(lfile *f) { return f->sock ? f->wbuf : f->buf; }
+
+static int64_t ensure_wbuf(lfile *f) {
+  if (!f->sock) return lstream_ensure_buf(f);
+  if (!f->wbuf && !(f->wbuf = ums_buf_new(BUF_SIZE))) return UMS_ENOMEM;
+  return 0;
+}
+
+/* Lets go of the stream's buffers (a request may still hold them). */
+static void release_buffers(lfile *f) {
+  ums_buf_release(f->buf);
+  ums_buf_release(f->wbuf);
+  f->buf = f->wbuf = NULL;
+}
+
 /* Makes room for `need` bytes in all in the accumulator, keeping what it
 ** holds. */
-static int64_t acc_reserve(lfile *f, size_t need) {
-  lop *o = &f->op;
+static int64_t acc_reserve(lop *o, size_t need) {
   size_t cap = o->acc ? ums_buf_size(o->acc) : 0;
   if (need <= cap) return 0;
   size_t ncap = cap * 2 > need ? cap * 2 : need;
@@ -582,10 +704,9 @@ static int64_t acc_reserve(lfile *f, size_t need) {
   return 0;
 }
 
-static int64_t acc_add(lfile *f, const char *p, size_t n) {
-  lop *o = &f->op;
+static int64_t acc_add(lop *o, const char *p, size_t n) {
   if (n == 0) return 0;
-  int64_t r = acc_reserve(f, o->acclen + n);
+  int64_t r = acc_reserve(o, o->acclen + n);
   if (r) return r;
   memcpy((char *)ums_buf_data(o->acc) + o->acclen, p, n);
   o->acclen += n;
@@ -593,8 +714,7 @@ static int64_t acc_add(lfile *f, const char *p, size_t n) {
 }
 
 /* Pushes the accumulator's bytes as a string and empties it. */
-static void push_acc(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static void push_acc(lua_State *L, lop *o) {
   if (o->acclen)
     lua_pushlstring(L, ums_buf_data(o->acc), o->acclen);
   else
@@ -608,12 +728,12 @@ static void push_acc(lua_State *L, lfile *f) {
 /* anything else.                                                         */
 /* ---------------------------------------------------------------------- */
 
-/* Writes the pending bytes buf[0, wlen): 0, or an error (they are dropped
-** then). */
-static int64_t sub_flush(lfile *f) {
-  lop *o = &f->op;
+/* Writes the pending bytes wbuf_of(f)[0, wlen): 0, or an error (they are
+** dropped then). */
+static int64_t sub_flush(lop *o) {
+  lfile *f = o->f;
   int64_t r;
-  if (lstream_answer(f, &r)) {
+  if (lstream_answer(o, &r)) {
     if (r <= 0) {
       f->wlen = o->wdone = 0;
       o->werr = true;
@@ -623,7 +743,7 @@ static int64_t sub_flush(lfile *f) {
     o->wrote += r;
   }
   if (o->wdone < f->wlen)
-    return ask_rw(f, IO_WRITE, f->buf, o->wdone, f->wlen - o->wdone,
+    return ask_rw(o, IO_WRITE, wbuf_of(f), o->wdone, f->wlen - o->wdone,
                   UMS_FS_CUR);
   f->wlen = o->wdone = 0;
   return 0;
@@ -631,10 +751,9 @@ static int64_t sub_flush(lfile *f) {
 
 /* Writes acc[0, acclen) at off (UMS_FS_CUR: at the file position): 0 or
 ** an error. */
-static int64_t sub_write_acc(lfile *f, int64_t off) {
-  lop *o = &f->op;
+static int64_t sub_write_acc(lop *o, int64_t off) {
   int64_t r;
-  if (lstream_answer(f, &r)) {
+  if (lstream_answer(o, &r)) {
     if (r <= 0) {
       o->werr = true;
       return r < 0 ? r : UMS_EIO;
@@ -643,7 +762,7 @@ static int64_t sub_write_acc(lfile *f, int64_t off) {
     o->wrote += r;
   }
   if (o->wpos < o->acclen)
-    return ask_rw(f, IO_WRITE, o->acc, o->wpos, o->acclen - o->wpos,
+    return ask_rw(o, IO_WRITE, o->acc, o->wpos, o->acclen - o->wpos,
                   off < 0 ? UMS_FS_CUR : off + (int64_t)o->wpos);
   o->wpos = 0;
   return 0;
@@ -652,11 +771,12 @@ static int64_t sub_write_acc(lfile *f, int64_t off) {
 /* Reads into the file buffer after its unread bytes (moved to its start
 ** first; the caller leaves room): > 0 bytes, 0 at end of file, or an
 ** error. */
-static int64_t sub_fill(lfile *f) {
+static int64_t sub_fill(lop *o) {
+  lfile *f = o->f;
   int64_t r;
-  if (lstream_answer(f, &r)) {
+  if (lstream_answer(o, &r)) {
     if (r > 0) f->rlen += (size_t)r;
-    if (r == 0) f->op.hit_eof = true;
+    if (r == 0) o->hit_eof = true;
     return r;
   }
   if (f->rpos > 0) {
@@ -665,16 +785,17 @@ static int64_t sub_fill(lfile *f) {
     f->rlen -= f->rpos;
     f->rpos = 0;
   }
-  return ask_rw(f, IO_READ, f->buf, f->rlen, ums_buf_size(f->buf) - f->rlen,
+  return ask_rw(o, IO_READ, f->buf, f->rlen, ums_buf_size(f->buf) - f->rlen,
                 UMS_FS_CUR);
 }
 
 /* Writes the pending bytes with plain system calls (no park): for __gc,
-** and for a task that was cancelled, whose runtime calls would all lstream_fail
-** with UMS_ECANCELED before doing anything. At kpos when it is known,
-** like every write at the position. */
-static int64_t flush_plain(lfile *f) {
-  const char *p = f->buf ? ums_buf_data(f->buf) : NULL;
+** the exit handler, and for a task that was cancelled, whose runtime
+** calls would all fail with UMS_ECANCELED before doing anything. At kpos
+** when it is known, like every write at the position. o: the method
+** flushing, which counts what it wrote (NULL: none). */
+static int64_t flush_plain(lfile *f, lop *o) {
+  const char *p = wbuf_of(f) ? ums_buf_data(wbuf_of(f)) : NULL;
   size_t n = f->wlen;
   f->wlen = 0;
   while (n > 0) {
@@ -683,11 +804,11 @@ static int64_t flush_plain(lfile *f) {
                                : write(f->fd, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      f->op.werr = true;
+      if (o) o->werr = true;
       return w < 0 ? -errno : UMS_EIO;
     }
     if (f->pos_known) f->kpos += w;
-    f->op.wrote += w;
+    if (o) o->wrote += w;
     p += w;
     n -= (size_t)w;
   }
@@ -700,35 +821,35 @@ static int64_t flush_plain(lfile *f) {
 ** catching it) the runtime refuses to park, so its calls would neither
 ** write nor close anything: plain system calls then, as in __gc. Uses
 ** op.sub. */
-int64_t lstream_sub_close(lfile *f) {
-  lop *o = &f->op;
+int64_t lstream_sub_close(lop *o) {
+  lfile *f = o->f;
   int64_t r;
   if (o->sub == 0) {
     o->sub = 1;
-    if (f->owner && ums_cancelled()) {
-      o->err2 = flush_plain(f);
+    if (o->owner && ums_cancelled()) {
+      o->err2 = flush_plain(f, o);
       goto plain;
     }
   }
   if (o->sub == 1) {
-    r = sub_flush(f);
+    r = sub_flush(o);
     if (r == AGAIN) return r;
     o->err2 = r;
     /* cancelled during the flush: the close goes the plain way */
-    if (r == UMS_ECANCELED && f->owner) goto plain;
+    if (r == UMS_ECANCELED && o->owner) goto plain;
     if (f->sharers > 0) {
       r = 0;
       goto hand_over;
     }
-    if (f->sock) goto sock;
+    /* A socket's close is ums_net_close's (io_begin): it also ends what
+    ** this scheduler still has waiting on the descriptor. */
     o->sub = 2;
     o->io = (lio){.kind = IO_CLOSE, .fd = f->fd};
     f->fd = -1;
     return AGAIN;
   }
-  if (!lstream_answer(f, &r)) r = UMS_EIO;  /* a close is answered, always */
-  ums_buf_release(f->buf);
-  f->buf = NULL;
+  if (!lstream_answer(o, &r)) r = UMS_EIO;  /* a close is answered, always */
+  release_buffers(f);
   return o->err2 ? o->err2 : r;
 plain:
   if (f->sharers > 0) {
@@ -737,19 +858,7 @@ plain:
   }
   r = close(f->fd) == 0 ? 0 : -errno;
   f->fd = -1;
-  ums_buf_release(f->buf);
-  f->buf = NULL;
-  return o->err2 ? o->err2 : r;
-sock:
-  /* ums_net_close, not a close request: it also ends what this
-  ** scheduler still has waiting on the descriptor. It parks only for a
-  ** socket that lingers, on the task's worker. */
-  if (f->owner) lums_before_block(f->owner);
-  r = ums_net_close(f->fd, UMS_FOREVER);
-  if (f->owner) lums_become_current(f->owner);
-  f->fd = -1;
-  ums_buf_release(f->buf);
-  f->buf = NULL;
+  release_buffers(f);
   return o->err2 ? o->err2 : r;
 hand_over:
   /* pread_into calls of other tasks still use the descriptor: closing it
@@ -757,8 +866,7 @@ hand_over:
   ** closed for Lua at once; the last reader closes the descriptor. */
   f->orphan_fd = f->fd;
   f->fd = -1;
-  ums_buf_release(f->buf);
-  f->buf = NULL;
+  release_buffers(f);
   return o->err2 ? o->err2 : r;
 }
 
@@ -782,15 +890,15 @@ static void drop_readahead(lfile *f) {
 
 /* A line; keep: keep the newline. At end of file, what was read is the
 ** last line (it fails when nothing was). */
-static int64_t fmt_line(lua_State *L, lfile *f, bool keep) {
-  lop *o = &f->op;
+static int64_t fmt_line(lua_State *L, lop *o, bool keep) {
+  lfile *f = o->f;
   for (;;) {
     if (f->rpos == f->rlen) {
-      int64_t r = sub_fill(f);
+      int64_t r = sub_fill(o);
       if (r == AGAIN || r < 0) return r;
       if (r == 0) {
         bool any = o->acclen > 0;
-        push_acc(L, f);
+        push_acc(L, o);
         return any;
       }
     }
@@ -802,14 +910,14 @@ static int64_t fmt_line(lua_State *L, lfile *f, bool keep) {
       if (o->acclen == 0) {
         lua_pushlstring(L, data, k + (keep ? 1 : 0));
       } else {
-        int64_t r = acc_add(f, data, k + (keep ? 1 : 0));
+        int64_t r = acc_add(o, data, k + (keep ? 1 : 0));
         if (r) return r;
-        push_acc(L, f);
+        push_acc(L, o);
       }
       f->rpos += k + 1;
       return 1;
     }
-    int64_t r = acc_add(f, data, avail);
+    int64_t r = acc_add(o, data, avail);
     if (r) return r;
     f->rpos = f->rlen;
   }
@@ -820,8 +928,8 @@ enum { COUNT_START = 0, COUNT_DIRECT, COUNT_GATHER };
 /* Up to n bytes (n > 0). A big count with nothing read ahead goes
 ** straight from the kernel into one page-aligned buffer of n bytes, then
 ** one copy into the string. */
-static int64_t fmt_count(lua_State *L, lfile *f, size_t n) {
-  lop *o = &f->op;
+static int64_t fmt_count(lua_State *L, lop *o, size_t n) {
+  lfile *f = o->f;
   char *data = ums_buf_data(f->buf);
   int64_t r;
   if (o->sub == COUNT_START) {
@@ -833,29 +941,29 @@ static int64_t fmt_count(lua_State *L, lfile *f, size_t n) {
     }
     if (n >= BUF_SIZE && avail == 0 && n <= CHUNK_MAX) {
       o->sub = COUNT_DIRECT;
-      if ((r = acc_reserve(f, n))) return r;
+      if ((r = acc_reserve(o, n))) return r;
     } else {
       o->sub = COUNT_GATHER;
-      if ((r = acc_add(f, data + f->rpos, avail))) return r;
+      if ((r = acc_add(o, data + f->rpos, avail))) return r;
       f->rpos = f->rlen;
     }
   }
   if (o->sub == COUNT_DIRECT) {
     /* Until n bytes or the end of file; an error after some data ends
     ** the read with that data. */
-    if (lstream_answer(f, &r)) {
+    if (lstream_answer(o, &r)) {
       if (r > 0) o->acclen += (size_t)r;
       if (r < 0 && o->acclen == 0) return r;
       if (r <= 0) n = o->acclen;
     }
     if (o->acclen < n)
-      return ask_rw(f, IO_READ, o->acc, o->acclen, n - o->acclen,
+      return ask_rw(o, IO_READ, o->acc, o->acclen, n - o->acclen,
                     UMS_FS_CUR);
     if (o->acclen == 0) {
       lua_pushnil(L);
       return 0;
     }
-    push_acc(L, f);
+    push_acc(L, o);
     return 1;
   }
   /* COUNT_GATHER: small pieces through the file buffer, big ones
@@ -864,28 +972,28 @@ static int64_t fmt_count(lua_State *L, lfile *f, size_t n) {
     size_t want = n - o->acclen;
     if (want < BUF_SIZE) {
       if (f->rpos == f->rlen) {
-        r = sub_fill(f);
+        r = sub_fill(o);
         if (r == AGAIN || r < 0) return r;
         if (r == 0) break;
       }
       size_t avail = f->rlen - f->rpos;
       size_t k = avail < want ? avail : want;
-      if ((r = acc_add(f, data + f->rpos, k))) return r;
+      if ((r = acc_add(o, data + f->rpos, k))) return r;
       f->rpos += k;
     } else {
-      if (lstream_answer(f, &r)) {
+      if (lstream_answer(o, &r)) {
         if (r < 0) return r;
         if (r == 0) break;
         o->acclen += (size_t)r;
         continue;
       }
       size_t chunk = want < CHUNK_MAX ? want : CHUNK_MAX;
-      if ((r = acc_reserve(f, o->acclen + chunk))) return r;
-      return ask_rw(f, IO_READ, o->acc, o->acclen, chunk, UMS_FS_CUR);
+      if ((r = acc_reserve(o, o->acclen + chunk))) return r;
+      return ask_rw(o, IO_READ, o->acc, o->acclen, chunk, UMS_FS_CUR);
     }
   }
   bool any = o->acclen > 0;
-  push_acc(L, f);
+  push_acc(L, o);
   return any;
 }
 
@@ -910,8 +1018,8 @@ static int64_t known_end(lfile *f) {
 ** close of a small file. A file that changed size meanwhile does not
 ** match and is read to a 0 as before; ums_fs_readfile decides the same
 ** way. */
-int64_t lstream_fmt_all(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+int64_t lstream_fmt_all(lua_State *L, lop *o) {
+  lfile *f = o->f;
   char *data = ums_buf_data(f->buf);
   int64_t r;
   if (!o->sized) {
@@ -921,7 +1029,7 @@ int64_t lstream_fmt_all(lua_State *L, lfile *f) {
   while (o->sub == 0) {
     if (f->rlen - f->rpos == ums_buf_size(f->buf)) {
       /* Full: its bytes go to the accumulator. */
-      if ((r = acc_add(f, data + f->rpos, f->rlen - f->rpos))) return r;
+      if ((r = acc_add(o, data + f->rpos, f->rlen - f->rpos))) return r;
       f->rpos = f->rlen;
       if (o->acclen >= ALL_BUFFERED) {
         o->sub = 1;
@@ -929,7 +1037,7 @@ int64_t lstream_fmt_all(lua_State *L, lfile *f) {
         break;
       }
     }
-    r = sub_fill(f);
+    r = sub_fill(o);
     if (r == AGAIN || r < 0) return r;
     if (r == 0 || (f->pos_known && f->kpos == o->end_at &&
                    (size_t)r < o->io.len)) {
@@ -937,26 +1045,26 @@ int64_t lstream_fmt_all(lua_State *L, lfile *f) {
       if (o->acclen == 0) {
         lua_pushlstring(L, data + f->rpos, avail);
       } else {
-        if ((r = acc_add(f, data + f->rpos, avail))) return r;
-        push_acc(L, f);
+        if ((r = acc_add(o, data + f->rpos, avail))) return r;
+        push_acc(L, o);
       }
       f->rpos = f->rlen;
       return 1;
     }
   }
-  if (lstream_answer(f, &r)) {
+  if (lstream_answer(o, &r)) {
     if (r < 0) return r;
     if (r == 0 || (f->pos_known && f->kpos == o->end_at &&
                    (size_t)r < o->io.len)) {
       o->acclen += (size_t)r;
-      push_acc(L, f);
+      push_acc(L, o);
       return 1;
     }
     o->acclen += (size_t)r;
     if (o->done < CHUNK_MAX) o->done *= 2;
   }
-  if ((r = acc_reserve(f, o->acclen + o->done))) return r;
-  return ask_rw(f, IO_READ, o->acc, o->acclen, o->done, UMS_FS_CUR);
+  if ((r = acc_reserve(o, o->acclen + o->done))) return r;
+  return ask_rw(o, IO_READ, o->acc, o->acclen, o->done, UMS_FS_CUR);
 }
 
 /* The number reader of liolib, on this file's buffer: at most MAXNUM
@@ -1003,14 +1111,14 @@ static bool has_space(lfile *f) {
   return false;
 }
 
-static int64_t fmt_number(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int64_t fmt_number(lua_State *L, lop *o) {
+  lfile *f = o->f;
   int64_t r;
   if (o->sub == 0) {
     /* Skip white space. */
     for (;;) {
       if (f->rpos == f->rlen) {
-        r = sub_fill(f);
+        r = sub_fill(o);
         if (r == AGAIN || r < 0) return r;
         if (r == 0) break;
       }
@@ -1024,7 +1132,7 @@ static int64_t fmt_number(lua_State *L, lfile *f) {
   ** whole, and a stream need not wait for more. */
   while (f->rlen - f->rpos <= MAXNUM && !o->hit_eof &&
          !has_space(f)) {
-    r = sub_fill(f);
+    r = sub_fill(o);
     if (r == AGAIN || r < 0) return r;
   }
   numbuf rn;
@@ -1062,13 +1170,14 @@ static int64_t fmt_number(lua_State *L, lfile *f) {
   return 1;
 }
 
-static int64_t read_format(lua_State *L, lfile *f, int i) {
+static int64_t read_format(lua_State *L, lop *o, int i) {
+  lfile *f = o->f;
   if (lua_type(L, i) == LUA_TNUMBER) {
     size_t n = (size_t)lua_tointeger(L, i);
-    if (n > 0) return fmt_count(L, f, n);
+    if (n > 0) return fmt_count(L, o, n);
     /* io's test for end of file */
     if (f->rpos == f->rlen) {
-      int64_t r = sub_fill(f);
+      int64_t r = sub_fill(o);
       if (r == AGAIN || r < 0) return r;
     }
     lua_pushliteral(L, "");
@@ -1077,36 +1186,35 @@ static int64_t read_format(lua_State *L, lfile *f, int i) {
   const char *p = lua_tostring(L, i);
   if (*p == '*') p++;
   switch (*p) {
-    case 'n': return fmt_number(L, f);
-    case 'a': return lstream_fmt_all(L, f);
-    default: return fmt_line(L, f, *p == 'L');
+    case 'n': return fmt_number(L, o);
+    case 'a': return lstream_fmt_all(L, o);
+    default: return fmt_line(L, o, *p == 'L');
   }
 }
 
 /* Stack: file, then the formats (read, lines) or values (write). */
-static void items_init(lua_State *L, lfile *f) {
-  f->op.i = 2;
-  f->op.last = lua_gettop(L);
+static void items_init(lua_State *L, lop *o) {
+  o->i = 2;
+  o->last = lua_gettop(L);
 }
 
 /* file:read(...) with the formats of io: "n", "l", "L", "a" (with or
 ** without a leading '*'), or a byte count. */
-static int step_read(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_read(lua_State *L, lop *o) {
+  lfile *f = o->f;
   if (o->phase == 0) {
     /* Nothing pending. */
-    int64_t r = sub_flush(f);
-    if (r == AGAIN) return STEP_IO;
-    if (!r) r = lstream_ensure_buf(f);
+    int st = flush_first(o);
+    if (st != 1) return st;
+    int64_t r = lstream_ensure_buf(f);
     if (r) {
       o->err = r;
       return 0;
     }
-    o->phase = 1;
     o->first = lua_gettop(L) + 1;
   }
   while (o->i <= o->last) {
-    int64_t r = read_format(L, f, o->i);
+    int64_t r = read_format(L, o, o->i);
     if (r == AGAIN) return STEP_IO;
     if (r < 0) {
       o->err = r;
@@ -1129,7 +1237,8 @@ static int done_result(lua_State *L, lfile *f, int nres, int64_t err) {
   return nres;
 }
 
-static const lmethod m_read = {items_init, step_read, done_result, false};
+static const lmethod m_read = {items_init, step_read,
+                               done_result, false, LSIDE_READ};
 
 /* Checks the formats at [first, last] before the file is taken: nothing
 ** may raise while it is held but cancellation. */
@@ -1180,19 +1289,18 @@ static const char *item_bytes(lua_State *L, int i, char *num, size_t *len) {
 /* Writes s[done, len) in chunks, each copied into the accumulator (a
 ** page-aligned buffer the kernel can own), at off + done (off < 0: at the
 ** file position). Progress in op.done. */
-static int64_t write_chunks(lfile *f, const char *s, size_t len,
+static int64_t write_chunks(lop *o, const char *s, size_t len,
                             int64_t off) {
-  lop *o = &f->op;
   for (;;) {
     if (o->acclen == 0) {
       if (o->done == len) return 0;
       size_t chunk = len - o->done < CHUNK_MAX ? len - o->done : CHUNK_MAX;
-      int64_t r = acc_reserve(f, chunk);
+      int64_t r = acc_reserve(o, chunk);
       if (r) return r;
       memcpy(ums_buf_data(o->acc), s + o->done, chunk);
       o->acclen = chunk;
     }
-    int64_t r = sub_write_acc(f, off < 0 ? off : off + (int64_t)o->done);
+    int64_t r = sub_write_acc(o, off < 0 ? off : off + (int64_t)o->done);
     if (r) return r;
     o->done += o->acclen;
     o->acclen = 0;
@@ -1201,11 +1309,9 @@ static int64_t write_chunks(lfile *f, const char *s, size_t len,
 
 /* Appends s to the pending writes, writing out what does not fit; big
 ** strings go out directly. */
-int64_t lstream_write_bytes(lfile *f, const char *s, size_t len) {
-  lop *o = &f->op;
-  char *data = ums_buf_data(f->buf);
-  /* A socket's read-ahead holds the buffer (step_write). */
-  if (o->sub == 0 && f->rpos < f->rlen) o->sub = 2;
+int64_t lstream_write_bytes(lop *o, const char *s, size_t len) {
+  lfile *f = o->f;
+  char *data = ums_buf_data(wbuf_of(f));
   switch (o->sub) {
     case 0:
       if (f->wlen + len <= BUF_SIZE) {
@@ -1216,7 +1322,7 @@ int64_t lstream_write_bytes(lfile *f, const char *s, size_t len) {
       o->sub = 1;
       /* fall through */
     case 1: {
-      int64_t r = sub_flush(f);
+      int64_t r = sub_flush(o);
       if (r) return r;
       if (len <= BUF_SIZE) {
         memcpy(data, s, len);
@@ -1227,22 +1333,18 @@ int64_t lstream_write_bytes(lfile *f, const char *s, size_t len) {
     }
       /* fall through */
     default:
-      return write_chunks(f, s, len, UMS_FS_CUR);
+      return write_chunks(o, s, len, UMS_FS_CUR);
   }
 }
 
 /* Stack: file, values; the values were checked. */
-static int step_write(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_write(lua_State *L, lop *o) {
+  lfile *f = o->f;
   if (o->phase == 0) {
     /* No read-ahead: a file's position goes back to the logical one. A
-    ** socket's read-ahead is the other direction's and stays: while it
-    ** is there, writes go out unbuffered (lstream_write_bytes). */
-    if (!f->sock)
-      drop_readahead(f);
-    else if (f->rpos == f->rlen)
-      f->rpos = f->rlen = 0;
-    int64_t r = lstream_ensure_buf(f);
+    ** socket's read-ahead is the read side's, in its own buffer. */
+    if (!f->sock) drop_readahead(f);
+    int64_t r = ensure_wbuf(f);
     if (r) {
       o->err = r;
       return 0;
@@ -1253,7 +1355,7 @@ static int step_write(lua_State *L, lfile *f) {
     char num[64];
     size_t len;
     const char *s = item_bytes(L, o->i, num, &len);
-    int64_t r = lstream_write_bytes(f, s, len);
+    int64_t r = lstream_write_bytes(o, s, len);
     if (r == AGAIN) return STEP_IO;
     if (r < 0) {
       o->err = r;
@@ -1264,7 +1366,7 @@ static int step_write(lua_State *L, lfile *f) {
     o->i++;
   }
   if (f->vbuf == LSTREAM_NO || o->flush_end) {
-    int64_t r = sub_flush(f);
+    int64_t r = sub_flush(o);
     if (r == AGAIN) return STEP_IO;
     o->err = r;
   }
@@ -1278,7 +1380,8 @@ static int done_write(lua_State *L, lfile *f, int nres, int64_t err) {
   return 1;
 }
 
-static const lmethod m_write = {items_init, step_write, done_write, false};
+static const lmethod m_write = {items_init, step_write,
+                                done_write, false, LSIDE_WRITE};
 
 /* file:write(...): strings and numbers, as io's. Returns the file. */
 int lstream_write(lua_State *L) {
@@ -1296,15 +1399,16 @@ int lstream_write(lua_State *L) {
 /* flush, seek, sync                                                       */
 /* ---------------------------------------------------------------------- */
 
-static int step_flush(lua_State *L, lfile *f) {
-  int64_t r = sub_flush(f);
+static int step_flush(lua_State *L, lop *o) {
+  int64_t r = sub_flush(o);
   if (r == AGAIN) return STEP_IO;
-  f->op.err = r;
+  o->err = r;
   if (!r) lua_pushboolean(L, 1);
   return 1;
 }
 
-static const lmethod m_flush = {NULL, step_flush, done_result, false};
+static const lmethod m_flush = {NULL, step_flush,
+                                done_result, false, LSIDE_WRITE};
 
 /* file:flush() -> true | nil, msg, errno (io's result, not the file) */
 int lstream_flush(lua_State *L) {
@@ -1314,12 +1418,13 @@ int lstream_flush(lua_State *L) {
 }
 
 /* Stack: file, whence (an option index, pushed by lstream_seek), offset. */
-static int step_seek(lua_State *L, lfile *f) {
+static int step_seek(lua_State *L, lop *o) {
+  lfile *f = o->f;
   static const int mode[] = {SEEK_SET, SEEK_CUR, SEEK_END};
-  int64_t r = sub_flush(f);
+  int64_t r = sub_flush(o);
   if (r == AGAIN) return STEP_IO;
   if (r) {
-    f->op.err = r;
+    o->err = r;
     return 0;
   }
   int op = (int)lua_tointeger(L, 2);
@@ -1332,7 +1437,7 @@ static int step_seek(lua_State *L, lfile *f) {
     ** kernel's, which it does not use. */
     if ((off < 0 && f->kpos + off < 0) ||
         (off > 0 && f->kpos > INT64_MAX - off)) {
-      f->op.err = UMS_EINVAL;
+      o->err = UMS_EINVAL;
       return 0;
     }
     pos = f->kpos + off;
@@ -1340,7 +1445,7 @@ static int step_seek(lua_State *L, lfile *f) {
     pos = lseek(f->fd, (off_t)off, mode[op]);
     if (pos < 0) {
       /* Nothing moved. */
-      f->op.err = -errno;
+      o->err = -errno;
       return 0;
     }
   }
@@ -1350,7 +1455,8 @@ static int step_seek(lua_State *L, lfile *f) {
   return 1;
 }
 
-static const lmethod m_seek = {NULL, step_seek, done_result, false};
+static const lmethod m_seek = {NULL, step_seek, done_result, false,
+                               LSIDE_BOTH};
 
 /* file:seek([whence [, offset]]) -> position */
 int lstream_seek(lua_State *L) {
@@ -1368,10 +1474,27 @@ int lstream_seek(lua_State *L) {
 ** kernel before its own I/O (program order, as pread(2) after write(2) on
 ** the descriptor): STEP_IO while they go out, 0 with the error in op.err,
 ** or 1 once they are out (phase 1). */
-static int flush_first(lfile *f) {
-  lop *o = &f->op;
-  int64_t r = sub_flush(f);
+static int flush_first(lop *o) {
+  lfile *f = o->f;
+  if (f->sock && !(o->sides & LSIDE_WRITE)) {
+    /* A socket's reading method sends what earlier writes left in the
+    ** buffer, as a file's does, when the write side is free: it takes
+    ** that side for the flush. It never waits for it: a writer that
+    ** holds it (or waits for it) owns those bytes. */
+    if (f->wlen == 0 || f->side[1].busy || f->side[1].waiters.head) {
+      o->phase = 1;
+      return 1;
+    }
+    sides_take(f, LSIDE_WRITE);
+    o->sides |= LSIDE_WRITE;
+  }
+  int64_t r = sub_flush(o);
   if (r == AGAIN) return STEP_IO;
+  if (f->sock && !(o->m->sides & LSIDE_WRITE)) {
+    /* The flush is over: the read waits without the write side. */
+    o->sides &= ~LSIDE_WRITE;
+    sides_give(f, LSIDE_WRITE);
+  }
   if (r) {
     o->err = r;
     return 0;
@@ -1381,16 +1504,16 @@ static int flush_first(lfile *f) {
 }
 
 /* file:sync() -> true: pending writes out, then fsync. */
-static int step_sync(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_sync(lua_State *L, lop *o) {
+  lfile *f = o->f;
   int64_t r;
   if (o->phase == 0) {
-    int st = flush_first(f);
+    int st = flush_first(o);
     if (st != 1) return st;
     o->io = (lio){.kind = IO_FSYNC, .fd = f->fd};
     return STEP_IO;
   }
-  if (!lstream_answer(f, &r)) r = UMS_EIO;
+  if (!lstream_answer(o, &r)) r = UMS_EIO;
   if (r) {
     o->err = r;
     return 0;
@@ -1399,7 +1522,8 @@ static int step_sync(lua_State *L, lfile *f) {
   return 1;
 }
 
-static const lmethod m_sync = {NULL, step_sync, done_result, false};
+static const lmethod m_sync = {NULL, step_sync, done_result, false,
+                               LSIDE_BOTH};
 
 int lstream_sync(lua_State *L) {
   lfile *f = check_file(L, 1);
@@ -1425,13 +1549,14 @@ int lstream_sync(lua_State *L) {
 ** pread (a string) stays under the lock: it needs a buffer of its own per
 ** read, and 64 of them in flight at once (64 tasks, 1 MiB each) put every
 ** byte through a 64 MiB working set twice (the kernel's copy, then the
-** string's): 0.33-0.38x the C read loop against 0.62-0.67x one at a time
-** (bench_fs.lua big64, one VM on scheduler 0). */
+** string's), where one read at a time keeps the buffer in the cache
+** (bench_fs.lua's big64 shape). */
 
 enum { SH_FILE = 1, SH_BUF, SH_N, SH_OFF, SH_DONE, SH_FD };
 
 static bool can_share(lfile *f) {
-  return lums_cur_task && !held(f) && f->wlen == 0 && !f->waiters.head;
+  return lums_cur_task && !held(f) && f->wlen == 0 &&
+         !f->side[0].waiters.head;
 }
 
 /* The reader leaves; the last one out closes a descriptor left to it. */
@@ -1517,15 +1642,14 @@ static int shared_pread_into(lua_State *L, lfile *f, lua_Integer n,
 
 /* Stack: file, n (> 0), offset. Reads of more than CHUNK_MAX go in
 ** several requests, straight into the accumulator. */
-static int step_pread(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_pread(lua_State *L, lop *o) {
   size_t n = (size_t)lua_tointeger(L, 2);
   lua_Integer off = lua_tointeger(L, 3);
   int64_t r;
   if (o->phase == 0) {
-    int st = flush_first(f);
+    int st = flush_first(o);
     if (st != 1) return st;
-  } else if (lstream_answer(f, &r)) {
+  } else if (lstream_answer(o, &r)) {
     if (r < 0) {
       o->err = r;
       return 0;
@@ -1535,11 +1659,11 @@ static int step_pread(lua_State *L, lfile *f) {
   }
   if (o->acclen < n && off <= LUA_MAXINTEGER - (lua_Integer)o->acclen) {
     size_t want = n - o->acclen < CHUNK_MAX ? n - o->acclen : CHUNK_MAX;
-    if ((r = acc_reserve(f, o->acclen + want))) {
+    if ((r = acc_reserve(o, o->acclen + want))) {
       o->err = r;
       return 0;
     }
-    ask_rw(f, IO_READ, o->acc, o->acclen, want,
+    ask_rw(o, IO_READ, o->acc, o->acclen, want,
            (int64_t)off + (int64_t)o->acclen);
     return STEP_IO;
   }
@@ -1547,11 +1671,12 @@ out:
   if (o->acclen == 0)
     lua_pushnil(L);
   else
-    push_acc(L, f);
+    push_acc(L, o);
   return 1;
 }
 
-static const lmethod m_pread = {NULL, step_pread, done_result, false};
+static const lmethod m_pread = {NULL, step_pread,
+                                done_result, false, LSIDE_BOTH};
 
 /* file:pread(n, offset) -> string (shorter only at the end of the file;
 ** nil when offset is at or past it) | nil, msg, errno. Does not move the
@@ -1572,15 +1697,15 @@ int lstream_pread(lua_State *L) {
 }
 
 /* Stack: file, s, offset. */
-static int step_pwrite(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_pwrite(lua_State *L, lop *o) {
+  lfile *f = o->f;
   size_t len;
   const char *s = lua_tolstring(L, 2, &len);
   int64_t r;
   if (o->phase == 0) {
     /* Program order: this file's pending writes go out first, and its
     ** read-ahead, which the write may change, is dropped. */
-    r = sub_flush(f);
+    r = sub_flush(o);
     if (r == AGAIN) return STEP_IO;
     drop_readahead(f);
     if (r) {
@@ -1589,7 +1714,7 @@ static int step_pwrite(lua_State *L, lfile *f) {
     }
     o->phase = 1;
   }
-  r = write_chunks(f, s, len, (int64_t)lua_tointeger(L, 3));
+  r = write_chunks(o, s, len, (int64_t)lua_tointeger(L, 3));
   if (r == AGAIN) return STEP_IO;
   if (r) {
     o->err = r;
@@ -1599,7 +1724,8 @@ static int step_pwrite(lua_State *L, lfile *f) {
   return 1;
 }
 
-static const lmethod m_pwrite = {NULL, step_pwrite, done_result, false};
+static const lmethod m_pwrite = {NULL, step_pwrite,
+                                 done_result, false, LSIDE_BOTH};
 
 /* file:pwrite(s, offset) -> bytes written | nil, msg, errno */
 int lstream_pwrite(lua_State *L) {
@@ -1628,15 +1754,15 @@ int lstream_pwrite(lua_State *L) {
 ** or -1: at the file position, after what is read ahead). Progress in
 ** op.done. Like pread, a read goes on until n bytes or the end of the
 ** file; an error after some data ends it with that data. */
-static int step_read_into(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_read_into(lua_State *L, lop *o) {
+  lfile *f = o->f;
   size_t cap;
   ums_buf_t *b = lums_test_buf(L, 2, &cap);
   size_t n = (size_t)lua_tointeger(L, 3);
   int64_t off = (int64_t)lua_tointeger(L, 4);
   int64_t r;
   if (o->phase == 0) {
-    int st = flush_first(f);
+    int st = flush_first(o);
     if (st != 1) return st;
     if (off < 0 && f->rpos < f->rlen) {
       /* What was read ahead comes first, as with any read. */
@@ -1645,7 +1771,7 @@ static int step_read_into(lua_State *L, lfile *f) {
       f->rpos += k;
       o->done = k;
     }
-  } else if (lstream_answer(f, &r)) {
+  } else if (lstream_answer(o, &r)) {
     if (r < 0 && o->done == 0) {
       o->err = r;
       return 0;
@@ -1654,7 +1780,7 @@ static int step_read_into(lua_State *L, lfile *f) {
     o->done += (size_t)r;
   }
   if (o->done < n && (off < 0 || off <= INT64_MAX - (int64_t)o->done)) {
-    ask_rw(f, IO_READ, b, o->done, n - o->done,
+    ask_rw(o, IO_READ, b, o->done, n - o->done,
            off < 0 ? UMS_FS_CUR : off + (int64_t)o->done);
     return STEP_IO;
   }
@@ -1663,8 +1789,8 @@ out:
   return 1;
 }
 
-static const lmethod m_read_into = {NULL, step_read_into, done_result,
-                                    false};
+static const lmethod m_read_into = {NULL, step_read_into,
+                                    done_result, false, LSIDE_BOTH};
 
 /* The buffer at index 2 and the count at index 3 (nil: the buffer's
 ** size), checked before the file is taken. */
@@ -1720,13 +1846,14 @@ int lstream_pread_into(lua_State *L) {
 /* Closing                                                                 */
 /* ---------------------------------------------------------------------- */
 
-static int step_close(lua_State *L, lfile *f) {
+static int step_close(lua_State *L, lop *o) {
+  lfile *f = o->f;
   (void)L;
   /* another task may have closed it while this one waited (__close) */
-  if (f->fd < 0 && f->op.sub == 0) return 0;
-  int64_t r = lstream_sub_close(f);
+  if (f->fd < 0 && o->sub == 0) return 0;
+  int64_t r = lstream_sub_close(o);
   if (r == AGAIN) return STEP_IO;
-  f->op.err = r;
+  o->err = r;
   return 0;
 }
 
@@ -1738,10 +1865,12 @@ static int done_close(lua_State *L, lfile *f, int nres, int64_t err) {
   return 1;
 }
 
-static const lmethod m_close = {NULL, step_close, done_close, false};
+static const lmethod m_close = {NULL, step_close,
+                                done_close, false, LSIDE_BOTH};
 
 int lstream_close(lua_State *L) {
   lfile *f = check_file(L, 1);
+  begin_close(f);
   return lstream_start(L, f, &m_close);
 }
 
@@ -1758,12 +1887,33 @@ static int done_tbc(lua_State *L, lfile *f, int nres, int64_t err) {
   return 0;
 }
 
-static const lmethod m_tbc = {NULL, step_close, done_tbc, true};
+static const lmethod m_tbc = {NULL, step_close, done_tbc, true,
+                              LSIDE_BOTH};
+
+/* Whether m closes the stream (method_loop lets it make its I/O once a
+** close has begun: it is that close). */
+static bool closes(const lmethod *m) { return m == &m_close || m == &m_tbc; }
+
+/* A socket's close while other tasks' methods hold or wait for its sides
+** (a reader blocked on a peer that sends nothing, a writer on one that
+** reads nothing): it ends them instead of waiting behind them. From now
+** on no other method starts an I/O on the connection (method_loop), and
+** the requests in flight are cancelled; the close then waits for its
+** sides as usual, which their holders give back once the kernel has
+** ended their requests, each with the failure "closed" (UMS_EBADF). The
+** descriptor is closed only after that, by the close itself, so its
+** number is not reused while the kernel may still act on it. */
+static void begin_close(lfile *f) {
+  if (!f->sock || f->fd < 0 || f->closing) return;
+  f->closing = true;
+  if (f->side[0].busy || f->side[1].busy) ums_net_cancel(f->fd);
+}
 
 int lstream_tbc(lua_State *L) {
   lfile *f = lstream_to(L, 1);
   if (!f || f->fd < 0) return 0;
   lua_settop(L, 1);
+  begin_close(f);
   return lstream_start(L, f, &m_tbc);
 }
 
@@ -1779,7 +1929,7 @@ int lstream_gc(lua_State *L) {
   if (f->fd >= 0) {
     /* A socket is not flushed here: a send may have to wait, and a
     ** finalizer cannot. */
-    if (!f->sock) flush_plain(f);
+    if (!f->sock) flush_plain(f, NULL);
     close(f->fd);
     f->fd = -1;
   }
@@ -1788,9 +1938,9 @@ int lstream_gc(lua_State *L) {
     close(f->orphan_fd);
     f->orphan_fd = -1;
   }
-  ums_buf_release(f->buf);
-  f->buf = NULL;
-  op_clear(&f->op);
+  release_buffers(f);
+  op_clear(&f->side[0].op);
+  op_clear(&f->side[1].op);
   return 0;
 }
 
@@ -1806,7 +1956,7 @@ static void flush_at_exit(void) {
     int free_ = FILE_FREE;
     if (!atomic_compare_exchange_strong(&f->hold, &free_, FILE_EXIT))
       continue;
-    if (f->fd >= 0 && f->wlen > 0) flush_plain(f);
+    if (f->fd >= 0 && f->wlen > 0) flush_plain(f, NULL);
     atomic_store(&f->hold, FILE_FREE);
   }
   pthread_mutex_unlock(&open_lock);
@@ -1844,10 +1994,10 @@ int lstream_setvbuf(lua_State *L) {
 
 /* Stack: stream, max. What the buffer holds, else one receive into it:
 ** up to max bytes, nil at the end of the stream. */
-static int step_recv(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_recv(lua_State *L, lop *o) {
+  lfile *f = o->f;
   if (o->phase == 0) {
-    int st = flush_first(f);
+    int st = flush_first(o);
     if (st != 1) return st;
     int64_t r = lstream_ensure_buf(f);
     if (r) {
@@ -1856,7 +2006,7 @@ static int step_recv(lua_State *L, lfile *f) {
     }
   }
   if (f->rpos == f->rlen) {
-    int64_t r = sub_fill(f);
+    int64_t r = sub_fill(o);
     if (r == AGAIN) return STEP_IO;
     if (r < 0) {
       o->err = r;
@@ -1875,7 +2025,8 @@ static int step_recv(lua_State *L, lfile *f) {
   return 1;
 }
 
-static const lmethod m_recv = {NULL, step_recv, done_result, false};
+static const lmethod m_recv = {NULL, step_recv, done_result, false,
+                               LSIDE_READ};
 
 /* conn:recv([max]) -> string | nil (end of stream) | nil, msg, errno */
 int lstream_recv(lua_State *L) {
@@ -1890,17 +2041,16 @@ int lstream_recv(lua_State *L) {
 
 /* Stack: stream, data, i, j (checked). Pending writes first, then
 ** data[i, j] unbuffered; the result counts data's bytes only. */
-static int step_send(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_send(lua_State *L, lop *o) {
   if (o->phase == 0) {
-    int st = flush_first(f);
+    int st = flush_first(o);
     if (st != 1) return st;
     o->wrote = 0;
   }
   size_t len;
   const char *s = lua_tolstring(L, 2, &len);
   size_t i = (size_t)lua_tointeger(L, 3), j = (size_t)lua_tointeger(L, 4);
-  int64_t r = write_chunks(f, s + i - 1, j - i + 1, UMS_FS_CUR);
+  int64_t r = write_chunks(o, s + i - 1, j - i + 1, UMS_FS_CUR);
   if (r == AGAIN) return STEP_IO;
   if (r) {
     o->err = r;
@@ -1910,7 +2060,8 @@ static int step_send(lua_State *L, lfile *f) {
   return 1;
 }
 
-static const lmethod m_send = {NULL, step_send, done_result, false};
+static const lmethod m_send = {NULL, step_send,
+                               done_result, false, LSIDE_WRITE};
 
 /* conn:send(data [, i [, j]]) -> count | nil, msg, errno, sent; i and j
 ** as string.sub's. */
@@ -1936,10 +2087,10 @@ int lstream_send(lua_State *L) {
 }
 
 /* conn:drain() -> what the read buffer holds ("" when nothing, or while
-** another task's method has the stream), without waiting. */
+** another task's reading method has the read side), without waiting. */
 int lstream_drain(lua_State *L) {
   lfile *f = check_file(L, 1);
-  if (held(f) || !f->buf || f->rpos == f->rlen) {
+  if (f->side[0].busy || !f->buf || f->rpos == f->rlen) {
     lua_pushliteral(L, "");
     return 1;
   }
@@ -1956,15 +2107,15 @@ int lstream_drain(lua_State *L) {
 #define PH_CLOSING 100
 
 /* Stack: file, formats; upvalue 3 says whether to close at the end. */
-static void lines_init(lua_State *L, lfile *f) {
-  items_init(L, f);
-  f->op.close_at_end = lua_toboolean(L, lua_upvalueindex(3));
+static void lines_init(lua_State *L, lop *o) {
+  items_init(L, o);
+  o->close_at_end = lua_toboolean(L, lua_upvalueindex(3));
 }
 
-static int step_lines(lua_State *L, lfile *f) {
-  lop *o = &f->op;
+static int step_lines(lua_State *L, lop *o) {
+  lfile *f = o->f;
   if (o->phase != PH_CLOSING) {
-    int n = step_read(L, f);
+    int n = step_read(L, o);
     if (n == STEP_IO || o->err) return n;
     if (n >= 1 && !lua_isnil(L, o->first)) return n;
     /* End of file (or a format that failed). */
@@ -1973,19 +2124,24 @@ static int step_lines(lua_State *L, lfile *f) {
     o->phase = PH_CLOSING;
     lstream_next_item(o);
   }
-  if (lstream_sub_close(f) == AGAIN) return STEP_IO;
+  if (lstream_sub_close(o) == AGAIN) return STEP_IO;
   return 0;  /* an error closing is not the loop's business */
 }
 
+/* A failure raises, as io's lines does; a socket's is worded as its
+** methods' results ("timeout", "closed"). */
 static int done_lines(lua_State *L, lfile *f, int nres, int64_t err) {
   if (err) {
-    file_check_cancel(L, f, err);
-    return luaL_error(L, "%s", strerror((int)-err));
+    lstream_check_cancel(L, err);
+    if (!f->sock) return luaL_error(L, "%s", strerror((int)-err));
+    lstream_push_netfail(L, err);
+    return luaL_error(L, "%s", lua_tostring(L, -2));
   }
   return nres;
 }
 
-static const lmethod m_lines = {lines_init, step_lines, done_lines, false};
+static const lmethod m_lines = {lines_init, step_lines,
+                                done_lines, false, LSIDE_READ};
 
 /* Whether m gathers received bytes in op.acc (keep_after_timeout). */
 static bool reads(const lmethod *m) { return m == &m_read || m == &m_lines; }

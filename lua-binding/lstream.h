@@ -2,8 +2,9 @@
 ** lstream.h: the buffered stream shared by ums.fs files (lfs.c) and
 ** ums.net connections (lnet.c). One implementation of io's reading and
 ** writing: the buffer, the read formats ("l", "L", "n", "a", a count),
-** buffered writes, lines, setvbuf, and the file lock that keeps one
-** method at a time on a stream, over the runtime's deferred I/O calls
+** buffered writes, lines, setvbuf, and the lock that keeps one method at
+** a time on a file (one reading and one writing method at a time on a
+** socket), over the runtime's deferred I/O calls
 ** (ums_fs_*_begin for files, ums_net_recv_begin / ums_net_send_begin for
 ** sockets). lstream.c holds the engine (see its head comment); lfs.c
 ** opens files into streams and lnet.c sockets, with lstream_new, and each
@@ -31,6 +32,7 @@
 enum { LSTREAM_FULL, LSTREAM_LINE, LSTREAM_NO };
 
 typedef struct lfile lfile;
+typedef struct lop lop;
 
 enum { IO_READ, IO_WRITE, IO_CLOSE, IO_FSYNC, IO_OPEN };
 
@@ -49,25 +51,40 @@ typedef struct lio {
   int flags, mode;       /* open */
 } lio;
 
+/* The sides of a stream a method takes (lmethod.sides). A socket's two
+** directions are independent: a reading method and a writing method may
+** run at once, each holding its side. A file's methods all share its
+** position and its one buffer: a file has one lock (side 0), whatever
+** its methods say. */
+enum { LSIDE_READ = 1, LSIDE_WRITE = 2, LSIDE_BOTH = 3 };
+
 /* A method: how it runs once it holds the file. */
 typedef struct lmethod {
   /* Sets up op from the arguments on the stack (NULL: nothing to do). */
-  void (*init)(lua_State *L, lfile *f);
+  void (*init)(lua_State *L, lop *o);
   /* Runs the method on: returns STEP_IO after asking for an I/O, or the
   ** number of results pushed once it has ended (its error, if any, in
   ** op.err). Steps again after each I/O, with the answer in op.res. */
-  int (*step)(lua_State *L, lfile *f);
+  int (*step)(lua_State *L, lop *o);
   /* After the file is given back: the call's results (may raise). */
   int (*done)(lua_State *L, lfile *f, int nres, int64_t err);
   /* A closed file is fine (the step copes): no "closed file" error. */
   bool closed_ok;
+  /* The sides of a socket it takes (LSIDE_*). */
+  int sides;
 } lmethod;
 
-/* The method running on a file. Touched only by the holder of the file
-** (the task whose method holds it, or the host thread), from its first
-** step to its last. */
-typedef struct lop {
+/* The method running on a side of a stream. Touched only by the holder
+** of that side (the task whose method holds it, or the host thread),
+** from its first step to its last. */
+struct lop {
+  lfile *f;              /* the stream it runs on */
   const lmethod *m;
+  int sides;             /* the sides it holds: its method's, and the
+                            write side a socket's read takes to send
+                            what is buffered (read_takes_writes) */
+  ltask *owner;          /* the task whose method it is (NULL outside
+                            tasks) */
   int phase;             /* the method's own progress */
   int sub;               /* progress inside the current format, argument
                             or close */
@@ -103,7 +120,16 @@ typedef struct lop {
   bool answered;         /* res answers io, for the one who asked */
   int64_t res;
   ums_fs_req_t *req;     /* io in flight (a task), between begin and end */
-} lop;
+};
+
+/* One side of a stream: its lock (a FIFO of parked tasks) and the method
+** holding it. [the VM's thread] */
+typedef struct lside {
+  bool busy;             /* a method holds it */
+  lwaitq waiters;        /* tasks waiting for it, FIFO */
+  lop op;                /* the method holding it, when it is the first
+                            side that method holds */
+} lside;
 
 struct lfile {
   const char *tag;       /* &file_tag */
@@ -111,17 +137,25 @@ struct lfile {
   bool readable, writable;
   ums_buf_t *buf;        /* BUF_SIZE bytes, made on first use */
   size_t rpos, rlen;     /* unread read-ahead: buf[rpos, rlen) */
-  size_t wlen;           /* pending writes: buf[0, wlen) */
-  /* FILE_HELD while a method is using the file (the file lock is taken),
+  size_t wlen;           /* pending writes: buf[0, wlen), or a socket's
+                            wbuf[0, wlen) */
+  ums_buf_t *wbuf;       /* a socket's pending writes, BUF_SIZE bytes,
+                            made on first use (its read-ahead is the
+                            read side's, in buf) */
+  /* FILE_HELD while a method is using the file (side 0 is taken),
   ** FILE_EXIT while the exit handler writes its buffer, else FILE_FREE.
   ** [atomic; the VM's thread takes and gives it, the exit handler takes
   ** it only from FILE_FREE] */
   atomic_int hold;
   lfile *prev_open, *next_open;  /* open_files [open_lock] */
-  ltask *owner;          /* the task whose method holds it (NULL outside
-                            tasks) */
-  lwaitq waiters;        /* tasks waiting for it, FIFO */
-  lop op;                /* the method holding it */
+  /* Side 0 is a file's lock and a socket's read side; side 1 a
+  ** socket's write side. A method takes its sides all at once, when all
+  ** are free, so no task holds one while it waits for another. */
+  lside side[2];
+  /* A socket's close has begun while other tasks' methods held or
+  ** waited for its sides: their I/O was cancelled (ums_net_cancel), and
+  ** they end with "closed" without starting any more. */
+  bool closing;
   int sharers;           /* pread_into calls in flight beside the file
                             lock ("Positional reads side by side") */
   int orphan_fd;         /* the descriptor of a file closed while sharers
@@ -165,11 +199,11 @@ LUMS_HIDDEN int lstream_fail(lua_State *L, const char *what, int64_t err);
 /* Sub-operations for a method's step (AGAIN while their I/O is asked
 ** for): the answer to the I/O asked for, the stream's buffer, a write
 ** through it, "a" to the end, flush and close. */
-LUMS_HIDDEN bool lstream_answer(lfile *f, int64_t *res);
+LUMS_HIDDEN bool lstream_answer(lop *o, int64_t *res);
 LUMS_HIDDEN int64_t lstream_ensure_buf(lfile *f);
-LUMS_HIDDEN int64_t lstream_write_bytes(lfile *f, const char *s, size_t len);
-LUMS_HIDDEN int64_t lstream_fmt_all(lua_State *L, lfile *f);
-LUMS_HIDDEN int64_t lstream_sub_close(lfile *f);
+LUMS_HIDDEN int64_t lstream_write_bytes(lop *o, const char *s, size_t len);
+LUMS_HIDDEN int64_t lstream_fmt_all(lua_State *L, lop *o);
+LUMS_HIDDEN int64_t lstream_sub_close(lop *o);
 /* The next format or argument starts from scratch. */
 LUMS_HIDDEN void lstream_next_item(lop *o);
 /* Pushes a lines iterator over the stream at index file with the formats

@@ -5,7 +5,8 @@
 ** coroutine, where Lua can yield) or, where Lua cannot yield (a C call
 ** without continuation, a metamethod, the user's own coroutine), with
 ** ums_park_wait, which binds the worker to the task while another worker
-** runs the scheduler (DESIGN.md section 4).
+** runs the scheduler (docs/design/architecture.md, "Tasks, workers and
+** the cooperative rule"; docs/design/trace.md follows one task).
 **
 ** Threads: each VM of a run belongs to one scheduler (the caller's VM to
 ** scheduler 0, the others to theirs: lvm.c) and its tasks run there; the
@@ -27,9 +28,12 @@
 #include <lua.h>
 #include <lualib.h>
 #include <pthread.h>
+#include <errno.h>
+#include <linux/membarrier.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -42,6 +46,8 @@
 #define CONFIG_KEY "ums.config"
 #define ONERROR_KEY "ums.on_error"
 #define ERRORS_KEY "ums.errors"
+/* What a VM keeps between its runs (lkept, below). */
+#define KEPT_KEY "ums.kept"
 #define FAILED_MT "ums.task.failed"
 /* The message of a task the runtime cannot run for lack of memory, made
 ** when the module opens: ending such a task must not need memory for it. */
@@ -69,8 +75,22 @@
 #define QUANTUM_RETRY_COUNT 100
 /* Finished coroutines kept for reuse. */
 #define POOL_MAX 4096
+/* Of those, how many a VM keeps for its next run: enough for the tasks
+** of a test, without holding a big run's coroutines for the process. */
+#define KEPT_POOL_MAX 64
 
 _Thread_local ltask *lums_cur_task;
+
+/* What a VM keeps from one run to the next, in a registry userdata
+** (KEPT_KEY) whose user value anchors SL: the scheduler-side thread and
+** up to KEPT_POOL_MAX pooled tasks. Between runs the VM's thread owns
+** them; during a run its lrun does (lums_run_new takes them,
+** lums_run_free gives them back), and they are freed with the VM. */
+struct lkept {
+  lua_State *SL;
+  ltask **pool;
+  int npool, cappool;
+};
 
 /* The VM whose tasks this scheduler thread runs, for the signal handler.
 ** Initial-exec like lums_cur_task: the first use of a dlopen'ed module's
@@ -88,6 +108,21 @@ struct lnopreempt {
   int n;
 };
 
+/* The quantum monitor's sleep (see monitor_sleep): a VM's thread that
+** has just published a step (running_co, step_seq) wakes a monitor that
+** sleeps. The signal fence only keeps the compiler from moving the load
+** above those stores; the processor's ordering comes from the
+** monitor's membarrier, so a step pays one load of a line that changes
+** only when the monitor sleeps or wakes. */
+static void monitor_wake(lrun *m);
+static inline void monitor_note_step(lrun *r) {
+  lrun *m = r->watch;
+  atomic_signal_fence(memory_order_seq_cst);
+  if (m && __builtin_expect(atomic_load_explicit(&m->mon_asleep,
+                                                 memory_order_relaxed), 0))
+    monitor_wake(m);
+}
+
 /* Makes t current again on this thread: after a blocking wait, other
 ** steps have run on other workers of this thread meanwhile. */
 void lums_before_block(ltask *t) {
@@ -97,8 +132,10 @@ void lums_before_block(ltask *t) {
 
 void lums_become_current(ltask *t) {
   lums_cur_task = t;
-  if (t->run) atomic_store_explicit(&t->run->running_co, t->co,
-                                    memory_order_relaxed);
+  if (t->run) {
+    atomic_store_explicit(&t->run->running_co, t->co, memory_order_relaxed);
+    monitor_note_step(t->run);
+  }
 }
 
 /* ---------------------------------------------------------------------- */
@@ -299,8 +336,9 @@ static void free_task(lua_State *L, ltask *t) {
 
 /* Pools t, whose coroutine has ended normally or been reset by
 ** task_finish: a function pushed on that coroutine starts at the next
-** lua_resume, which is ~5x cheaper than a new thread. This unanchors the
-** handle t had. empty: the caller knows the coroutine's stack is empty. */
+** lua_resume, which costs much less than creating a thread. This
+** unanchors the handle t had. empty: the caller knows the coroutine's
+** stack is empty. */
 static void give_back_task(lrun *r, ltask *t, bool empty) {
   /* A coroutine that returned nothing has nothing left on its stack (the
   ** usual end, empty): no call needed. */
@@ -588,6 +626,7 @@ static int task_step(void *arg) {
   atomic_store_explicit(&r->step_seq,
       atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
+  monitor_note_step(r);
 #ifdef QUANTUM_POLL
   if ((r->preempt && r->quantum > 0) || r->stall)
     hook_arm(t->co, t, QUANTUM_POLL_COUNT);
@@ -950,6 +989,7 @@ int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
       &r->step_seq,
       atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
+  monitor_note_step(r);
   return -1;
 }
 
@@ -979,15 +1019,19 @@ static void quantum_signal(int sig) {
 typedef struct qwatch {
   uint64_t seen_seq, signalled_seq;
   int64_t seen_at;
+  bool known;            /* looked at once: seen_seq is the VM's */
 } qwatch;
 
 /* One look at VM v (see quantum_monitor). A step past its quantum is
 ** marked (preempt_seq), which its next call that can wait reads; with
-** preempt on it is also signalled, to yield at any instruction. */
-static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
+** preempt on it is also signalled, to yield at any instruction. Returns
+** whether the VM ran a step since the last look (or runs one). */
+static bool quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
   uint64_t seq = atomic_load_explicit(&v->step_seq, memory_order_relaxed);
   bool running = atomic_load_explicit(&v->running_co,
                                       memory_order_relaxed) != NULL;
+  bool busy = running || seq != w->seen_seq || !w->known;
+  w->known = true;
   if (seq != w->seen_seq || !running) {
     w->seen_seq = seq;
     w->seen_at = now;
@@ -1000,6 +1044,7 @@ static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
     if (v->preempt) pthread_kill(v->lua_thread, QUANTUM_SIGNAL);
 #endif
   }
+  return busy;
 }
 
 /* Looks every half quantum at the step running in each VM of the run;
@@ -1009,11 +1054,78 @@ static void quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
 ** one and a half quanta after it began. One thread watches every VM: r is
 ** the main VM's lrun, the others are found through r->vms as they
 ** appear. */
+/* Looks this many times in a row at a run where no VM runs a step, then
+** sleeps until a step starts. */
+#define MONITOR_IDLE_LOOKS 8
+
+/* A full memory barrier on every thread of the process that runs at the
+** moment (membarrier's private expedited command), so that the steps'
+** side of the sleep protocol needs no fence of its own. Registered once
+** per process, again after a fork if the kernel asks for it. False where
+** the kernel has no membarrier: the monitor then keeps ticking. */
+static bool process_barrier(void) {
+#ifdef SYS_membarrier
+  static _Atomic int registered;
+  if (!atomic_load_explicit(&registered, memory_order_relaxed)) {
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+                0, 0) != 0)
+      return false;
+    atomic_store_explicit(&registered, 1, memory_order_relaxed);
+  }
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+    return true;
+  if (errno != EPERM) return false;
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
+              0) != 0)
+    return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+#else
+  return false;
+#endif
+}
+
+static void monitor_wake(lrun *m) {
+  pthread_mutex_lock(&m->mon_lock);
+  if (atomic_load_explicit(&m->mon_asleep, memory_order_relaxed)) {
+    atomic_store_explicit(&m->mon_asleep, false, memory_order_relaxed);
+    pthread_cond_signal(&m->mon_cond);
+  }
+  pthread_mutex_unlock(&m->mon_lock);
+}
+
+/* With mon_lock held, after MONITOR_IDLE_LOOKS looks at a run where no
+** VM ran a step: sleeps until a step starts (monitor_note_step) or the
+** run stops, so that an idle run costs no CPU. The protocol is the usual
+** store-then-load pair, made asymmetric: the monitor stores mon_asleep,
+** then (process_barrier) every running thread passes a full barrier,
+** then the monitor loads each VM's running_co and step_seq; a step
+** stores those, then loads mon_asleep. Either the monitor sees the step
+** (and does not sleep) or the step sees mon_asleep (and wakes it). A VM
+** that appears meanwhile counts as a step. */
+static void monitor_sleep(lrun *r, qwatch *watch, int n) {
+  atomic_store_explicit(&r->mon_asleep, true, memory_order_relaxed);
+  bool idle = process_barrier();
+  for (int i = 0; idle && i < n; i++) {
+    lrun *v = lums_vms_at(r->vms, i);
+    if (!v) continue;
+    if (!watch[i].known ||
+        atomic_load_explicit(&v->running_co, memory_order_relaxed) ||
+        atomic_load_explicit(&v->step_seq, memory_order_relaxed) !=
+            watch[i].seen_seq)
+      idle = false;
+  }
+  while (idle && atomic_load_explicit(&r->mon_asleep, memory_order_relaxed) &&
+         !atomic_load(&r->stop))
+    pthread_cond_wait(&r->mon_cond, &r->mon_lock);
+  atomic_store_explicit(&r->mon_asleep, false, memory_order_relaxed);
+}
+
 static void *quantum_monitor(void *arg) {
   lrun *r = arg;
   int n = lums_vms_count(r->vms);
   qwatch *watch = calloc((size_t)n, sizeof *watch);
   int64_t period = r->quantum / 2;
+  int idle_looks = 0;
   if (!watch) return NULL;  /* no quantum for this run, rather than none */
   pthread_mutex_lock(&r->mon_lock);
   while (!atomic_load(&r->stop)) {
@@ -1025,9 +1137,15 @@ static void *quantum_monitor(void *arg) {
     pthread_cond_timedwait(&r->mon_cond, &r->mon_lock, &ts);
     if (atomic_load(&r->stop)) break;
     int64_t now = ums_now();
+    bool busy = false;
     for (int i = 0; i < n; i++) {
       lrun *v = lums_vms_at(r->vms, i);
-      if (v) quantum_check(v, &watch[i], now, period);
+      if (v) busy |= quantum_check(v, &watch[i], now, period);
+    }
+    idle_looks = busy ? 0 : idle_looks + 1;
+    if (idle_looks >= MONITOR_IDLE_LOOKS) {
+      monitor_sleep(r, watch, n);
+      idle_looks = 0;
     }
   }
   pthread_mutex_unlock(&r->mon_lock);
@@ -1114,6 +1232,7 @@ lrun *lums_monitor_new(lvms *vms, int64_t quantum, int *err) {
     free(r);
     return NULL;
   }
+  lums_vms_set_monitor(vms, r);
   return r;
 }
 
@@ -1509,8 +1628,16 @@ static void report_errors(lua_State *L, lhandle *main) {
     else
       report_error(L);
   }
+  /* Emptied in place rather than replaced: a run per test would otherwise
+  ** leave two tables per run to the collector. */
+  lua_pushnil(L);
+  while (lua_next(L, errs)) {
+    lua_pop(L, 1);
+    lua_pushvalue(L, -1);
+    lua_pushnil(L);
+    lua_rawset(L, errs);
+  }
   lua_pop(L, 1);
-  new_errors_set(L);
 }
 
 void lums_report_errors(lua_State *L) { report_errors(L, NULL); }
@@ -1530,6 +1657,12 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
     lrun *m0 = lums_vms_at(vms, 0);
     r->mon = m0 ? m0 : r;
   }
+  /* The monitor that watches this VM: the main VM's (the main VM itself,
+  ** made before lums_vms_set_main), or a host's. */
+  if (vms) {
+    r->watch = lums_vms_monitor(vms);
+    if (!r->watch && !lums_vms_hosted(vms)) r->watch = r;
+  }
   /* No step is past its quantum yet (step_seq counts from 0). */
   atomic_store(&r->preempt_seq, UINT64_MAX);
   /* Every VM shares the run's stall state, which the main VM made (set
@@ -1540,8 +1673,31 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY);
   r->nopreempt = (struct lnopreempt *)lua_touserdata(L, -1);
   lua_pop(L, 1);
-  r->SL = lua_newthread(L);
-  r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  /* A VM that runs one short run after another (a test framework, one
+  ** per test) takes its scheduler-side thread and its pooled tasks from
+  ** the previous run: what each run would otherwise allocate is what the
+  ** collector must then trace, a cost that grows with the heap. */
+  if (lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY) == LUA_TUSERDATA) {
+    lkept *k = (lkept *)lua_touserdata(L, -1);
+    r->kept = k;
+    if (k->SL && lua_status(k->SL) == LUA_OK) {
+      r->SL = k->SL;
+    } else {
+      k->SL = r->SL = lua_newthread(L);
+      lua_setiuservalue(L, -2, 1);
+    }
+    r->sl_ref = LUA_NOREF;
+    r->pool = k->pool;
+    r->npool = k->npool;
+    r->cappool = k->cappool;
+    k->pool = NULL;
+    k->npool = k->cappool = 0;
+    lua_pop(L, 1);
+  } else {
+    lua_pop(L, 1);
+    r->SL = lua_newthread(L);
+    r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
   lua_pushlightuserdata(L, r);
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
   /* Last: from here on, until lums_run_free, the VM's small blocks (a
@@ -1551,6 +1707,21 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
 }
 
 void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
+  /* The VM lives on: its next run takes the thread and some of the
+  ** pooled tasks back (lums_run_new). */
+  lkept *k = close_vm ? NULL : r->kept;
+  if (k && r->npool > KEPT_POOL_MAX) {
+    for (int i = KEPT_POOL_MAX; i < r->npool; i++) free_task(L, r->pool[i]);
+    r->npool = KEPT_POOL_MAX;
+  }
+  if (k) {
+    lua_settop(r->SL, 0);
+    k->pool = r->pool;
+    k->npool = r->npool;
+    k->cappool = r->cappool;
+    r->pool = NULL;
+    r->npool = 0;
+  }
   for (int i = 0; i < r->npool; i++) {
     if (close_vm)
       free(r->pool[i]);
@@ -1562,7 +1733,7 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
   free(r->ffi_free);
   lums_alloc_remove(close_vm ? NULL : L, r->alloc);
   if (!close_vm) {
-    luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
+    if (r->sl_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
     lua_pushnil(L);
     lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
   }
@@ -1570,6 +1741,18 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
 }
 
 static void run_free(lua_State *L, lrun *r) { lums_run_free(L, r, false); }
+
+/* The VM is closing: its kept tasks' coroutines go with it, their ltasks
+** here (the registry slots die with the VM). */
+static int kept_gc(lua_State *L) {
+  lkept *k = (lkept *)lua_touserdata(L, 1);
+  for (int i = 0; i < k->npool; i++) free(k->pool[i]);
+  free(k->pool);
+  k->pool = NULL;
+  k->npool = k->cappool = 0;
+  k->SL = NULL;
+  return 0;
+}
 
 /* os.exit while a run is in progress, in any VM of the run. Lua's own
 ** would close the state from this task, freeing the VM under the run's
@@ -1743,8 +1926,8 @@ static int run(lua_State *L, double limit) {
   }
 
   /* A program may start many runs (a test framework, one per test): the
-  ** runtime's threads stay parked for the next one (README, "What a run
-  ** keeps for the process"). */
+  ** runtime's threads stay parked for the next one (docs/lua-api.md,
+  ** "What a run keeps for the process"). */
   cfg.keep_threads = cfg.schedulers > 0 ? cfg.schedulers + 1 : INT_MAX;
 
   int err;
@@ -2052,6 +2235,16 @@ int lums_open(lua_State *L) {
   lua_pushstring(L, ums_strerror(UMS_ENOMEM));
   lua_setfield(L, LUA_REGISTRYINDEX, NOMEM_KEY);
   new_errors_set(L);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY) == LUA_TNIL) {
+    lkept *k = lua_newuserdatauv(L, sizeof *k, 1);
+    memset(k, 0, sizeof *k);
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, kept_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, KEPT_KEY);
+  }
+  lua_pop(L, 1);
   if (lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY) == LUA_TNIL) {
     struct lnopreempt *np = lua_newuserdatauv(L, sizeof *np, 0);
     memset(np, 0, sizeof *np);

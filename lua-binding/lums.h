@@ -31,6 +31,7 @@ typedef struct lrun lrun;
 typedef struct lvms lvms;
 typedef struct lstall lstall;  /* lstats.c: stall reports of a run */
 typedef struct lalloc lalloc;  /* lalloc.c: a VM's small-block cache */
+typedef struct lkept lkept;    /* lums.c: what a VM keeps between runs */
 
 enum { T_NEW, T_LIVE, T_DONE };
 
@@ -175,7 +176,11 @@ struct lrun {
   int sched;             /* [const] index of the scheduler running this VM */
   struct lnopreempt *nopreempt;  /* [const] this VM's nopreempt chunks */
   lua_State *SL;         /* the run's own thread, for scheduler-side work */
-  int sl_ref;
+  int sl_ref;            /* registry ref anchoring SL, or LUA_NOREF when
+                            kept->SL anchors it */
+  lkept *kept;           /* [const] what the VM keeps between runs, or
+                            NULL; the run owns the pool and SL until
+                            lums_run_free gives them back */
   int64_t quantum;       /* ns; 0: off */
   bool preempt;          /* [const] the quantum may interrupt Lua code
                             anywhere (a signal and a hook), not only at
@@ -200,6 +205,13 @@ struct lrun {
                                        NULL (started with the run) */
   pthread_mutex_t mon_lock;
   pthread_cond_t mon_cond;
+  /* The monitor sleeps without a timeout while no VM of the run runs a
+  ** step (see monitor_sleep): the first step to start wakes it. */
+  _Atomic bool mon_asleep;          /* [mon_lock to set and clear; read
+                                       by any VM's thread without it] */
+  struct lrun *watch;               /* [const] the lrun that owns the
+                                       monitor watching this VM (itself
+                                       in the main VM), or NULL */
   _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
   _Atomic uint64_t preempt_seq;     /* the step past its quantum */
   lhandle *main;                    /* main VM: the run's first task, set

@@ -84,6 +84,8 @@ struct lvms {
   bool preempt;          /* [const once set, before any VM] the quantum
                             may interrupt Lua code anywhere */
   lrun *main;            /* [const once set] the main VM's lrun */
+  lrun *monitor;         /* [const once set, before any VM] hosted: the
+                            lrun that owns the quantum monitor */
   char *path, *cpath;    /* [const] package.path, package.cpath */
   char *init;            /* [const] the init module, or NULL */
   lums_vm_setup_fn setup;  /* [const] hosted: the host's setup, or NULL */
@@ -399,6 +401,10 @@ void lums_vms_set_main(lvms *v, lrun *main) {
   v->quantum = main->quantum;
   atomic_store_explicit(&v->vm[0], main, memory_order_release);
 }
+
+void lums_vms_set_monitor(lvms *v, lrun *monitor) { v->monitor = monitor; }
+
+lrun *lums_vms_monitor(lvms *v) { return v->hosted ? v->monitor : v->main; }
 
 int lums_vms_count(lvms *v) { return v->nsched; }
 

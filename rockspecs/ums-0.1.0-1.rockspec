@@ -1,7 +1,7 @@
 -- The ums rock: what a Lua user needs, built by the project's CMake with
 -- UMS_LUA_STANDALONE: ums/core.so with the runtime linked in (no shared
 -- library of ums to find), the stdlib (ums/*.lua) and the ums command. C
--- users install with `cmake --install` instead (README, "Installing").
+-- users install with `cmake --install` instead (docs/install.md).
 --
 -- From a checkout, as root:     luarocks --lua-version=5.4 make
 --                  as a user:   luarocks --lua-version=5.4 make --local

@@ -408,7 +408,7 @@ context("a load() reader function", function(w)
 end)
 
 -- Waits that end by their own timer. A task woken by its timer runs
--- before the run queue (DESIGN.md section 3), so when the scheduler's
+-- before the run queue (docs/design/architecture.md), so when the scheduler's
 -- thread is held up past the timeout (a loaded machine, a sanitizer
 -- build) right after the task parked, it runs again before the counter
 -- had its turn. For these, a park recorded by the runtime's wait

@@ -142,6 +142,24 @@ return { default = { helper = "ums.busted", Xhelper = {"timeout=5"},
     end
   end)
 
+  -- The runs keep their thread and task, and ums.test and the helper
+  -- keep their state in their modules: on a large heap, what each test
+  -- allocates is traced again by the collector, test after test.
+  it("allocates little per test, hooks included", function()
+    local function per_test(args)
+      local r = busted(args)
+      sp.assert_exit(r, 0)
+      summary(r, 100, 0, 0)
+      local n = r.stdout:match("allocated per test: (%d+)")
+      return tonumber((assert(n, sp.describe(r))))
+    end
+    local plain = per_test({DIR .. "alloc_spec.lua"})
+    local helper = per_test({"--helper=ums.busted", DIR .. "alloc_spec.lua"})
+    -- Three runs per test (before_each, the body, after_each).
+    assert.is_true(helper - plain < 1024,
+                   ("%d bytes per test added"):format(helper - plain))
+  end)
+
   describe("under the ums command", function()
     it("runs a spec that waits, without the helper", function()
       local r = ums_busted({DIR .. "pass_spec.lua"})

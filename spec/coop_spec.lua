@@ -210,6 +210,101 @@ describe("cooperative by default", function()
                                                                   after))
   end)
 
+  -- Context switches of every thread of this process, read without a
+  -- ums call (io.open on /proc never waits long), for the threads listed
+  -- in tids.
+  local function switches(tids)
+    local n = 0
+    for _, tid in ipairs(tids) do
+      local f = io.open("/proc/self/task/" .. tid .. "/status")
+      if f then
+        local text = f:read("a")
+        f:close()
+        for v in text:gmatch("ctxt_switches:%s*(%d+)") do
+          n = n + tonumber(v)
+        end
+      end
+    end
+    return n
+  end
+
+  -- Once a run has two tasks the monitor watches it; when every task then
+  -- waits (a long sleep), the monitor must sleep too rather than look
+  -- every half quantum (250 wake-ups in this half second).
+  it("the quantum's monitor sleeps while every task waits", function()
+    local during
+    ums.run(function()
+      ums.spawn(function() ums.sleep(0.01) end):join()
+      local tids = {}
+      for tid in ums.fs.dir("/proc/self/task") do
+        if tid:match("^%d+$") then tids[#tids + 1] = tid end
+      end
+      ums.sleep(0.05)  -- the monitor has seen the run idle
+      local before = switches(tids)
+      ums.sleep(0.5)
+      during = switches(tids) - before
+    end)
+    assert.is_true(during < 60, ("%d context switches in 0.5 s of an idle "
+                                 .. "run"):format(during))
+  end)
+
+  -- After such a sleep the first step wakes the monitor again: a task
+  -- past its quantum still yields at its next call that can wait, and
+  -- with preempt = true a pure Lua loop is still interrupted.
+  it("a task past its quantum still yields after the run was idle",
+     function()
+    ums.config{quantum = 0.002}
+    local before, after
+    ums.run(function()
+      ums.spawn(function() ums.sleep(0.01) end):join()
+      ums.sleep(0.2)  -- the monitor sleeps
+      local ch = ums.shared.channel(100)
+      local ran = false
+      local go = ums.event()
+      local light = ums.spawn(function() go:wait(); ran = true end)
+      local hog = ums.spawn(function()
+        go:set()
+        for _ = 1, 20 do
+          spin(0.05)
+          before = ran
+          if before then break end
+          ch:send(1)
+          if ran then break end
+        end
+        after = ran
+      end)
+      assert(hog:join())
+      light:join()
+    end)
+    assert.is_false(before)
+    assert.is_true(after)
+  end)
+
+  it("preempt = true interrupts a pure Lua loop after the run was idle",
+     function()
+    ums.config{quantum = 0.002, preempt = true}
+    local BOUND = 300000000  -- a few seconds: ends the spec if never preempted
+    local stopped_by_flag
+    ums.run(function()
+      ums.spawn(function() ums.sleep(0.01) end):join()
+      ums.sleep(0.2)  -- the monitor sleeps
+      local flag = false
+      local hog = ums.spawn(function()
+        local x, i = 0, 0
+        while not flag and i < BOUND do
+          i = i + 1
+          x = x + i % 7
+        end
+        return i
+      end)
+      ums.spawn(function() flag = true end)
+      local ok, i = hog:join()
+      assert(ok)
+      stopped_by_flag = i < BOUND
+    end)
+    assert.is_true(stopped_by_flag)
+  end)
+
   -- A subprocess: pending where subprocesses cannot run (TSan).
   sp.guard(it, pending)("UMS_PREEMPT=1 in the environment sets the default",
                         function()

@@ -1,4 +1,4 @@
--- Specs for deadlock reports (README, "Deadlocks"): a run whose tasks are
+-- Specs for deadlock reports (docs/deadlocks.md): a run whose tasks are
 -- all blocked with nothing that could wake them ends with an error that
 -- lists each blocked task (id, name, wait type, object, holder,
 -- traceback), instead of hanging. What is only slow (a sleep, a C call

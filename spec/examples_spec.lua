@@ -67,7 +67,7 @@ describe("examples", function()
     end)
 
     if name == "ordered_batches.lua" then
-      it(name .. " --virtual prints the seed's schedule, the same each run",
+      it(name .. " --virtual prints the queue's schedule, the same each run",
          function()
         local first
         for _ = 1, 2 do

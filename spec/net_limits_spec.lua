@@ -1,4 +1,4 @@
--- Limits of ums.net (README.md, "ums.net"): 10,000 connections at once on
+-- Limits of ums.net (docs/lua-api.md, "Sockets"): 10,000 connections at once on
 -- one scheduler, the descriptor count back to its start after many
 -- connections, EMFILE on accept, and the open-files limit raised at load.
 -- The clients of the 10,000 and the EMFILE runs are other processes

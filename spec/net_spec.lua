@@ -501,6 +501,243 @@ describe("ums.net timeouts and cancellation", function()
   end)
 end)
 
+-- Descriptors open in this process (the listing's own included, the
+-- same each time).
+local function fd_count()
+  collectgarbage()
+  collectgarbage()
+  local n = 0
+  for _ in ums.fs.dir("/proc/self/fd") do n = n + 1 end
+  return n
+end
+
+-- A connected pair on 127.0.0.1: the client, the server's side, and the
+-- listener. Call from a task.
+local function pair()
+  local srv = assert(net.listen("127.0.0.1", 0))
+  local t = ums.spawn(function() return assert(srv:accept(10)) end)
+  local c = assert(kinds[1].connect(srv))
+  return c, results(t), srv
+end
+
+-- The failure a method ended by another task's close returns.
+local function assert_closed(v, msg, code)
+  assert.is_nil(v)
+  assert.equal("closed", msg)
+  assert.equal(net.errno.EBADF, code)
+end
+
+describe("ums.net full duplex", function()
+  it("a writer does not wait for a reader blocked without timeout",
+     function()
+    run(function()
+      local c, peer, srv = pair()
+      -- The peer echoes every line.
+      local echo = ums.spawn(function()
+        for line in peer:lines("L") do assert(peer:write(line)) end
+        peer:close()
+      end)
+      local reader = ums.spawn(function() return c:read("l") end)
+      ums.sleep(0.02)
+      local writer = ums.spawn(function()
+        assert(c:write("ping\n"))
+        assert(c:flush())
+        assert.equal(5, c:send("sent\n"))
+        return true
+      end)
+      assert.is_true((writer:join(5)))
+      assert.equal("ping", results(reader))
+      assert.equal("sent", c:read("l"))
+      c:shutdown("w")
+      results(echo)
+      assert.is_nil(c:read("l"))
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("a read first sends what is buffered when no task writes", function()
+    run(function()
+      local c, peer, srv = pair()
+      local echo = ums.spawn(function()
+        assert(peer:write(peer:read("L")))
+        peer:close()
+      end)
+      c:setvbuf("full")
+      assert(c:write("buffered\n"))
+      assert.equal("buffered", c:read("l"))
+      results(echo)
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("two writers still take turns: no bytes interleaved in one call",
+     function()
+    run(function()
+      local c, peer, srv = pair()
+      c:setoption("sndbuf", 4096)
+      local N = 300000
+      local got = ums.spawn(function() return peer:read("a") end)
+      local function writer(ch, how)
+        return ums.spawn(function()
+          if how == "send" then
+            assert.equal(N, c:send(ch:rep(N)))
+          else
+            assert(c:write(ch:rep(N)))
+            assert(c:flush())
+          end
+        end)
+      end
+      local a, b = writer("a", "send"), writer("b", "write")
+      local r = ums.spawn(function() return c:read(1) end)
+      results(a)
+      results(b)
+      c:shutdown("w")
+      local all = results(got)
+      assert.equal(2 * N, #all)
+      assert.is_truthy(all == ("a"):rep(N) .. ("b"):rep(N) or
+                       all == ("b"):rep(N) .. ("a"):rep(N))
+      peer:close()
+      assert.is_nil(results(r))
+      c:close()
+      srv:close()
+    end)
+  end)
+end)
+
+describe("ums.net close from another task", function()
+  it("ends a blocked read, recv, send and accept with 'closed'", function()
+    run(function()
+      do  -- warm up: what the runtime makes once (its epoll set)
+        local c, peer, srv = pair()
+        local t = ums.spawn(function() return c:recv() end)
+        ums.sleep(0.01)
+        peer:write("x")
+        peer:flush()
+        results(t)
+        c:close()
+        peer:close()
+        srv:close()
+      end
+      local before = fd_count()
+      for _, how in ipairs({"read", "recv", "lines"}) do
+        local c, peer, srv = pair()
+        local t = ums.spawn(function()
+          if how == "read" then return c:read("l") end
+          if how == "recv" then return c:recv() end
+          return pcall(function() for _ in c:lines() do end end)
+        end)
+        -- A second reader queued behind the first ends as well.
+        local queued = ums.spawn(function() return c:read(1) end)
+        ums.sleep(0.02)
+        assert.is_true(c:close())
+        if how == "lines" then
+          local ok, err = results(t)
+          assert.is_false(ok)
+          assert.matches("closed", err)
+        else
+          assert_closed(results(t))
+        end
+        assert_closed(results(queued))
+        assert.equal("ums.net.conn (closed)", tostring(c))
+        peer:close()
+        srv:close()
+      end
+      do
+        -- A peer that never reads, and a small send buffer: sends block.
+        local c, peer, srv = pair()
+        c:setoption("sndbuf", 4096)
+        local chunk = ("s"):rep(65536)
+        local sender = ums.spawn(function()
+          local total = 0
+          while true do
+            local n, msg, code, sent = c:send(chunk)
+            if not n then return total + sent, msg, code end
+            total = total + n
+          end
+        end)
+        local writer = ums.spawn(function()
+          return c:write(chunk)
+        end)
+        ums.sleep(0.05)
+        local closer = ums.spawn(function() return c:close() end)
+        assert.is_true(results(closer))
+        local total, msg, code = results(sender)
+        assert.is_true(total > 0)
+        assert_closed(nil, msg, code)
+        local v, wmsg, wcode = results(writer)
+        assert_closed(v, wmsg, wcode)
+        peer:close()
+        srv:close()
+      end
+      do
+        local srv = assert(net.listen("127.0.0.1", 0))
+        local t = ums.spawn(function() return srv:accept() end)
+        ums.sleep(0.02)
+        srv:close()
+        assert_closed(results(t))
+      end
+      assert.equal(before, fd_count())
+    end)
+  end)
+
+  it("<close> of a connection a reader waits on ends the read", function()
+    run(function()
+      local c, peer, srv = pair()
+      local t = ums.spawn(function() return c:read("a") end)
+      ums.sleep(0.02)
+      do
+        local cc <close> = c  -- luacheck: ignore cc
+      end
+      assert_closed(results(t))
+      peer:close()
+      srv:close()
+    end)
+  end)
+
+  it("a read and a write racing a close, 100 times", function()
+    run(function()
+      local before
+      for i = 1, 100 do
+        local c, peer, srv = pair()
+        -- A method called once the close is over raises, as on any
+        -- closed connection; one that was waiting ends with "closed".
+        local function closed_or(f)
+          return function()
+            local r = table.pack(pcall(f))
+            if r[1] then return table.unpack(r, 2, r.n) end
+            assert.matches("attempt to use a closed connection", r[2])
+            return nil, "closed", net.errno.EBADF
+          end
+        end
+        local r = ums.spawn(closed_or(function() return c:read("l") end))
+        local w = ums.spawn(closed_or(function()
+          local v, msg, code = c:write(("w"):rep(1000), "\n")
+          if v then v, msg, code = c:flush() end
+          return v, msg, code
+        end))
+        local p = ums.spawn(function()
+          -- The peer answers some of the time, before or after the close.
+          if i % 3 == 0 then peer:send("line\n") end
+          return true
+        end)
+        for _ = 1, i % 4 do ums.yield() end
+        assert.is_true(c:close())
+        local v, msg, code = results(r)
+        if v ~= "line" then assert_closed(v, msg, code) end
+        v, msg, code = results(w)
+        if not v then assert_closed(v, msg, code) end
+        results(p)
+        peer:close()
+        srv:close()
+        if i == 1 then before = fd_count() end
+      end
+      assert.equal(before, fd_count())
+    end)
+  end)
+end)
+
 describe("ums.net.resolve", function()
   it("answers numeric hosts and /etc/hosts names", function()
     run(function()
@@ -599,6 +836,38 @@ describe("ums.net arguments", function()
         net.connect("127.0.0.1", 1, {timeout = "x"})
       end, "bad argument #3 to 'connect' (timeout must be a number of "
            .. "seconds)")
+      -- A misspelt option raises, naming it and the options there are.
+      assert.has_error(function()
+        net.listen("127.0.0.1", 0, {reuse_port = true})
+      end, "bad argument #3 to 'listen' (unknown option 'reuse_port' "
+           .. "(options: backlog, reuseaddr, reuseport, family))")
+      assert.has_error(function()
+        net.connect("127.0.0.1", 1, {timout = 1})
+      end, "bad argument #3 to 'connect' (unknown option 'timout' "
+           .. "(options: timeout, family, nodelay, io_timeout))")
+      assert.has_error(function() net.udp({[1] = "inet"}) end,
+        "bad argument #1 to 'udp' (option names must be strings "
+        .. "(options: family, timeout))")
+      assert.has_error(function() net.resolve("localhost", 80, {ttl = 1}) end,
+        "bad argument #3 to 'resolve' (unknown option 'ttl' (options: "
+        .. "family, socktype, passive, timeout))")
+      assert.has_error(function()
+        net.connect_unix("/nonexistent", {backlog = 1})
+      end, "bad argument #2 to 'connect_unix' (unknown option 'backlog' "
+           .. "(options: timeout, io_timeout))")
+      assert.has_error(function()
+        net.listen_unix("/nonexistent", {timeout = 1})
+      end, "bad argument #2 to 'listen_unix' (unknown option 'timeout' "
+           .. "(options: backlog))")
+      -- Called through pcall (no name at the call site), the error names
+      -- the function by its module.
+      local ok, err = pcall(net.connect, "127.0.0.1", 70000)
+      assert.is_false(ok)
+      assert.equal("bad argument #2 to 'ums.net.connect' (port out of range)",
+                   err)
+      ok, err = pcall(ums.fs.open, "x", "bogus")
+      assert.is_false(ok)
+      assert.matches("^bad argument #2 to 'ums.fs.open'", err)
       local srv = assert(net.listen("127.0.0.1", 0))
       local t = serve_one(srv, function(c) c:read("a") end)
       local c = assert(kinds[1].connect(srv))

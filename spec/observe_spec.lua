@@ -1,4 +1,4 @@
--- Observability (issue 7): ums.stats(), ums.tasks(), task:info(),
+-- Observability (docs/observability.md): ums.stats(), ums.tasks(), task:info(),
 -- ums.waits(), ums.waits_reset(), ums.on_stall() and the stall_threshold
 -- and stats settings. Each figure is checked to move as it should under a
 -- workload that exercises it. Time bounds are generous (noisy 2-vCPU VMs,

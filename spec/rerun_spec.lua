@@ -96,6 +96,26 @@ describe("runs one after another", function()
     assert.equal(0, added[1])
   end)
 
+  -- A run takes the scheduler-side thread and the pooled task of the
+  -- previous one, and leaves its failed-task set emptied in place: what
+  -- a run allocates from the Lua heap is what a large heap's collector
+  -- must trace again, once per test under a test framework.
+  it("allocate little from the Lua heap after the first", function()
+    local function empty() end
+    ums.run(empty)
+    collectgarbage()
+    collectgarbage("stop")
+    local ok, per_run = pcall(function()
+      local before = collectgarbage("count")
+      for _ = 1, 100 do ums.run(empty) end
+      return (collectgarbage("count") - before) * 1024 / 100
+    end)
+    collectgarbage("restart")
+    assert(ok, per_run)
+    -- The first task's handle is all that is left per run.
+    assert.is_true(per_run < 512, ("%.0f bytes per run"):format(per_run))
+  end)
+
   it("start the Ctrl-C watcher in a run that lasts", function()
     local watched = ums.run(function()
       for _ = 1, 500 do

@@ -247,10 +247,18 @@ local function script(socket)
   return out
 end
 
--- Where the two records differ, by design (README, "ums.socket").
+-- Where the two records differ, by design (docs/stdlib.md, "ums.socket").
 local function known_differences(rec)
   return rec
 end
+
+describe("ums.socket, the field", function()
+  it("is the module require \"ums.socket\" gives", function()
+    assert.equal(socket, ums.socket)
+    assert.is_function(ums.socket.tcp)
+    assert.is_function(ums.socket.install)
+  end)
+end)
 
 describe("ums.socket against LuaSocket", function()
   it("gives LuaSocket's results for the same script", function()
@@ -384,14 +392,16 @@ describe("socket.http over ums.socket", function()
                               socket.sink("close-when-done", c)))
       end)
       local c = assert(socket.connect("127.0.0.1", port))
-      -- Written whole before reading: an ums.net connection runs one
-      -- method at a time, so a reader and a writer task cannot share it
-      -- (the kernel's buffers hold the 70 KB meanwhile).
-      assert(ltn12.pump.all(ltn12.source.string(data),
-                            socket.sink("keep-open", c)))
+      -- A writer task pumps the data out while this task reads the echo
+      -- (a connection is full duplex).
+      local writer = ums.spawn(function()
+        return ltn12.pump.all(ltn12.source.string(data),
+                              socket.sink("keep-open", c))
+      end)
       local got = {}
       assert(ltn12.pump.all(socket.source("until-closed", c),
                             (ltn12.sink.table(got))))
+      assert(writer:join())
       assert(echo:join())
       assert.equal(data, table.concat(got))
       srv:close()
@@ -715,6 +725,29 @@ describe("ums.socket timeouts", function()
       assert.equal("timeout", err)
       assert.is_true(last >= 0 and last < #chunk)
       c:close(); peer:close()
+    end)
+  end)
+end)
+
+describe("ums.socket with a reader and a writer task", function()
+  it("sends while another task's receive waits, and close ends it",
+     function()
+    run(function()
+      local c, peer = pair()
+      local reader = ums.spawn(function() return c:receive() end)
+      ums.sleep(0.02)
+      -- The send does not wait for the pending receive.
+      local writer = ums.spawn(function() return c:send("ping\n") end)
+      assert.same({true, 5}, {writer:join(5)})
+      assert.equal("ping", peer:read("l"))
+      peer:write("pong\n")
+      assert.same({true, "pong"}, {reader:join(5)})
+      -- A close from another task ends a pending receive with "closed".
+      local waiting = ums.spawn(function() return c:receive() end)
+      ums.sleep(0.02)
+      assert.equal(1, c:close())
+      assert.same({true, nil, "closed", ""}, {waiting:join(5)})
+      peer:close()
     end)
   end)
 end)

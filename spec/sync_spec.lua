@@ -72,7 +72,8 @@ local function assert_raises(msg, f)
     "no position in " .. err)
 end
 
--- Timers never fire early (DESIGN.md section 3); allow for float rounding.
+-- Timers never fire early (docs/design/architecture.md); allow for float
+-- rounding.
 local function assert_waited(dt, timeout)
   assert(dt >= timeout - 0.001, ("woke after %.4f s, timeout %.4f s")
     :format(dt, timeout))

@@ -309,6 +309,41 @@ describe("ums.test", function()
       assert.is_true(rawequal(spawn, ums.spawn))
     end)
 
+    -- A test's state lives in the helper, not in closures and tables
+    -- made per call, and the run keeps its thread and task (rerun_spec):
+    -- on a large heap, whatever a test allocates is traced again by the
+    -- collector, test after test.
+    it("allocates little from the Lua heap", function()
+      local function empty() end
+      ums.test(empty)
+      ums.test(empty, {clock = "virtual"})
+      collectgarbage()
+      collectgarbage("stop")
+      local ok, per_test = pcall(function()
+        local before = collectgarbage("count")
+        for _ = 1, 100 do ums.test(empty) end
+        return (collectgarbage("count") - before) * 1024 / 100
+      end)
+      collectgarbage("restart")
+      assert(ok, per_test)
+      assert.is_true(per_test < 512, ("%.0f bytes per test"):format(per_test))
+    end)
+
+    it("forgets a failed test's tasks and errors", function()
+      local ok, err = pcall(ums.test, function()
+        ums.spawn(function() error("first") end)
+      end)
+      assert.is_false(ok)
+      assert.matches("1 task%(s%) failed", err)
+      local ok2, err2 = pcall(ums.test, function()
+        ums.spawn(function() error("second") end)
+      end)
+      assert.is_false(ok2)
+      assert.matches("1 task%(s%) failed", err2)
+      assert.is_nil(err2:find("first", 1, true))
+      assert.equal(3, ums.test(function() return 3 end))
+    end)
+
     it("a later run works normally", function()
       pcall(ums.test, function() ums.sleep(100) end, 0.05)
       assert.equal(5, ums.run(function()

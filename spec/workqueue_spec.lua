@@ -1,4 +1,4 @@
--- Specs for ums.workqueue (stdlib/ums/workqueue.lua): the seed's ordered
+-- Specs for ums.workqueue (stdlib/ums/workqueue.lua): the queue's ordered
 -- batches (phases checked from the execution log), the bound on readers,
 -- FIFO, activation, per-item results and errors (never swallowed), and
 -- bad input. On the virtual clock: times are exact and the same on every
@@ -74,7 +74,7 @@ local function seed_log(readers)
 end
 
 describe("ums.workqueue", function()
-  describe("ordered phases (the seed's test)", function()
+  describe("ordered phases (the Service Broker queue's test)", function()
     it("never overlap, and never run more than `readers` at once",
        function()
       for _, readers in ipairs { 1, 2, 3, 5, 10 } do
@@ -94,7 +94,7 @@ describe("ums.workqueue", function()
       end
     end)
 
-    it("run the items of one order together, with the seed's times",
+    it("run the items of one order together, with the queue's times",
        function()
       local log = seed_log(5)
       -- Each phase starts the moment the one before has ended.

@@ -48,7 +48,7 @@ mktree() { # name root build
 mktree new "$root" "$build"
 if [[ -n "$base" ]]; then mktree old "${base%%:*}" "${base#*:}"; fi
 
-count() { # tree stats(yes|off|precise) workload n
+count() { # tree stats(on|off|precise) workload n
   local d="$tmp/$1"
   if [[ $3 == c_channel ]]; then
     # The same channel between two C tasks (bench/stats_pingpong.c).
@@ -75,11 +75,11 @@ per_op() { # tree stats workload
 echo "command: $0 --n $n${base:+ --base $base} (build: $build)"
 printf "%-9s %11s %11s %8s %11s %8s" workload "stats on" "stats off" \
   "on/off" "precise" "prec/off"
-[[ -n "$base" ]] && printf " %11s %8s" "base" "on/base"
+[[ -n "$base" ]] && printf " %11s %8s" "base off" "off/base"
 printf "   (instructions per op)\n"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 for w in switch channel c_channel; do
-  on=$(per_op new yes "$w")
+  on=$(per_op new on "$w")
   off=$(per_op new off "$w")
   precise=$(per_op new precise "$w")
   printf "%-9s %11s %11s %8s %11s %8s" "$w" "$on" "$off" "$(ratio "$on" "$off")" \
@@ -87,7 +87,7 @@ for w in switch channel c_channel; do
   if [[ -n "$base" ]]; then
     if [[ $w != c_channel || -x "${base#*:}/bench/stats_pingpong" ]]; then
       old=$(per_op old off "$w")
-      printf " %11s %8s" "$old" "$(ratio "$on" "$old")"
+      printf " %11s %8s" "$old" "$(ratio "$off" "$old")"
     else
       printf " %11s %8s" "-" "-"
     fi

@@ -1,4 +1,4 @@
-/* hello.c: the smallest ums host (the README's embedding example). */
+/* hello.c: the smallest ums host (docs/embedding.md's example). */
 #include <stdio.h>
 #include <string.h>
 

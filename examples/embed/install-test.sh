@@ -2,7 +2,7 @@
 # install-test.sh BUILD_DIR SOURCE_DIR CC: installs the build into a
 # temporary prefix, then, using only the installed files:
 #   - checks that `pkg-config --cflags --libs ums` prints the prefix's
-#     plain paths (README, "Installing");
+#     plain paths (docs/install.md);
 #   - builds jobrun with that command and runs jobs.txt, also with the
 #     static libraries;
 #   - builds this directory as its own CMake project, with

@@ -410,7 +410,7 @@ static int l_calls(lua_State *L) {
 ** its stack depot) on a scheduler thread; 2,000 pass. The run's first
 ** task parks in each join, and every yield of a Lua task leaks a few of
 ** TSan's shadow frames (lua_yieldk longjmps past the binding's function
-** exits): the TSan-only limit in the README's Status ("Known"). */
+** exits): the TSan-only limit in CHANGELOG.md, "Known limitations". */
 #if defined(__SANITIZE_THREAD__)
 #define RESULT_TASKS "2000"
 #else

@@ -7,7 +7,7 @@
 **   - C modules (section "Going preemptive from a lua_CFunction"): a
 **     lua_CFunction in any shared object loaded with `require` hands a
 **     blocking piece of work to ums's hidden preemptive pool (the C-call
-**     pool behind ums_preempt, runtime/PREEMPT.md) and resumes the calling
+**     pool behind ums_preempt, docs/design/preempt.md) and resumes the calling
 **     task through a continuation with the results. Only the calling task
 **     waits; its scheduler keeps running the others.
 **   - C hosts (section "Embedding: a C host runs Lua work"): a program

@@ -5,7 +5,8 @@
 ** A runtime owns N cooperative schedulers (default: one per CPU). Each
 ** scheduler is run by one OS thread and carries tasks on C fibers
 ** ("workers"). Tasks yield cooperatively; every wait can carry a deadline
-** and can be cancelled. See DESIGN.md for the architecture.
+** and can be cancelled. docs/design/architecture.md describes the
+** architecture, docs/c-api.md indexes this header.
 **
 ** Conventions:
 **   - Functions return 0 or a negative UMS_E* code (see ums_strerror).
@@ -381,7 +382,8 @@ UMS_API void ums_exit(void *result, int status) __attribute__((noreturn));
 **
 ** Inside a step, the blocking calls of this header still work: they bind
 ** the worker to the task until the wait ends, and another worker takes
-** over the scheduler (DESIGN.md section 4). That is the path for waits
+** over the scheduler (docs/design/architecture.md, "Tasks, workers and
+** the cooperative rule"). That is the path for waits
 ** where the step cannot return (Lua inside a C call).
 */
 
@@ -552,7 +554,7 @@ UMS_API size_t ums_chan_cap(ums_chan_t *ch);
 ** an operation the ring does not support, such as listing a directory) a
 ** pool of OS threads makes the plain system call and hands the task back
 ** through its scheduler's completion list. Both give the same results.
-** runtime/IO.md describes the design.
+** docs/design/io.md describes the design.
 **
 ** Results are the kernel's: >= 0 on success, a negative errno value
 ** (UMS_ENOENT, UMS_EBADF, UMS_EISDIR, ...) on failure. Every call takes an
@@ -828,7 +830,7 @@ UMS_API int64_t ums_fs_readfile_end(ums_fs_req_t *req, int *fd);
 ** Unix stream and datagram sockets; addresses are the C library's
 ** (struct sockaddr_in, sockaddr_in6, sockaddr_un).
 **
-** Backends (runtime/IO.md, "Network"). With io_uring a call is the
+** Backends (docs/design/io.md, "Network"). With io_uring a call is the
 ** kernel's socket operation on the scheduler's ring (IORING_OP_ACCEPT,
 ** CONNECT, RECV, SEND, RECVMSG, SENDMSG, POLL_ADD); a timed-out or
 ** cancelled one is cancelled in the kernel. Without io_uring sockets are
@@ -879,6 +881,19 @@ UMS_API int ums_net_getpeername(int fd, struct sockaddr *addr,
 ** closing it: an operation the kernel is running (io_uring) keeps the
 ** socket open until it ends. */
 UMS_API int ums_net_close(int fd, int64_t deadline);
+
+/* Ends the operations on fd that tasks of the calling task's scheduler
+** wait on (receives, sends, accepts, connects, ums_wait_fd), each with
+** UMS_EBADF, without closing fd: for a close from another task than the
+** ones using the socket. Returns 0 at once (UMS_EBADF for a negative fd,
+** UMS_EPERM outside a task); each waiting task resumes once the kernel
+** has let go of its operation (io_uring: when the cancelled request's
+** completion comes; epoll: at once). Close fd only after those tasks
+** have resumed (join them, or wait for them to give the socket back):
+** until then the kernel may still use the descriptor. An operation that
+** completed first keeps its result; one begun after the call is not
+** ended. Other schedulers' operations on fd are not ended. */
+UMS_API int ums_net_cancel(int fd);
 
 /* Waits for a connection on the listening socket fd and returns its
 ** descriptor (non-blocking, close-on-exec). When addr is not NULL the
@@ -960,6 +975,17 @@ UMS_API int ums_net_sendto_begin(int fd, ums_buf_t *buf, size_t pos,
                                  int64_t deadline, ums_fs_req_t **req);
 UMS_API int ums_wait_fd_begin(int fd, int events, int64_t deadline,
                               ums_fs_req_t **req);
+/* Deferred ums_net_close: returns 1 when fd is closed already (no park
+** begun, *req untouched: the epoll backend closes a socket that does not
+** linger at once), 0 after beginning a park whose request (the ring's
+** close, or the pool's for a lingering socket) ends with ums_fs_end, or
+** an error with nothing begun (UMS_EINVAL for a NULL req, UMS_EBADF,
+** UMS_EPERM outside a task, and those of ums_fs_close_begin). fd is gone
+** in every case but UMS_EINVAL, UMS_EBADF, UMS_EPERM, UMS_EBUSY and
+** UMS_ENOMEM. Like ums_net_close, it first ends this scheduler's
+** operations on fd (ums_net_cancel). */
+UMS_API int ums_net_close_begin(int fd, int64_t deadline,
+                                ums_fs_req_t **req);
 UMS_API int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
                             socklen_t *len);
 
@@ -967,7 +993,7 @@ UMS_API int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
 ** hosts, a NULL host and names in /etc/hosts are answered on the calling
 ** thread without a lookup; other names go to the C-call pool ("Going
 ** preemptive"), where the C library's getaddrinfo runs while the task
-** parks (runtime/IO.md, "Name resolution"). hints: getaddrinfo's (only
+** parks (docs/design/io.md, "Name resolution"). hints: getaddrinfo's (only
 ** ai_flags, ai_family, ai_socktype, ai_protocol are read; NULL: none).
 ** Returns 0 and the list in *res (the caller frees it with
 ** freeaddrinfo), or UMS_ENOENT (no such name, or no address of the
@@ -1013,7 +1039,7 @@ UMS_API int ums_net_getaddrinfo_end(ums_dns_req_t *req,
 ** ums_config_t.preempt_threads, only while those are blocked in their
 ** calls and calls wait (short or computing calls gain nothing from more
 ** threads than CPUs); threads beyond one per CPU
-** end after worker_idle_timeout without work. runtime/PREEMPT.md
+** end after worker_idle_timeout without work. docs/design/preempt.md
 ** describes the design.
 **
 ** A call is never killed. When the caller's wait ends first (the deadline
@@ -1165,7 +1191,7 @@ UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
 ** counts as 0 or 1 ms, with the chance of its length, so totals over many
 ** waits are right on average and a single wait is right to +-1 ms.
 ** (Reading a real clock on each park, even the CPU's time stamp counter,
-** costs 20-25 ns on a VM: a quarter of a channel message.)
+** would be a sizeable share of a channel message.)
 ** UMS_STATS_PRECISE times each wait to the nanosecond instead, with one
 ** reading of the stamp clock (the time stamp counter calibrated against
 ** CLOCK_MONOTONIC; clock_gettime where there is none) per park. A task's
@@ -1272,7 +1298,7 @@ typedef struct ums_sched_stats {
                                    spins for at the call site) */
   uint64_t preempt_calls;       /* preemptive calls started here, total
                                    (SQL Server's preemptive switches) */
-  /* Since observability (issue 7). */
+  /* Observability (below). */
   int hidden;                   /* 0: schedulers are visible; the hidden
                                    pools are in ums_runtime_pool_stats */
   uint64_t fiber_switches;      /* switches between C fibers (a step
@@ -1286,7 +1312,7 @@ typedef struct ums_sched_stats {
   uint64_t running;             /* the task running now or last (a handle),
                                    0 when idle or none */
   char running_name[32];        /* its name */
-  /* Since issue 5's spin at the call site. */
+  /* Spinning at the call site (ums_preempt). */
   uint64_t preempt_spun;        /* of preempt_calls, those the calling task
                                    waited for by spinning where it called,
                                    without parking (see ums_preempt) */
@@ -1298,7 +1324,7 @@ UMS_API int ums_runtime_stats(ums_runtime_t *rt, ums_sched_stats_t *rows,
                               int n);
 
 /* The hidden schedulers: the runtime's thread pools for blocking C calls
-** and for file I/O (runtime/PREEMPT.md, runtime/IO.md). */
+** and for file I/O (docs/design/preempt.md, docs/design/io.md). */
 typedef struct ums_pool_stats {
   const char *name;             /* "preemptive" or "io" */
   uint64_t queued;              /* work waiting for a thread */

@@ -3,8 +3,8 @@
 ** per-scheduler cache that keeps a read loop from allocating.
 **
 ** A buffer's data is page-aligned because the kernel copies into a buffer
-** that starts a few bytes into a page about five times slower here (and
-** glibc's malloc(1 MiB) returns exactly such a buffer). Sizes are rounded
+** that starts a few bytes into a page several times slower (and glibc's
+** malloc(1 MiB) returns exactly such a buffer). Sizes are rounded
 ** up to a power-of-two class from 4 KiB to 4 MiB; a buffer whose last
 ** reference is dropped on a scheduler thread goes to that scheduler's
 ** cache (a LIFO per class, bounded in bytes), elsewhere it is freed.

@@ -13,7 +13,7 @@
 ** the request, and the list getaddrinfo makes for it, are freed by the
 ** pool thread when getaddrinfo returns (release_req).
 **
-** The choice of getaddrinfo on the pool over c-ares (runtime/IO.md,
+** The choice of getaddrinfo on the pool over c-ares (docs/design/io.md,
 ** "Name resolution") keeps the C library's answers: the same sources in
 ** the same order as every other program on the machine.
 */

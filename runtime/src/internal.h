@@ -99,8 +99,8 @@ static inline void ums__cpu_relax(void) {
 /* Adaptive spinning (pool.c, sched.c). A spin-wait for another thread
 ** pays only when that thread runs on another CPU and answers within a few
 ** microseconds; on a crowded machine the spinner holds the very CPU its
-** partner waits for (measured: a preemptive round trip took 19 us with
-** spinning against 10.5 us without, at load 3 on 2 CPUs). Each spin site
+** partner waits for, and a round trip takes longer with the spin than
+** without it. Each spin site
 ** keeps a running average of how long its spins took, a miss counting as
 ** twice the limit; above a quarter of the limit it sleeps at once, and
 ** spins anyway every UMS__SPIN_PROBE-th time to notice calmer times. */
@@ -366,7 +366,7 @@ struct ums__waiter {
   bool nocancel;               /* [const] cancellation waits for the end of
                                   this wait (a condition variable's
                                   relock) */
-  /* What the wait is, for observers (waits.c); set by the primitive after
+  /* What the wait is, for observers (waitstats.c); set by the primitive after
   ** ums__waiter_init, which makes it UMS_WAIT_PARK with no object. */
   uint8_t type;                /* [const during the wait] UMS_WAIT_* */
   const void *obj;             /* [const during the wait] */
@@ -437,6 +437,14 @@ void ums__wq_grant_all(ums__wq_t *q, int outcome, ums__wakelist_t *wl);
 /* Ends a wait from the outside (timeout or cancel): takes w->lock if any,
 ** tries the outcome, wakes. Called by the owner scheduler. */
 void ums__waiter_abort(ums__waiter_t *w, int outcome);
+/* The task's wait timer (t->timer), which wait.c owns: one per task, armed
+** when a wait with a deadline begins (ums__wait for fibers,
+** ums__park_after_step for step tasks), fired by the scheduler's timer
+** heap (ums__wait_timeout ends the wait with UMS_ETIMEDOUT), and stopped
+** when the wait ends or the task finishes. ums__wait_timer_init,
+** _arm and _stop are inline (after the scheduler's struct, below): a
+** spawn and every timed wait pass through them. [owner] */
+void ums__wait_timeout(ums__sched_t *s, ums__timer_t *tm);
 
 /* ====================================================================== */
 /* Tasks (task.c)                                                          */
@@ -521,7 +529,7 @@ struct ums__task {
                                   spawner] the spawning task's id, 0: a
                                   host thread */
 
-  /* Observation (waits.c, stats.c, monitor.c). Written by the owner
+  /* Observation (waitstats.c, stats.c, monitor.c). Written by the owner
   ** scheduler (obs and ready_at also by the task's waker, before it hands
   ** the task over; cpu_ns by the monitor), read by any thread with
   ** relaxed loads: a reader holds t->lock, which keeps the task from
@@ -555,8 +563,6 @@ void ums__task_unref(ums_runtime_t *rt, ums__task_t *t);
 static inline ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id);
 /* Marks t finished (result and status set), wakes its joiner. [owner] */
 void ums__task_finish(ums__task_t *t);
-/* Makes a parked or new task runnable from any thread. */
-void ums__task_ready(ums__task_t *t);
 /* Delivers a pending cancellation to a parked task, or the break that
 ** ums__task_break asked for. [owner] */
 void ums__task_deliver_cancel(ums__task_t *t);
@@ -1135,7 +1141,7 @@ typedef struct ums__counters {
   _Atomic uint64_t preempt_spun;
 } ums__counters_t;
 
-/* One wait type's aggregate on one scheduler (waits.c). */
+/* One wait type's aggregate on one scheduler (waitstats.c). */
 typedef struct ums__waitstat {
   _Atomic uint64_t count;
   _Atomic int64_t total_ns, max_ns, signal_ns;
@@ -1199,7 +1205,7 @@ struct ums__sched {
   _Atomic uint64_t running;    /* [atomic, owner writes] id of the task
                                   picked last (the monitor's view) */
   _Atomic uint64_t stalls;     /* [atomic, the monitor writes] */
-  /* Wait statistics (waits.c): totals since the runtime started, which
+  /* Wait statistics (waitstats.c): totals since the runtime started, which
   ** a reset does not touch (it moves the readers' baseline instead), so
   ** the owner writes them without checking for one. */
   ums__waitstat_t waits[UMS_WAIT_NTYPES]; /* [atomic, owner writes; a
@@ -1212,7 +1218,8 @@ struct ums__sched {
   /* Tasks whose timer woke them go before the run queue (a late timer is
   ** the lateness users see, and a spawn burst can queue 100,000 tasks not
   ** yet started), but at most UMS__URGENT_STREAK in a row, so the run
-  ** queue never starves (DESIGN.md section 3, step 5). */
+  ** queue never starves (docs/design/architecture.md, "The scheduler
+  ** pass"). */
   ums__task_t *urgent_head, *urgent_tail; /* [owner] */
   uint32_t urgent_streak;      /* [owner] urgent picks in a row */
   bool expiring;               /* [owner] inside timer expiry */
@@ -1256,7 +1263,7 @@ struct ums__sched {
   uint32_t ncall_free;         /* [owner] */
   ums__spin_gauge_t call_spin; /* [owner] how spins at the call site of
                                   a preemptive call fare (preempt.c) */
-  /* Stamps (waits.c) reused so that most switches read no clock. */
+  /* Stamps (waitstats.c) reused so that most switches read no clock. */
   int64_t now_hint;            /* [owner] the stamp of the park that
                                   started this pass, for the next pick; 0:
                                   none */
@@ -1313,7 +1320,7 @@ struct ums_runtime {
                                   sched.nlive_own count as one per
                                   scheduler); futex word */
   bool vclock;                 /* [const] the clock is virtual (clock.c) */
-  /* The wait clock (waits.c): stamp-clock ns, at most a tick behind,
+  /* The wait clock (waitstats.c): stamp-clock ns, at most a tick behind,
   ** moved forward only. Alone on its line: every scheduler reads it on
   ** each timed park, the monitor writes it once a millisecond. */
   struct {
@@ -1368,6 +1375,19 @@ static inline ums__task_t *ums__task_lookup(ums_runtime_t *rt, uint64_t id) {
   return t;
 }
 
+/* The task's wait timer (wait.c, declared under "Waits"). */
+static inline void ums__wait_timer_init(ums__task_t *t) {
+  t->timer.index = 0;
+  t->timer.cb = ums__wait_timeout;
+}
+static inline void ums__wait_timer_arm(ums__sched_t *s, ums__task_t *t,
+                                       int64_t deadline) {
+  ums__timer_arm(&s->timers, &t->timer, deadline);
+}
+static inline void ums__wait_timer_stop(ums__sched_t *s, ums__task_t *t) {
+  if (ums__timer_armed(&t->timer)) ums__timer_disarm(&s->timers, &t->timer);
+}
+
 /* Brackets the work a thread outside the runtime does on it (a host
 ** thread's spawn, join, cancel, or a wake-up it posts), so that a shutdown
 ** running concurrently, which may see the last task end in the middle of
@@ -1381,8 +1401,8 @@ static inline void ums__rt_leave(ums_runtime_t *rt) {
 
 /* The scheduler the calling thread runs, or NULL. Initial-exec: the
 ** runtime is often linked into a dlopen'ed Lua module, where the default
-** model makes every access a __tls_get_addr call (~55 instructions per
-** task switch measured); one pointer fits glibc's static TLS surplus,
+** model makes every access a __tls_get_addr call, several per task
+** switch; one pointer fits glibc's static TLS surplus,
 ** which exists for such modules. */
 #define UMS__TLS_IE __attribute__((tls_model("initial-exec")))
 extern _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
@@ -1441,6 +1461,13 @@ void ums__sched_schedule(ums__sched_t *s);
 void ums__sched_start_now(ums__sched_t *s, ums__task_t *t);
 /* A started task ended: account for it and start a pending spawn. */
 void ums__sched_task_ended(ums__sched_t *s);
+/* A task waiting for a worker slot (UMS__T_PENDING) was cancelled: takes
+** it off the pending list and ends it without running (a step task is
+** started instead, so that its binding steps it once and lets go).
+** [owner] */
+void ums__sched_cancel_pending(ums__sched_t *s, ums__task_t *t);
+/* Makes a parked or new task runnable from any thread. */
+void ums__task_ready(ums__task_t *t);
 
 /* The load placement compares (task.c's least_loaded), also reported as
 ** the scheduler's load factor. */
@@ -1450,7 +1477,7 @@ static inline int64_t ums__sched_load(const ums__sched_t *s) {
 }
 
 /* ====================================================================== */
-/* Observation (waits.c, monitor.c, stats.c)                               */
+/* Observation (waitstats.c, monitor.c, stats.c)                               */
 /* ====================================================================== */
 
 #define UMS__OBS(state, type) ((uint32_t)(state) | (uint32_t)(type) << 8)
@@ -1494,7 +1521,7 @@ static inline bool ums__sched_posted(ums__sched_t *s) {
          atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
 }
 
-/* A stamp on s's clock (waits.c has the reasoning): by default the wait
+/* A stamp on s's clock (waitstats.c has the reasoning): by default the wait
 ** clock, a word the monitor sets from the stamp clock every millisecond
 ** while a scheduler is busy; with UMS_STATS_PRECISE the stamp clock
 ** itself; on a virtual-clock runtime the virtual time, where a sleep of
@@ -1512,7 +1539,7 @@ static inline int64_t ums__stamp_sched(const ums__sched_t *s) {
 ** thread. */
 UMS__HIDDEN void ums__wait_clock_advance(ums_runtime_t *rt, int64_t now);
 
-/* The three moments of a wait (waits.c has the reasoning). They run on
+/* The three moments of a wait (waitstats.c has the reasoning). They run on
 ** every switch that parks, hence inline: the fast paths are a few stores
 ** and at most one clock reading. */
 
@@ -1540,7 +1567,7 @@ static inline void ums__wait_begin(ums__sched_t *s, ums__task_t *t,
 void ums__wait_begin_pending(ums__sched_t *s, ums__task_t *t);
 
 /* A stamp for a wake on t's own scheduler when its waker's turn has none
-** (waits.c). [owner] */
+** (waitstats.c). [owner] */
 UMS__HIDDEN int64_t ums__wait_ready_stamp(ums__sched_t *s);
 
 /* t was made runnable, by any thread: with stats on, records when, for
@@ -1582,7 +1609,7 @@ static inline void ums__obs_pick(ums__sched_t *s, ums__task_t *t) {
   if (!s->timing) return;
   int64_t now;
   if (s->stamps == UMS__STAMPS_WAIT_CLOCK) {
-    /* One load: nothing to carry along the pass (waits.c). */
+    /* One load: nothing to carry along the pass (waitstats.c). */
     if (!UMS__OBS_TYPE(obs)) return;
     now = ums__stamp_sched(s);
   } else {

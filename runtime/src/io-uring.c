@@ -1,5 +1,6 @@
 /*
-** io-uring.c: the io_uring backend, the scheduler's "I/O list" (seed 000).
+** io-uring.c: the io_uring backend, the scheduler's "I/O list"
+** (docs/design/io.md).
 **
 ** Each scheduler owns one ring and only its thread touches it (one
 ** submitter per ring), because only that thread runs its tasks. A request
@@ -246,11 +247,10 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res);
 /* Big reads side by side go to the kernel's workers. The kernel serves a
 ** read of cached pages inline, on the thread that submits it: this
 ** scheduler's. One big read at a time is best served so (a hand-off to a
-** kernel worker per read costs more than it gives: a 1 GiB file in 1 MiB
-** reads by one task went from 0.85-1.0x to 0.6-0.8x the C read loop,
-** bench_fs.lua), but several in flight would all copy on this one CPU
-** while the others idle (64 tasks reading one file: 0.6-0.7x inline,
-** 0.95-1.15x with IOSQE_ASYNC). So a big read queued while another is
+** kernel worker per read costs more than it gives to one task reading a
+** big file, bench_fs.lua), but several in flight would all copy on this
+** one CPU while the others idle (many tasks reading one file). So a big
+** read queued while another is
 ** queued or in flight is marked IOSQE_ASYNC: the first copies inline, the
 ** rest on the kernel's workers, on any CPU. */
 static bool big_read(const ums__io_req_t *r) {
@@ -328,9 +328,9 @@ static void queued(ums__sched_t *s) {
 
 /* ums_fs_readfile as a few entries driven by this scheduler's pass, so
 ** that its task parks once per file instead of once per open, read and
-** close (each park costs a coroutine switch, a pass and a request: from
-** Lua, open + read("a") + close of a 4 KiB file made four, ~3.4 us of
-** user time per file against ~2.5 us in the kernel).
+** close (each park costs a coroutine switch, a pass and a request, and
+** for a small file those parks would cost more user time than the
+** kernel's own work on it).
 **
 ** Stage 1: OPENAT. Then (chain_stages, after reap: reap must not submit,
 ** submitting may reap) a statx(2) on this thread says what was opened:

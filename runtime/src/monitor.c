@@ -39,7 +39,7 @@
 **
 ** Between looks, while stats are on, it moves the wait clock forward
 ** every millisecond (CLOCK_TICK_NS): the time waits are measured on
-** (waits.c).
+** (waitstats.c).
 **
 ** When every scheduler is idle the monitor sleeps on a futex instead of
 ** ticking ("no CPU while idle"), and the first scheduler to leave its
@@ -61,7 +61,7 @@
 
 #define TICK_NS (10 * UMS_NSEC_PER_MSEC)
 #define MIN_TICK_NS UMS_NSEC_PER_MSEC
-/* The wait clock's tick (waits.c): its resolution. */
+/* The wait clock's tick (waitstats.c): its resolution. */
 #define CLOCK_TICK_NS UMS_NSEC_PER_MSEC
 
 /* CPU time a stuck thread must have used since it last moved to count
@@ -281,7 +281,7 @@ static void *monitor_main(void *arg) {
   reset_slots(rt, last);
   while (!atomic_load(&m->stop)) {
     uint32_t w = atomic_load(&m->word);
-    /* Between looks, the wait clock's ticks (waits.c). */
+    /* Between looks, the wait clock's ticks (waitstats.c). */
     int64_t wake = last + m->tick;
     if (clock) {
       int64_t t = ums__clock_real() + CLOCK_TICK_NS;

@@ -249,24 +249,56 @@ int ums_net_getpeername(int fd, struct sockaddr *addr, socklen_t *len) {
   return SYS(getpeername(fd, addr, len));
 }
 
+/* Ends scheduler s's requests on fd with UMS_EBADF: on the ring, by a
+** cancel of every request on fd (their completions, -ECANCELED, are
+** reported as UMS_EBADF); in the epoll set, at once. */
+static void cancel_fd(ums__sched_t *s, int fd) {
+  if (s->ring) ums__ring_cancel_fd(s, fd);
+  if (ums__poller_of(s)) ums__poller_forget(s, fd);
+}
+
+int ums_net_cancel(int fd) {
+  if (fd < 0) return UMS_EBADF;
+  if (!ums__task_current()) return UMS_EPERM;
+  cancel_fd(ums__sched_current(), fd);
+  return 0;
+}
+
+/* Whether s may close fd at once, on its own thread: on the epoll
+** backend close(2) of a socket returns at once unless SO_LINGER holds it
+** for a time; only then is it worth a trip to the I/O pool. On the ring
+** the close is the ring's, after the cancel. */
+static bool close_at_once(ums__sched_t *s, int fd) {
+  if (!ums__poller_of(s)) return false;
+  struct linger lg = {0, 0};
+  socklen_t len = sizeof lg;
+  return getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) != 0 ||
+         !lg.l_onoff || lg.l_linger == 0;
+}
+
 int ums_net_close(int fd, int64_t deadline) {
   if (fd < 0) return UMS_EBADF;
   /* This scheduler's requests on fd end with UMS_EBADF: the epoll set
   ** forgets a descriptor at its last close, and its waiters would wait
   ** for ever; an operation in the ring would keep the socket open. */
   ums__sched_t *s = ums__task_current() ? ums__sched_current() : NULL;
-  if (s && s->ring) ums__ring_cancel_fd(s, fd);
-  if (s && ums__poller_of(s)) {
-    ums__poller_forget(s, fd);
-    /* close(2) of a socket returns at once unless SO_LINGER holds it
-    ** for a time: only then is it worth a trip to the I/O pool. */
-    struct linger lg = {0, 0};
-    socklen_t len = sizeof lg;
-    if (getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) != 0 ||
-        !lg.l_onoff || lg.l_linger == 0)
+  if (s) {
+    cancel_fd(s, fd);
+    if (close_at_once(s, fd))
       return close(fd) == 0 || errno == EINTR ? 0 : -errno;
   }
   return ums_fs_close(fd, deadline);
+}
+
+int ums_net_close_begin(int fd, int64_t deadline, ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  if (fd < 0) return UMS_EBADF;
+  if (!ums__task_current()) return UMS_EPERM;
+  ums__sched_t *s = ums__sched_current();
+  cancel_fd(s, fd);
+  if (close_at_once(s, fd))
+    return close(fd) == 0 || errno == EINTR ? 1 : -errno;
+  return ums_fs_close_begin(fd, deadline, req);
 }
 
 int ums_net_accept(int fd, struct sockaddr *addr, socklen_t *len,

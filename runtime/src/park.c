@@ -232,7 +232,7 @@ void ums__park_after_step(ums__sched_t *s, ums__task_t *t) {
   if (atomic_load(&t->cancelled) && !t->park.nocancel)
     ums__waiter_abort(&t->park, UMS_ECANCELED);
   else if (t->park_deadline != UMS_FOREVER)
-    ums__timer_arm(&s->timers, &t->timer, t->park_deadline);
+    ums__wait_timer_arm(s, t, t->park_deadline);
 }
 
 void ums__step_misuse(ums__task_t *t, const char *what) {

@@ -1,6 +1,6 @@
 /*
 ** pool.c: a pool of OS threads, the "hidden scheduler" onto which work
-** that would block a scheduler goes (seed 000, "Hidden Schedulers"). File
+** that would block a scheduler goes (docs/design/architecture.md). File
 ** I/O uses one when io_uring is unavailable or does not support an
 ** operation; blocking C calls will use another, so nothing here knows
 ** about I/O: a work item is a run() function that completes its own
@@ -12,7 +12,7 @@
 ** a lock): then the CPUs sit idle while work waits. When they are busy
 ** computing, or when the work is short, more threads only add context
 ** switches: 64 trivial calls in flight on 64 threads of a 2-CPU machine
-** ran 6x slower than on 2 (each handoff a futex wake). So beyond core a
+** make every handoff a futex wake. So beyond core a
 ** monitor thread looks every grow_ns while work is queued: if the oldest
 ** queued work has waited that long, it starts one thread per busy thread
 ** blocked in its work: at two looks in a row in the same work (not
@@ -30,8 +30,9 @@
 ** start or the pool's destruction joins it: no thread outlives the pool.
 **
 ** Handoff. Waking a thread asleep on a condition variable costs tens of
-** microseconds on a small VM (a futex round trip was measured at ~80 us),
-** more than most blocking C calls take, and a submitter that takes the
+** microseconds on a small VM (a futex round trip, bench/bench_core's
+** spin_handoff and condvar_handoff floors), more than most blocking C
+** calls take, and a submitter that takes the
 ** pool's lock contends with the threads taking work. So a submitter
 ** takes no lock and makes no system call while work flows: it pushes its
 ** work onto `incoming` with one CAS and looks at `nawake`, the threads
@@ -350,9 +351,10 @@ static int64_t spin_for_work(ums__pool_t *p) {
     ** the spin took, to the last reading (64 pauses). */
     if (work_waiting(p)) return seen - start;
     ums__cpu_relax();
-    /* The clock costs ~45 ns here; a pause is ~40 cycles or more. Now and
-    ** then give the CPU to whoever waits for it: on a crowded machine that
-    ** may be the very thread that would hand us work. */
+    /* A clock reading costs far more than a pause, so the clock is read
+    ** every 64 pauses only. Now and then give the CPU to whoever waits
+    ** for it: on a crowded machine that may be the very thread that would
+    ** hand us work. */
     if ((i & 63) == 0) {
       if ((seen = ums__clock_now()) >= until)
         return work_waiting(p) ? seen - start : -1;

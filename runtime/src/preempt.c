@@ -2,7 +2,7 @@
 ** preempt.c: going preemptive. A task hands a blocking C call to the
 ** runtime's C-call pool (pool.c, rt->preempt_pool) and parks; the pool
 ** thread runs it and unparks the task, which its own scheduler then
-** resumes (seed 000, "Going Preemptive").
+** resumes (docs/design/preempt.md).
 **
 ** A call is a small heap record shared by two references: the caller's
 ** (dropped by ums_preempt_end) and the pool's (dropped when the work has
@@ -60,16 +60,16 @@
 ** found INFLIGHT (by the scheduler, in ums__preempt_reap) and after the
 ** release for one found ABANDONED (by the pool thread).
 **
-** Records and slots (PREEMPT.md, "One cache line for a lone call"). A
-** scheduler keeps freed records for its next calls, and has one more of
-** its own, its slot record (call_lone), which is a slot of the C-call
-** pool (pool.c, "Slots"): a spinning caller whose slot record is free
-** (refs 0) posts it instead of pushing it onto the queue, so that the
-** pool thread spinning for work finds it on the record's own line; when
-** the spin ends unanswered, the caller takes the post back if no thread
-** took it and queues the record (call_unpost). ums_preempt_prepare hands
-** out a record before its call begins, so that the caller can put the
-** call's data in its inline area, on that same line.
+** Records and slots (docs/design/preempt.md, "One cache line for a lone call").
+** A scheduler keeps freed records for its next calls, and has one more of its
+** own, its slot record (call_lone), which is a slot of the C-call pool (pool.c,
+** "Slots"): a spinning caller whose slot record is free (refs 0) posts it
+** instead of pushing it onto the queue, so that the pool thread spinning for
+** work finds it on the record's own line; when the spin ends unanswered, the
+** caller takes the post back if no thread took it and queues the record
+** (call_unpost). ums_preempt_prepare hands out a record before its call begins,
+** so that the caller can put the call's data in its inline area, on that same
+** line.
 */
 #include "internal.h"
 
@@ -338,8 +338,7 @@ static bool spin_allowed(ums__sched_t *s, ums__task_t *t, int64_t deadline,
       ums__sched_posted(s) ||
       /* Other calls or file I/O in flight: their completions will want
       ** the scheduler, and with many calls queued ahead of ours a spin
-      ** would only hold a CPU the pool threads need (measured: 64 calls
-      ** in flight ran 15-20% slower on a loaded 2-CPU VM). io_uring
+      ** would only hold a CPU the pool threads need. io_uring
       ** completions, besides, arrive in the ring, which only the pass
       ** reaps. */
       atomic_load_explicit(&s->preempt_pending, memory_order_relaxed) ||
@@ -372,7 +371,7 @@ static bool spin_for_call(ums__sched_t *s, ums__task_t *t,
         atomic_load_explicit(&t->cancelled, memory_order_relaxed))
       return false;
     ums__cpu_relax();
-    /* The clock only every 64 pauses (it costs ~45 ns here). */
+    /* The clock only every 64 pauses: a reading costs many pauses. */
     if ((i & 63) == 0) {
       int64_t now = ums__clock_real();
       if (!start) {

@@ -3,9 +3,10 @@
 **
 ** There is no scheduler thread to wake: whichever context runs out of
 ** work (a task that parks or yields, a worker whose task ended) runs the
-** pass itself and switches straight to the next task (seed 000, "a worker
-** actually performs UMS's work for it"). The scheduler thread's own
-** context only starts the first task and, at exit, tears down.
+** pass itself and switches straight to the next task (a worker performs
+** the scheduler's work itself, as in UMS; docs/design/architecture.md).
+** The scheduler thread's own context only starts the first task and, at
+** exit, tears down.
 **
 ** The pass, in order: deliver cancellations; submit and reap I/O (the
 ** ring's part: io-uring.c); expire timers; drain the completion list; pick
@@ -38,10 +39,11 @@ _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 #define DEFAULT_PREEMPT_THREADS 10000
 #define DEFAULT_STALL_THRESHOLD UMS_NSEC_PER_SEC
 /* How long an idle pool thread, and a scheduler with preemptive calls in
-** flight, spin before they sleep. A futex wake-up costs ~80 us round trip
-** on the 2-vCPU VMs this was measured on, a spinning handoff well under
-** 1 us; spinning about as long as the sleep would cost bounds the waste
-** to 2x of the optimum (the classic competitive-spinning argument).
+** flight, spin before they sleep. A futex wake-up costs tens of
+** microseconds round trip on a small VM, a spinning handoff a small
+** fraction of that; spinning about as long as the sleep would cost bounds
+** the waste to 2x of the optimum (the classic competitive-spinning
+** argument).
 ** bench/bench_preempt.c measures both settings. */
 #define PREEMPT_POOL_SPIN_NS (50 * UMS_NSEC_PER_USEC)
 #define SCHED_SPIN_NS UMS__SCHED_SPIN_NS
@@ -111,18 +113,24 @@ static void pending_push(ums__sched_t *s, ums__task_t *t) {
               atomic_load_explicit(&s->npending, memory_order_relaxed) + 1);
 }
 
+/* Takes t off the pending list, wherever it is on it. */
+static void pending_unlink(ums__sched_t *s, ums__task_t *t) {
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    s->pend_head = t->next;
+  if (t->next)
+    t->next->prev = t->prev;
+  else
+    s->pend_tail = t->prev;
+  t->next = t->prev = NULL;
+  set_relaxed(&s->npending,
+              atomic_load_explicit(&s->npending, memory_order_relaxed) - 1);
+}
+
 static ums__task_t *pending_pop(ums__sched_t *s) {
   ums__task_t *t = s->pend_head;
-  if (t) {
-    s->pend_head = t->next;
-    if (s->pend_head)
-      s->pend_head->prev = NULL;
-    else
-      s->pend_tail = NULL;
-    t->next = t->prev = NULL;
-    set_relaxed(&s->npending,
-                atomic_load_explicit(&s->npending, memory_order_relaxed) - 1);
-  }
+  if (t) pending_unlink(s, t);
   return t;
 }
 
@@ -169,6 +177,18 @@ void ums__sched_admit(ums__sched_t *s, ums__task_t *t) {
     return;
   }
   ums__sched_start_now(s, t);
+}
+
+void ums__sched_cancel_pending(ums__sched_t *s, ums__task_t *t) {
+  pending_unlink(s, t);
+  if (t->step) {
+    /* Stepped once, past max_workers, so its binding can let go. */
+    ums__sched_start_now(s, t);
+    return;
+  }
+  s->nlocal--;
+  t->status = UMS_ECANCELED;
+  ums__task_finish(t);
 }
 
 void ums__sched_task_ended(ums__sched_t *s) {
@@ -530,10 +550,10 @@ static void idle_wait_virtual(ums__sched_t *s) {
   ums__clock_advance(s->rt, next);
 }
 
-/* The first moments of that spin, before any clock reading (~45 ns each
-** here, two per round trip): most preemptive calls complete within a few
-** microseconds. Only with no timer armed, so nothing can be due. Returns
-** true when something arrived. */
+/* The first moments of that spin, before any clock reading (a reading
+** costs many pauses, and a round trip takes two): most preemptive calls
+** complete within a few microseconds. Only with no timer armed, so
+** nothing can be due. Returns true when something arrived. */
 #define QUICK_SPINS 128
 static bool spin_quick(ums__sched_t *s) {
   if (s->timers.n || !pool_work_pending(s) ||
@@ -634,7 +654,7 @@ static bool wake_idle_waiters(ums__sched_t *s) {
 /* Housekeeping plus the pick; NULL only when the runtime is exiting and
 ** this scheduler has no task left. */
 static ums__task_t *next_runnable(ums__sched_t *s) {
-  s->seg_start = -1; /* the turn has ended: in the pass (waits.c) */
+  s->seg_start = -1; /* the turn has ended: in the pass (waitstats.c) */
   for (;;) {
     if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
       drain_cancels(s);
@@ -1034,9 +1054,9 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   /* Both pools start a thread per CPU at once and more only when those
   ** are blocked in their work (pool.c's monitor: a read from a slow disk
   ** is, a read of cached pages is not), and hand work to a spinning
-  ** thread first. The I/O pool used to grow at once to its bound: 64
-  ** threads reading cached small files on 2 CPUs spent their time on the
-  ** pool's lock and wake-ups (0.27x the one-thread C loop). */
+  ** thread first. A pool grown at once to its bound would spend its
+  ** time on the pool's lock and wake-ups: 64 threads reading cached small
+  ** files on 2 CPUs mostly wait for each other. */
   ums__pool_cfg_t io_cfg = {.name = "ums-io",
                             .core = (uint32_t)cpu_count(),
                             .max = (uint32_t)c.io_pool_threads,

@@ -33,8 +33,21 @@
 ** destroyed leaves its empty slabs (at most KEEP_MAX of at most
 ** KEEP_BYTES each, for the process) to the next pool with the same slot
 ** size, guards and all; their stacks' pages were given back when the
-** stacks were freed, so a kept slab costs address space, not memory. A
-** child made by fork inherits the mappings and may use them too.
+** stacks were freed (but for its resident stacks' tops, below), so a
+** kept slab costs address space and at most RESIDENT_MAX *
+** RESIDENT_BYTES of memory. A child made by fork inherits the mappings
+** and may use them too.
+**
+** Resident stacks. Giving a freed stack's pages back (MADV_DONTNEED) is a
+** TLB shootdown in a process with several threads, and the next user of
+** the slot faults the same pages in again, which a short runtime (one
+** worker, a few pages of its stack touched) would pay at every stop and
+** start. So each slab leaves the top RESIDENT_BYTES (the
+** end a stack starts from) of at most RESIDENT_MAX of its free slots in
+** place, and gives back only the rest; a shallow stack then costs a
+** system call that finds nothing to unmap. Free slots are reused last
+** freed first, so those are the slots handed out next. This keeps at most
+** RESIDENT_MAX * RESIDENT_BYTES of memory per slab.
 */
 
 #include "internal.h"
@@ -75,6 +88,12 @@
 #define SLAB_MIN_SLOTS 16u
 #define SLAB_MAX_SLOTS 1024u
 #define SLAB_MAX_BYTES ((size_t)1 << 30)
+/* Resident stacks (above): how many free slots per slab, how much of
+** each, and the mark of such a slot in top[] (slot indices are far
+** below it). */
+#define RESIDENT_MAX 4u
+#define RESIDENT_BYTES ((size_t)64 * 1024)
+#define RESIDENT_BIT ((uint32_t)1 << 31)
 
 struct ums__slab {
   struct ums__slab *prev, *next; /* the pool's list, see above */
@@ -87,7 +106,9 @@ struct ums__slab {
   uint32_t nfresh; /* slots [nfresh, nslots) were never
                       handed out and have no guard yet */
   uint32_t ntop;   /* entries in top[] */
-  /* Indices of the free slots below nfresh, used as a stack. They live
+  uint32_t nresident; /* entries of top[] marked RESIDENT_BIT */
+  /* Indices of the free slots below nfresh, used as a stack, each with
+  ** RESIDENT_BIT when the top of its stack kept its pages. They live
   ** here rather than in the free stacks themselves, whose pages were
   ** given back to the kernel and would fault on a write. */
   uint32_t top[];
@@ -255,6 +276,7 @@ static int slab_new(ums__stack_pool_t *p, struct ums__slab **out) {
   sl->nfree = (uint32_t)want;
   sl->nfresh = 0;
   sl->ntop = 0;
+  sl->nresident = 0;
   p->nslabs++;
   *out = sl;
   return 0;
@@ -316,6 +338,10 @@ int ums__stack_alloc(ums__stack_pool_t *p, ums__stack_t *out) {
   uint32_t i;
   if (sl->ntop) {
     i = sl->top[--sl->ntop];
+    if (i & RESIDENT_BIT) {
+      sl->nresident--;
+      i &= ~RESIDENT_BIT;
+    }
   } else {
     i = sl->nfresh;
     int rc = guard_install(p, sl->base + (size_t)i * p->slot_size);
@@ -350,8 +376,14 @@ void ums__stack_free(ums__stack_pool_t *p, ums__stack_t *st) {
   ** not inherit them. */
   ASAN_UNPOISON_MEMORY_REGION(st->lo, st->size);
 #endif
+  uint32_t index = st->index;
   bool was_full = sl->nfree == 0;
-  sl->top[sl->ntop++] = st->index;
+  size_t keep = 0;
+  if (sl->nresident < RESIDENT_MAX) {
+    keep = p->stack_size < RESIDENT_BYTES ? p->stack_size : RESIDENT_BYTES;
+    sl->nresident++;
+  }
+  sl->top[sl->ntop++] = index | (keep ? RESIDENT_BIT : 0);
   sl->nfree++;
   p->in_use--;
   st->lo = NULL;
@@ -370,11 +402,13 @@ void ums__stack_free(ums__stack_pool_t *p, ums__stack_t *st) {
     list_unlink(p, sl);
     list_push_partial(p, sl);
   }
-  /* The stack's pages go back to the kernel; the guard page stays. A
-  ** failure leaves the memory in place, which is harmless. */
-  madvise((char *)sl->base + (size_t)st->index * p->slot_size +
-              (p->slot_size - p->stack_size),
-          p->stack_size, MADV_DONTNEED);
+  /* The stack's pages go back to the kernel, but for the top `keep`
+  ** bytes of a resident slot; the guard page stays. A failure leaves the
+  ** memory in place, which is harmless. */
+  if (keep < p->stack_size)
+    madvise(sl->base + (size_t)index * p->slot_size +
+                (p->slot_size - p->stack_size),
+            p->stack_size - keep, MADV_DONTNEED);
 }
 
 const char *ums__stack_guard_kind(const ums__stack_pool_t *p) {

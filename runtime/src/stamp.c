@@ -1,11 +1,12 @@
 /*
 ** stamp.c: the stamp clock, monotonic nanoseconds cheap enough to read
-** on the switch path (wait statistics, waits.c).
+** on the switch path (wait statistics, waitstats.c).
 **
-** clock_gettime costs ~30 ns here; the time stamp counter it reads
-** underneath costs a third of that. The counter's rate is not published
-** to user space on x86-64, so it is measured: the first reading takes an
-** anchor (counter, CLOCK_MONOTONIC), and the first reading at least
+** clock_gettime reads the time stamp counter underneath and does more
+** besides, so reading the counter directly costs a fraction of it. The
+** counter's rate is not published to user space on x86-64, so it is
+** measured: the first reading takes an anchor (counter,
+** CLOCK_MONOTONIC), and the first reading at least
 ** CALIBRATE_NS later a second pair; their ratio gives the rate, and from
 ** then on a stamp is the anchor's time plus the scaled counter delta.
 ** Until then stamps come from clock_gettime, which agrees with the scaled

@@ -24,11 +24,6 @@
 ** finished on another do not pile up on one side. */
 #define LOCAL_FREE_MAX 4096
 
-static void timeout_cb(ums__sched_t *s, ums__timer_t *tm) {
-  ums__task_t *t = UMS__CONTAINER_OF(tm, ums__task_t, timer);
-  if (t->wait) ums__waiter_abort(t->wait, UMS_ETIMEDOUT);
-}
-
 /* Adds a chunk of fresh tasks, handed out from rt->fresh on. Its zeroed
 ** pages stay untouched until then: a short runtime faults in the few it
 ** uses. [table_lock] */
@@ -70,8 +65,7 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
   t->inbox_next = t->cancel_next = NULL;
   t->worker = NULL;
   t->wait = NULL;
-  t->timer.index = 0;
-  t->timer.cb = timeout_cb;
+  ums__wait_timer_init(t);
   t->result = NULL;
   t->status = 0;
   t->start_err = 0;
@@ -234,8 +228,8 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   ** A thread that sees the new id (ums__task_lookup, ums__task_id_locked:
   ** acquire) sees the initialisation above, which this release store
   ** publishes. gen is only ever touched here, by the one spawner of the
-  ** free record. The locked exchange this used to take stalled on the
-  ** cold stores of the initialisation (perf: ~5% of a spawn+join). */
+  ** free record, so a plain store does: a locked exchange would stall on
+  ** the cold stores of the initialisation. */
   t->gen = t->gen + 1 ? t->gen + 1 : 1;
   uint64_t id = ((uint64_t)t->gen << 32) | t->slot;
   atomic_store_explicit(&t->id, id, memory_order_release);
@@ -271,7 +265,7 @@ static __attribute__((noinline)) void finish_shared(ums__task_t *t,
 void ums__task_finish(ums__task_t *t) {
   ums__sched_t *s = t->sched;
   t->state = UMS__T_DONE;
-  if (ums__timer_armed(&t->timer)) ums__timer_disarm(&s->timers, &t->timer);
+  ums__wait_timer_stop(s, t);
   ums__lock(&t->lock);
   t->done = true;
   if (t->joiners.head ||
@@ -413,27 +407,8 @@ void ums__task_deliver_cancel(ums__task_t *t) {
       break;
     case UMS__T_PENDING:
       if (!cancelled) break;
-      /* It never got a worker: unlink it and end it without running. */
-      if (t->prev)
-        t->prev->next = t->next;
-      else
-        s->pend_head = t->next;
-      if (t->next)
-        t->next->prev = t->prev;
-      else
-        s->pend_tail = t->prev;
-      t->next = t->prev = NULL;
-      atomic_store_explicit(&s->npending,
-          atomic_load_explicit(&s->npending, memory_order_relaxed) - 1,
-          memory_order_relaxed);
-      if (t->step) {
-        /* Stepped once, past max_workers, so its binding can let go. */
-        ums__sched_start_now(s, t);
-        break;
-      }
-      s->nlocal--;
-      t->status = UMS_ECANCELED;
-      ums__task_finish(t);
+      /* It never got a worker: it ends without running. */
+      ums__sched_cancel_pending(s, t);
       break;
     default:
       /* Runnable, running or not started: it sees the flag at its next

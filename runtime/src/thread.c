@@ -4,7 +4,7 @@
 **
 ** A program may start many short runtimes one after another (a test
 ** framework starts one per test). Creating and joining an OS thread costs
-** several times more than waking a parked one here, and the pages of a
+** several times more than waking a parked one, and the pages of a
 ** fresh thread's stack fault in again every time (glibc gives them back
 ** when a thread exits). So a runtime configured with keep_threads > 0
 ** does not let its threads exit at shutdown: each one, once its function

@@ -157,19 +157,25 @@ void ums__waiter_abort(ums__waiter_t *w, int outcome) {
   if (abort_locked(w, outcome, &wk)) ums__wake(&wk);
 }
 
+/* The task's wait timer fired: its wait, if one is still on, times out. */
+void ums__wait_timeout(ums__sched_t *s, ums__timer_t *tm) {
+  (void)s;
+  ums__task_t *t = UMS__CONTAINER_OF(tm, ums__task_t, timer);
+  if (t->wait) ums__waiter_abort(t->wait, UMS_ETIMEDOUT);
+}
+
 int ums__wait(ums__waiter_t *w, int64_t deadline) {
   ums__task_t *t = w->task;
   if (t) {
     ums__sched_t *s = t->sched;
-    if (deadline != UMS_FOREVER)
-      ums__timer_arm(&s->timers, &t->timer, deadline);
+    if (deadline != UMS_FOREVER) ums__wait_timer_arm(s, t, deadline);
     t->wait = w;
     t->state = UMS__T_PARKED;
     ums__wait_begin(s, t, w);
     if (w->lock) ums__unlock(w->lock);
     ums__sched_schedule(s);
     t->wait = NULL;
-    if (ums__timer_armed(&t->timer)) ums__timer_disarm(&s->timers, &t->timer);
+    ums__wait_timer_stop(s, t);
     return (int)atomic_load_explicit(&w->state, memory_order_acquire);
   }
 

@@ -108,8 +108,7 @@ static bool run_step(ums__sched_t *s, ums__worker_t *w, ums__task_t *t) {
   if (t->wait == &t->park) {
     /* Back from a park that ended: its timer may still be armed. */
     t->wait = NULL;
-    if (ums__timer_armed(&t->timer))
-      ums__timer_disarm(&s->timers, &t->timer);
+    ums__wait_timer_stop(s, t);
   }
   int r = t->step(t->arg);
   if (r == UMS_STEP_DONE) {

@@ -53,7 +53,10 @@
 #define SANITIZED 0
 #endif
 
-#define ITERS 100000
+/* Iterations per primitive: 30,000 by default (each outcome about 15,000
+** times, with the race steered to the deadline), or UMS_STRESS_ITERS for a
+** longer soak. */
+static int64_t ITERS = 30000;
 /* The deadline's first distance: enough for the releaser to wake on "go"
 ** and get to its own timed sleep before D. */
 #define X0_NS ((SANITIZED ? 150 : 100) * US)
@@ -226,10 +229,10 @@ static void *waiter(void *arg) {
       }
     }
     long *c = &counts[variant][0][0];
-    printf("  %-24s %d iterations in %.1f s: granted %ld (task %ld, host "
+    printf("  %-24s %ld iterations in %.1f s: granted %ld (task %ld, host "
            "%ld), timed out %ld (task %ld, host %ld); deadline now + "
            "%.0f us, release offset settled in [%+.1f, %+.1f] us\n",
-           variant_name[variant], ITERS, (double)(ums_now() - t0) / 1e9,
+           variant_name[variant], (long)ITERS, (double)(ums_now() - t0) / 1e9,
            c[0] + c[2], c[0], c[2], c[1] + c[3], c[1], c[3], (double)x_ns / 1e3,
            (double)lo / 1e3, (double)hi / 1e3);
     fflush(stdout);
@@ -246,7 +249,19 @@ static void *waiter(void *arg) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  printf("stress_wake_timeout: %d iterations per primitive%s\n", ITERS,
+  const char *iters = getenv("UMS_STRESS_ITERS");
+  if (iters) {
+    char *end;
+    long long n = strtoll(iters, &end, 10);
+    if (*iters == '\0' || *end != '\0' || n < 100) {
+      fprintf(stderr,
+              "stress_wake_timeout: UMS_STRESS_ITERS must be a whole number "
+              ">= 100, got '%s'\n", iters);
+      return 2;
+    }
+    ITERS = n;
+  }
+  printf("stress_wake_timeout: %ld iterations per primitive%s\n", (long)ITERS,
          SANITIZED ? " (sanitizer build)" : "");
   rt = su_runtime(2, 0);
   sem = ums_sem_new(0);

@@ -37,7 +37,7 @@ static uint64_t io_pending(void) { return tu_stats_sum(rt, io_pending); }
 /* Waits (2 s) for an abandoned read of a pipe to end: cancelled in the
 ** kernel, or interrupted on its pool thread. A pool interrupt is best
 ** effort (a signal that lands just before the thread enters read() is
-** lost; runtime/IO.md): then the read ends when data comes, which this
+** lost; docs/design/io.md): then the read ends when data comes, which this
 ** writes to wfd. Returns whether the interrupt was lost. */
 static bool settle_abandoned_read(int wfd) {
   int64_t until = ums_deadline(2 * UMS_NSEC_PER_SEC);
@@ -1111,7 +1111,7 @@ static void test_close_cancelled(void) {
 /* open(2) of a FIFO blocks until a writer comes. Abandon such an open,
 ** then let a writer come: if the open completes after all, the runtime
 ** closes the descriptor nobody will take. (io_uring's OPENAT does not wait
-** for a writer: it opens the FIFO at once, see runtime/IO.md; then there
+** for a writer: it opens the FIFO at once, see docs/design/io.md; then there
 ** is nothing to abandon.) */
 static void *fifo_opener(void *arg) {
   const char *path = arg;

@@ -94,7 +94,10 @@ static void test_blocking_call(void) {
   int64_t delay = atomic_load(&rep.at) - atomic_load(&stall_began);
   printf("   reported %.0f ms after the stall began (threshold %.0f ms)\n",
          (double)delay / 1e6, (double)THRESHOLD / 1e6);
-  CHECK_GE(delay, THRESHOLD - 20 * MS);
+  /* The monitor counts the stall from the scheduler's last switch, a
+  ** little before the task stores stall_began: tens of milliseconds
+  ** before under TSan on a crowded machine. */
+  CHECK_GE(delay, THRESHOLD - 50 * MS);
   CHECK_LE(delay, 2 * THRESHOLD);
   CHECK_EQ(atomic_load(&rep.sched), 1);
   CHECK_EQ(atomic_load(&rep.task), t);
@@ -190,8 +193,12 @@ static void test_off(void) {
 static void test_default_report(void) {
   ums_config_t cfg = {.schedulers = 1, .stall_threshold = 100 * MS};
   rt = tu_runtime_new_cfg(&cfg);
-  ums_task_t t = spawn_named(0, "quiet-blocker", block_fn, PTR(400));
-  WAIT_UNTIL(tu_stats(rt, 0).stalls == 1, 10000);
+  /* The block lasts 15 thresholds: on a crowded machine the monitor's
+  ** own thread may wait hundreds of milliseconds for a CPU, and it must
+  ** still look while the block lasts. At least one report: this proves
+  ** the default reporter runs, not how often. */
+  ums_task_t t = spawn_named(0, "quiet-blocker", block_fn, PTR(1500));
+  WAIT_UNTIL(tu_stats(rt, 0).stalls >= 1, 10000);
   join_ok(t);
   tu_runtime_shutdown(rt);
 }

@@ -1005,16 +1005,89 @@ static void *close_other(void *arg) {
   return PTR(1);
 }
 
+/* The same with the deferred form: the closing task parks on the ring's
+** close (1: the epoll backend closed it at once). */
+static void *close_begin_other(void *arg) {
+  pair_t *p = arg;
+  ums_fs_req_t *q = NULL;
+  int rc = ums_net_close_begin(p->a, UMS_FOREVER, &q);
+  if (rc == 0) {
+    CHECK_RC(ums_park_wait(), 0);
+    rc = (int)ums_fs_end(q);
+  } else {
+    CHECK_EQ(rc, 1);
+    rc = 0;
+  }
+  CHECK_RC(rc, 0);
+  return PTR(1);
+}
+
 static void test_close_while_waiting(void) {
-  pair_t p = {.family = AF_INET};
-  p.a = connected(p.family, &p.b);
-  ums_task_t t = spawn_on(0, recv_one, &p);
-  WAIT_UNTIL(atomic_load(&p.started) && io_pending() == 1, 10000);
-  usleep(2000);
-  CHECK(tu_in_task(rt, 0, close_other, &p) == PTR(1));
-  CHECK(join(t) == PTR(1));
-  CHECK_RC((int)p.result, UMS_EBADF);
-  CHECK_RC(ums_net_close(p.b, UMS_FOREVER), 0);
+  ums_fs_req_t *q = NULL;
+  CHECK_RC(ums_net_close_begin(-1, UMS_FOREVER, &q), UMS_EBADF);
+  CHECK_RC(ums_net_close_begin(0, UMS_FOREVER, NULL), UMS_EINVAL);
+  for (int deferred = 0; deferred < 2; deferred++) {
+    pair_t p = {.family = AF_INET};
+    p.a = connected(p.family, &p.b);
+    /* Outside a task there is no park to begin. */
+    CHECK_RC(ums_net_close_begin(p.a, UMS_FOREVER, &q), UMS_EPERM);
+    ums_task_t t = spawn_on(0, recv_one, &p);
+    WAIT_UNTIL(atomic_load(&p.started) && io_pending() == 1, 10000);
+    usleep(2000);
+    CHECK(tu_in_task(rt, 0, deferred ? close_begin_other : close_other,
+                     &p) == PTR(1));
+    CHECK(join(t) == PTR(1));
+    CHECK_RC((int)p.result, UMS_EBADF);
+    /* Closed: the number is free (nothing else opens one meanwhile). */
+    CHECK(fcntl(p.a, F_GETFD) < 0 && errno == EBADF);
+    CHECK_RC(ums_net_close(p.b, UMS_FOREVER), 0);
+  }
+}
+
+/* ums_net_cancel from another task of the same scheduler: the waiting
+** receive, send, accept or readiness wait ends with UMS_EBADF once the
+** kernel has let go of it, and the descriptor stays open and usable. */
+typedef struct cancel_arg {
+  stuck_t *s;
+  int rc;
+} cancel_arg_t;
+
+static void *cancel_other(void *arg) {
+  cancel_arg_t *c = arg;
+  c->rc = ums_net_cancel(c->s->fd);
+  return PTR(1);
+}
+
+static void test_cancel_fd(void) {
+  CHECK_RC(ums_net_cancel(-1), UMS_EBADF);
+  static const int ops[] = {OP_ACCEPT, OP_RECV, OP_SEND, OP_WAIT_FD};
+  for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+    for (size_t f = 0; f < sizeof families / sizeof *families; f++) {
+      stuck_t s = {.op = ops[i], .family = families[f], .timeout = -1};
+      setup(&s);
+      /* Outside a task there is no scheduler to end anything on. */
+      CHECK_RC(ums_net_cancel(s.fd), UMS_EPERM);
+      ums_task_t t = spawn_on(0, run_stuck, &s);
+      WAIT_UNTIL(atomic_load(&s.started) && io_pending() == 1, 10000);
+      /* Parked in the operation, not about to enter it. */
+      usleep(2000);
+      cancel_arg_t c = {.s = &s, .rc = 1};
+      CHECK(tu_in_task(rt, 0, cancel_other, &c) == PTR(1));
+      CHECK_RC(c.rc, 0);
+      CHECK(join(t) == PTR(1));
+      if (s.result != UMS_EBADF)
+        tu_fail(__FILE__, __LINE__, "%s on %s: %" PRId64 " (%s)",
+                op_names[ops[i]], family_name(families[f]), s.result,
+                ums_err_name((int)s.result));
+      WAIT_UNTIL(io_pending() == 0, 10000);
+      /* Still open, and the same operation waits again until its
+      ** deadline. */
+      CHECK(fcntl(s.fd, F_GETFD) >= 0);
+      s.timeout = tu_ms(20);
+      CHECK(tu_in_task(rt, 0, run_stuck, &s) == PTR(1));
+      CHECK_RC((int)s.result, UMS_ETIMEDOUT);
+      finish(&s);
+    }
 }
 
 static void test_bad_input(void) {
@@ -1076,6 +1149,7 @@ int main(int argc, char **argv) {
     RUN_NET(test_many);
     RUN_NET(test_accept_abandoned);
     RUN_NET(test_close_while_waiting);
+    RUN_NET(test_cancel_fd);
     RUN_NET(test_emfile);
     RUN_NET(test_fd_cycles);
   }

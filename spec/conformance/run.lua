@@ -12,7 +12,8 @@
 -- its stdout too, unless the program's first line is
 -- "-- conformance: main": its output depends on running as a main chunk
 -- (lua.c's message handler, the frames below it in a traceback), which a
--- task is not; the README lists these differences.
+-- task is not; docs/lua-api.md ("Errors as in plain Lua") lists these
+-- differences.
 --
 -- Exits 0 when everything matches; otherwise prints each difference.
 local prog = assert(arg[1], "usage: run.lua <program> [--mask pattern]..."

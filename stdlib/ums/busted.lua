@@ -13,8 +13,9 @@
 -- commas by Busted):
 --
 --   timeout=S   real seconds each block may take (default 10)
---   clock=C     "real" (the default) or "virtual" (README, "Deterministic
---               time"); tags below override it per block
+--   clock=C     "real" (the default) or "virtual"
+--               (docs/deterministic-time.md); tags below override it per
+--               block
 --   limit=S     with the virtual clock, the virtual seconds after which a
 --               block that is still blocked fails (default 1e7)
 --   gc          a full collection at the end of every block (ums.test's
@@ -169,9 +170,14 @@ end
 -- Running a block
 -- ---------------------------------------------------------------------
 
+-- A tag ends where a character that cannot be in one follows.
+local tag_patterns = {}
+for _, tag in ipairs{"virtual", "real", "notask"} do
+  tag_patterns[tag] = "#" .. tag .. "%f[^%w_%-]"
+end
+
 local function has_tag(name, tag)
-  return type(name) == "string" and
-         name:find("#" .. tag .. "%f[^%w_%-]") ~= nil
+  return type(name) == "string" and name:find(tag_patterns[tag]) ~= nil
 end
 
 -- The names of the describe blocks being run, innermost last: Busted
@@ -186,21 +192,87 @@ busted.subscribe({"describe", "end"}, function()
   return nil, true
 end)
 
--- How a block runs: clock ("real" | "virtual") and notask, from the
--- options, then the describes' tags outside in, then the block's own.
+-- What settings() works out, by apply_tags: the block's clock ("real" |
+-- "virtual") and whether it runs on Busted's thread.
+local set_clock, set_notask
+
+local function apply_tags(name)
+  -- Most names have no tag at all: one plain search says so.
+  if type(name) ~= "string" or not name:find("#", 1, true) then return end
+  if has_tag(name, "virtual") then set_clock = "virtual" end
+  if has_tag(name, "real") then set_clock = "real" end
+  if has_tag(name, "notask") then set_notask = true end
+end
+
+-- How a block runs: clock and notask, from the options, then the
+-- describes' tags outside in, then the block's own.
 local function settings(own_name)
-  local clock, notask = options.clock, false
-  local function apply(name)
-    if has_tag(name, "virtual") then clock = "virtual" end
-    if has_tag(name, "real") then clock = "real" end
-    if has_tag(name, "notask") then notask = true end
-  end
-  for i = 1, #describes do apply(describes[i]) end
-  apply(own_name)
-  return clock, notask
+  set_clock, set_notask = options.clock, false
+  for i = 1, #describes do apply_tags(describes[i]) end
+  apply_tags(own_name)
+  return set_clock, set_notask
 end
 
 local pack, unpack = table.pack, table.unpack
+
+-- The options ums.test gets, by clock; made once the helper's options
+-- are known (below).
+local test_opts = {}
+
+-- The block being run as a task. Runs cannot be nested, so there is at
+-- most one (a block that runs inside a task calls its function directly,
+-- below); it lives here rather than in closures made per block, so that
+-- a block allocates next to nothing the collector must trace again.
+-- run_block sets it on Busted's thread before the run; during the run
+-- only the run's task touches it.
+local block_fn, block_args  -- block_args: nil when there are none
+-- The block's own error, seen in its task: set by catch when fn raises.
+local caught, caught_err, caught_source, caught_line
+
+local function catch(e)
+  -- A cancellation (the timeout) is the run's business, not fn's error.
+  if not rawequal(e, core.CANCELLED) then
+    caught, caught_err = true, e
+    caught_source, caught_line = spec_frame(2)
+  end
+  return e
+end
+
+local function raise_failed(ok, ...)
+  if not ok then error((...), 0) end
+  return ...
+end
+
+local function body()
+  if block_args then
+    return raise_failed(xpcall(block_fn, catch,
+                               unpack(block_args, 1, block_args.n)))
+  end
+  return raise_failed(xpcall(block_fn, catch))
+end
+
+-- The block's outcome, from pcall(test, ...): its results, or its
+-- failure raised at the spec's line.
+local function outcome(ok, ...)
+  local fn = block_fn
+  block_fn, block_args = nil, nil
+  if ok then return ... end
+  local err = ...
+  local info = debug.getinfo(fn, "S")
+  if caught then
+    local e = caught_err
+    caught, caught_err = nil, nil
+    -- ums.test adds a note when tasks nobody joined failed too.
+    local note = type(err) == "string" and
+                 err:match("\n(%(and %d+ task%(s%) failed that nobody " ..
+                           "joined%))$")
+    if note and type(e) == "string" then e = e .. "\n" .. note end
+    return raise_at(caught_source or info.source,
+                    caught_line or info.linedefined, e)
+  end
+  -- A timeout or a failed task nobody joined: at the block's first line.
+  return raise_at(info.source, info.linedefined, err)
+end
 
 -- Runs fn(...) as the first task of a fresh run (ums.test) and raises its
 -- failure at the spec's line.
@@ -208,39 +280,14 @@ local function run_block(fn, own_name, ...)
   local clock, notask = settings(own_name)
   if notask or core.self() then return fn(...) end
   M.runs = M.runs + 1
-  local args = pack(...)
-  local caught  -- {err, source, line}: fn's own error, seen in its task
-  local function handler(e)
-    -- A cancellation (the timeout) is the run's business, not fn's error.
-    if not rawequal(e, core.CANCELLED) then
-      local source, line = spec_frame(2)
-      caught = {err = e, source = source, line = line}
-    end
-    return e
-  end
-  local function body()
-    local r = pack(xpcall(fn, handler, unpack(args, 1, args.n)))
-    if not r[1] then error(r[2], 0) end
-    return unpack(r, 2, r.n)
-  end
-  local r = pack(pcall(test, body, {timeout = options.timeout, clock = clock,
-                                    limit = options.limit,
-                                    gc = options.gc or nil}))
-  if r[1] then return unpack(r, 2, r.n) end
-  local err = r[2]
-  local info = debug.getinfo(fn, "S")
-  if caught then
-    local e = caught.err
-    -- ums.test adds a note when tasks nobody joined failed too.
-    local note = type(err) == "string" and
-                 err:match("\n(%(and %d+ task%(s%) failed that nobody " ..
-                           "joined%))$")
-    if note and type(e) == "string" then e = e .. "\n" .. note end
-    return raise_at(caught.source or info.source,
-                    caught.line or info.linedefined, e)
-  end
-  -- A timeout or a failed task nobody joined: at the block's first line.
-  return raise_at(info.source, info.linedefined, err)
+  block_fn = fn
+  block_args = select("#", ...) > 0 and pack(...) or nil
+  caught, caught_err = nil, nil
+  -- The options in force now: a suite's helper may change M.options.
+  local opts = test_opts[clock]
+  opts.timeout, opts.limit = options.timeout, options.limit
+  opts.gc = options.gc or nil
+  return outcome(pcall(test, body, opts))
 end
 
 -- Gives wrapper the same _ENV upvalue as fn: Busted looks at a block's
@@ -305,6 +352,11 @@ for _, descriptor in ipairs{"it", "before_each", "after_each"} do
 end
 
 M.options = options
+
+for _, clock in ipairs{"real", "virtual"} do
+  test_opts[clock] = {timeout = options.timeout, clock = clock,
+                      limit = options.limit, gc = options.gc or nil}
+end
 
 -- The suite's own helper, loaded as Busted would have loaded it. It may
 -- require this module, which is therefore registered first.

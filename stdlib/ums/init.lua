@@ -1,7 +1,7 @@
 --- ums: green threads for Lua 5.4 on a user-mode scheduler.
 -- The C core (ums.core) runs tasks and parks them; this module adds the
 -- checked configuration, the synchronisation primitives (ums.sync) and
--- the test helper. See README.md for the API.
+-- the test helper. docs/lua-api.md describes the API.
 local core = require "ums.core"
 local raise = require("ums.waitq").raise
 
@@ -9,6 +9,10 @@ local ums = {}
 for k, v in pairs(core) do ums[k] = v end
 -- core.run_limit is the test helper's (stdlib/ums/test.lua), not API.
 ums.run_limit = nil
+-- core.socket holds the helpers stdlib/ums/socket.lua is built on; the
+-- field ums.socket is that module, LuaSocket's API (loaded on first use,
+-- at the end of this file).
+ums.socket = nil
 
 -- Configuration: every key is checked here, so a typo fails at once
 -- rather than silently running with a default. The numeric bounds are
@@ -50,7 +54,7 @@ local settings = {
         '"auto", "uring" or "pool"'},
   io_threads = int_in("io_threads", "an integer", " (0: the default, 64)"),
   preempt_threads = int_in("preempt_threads", "an integer",
-                           " (0: the default, 64)"),
+                           " (0: the default, 10000)"),
   stats = {function(v) return type(v) == "boolean" or v == "precise" end,
            'a boolean or "precise"'},
   stall_threshold = seconds(" (0: off)"),
@@ -84,8 +88,8 @@ local defaults = {
           or os.getenv("UMS_STATS") ~= "off",
   stall_threshold = 1,
   clock = "real",
-  -- false: a run whose tasks are woken by threads ums cannot see (README,
-  -- "Deadlocks") is not ended when every task is blocked.
+  -- false: a run whose tasks are woken by threads ums cannot see
+  -- (docs/deadlocks.md) is not ended when every task is blocked.
   deadlock = true,
   init = false,
 }
@@ -179,10 +183,33 @@ end
 -- and no file I/O or C call is in flight. With the virtual clock, it
 -- returns before the clock moves.
 
--- The standard library for programs (issue 9): work queues, application
+-- The C core's modules are loaded under their own names too (require
+-- "ums.net" gives ums.net), and that is also where Lua looks for a
+-- function's name when it reports a bad argument: "bad argument #1 to
+-- 'ums.fs.open'", not "to '?'", when the call came through pcall or a
+-- local.
+for _, name in ipairs{"fs", "net", "ffi", "shared"} do
+  if package.loaded["ums." .. name] == nil then
+    package.loaded["ums." .. name] = core[name]
+  end
+end
+
+-- The standard library for programs (docs/stdlib.md): work queues,
+-- application
 -- locks, task groups. Each module also works on its own through require.
 ums.applock = require "ums.applock"
 ums.group = require("ums.group").new
 ums.workqueue = require("ums.workqueue").new
+
+-- ums.socket is require "ums.socket", loaded the first time a program
+-- reads the field (that module requires this one, so it cannot be loaded
+-- here).
+setmetatable(ums, {__index = function(t, k)
+  if k == "socket" then
+    local m = require "ums.socket"
+    rawset(t, k, m)
+    return m
+  end
+end})
 
 return ums

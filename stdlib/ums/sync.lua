@@ -13,7 +13,7 @@
 -- shared objects (core.shared, lua-binding/lshared.c), which the
 -- constructors here make when given {shared = true}.
 --
--- Conventions (DESIGN.md section 8):
+-- Conventions (docs/design/architecture.md, "Conventions"):
 --   * a bad argument raises, with luaL_argerror's wording;
 --   * a timeout (seconds, a non-negative number; nil = forever) is a
 --     result: `nil, "timeout"`; a timeout of 0 polls without parking;

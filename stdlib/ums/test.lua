@@ -13,7 +13,7 @@
 -- as a dropped ums.fs file's close, run inside its own run; see below).
 --
 -- With clock = "virtual" the run uses the runtime's virtual clock
--- (README, "Deterministic time"): sleeps and timeouts take no real time
+-- (docs/deterministic-time.md): sleeps and timeouts take no real time
 -- and tasks wake in the same order on every run. The run gets one
 -- scheduler; the settings are restored afterwards. `timeout` is then a
 -- real-time limit on the whole run (it catches a test that never blocks,
@@ -22,7 +22,7 @@
 -- at once, so a deadlocked test fails in milliseconds with
 -- "ums.test: timed out after <limit> s of virtual time". On the real
 -- clock a deadlocked test fails at once too, with ums.run's deadlock
--- report (README, "Deadlocks"), which lists the blocked tasks.
+-- report (docs/deadlocks.md), which lists the blocked tasks.
 --
 -- Raises (so the surrounding `it` fails)
 --   * when fn raises: a string error is raised again with the task's
@@ -57,8 +57,10 @@ local core = require "ums.core"
 
 local ONERROR_KEY = "ums.on_error"  -- lua-binding/lums.c
 
+local function get_registry() return debug.getregistry() end
+
 local function current_handler()
-  local ok, reg = pcall(function() return debug.getregistry() end)
+  local ok, reg = pcall(get_registry)
   if ok and type(reg) == "table" and type(reg[ONERROR_KEY]) == "function" then
     return reg[ONERROR_KEY]
   end
@@ -84,179 +86,170 @@ local function bad_timeout(v, what)
                                        and tostring(v) or type(v)), 3)
 end
 
-local function test(fn, timeout)
-  if type(fn) ~= "function" then
-    error(("bad argument #1 to 'test' (function expected, got %s)")
-          :format(type(fn)), 2)
-  end
-  local virtual, limit, gc = false, 1e7, false
-  if type(timeout) == "table" then
-    local opts = timeout
-    for k in pairs(opts) do
-      if k ~= "timeout" and k ~= "clock" and k ~= "limit" and k ~= "gc" then
-        error(("bad argument #2 to 'test' (unknown option '%s')")
-              :format(tostring(k)), 2)
-      end
-    end
-    if opts.clock ~= nil and opts.clock ~= "real" and
-       opts.clock ~= "virtual" then
-      error(("bad argument #2 to 'test' (clock must be \"real\" or "
-             .. "\"virtual\", got %s)"):format(tostring(opts.clock)), 2)
-    end
-    virtual = opts.clock == "virtual"
-    gc = opts.gc and true or false
-    if opts.limit ~= nil then
-      if type(opts.limit) ~= "number" or not (opts.limit > 0) then
-        bad_timeout(opts.limit, "limit")
-      end
-      limit = opts.limit
-    end
-    timeout = opts.timeout
-  end
-  if timeout == nil then
-    timeout = 10
-  elseif type(timeout) ~= "number" or not (timeout > 0) then
-    bad_timeout(timeout, "the timeout")
-  end
-  if core.self() then
-    error("ums.test: cannot be called inside a task (ums.run cannot be "
-          .. "nested)", 2)
-  end
+-- The state of the test in progress. Runs cannot be nested, so there is
+-- at most one; it lives here rather than in closures made per call, so
+-- that a test allocates next to nothing the collector must trace again
+-- (a cost that grows with the heap, paid by every test of a suite).
+-- test() sets it before the run and clears it before returning; during
+-- the run only the run's tasks (on its one Lua thread) touch it.
+local ums           -- the ums module, whose spawn and submit are wrapped
+local fn            -- the test's function
+local virtual, limit, timeout, gc
+local unjoined = {}  -- {err, traceback, task} of each failed task nobody
+                     -- joined
+local spawned = {}   -- every task started through ums.spawn/submit
+local timed_out = false
+local prev_spawn, prev_submit, prev_submit_on
+local prev_handler  -- ums.on_error's handler before the test
+local prev_clock, prev_scheds  -- virtual clock only: the run's settings
+local me            -- the test task
+local watchdog      -- virtual clock only: the task that enforces limit
+-- Set when the test task ends, however it ends. The watchdog must not
+-- fire after that: with the virtual clock, once the test task has
+-- failed, the clock may jump to the watchdog's deadline before the main
+-- thread's cancellation of the rest of the run arrives.
+local main_over = false
+local fn_returned = false
+local over_guard = setmetatable({}, {__close = function()
+  main_over = true
+end})
 
-  local ums = require "ums"
-  local unjoined = {}
-  local spawned = {}  -- every task started through ums.spawn during the test
-  local timed_out = false
+local function clear(t)
+  for i = #t, 1, -1 do t[i] = nil end
+end
 
-  local prev_handler = current_handler()
-  local prev_spawn = ums.spawn
-  local prev_submit, prev_submit_on = ums.submit, ums.submit_on
-  core.on_error(function(err, traceback, task)
-    unjoined[#unjoined + 1] = {err = err, traceback = traceback, task = task}
-  end)
-  ums.spawn = function(...)
-    local t = prev_spawn(...)
-    spawned[#spawned + 1] = t
-    return t
+local function note_failure(err, traceback, task)
+  unjoined[#unjoined + 1] = {err = err, traceback = traceback, task = task}
+end
+
+local function spawn_noted(...)
+  local t = prev_spawn(...)
+  spawned[#spawned + 1] = t
+  return t
+end
+
+-- Submitted work (ums.submit): its handle has status and cancel too.
+local function submit_noted(...)
+  local w = prev_submit(...)
+  spawned[#spawned + 1] = w
+  return w
+end
+
+local function submit_on_noted(...)
+  local w = prev_submit_on(...)
+  spawned[#spawned + 1] = w
+  return w
+end
+
+local function others_live()
+  for i = 1, #spawned do
+    if is_live(spawned[i]) then return true end
   end
-  -- Submitted work (ums.submit): its handle has status and cancel too.
-  if prev_submit then
-    ums.submit = function(...)
-      local w = prev_submit(...)
-      spawned[#spawned + 1] = w
-      return w
-    end
-    ums.submit_on = function(...)
-      local w = prev_submit_on(...)
-      spawned[#spawned + 1] = w
-      return w
-    end
+  return false
+end
+
+local function cancel_all()
+  for i = 1, #spawned do spawned[i]:cancel() end
+end
+
+-- A failed work queue item nobody looked at reports its error when it
+-- is collected: if there is one, collect now, so that it reports to
+-- the handler above, inside the test. Failed task handles need no
+-- collection (the run reports those still unjoined at its end), and a
+-- full collection per test would cost as much as the heap is large.
+local function collect_if_needed()
+  local wqm = package.loaded["ums.workqueue"]
+  if gc or (type(wqm) == "table" and wqm.unseen_failures and
+            wqm.unseen_failures()) then
+    collectgarbage()
   end
+end
 
-  local function others_live()
-    for i = 1, #spawned do
-      if is_live(spawned[i]) then return true end
-    end
-    return false
-  end
+local function watch()
+  core.sleep(virtual and limit or timeout)
+  -- Everything had ended, and the helper's next look (below) is due
+  -- later: not a timeout.
+  if main_over or (fn_returned and not others_live()) then return end
+  timed_out = true
+  cancel_all()
+  me:cancel()
+end
 
-  local function cancel_all()
-    for i = 1, #spawned do spawned[i]:cancel() end
-  end
-
-  -- The run's first task runs fn itself, so that the helper adds only one
-  -- task (the watchdog) to the run.
-  -- Set when the test task ends, however it ends. The watchdog must not
-  -- fire after that: with the virtual clock, once the test task has
-  -- failed, the clock may jump to the watchdog's deadline before the
-  -- main thread's cancellation of the rest of the run arrives.
-  local main_over = false
-  local over_mt = {__close = function() main_over = true end}
-  local fn_returned = false
-
-  -- A failed work queue item nobody looked at reports its error when it
-  -- is collected: if there is one, collect now, so that it reports to
-  -- the handler above, inside the test. Failed task handles need no
-  -- collection (the run reports those still unjoined at its end), and a
-  -- full collection per test would cost as much as the heap is large.
-  local function collect_if_needed()
-    local wqm = package.loaded["ums.workqueue"]
-    if gc or (type(wqm) == "table" and wqm.unseen_failures and
-              wqm.unseen_failures()) then
-      collectgarbage()
-    end
-  end
-
-  local function main()
-    local over <close> = setmetatable({}, over_mt)
-    local me = core.self()
-    me:name("ums.test")
-    -- On the real clock the run's own limit (core.run_limit) is the
-    -- timeout, and ums.run waits for the tasks fn started: the run then
-    -- arms no timer of its own, so a test whose tasks are all blocked
-    -- ends at once with ums.run's deadlock report.
-    if not virtual then
-      local r = table.pack(fn())
-      fn_returned = true
-      collect_if_needed()
-      return r
-    end
-    local watchdog = prev_spawn(function()
-      core.sleep(virtual and limit or timeout)
-      -- Everything had ended, and the helper's next look (below) is due
-      -- later: not a timeout.
-      if main_over or (fn_returned and not others_live()) then return end
-      timed_out = true
-      cancel_all()
-      me:cancel()
-    end)
-    watchdog:name("ums.test watchdog")
-    local r = table.pack(fn())
-    fn_returned = true
-    -- fn returned; wait for the tasks it started, polling their status
-    -- (joining them here would hide their errors from on_error). On
-    -- timeout the watchdog cancels this task: the sleep then raises.
-    -- With the virtual clock the pause keeps doubling: sleeping costs no
-    -- real time there, but every look does, and tasks that run for a
-    -- virtual hour would otherwise be looked at 180,000 times.
+-- What the test task does once fn has returned (its results are the
+-- arguments, passed on). With the virtual clock it waits for the tasks
+-- fn started, polling their status (joining them here would hide their
+-- errors from on_error); on timeout the watchdog cancels this task: the
+-- sleep then raises. The pause keeps doubling: sleeping costs no real
+-- time there, but every look does, and tasks that run for a virtual hour
+-- would otherwise be looked at 180,000 times. On the real clock ums.run
+-- itself waits for them.
+local function after_fn(...)
+  fn_returned = true
+  if virtual then
     local pause = 0.001
     while others_live() do
       core.sleep(pause)
-      pause = virtual and pause * 2 or math.min(pause * 2, 0.02)
+      pause = pause * 2
     end
     watchdog:cancel()
-    collect_if_needed()
-    return r
   end
+  collect_if_needed()
+  return ...
+end
 
-  -- If fn raises, ums.run cancels every task left (also those the helper
-  -- does not know of) and raises the error again (a string with fn's
-  -- traceback appended).
-  local prev_config = core.config()
-  local prev_clock, prev_scheds = prev_config.clock, prev_config.schedulers
-  local ok, res
+-- The run's first task runs fn itself, so that the helper adds at most
+-- one task (the watchdog) to the run.
+local function main()
+  local over <close> = over_guard
+  me = core.self()
+  me:name("ums.test")
+  -- On the real clock the run's own limit (core.run_limit) is the
+  -- timeout, and ums.run waits for the tasks fn started: the run then
+  -- arms no timer of its own, so a test whose tasks are all blocked
+  -- ends at once with ums.run's deadlock report.
   if virtual then
-    core.config{clock = "virtual", schedulers = 1}
-    ok, res = pcall(core.run_limit, timeout, main)
-    core.config{clock = prev_clock or "real", schedulers = prev_scheds}
-  else
-    ok, res = pcall(core.run_limit, timeout, main)
+    watchdog = prev_spawn(watch)
+    watchdog:name("ums.test watchdog")
   end
+  return after_fn(fn())
+end
+
+-- Forgets the test's state (its tasks' handles and errors among it).
+local function reset()
+  fn, me, watchdog = nil, nil, nil
+  clear(unjoined)
+  clear(spawned)
+end
+
+-- Puts back the settings the test changed for its run; passes its
+-- arguments on.
+local function restore(...)
+  if virtual then
+    core.config{clock = prev_clock or "real", schedulers = prev_scheds}
+  end
+  core.on_error(prev_handler or core.default_on_error)
+  prev_handler = nil
+  return ...
+end
+
+-- The test's outcome, from pcall(core.run_limit, ...): its results, or
+-- the error to raise (see the top of this file).
+local function settle(ok, ...)
   ums.spawn = prev_spawn
   ums.submit, ums.submit_on = prev_submit, prev_submit_on
-  core.on_error(prev_handler or core.default_on_error)
-
+  prev_spawn, prev_submit, prev_submit_on = nil, nil, nil
   local failure
   if timed_out then
     failure = ("ums.test: timed out after %s s%s"):format(
       format_timeout(virtual and limit or timeout),
       virtual and " of virtual time" or "")
-  elseif not ok and type(res) == "string" and
-         res:find("ums.run: time limit of", 1, true) then
-    failure = ("ums.test: timed out after %s s"):format(
-      format_timeout(timeout))
   elseif not ok then
-    if rawequal(res, core.CANCELLED) then
+    local res = ...
+    if type(res) == "string" and
+       res:find("ums.run: time limit of", 1, true) then
+      failure = ("ums.test: timed out after %s s"):format(
+        format_timeout(timeout))
+    elseif rawequal(res, core.CANCELLED) then
       failure = "ums.test: the test task was cancelled"
     elseif res == nil or res == false then
       failure = ("ums.test: the test task raised %s"):format(tostring(res))
@@ -269,6 +262,7 @@ local function test(fn, timeout)
       failure = failure .. ("\n(and %d task(s) failed that nobody joined)")
                 :format(#unjoined)
     end
+    reset()
     error(failure, 0)
   end
   if #unjoined > 0 then
@@ -283,9 +277,73 @@ local function test(fn, timeout)
       parts[#parts + 1] = ("[%d]%s %s"):format(
         i, name ~= "" and (" task '" .. name .. "':") or "", text)
     end
+    reset()
     error(table.concat(parts, "\n"), 0)
   end
-  return table.unpack(res, 1, res.n)
+  reset()
+  return ...
+end
+
+local function test(f, opt)
+  if type(f) ~= "function" then
+    error(("bad argument #1 to 'test' (function expected, got %s)")
+          :format(type(f)), 2)
+  end
+  local t, v, lim, g = opt, false, 1e7, false
+  if type(opt) == "table" then
+    for k in pairs(opt) do
+      if k ~= "timeout" and k ~= "clock" and k ~= "limit" and k ~= "gc" then
+        error(("bad argument #2 to 'test' (unknown option '%s')")
+              :format(tostring(k)), 2)
+      end
+    end
+    if opt.clock ~= nil and opt.clock ~= "real" and
+       opt.clock ~= "virtual" then
+      error(("bad argument #2 to 'test' (clock must be \"real\" or "
+             .. "\"virtual\", got %s)"):format(tostring(opt.clock)), 2)
+    end
+    v = opt.clock == "virtual"
+    g = opt.gc and true or false
+    if opt.limit ~= nil then
+      if type(opt.limit) ~= "number" or not (opt.limit > 0) then
+        bad_timeout(opt.limit, "limit")
+      end
+      lim = opt.limit
+    end
+    t = opt.timeout
+  end
+  if t == nil then
+    t = 10
+  elseif type(t) ~= "number" or not (t > 0) then
+    bad_timeout(t, "the timeout")
+  end
+  if core.self() then
+    error("ums.test: cannot be called inside a task (ums.run cannot be "
+          .. "nested)", 2)
+  end
+
+  ums = ums or require "ums"
+  reset()
+  fn, virtual, limit, timeout, gc = f, v, lim, t, g
+  timed_out, main_over, fn_returned = false, false, false
+  prev_handler = current_handler()
+  prev_spawn = ums.spawn
+  prev_submit, prev_submit_on = ums.submit, ums.submit_on
+  core.on_error(note_failure)
+  ums.spawn = spawn_noted
+  if prev_submit then
+    ums.submit, ums.submit_on = submit_noted, submit_on_noted
+  end
+
+  -- If fn raises, ums.run cancels every task left (also those the helper
+  -- does not know of) and raises the error again (a string with fn's
+  -- traceback appended).
+  if virtual then
+    local cfg = core.config()
+    prev_clock, prev_scheds = cfg.clock, cfg.schedulers
+    core.config{clock = "virtual", schedulers = 1}
+  end
+  return settle(restore(pcall(core.run_limit, timeout, main)))
 end
 
 return test

@@ -14,10 +14,11 @@
 -- seconds (default 0) for more and then stops, as an activated procedure
 -- stops when its RECEIVE times out. Items are taken in post order (FIFO).
 --
--- Ordered phases (the seed's "ordered batches"). Items posted with
+-- Ordered phases (a Service Broker queue's "ordered batches",
+-- docs/stdlib.md). Items posted with
 -- post_ordered(order, ...) run in phases: items of one order may run
 -- together, and an item of a later order starts only after every item of
--- every earlier order has finished. It works as the seed's activation
+-- every earlier order has finished. It works as that design's activation
 -- procedure does, with ums.applock and no table of states and no polling:
 -- a reader that takes an item of order o holds a Shared lock on "o" from
 -- the moment it takes it, then asks for IntentExclusive on the previous
@@ -30,7 +31,8 @@
 -- Orders must not decrease while ordered items are queued or running
 -- (a lower order then raises); once they have all finished, a new
 -- sequence of orders may start anywhere. A reader waiting for its phase
--- counts against `readers`, as in the seed.
+-- counts against `readers`, as an activated procedure waiting for its
+-- lock does.
 --
 -- Errors. An item that raises never takes its error with it: item:result
 -- returns it, q:wait returns false and every failure so far, and the

@@ -61,7 +61,7 @@ out=$(env -i PATH=/usr/bin:/bin \
 echo "lua5.4: $out"
 [ "$out" = "ums $version	42" ] || { echo "want: ums $version	42"; exit 1; }
 
-# The README's way: `luarocks path` sets LUA_PATH, LUA_CPATH and PATH.
+# docs/install.md's way: `luarocks path` sets LUA_PATH, LUA_CPATH and PATH.
 cat >"$tmp/script.lua" <<'LUA'
 local ums = require "ums"
 print(ums.spawn(function() return "script ran" end):join())

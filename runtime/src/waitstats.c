@@ -1,5 +1,5 @@
 /*
-** waits.c: what tasks wait for, and wait statistics (SQL Server's
+** waitstats.c: what tasks wait for, and wait statistics (SQL Server's
 ** sys.dm_os_waiting_tasks and sys.dm_os_wait_stats).
 **
 ** A wait has three moments: the task parks (ums__wait_begin), something
@@ -21,9 +21,10 @@
 ** (rt->wait_clock), a word of stamp-clock time that the monitor thread
 ** moves forward every millisecond while a scheduler is busy, and that a
 ** scheduler leaving its idle wait moves forward itself (the monitor may
-** have slept meanwhile). Reading the time stamp counter costs 20-25 ns
-** on a VM, a quarter of a channel message between two C tasks; loading
-** the word costs one load of a line that changes once a millisecond.
+** have slept meanwhile). Reading the time stamp counter on every park
+** would be a sizeable share of a channel message between two C tasks
+** (bench/RESULTS.md, "Observability's cost"); loading the word costs one
+** load of a line that changes once a millisecond.
 ** Its resolution is the tick: a wait that starts and ends within one
 ** tick counts 0, one that spans a tick boundary counts the time between
 ** ticks, so a wait of length d is counted, on average over where the
