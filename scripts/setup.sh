@@ -22,6 +22,7 @@ if [[ "${1:-}" == --bench ]]; then
   PACKAGES+=(
     tarantool lua-luv lua-cqueues                # Lua peers (bench/lua, bench/net)
     golang-go wrk nginx-light                    # network peers and load (bench/net)
+    gnuplot-nox                                  # bench/report's charts
   )
 fi
 

@@ -588,8 +588,8 @@ if opt.json then
   local parts = {}
   for _, r in ipairs(results) do
     local f = {}
-    for _, k in ipairs{"id", "what", "unit"} do
-      f[#f + 1] = fmt("%q: %q", k, r[k])
+    for _, k in ipairs{"id", "what", "unit", "floor"} do
+      if r[k] then f[#f + 1] = fmt("%q: %q", k, r[k]) end
     end
     for _, k in ipairs{"value", "ratio", "target", "vs_luv", "vs_tt"} do
       if r[k] then f[#f + 1] = fmt("%q: %.6g", k, r[k]) end

@@ -1,0 +1,1 @@
+bash bench/lua/bench_busted.sh --build-dir build-release

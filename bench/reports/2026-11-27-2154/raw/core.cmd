@@ -1,0 +1,1 @@
+build-release/bench/bench_core --json

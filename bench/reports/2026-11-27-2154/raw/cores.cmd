@@ -1,0 +1,1 @@
+lua5.4 bench/lua/bench_cores.lua --json

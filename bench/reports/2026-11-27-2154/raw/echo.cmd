@@ -1,0 +1,1 @@
+bash bench/net/run.sh --build-dir build-release

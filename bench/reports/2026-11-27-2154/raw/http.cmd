@@ -1,0 +1,1 @@
+bash bench/net/http.sh --build-dir build-release

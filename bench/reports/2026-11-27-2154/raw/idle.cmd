@@ -1,0 +1,1 @@
+bash bench/net/idle.sh --build-dir build-release

@@ -1,0 +1,1 @@
+build-release/bench/bench_io --dir build-release/bench-io-data

@@ -1,0 +1,1 @@
+bash bench/lua/run.sh --build-dir build-release
