@@ -16,13 +16,13 @@ PACKAGES=(
   zlib1g-dev                                     # examples/cmod (zutil)
   luarocks                                       # the rock test (install_rock)
   lua-socket                                     # ums.socket specs, example
+  gnuplot-nox                                    # bench/report's charts (bench_report_smoke)
 )
 # The peers the benchmarks compare with: not needed by any test.
 if [[ "${1:-}" == --bench ]]; then
   PACKAGES+=(
     tarantool lua-luv lua-cqueues                # Lua peers (bench/lua, bench/net)
     golang-go wrk nginx-light                    # network peers and load (bench/net)
-    gnuplot-nox                                  # bench/report's charts
   )
 fi
 
