@@ -7,10 +7,10 @@
 ** least. The collector frees in bursts (a sweep step frees every dead
 ** handle it meets), which overflows glibc's per-thread cache (7 blocks a
 ** size), and the scheduler threads make the process multi-threaded, so the
-** rest goes through the arenas' atomic fast bins, a hundred-odd
-** instructions for each malloc and free. A VM is used by one thread at a
-** time, so a plain free list per block size, with no atomics, serves the
-** same blocks again for a few instructions.
+** rest goes through the arenas' atomic fast bins, with atomic operations
+** on every malloc and free. A VM is used by one thread at a time, so a
+** plain free list per block size, with no atomics, serves the same blocks
+** again at the cost of a pointer swap.
 **
 ** Only exact sizes are cached: a block freed with size n (Lua always
 ** tells the size it allocated) is handed out again only for a request of

@@ -150,16 +150,7 @@ static void store_prim(lua_State *L, int idx, int k, char *q,
   lua_Integer n = lua_tointegerx(L, idx, &isint);
   if (!isint) value_error(L, what, "number has no integer representation");
   int64_t lo, hi;
-  switch (k) {
-    case K_I8: lo = INT8_MIN; hi = INT8_MAX; break;
-    case K_U8: lo = 0; hi = UINT8_MAX; break;
-    case K_I16: lo = INT16_MIN; hi = INT16_MAX; break;
-    case K_U16: lo = 0; hi = UINT16_MAX; break;
-    case K_I32: lo = INT32_MIN; hi = INT32_MAX; break;
-    case K_U32: lo = 0; hi = UINT32_MAX; break;
-    case K_I64: lo = INT64_MIN; hi = INT64_MAX; break;
-    default: lo = 0; hi = INT64_MAX; break; /* K_U64 */
-  }
+  lffi_kind_range(k, &lo, &hi);
   if (n < lo || n > hi)
     value_error(L, what, lua_pushfstring(L, "number %I out of range for %s",
                                          n, lffi_kind_names[k]));

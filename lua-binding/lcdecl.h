@@ -27,6 +27,22 @@ enum kind {
 /* The C name of each kind, for messages. */
 LUMS_HIDDEN extern const char *const lffi_kind_names[];
 
+/* The values an integer kind holds, as Lua integers (K_U64 up to
+** INT64_MAX: Lua has no larger integer). Marshalling (lcconv.c) and
+** cdata stores (lcdata.c) check against it. */
+static inline void lffi_kind_range(int k, int64_t *lo, int64_t *hi) {
+  switch (k) {
+    case K_I8: *lo = INT8_MIN; *hi = INT8_MAX; break;
+    case K_U8: *lo = 0; *hi = UINT8_MAX; break;
+    case K_I16: *lo = INT16_MIN; *hi = INT16_MAX; break;
+    case K_U16: *lo = 0; *hi = UINT16_MAX; break;
+    case K_I32: *lo = INT32_MIN; *hi = INT32_MAX; break;
+    case K_U32: *lo = 0; *hi = UINT32_MAX; break;
+    case K_I64: *lo = INT64_MIN; *hi = INT64_MAX; break;
+    default: *lo = 0; *hi = INT64_MAX; break; /* K_U64 */
+  }
+}
+
 static inline ffi_type *lffi_kind_ffi(int k) {
   switch (k) {
     case K_VOID: return &ffi_type_void;
