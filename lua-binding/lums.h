@@ -8,7 +8,7 @@
 #ifndef LUMS_H
 #define LUMS_H
 
-#include "ums.h"
+#include "ums-binding.h"
 
 #include <lauxlib.h>
 #include <lua.h>

@@ -441,13 +441,6 @@ UMS_API int ums_park_begin(int64_t deadline, ums_park_token_t *token);
 ** handler's cancels do not resolve, the detector ends it with
 ** UMS_EDEADLK (see "Deadlocks"). */
 #define UMS_PARK_NOCANCEL 1
-/* UMS_PARK_LOCAL makes a park whose token never leaves the task's
-** scheduler thread: only code running on that thread (its other tasks,
-** the task's own timer and cancel) ends it, so ums_unpark ends it without
-** a lock. Elsewhere ums_unpark refuses the park's token with UMS_EPERM
-** (a stale one with UMS_ESRCH, as always). For waits on objects only that
-** scheduler's tasks use, such as the Lua binding's channels. */
-#define UMS_PARK_LOCAL 2
 UMS_API int ums_park_begin_ex(int64_t deadline, int flags,
                               ums_park_token_t *token);
 /* The same, saying what the task waits for, for ums_runtime_tasks and the
@@ -468,8 +461,8 @@ UMS_API int ums_park_result(void);
 UMS_API int ums_park_begin_idle(int64_t deadline, ums_park_token_t *token);
 /* Ends the park with outcome. Returns 0, or UMS_ESRCH when that park has
 ** already ended (or the task is gone), UMS_EINVAL for a negative outcome,
-** UMS_EPERM for the token of a UMS_PARK_LOCAL park from any thread but
-** its task's scheduler's. Callable from any thread. */
+** UMS_EPERM for the token of a local park (UMS_PARK_LOCAL, a binding's
+** flag: ums-binding.h) from any thread but its task's scheduler's. Callable from any thread. */
 UMS_API int ums_unpark(ums_runtime_t *rt, ums_park_token_t token,
                        int outcome);
 
@@ -1108,68 +1101,9 @@ UMS_API int ums_preempt_begin(ums_preempt_fn fn, void *arg,
                               ums_preempt_call_t **call);
 UMS_API int ums_preempt_end(ums_preempt_call_t *call);
 
-/* ums_preempt_begin with ums_preempt's spin at the call site: returns 1
-** when the call returned during that spin (no park was begun: the caller
-** skips the park and calls ums_preempt_end at once, which returns 0), 0
-** when the park was begun as by ums_preempt_begin, or an error as
-** ums_preempt_begin; UMS_ECANCELED also when the task was cancelled
-** during the spin, the call then detached (release(arg) runs on the pool
-** once fn has returned). Language bindings use it to skip the yield and
-** resume a coroutine needs when it parks. */
-UMS_API int ums_preempt_begin_spin(ums_preempt_fn fn, void *arg,
-                                   ums_preempt_fn release, int64_t deadline,
-                                   ums_preempt_call_t **call);
-
-/* The split form with the call's data inside its record. A call that
-** returns while its caller spins costs what its cache lines cost to move
-** between the caller's CPU and the pool thread's, one way and back: the
-** record and, separately, whatever arg points to. The record has an
-** inline area on the same line as everything the pool thread reads first
-** (and, for a scheduler's lone call, the line the pool thread hands it
-** over by): data kept there travels with the call.
-**
-** ums_preempt_prepare takes a call record for the calling task and
-** stores it in *call and, if area is not NULL, its inline area in *area:
-** UMS_PREEMPT_AREA_SIZE bytes aligned to 8, of unspecified contents. The
-** caller fills it (typically with fn's arguments and room for its
-** results) and begins the call with ums_preempt_begin_prepared, arg
-** usually pointing into the area; or gives the record back unused with
-** ums_preempt_discard. Returns 0, UMS_EPERM outside a task, UMS_ENOMEM,
-** UMS_EINVAL (call is NULL). ums_preempt_area(call) is the area again.
-**
-** ums_preempt_begin_prepared begins the call in the record: with flags
-** UMS_PREEMPT_SPIN as ums_preempt_begin_spin, with 0 as
-** ums_preempt_begin, with the same results, from the task that prepared
-** it; on every error release(arg) has been called (or will be, as for
-** ums_preempt_begin_spin) and the record is no longer the caller's.
-**
-** The area belongs to the call as arg does (see "Ownership of arg"): to
-** fn while it runs; to the caller again when the call returns 0; to
-** release once the call is detached. ums_preempt_end_copy is
-** ums_preempt_end that, when it returns 0, first copies the area's first
-** n bytes to out: after ums_preempt_end returns the area is gone with the
-** record. With n > UMS_PREEMPT_AREA_SIZE (or out NULL and n > 0) it
-** returns UMS_EINVAL and leaves the call as it was, still to be ended. */
-#define UMS_PREEMPT_AREA_SIZE 24
-enum { UMS_PREEMPT_SPIN = 1 };
-UMS_API int ums_preempt_prepare(ums_preempt_call_t **call, void **area);
-UMS_API void *ums_preempt_area(ums_preempt_call_t *call);
-UMS_API void ums_preempt_discard(ums_preempt_call_t *call);
-UMS_API int ums_preempt_begin_prepared(ums_preempt_call_t *call,
-                                       ums_preempt_fn fn, void *arg,
-                                       ums_preempt_fn release,
-                                       int64_t deadline, int flags);
-UMS_API int ums_preempt_end_copy(ums_preempt_call_t *call, void *out,
-                                 size_t n);
-
-/* Names what a prepared call runs (a C function's name), for the report
-** of an exhausted pool (ums_pool_exhausted_t.what). what is not copied:
-** it must stay valid until the call has returned and been released
-** (keep it with what arg holds). NULL: unknown. Before
-** ums_preempt_begin_prepared; a record reused for the next call keeps
-** no name from the last one. */
-UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
-                                  const char *what);
+/* The fast paths of the split form (spinning at the call site, the call's
+** data inside its record) are for the language bindings built with the
+** runtime: runtime/include/ums-binding.h, which is not installed. */
 
 /* ====================================================================== */
 /* Observability: counters, tasks, wait statistics, the monitor            */

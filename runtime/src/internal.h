@@ -11,7 +11,7 @@
 #ifndef UMS_INTERNAL_H
 #define UMS_INTERNAL_H
 
-#include "ums.h"
+#include "ums-binding.h"
 
 #include <pthread.h>
 #include <setjmp.h>

@@ -29,6 +29,7 @@
 ** (--child MODE) are the processes the abort tests start.
 */
 #include "test-util.h"
+#include "ums-binding.h"
 
 #include <errno.h>
 #include <sched.h>

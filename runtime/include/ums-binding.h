@@ -1,0 +1,98 @@
+/*
+** ums-binding.h: what the language bindings built in this tree use beyond
+** ums.h. Not installed: a C host or a C module needs none of it (ums.h's
+** ums_preempt and ums_preempt_begin/_end, and ums-lua.h, are their
+** interface). What is here exists for the Lua binding's hot paths: a park
+** that never leaves its scheduler thread (lchan.c's channels) and the
+** preemptive call's fast paths (lext.c, lccall.c), whose cost is a few
+** cache lines moved between two threads. The calls are exported from libums so that
+** libums-lua, a separate shared object, can call them; the contract is
+** written here, next to the declarations.
+** Copyright (c) 2026 the ums authors; MIT license, see LICENSE.
+*/
+#ifndef UMS_BINDING_H
+#define UMS_BINDING_H
+
+#include "ums.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A flag of ums_park_begin_ex and ums_park_begin_wait (ums.h).
+** UMS_PARK_LOCAL makes a park whose token never leaves the task's
+** scheduler thread: only code running on that thread (its other tasks,
+** the task's own timer and cancel) ends it, so ums_unpark ends it without
+** a lock. Elsewhere ums_unpark refuses the park's token with UMS_EPERM
+** (a stale one with UMS_ESRCH, as always). For waits on objects only that
+** scheduler's tasks use, such as the Lua binding's channels. */
+#define UMS_PARK_LOCAL 2
+
+/* ums_preempt_begin with ums_preempt's spin at the call site: returns 1
+** when the call returned during that spin (no park was begun: the caller
+** skips the park and calls ums_preempt_end at once, which returns 0), 0
+** when the park was begun as by ums_preempt_begin, or an error as
+** ums_preempt_begin; UMS_ECANCELED also when the task was cancelled
+** during the spin, the call then detached (release(arg) runs on the pool
+** once fn has returned). Language bindings use it to skip the yield and
+** resume a coroutine needs when it parks. */
+UMS_API int ums_preempt_begin_spin(ums_preempt_fn fn, void *arg,
+                                   ums_preempt_fn release, int64_t deadline,
+                                   ums_preempt_call_t **call);
+
+/* The split form with the call's data inside its record. A call that
+** returns while its caller spins costs what its cache lines cost to move
+** between the caller's CPU and the pool thread's, one way and back: the
+** record and, separately, whatever arg points to. The record has an
+** inline area on the same line as everything the pool thread reads first
+** (and, for a scheduler's lone call, the line the pool thread hands it
+** over by): data kept there travels with the call.
+**
+** ums_preempt_prepare takes a call record for the calling task and
+** stores it in *call and, if area is not NULL, its inline area in *area:
+** UMS_PREEMPT_AREA_SIZE bytes aligned to 8, of unspecified contents. The
+** caller fills it (typically with fn's arguments and room for its
+** results) and begins the call with ums_preempt_begin_prepared, arg
+** usually pointing into the area; or gives the record back unused with
+** ums_preempt_discard. Returns 0, UMS_EPERM outside a task, UMS_ENOMEM,
+** UMS_EINVAL (call is NULL). ums_preempt_area(call) is the area again.
+**
+** ums_preempt_begin_prepared begins the call in the record: with flags
+** UMS_PREEMPT_SPIN as ums_preempt_begin_spin, with 0 as
+** ums_preempt_begin, with the same results, from the task that prepared
+** it; on every error release(arg) has been called (or will be, as for
+** ums_preempt_begin_spin) and the record is no longer the caller's.
+**
+** The area belongs to the call as arg does (see "Ownership of arg"): to
+** fn while it runs; to the caller again when the call returns 0; to
+** release once the call is detached. ums_preempt_end_copy is
+** ums_preempt_end that, when it returns 0, first copies the area's first
+** n bytes to out: after ums_preempt_end returns the area is gone with the
+** record. With n > UMS_PREEMPT_AREA_SIZE (or out NULL and n > 0) it
+** returns UMS_EINVAL and leaves the call as it was, still to be ended. */
+#define UMS_PREEMPT_AREA_SIZE 24
+enum { UMS_PREEMPT_SPIN = 1 };
+UMS_API int ums_preempt_prepare(ums_preempt_call_t **call, void **area);
+UMS_API void *ums_preempt_area(ums_preempt_call_t *call);
+UMS_API void ums_preempt_discard(ums_preempt_call_t *call);
+UMS_API int ums_preempt_begin_prepared(ums_preempt_call_t *call,
+                                       ums_preempt_fn fn, void *arg,
+                                       ums_preempt_fn release,
+                                       int64_t deadline, int flags);
+UMS_API int ums_preempt_end_copy(ums_preempt_call_t *call, void *out,
+                                 size_t n);
+
+/* Names what a prepared call runs (a C function's name), for the report
+** of an exhausted pool (ums_pool_exhausted_t.what). what is not copied:
+** it must stay valid until the call has returned and been released
+** (keep it with what arg holds). NULL: unknown. Before
+** ums_preempt_begin_prepared; a record reused for the next call keeps
+** no name from the last one. */
+UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
+                                  const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
