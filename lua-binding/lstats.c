@@ -557,6 +557,147 @@ static void push_coroutines(lua_State *L) {
   }
 }
 
+/* A report lists each blocked task in full up to DL_GROUPS different
+** ways of being blocked: tasks that wait for the same thing with the same
+** traceback (a hundred thousand tasks on one event, say) share one entry
+** that counts them and names a few, so the report stays readable and its
+** size does not grow with the number of tasks. */
+#define DL_GROUPS 32
+#define DL_IDS 8
+
+static int cmp_id(const void *a, const void *b) {
+  ums_task_t x = *(const ums_task_t *)a, y = *(const ums_task_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Pushes how t waits, without its id, name or scheduler: the part of an
+** entry that tasks blocked the same way share. ids holds the live tasks'
+** ids, sorted. */
+static void push_wait(lua_State *L, const ums_task_info_t *t,
+                      const ums_task_t *ids, size_t n) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_pushfstring(L, "waits: %s", ums_wait_type_name(t->wait_type));
+  luaL_addvalue(&b);
+  if (t->wait_object) {
+    lua_pushfstring(L, " on %s: %p", object_kind(t->wait_type),
+                    t->wait_object);
+    luaL_addvalue(&b);
+  }
+  if (t->blocker) {
+    lua_pushfstring(L, ", held by task %I", (lua_Integer)t->blocker);
+    luaL_addvalue(&b);
+    /* A holder that is not among the live tasks ended holding it. */
+    if (!ids || !bsearch(&t->blocker, ids, n, sizeof *ids, cmp_id))
+      luaL_addstring(&b, ", which has ended");
+  }
+  luaL_pushresult(&b);
+}
+
+/* Pushes t's traceback, indented for the report. map: id -> coroutine of
+** this VM's tasks. */
+static void push_trace(lua_State *L, int map, const ums_task_info_t *t) {
+  if (lua_rawgeti(L, map, (lua_Integer)t->id) == LUA_TTHREAD) {
+    luaL_traceback(L, lua_tothread(L, -1), NULL, 0);
+    lua_remove(L, -2);
+    luaL_gsub(L, lua_tostring(L, -1), "\n", "\n    ");
+    lua_remove(L, -2);
+  } else {
+    lua_pop(L, 1);
+    lua_pushfstring(L, "(its traceback is in the VM of scheduler %d)",
+                    t->sched);
+  }
+}
+
+/* Builds the report of rows' blocked tasks on L; leaves it on the stack. */
+static void push_report(lua_State *L, const dl_rows *rows) {
+  int top = lua_gettop(L);
+  luaL_checkstack(L, 8, "deadlock report");
+  push_coroutines(L);
+  int map = lua_gettop(L);
+  size_t nblocked = 0;
+  ums_task_t *ids = malloc((rows->n ? rows->n : 1) * sizeof *ids);
+  for (size_t i = 0; i < rows->n; i++) {
+    nblocked += blocked(&rows->v[i]);
+    if (ids) ids[i] = rows->v[i].id;
+  }
+  if (ids) qsort(ids, rows->n, sizeof *ids, cmp_id);
+  /* groups: key (wait and traceback) -> index into the entry arrays:
+  ** first (row of the first task), count, and the next few ids. */
+  lua_newtable(L);
+  int groups = lua_gettop(L);
+  size_t ngroups = 0, first[DL_GROUPS], count[DL_GROUPS] = {0};
+  ums_task_t more[DL_GROUPS][DL_IDS];
+  size_t ungrouped = 0;
+  for (size_t i = 0; i < rows->n; i++) {
+    const ums_task_info_t *t = &rows->v[i];
+    if (!blocked(t)) continue;
+    push_wait(L, t, ids, rows->n);
+    lua_pushliteral(L, "\n    ");
+    push_trace(L, map, t);
+    lua_concat(L, 3);
+    lua_pushvalue(L, -1);
+    if (lua_rawget(L, groups) == LUA_TNUMBER) {
+      size_t g = (size_t)lua_tointeger(L, -1);
+      if (count[g] <= DL_IDS) more[g][count[g] - 1] = t->id;
+      count[g]++;
+      lua_pop(L, 2);
+    } else if (ngroups < DL_GROUPS) {
+      lua_pop(L, 1);
+      lua_pushinteger(L, (lua_Integer)ngroups);
+      lua_rawset(L, groups);
+      first[ngroups] = i;
+      count[ngroups++] = 1;
+    } else {
+      lua_pop(L, 2);
+      ungrouped++;
+    }
+  }
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  lua_pushfstring(L, "ums.run: deadlock: %I task(s) blocked, and nothing "
+                  "can wake them (no timer, no I/O or C call in flight):",
+                  (lua_Integer)nblocked);
+  luaL_addvalue(&b);
+  for (size_t g = 0; g < ngroups; g++) {
+    const ums_task_info_t *t = &rows->v[first[g]];
+    lua_pushfstring(L, "\n  task %I", (lua_Integer)t->id);
+    luaL_addvalue(&b);
+    if (t->name[0]) {
+      lua_pushfstring(L, " '%s'", t->name);
+      luaL_addvalue(&b);
+    }
+    lua_pushfstring(L, " (scheduler %d) ", t->sched);
+    luaL_addvalue(&b);
+    push_wait(L, t, ids, rows->n);
+    lua_pushliteral(L, "\n    ");
+    push_trace(L, map, t);
+    lua_concat(L, 3);
+    luaL_addvalue(&b);
+    if (count[g] > 1) {
+      lua_pushfstring(L, "\n  and %I more task(s) blocked the same way, "
+                      "with the same traceback:",
+                      (lua_Integer)(count[g] - 1));
+      luaL_addvalue(&b);
+      size_t shown = count[g] - 1 < DL_IDS ? count[g] - 1 : DL_IDS;
+      for (size_t k = 0; k < shown; k++) {
+        lua_pushfstring(L, " %I", (lua_Integer)more[g][k]);
+        luaL_addvalue(&b);
+      }
+      if (count[g] - 1 > shown) luaL_addstring(&b, " ...");
+    }
+  }
+  if (ungrouped) {
+    lua_pushfstring(L, "\n  and %I more task(s) blocked in other ways "
+                    "(ums.tasks() lists every task)", (lua_Integer)ungrouped);
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+  free(ids);
+  lua_replace(L, top + 1);
+  lua_settop(L, top + 1);
+}
+
 /* Runs on the thread of scheduler sched, in its pass, while every
 ** scheduler of the run is idle and nothing can wake a task: this VM is
 ** this thread's, and the others do not run until something is posted to
@@ -571,58 +712,7 @@ void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg) {
   if (!d->report) {
     lua_State *L = vr->SL;
     int top = lua_gettop(L);
-    push_coroutines(L);
-    int map = lua_gettop(L);
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    size_t nblocked = 0;
-    for (size_t i = 0; i < rows.n; i++)
-      nblocked += blocked(&rows.v[i]);
-    lua_pushfstring(L, "ums.run: deadlock: %d task(s) blocked, and nothing "
-                    "can wake them (no timer, no I/O or C call in flight):",
-                    (int)nblocked);
-    luaL_addvalue(&b);
-    for (size_t i = 0; i < rows.n; i++) {
-      const ums_task_info_t *t = &rows.v[i];
-      if (!blocked(t)) continue;
-      lua_pushfstring(L, "\n  task %I", (lua_Integer)t->id);
-      luaL_addvalue(&b);
-      if (t->name[0]) {
-        lua_pushfstring(L, " '%s'", t->name);
-        luaL_addvalue(&b);
-      }
-      lua_pushfstring(L, " (scheduler %d) waits: %s", t->sched,
-                      ums_wait_type_name(t->wait_type));
-      luaL_addvalue(&b);
-      if (t->wait_object) {
-        lua_pushfstring(L, " on %s: %p", object_kind(t->wait_type),
-                        t->wait_object);
-        luaL_addvalue(&b);
-      }
-      if (t->blocker) {
-        lua_pushfstring(L, ", held by task %I", (lua_Integer)t->blocker);
-        luaL_addvalue(&b);
-        /* A holder that is not among the live tasks ended holding it. */
-        bool live = false;
-        for (size_t k = 0; k < rows.n && !live; k++)
-          live = rows.v[k].id == t->blocker;
-        if (!live) luaL_addstring(&b, ", which has ended");
-      }
-      luaL_addstring(&b, "\n    ");
-      if (lua_rawgeti(L, map, (lua_Integer)t->id) == LUA_TTHREAD) {
-        luaL_traceback(L, lua_tothread(L, -1), NULL, 0);
-        lua_remove(L, -2);
-        luaL_gsub(L, lua_tostring(L, -1), "\n", "\n    ");
-        lua_remove(L, -2);
-        luaL_addvalue(&b);
-      } else {
-        lua_pop(L, 1);
-        lua_pushfstring(L, "(its traceback is in the VM of scheduler %d)",
-                        t->sched);
-        luaL_addvalue(&b);
-      }
-    }
-    luaL_pushresult(&b);
+    push_report(L, &rows);
     size_t len;
     const char *text = lua_tolstring(L, -1, &len);
     d->report = malloc(len + 1);

@@ -157,6 +157,39 @@ describe("a deadlock", function()
                   tostring(err))
   end)
 
+  it("of many tasks blocked the same way: one entry counts them, so the "
+     .. "report's size does not grow with their number", function()
+    local sizes = {}
+    for _, n in ipairs{50, 5000} do
+      local ok, err = run(function()
+        local e, m = ums.event(), ums.mutex()
+        for _ = 1, n do ums.spawn(function() e:wait() end) end
+        local holder = ums.spawn(function() m:lock(); e:wait() end)
+        holder:name("holder")
+        for _ = 1, 2 do ums.spawn(function() m:lock() end) end
+        ums.yield()
+      end)
+      assert.is_false(ok)
+      assert.truthy(err:find("ums.run: deadlock: " .. (n + 3)
+        .. " task(s) blocked", 1, true), err)
+      -- The n waiters: one entry and a count. The holder waits the same
+      -- way from another line, so it has an entry of its own; the two
+      -- on the mutex share one, which names the holder.
+      assert.truthy(err:find("and " .. (n - 1) .. " more task%(s%) blocked "
+        .. "the same way, with the same traceback: %d+ %d+"), err)
+      assert.truthy(err:find("'holder' (scheduler 0) waits: event", 1, true),
+                    err)
+      assert.truthy(err:find("waits: mutex on ums.mutex: 0x%x+, held by "
+        .. "task %d+\n"), err)
+      assert.truthy(err:find("and 1 more task(s) blocked the same way", 1,
+                             true), err)
+      assert.equal(3, count(err, "\n  task %d+ "))
+      sizes[#sizes + 1] = #err
+    end
+    -- Ids differ in length at most; nothing else grows with n.
+    assert.is_true(sizes[2] < sizes[1] + 200, sizes[1] .. " " .. sizes[2])
+  end)
+
   it("is waited out with deadlock = false", function()
     local ok, err = run(function()
       -- The run's limit ends it, not a report.
