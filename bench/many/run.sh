@@ -3,8 +3,10 @@
 # channels, and 1,000,000 tasks spawned before any is joined, each beside
 # its plain-Lua floor (bench/many/many.lua) and skynet beside Go's
 # goroutines with GOMAXPROCS=1 and 2 (built here when go is installed).
-# Every shape runs in its own process, the shapes interleaved, --reps
-# times; prints medians and the ratios.
+# Then the memory of a parked task beside a bare coroutine
+# (bench/many/parked.lua, N/10 of each). Every shape runs in its own
+# process, the shapes interleaved, --reps times; prints medians and the
+# ratios.
 #
 #   bash bench/many/run.sh [--quick] [--reps N] [--build-dir DIR]
 #
@@ -74,6 +76,7 @@ for ((r = 1; r <= reps; r++)); do
   fi
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+parked=$(lua5.4 "$root/bench/many/parked.lua" $((n / 10)))
 
 lua5.4 - "$out" <<'LUA'
 local t = {}
@@ -105,3 +108,9 @@ for _, row in ipairs{{"skynet, joins", "skynet_join", "skynet_floor", true},
         ratio(u, f), s(g1 or nil), s(g2 or nil), ratio(u, g2 or nil)))
 end
 LUA
+echo
+echo "Memory of a parked task (bench/many/parked.lua $((n / 10))):"
+echo
+echo '```'
+echo "$parked"
+echo '```'
