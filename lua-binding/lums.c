@@ -404,11 +404,20 @@ static void drop_joiner(ltask *t, ums_task_t who, uint64_t seq) {
   }
 }
 
-/* Pushes the extras table of the handle at idx, creating it if needed. */
-static void push_extras(lua_State *L, int idx) {
+/* A task handle's user values: 1, its extras table (name, error,
+** traceback, results), made when first needed; 2, the result of a task
+** that ended with exactly one, kept there instead of in a table so that
+** the usual "return a value" end allocates nothing. */
+#define HANDLE_UVS 2
+#define UV_RESULT 2
+
+/* Pushes the extras table of the handle at idx, creating it if needed
+** with room for narr results (a table grown one result at a time costs
+** a resize per result: more than the rest of a task's end). */
+static void push_extras(lua_State *L, int idx, int narr) {
   if (lua_getiuservalue(L, idx, 1) != LUA_TTABLE) {
     lua_pop(L, 1);
-    lua_newtable(L);
+    lua_createtable(L, narr, 0);
     lua_pushvalue(L, -1);
     lua_setiuservalue(L, idx < 0 ? idx - 2 : idx, 1);
   }
@@ -452,7 +461,7 @@ static int keep_protected(lua_State *SL) {
     lua_rawset(SL, -3);
     return 0;
   }
-  push_extras(SL, -1);
+  push_extras(SL, -1, k->st == LUA_OK ? k->nres : 0);
   if (k->st == LUA_OK) {
     lua_xmove(co, SL, k->nres);
     /* With i values left above it, the table is at -(i + 1). */
@@ -503,6 +512,15 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
   if (st == LUA_OK) {
     h->ok = true;
     h->nres = nres;
+    if (nres == 1 && lua_checkstack(SL, 2)) {
+      /* Moving one value and storing it in a user value the handle
+      ** already has allocates nothing: no protection needed. */
+      lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);
+      lua_xmove(co, SL, 1);
+      lua_setiuservalue(SL, -2, UV_RESULT);
+      lua_pop(SL, 1);
+      return;
+    }
     if (nres > 0 && !keep_run(SL, &k)) {
       h->ok = false;
       h->nres = 0;
@@ -674,7 +692,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   int n = lua_gettop(L) - first;  /* arguments */
   /* The handle first, then the ltask: running out of memory in either
   ** raises with nothing taken that the collector cannot get back. */
-  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 1);
+  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, HANDLE_UVS);
   ltask *t = take_task(L, r);
   if (!t) luaL_error(L, "ums.spawn: out of memory");
   /* The handle goes to `first`, below the function and arguments, which
@@ -1404,6 +1422,10 @@ static int push_outcome(lua_State *L, int idx, lhandle *h) {
   if (h->ok) {
     lua_pushboolean(L, 1);
     if (h->nres == 0) return 1;
+    if (h->nres == 1) {
+      lua_getiuservalue(L, idx, UV_RESULT);
+      return 2;
+    }
     lua_getiuservalue(L, idx, 1);
     int tbl = lua_gettop(L);
     luaL_checkstack(L, h->nres, "too many results");
@@ -1512,7 +1534,7 @@ static int l_task_name(lua_State *L) {
     size_t len;
     luaL_checklstring(L, 2, &len);
     luaL_argcheck(L, len < 32, 2, "name longer than 31 bytes");
-    push_extras(L, 1);
+    push_extras(L, 1, 0);
     lua_pushvalue(L, 2);
     lua_setfield(L, -2, X_NAME);
     /* The runtime keeps it too, for ums.tasks() and stall reports, which
@@ -1535,7 +1557,7 @@ static int l_task_id(lua_State *L) {
 static int l_task_locals(lua_State *L) {
   check_task(L, 1);
   lua_settop(L, 1);
-  push_extras(L, 1);
+  push_extras(L, 1, 0);
   if (lua_getfield(L, 2, X_LOCALS) != LUA_TTABLE) {
     lua_pop(L, 1);
     lua_newtable(L);

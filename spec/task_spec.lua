@@ -64,6 +64,34 @@ describe("ums.spawn and task:join", function()
     end)
   end)
 
+  it("returns exactly one result, nil included, again on every join and "
+     .. "after a collection", function()
+    ums.run(function()
+      local tbl = {}
+      for _, v in ipairs{"one", false, tbl} do
+        local t = ums.spawn(function() return v end)
+        for _ = 1, 2 do
+          local r = table.pack(t:join())
+          assert.equal(2, r.n)
+          assert.is_true(r[1])
+          assert.is_true(rawequal(v, r[2]))
+        end
+        collectgarbage("collect")
+        assert.is_true(rawequal(v, select(2, t:join())))
+      end
+      local t = ums.spawn(function() return nil end)
+      local r = table.pack(t:join())
+      assert.equal(2, r.n)
+      assert.is_true(r[1])
+      assert.is_nil(r[2])
+      -- A named task keeps its one result beside its name.
+      local named = ums.spawn(function() return 7 end)
+      named:name("seven")
+      assert.same({true, 7}, {named:join()})
+      assert.equal("seven", named:name())
+    end)
+  end)
+
   it("passes tables by identity", function()
     ums.run(function()
       local arg = {}
