@@ -318,8 +318,10 @@ static void op_clear(lop *o) {
 }
 
 /* Starts the I/O the step asked for (a task): 0, the error of the begin
-** (then nothing was started), or 1 when it is done already with the
-** result 0 (a socket closed at once by ums_net_close_begin). */
+** (then nothing was started), or 1 when it is done already: with o->req
+** set, a socket's send or receive that answered at once (ums.h, the
+** sockets' deferred form), to end without waiting; without, the result
+** 0 (a socket closed at once by ums_net_close_begin). */
 static int io_begin(lop *o) {
   lfile *f = o->f;
   lio *io = &o->io;
@@ -469,6 +471,13 @@ static bool closes(const lmethod *m);
 static int flush_first(lop *o);
 static void begin_close(lfile *f);
 
+/* Continuation of a yield at the quantum after an I/O answered at once:
+** the step takes the answer. */
+static int loop_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return method_loop(L, (lop *)ctx);
+}
+
 /* Steps the method holding o until it ends, making the I/O it asks for.
 ** Once a socket's close has begun, another method starts no I/O: the
 ** step gets UMS_EBADF ("closed") as its answer. */
@@ -490,6 +499,18 @@ static int method_loop(lua_State *L, lop *o) {
       continue;
     }
     int rc = io_begin(o);
+    if (rc > 0 && o->req) {
+      /* A socket that was ready answered at once: no park to end. Still a
+      ** point where the quantum is checked, as for a method served from
+      ** the buffer: a socket that always has data must not keep its
+      ** task running past it. */
+      io_end(o);
+      if (lums_quantum_due(me)) {
+        int y = lums_quantum_yield(L, (lua_KContext)o, loop_k);
+        if (y >= 0) return y;
+      }
+      continue;
+    }
     if (rc) {
       /* Nothing started (a cancelled task, a park begun by ums.park_begin
       ** in the way): the step gets the error as its answer; or nothing

@@ -7,13 +7,19 @@
 ** work as they do for files. Only where the operation waits differs:
 **
 **   backend      how the operation waits           who completes it
-**   io-uring.c   the kernel's socket opcodes       s's pass, reaping the
-**                (ACCEPT, CONNECT, RECV, SEND,     CQE
+**   io-uring.c   non-blocking system call, then    s's pass, reaping the
+**                the kernel's socket opcodes       CQE
+**                (ACCEPT, CONNECT, RECV, SEND,
 **                RECVMSG, SENDMSG, POLL_ADD)
 **   io-poll.c    non-blocking system call, then    s's pass or idle wait,
 **                readiness from s's epoll set      retrying the call
 **   host thread  non-blocking system call, then    the calling thread
 **                poll(2) up to the deadline
+**
+** In a task the first, non-blocking call is io.c's (start), the same for
+** both backends: a ready socket answers there, without the kernel's
+** queue or the epoll set, and the deferred form then leaves no park at
+** all (its _begin returns 1).
 **
 ** Every socket this file makes is non-blocking (SOCK_NONBLOCK, also for
 ** accepted ones), which the readiness backend needs and io_uring does not
