@@ -696,6 +696,47 @@ describe("ums.net close from another task", function()
     end)
   end)
 
+  it("a close whose task is cancelled while it waits still closes, once",
+     function()
+    run(function()
+      do  -- warm up: what the runtime makes once (its epoll set)
+        local c, peer, srv = pair()
+        c:close()
+        peer:close()
+        srv:close()
+      end
+      local before = fd_count()
+      -- The closer waits for the side a blocked reader holds (the close
+      -- ends that read first); it is cancelled at once or after other
+      -- tasks ran, before or after the reader has given the side back
+      -- (or once its close is over: then the cancel changes nothing).
+      local cancelled = 0
+      for yields = 0, 3 do
+        for _, tbc in ipairs({false, true}) do
+          local c, peer, srv = pair()
+          local reader = ums.spawn(function() return c:read("l") end)
+          ums.sleep(0.01)
+          local closer = ums.spawn(function()
+            if not tbc then return c:close() end
+            local cc <close> = c  -- luacheck: ignore cc
+          end)
+          for _ = 0, yields do ums.yield() end
+          closer:cancel()
+          if not closer:join(5) then cancelled = cancelled + 1 end
+          assert_closed(results(reader))
+          -- The descriptor is closed, by the close that was cancelled.
+          assert.equal("ums.net.conn (closed)", tostring(c))
+          assert.has_error(function() c:close() end,
+                           "attempt to use a closed connection")
+          peer:close()
+          srv:close()
+        end
+      end
+      assert.is_true(cancelled > 0)
+      assert.equal(before, fd_count())
+    end)
+  end)
+
   it("a read and a write racing a close, 100 times", function()
     run(function()
       local before
