@@ -350,6 +350,7 @@ static int ext_wait_fd(lua_State *L, int fd, int events, double timeout,
   if (rc == UMS_EBUSY)
     return luaL_error(L, "%s: cannot wait between ums.park_begin and "
                          "ums.park_wait", ums_lua_pushfname(L));
+  if (rc > 0) return lums_answered_now(L, (lua_KContext)w, wait_fd_k);
   if (rc) {
     lua_settop(L, top);
     return fd_result(L, rc, k, ctx);

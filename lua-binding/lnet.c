@@ -680,6 +680,7 @@ static int accept_start(lua_State *L, laccept *a) {
   if (s->fd < 0) return net_fail(L, UMS_EBADF);
   ums_fs_req_t *req;
   int rc = ums_net_accept_begin(s->fd, a->deadline, &req);
+  if (rc > 0) return lums_answered_now(L, (lua_KContext)req, accept_k);
   if (rc) return net_fail(L, rc);
   return lums_park_finish(L, lums_cur_task, (lua_KContext)req, accept_k);
 }
@@ -1075,6 +1076,7 @@ static int udp_send_to(lua_State *L, ludp *u, int idx,
                                 ums_deadline(u->timeout), &req);
   /* The request holds its own reference until it really ends. */
   ums_buf_release(b);
+  if (rc > 0) return lums_answered_now(L, (lua_KContext)req, udp_send_k);
   if (rc) return net_fail(L, rc);
   return lums_park_finish(L, lums_cur_task, (lua_KContext)req, udp_send_k);
 }
@@ -1136,6 +1138,7 @@ static int udp_recv_from(lua_State *L, bool from) {
   if (!(r->buf = ums_buf_new((size_t)size))) return net_fail(L, UMS_ENOMEM);
   int rc = ums_net_recvfrom_begin(u->fd, r->buf, 0, (size_t)size, 0,
                                   ums_deadline(u->timeout), &r->req);
+  if (rc > 0) return lums_answered_now(L, (lua_KContext)r, udp_recv_k);
   if (rc) return net_fail(L, rc);
   return lums_park_finish(L, lums_cur_task, (lua_KContext)r, udp_recv_k);
 }

@@ -44,7 +44,9 @@
 ** methods (begin_close): their requests are cancelled in the kernel and
 ** they return the failure "closed"; the close takes both sides once
 ** their holders have given them back, and only then closes the
-** descriptor.
+** descriptor. A close (of a file or a socket) whose task is cancelled
+** while it waits for them still happens, exactly once: the stream makes
+** it when the last holder gives them back (close_left_now).
 **
 ** Buffering is stdio's: one buffer per file, holding either read-ahead
 ** (the file's position, lfile.kpos, is ahead of the logical one by the
@@ -252,14 +254,18 @@ static lside *busy_side(lfile *f, int sides) {
   return NULL;
 }
 
-/* The first task still waiting for side s tries again. */
-static void side_wake(lside *s) {
+/* The first task still waiting for side s tries again. Returns whether
+** one was woken (then it is about to take the side). */
+static bool side_wake(lside *s) {
   lwait *w;
   while ((w = s->waiters.head) != NULL) {
     lums_q_unlink(w);
-    if (lums_unpark(w->task, w->tok, 0)) break;
+    if (lums_unpark(w->task, w->tok, 0)) return true;
   }
+  return false;
 }
+
+static void close_left_now(lfile *f);
 
 /* Takes sides (all free). Side 0 is a file's hold for the exit handler. */
 static void sides_take(lfile *f, int sides) {
@@ -270,14 +276,17 @@ static void sides_take(lfile *f, int sides) {
   }
 }
 
-/* Gives sides back; the first waiter of each tries again. */
+/* Gives sides back; the first waiter of each tries again. When nobody
+** does, a close left by a cancelled closer is made now. */
 static void sides_give(lfile *f, int sides) {
+  bool woke = false;
   for (int i = 0; i < 2; i++) {
     if (!has_side(sides, i)) continue;
     f->side[i].busy = false;
     if (i == 0) hold_give(f);
-    side_wake(&f->side[i]);
+    woke |= side_wake(&f->side[i]);
   }
+  if (!woke) close_left_now(f);
 }
 
 lfile *lstream_to(lua_State *L, int idx) {
@@ -318,8 +327,10 @@ static void op_clear(lop *o) {
 }
 
 /* Starts the I/O the step asked for (a task): 0, the error of the begin
-** (then nothing was started), or 1 when it is done already with the
-** result 0 (a socket closed at once by ums_net_close_begin). */
+** (then nothing was started), or 1 when it is done already: with o->req
+** set, a socket's send or receive that answered at once (ums.h, the
+** sockets' deferred form), to end without waiting; without, the result
+** 0 (a socket closed at once by ums_net_close_begin). */
 static int io_begin(lop *o) {
   lfile *f = o->f;
   lio *io = &o->io;
@@ -469,6 +480,13 @@ static bool closes(const lmethod *m);
 static int flush_first(lop *o);
 static void begin_close(lfile *f);
 
+/* Continuation of a yield at the quantum after an I/O answered at once:
+** the step takes the answer. */
+static int loop_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return method_loop(L, (lop *)ctx);
+}
+
 /* Steps the method holding o until it ends, making the I/O it asks for.
 ** Once a socket's close has begun, another method starts no I/O: the
 ** step gets UMS_EBADF ("closed") as its answer. */
@@ -490,6 +508,18 @@ static int method_loop(lua_State *L, lop *o) {
       continue;
     }
     int rc = io_begin(o);
+    if (rc > 0 && o->req) {
+      /* A socket that was ready answered at once: no park to end. Still a
+      ** point where the quantum is checked, as for a method served from
+      ** the buffer: a socket that always has data must not keep its
+      ** task running past it. */
+      io_end(o);
+      if (lums_quantum_due(me)) {
+        int y = lums_quantum_yield(L, (lua_KContext)o, loop_k);
+        if (y >= 0) return y;
+      }
+      continue;
+    }
     if (rc) {
       /* Nothing started (a cancelled task, a park begun by ums.park_begin
       ** in the way): the step gets the error as its answer; or nothing
@@ -527,6 +557,20 @@ static int lock_fail(lua_State *L, lfile *f, const lmethod *m,
   return n;
 }
 
+/* A close's task was cancelled while it waited for its sides, or as it
+** was about to (a method of another task holds them). The descriptor
+** must be closed all the same, and only once the holders have given the
+** sides back (their requests may still use it): the close is left to
+** the stream (close_left_now), and a socket's holders have already been
+** told to end (begin_close). Other methods just raise. */
+static int cancelled_waiting(lua_State *L, lfile *f, const lmethod *m) {
+  if (closes(m) && f->fd >= 0) {
+    f->close_left = true;
+    close_left_now(f);
+  }
+  return lums_raise_cancelled(L);
+}
+
 /* Continuation of a yield waiting for a side (the stream is the method's
 ** self, at index 1). */
 static int lock_k(lua_State *L, int status, lua_KContext ctx) {
@@ -534,9 +578,9 @@ static int lock_k(lua_State *L, int status, lua_KContext ctx) {
   ltask *me = lums_cur_task;
   lums_q_unlink(&me->wait);
   int r = ums_park_result();
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   const lmethod *m = (const lmethod *)ctx;
   lfile *f = lstream_to(L, 1);
+  if (r == UMS_ECANCELED) return cancelled_waiting(L, f, m);
   if (r == UMS_ETIMEDOUT) return lock_fail(L, f, m, UMS_ETIMEDOUT);
   return start(L, f, m, me->wait.deadline);
 }
@@ -587,7 +631,7 @@ static int start(lua_State *L, lfile *f, const lmethod *m,
       if (has_side(sides, i) && !f->side[i].busy) side_wake(&f->side[i]);
     lwait *w = &me->wait;
     int r = ums_park_begin(deadline, &w->tok);
-    if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+    if (r == UMS_ECANCELED) return cancelled_waiting(L, f, m);
     if (r)
       return luaL_error(L, "ums.fs: cannot wait for the file: %s",
                         ums_strerror(r));
@@ -602,7 +646,7 @@ static int start(lua_State *L, lfile *f, const lmethod *m,
     r = ums_park_wait();
     lums_become_current(me);
     lums_q_unlink(w);
-    if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+    if (r == UMS_ECANCELED) return cancelled_waiting(L, f, m);
     if (r == UMS_ETIMEDOUT) return lock_fail(L, f, m, UMS_ETIMEDOUT);
   }
   if (f->fd < 0 && !m->closed_ok) {
@@ -1907,6 +1951,35 @@ static void begin_close(lfile *f) {
   if (!f->sock || f->fd < 0 || f->closing) return;
   f->closing = true;
   if (f->side[0].busy || f->side[1].busy) ums_net_cancel(f->fd);
+}
+
+/* The close a cancelled closer left (lfile.close_left), once no method
+** holds the sides a close takes and no task waits for them (a waiter
+** ends its method and comes back here through sides_give; a later close
+** of the stream's own makes the close instead, as usual). Plain system
+** calls, as a cancelled task's close makes them (lstream_sub_close): the
+** task that gives the sides back may not wait here. The bytes still
+** buffered go out as far as they can without waiting. */
+static void close_left_now(lfile *f) {
+  if (!f->close_left || f->fd < 0) return;
+  int sides = sides_of(f, &m_close);
+  for (int i = 0; i < 2; i++)
+    if (has_side(sides, i) &&
+        (f->side[i].busy || f->side[i].waiters.head != NULL))
+      return;
+  f->close_left = false;
+  (void)flush_plain(f, NULL);
+  if (f->sharers > 0) {
+    /* As lstream_sub_close: the last pread_into closes it. */
+    f->orphan_fd = f->fd;
+  } else {
+    /* Nothing of this stream's waits on the descriptor any more: the
+    ** holders' requests have ended, and a socket request given up on was
+    ** cancelled in the kernel at once (the runtime's rule). */
+    close(f->fd);
+  }
+  f->fd = -1;
+  release_buffers(f);
 }
 
 int lstream_tbc(lua_State *L) {

@@ -156,6 +156,10 @@ struct lfile {
   ** waited for its sides: their I/O was cancelled (ums_net_cancel), and
   ** they end with "closed" without starting any more. */
   bool closing;
+  /* A close whose task was cancelled while it waited for the sides: the
+  ** close is left to the stream, made once no method holds or is about
+  ** to take them (lstream.c, close_left). */
+  bool close_left;
   int sharers;           /* pread_into calls in flight beside the file
                             lock ("Positional reads side by side") */
   int orphan_fd;         /* the descriptor of a file closed while sharers

@@ -358,6 +358,15 @@ LUMS_HIDDEN int lums_quantum_again_k(lua_State *L, int status,
 #define LUMS_YIELD_POINT(L, fn) \
   LUMS_YIELD_POINT_K(L, (lua_KContext)(fn), lums_quantum_again_k)
 
+/* A call whose deferred form answered at once (a socket _begin that
+** returned 1: no park begun): its yield point, then continuation k takes
+** the result as it would after a park. */
+static inline int lums_answered_now(lua_State *L, lua_KContext ctx,
+                                    lua_KFunction k) {
+  LUMS_YIELD_POINT_K(L, ctx, k);
+  return k(L, LUA_OK, ctx);
+}
+
 /* lalloc.c: puts a cache of small freed blocks in front of L's allocator
 ** (lua_setallocf), for as long as L runs tasks. NULL when out of memory
 ** (then nothing changes). */

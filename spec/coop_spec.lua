@@ -155,13 +155,37 @@ describe("cooperative by default", function()
       os.remove(path)
       return function() assert(f:read("l")) end
     end},
+    -- Socket calls the kernel answers at once (a ready socket), which
+    -- make no park at all.
+    {"conn:send with room", function()
+      local srv = assert(ums.net.listen("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      local c = assert(ums.net.connect("127.0.0.1", port))
+      local peer = assert(srv:accept(5))
+      return function() assert.equal(1, c:send("x")) end, peer
+    end},
+    {"conn:recv at the end of the stream", function()
+      local srv = assert(ums.net.listen("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      local c = assert(ums.net.connect("127.0.0.1", port))
+      assert(srv:accept(5)):close()
+      return function() assert.is_nil(c:recv()) end
+    end},
+    {"udp:send with room", function()
+      local a = ums.net.udp()
+      assert(a:bind("127.0.0.1", 0))
+      local _, port = a:getsockname()
+      local b = ums.net.udp()
+      assert(b:connect("127.0.0.1", port))
+      return function() assert.equal(1, b:send("x")) end, a
+    end},
   }
   for _, case in ipairs(cases) do
     it("a task past its quantum yields at " .. case[1], function()
       ums.config{quantum = 0.002}
       ums.test(function()
-        local calls = {}
-        for i = 1, 10 do calls[i] = case[2]() end
+        local calls, keep = {}, {}
+        for i = 1, 10 do calls[i], keep[i] = case[2]() end
         local ran = false
         local go = ums.event()
         local light = ums.spawn(function()

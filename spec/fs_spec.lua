@@ -996,6 +996,35 @@ describe("ums.fs and cancellation", function()
     assert.is_true(fs.remove(fifo))
   end)
 
+  it_shell("a close cancelled while a read holds the file still closes "
+           .. "it, once", function()
+    local fifo = mkfifo()
+    run(function()
+      local before = nfds()
+      local f = assert(fs.open(fifo, "r+"))
+      local reader = ums.spawn(function() return f:read(3) end)
+      ums.sleep(0.02)
+      -- The close waits for the file the reader holds; cancelled there,
+      -- it leaves the close to the reader's end.
+      local closer = ums.spawn(function() return f:close() end)
+      ums.yield()
+      closer:cancel()
+      local ok, err = closer:join(5)
+      assert.is_false(ok)
+      assert.equal(ums.CANCELLED, err)
+      assert.equal("suspended", reader:status())
+      local w = assert(fs.open(fifo, "w"))
+      assert(w:write("abc"):flush())
+      assert.equal("abc", results(reader))
+      w:close()
+      assert.equal("ums.fs.file (closed)", tostring(f))
+      assert.has_error(function() f:close() end,
+                       "attempt to use a closed file")
+      assert.equal(before, nfds())
+    end)
+    assert.is_true(fs.remove(fifo))
+  end)
+
   it_shell("cancelling many tasks parked in FIFO reads, repeatedly",
            function()
     local fifo = mkfifo()

@@ -71,6 +71,19 @@ end
 -- A TCP connection whose peer never reads, with a small send buffer, so
 -- that sends soon block: returns the connection and a function that lets
 -- the peer end and closes both sides. Call from a task.
+-- Sleeps until task t waits on its socket: inside a method, holding its
+-- side of the connection (a task between two methods, e.g. yielding at
+-- its quantum, holds none).
+local function until_net_wait(t)
+  for _ = 1, 1000 do
+    for _, row in ipairs(ums.tasks()) do
+      if row.id == t:id() and row.wait_type == "network" then return end
+    end
+    ums.sleep(0.005)
+  end
+  error("the task never waited on its socket")
+end
+
 local function unread_peer()
   local srv = assert(net.listen("127.0.0.1", 0))
   local stop = ums.channel()
@@ -395,10 +408,10 @@ describe("ums.net timeouts and cancellation", function()
       local c, finish = unread_peer()
       local sent = 0
       local s = ums.spawn(function()
-        local chunk = ("q"):rep(65536)
+        local chunk = ("q"):rep(4096)
         while true do sent = sent + assert(c:send(chunk)) end
       end)
-      ums.sleep(0.1)
+      until_net_wait(s)
       s:cancel()
       assert.is_false((s:join(5)))
       assert.is_true(sent > 0)
@@ -440,11 +453,13 @@ describe("ums.net timeouts and cancellation", function()
   it("a send waiting behind a blocked send times out", function()
     run(function()
       local c, finish = unread_peer()
-      local s = ums.spawn(function()
-        local chunk = ("q"):rep(65536)
-        while true do assert(c:send(chunk)) end
-      end)
-      ums.sleep(0.1)
+      -- One send larger than the peer's buffers ever take: it holds the
+      -- write side until it is cancelled. (A loop of smaller sends would
+      -- give the side back between two of them, where a task past its
+      -- quantum yields: the send below could then go first.)
+      local chunk = ("q"):rep(16 << 20)
+      local s = ums.spawn(function() assert(c:send(chunk)) end)
+      until_net_wait(s)
       c:settimeout(0.05)
       local v, msg, code, sent = c:send("x")
       assert.is_nil(v)
@@ -693,6 +708,47 @@ describe("ums.net close from another task", function()
       assert_closed(results(t))
       peer:close()
       srv:close()
+    end)
+  end)
+
+  it("a close whose task is cancelled while it waits still closes, once",
+     function()
+    run(function()
+      do  -- warm up: what the runtime makes once (its epoll set)
+        local c, peer, srv = pair()
+        c:close()
+        peer:close()
+        srv:close()
+      end
+      local before = fd_count()
+      -- The closer waits for the side a blocked reader holds (the close
+      -- ends that read first); it is cancelled at once or after other
+      -- tasks ran, before or after the reader has given the side back
+      -- (or once its close is over: then the cancel changes nothing).
+      local cancelled = 0
+      for yields = 0, 3 do
+        for _, tbc in ipairs({false, true}) do
+          local c, peer, srv = pair()
+          local reader = ums.spawn(function() return c:read("l") end)
+          ums.sleep(0.01)
+          local closer = ums.spawn(function()
+            if not tbc then return c:close() end
+            local cc <close> = c  -- luacheck: ignore cc
+          end)
+          for _ = 0, yields do ums.yield() end
+          closer:cancel()
+          if not closer:join(5) then cancelled = cancelled + 1 end
+          assert_closed(results(reader))
+          -- The descriptor is closed, by the close that was cancelled.
+          assert.equal("ums.net.conn (closed)", tostring(c))
+          assert.has_error(function() c:close() end,
+                           "attempt to use a closed connection")
+          peer:close()
+          srv:close()
+        end
+      end
+      assert.is_true(cancelled > 0)
+      assert.equal(before, fd_count())
     end)
   end)
 

@@ -947,7 +947,14 @@ UMS_API int ums_wait_fd(int fd, int events, int64_t deadline);
 ** same arguments, the request in *req. End it with ums_net_end, which
 ** returns what the blocking call would and, for accept and recvfrom,
 ** copies the peer's address as they do (addr may be NULL); ums_fs_end
-** ends these requests too, without the address. */
+** ends these requests too, without the address. Every _begin here but
+** connect's (and accept's on a blocking listener) tries its system call
+** at once, without blocking, and returns
+** 1 when that answered (the socket was ready, or failed, or the deadline
+** has passed): the request is done and no park is left begun, so the
+** caller skips the park and ends the request at once. 0 means a park was
+** begun as for files. A binding that yields its coroutine at its quantum
+** does so there too, as at any call that need not wait. */
 UMS_API int ums_net_accept_begin(int fd, int64_t deadline,
                                  ums_fs_req_t **req);
 UMS_API int ums_net_connect_begin(int fd, const struct sockaddr *addr,

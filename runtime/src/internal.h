@@ -1067,8 +1067,9 @@ typedef struct ums__poller ums__poller_t;
 /* Makes s's set unless it has one. Returns 0 or -errno. [owner] */
 int ums__poller_new(ums__sched_t *s);
 void ums__poller_free(ums__poller_t *p);
-/* Takes r, whose park has begun: completes it now if its descriptor is
-** ready, or when it becomes so. [owner] */
+/* Takes r, whose park has begun and whose call was just tried and found
+** not ready (io.c, start): completes it when its descriptor becomes
+** ready. [owner] */
 void ums__poller_submit(ums__sched_t *s, ums__io_req_t *r);
 /* r was abandoned by its caller: it stops waiting and is completed
 ** (its result dropped). [owner] */

@@ -2,12 +2,13 @@
 ** io-poll.c: readiness for sockets without io_uring (the pool backend).
 **
 ** Each scheduler owns an epoll set, touched only by its thread. A socket
-** request (net.c) first tries its system call without blocking; when the
-** descriptor is not ready it waits here, costing its task's park and
-** nothing else: no pool thread, no C stack of its own. The set is waited
-** on in the scheduler's idle wait (epoll_pwait2 instead of the futex the
-** pool backend otherwise sleeps on), and looked at without waiting in the
-** pass while requests wait, batched as the ring's submissions are. A
+** request first tries its system call without blocking (io.c, start, as
+** on the ring); when the descriptor is not ready it waits here, costing
+** its task's park and nothing else: no pool thread, no C stack of its
+** own. The set is waited on in the scheduler's idle wait (epoll_pwait2
+** instead of the futex the pool backend otherwise sleeps on), and looked
+** at without waiting in the pass while requests wait, batched as the
+** ring's submissions are. A
 ** ready descriptor's requests run their system call again on this
 ** thread; one that finds it not ready after all waits again.
 **
@@ -150,11 +151,6 @@ static void dispatch(ums__poller_t *p, int fd, pfd_t *d, uint32_t ev,
 
 void ums__poller_submit(ums__sched_t *s, ums__io_req_t *r) {
   ums__poller_t *p = ums__poller_of(s);
-  int64_t res = ums__net_try(r);
-  if (res != UMS__NET_WAIT) {
-    ums__io_complete(r, res);
-    return;
-  }
   pfd_t *d = record(p, r->fd);
   if (!d) {
     ums__io_complete(r, UMS_ENOMEM);

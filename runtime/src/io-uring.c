@@ -575,6 +575,14 @@ void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r) {
   sqe->user_data = (uint64_t)(uintptr_t)r | 1;
   rg->kernel_refs++;
   queued(s);
+  /* A socket operation whose caller has gone must stop before anything
+  ** else reaches its socket: left for the batch, a receive or an accept
+  ** waiting in the kernel would take the data or the connection meant
+  ** for the caller's next call (which tries the socket at once, before
+  ** the batch), and the runtime would drop them with the abandoned
+  ** result. The kernel cancels an operation that waits for readiness
+  ** during the submission itself. */
+  if (ums__io_is_net(r->op)) submit_now(s);
 }
 
 void ums__ring_cancel_fd(ums__sched_t *s, int fd) {

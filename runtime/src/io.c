@@ -284,16 +284,21 @@ static bool use_poller(ums__sched_t *s, const ums__io_req_t *r) {
   return !s->ring && ums__io_is_net(r->op);
 }
 
-/* Whether a socket request whose deadline has already passed is answered
-** by one non-blocking system call made at once. The epoll backend makes
-** that call first anyway; on the ring the deadline would end the wait
-** before the kernel's answer is reaped, so a zero timeout (LuaSocket's
-** non-blocking mode) would say "timeout" to a socket that is ready, and
-** a receive left to the kernel could take data after its caller has
-** gone. Only calls that cannot block: a connect already started belongs to the
-** kernel, and an accept only on a non-blocking listener. */
-static bool try_at_once(const ums__io_req_t *r, int64_t deadline) {
-  if (deadline == UMS_FOREVER || deadline > ums__clock_now()) return false;
+/* Whether a socket request's system call is made at once on the
+** scheduler thread, before anything waits, so that a socket that is ready
+** answers without a trip through the kernel's queue or the epoll set:
+** what the readiness servers people compare us with do. Only what then
+** waits differs between the backends: the ring's own operation (its
+** kernel side tries the call again before it waits) or the epoll set.
+** On the ring, only calls that cannot block: every send and receive
+** carries MSG_DONTWAIT, an accept needs a non-blocking listener (the
+** listeners ums_net_socket makes are), and a connect once begun belongs
+** to the kernel. The epoll backend makes every socket call first
+** (net.c). A call on a ring that lacks the operation goes to the pool,
+** which makes it there. */
+static bool try_first(ums__sched_t *s, const ums__io_req_t *r) {
+  if (use_poller(s, r)) return true;
+  if (!use_ring(s, r)) return false;
   switch (r->op) {
     case UMS__IO_RECV: case UMS__IO_SEND: case UMS__IO_RECVMSG:
     case UMS__IO_SENDMSG: case UMS__IO_POLL:
@@ -308,12 +313,25 @@ static bool try_at_once(const ums__io_req_t *r, int64_t deadline) {
 }
 
 /* Begins the calling task's park and hands r to its backend. r keeps the
-** caller's reference either way; on failure nothing was started. */
-static int start(ums__io_req_t *r, int64_t deadline) {
+** caller's reference either way; on failure nothing was started.
+**
+** A socket call that answers at once (try_first) completes r before any
+** backend sees it. With direct (the deferred form), the park begun here
+** is then undone and start returns 1: nobody else can have ended it (its
+** token went nowhere, no timer is armed before the task parks, and a
+** cancel does not end the park of a running task), so the caller takes
+** the result at once (not a connect's, whose deferred form always
+** parks: ums.h), without the switch through its scheduler that an
+** unpark would queue. The binding checks the quantum there as at any
+** call that need not wait. Without direct (the blocking form, whose C
+** callers have no quantum), r completes as from a backend, and the task
+** passes through its scheduler, letting the others run. */
+static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
-  if (use_poller(t->sched, r)) {
-    int e = ums__poller_new(t->sched);
+  ums__sched_t *s = t->sched;
+  if (use_poller(s, r)) {
+    int e = ums__poller_new(s);
     if (e) return e;
   }
   /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
@@ -321,22 +339,33 @@ static int start(ums__io_req_t *r, int64_t deadline) {
   int type = ums__io_is_net(r->op) ? UMS_WAIT_NET : UMS_WAIT_FILE_IO;
   int rc = ums_park_begin_wait(deadline, 0, type, NULL, 0, &r->token);
   if (rc) return rc;
-  ums__sched_t *s = t->sched;
   r->sched = s;
+  UMS__COUNT(s, io_requests);
+  int64_t res = UMS__NET_WAIT;
+  if (try_first(s, r)) {
+    res = ums__net_try(r);
+    /* Not ready past the deadline: the deadline's answer, without an
+    ** operation left in the kernel that could still take data after its
+    ** caller has gone (a zero timeout is LuaSocket's non-blocking mode). */
+    if (res == UMS__NET_WAIT && deadline != UMS_FOREVER &&
+        deadline <= ums__clock_now())
+      res = UMS_ETIMEDOUT;
+    if (res != UMS__NET_WAIT && direct && r->op != UMS__IO_CONNECT) {
+      r->res = res;
+      atomic_store_explicit(&r->state, UMS__IO_DONE, memory_order_relaxed);
+      ums__park_undo(t);
+      return 1;
+    }
+  }
   atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->io_pending, 1, memory_order_relaxed);
-  UMS__COUNT(s, io_requests);
-  if (use_ring(s, r) && try_at_once(r, deadline)) {
-    /* Not ready: the deadline's answer, without a kernel operation that
-    ** could still take data after it. */
-    int64_t res = ums__net_try(r);
-    ums__io_complete(r, res == UMS__NET_WAIT ? UMS_ETIMEDOUT : res);
-    return 0;
-  }
-  if (use_ring(s, r)) {
+  if (res != UMS__NET_WAIT) {
+    ums__io_complete(r, res);
+  } else if (use_ring(s, r)) {
     r->on_ring = true;
     ums__ring_submit(s, r);
   } else if (use_poller(s, r)) {
+    /* Tried above: it waits for readiness. */
     r->on_poller = true;
     ums__poller_submit(s, r);
   } else {
@@ -399,7 +428,7 @@ int64_t ums__io_run(ums__io_req_t *r, int64_t deadline) {
     r->res = ums__io_exec(r);
     return r->res;
   }
-  int rc = start(r, deadline);
+  int rc = start(r, deadline, false);
   if (rc) return rc;
   ums_park_wait();
   return collect(r, t);
@@ -411,12 +440,13 @@ static int64_t simple(ums__io_req_t *r, int64_t deadline) {
   return res;
 }
 
-/* The first half of the deferred form: r is the caller's on success. */
+/* The first half of the deferred form: r is the caller's on success (0,
+** or 1 when a socket call answered at once and no park is left). */
 int ums__io_begin(ums__io_req_t *r, int64_t deadline, ums_fs_req_t **out) {
-  int rc = start(r, deadline);
-  if (rc) return req_fail(r, rc);
+  int rc = start(r, deadline, true);
+  if (rc < 0) return req_fail(r, rc);
   *out = r;
-  return 0;
+  return rc;
 }
 
 int64_t ums_fs_end(ums_fs_req_t *r) {

@@ -7,13 +7,19 @@
 ** work as they do for files. Only where the operation waits differs:
 **
 **   backend      how the operation waits           who completes it
-**   io-uring.c   the kernel's socket opcodes       s's pass, reaping the
-**                (ACCEPT, CONNECT, RECV, SEND,     CQE
+**   io-uring.c   non-blocking system call, then    s's pass, reaping the
+**                the kernel's socket opcodes       CQE
+**                (ACCEPT, CONNECT, RECV, SEND,
 **                RECVMSG, SENDMSG, POLL_ADD)
 **   io-poll.c    non-blocking system call, then    s's pass or idle wait,
 **                readiness from s's epoll set      retrying the call
 **   host thread  non-blocking system call, then    the calling thread
 **                poll(2) up to the deadline
+**
+** In a task the first, non-blocking call is io.c's (start), the same for
+** both backends: a ready socket answers there, without the kernel's
+** queue or the epoll set, and the deferred form then leaves no park at
+** all (its _begin returns 1).
 **
 ** Every socket this file makes is non-blocking (SOCK_NONBLOCK, also for
 ** accepted ones), which the readiness backend needs and io_uring does not
@@ -30,6 +36,29 @@
 #include <poll.h>
 #include <string.h>
 #include <unistd.h>
+
+/* ThreadSanitizer keeps a record per descriptor number, made by the
+** intercepted call that creates a descriptor and dropped by close(2).
+** The ring accepts and closes sockets where it cannot see, so a number
+** the ring gave to an accepted socket may still carry the record of an
+** earlier descriptor of another thread, and the scheduler's first
+** intercepted recv or send on it would be reported as a race with that
+** thread. Under TSan the sends and receives go around its interceptors;
+** everywhere else they are the libc calls. */
+#if defined(UMS_TSAN)
+#include <sys/syscall.h>
+#define SOCK_RECV(fd, b, n, fl) \
+  syscall(SYS_recvfrom, (fd), (b), (n), (fl), NULL, NULL)
+#define SOCK_SEND(fd, b, n, fl) \
+  syscall(SYS_sendto, (fd), (b), (n), (fl), NULL, 0)
+#define SOCK_RECVMSG(fd, m, fl) syscall(SYS_recvmsg, (fd), (m), (fl))
+#define SOCK_SENDMSG(fd, m, fl) syscall(SYS_sendmsg, (fd), (m), (fl))
+#else
+#define SOCK_RECV recv
+#define SOCK_SEND send
+#define SOCK_RECVMSG recvmsg
+#define SOCK_SENDMSG sendmsg
+#endif
 
 /* ---------------------------------------------------------------------- */
 /* The system calls                                                        */
@@ -101,18 +130,18 @@ int64_t ums__net_try(ums__io_req_t *r) {
       return rc;
     }
     case UMS__IO_RECV:
-      return wait_if_again(NOINTR(recv(r->fd, v->iov_base, v->iov_len,
-                                       r->flags | MSG_DONTWAIT)));
+      return wait_if_again(NOINTR(SOCK_RECV(r->fd, v->iov_base, v->iov_len,
+                                            r->flags | MSG_DONTWAIT)));
     case UMS__IO_SEND:
-      return wait_if_again(NOINTR(send(r->fd, v->iov_base, v->iov_len,
-                                       r->flags | MSG_DONTWAIT |
-                                           MSG_NOSIGNAL)));
+      return wait_if_again(NOINTR(SOCK_SEND(r->fd, v->iov_base, v->iov_len,
+                                            r->flags | MSG_DONTWAIT |
+                                                MSG_NOSIGNAL)));
     case UMS__IO_RECVMSG:
       r->msg.msg_namelen = sizeof r->addr;
       return wait_if_again(
-          NOINTR(recvmsg(r->fd, &r->msg, r->flags | MSG_DONTWAIT)));
+          NOINTR(SOCK_RECVMSG(r->fd, &r->msg, r->flags | MSG_DONTWAIT)));
     case UMS__IO_SENDMSG:
-      return wait_if_again(NOINTR(sendmsg(
+      return wait_if_again(NOINTR(SOCK_SENDMSG(
           r->fd, &r->msg, r->flags | MSG_DONTWAIT | MSG_NOSIGNAL)));
     case UMS__IO_POLL: {
       struct pollfd p = {r->fd, (short)r->events, 0};

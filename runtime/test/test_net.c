@@ -946,7 +946,9 @@ static void test_expired(void) {
   CHECK_EQ(io_pending(), 0);
 }
 
-/* Deferred form: each call begun, its park waited on, ended. */
+/* Deferred form. A call whose socket is ready answers in its _begin (1,
+** no park left begun: ums_park_wait has none to wait for) and is ended at
+** once; one that is not ready begins a park (0), waited on, then ended. */
 static void *deferred_ok(void *arg) {
   int family = *(int *)arg;
   int srv;
@@ -955,11 +957,15 @@ static void *deferred_ok(void *arg) {
   ums_buf_t *b = ums_buf_new(64);
   memcpy(ums_buf_data(b), "hello", 5);
   ums_fs_req_t *q = NULL;
-  CHECK_RC(ums_net_send_begin(c, b, 0, 5, 0, dl, &q), 0);
-  ums_park_wait();
+  /* Nothing to receive yet: the receive waits, here up to its deadline. */
+  CHECK_RC(ums_net_recv_begin(srv, b, 8, 56, 0,
+                              ums_deadline(20 * UMS_NSEC_PER_MSEC), &q), 0);
+  CHECK_RC(ums_park_wait(), UMS_ETIMEDOUT);
+  CHECK_EQ(ums_fs_end(q), UMS_ETIMEDOUT);
+  CHECK_RC(ums_net_send_begin(c, b, 0, 5, 0, dl, &q), 1);
+  CHECK_RC(ums_park_wait(), UMS_EINVAL);
   CHECK_EQ(ums_net_end(q, NULL, NULL), 5);
-  CHECK_RC(ums_net_recv_begin(srv, b, 8, 56, 0, dl, &q), 0);
-  ums_park_wait();
+  CHECK_RC(ums_net_recv_begin(srv, b, 8, 56, 0, dl, &q), 1);
   CHECK_EQ(ums_fs_end(q), 5);
   CHECK(memcmp((char *)ums_buf_data(b) + 8, "hello", 5) == 0);
   /* Datagrams with the sender's address. */
@@ -967,19 +973,16 @@ static void *deferred_ok(void *arg) {
   int r = bound(family, SOCK_DGRAM, &ra);
   int s = bound(family, SOCK_DGRAM, &sa);
   CHECK_RC(ums_net_sendto_begin(s, b, 0, 5, 0, (struct sockaddr *)&ra.ss,
-                                ra.len, dl, &q), 0);
-  ums_park_wait();
+                                ra.len, dl, &q), 1);
   CHECK_EQ(ums_net_end(q, NULL, NULL), 5);
-  CHECK_RC(ums_net_recvfrom_begin(r, b, 16, 48, 0, dl, &q), 0);
-  ums_park_wait();
+  CHECK_RC(ums_net_recvfrom_begin(r, b, 16, 48, 0, dl, &q), 1);
   struct sockaddr_storage from;
   socklen_t flen = sizeof from;
   CHECK_EQ(ums_net_end(q, (struct sockaddr *)&from, &flen), 5);
   CHECK_EQ(flen, sa.len);
   CHECK(memcmp(&from, &sa.ss, flen) == 0);
   /* Readiness. */
-  CHECK_RC(ums_wait_fd_begin(r, POLLOUT, dl, &q), 0);
-  ums_park_wait();
+  CHECK_RC(ums_wait_fd_begin(r, POLLOUT, dl, &q), 1);
   CHECK_EQ(ums_net_end(q, NULL, NULL), POLLOUT);
   ums_buf_release(b);
   CHECK_RC(ums_net_close(r, dl), 0);
