@@ -94,6 +94,29 @@ static void conv_ptr(lua_State *L, const fdecl *f, int i, int idx, int k,
   }
 }
 
+/* A struct argument: a cdata of its type, or a table (or anything an
+** assignment takes) stored into a new cdata left on the stack for the
+** call. Its bytes are a->strs[i - 1], as long as the value they came
+** from; a preemptive call copies them (lccall.c). */
+static void conv_struct(lua_State *L, const fdecl *f, int i, int idx,
+                        margs *a) {
+  const ctype *t = f->argt[i - 1];
+  lcdata *c = lffi_to_cdata(L, idx);
+  if (!c || c->t != t) {
+    if (!lua_istable(L, idx)) {
+      arg_type_error(L, f, i, idx, t->name);
+      return;
+    }
+    c = lffi_new_cdata(L, t);
+    const char *what = lua_pushfstring(L, "bad argument #%d to '%s'", i,
+                                       f->name);
+    lffi_store(L, idx, t, c->p, what);
+    lua_pop(L, 1);
+  }
+  a->strs[i - 1] = c->p;
+  a->slens[i - 1] = t->size;
+}
+
 /* Converts the Lua arguments at first.. into a. */
 void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
   int given = lua_gettop(L) - first + 1;
@@ -156,6 +179,9 @@ void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
       case K_CPTR:
       case K_CSTR:
         conv_ptr(L, f, i, idx, k, a);
+        break;
+      case K_STRUCT:
+        conv_struct(L, f, i, idx, a);
         break;
       default:
         if (i > d->nargs && k == K_I32)

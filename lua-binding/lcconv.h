@@ -25,7 +25,9 @@ typedef struct margs {
   ffi_type *types[LFFI_MAXARGS];    /* every argument's type (variadic too) */
   cval vals[LFFI_MAXARGS];
   ums_buf_t *bufs[LFFI_MAXARGS];    /* the buffer behind argument i, or NULL */
-  const char *strs[LFFI_MAXARGS];   /* a string argument i (in the Lua state) */
+  const char *strs[LFFI_MAXARGS];   /* a string argument i (in the Lua
+                                       state), or a struct argument's
+                                       bytes (in a cdata) */
   size_t slens[LFFI_MAXARGS];
 } margs;
 
@@ -36,7 +38,8 @@ typedef struct margs {
 LUMS_HIDDEN void lffi_marshal(lua_State *L, const fdecl *f, int first,
                               margs *a);
 
-/* Pushes f's result r; a void result pushes true when void_true (a timed
+/* Pushes f's result r (not a struct: the caller pushes a cdata); a void
+** result pushes true when void_true (a timed
 ** call, whose nil means a timeout), nothing otherwise. Returns the number
 ** of values pushed. */
 LUMS_HIDDEN int lffi_push_result(lua_State *L, const fdecl *f,

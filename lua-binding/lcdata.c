@@ -407,6 +407,30 @@ static int cdata_len(lua_State *L) {
   return 1;
 }
 
+lcdata *lffi_new_cdata(lua_State *L, const ctype *t) {
+  size_t size = t->size ? t->size : 1;
+  ums_buf_t *b = ums_buf_new(size);
+  if (!b) {
+    luaL_error(L, "ums.ffi: out of memory");
+    return NULL;
+  }
+  memset(ums_buf_data(b), 0, size);
+  lcdata *c = push_cdata(L, t, b, ums_buf_data(b));
+  ums_buf_release(b); /* the cdata holds it */
+  return c;
+}
+
+lcdata *lffi_push_cdata_buf(lua_State *L, const ctype *t, ums_buf_t *b) {
+  lcdata *c = push_cdata(L, t, b, ums_buf_data(b));
+  ums_buf_release(b); /* the cdata holds it */
+  return c;
+}
+
+void lffi_store(lua_State *L, int idx, const ctype *t, char *q,
+                const char *what) {
+  store(L, idx, t, q, what);
+}
+
 /* ffi.new(ct [, nelem] [, init]) -> a zero-filled cdata of type ct; nelem
 ** sizes a variable-length array type (T[?]); init as an assignment. */
 static int l_new(lua_State *L) {
@@ -427,12 +451,7 @@ static int l_new(lua_State *L) {
     return luaL_argerror(L, 1, "cannot create a function");
   if ((lua_Integer)t->size > BUF_MAX)
     return luaL_argerror(L, 1, "type too large");
-  size_t size = t->size ? t->size : 1;
-  ums_buf_t *b = ums_buf_new(size);
-  if (!b) return luaL_error(L, "ums.ffi.new: out of memory");
-  memset(ums_buf_data(b), 0, size);
-  lcdata *c = push_cdata(L, t, b, ums_buf_data(b));
-  ums_buf_release(b); /* the cdata holds it */
+  lcdata *c = lffi_new_cdata(L, t);
   if (!lua_isnoneornil(L, init)) {
     const char *what = lua_pushfstring(L, "bad argument #%d to "
                                        "'ums.ffi.new'", init);

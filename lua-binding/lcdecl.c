@@ -8,7 +8,7 @@
 ** __extension__, __attribute__, __asm__ names). Layout is C's for this
 ** ABI: each field at the next multiple of its alignment, a struct's size a
 ** multiple of its largest alignment. Not supported: bit fields, long
-** double, packed or aligned attributes' effect, structs by value in calls.
+** double, packed or aligned attributes' effect, unions by value in calls.
 ** ffi.typeof, sizeof, alignof and offsetof live here too.
 **
 ** Threads: the Lua thread of the VM whose types these are.
@@ -28,7 +28,7 @@
 const char *const lffi_kind_names[] = {
     "void", "bool", "int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t",
     "uint32_t", "int64_t", "uint64_t", "float", "double", "pointer",
-    "const pointer", "const char *"};
+    "const pointer", "const char *", "struct"};
 
 /* The integer kind of a C type of `size` bytes. */
 static int int_kind(size_t size, bool is_unsigned) {
@@ -831,8 +831,53 @@ static const ctype *parse_enum(lexer *x) {
   return t;
 }
 
-/* The kind a parameter or result of type t passes as. */
-static int param_kind(lexer *x, const ctype *t) {
+/* Most scalar members (array elements counted one by one) of a struct
+** passed by value: libffi describes it member by member. */
+#define BYVAL_MAXLEAVES 4096
+
+/* The scalar members t stands for in libffi's element list. */
+static size_t leaf_count(const ctype *t) {
+  size_t n = 1;
+  while (t->tag == CT_ARRAY) {
+    n *= t->count;
+    t = t->elem;
+  }
+  return n;
+}
+
+/* Why a struct cannot be passed by value, or NULL. libffi lays a struct
+** out from its element list alone, so the list must give C's layout: each
+** member right after the one before, at its own alignment. Anonymous
+** members (flattened into their parent by the parser) and unions break
+** that, and are refused rather than passed with a wrong layout. */
+static const char *byval_problem(const ctype *t, size_t *leaves) {
+  if (t->tag == CT_UNION) return "union passed by value is not supported";
+  if (!t->complete) return "struct passed by value is incomplete";
+  if (t->size == 0) return "empty struct passed by value";
+  size_t pos = 0;
+  for (int i = 0; i < t->nfields; i++) {
+    const cfield *f = &t->fields[i];
+    const ctype *base = f->type;
+    while (base->tag == CT_ARRAY) base = base->elem;
+    if (base->tag == CT_STRUCT || base->tag == CT_UNION) {
+      const char *why = byval_problem(base, leaves);
+      if (why) return why;
+    }
+    if (f->offset != align_up(pos, f->type->align))
+      return "struct with anonymous or overlapping members passed by "
+             "value is not supported (pass a pointer)";
+    pos = f->offset + f->type->size;
+    *leaves += leaf_count(f->type);
+    if (*leaves > BYVAL_MAXLEAVES)
+      return "struct passed by value has too many members";
+  }
+  return NULL;
+}
+
+/* The kind a parameter or result of type t passes as; *st is the struct's
+** type for K_STRUCT. */
+static int param_kind(lexer *x, const ctype *t, const ctype **st) {
+  *st = NULL;
   switch (t->tag) {
     case CT_PRIM: return t->kind;
     case CT_ENUM: return t->kind;
@@ -844,9 +889,16 @@ static int param_kind(lexer *x, const ctype *t) {
         return K_CSTR;
       return t->to_const ? K_CPTR : K_PTR;
     }
+    case CT_STRUCT:
+    case CT_UNION: {
+      size_t leaves = 0;
+      const char *why = byval_problem(t, &leaves);
+      if (why) parse_error(x, why);
+      *st = t;
+      return K_STRUCT;
+    }
     default:
-      parse_error(x, "struct or union passed by value is not supported "
-                     "(pass a pointer)");
+      parse_error(x, "a function passed by value (pass a pointer)");
       return K_VOID;
   }
 }
@@ -870,9 +922,11 @@ static void parse_params(lexer *x, fdecl *d) {
       const ctype *base = parse_base(x, &c);
       declarator pd;
       parse_declarator(x, base, c, &pd, false);
-      int k = pd.func ? K_PTR : param_kind(x, pd.type);
+      const ctype *st = NULL;
+      int k = pd.func ? K_PTR : param_kind(x, pd.type, &st);
       if (pd.func) skip_parens(x);
       if (k == K_VOID) parse_error(x, "argument of type void");
+      d->argt[d->nargs] = st;
       d->args[d->nargs++] = k;
       if (!is(x, ",")) break;
       next(x);
@@ -941,7 +995,7 @@ static void parse_decl(lexer *x, int pending, bool inlined) {
       if (dd.type->tag == CT_PRIM && dd.type->kind == K_VOID)
         d->ret = K_VOID;
       else
-        d->ret = param_kind(x, dd.type);
+        d->ret = param_kind(x, dd.type, &d->rett);
       parse_params(x, d);
       strcpy(d->sym, d->name);
       for (;;) {
@@ -1032,6 +1086,67 @@ const ctype *lffi_parse_type(lua_State *L, const char *src, int arg) {
 bool lffi_const(lua_State *L, const char *name, lua_Integer *v) {
   lexer x = {.L = L};
   return find_const(&x, name, v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Structs for libffi                                                      */
+/* ---------------------------------------------------------------------- */
+
+/* Sizes (mem NULL) or fills one block holding a struct's ffi_type, its
+** nested structs' and their element lists. */
+typedef struct ffibuild {
+  char *mem;
+  size_t used;
+} ffibuild;
+
+static void *ffibuild_take(ffibuild *b, size_t n) {
+  void *p = b->mem ? b->mem + b->used : NULL;
+  b->used += align_up(n, _Alignof(max_align_t));
+  return p;
+}
+
+static ffi_type *struct_ffi(ffibuild *b, const ctype *t);
+
+/* The ffi_type of a scalar or struct member. */
+static ffi_type *leaf_ffi(ffibuild *b, const ctype *t) {
+  switch (t->tag) {
+    case CT_STRUCT: return struct_ffi(b, t);
+    case CT_PTR: return &ffi_type_pointer;
+    default: return lffi_kind_ffi(t->kind); /* CT_PRIM, CT_ENUM */
+  }
+}
+
+static ffi_type *struct_ffi(ffibuild *b, const ctype *t) {
+  ffi_type *ft = ffibuild_take(b, sizeof *ft);
+  size_t n = 0;
+  for (int i = 0; i < t->nfields; i++) n += leaf_count(t->fields[i].type);
+  ffi_type **el = ffibuild_take(b, (n + 1) * sizeof *el);
+  size_t k = 0;
+  for (int i = 0; i < t->nfields; i++) {
+    const ctype *base = t->fields[i].type;
+    while (base->tag == CT_ARRAY) base = base->elem;
+    /* An array is its elements one by one, all of one type. */
+    ffi_type *et = leaf_ffi(b, base);
+    for (size_t j = leaf_count(t->fields[i].type); j > 0; j--)
+      if (el) el[k++] = et;
+  }
+  if (ft) {
+    el[k] = NULL;
+    ft->size = 0; /* libffi computes size and alignment */
+    ft->alignment = 0;
+    ft->type = FFI_TYPE_STRUCT;
+    ft->elements = el;
+  }
+  return ft;
+}
+
+ffi_type *lffi_struct_ffi(const ctype *t) {
+  ffibuild b = {NULL, 0};
+  struct_ffi(&b, t);
+  b.mem = malloc(b.used);
+  if (!b.mem) return NULL;
+  b.used = 0;
+  return struct_ffi(&b, t);
 }
 
 /* ---------------------------------------------------------------------- */

@@ -21,7 +21,8 @@ enum kind {
   K_FLOAT, K_DOUBLE,
   K_PTR,   /* a pointer: buffer, pointer or nil in; a pointer out */
   K_CPTR,  /* a pointer to const: a string too */
-  K_CSTR   /* const char *: string in, string out */
+  K_CSTR,  /* const char *: string in, string out */
+  K_STRUCT /* a struct by value: the declaration's ctype says which */
 };
 
 /* The C name of each kind, for messages. */
@@ -61,13 +62,20 @@ static inline ffi_type *lffi_kind_ffi(int k) {
   }
 }
 
-/* A parsed function declaration. Plain data: a bound function copies it. */
+typedef struct ctype ctype;
+
+/* A parsed function declaration. Plain data: a bound function copies it.
+** The ctypes of struct arguments and results belong to the VM: only its
+** Lua thread reads them (pool threads use the bound function's own
+** ffi_type copies, lccall.h). */
 typedef struct fdecl {
   char name[LFFI_NAME_MAX + 1];
   char sym[LFFI_NAME_MAX + 1]; /* the symbol: name, or __asm__("sym") */
   int ret;                  /* enum kind */
   int nargs;                /* fixed arguments */
   int args[LFFI_MAXARGS];
+  const ctype *rett;        /* K_STRUCT result: its type; NULL otherwise */
+  const ctype *argt[LFFI_MAXARGS]; /* the same for each argument */
   bool variadic;
   bool inlined;             /* called directly, never preemptive */
 } fdecl;
@@ -89,8 +97,6 @@ enum ctag {
   CT_ENUM,   /* values of kind (int) */
   CT_FUNC    /* a function type: opaque, used behind a pointer */
 };
-
-typedef struct ctype ctype;
 
 typedef struct cfield {
   char name[LFFI_NAME_MAX + 1];
@@ -137,6 +143,12 @@ LUMS_HIDDEN const ctype *lffi_check_ctype(lua_State *L, int arg);
 
 /* t's field by name; NULL when t is not a struct or union or lacks it. */
 LUMS_HIDDEN const cfield *lffi_field(const ctype *t, const char *name);
+
+/* Describes the struct t (complete, passable by value: see lcdecl.c) to
+** libffi: returns its FFI_TYPE_STRUCT ffi_type, in one malloc'ed block
+** the caller frees, or NULL when out of memory. Thread: any (t is only
+** read). */
+LUMS_HIDDEN ffi_type *lffi_struct_ffi(const ctype *t);
 
 /* Creates the VM's type registry and the ctype metatable, and adds
 ** typeof, sizeof, alignof and offsetof to the ffi table at the top. */

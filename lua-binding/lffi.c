@@ -97,11 +97,14 @@ static int ns_index(lua_State *L) {
   atomic_store(&f->refs, 1);
   f->d = *d;
   f->addr = addr;
-  for (int i = 0; i < d->nargs; i++)
-    f->atypes[i] = lffi_kind_ffi(d->args[i]);
+  if (!lffi_fn_describe(f)) {
+    free(f);
+    return luaL_error(L, "ums.ffi: out of memory");
+  }
   if (!d->variadic &&
-      ffi_prep_cif(&f->cif, FFI_DEFAULT_ABI, (unsigned)d->nargs,
-                   lffi_kind_ffi(d->ret), f->atypes) != FFI_OK) {
+      ffi_prep_cif(&f->cif, FFI_DEFAULT_ABI, (unsigned)d->nargs, f->rtype,
+                   f->atypes) != FFI_OK) {
+    lffi_fn_free_types(f);
     free(f);
     return luaL_error(L, "ums.ffi: libffi cannot prepare '%s'", name);
   }
