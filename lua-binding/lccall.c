@@ -39,6 +39,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "lccb.h"
 #include "lcconv.h"
 #include "lcdata.h"
 
@@ -460,9 +461,10 @@ static int l_call(lua_State *L) {
   ffn *f = upvalue_fn(L);
   bool timed = !lua_isnone(L, lua_upvalueindex(2));
   margs a;
-  lffi_marshal(L, &f->d, 1, &a);
   ltask *t = lums_cur_task;
-  if (!t || !t->run || f->d.inlined) {
+  bool direct = !t || !t->run || f->d.inlined;
+  lffi_marshal(L, &f->d, 1, &a, !direct);
+  if (direct) {
     /* Directly, on this thread: the Lua values outlive the call, so the
     ** request lives on this stack and points into them. */
     freq r;
@@ -488,13 +490,17 @@ static int l_call(lua_State *L) {
       return luaL_error(L, "%s: libffi cannot prepare this call",
                         f->d.name);
     }
+    lcbframe fr;
+    lffi_cb_enter(&fr, L);
     freq_run(&r);
     save_errno(r.err);
     if (res) {
       memcpy(res->p, r.rbuf, f->d.rett->size);
       free(rheap);
-      return 1;
     }
+    /* Raises what a callback raised, now that C is done. */
+    lffi_cb_leave(&fr);
+    if (res) return 1;
     return lffi_push_result(L, &f->d, &r.ret, timed);
   }
   int64_t deadline = UMS_FOREVER;

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "lccb.h"
 #include "lcdata.h"
 
 static int arg_error(lua_State *L, const fdecl *f, int i, const char *msg) {
@@ -62,12 +63,27 @@ static void conv_int(lua_State *L, const fdecl *f, int i, int idx, int k,
 
 /* A pointer argument (kinds K_PTR, K_CPTR, K_CSTR). */
 static void conv_ptr(lua_State *L, const fdecl *f, int i, int idx, int k,
-                     margs *a) {
+                     margs *a, bool pool) {
   cval *v = &a->vals[i - 1];
   lbuf *b;
   lptr *p;
   lcdata *c;
-  if (lua_isnil(L, idx)) {
+  const ctype *t = i <= f->nargs ? f->argt[i - 1] : NULL;
+  if (lua_type(L, idx) == LUA_TFUNCTION ||
+      luaL_testudata(L, idx, LFFI_CB_MT)) {
+    if (pool) {
+      /* Refused before the call starts: a pool thread cannot run Lua. */
+      lua_pushfstring(L, "a Lua callback cannot run on a pool thread: "
+                         "declare '%s' UMS_INLINE to call it on the "
+                         "scheduler", f->name);
+      arg_error(L, f, i, lua_tostring(L, -1));
+    }
+    v->p = lffi_cb_code(L, idx, t);
+    if (!v->p)
+      arg_type_error(L, f, i, idx, "ums.ffi.buffer, ums.ffi.pointer, cdata "
+                                   "or nil (the parameter is not a "
+                                   "function pointer)");
+  } else if (lua_isnil(L, idx)) {
     v->p = NULL;
   } else if ((b = lffi_to_buf(L, idx)) != NULL) {
     v->p = ums_buf_data(b->b);
@@ -118,7 +134,8 @@ static void conv_struct(lua_State *L, const fdecl *f, int i, int idx,
 }
 
 /* Converts the Lua arguments at first.. into a. */
-void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
+void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a,
+                  bool pool) {
   int given = lua_gettop(L) - first + 1;
   const fdecl *d = f;
   if (given < d->nargs || (!d->variadic && given > d->nargs))
@@ -145,7 +162,8 @@ void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
       else if (t == LUA_TBOOLEAN)
         k = K_I32;
       else if (t == LUA_TSTRING || t == LUA_TNIL || lffi_to_buf(L, idx) ||
-               lffi_to_ptr(L, idx) || lffi_to_cdata(L, idx))
+               lffi_to_ptr(L, idx) || lffi_to_cdata(L, idx) ||
+               luaL_testudata(L, idx, LFFI_CB_MT))
         k = K_CPTR;
       else {
         arg_type_error(L, f, i, idx,
@@ -178,7 +196,7 @@ void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
       case K_PTR:
       case K_CPTR:
       case K_CSTR:
-        conv_ptr(L, f, i, idx, k, a);
+        conv_ptr(L, f, i, idx, k, a, pool);
         break;
       case K_STRUCT:
         conv_struct(L, f, i, idx, a);

@@ -32,11 +32,14 @@ typedef struct margs {
 } margs;
 
 /* Converts the Lua arguments at first.. for a call of f into a; raises
-** (naming the argument and f) when one does not fit its parameter. String
+** (naming the argument and f) when one does not fit its parameter. A
+** call that will run on a pool thread (pool) refuses callbacks; for
+** another a Lua function for a function pointer becomes a callback left
+** on the stack. String
 ** arguments point into the Lua state, buffers are not retained: a request
 ** that outlives the caller's frame copies and retains them (lccall.c). */
 LUMS_HIDDEN void lffi_marshal(lua_State *L, const fdecl *f, int first,
-                              margs *a);
+                              margs *a, bool pool);
 
 /* Pushes f's result r (not a struct: the caller pushes a cdata); a void
 ** result pushes true when void_true (a timed

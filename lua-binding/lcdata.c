@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "lccb.h"
 #include "lcdecl.h"
 
 /* Largest ffi.buffer. */
@@ -221,9 +222,14 @@ static void store(lua_State *L, int idx, const ctype *t, char *q,
       else if ((r = lffi_to_ptr(L, idx)) != NULL) p = r->p;
       else if ((b = lffi_to_buf(L, idx)) != NULL) p = ums_buf_data(b->b);
       else if ((c = lffi_to_cdata(L, idx)) != NULL) p = c->p;
-      else {
-        value_error(L, what, lua_pushfstring(L, "pointer, buffer, cdata or "
-                                             "nil expected, got %s",
+      else if ((p = lffi_cb_code(L, idx, NULL)) != NULL) {
+        /* A callback object (ffi.cast): C may call it while the object
+        ** lives. A bare function is refused: nothing would keep its
+        ** callback alive. */
+      } else {
+        value_error(L, what, lua_pushfstring(L, "pointer, buffer, cdata, "
+                                             "callback or nil expected, "
+                                             "got %s",
                                              luaL_typename(L, idx)));
         return;
       }
@@ -467,6 +473,10 @@ static int l_new(lua_State *L) {
 ** converted as C would (integers wrap, floats truncate). */
 static int l_cast(lua_State *L) {
   const ctype *t = lffi_check_ctype(L, 1);
+  if (t->tag == CT_PTR && lua_type(L, 2) == LUA_TFUNCTION) {
+    lffi_cb_new(L, t, 2);
+    return 1;
+  }
   if (t->tag == CT_PTR) {
     char *p = NULL;
     ums_buf_t *b = NULL;

@@ -54,6 +54,10 @@ typedef struct lexer {
                                   this cdef declares (0: none) */
   int arg;                     /* a type name given as argument arg of a
                                   Lua call: errors name it; 0: a cdef */
+  int in_sig;                  /* inside a function pointer's parameters:
+                                  what a callback cannot take marks the
+                                  signature unusable instead of raising */
+  bool sig_bad;
 } lexer;
 
 static int parse_error(lexer *x, const char *what) {
@@ -468,6 +472,7 @@ static lua_Integer const_expr(lexer *x, int prec) {
 
 static const ctype *parse_record(lexer *x, bool is_union);
 static const ctype *parse_enum(lexer *x);
+static const ctype *func_type(lexer *x, const ctype *ret, const char *name);
 
 /* specifiers := {qualifier | specifier}+; *is_const: a const among them. */
 static const ctype *parse_base(lexer *x, bool *is_const) {
@@ -611,8 +616,7 @@ static void parse_declarator(lexer *x, const ctype *base, bool is_const,
     }
     expect(x, ")");
     if (!is(x, "(")) parse_error(x, "'(' expected (a function's parameters)");
-    skip_parens(x);
-    d->type = ptr_type(L, NULL, false);
+    d->type = ptr_type(L, func_type(x, t, d->name), false);
     return;
   }
   if (x->ident && !abstract) {
@@ -891,6 +895,10 @@ static int param_kind(lexer *x, const ctype *t, const ctype **st) {
     }
     case CT_STRUCT:
     case CT_UNION: {
+      if (x->in_sig) { /* a callback does not take structs by value */
+        x->sig_bad = true;
+        return K_PTR;
+      }
       size_t leaves = 0;
       const char *why = byval_problem(t, &leaves);
       if (why) parse_error(x, why);
@@ -898,6 +906,10 @@ static int param_kind(lexer *x, const ctype *t, const ctype **st) {
       return K_STRUCT;
     }
     default:
+      if (x->in_sig) {
+        x->sig_bad = true;
+        return K_PTR;
+      }
       parse_error(x, "a function passed by value (pass a pointer)");
       return K_VOID;
   }
@@ -923,16 +935,45 @@ static void parse_params(lexer *x, fdecl *d) {
       declarator pd;
       parse_declarator(x, base, c, &pd, false);
       const ctype *st = NULL;
-      int k = pd.func ? K_PTR : param_kind(x, pd.type, &st);
-      if (pd.func) skip_parens(x);
+      /* A parameter of function type is a pointer to it, as in C. */
+      if (pd.func) pd.type = ptr_type(x->L, func_type(x, pd.type, pd.name),
+                                      false);
+      int k = param_kind(x, pd.type, &st);
       if (k == K_VOID) parse_error(x, "argument of type void");
-      d->argt[d->nargs] = st;
+      d->argt[d->nargs] = k == K_PTR && lffi_fnptr_sig(pd.type) ? pd.type
+                                                                 : st;
       d->args[d->nargs++] = k;
       if (!is(x, ",")) break;
       next(x);
     }
   }
   expect(x, ")");
+}
+
+/* A function type, the current token being its parameters' '(': ret is
+** its result type, name the declarator's (for messages). Its signature is
+** kept when a Lua callback can stand for the function. */
+static const ctype *func_type(lexer *x, const ctype *ret, const char *name) {
+  lua_State *L = x->L;
+  ctype *f = ctype_new(L, CT_FUNC);
+  f->align = 1;
+  set_name(f, "%s()", ret->name);
+  fdecl *d = (fdecl *)lua_newuserdatauv(L, sizeof *d, 0);
+  memset(d, 0, sizeof *d);
+  snprintf(d->name, sizeof d->name, "%s", name[0] ? name : "callback");
+  anchor(L, d);
+  bool outer_bad = x->sig_bad;
+  x->sig_bad = false;
+  x->in_sig++;
+  if (ret->tag == CT_PRIM && ret->kind == K_VOID)
+    d->ret = K_VOID;
+  else
+    d->ret = param_kind(x, ret, &d->rett);
+  parse_params(x, d);
+  x->in_sig--;
+  if (!x->sig_bad && !d->variadic) f->sig = d;
+  x->sig_bad = outer_bad;
+  return f;
 }
 
 /* One declaration, up to and including its ';': a function prototype, a
@@ -972,10 +1013,8 @@ static void parse_decl(lexer *x, int pending, bool inlined) {
     if (is_typedef) {
       const ctype *t = dd.type;
       if (dd.func) {
-        /* A function type: opaque, usable behind a pointer. */
-        skip_parens(x);
-        ctype *f = ctype_new(L, CT_FUNC);
-        f->align = 1;
+        /* A function type, usable behind a pointer. */
+        ctype *f = (ctype *)func_type(x, dd.type, dd.name);
         set_name(f, "%s", dd.name);
         t = f;
       }

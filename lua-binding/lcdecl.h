@@ -75,7 +75,8 @@ typedef struct fdecl {
   int nargs;                /* fixed arguments */
   int args[LFFI_MAXARGS];
   const ctype *rett;        /* K_STRUCT result: its type; NULL otherwise */
-  const ctype *argt[LFFI_MAXARGS]; /* the same for each argument */
+  const ctype *argt[LFFI_MAXARGS]; /* the same for each argument, and a
+                                      function pointer's type (K_PTR) */
   bool variadic;
   bool inlined;             /* called directly, never preemptive */
 } fdecl;
@@ -95,7 +96,8 @@ enum ctag {
   CT_ARRAY,  /* count elems; vla: a variable-length array type (T[?]) */
   CT_STRUCT, CT_UNION,
   CT_ENUM,   /* values of kind (int) */
-  CT_FUNC    /* a function type: opaque, used behind a pointer */
+  CT_FUNC    /* a function type, used behind a pointer; sig: its
+                parameters when a Lua function can stand for it */
 };
 
 typedef struct cfield {
@@ -115,6 +117,9 @@ struct ctype {
   const ctype *elem;        /* CT_PTR, CT_ARRAY */
   int nfields;              /* CT_STRUCT, CT_UNION */
   cfield *fields;           /* in declaration order, with offsets */
+  const fdecl *sig;         /* CT_FUNC: its signature, or NULL when a
+                               callback cannot take it (variadic, structs
+                               or unions by value) */
   char name[2 * LFFI_NAME_MAX + 16]; /* for messages; may be cut short */
 };
 
@@ -140,6 +145,14 @@ LUMS_HIDDEN bool lffi_const(lua_State *L, const char *name, lua_Integer *v);
 
 /* The ctype argument arg names: a type name or a ctype; raises else. */
 LUMS_HIDDEN const ctype *lffi_check_ctype(lua_State *L, int arg);
+
+/* The signature of the function t points to, when t is a pointer to a
+** function a Lua callback can stand for; NULL otherwise. */
+static inline const fdecl *lffi_fnptr_sig(const ctype *t) {
+  return t && t->tag == CT_PTR && t->elem && t->elem->tag == CT_FUNC
+             ? t->elem->sig
+             : NULL;
+}
 
 /* t's field by name; NULL when t is not a struct or union or lacks it. */
 LUMS_HIDDEN const cfield *lffi_field(const ctype *t, const char *name);

@@ -10,6 +10,7 @@
 ** split by job, after LuaJIT's lj_cparse/lj_cdata/lj_cconv/lj_ccall:
 **   lcdecl.c  the C types and the declaration parser
 **   lcdata.c  buffers and pointers
+**   lccb.c    callbacks: Lua functions as C function pointers
 **   lcconv.c  marshalling between Lua values and C values
 **   lccall.c  bound functions and calls, preemptive and inline (its top
 **             comment states who owns what while a call is in flight)
@@ -29,6 +30,7 @@
 #include <unistd.h>
 
 #include "lccall.h"
+#include "lccb.h"
 #include "lcdata.h"
 #include "lcdecl.h"
 
@@ -326,6 +328,7 @@ void lums_open_ffi(lua_State *L) {
   lffi_open_types(L);
   lffi_open_cdata(L);
   lffi_open_call(L);
+  lffi_open_cb(L);
   if (lua_getfield(L, LUA_REGISTRYINDEX, C_KEY) != LUA_TUSERDATA) {
     lua_pop(L, 1);
     push_namespace(L, NULL);

@@ -1,10 +1,10 @@
 -- Specs for structs passed and returned by value through ums.ffi
 -- (lua-binding/lcdecl.c describes them to libffi, lccall.c copies them into
 -- a preemptive call's request): libc's div, ldiv, lldiv and inet_ntoa, and
--- a small C library compiled by cc for this spec, whose structs cover each
+-- a small C library (spec/ffi_testlib.c), whose structs cover each
 -- way the x86-64 and AArch64 ABIs pass them (integer registers, SSE
 -- registers, both, and memory for a struct larger than 16 bytes), nested
--- structs and arrays inside structs. Each call is made outside a task
+-- structs and arrays inside structs (spec/ffi_testlib.c). Each call is made outside a task
 -- (directly), inline in a task and preemptively from several tasks.
 
 local ums = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
@@ -32,40 +32,20 @@ double spread(struct s_mixed a, int x, struct s_idf b, struct s_big c,
               struct s_pair d);
 ]]
 
-local SOURCE = DECLS .. [[
-struct s_pair pair_make(int a, int b) { struct s_pair p = {a, b}; return p; }
-int pair_sum(struct s_pair p) { return p.a + p.b; }
-struct s_mixed mixed_scale(struct s_mixed m, double k) {
-  m.x *= (float)k; m.y *= (float)k; m.z *= k; return m;
-}
-struct s_idf idf_next(struct s_idf v) { v.i += 1; v.d += 0.5; return v; }
-struct s_big big_add(struct s_big a, struct s_big b) {
-  for (int i = 0; i < 3; i++) a.v[i] += b.v[i];
-  a.tag = (char)(a.tag + b.tag);
-  return a;
-}
-struct s_nested nested_bump(struct s_nested n) {
-  n.p.a++; n.p.b--;
-  for (int i = 0; i < 3; i++) n.arr[i] = (short)(n.arr[i] * 2);
-  n.c++;
-  return n;
-}
-struct s_fa fa_rev(struct s_fa v) {
-  struct s_fa r = {{v.f[2], v.f[1], v.f[0]}}; return r;
-}
-double spread(struct s_mixed a, int x, struct s_idf b, struct s_big c,
-              struct s_pair d) {
-  return a.x + a.y + a.z + x + b.i + b.d + c.v[0] + c.v[1] + c.v[2] + c.tag
-         + d.a + d.b;
-}
-]]
-
-local function sh(cmd)
-  -- The compiler runs without the sanitizer preload of the test's Lua.
-  local p = assert(io.popen("env -u LD_PRELOAD " .. cmd .. " 2>&1"))
+-- The C test library (spec/ffi_testlib.c): built by CMake (its path in
+-- UMS_FFI_TESTLIB), or compiled here with cc when the spec is run by hand.
+local function testlib()
+  local path = os.getenv("UMS_FFI_TESTLIB")
+  if path then return path, false end
+  local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+  path = os.tmpname()
+  os.remove(path)
+  path = path .. ".so"
+  local p = assert(io.popen(("env -u LD_PRELOAD cc -std=gnu11 -shared "
+    .. "-fPIC -o %s %sffi_testlib.c 2>&1"):format(path, dir)))
   local out = p:read("a")
-  local ok = p:close()
-  return ok, out
+  assert(p:close(), out)
+  return path, true
 end
 
 local function errmsg(f, ...)
@@ -74,7 +54,7 @@ local function errmsg(f, ...)
   return tostring(err)
 end
 
-local lib, libpath
+local lib, libpath, libtemp
 
 -- body() outside a task, then as the first task of a run.
 local function both(name, body)
@@ -84,17 +64,7 @@ end
 
 describe("ums.ffi structs by value", function()
   setup(function()
-    local base = os.tmpname()
-    os.remove(base)
-    local src = base .. ".c"
-    libpath = base .. ".so"
-    local f = assert(io.open(src, "w"))
-    f:write(SOURCE)
-    f:close()
-    local ok, out = sh(("cc -std=gnu11 -O1 -shared -fPIC -o %s %s")
-                       :format(libpath, src))
-    os.remove(src)
-    assert(ok, out)
+    libpath, libtemp = testlib()
     ffi.cdef(DECLS)
     ffi.cdef(PROTOS)
     -- The same functions declared inline: called on the scheduler.
@@ -123,7 +93,7 @@ UMS_INLINE char *inet_ntoa_inline(struct in_addr in) __asm__("inet_ntoa");
   teardown(function()
     lib = nil
     collectgarbage()
-    os.remove(libpath)
+    if libtemp then os.remove(libpath) end
   end)
 
   both("returns libc's div_t, ldiv_t and lldiv_t as new cdata", function()
