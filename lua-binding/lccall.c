@@ -540,6 +540,7 @@ static int l_call(lua_State *L) {
   /* On failure the runtime releases the request through fcall_free. */
   return lums_preempt_start_prepared(L, t, f->d.name, call, fcall_run, c,
                                      fcall_free, deadline,
+                                     f->d.interruptible,
                                      (lua_KContext)call, call_k);
 }
 

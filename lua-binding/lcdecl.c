@@ -979,12 +979,17 @@ static const ctype *func_type(lexer *x, const ctype *ret, const char *name) {
 /* One declaration, up to and including its ';': a function prototype, a
 ** typedef, or a struct, union or enum declaration. Pushes an fdecl into
 ** the pending table for a function. */
-static void parse_decl(lexer *x, int pending, bool inlined) {
+static void parse_decl(lexer *x, int pending, bool inlined,
+                       bool interruptible) {
   lua_State *L = x->L;
-  bool is_typedef = false, is_extern = false, fn_inlined = inlined;
+  bool is_typedef = false, is_extern = false, fn_inlined = inlined,
+       fn_intr = interruptible;
   for (;;) {
     if (x->ident && (is(x, "UMS_INLINE"))) {
       fn_inlined = true;
+      next(x);
+    } else if (x->ident && (is(x, "UMS_INTERRUPTIBLE"))) {
+      fn_intr = true;
       next(x);
     } else if (x->ident && is(x, "typedef")) {
       is_typedef = true;
@@ -1030,6 +1035,10 @@ static void parse_decl(lexer *x, int pending, bool inlined) {
       fdecl *d = (fdecl *)lua_newuserdatauv(L, sizeof *d, 0);
       memset(d, 0, sizeof *d);
       d->inlined = fn_inlined;
+      d->interruptible = fn_intr;
+      if (fn_inlined && fn_intr)
+        parse_error(x, "an inline call cannot be interruptible (it runs on "
+                       "the scheduler)");
       snprintf(d->name, sizeof d->name, "%s", dd.name);
       if (dd.type->tag == CT_PRIM && dd.type->kind == K_VOID)
         d->ret = K_VOID;
@@ -1067,7 +1076,8 @@ static void parse_decl(lexer *x, int pending, bool inlined) {
   expect(x, ";");
 }
 
-void lffi_parse(lua_State *L, const char *src, bool inlined) {
+void lffi_parse(lua_State *L, const char *src, bool inlined,
+                bool interruptible) {
   lexer x = {.L = L, .src = src, .p = src};
   lua_newtable(L); /* the new functions */
   int pending = lua_gettop(L);
@@ -1081,7 +1091,7 @@ void lffi_parse(lua_State *L, const char *src, bool inlined) {
       next(&x);
       continue;
     }
-    parse_decl(&x, pending, inlined);
+    parse_decl(&x, pending, inlined, interruptible);
   }
   /* Everything parsed: the types and constants become the VM's. */
   static const char *const keys[] = {TYPES_KEY, CONSTS_KEY};

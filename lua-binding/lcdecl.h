@@ -79,6 +79,8 @@ typedef struct fdecl {
                                       function pointer's type (K_PTR) */
   bool variadic;
   bool inlined;             /* called directly, never preemptive */
+  bool interruptible;       /* a task giving up on the call interrupts
+                               its system call (UMS_PREEMPT_INTERRUPT) */
 } fdecl;
 
 /* A C type. Every ctype belongs to its VM (anchored in its registry for
@@ -124,9 +126,11 @@ struct ctype {
 };
 
 /* Parses the declarations in src and pushes a table mapping each declared
-** name to its fdecl (a full userdata). Raises on the first malformed
-** declaration, naming its line. */
-LUMS_HIDDEN void lffi_parse(lua_State *L, const char *src, bool inlined);
+** name to its fdecl (a full userdata); inlined and interruptible mark
+** every function declared (as UMS_INLINE and UMS_INTERRUPTIBLE do one).
+** Raises on the first malformed declaration, naming its line. */
+LUMS_HIDDEN void lffi_parse(lua_State *L, const char *src, bool inlined,
+                            bool interruptible);
 
 /* The type a type name such as "struct timespec *[2]" or "char[?]"
 ** denotes; raises naming argument arg when it does not parse. */

@@ -42,18 +42,22 @@
 /* cdef and namespaces                                                     */
 /* ---------------------------------------------------------------------- */
 
-/* ffi.cdef(decls [, {inline = true}]) */
+/* ffi.cdef(decls [, {inline = true, interruptible = true}]) */
 static int l_cdef(lua_State *L) {
   const char *src = luaL_checkstring(L, 1);
-  bool inlined = false;
+  bool inlined = false, interruptible = false;
   if (!lua_isnoneornil(L, 2)) {
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_getfield(L, 2, "inline");
     inlined = lua_toboolean(L, -1);
-    lua_pop(L, 1);
+    lua_getfield(L, 2, "interruptible");
+    interruptible = lua_toboolean(L, -1);
+    lua_pop(L, 2);
+    luaL_argcheck(L, !(inlined && interruptible), 2,
+                  "an inline call cannot be interruptible");
   }
   /* Parse everything first: a malformed declaration declares nothing. */
-  lffi_parse(L, src, inlined);
+  lffi_parse(L, src, inlined, interruptible);
   int pending = lua_gettop(L);
   lua_getfield(L, LUA_REGISTRYINDEX, DECLS_KEY);
   lua_pushnil(L);
