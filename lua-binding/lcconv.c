@@ -71,14 +71,15 @@ static void conv_ptr(lua_State *L, const fdecl *f, int i, int idx, int k,
   const ctype *t = i <= f->nargs ? f->argt[i - 1] : NULL;
   if (lua_type(L, idx) == LUA_TFUNCTION ||
       luaL_testudata(L, idx, LFFI_CB_MT)) {
-    if (pool) {
+    bool is_cb = lua_type(L, idx) != LUA_TFUNCTION || lffi_fnptr_sig(t);
+    if (pool && is_cb) {
       /* Refused before the call starts: a pool thread cannot run Lua. */
       lua_pushfstring(L, "a Lua callback cannot run on a pool thread: "
                          "declare '%s' UMS_INLINE to call it on the "
                          "scheduler", f->name);
       arg_error(L, f, i, lua_tostring(L, -1));
     }
-    v->p = lffi_cb_code(L, idx, t);
+    v->p = is_cb ? lffi_cb_code(L, idx, t) : NULL;
     if (!v->p)
       arg_type_error(L, f, i, idx, "ums.ffi.buffer, ums.ffi.pointer, cdata "
                                    "or nil (the parameter is not a "
