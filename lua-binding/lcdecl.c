@@ -2,8 +2,9 @@
 ** lcdecl.c: ums.ffi's C types and declaration parser. ffi.cdef takes what
 ** a C header holds, as the preprocessor gives it: function prototypes,
 ** typedefs, struct, union and enum declarations (named, nested,
-** anonymous members, arrays, pointers to pointers, function pointers as
-** opaque pointers) and extern variables (accepted, not bound), with the
+** anonymous members, arrays, pointers to pointers, function pointers with
+** their signatures, for callbacks) and extern variables (accepted, not
+** bound), with the
 ** header noise that does not change layout (const, volatile, restrict,
 ** __extension__, __attribute__, __asm__ names). Layout is C's for this
 ** ABI: each field at the next multiple of its alignment, a struct's size a
@@ -576,8 +577,9 @@ static void skip_parens(lexer *x) {
 
 /* declarator := {'*' {qualifier}} (name | '(' '*' name ')' '(' ... ')')
 **               {'[' [expr | '?'] ']'} ['(' params ')']
-** A pointer to a function is opaque (void *); a function itself, at the
-** top of a declaration, is left for parse_function (d->func). */
+** A pointer to a function points to a CT_FUNC with its signature
+** (func_type); a function itself, at the top of a declaration, is left to
+** the caller (d->func). */
 static void parse_declarator(lexer *x, const ctype *base, bool is_const,
                              declarator *d, bool abstract) {
   lua_State *L = x->L;
