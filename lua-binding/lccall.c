@@ -39,6 +39,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "lccb.h"
 #include "lcconv.h"
 #include "lcdata.h"
 
@@ -51,9 +52,33 @@ void lffi_lib_unref(flib *l) {
   }
 }
 
+void lffi_fn_free_types(ffn *f) {
+  if (f->d.ret == K_STRUCT) free(f->rtype);
+  f->rtype = NULL;
+  for (int i = 0; i < f->d.nargs; i++) {
+    if (f->d.args[i] == K_STRUCT) free(f->atypes[i]);
+    f->atypes[i] = NULL;
+  }
+}
+
+bool lffi_fn_describe(ffn *f) {
+  const fdecl *d = &f->d;
+  f->rtype = d->ret == K_STRUCT ? lffi_struct_ffi(d->rett)
+                                : lffi_kind_ffi(d->ret);
+  bool ok = f->rtype != NULL;
+  for (int i = 0; i < d->nargs; i++) {
+    f->atypes[i] = d->args[i] == K_STRUCT ? lffi_struct_ffi(d->argt[i])
+                                          : lffi_kind_ffi(d->args[i]);
+    ok = ok && f->atypes[i];
+  }
+  if (!ok) lffi_fn_free_types(f);
+  return ok;
+}
+
 void lffi_fn_unref(ffn *f) {
   if (atomic_fetch_sub(&f->refs, 1) == 1) {
     lffi_lib_unref(f->lib);
+    lffi_fn_free_types(f);
     free(f);
   }
 }
@@ -65,6 +90,8 @@ void lffi_fn_unref(ffn *f) {
 typedef struct freq {
   ffn *f;                      /* reference held */
   ffi_cif *cif;                /* &f->cif or &vcif */
+  void *rbuf;                  /* a struct result's bytes, 16-aligned in
+                                  the strings area; NULL: into ret */
   rval ret;
   int err;                     /* errno right after the call */
   bool heap;                   /* a heap request holding references */
@@ -130,18 +157,24 @@ static void freq_free(void *arg) {
   free(r);
 }
 
-/* Points the request's argument array at its values; prepares a variadic
-** call's cif. Returns false when libffi refuses the signature. */
+/* Points the request's argument array at its values (a struct
+** argument's bytes where they are); prepares a variadic call's cif.
+** Returns false when libffi refuses the signature. */
 static bool freq_prepare(freq *r) {
-  for (int i = 0; i < r->a.n; i++) r->avalues[i] = &r->a.vals[i];
-  if (!r->f->d.variadic) {
+  const fdecl *d = &r->f->d;
+  for (int i = 0; i < r->a.n; i++)
+    r->avalues[i] = i < d->nargs && d->args[i] == K_STRUCT
+                        ? (void *)r->a.strs[i]
+                        : &r->a.vals[i];
+  if (!d->variadic) {
     r->cif = &r->f->cif;
     return true;
   }
+  for (int i = 0; i < d->nargs; i++) r->a.types[i] = r->f->atypes[i];
   r->cif = &r->vcif;
-  return ffi_prep_cif_var(&r->vcif, FFI_DEFAULT_ABI,
-                          (unsigned)r->f->d.nargs, (unsigned)r->a.n,
-                          lffi_kind_ffi(r->f->d.ret), r->a.types) == FFI_OK;
+  return ffi_prep_cif_var(&r->vcif, FFI_DEFAULT_ABI, (unsigned)d->nargs,
+                          (unsigned)r->a.n, r->f->rtype,
+                          r->a.types) == FFI_OK;
 }
 
 /* The C function this thread is in, for the fatal-signal report.
@@ -174,7 +207,9 @@ static void freq_run(void *arg) {
   freq *r = arg;
   calling = r->f->d.name;
   errno = 0;
-  if (r->a.n == 0 && !r->f->d.variadic)
+  if (r->rbuf)
+    ffi_call(r->cif, FFI_FN(r->f->addr), r->rbuf, r->avalues);
+  else if (r->a.n == 0 && !r->f->d.variadic)
     call_nullary(r->f, r->cif, &r->ret);
   else
     ffi_call(r->cif, FFI_FN(r->f->addr), &r->ret, r->avalues);
@@ -188,11 +223,13 @@ static void fcall_run(void *arg) {
   ffn *f;
   ffi_cif *cif;
   void **avalues;
+  void *rbuf = NULL;
   if (c->heap) {
     freq *r = c->req;
     f = r->f;
     cif = r->cif;
     avalues = r->avalues;
+    rbuf = r->rbuf;
   } else {
     f = c->req;
     cif = &f->cif;
@@ -204,7 +241,9 @@ static void fcall_run(void *arg) {
   ** DONE: the Lua thread spins on that line, and a store made after it
   ** took the line back would cost a round trip. */
   rval ret;
-  if (c->heap)
+  if (rbuf)
+    ffi_call(cif, FFI_FN(f->addr), rbuf, avalues);
+  else if (c->heap)
     ffi_call(cif, FFI_FN(f->addr), &ret, avalues);
   else
     call_nullary(f, cif, &ret);
@@ -283,11 +322,30 @@ static freq *freq_alloc(size_t strbytes) {
   return aligned_alloc(LFFI_CACHELINE, n);
 }
 
-/* A heap request owning copies of everything the call touches. */
+/* Struct bytes in a request's strings area start 16-aligned, as libffi
+** and the C ABI may expect of them. */
+static char *align16(char *p) {
+  return (char *)(((uintptr_t)p + 15) & ~(uintptr_t)15);
+}
+
+static bool is_struct_arg(const fdecl *d, int i) {
+  return i < d->nargs && d->args[i] == K_STRUCT;
+}
+
+/* A heap request owning copies of everything the call touches: string
+** arguments, struct arguments (by value: a later change to the cdata
+** does not reach the call) and room for a struct result. */
 static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
   size_t strbytes = 0;
   for (int i = 0; i < a->n; i++)
-    if (a->strs[i]) strbytes += a->slens[i] + 1;
+    if (a->strs[i])
+      strbytes += is_struct_arg(&f->d, i) ? a->slens[i] + 15
+                                          : a->slens[i] + 1;
+  size_t rsize = 0;
+  if (f->d.ret == K_STRUCT) {
+    rsize = (f->d.rett->size + 15) & ~(size_t)15;
+    strbytes += rsize + 15;
+  }
   freq *r;
   lrun *cache = NULL;
   if (strbytes <= FREQ_CACHED_STRBYTES) {
@@ -318,7 +376,12 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
   r->strings = (char *)(r + 1);
   char *s = r->strings;
   for (int i = 0; i < a->n; i++) {
-    if (a->strs[i]) {
+    if (a->strs[i] && is_struct_arg(&f->d, i)) {
+      s = align16(s);
+      memcpy(s, a->strs[i], a->slens[i]);
+      r->a.strs[i] = s;
+      s += a->slens[i];
+    } else if (a->strs[i]) {
       memcpy(s, a->strs[i], a->slens[i] + 1);
       r->a.vals[i].p = s;
       r->a.strs[i] = s;
@@ -326,6 +389,7 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
     }
     if (a->bufs[i]) ums_buf_retain(a->bufs[i]);
   }
+  r->rbuf = rsize ? align16(s) : NULL;
   atomic_fetch_add(&f->refs, 1);
   return r;
 }
@@ -363,6 +427,22 @@ static int call_k(lua_State *L, int status, lua_KContext ctx) {
                                     f->d.name, &res, sizeof res);
   if (rc == 0) {
     save_errno(res.err);
+    if (f->d.ret == K_STRUCT) {
+      /* Copied out of the request (which holds the bytes) into memory
+      ** of its own, so the request is released before anything here can
+      ** raise. */
+      freq *r = res.req;
+      const ctype *t = f->d.rett;
+      ums_buf_t *b = ums_buf_new(t->size);
+      if (!b) {
+        fcall_release(res.req, res.heap);
+        return luaL_error(L, "%s: out of memory", f->d.name);
+      }
+      memcpy(ums_buf_data(b), r->rbuf, t->size);
+      fcall_release(res.req, res.heap);
+      lffi_push_cdata_buf(L, t, b);
+      return 1;
+    }
     /* The upvalue holds f for push_result. */
     fcall_release(res.req, res.heap);
     return lffi_push_result(L, &f->d, &res.ret,
@@ -381,9 +461,10 @@ static int l_call(lua_State *L) {
   ffn *f = upvalue_fn(L);
   bool timed = !lua_isnone(L, lua_upvalueindex(2));
   margs a;
-  lffi_marshal(L, &f->d, 1, &a);
   ltask *t = lums_cur_task;
-  if (!t || !t->run || f->d.inlined) {
+  bool direct = !t || !t->run || f->d.inlined;
+  lffi_marshal(L, &f->d, 1, &a, !direct);
+  if (direct) {
     /* Directly, on this thread: the Lua values outlive the call, so the
     ** request lives on this stack and points into them. */
     freq r;
@@ -391,11 +472,35 @@ static int l_call(lua_State *L) {
     r.a = a;
     r.heap = false;
     r.cache = NULL;
-    if (!freq_prepare(&r))
+    /* A struct result: its cdata first (nothing raises after the call
+    ** but the results), and a 16-aligned return buffer rounded up to 16
+    ** bytes, as libffi may store whole registers. */
+    _Alignas(16) char rsmall[64];
+    char *rheap = NULL;
+    lcdata *res = NULL;
+    r.rbuf = NULL;
+    if (f->d.ret == K_STRUCT) {
+      size_t rs = (f->d.rett->size + 15) & ~(size_t)15;
+      res = lffi_new_cdata(L, f->d.rett);
+      r.rbuf = rs <= sizeof rsmall ? rsmall : (rheap = aligned_alloc(16, rs));
+      if (!r.rbuf) return luaL_error(L, "%s: out of memory", f->d.name);
+    }
+    if (!freq_prepare(&r)) {
+      free(rheap);
       return luaL_error(L, "%s: libffi cannot prepare this call",
                         f->d.name);
+    }
+    lcbframe fr;
+    lffi_cb_enter(&fr, L);
     freq_run(&r);
     save_errno(r.err);
+    if (res) {
+      memcpy(res->p, r.rbuf, f->d.rett->size);
+      free(rheap);
+    }
+    /* Raises what a callback raised, now that C is done. */
+    lffi_cb_leave(&fr);
+    if (res) return 1;
     return lffi_push_result(L, &f->d, &r.ret, timed);
   }
   int64_t deadline = UMS_FOREVER;
@@ -405,7 +510,7 @@ static int l_call(lua_State *L) {
   }
   /* The request: the bound function for a call without arguments,
   ** else a heap copy of them. */
-  bool heap = a.n > 0 || f->d.variadic;
+  bool heap = a.n > 0 || f->d.variadic || f->d.ret == K_STRUCT;
   void *req;
   if (heap) {
     freq *r = freq_copy(L, f, &a, t->run);
@@ -435,6 +540,7 @@ static int l_call(lua_State *L) {
   /* On failure the runtime releases the request through fcall_free. */
   return lums_preempt_start_prepared(L, t, f->d.name, call, fcall_run, c,
                                      fcall_free, deadline,
+                                     f->d.interruptible,
                                      (lua_KContext)call, call_k);
 }
 

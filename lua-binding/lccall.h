@@ -34,9 +34,18 @@ typedef struct ffn {
   flib *lib;               /* reference held; NULL for ffi.C */
   ffi_cif cif;             /* prepared once (not for variadic functions,
                               whose cif depends on each call) */
-  ffi_type *atypes[LFFI_MAXARGS];
+  ffi_type *rtype;         /* the result's type */
+  ffi_type *atypes[LFFI_MAXARGS]; /* a struct's is lffi_struct_ffi's
+                                     block, owned and freed with f */
   _Atomic int refs __attribute__((aligned(LFFI_CACHELINE)));
 } ffn;
+
+/* Fills f->rtype and f->atypes from f->d, on the Lua thread that owns
+** f->d's ctypes; false when out of memory (what was made is freed). */
+LUMS_HIDDEN bool lffi_fn_describe(ffn *f);
+/* Frees the struct types lffi_fn_describe made: for a function never
+** bound, and at the last reference (any thread: f owns them). */
+LUMS_HIDDEN void lffi_fn_free_types(ffn *f);
 
 /* Drop one reference; the last one closes the library or frees the
 ** function (dropping its library reference). Any thread. */

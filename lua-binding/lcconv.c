@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "lccb.h"
 #include "lcdata.h"
 
 static int arg_error(lua_State *L, const fdecl *f, int i, const char *msg) {
@@ -62,12 +63,28 @@ static void conv_int(lua_State *L, const fdecl *f, int i, int idx, int k,
 
 /* A pointer argument (kinds K_PTR, K_CPTR, K_CSTR). */
 static void conv_ptr(lua_State *L, const fdecl *f, int i, int idx, int k,
-                     margs *a) {
+                     margs *a, bool pool) {
   cval *v = &a->vals[i - 1];
   lbuf *b;
   lptr *p;
   lcdata *c;
-  if (lua_isnil(L, idx)) {
+  const ctype *t = i <= f->nargs ? f->argt[i - 1] : NULL;
+  if (lua_type(L, idx) == LUA_TFUNCTION ||
+      luaL_testudata(L, idx, LFFI_CB_MT)) {
+    bool is_cb = lua_type(L, idx) != LUA_TFUNCTION || lffi_fnptr_sig(t);
+    if (pool && is_cb) {
+      /* Refused before the call starts: a pool thread cannot run Lua. */
+      lua_pushfstring(L, "a Lua callback cannot run on a pool thread: "
+                         "declare '%s' UMS_INLINE to call it on the "
+                         "scheduler", f->name);
+      arg_error(L, f, i, lua_tostring(L, -1));
+    }
+    v->p = is_cb ? lffi_cb_code(L, idx, t) : NULL;
+    if (!v->p)
+      arg_type_error(L, f, i, idx, "ums.ffi.buffer, ums.ffi.pointer, cdata "
+                                   "or nil (the parameter is not a "
+                                   "function pointer)");
+  } else if (lua_isnil(L, idx)) {
     v->p = NULL;
   } else if ((b = lffi_to_buf(L, idx)) != NULL) {
     v->p = ums_buf_data(b->b);
@@ -94,8 +111,32 @@ static void conv_ptr(lua_State *L, const fdecl *f, int i, int idx, int k,
   }
 }
 
+/* A struct argument: a cdata of its type, or a table (or anything an
+** assignment takes) stored into a new cdata left on the stack for the
+** call. Its bytes are a->strs[i - 1], as long as the value they came
+** from; a preemptive call copies them (lccall.c). */
+static void conv_struct(lua_State *L, const fdecl *f, int i, int idx,
+                        margs *a) {
+  const ctype *t = f->argt[i - 1];
+  lcdata *c = lffi_to_cdata(L, idx);
+  if (!c || c->t != t) {
+    if (!lua_istable(L, idx)) {
+      arg_type_error(L, f, i, idx, t->name);
+      return;
+    }
+    c = lffi_new_cdata(L, t);
+    const char *what = lua_pushfstring(L, "bad argument #%d to '%s'", i,
+                                       f->name);
+    lffi_store(L, idx, t, c->p, what);
+    lua_pop(L, 1);
+  }
+  a->strs[i - 1] = c->p;
+  a->slens[i - 1] = t->size;
+}
+
 /* Converts the Lua arguments at first.. into a. */
-void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
+void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a,
+                  bool pool) {
   int given = lua_gettop(L) - first + 1;
   const fdecl *d = f;
   if (given < d->nargs || (!d->variadic && given > d->nargs))
@@ -122,7 +163,8 @@ void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
       else if (t == LUA_TBOOLEAN)
         k = K_I32;
       else if (t == LUA_TSTRING || t == LUA_TNIL || lffi_to_buf(L, idx) ||
-               lffi_to_ptr(L, idx) || lffi_to_cdata(L, idx))
+               lffi_to_ptr(L, idx) || lffi_to_cdata(L, idx) ||
+               luaL_testudata(L, idx, LFFI_CB_MT))
         k = K_CPTR;
       else {
         arg_type_error(L, f, i, idx,
@@ -155,7 +197,10 @@ void lffi_marshal(lua_State *L, const fdecl *f, int first, margs *a) {
       case K_PTR:
       case K_CPTR:
       case K_CSTR:
-        conv_ptr(L, f, i, idx, k, a);
+        conv_ptr(L, f, i, idx, k, a, pool);
+        break;
+      case K_STRUCT:
+        conv_struct(L, f, i, idx, a);
         break;
       default:
         if (i > d->nargs && k == K_I32)

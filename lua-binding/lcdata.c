@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "lccb.h"
 #include "lcdecl.h"
 
 /* Largest ffi.buffer. */
@@ -221,9 +222,14 @@ static void store(lua_State *L, int idx, const ctype *t, char *q,
       else if ((r = lffi_to_ptr(L, idx)) != NULL) p = r->p;
       else if ((b = lffi_to_buf(L, idx)) != NULL) p = ums_buf_data(b->b);
       else if ((c = lffi_to_cdata(L, idx)) != NULL) p = c->p;
-      else {
-        value_error(L, what, lua_pushfstring(L, "pointer, buffer, cdata or "
-                                             "nil expected, got %s",
+      else if ((p = lffi_cb_code(L, idx, NULL)) != NULL) {
+        /* A callback object (ffi.cast): C may call it while the object
+        ** lives. A bare function is refused: nothing would keep its
+        ** callback alive. */
+      } else {
+        value_error(L, what, lua_pushfstring(L, "pointer, buffer, cdata, "
+                                             "callback or nil expected, "
+                                             "got %s",
                                              luaL_typename(L, idx)));
         return;
       }
@@ -407,6 +413,30 @@ static int cdata_len(lua_State *L) {
   return 1;
 }
 
+lcdata *lffi_new_cdata(lua_State *L, const ctype *t) {
+  size_t size = t->size ? t->size : 1;
+  ums_buf_t *b = ums_buf_new(size);
+  if (!b) {
+    luaL_error(L, "ums.ffi: out of memory");
+    return NULL;
+  }
+  memset(ums_buf_data(b), 0, size);
+  lcdata *c = push_cdata(L, t, b, ums_buf_data(b));
+  ums_buf_release(b); /* the cdata holds it */
+  return c;
+}
+
+lcdata *lffi_push_cdata_buf(lua_State *L, const ctype *t, ums_buf_t *b) {
+  lcdata *c = push_cdata(L, t, b, ums_buf_data(b));
+  ums_buf_release(b); /* the cdata holds it */
+  return c;
+}
+
+void lffi_store(lua_State *L, int idx, const ctype *t, char *q,
+                const char *what) {
+  store(L, idx, t, q, what);
+}
+
 /* ffi.new(ct [, nelem] [, init]) -> a zero-filled cdata of type ct; nelem
 ** sizes a variable-length array type (T[?]); init as an assignment. */
 static int l_new(lua_State *L) {
@@ -427,12 +457,7 @@ static int l_new(lua_State *L) {
     return luaL_argerror(L, 1, "cannot create a function");
   if ((lua_Integer)t->size > BUF_MAX)
     return luaL_argerror(L, 1, "type too large");
-  size_t size = t->size ? t->size : 1;
-  ums_buf_t *b = ums_buf_new(size);
-  if (!b) return luaL_error(L, "ums.ffi.new: out of memory");
-  memset(ums_buf_data(b), 0, size);
-  lcdata *c = push_cdata(L, t, b, ums_buf_data(b));
-  ums_buf_release(b); /* the cdata holds it */
+  lcdata *c = lffi_new_cdata(L, t);
   if (!lua_isnoneornil(L, init)) {
     const char *what = lua_pushfstring(L, "bad argument #%d to "
                                        "'ums.ffi.new'", init);
@@ -448,6 +473,10 @@ static int l_new(lua_State *L) {
 ** converted as C would (integers wrap, floats truncate). */
 static int l_cast(lua_State *L) {
   const ctype *t = lffi_check_ctype(L, 1);
+  if (t->tag == CT_PTR && lua_type(L, 2) == LUA_TFUNCTION) {
+    lffi_cb_new(L, t, 2);
+    return 1;
+  }
   if (t->tag == CT_PTR) {
     char *p = NULL;
     ums_buf_t *b = NULL;

@@ -40,6 +40,20 @@ typedef struct lcdata {
 /* The cdata at idx, or NULL. */
 LUMS_HIDDEN lcdata *lffi_to_cdata(lua_State *L, int idx);
 
+/* Pushes a new zero-filled cdata of the complete type t; raises when out
+** of memory. */
+LUMS_HIDDEN lcdata *lffi_new_cdata(lua_State *L, const ctype *t);
+
+/* Pushes a cdata of type t over all of b, taking over the caller's
+** reference on b. */
+LUMS_HIDDEN lcdata *lffi_push_cdata_buf(lua_State *L, const ctype *t,
+                                        ums_buf_t *b);
+
+/* Stores the Lua value at idx as a t at q, as an assignment to a cdata
+** does; raises "what (why)" when it does not fit. */
+LUMS_HIDDEN void lffi_store(lua_State *L, int idx, const ctype *t, char *q,
+                            const char *what);
+
 /* Pushes p as an ums.ffi.pointer, or nil for NULL. */
 LUMS_HIDDEN void lffi_push_ptr(lua_State *L, void *p);
 

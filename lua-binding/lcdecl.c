@@ -2,13 +2,14 @@
 ** lcdecl.c: ums.ffi's C types and declaration parser. ffi.cdef takes what
 ** a C header holds, as the preprocessor gives it: function prototypes,
 ** typedefs, struct, union and enum declarations (named, nested,
-** anonymous members, arrays, pointers to pointers, function pointers as
-** opaque pointers) and extern variables (accepted, not bound), with the
+** anonymous members, arrays, pointers to pointers, function pointers with
+** their signatures, for callbacks) and extern variables (accepted, not
+** bound), with the
 ** header noise that does not change layout (const, volatile, restrict,
 ** __extension__, __attribute__, __asm__ names). Layout is C's for this
 ** ABI: each field at the next multiple of its alignment, a struct's size a
 ** multiple of its largest alignment. Not supported: bit fields, long
-** double, packed or aligned attributes' effect, structs by value in calls.
+** double, packed or aligned attributes' effect, unions by value in calls.
 ** ffi.typeof, sizeof, alignof and offsetof live here too.
 **
 ** Threads: the Lua thread of the VM whose types these are.
@@ -28,7 +29,7 @@
 const char *const lffi_kind_names[] = {
     "void", "bool", "int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t",
     "uint32_t", "int64_t", "uint64_t", "float", "double", "pointer",
-    "const pointer", "const char *"};
+    "const pointer", "const char *", "struct"};
 
 /* The integer kind of a C type of `size` bytes. */
 static int int_kind(size_t size, bool is_unsigned) {
@@ -54,6 +55,10 @@ typedef struct lexer {
                                   this cdef declares (0: none) */
   int arg;                     /* a type name given as argument arg of a
                                   Lua call: errors name it; 0: a cdef */
+  int in_sig;                  /* inside a function pointer's parameters:
+                                  what a callback cannot take marks the
+                                  signature unusable instead of raising */
+  bool sig_bad;
 } lexer;
 
 static int parse_error(lexer *x, const char *what) {
@@ -468,6 +473,7 @@ static lua_Integer const_expr(lexer *x, int prec) {
 
 static const ctype *parse_record(lexer *x, bool is_union);
 static const ctype *parse_enum(lexer *x);
+static const ctype *func_type(lexer *x, const ctype *ret, const char *name);
 
 /* specifiers := {qualifier | specifier}+; *is_const: a const among them. */
 static const ctype *parse_base(lexer *x, bool *is_const) {
@@ -571,8 +577,9 @@ static void skip_parens(lexer *x) {
 
 /* declarator := {'*' {qualifier}} (name | '(' '*' name ')' '(' ... ')')
 **               {'[' [expr | '?'] ']'} ['(' params ')']
-** A pointer to a function is opaque (void *); a function itself, at the
-** top of a declaration, is left for parse_function (d->func). */
+** A pointer to a function points to a CT_FUNC with its signature
+** (func_type); a function itself, at the top of a declaration, is left to
+** the caller (d->func). */
 static void parse_declarator(lexer *x, const ctype *base, bool is_const,
                              declarator *d, bool abstract) {
   lua_State *L = x->L;
@@ -611,8 +618,7 @@ static void parse_declarator(lexer *x, const ctype *base, bool is_const,
     }
     expect(x, ")");
     if (!is(x, "(")) parse_error(x, "'(' expected (a function's parameters)");
-    skip_parens(x);
-    d->type = ptr_type(L, NULL, false);
+    d->type = ptr_type(L, func_type(x, t, d->name), false);
     return;
   }
   if (x->ident && !abstract) {
@@ -831,8 +837,53 @@ static const ctype *parse_enum(lexer *x) {
   return t;
 }
 
-/* The kind a parameter or result of type t passes as. */
-static int param_kind(lexer *x, const ctype *t) {
+/* Most scalar members (array elements counted one by one) of a struct
+** passed by value: libffi describes it member by member. */
+#define BYVAL_MAXLEAVES 4096
+
+/* The scalar members t stands for in libffi's element list. */
+static size_t leaf_count(const ctype *t) {
+  size_t n = 1;
+  while (t->tag == CT_ARRAY) {
+    n *= t->count;
+    t = t->elem;
+  }
+  return n;
+}
+
+/* Why a struct cannot be passed by value, or NULL. libffi lays a struct
+** out from its element list alone, so the list must give C's layout: each
+** member right after the one before, at its own alignment. Anonymous
+** members (flattened into their parent by the parser) and unions break
+** that, and are refused rather than passed with a wrong layout. */
+static const char *byval_problem(const ctype *t, size_t *leaves) {
+  if (t->tag == CT_UNION) return "union passed by value is not supported";
+  if (!t->complete) return "struct passed by value is incomplete";
+  if (t->size == 0) return "empty struct passed by value";
+  size_t pos = 0;
+  for (int i = 0; i < t->nfields; i++) {
+    const cfield *f = &t->fields[i];
+    const ctype *base = f->type;
+    while (base->tag == CT_ARRAY) base = base->elem;
+    if (base->tag == CT_STRUCT || base->tag == CT_UNION) {
+      const char *why = byval_problem(base, leaves);
+      if (why) return why;
+    }
+    if (f->offset != align_up(pos, f->type->align))
+      return "struct with anonymous or overlapping members passed by "
+             "value is not supported (pass a pointer)";
+    pos = f->offset + f->type->size;
+    *leaves += leaf_count(f->type);
+    if (*leaves > BYVAL_MAXLEAVES)
+      return "struct passed by value has too many members";
+  }
+  return NULL;
+}
+
+/* The kind a parameter or result of type t passes as; *st is the struct's
+** type for K_STRUCT. */
+static int param_kind(lexer *x, const ctype *t, const ctype **st) {
+  *st = NULL;
   switch (t->tag) {
     case CT_PRIM: return t->kind;
     case CT_ENUM: return t->kind;
@@ -844,9 +895,24 @@ static int param_kind(lexer *x, const ctype *t) {
         return K_CSTR;
       return t->to_const ? K_CPTR : K_PTR;
     }
+    case CT_STRUCT:
+    case CT_UNION: {
+      if (x->in_sig) { /* a callback does not take structs by value */
+        x->sig_bad = true;
+        return K_PTR;
+      }
+      size_t leaves = 0;
+      const char *why = byval_problem(t, &leaves);
+      if (why) parse_error(x, why);
+      *st = t;
+      return K_STRUCT;
+    }
     default:
-      parse_error(x, "struct or union passed by value is not supported "
-                     "(pass a pointer)");
+      if (x->in_sig) {
+        x->sig_bad = true;
+        return K_PTR;
+      }
+      parse_error(x, "a function passed by value (pass a pointer)");
       return K_VOID;
   }
 }
@@ -870,9 +936,14 @@ static void parse_params(lexer *x, fdecl *d) {
       const ctype *base = parse_base(x, &c);
       declarator pd;
       parse_declarator(x, base, c, &pd, false);
-      int k = pd.func ? K_PTR : param_kind(x, pd.type);
-      if (pd.func) skip_parens(x);
+      const ctype *st = NULL;
+      /* A parameter of function type is a pointer to it, as in C. */
+      if (pd.func) pd.type = ptr_type(x->L, func_type(x, pd.type, pd.name),
+                                      false);
+      int k = param_kind(x, pd.type, &st);
       if (k == K_VOID) parse_error(x, "argument of type void");
+      d->argt[d->nargs] = k == K_PTR && lffi_fnptr_sig(pd.type) ? pd.type
+                                                                 : st;
       d->args[d->nargs++] = k;
       if (!is(x, ",")) break;
       next(x);
@@ -881,15 +952,46 @@ static void parse_params(lexer *x, fdecl *d) {
   expect(x, ")");
 }
 
+/* A function type, the current token being its parameters' '(': ret is
+** its result type, name the declarator's (for messages). Its signature is
+** kept when a Lua callback can stand for the function. */
+static const ctype *func_type(lexer *x, const ctype *ret, const char *name) {
+  lua_State *L = x->L;
+  ctype *f = ctype_new(L, CT_FUNC);
+  f->align = 1;
+  set_name(f, "%s()", ret->name);
+  fdecl *d = (fdecl *)lua_newuserdatauv(L, sizeof *d, 0);
+  memset(d, 0, sizeof *d);
+  snprintf(d->name, sizeof d->name, "%s", name[0] ? name : "callback");
+  anchor(L, d);
+  bool outer_bad = x->sig_bad;
+  x->sig_bad = false;
+  x->in_sig++;
+  if (ret->tag == CT_PRIM && ret->kind == K_VOID)
+    d->ret = K_VOID;
+  else
+    d->ret = param_kind(x, ret, &d->rett);
+  parse_params(x, d);
+  x->in_sig--;
+  if (!x->sig_bad && !d->variadic) f->sig = d;
+  x->sig_bad = outer_bad;
+  return f;
+}
+
 /* One declaration, up to and including its ';': a function prototype, a
 ** typedef, or a struct, union or enum declaration. Pushes an fdecl into
 ** the pending table for a function. */
-static void parse_decl(lexer *x, int pending, bool inlined) {
+static void parse_decl(lexer *x, int pending, bool inlined,
+                       bool interruptible) {
   lua_State *L = x->L;
-  bool is_typedef = false, is_extern = false, fn_inlined = inlined;
+  bool is_typedef = false, is_extern = false, fn_inlined = inlined,
+       fn_intr = interruptible;
   for (;;) {
     if (x->ident && (is(x, "UMS_INLINE"))) {
       fn_inlined = true;
+      next(x);
+    } else if (x->ident && (is(x, "UMS_INTERRUPTIBLE"))) {
+      fn_intr = true;
       next(x);
     } else if (x->ident && is(x, "typedef")) {
       is_typedef = true;
@@ -918,10 +1020,8 @@ static void parse_decl(lexer *x, int pending, bool inlined) {
     if (is_typedef) {
       const ctype *t = dd.type;
       if (dd.func) {
-        /* A function type: opaque, usable behind a pointer. */
-        skip_parens(x);
-        ctype *f = ctype_new(L, CT_FUNC);
-        f->align = 1;
+        /* A function type, usable behind a pointer. */
+        ctype *f = (ctype *)func_type(x, dd.type, dd.name);
         set_name(f, "%s", dd.name);
         t = f;
       }
@@ -937,11 +1037,15 @@ static void parse_decl(lexer *x, int pending, bool inlined) {
       fdecl *d = (fdecl *)lua_newuserdatauv(L, sizeof *d, 0);
       memset(d, 0, sizeof *d);
       d->inlined = fn_inlined;
+      d->interruptible = fn_intr;
+      if (fn_inlined && fn_intr)
+        parse_error(x, "an inline call cannot be interruptible (it runs on "
+                       "the scheduler)");
       snprintf(d->name, sizeof d->name, "%s", dd.name);
       if (dd.type->tag == CT_PRIM && dd.type->kind == K_VOID)
         d->ret = K_VOID;
       else
-        d->ret = param_kind(x, dd.type);
+        d->ret = param_kind(x, dd.type, &d->rett);
       parse_params(x, d);
       strcpy(d->sym, d->name);
       for (;;) {
@@ -974,7 +1078,8 @@ static void parse_decl(lexer *x, int pending, bool inlined) {
   expect(x, ";");
 }
 
-void lffi_parse(lua_State *L, const char *src, bool inlined) {
+void lffi_parse(lua_State *L, const char *src, bool inlined,
+                bool interruptible) {
   lexer x = {.L = L, .src = src, .p = src};
   lua_newtable(L); /* the new functions */
   int pending = lua_gettop(L);
@@ -988,7 +1093,7 @@ void lffi_parse(lua_State *L, const char *src, bool inlined) {
       next(&x);
       continue;
     }
-    parse_decl(&x, pending, inlined);
+    parse_decl(&x, pending, inlined, interruptible);
   }
   /* Everything parsed: the types and constants become the VM's. */
   static const char *const keys[] = {TYPES_KEY, CONSTS_KEY};
@@ -1032,6 +1137,67 @@ const ctype *lffi_parse_type(lua_State *L, const char *src, int arg) {
 bool lffi_const(lua_State *L, const char *name, lua_Integer *v) {
   lexer x = {.L = L};
   return find_const(&x, name, v);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Structs for libffi                                                      */
+/* ---------------------------------------------------------------------- */
+
+/* Sizes (mem NULL) or fills one block holding a struct's ffi_type, its
+** nested structs' and their element lists. */
+typedef struct ffibuild {
+  char *mem;
+  size_t used;
+} ffibuild;
+
+static void *ffibuild_take(ffibuild *b, size_t n) {
+  void *p = b->mem ? b->mem + b->used : NULL;
+  b->used += align_up(n, _Alignof(max_align_t));
+  return p;
+}
+
+static ffi_type *struct_ffi(ffibuild *b, const ctype *t);
+
+/* The ffi_type of a scalar or struct member. */
+static ffi_type *leaf_ffi(ffibuild *b, const ctype *t) {
+  switch (t->tag) {
+    case CT_STRUCT: return struct_ffi(b, t);
+    case CT_PTR: return &ffi_type_pointer;
+    default: return lffi_kind_ffi(t->kind); /* CT_PRIM, CT_ENUM */
+  }
+}
+
+static ffi_type *struct_ffi(ffibuild *b, const ctype *t) {
+  ffi_type *ft = ffibuild_take(b, sizeof *ft);
+  size_t n = 0;
+  for (int i = 0; i < t->nfields; i++) n += leaf_count(t->fields[i].type);
+  ffi_type **el = ffibuild_take(b, (n + 1) * sizeof *el);
+  size_t k = 0;
+  for (int i = 0; i < t->nfields; i++) {
+    const ctype *base = t->fields[i].type;
+    while (base->tag == CT_ARRAY) base = base->elem;
+    /* An array is its elements one by one, all of one type. */
+    ffi_type *et = leaf_ffi(b, base);
+    for (size_t j = leaf_count(t->fields[i].type); j > 0; j--)
+      if (el) el[k++] = et;
+  }
+  if (ft) {
+    el[k] = NULL;
+    ft->size = 0; /* libffi computes size and alignment */
+    ft->alignment = 0;
+    ft->type = FFI_TYPE_STRUCT;
+    ft->elements = el;
+  }
+  return ft;
+}
+
+ffi_type *lffi_struct_ffi(const ctype *t) {
+  ffibuild b = {NULL, 0};
+  struct_ffi(&b, t);
+  b.mem = malloc(b.used);
+  if (!b.mem) return NULL;
+  b.used = 0;
+  return struct_ffi(&b, t);
 }
 
 /* ---------------------------------------------------------------------- */

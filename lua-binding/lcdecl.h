@@ -21,7 +21,8 @@ enum kind {
   K_FLOAT, K_DOUBLE,
   K_PTR,   /* a pointer: buffer, pointer or nil in; a pointer out */
   K_CPTR,  /* a pointer to const: a string too */
-  K_CSTR   /* const char *: string in, string out */
+  K_CSTR,  /* const char *: string in, string out */
+  K_STRUCT /* a struct by value: the declaration's ctype says which */
 };
 
 /* The C name of each kind, for messages. */
@@ -61,15 +62,25 @@ static inline ffi_type *lffi_kind_ffi(int k) {
   }
 }
 
-/* A parsed function declaration. Plain data: a bound function copies it. */
+typedef struct ctype ctype;
+
+/* A parsed function declaration. Plain data: a bound function copies it.
+** The ctypes of struct arguments and results belong to the VM: only its
+** Lua thread reads them (pool threads use the bound function's own
+** ffi_type copies, lccall.h). */
 typedef struct fdecl {
   char name[LFFI_NAME_MAX + 1];
   char sym[LFFI_NAME_MAX + 1]; /* the symbol: name, or __asm__("sym") */
   int ret;                  /* enum kind */
   int nargs;                /* fixed arguments */
   int args[LFFI_MAXARGS];
+  const ctype *rett;        /* K_STRUCT result: its type; NULL otherwise */
+  const ctype *argt[LFFI_MAXARGS]; /* the same for each argument, and a
+                                      function pointer's type (K_PTR) */
   bool variadic;
   bool inlined;             /* called directly, never preemptive */
+  bool interruptible;       /* a task giving up on the call interrupts
+                               its system call (UMS_PREEMPT_INTERRUPT) */
 } fdecl;
 
 /* A C type. Every ctype belongs to its VM (anchored in its registry for
@@ -87,10 +98,9 @@ enum ctag {
   CT_ARRAY,  /* count elems; vla: a variable-length array type (T[?]) */
   CT_STRUCT, CT_UNION,
   CT_ENUM,   /* values of kind (int) */
-  CT_FUNC    /* a function type: opaque, used behind a pointer */
+  CT_FUNC    /* a function type, used behind a pointer; sig: its
+                parameters when a Lua function can stand for it */
 };
-
-typedef struct ctype ctype;
 
 typedef struct cfield {
   char name[LFFI_NAME_MAX + 1];
@@ -109,13 +119,18 @@ struct ctype {
   const ctype *elem;        /* CT_PTR, CT_ARRAY */
   int nfields;              /* CT_STRUCT, CT_UNION */
   cfield *fields;           /* in declaration order, with offsets */
+  const fdecl *sig;         /* CT_FUNC: its signature, or NULL when a
+                               callback cannot take it (variadic, structs
+                               or unions by value) */
   char name[2 * LFFI_NAME_MAX + 16]; /* for messages; may be cut short */
 };
 
 /* Parses the declarations in src and pushes a table mapping each declared
-** name to its fdecl (a full userdata). Raises on the first malformed
-** declaration, naming its line. */
-LUMS_HIDDEN void lffi_parse(lua_State *L, const char *src, bool inlined);
+** name to its fdecl (a full userdata); inlined and interruptible mark
+** every function declared (as UMS_INLINE and UMS_INTERRUPTIBLE do one).
+** Raises on the first malformed declaration, naming its line. */
+LUMS_HIDDEN void lffi_parse(lua_State *L, const char *src, bool inlined,
+                            bool interruptible);
 
 /* The type a type name such as "struct timespec *[2]" or "char[?]"
 ** denotes; raises naming argument arg when it does not parse. */
@@ -135,8 +150,22 @@ LUMS_HIDDEN bool lffi_const(lua_State *L, const char *name, lua_Integer *v);
 /* The ctype argument arg names: a type name or a ctype; raises else. */
 LUMS_HIDDEN const ctype *lffi_check_ctype(lua_State *L, int arg);
 
+/* The signature of the function t points to, when t is a pointer to a
+** function a Lua callback can stand for; NULL otherwise. */
+static inline const fdecl *lffi_fnptr_sig(const ctype *t) {
+  return t && t->tag == CT_PTR && t->elem && t->elem->tag == CT_FUNC
+             ? t->elem->sig
+             : NULL;
+}
+
 /* t's field by name; NULL when t is not a struct or union or lacks it. */
 LUMS_HIDDEN const cfield *lffi_field(const ctype *t, const char *name);
+
+/* Describes the struct t (complete, passable by value: see lcdecl.c) to
+** libffi: returns its FFI_TYPE_STRUCT ffi_type, in one malloc'ed block
+** the caller frees, or NULL when out of memory. Thread: any (t is only
+** read). */
+LUMS_HIDDEN ffi_type *lffi_struct_ffi(const ctype *t);
 
 /* Creates the VM's type registry and the ctype metatable, and adds
 ** typeof, sizeof, alignof and offsetof to the ffi table at the top. */

@@ -80,11 +80,12 @@ int lums_preempt_start(lua_State *L, ltask *t, const char *name,
 int lums_preempt_start_prepared(lua_State *L, ltask *t, const char *name,
                                 ums_preempt_call_t *call, ums_preempt_fn fn,
                                 void *arg, ums_preempt_fn release,
-                                int64_t deadline, lua_KContext ctx,
-                                lua_KFunction k) {
+                                int64_t deadline, bool interrupt,
+                                lua_KContext ctx, lua_KFunction k) {
   int rc = ums_preempt_begin_prepared(
       call, fn, arg, release, deadline,
-      lums_quantum_due(t) ? 0 : UMS_PREEMPT_SPIN);
+      (lums_quantum_due(t) ? 0 : UMS_PREEMPT_SPIN) |
+          (interrupt ? UMS_PREEMPT_INTERRUPT : 0));
   return started(L, t, name, rc, ctx, k);
 }
 

@@ -10,6 +10,7 @@
 ** split by job, after LuaJIT's lj_cparse/lj_cdata/lj_cconv/lj_ccall:
 **   lcdecl.c  the C types and the declaration parser
 **   lcdata.c  buffers and pointers
+**   lccb.c    callbacks: Lua functions as C function pointers
 **   lcconv.c  marshalling between Lua values and C values
 **   lccall.c  bound functions and calls, preemptive and inline (its top
 **             comment states who owns what while a call is in flight)
@@ -29,6 +30,7 @@
 #include <unistd.h>
 
 #include "lccall.h"
+#include "lccb.h"
 #include "lcdata.h"
 #include "lcdecl.h"
 
@@ -40,18 +42,22 @@
 /* cdef and namespaces                                                     */
 /* ---------------------------------------------------------------------- */
 
-/* ffi.cdef(decls [, {inline = true}]) */
+/* ffi.cdef(decls [, {inline = true, interruptible = true}]) */
 static int l_cdef(lua_State *L) {
   const char *src = luaL_checkstring(L, 1);
-  bool inlined = false;
+  bool inlined = false, interruptible = false;
   if (!lua_isnoneornil(L, 2)) {
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_getfield(L, 2, "inline");
     inlined = lua_toboolean(L, -1);
-    lua_pop(L, 1);
+    lua_getfield(L, 2, "interruptible");
+    interruptible = lua_toboolean(L, -1);
+    lua_pop(L, 2);
+    luaL_argcheck(L, !(inlined && interruptible), 2,
+                  "an inline call cannot be interruptible");
   }
   /* Parse everything first: a malformed declaration declares nothing. */
-  lffi_parse(L, src, inlined);
+  lffi_parse(L, src, inlined, interruptible);
   int pending = lua_gettop(L);
   lua_getfield(L, LUA_REGISTRYINDEX, DECLS_KEY);
   lua_pushnil(L);
@@ -97,11 +103,14 @@ static int ns_index(lua_State *L) {
   atomic_store(&f->refs, 1);
   f->d = *d;
   f->addr = addr;
-  for (int i = 0; i < d->nargs; i++)
-    f->atypes[i] = lffi_kind_ffi(d->args[i]);
+  if (!lffi_fn_describe(f)) {
+    free(f);
+    return luaL_error(L, "ums.ffi: out of memory");
+  }
   if (!d->variadic &&
-      ffi_prep_cif(&f->cif, FFI_DEFAULT_ABI, (unsigned)d->nargs,
-                   lffi_kind_ffi(d->ret), f->atypes) != FFI_OK) {
+      ffi_prep_cif(&f->cif, FFI_DEFAULT_ABI, (unsigned)d->nargs, f->rtype,
+                   f->atypes) != FFI_OK) {
+    lffi_fn_free_types(f);
     free(f);
     return luaL_error(L, "ums.ffi: libffi cannot prepare '%s'", name);
   }
@@ -323,6 +332,7 @@ void lums_open_ffi(lua_State *L) {
   lffi_open_types(L);
   lffi_open_cdata(L);
   lffi_open_call(L);
+  lffi_open_cb(L);
   if (lua_getfield(L, LUA_REGISTRYINDEX, C_KEY) != LUA_TUSERDATA) {
     lua_pop(L, 1);
     push_namespace(L, NULL);

@@ -365,6 +365,7 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   t->wait.q = NULL;
   t->wait.prev = t->wait.next = NULL;
   t->ffi_errno = 0;
+  t->ffi_cbframe = NULL;
   t->req = NULL;
   if (t->rfbuf) {
     ums_buf_release(t->rfbuf);

@@ -122,6 +122,8 @@ struct ltask {
   joiner_t join1[2];     /* room for the usual one or two joiners */
   lwait wait;            /* its channel send/recv while parked in one */
   int ffi_errno;         /* errno right after its last ums.ffi call */
+  void *ffi_cbframe;     /* lccb.c: the inline ums.ffi call it is in,
+                            whose callbacks run Lua on its thread */
   ums_buf_t *rfbuf;      /* lfs.c: the buffer of the ums.fs.readfile it is
                             in (the task's reference; the request holds
                             its own while it runs); released when the call
@@ -420,12 +422,13 @@ LUMS_HIDDEN int lums_preempt_settle(lua_State *L, ums_preempt_call_t *call,
 ** failure the record is gone too); k then settles it with
 ** lums_preempt_settle_copy, which on 0 first copies n bytes of the
 ** record's inline area to out (ums_preempt_end_copy). */
+/* interrupt: UMS_PREEMPT_INTERRUPT, a task giving up interrupts fn. */
 LUMS_HIDDEN int lums_preempt_start_prepared(lua_State *L, ltask *t,
                                             const char *name,
                                             ums_preempt_call_t *call,
                                             ums_preempt_fn fn, void *arg,
                                             ums_preempt_fn release,
-                                            int64_t deadline,
+                                            int64_t deadline, bool interrupt,
                                             lua_KContext ctx,
                                             lua_KFunction k);
 LUMS_HIDDEN int lums_preempt_settle_copy(lua_State *L,

@@ -22,6 +22,7 @@ PACKAGES=(
 if [[ "${1:-}" == --bench ]]; then
   PACKAGES+=(
     tarantool lua-luv lua-cqueues                # Lua peers (bench/lua, bench/net)
+    luajit                                       # LuaJIT's ffi.new (bench_ffi.lua)
     golang-go wrk nginx-light                    # network peers and load (bench/net)
   )
 fi

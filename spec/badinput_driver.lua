@@ -52,6 +52,25 @@ local objects = {}
 -- to #valid + 1 gets every value in turn, the others keeping valid ones.
 -- `after` undoes what a successful call set up.
 local prev_handler = debug.getregistry()["ums.on_error"]
+-- ums.ffi calls with structs by value, callbacks and interruptible
+-- declarations: C functions that are safe with any valid value (qsort of
+-- 0 elements never reads its base or calls its comparator).
+ums.ffi.cdef[[
+struct badinput_in { uint32_t s_addr; };
+char *badinput_ntoa(struct badinput_in a) __asm__("inet_ntoa");
+struct badinput_in badinput_mkaddr(uint32_t net, uint32_t host)
+  __asm__("inet_makeaddr");
+UMS_INLINE void badinput_qsort(void *base, size_t n, size_t size,
+                               int (*cmp)(const void *, const void *))
+  __asm__("qsort");
+void badinput_qsort_pool(void *base, size_t n, size_t size,
+                         int (*cmp)(const void *, const void *))
+  __asm__("qsort");
+UMS_INTERRUPTIBLE int badinput_usleep(unsigned int us) __asm__("usleep");
+]]
+objects.INADDR = ums.ffi.new("struct badinput_in")
+objects.FN = function() return 0 end
+objects.CB = ums.ffi.cast("int (*)(const void *, const void *)", objects.FN)
 local entries = {
   run = {ums.run, {function() end, 1}},
   spawn = {ums.spawn, {function() end, 1}},
@@ -120,6 +139,16 @@ local entries = {
   ffi_string = {ums.ffi.string, {"CDATA", 4}},
   ffi_istype = {ums.ffi.istype, {"struct badinput_pt[2]", "CDATA"}},
   ffi_gc = {ums.ffi.gc, {"CDATA", function() end}},
+  ffi_cdef = {ums.ffi.cdef, {"int badinput_f(void);", {interruptible = true}}},
+  ffi_struct_arg = {ums.ffi.C.badinput_ntoa, {"INADDR"}},
+  ffi_struct_ret = {ums.ffi.C.badinput_mkaddr, {127, 1}},
+  ffi_callback_arg = {ums.ffi.C.badinput_qsort, {"CDATA", 0, 4, "FN"}},
+  ffi_callback_pool = {ums.ffi.C.badinput_qsort_pool, {"CDATA", 0, 4, "CB"}},
+  ffi_callback_cast = {ums.ffi.cast, {"int (*)(const void *, const void *)",
+                                      "FN"}},
+  ffi_callback_set = {"set", {"CB", "FN"}, of = "CB"},
+  ffi_callback_free = {"free", {"CB"}, of = "CB"},
+  ffi_interruptible = {ums.ffi.C.badinput_usleep, {0}},
 }
 
 local function describe_call(pos, vname, n)

@@ -52,6 +52,10 @@ local FUNCTIONS = {
   -- ums.ffi's types and cdata
   "ffi_new", "ffi_typeof", "ffi_sizeof", "ffi_alignof", "ffi_offsetof",
   "ffi_cast", "ffi_copy", "ffi_fill", "ffi_string", "ffi_istype", "ffi_gc",
+  -- ums.ffi calls: structs by value, callbacks, interruptible calls
+  "ffi_cdef", "ffi_struct_arg", "ffi_struct_ret", "ffi_callback_arg",
+  "ffi_callback_pool", "ffi_callback_cast", "ffi_callback_set",
+  "ffi_callback_free", "ffi_interruptible",
 }
 
 describe("bad input", function()

@@ -214,7 +214,8 @@ describe("ums.ffi types", function()
       {ffi.cdef, {"int a[99999999999999999999];"}, "bad integer constant"},
       {ffi.cdef, {"struct q { char c[1099511627776][1099511627776]; };"},
        "too large"},
-      {ffi.cdef, {"struct t_small f(void);"}, "by value is not supported"},
+      {ffi.cdef, {"union t_union f(void);"},
+       "union passed by value is not supported"},
       {ffi.cdef, {"struct q { char c; int i; } __attribute__((packed));"},
        "attribute changes layout"},
     }

@@ -22,6 +22,15 @@ usage: lua5.4 bench/lua/bench_ffi.lua [--quick] [--reps N]
               condition variable until it answers, one round trip each
   handoff_spin  the same with both threads busy-polling: the physical
               floor of a cross-thread round trip
+  struct_1    ums_1 with a C function taking a struct by value and
+              writing one through an out-parameter (bench_floor.so's
+              bench_struct_call), beside the plain call (target: within
+              20% of ums_1)
+  struct_64   the same from 64 tasks (target: within 20% of ums_64)
+  new_ums     ums.ffi.new of that small struct (CPU time per new, each
+              kept in a ring of 64 slots)
+  new_luajit  LuaJIT's ffi.new of the same struct, the same way, in a
+              luajit process (Debian's luajit) in the same run
 The C function is getpid(2) everywhere (a system call that does not
 block). Medians of --reps repetitions of wall time. luv, Tarantool and the
 floors join in when installed or built (bench_floor.so, bench_coio.so on
@@ -54,6 +63,7 @@ end
 if opt.quick then opt.reps = math.min(opt.reps, 2) end
 
 local N1 = opt.quick and 2000 or 20000
+local NNEW = opt.quick and 20000 or 2000000
 local N64 = opt.quick and 6400 or 64000
 local TASKS = 64
 
@@ -63,6 +73,16 @@ local C = ffi.C
 ffi.cdef[[ UMS_INLINE int getppid(void); ]]
 
 local now = ums.now
+
+-- The struct call's C function lives in bench_floor.so (a plain exported
+-- function beside the Lua module's).
+local floor_path = package.searchpath("bench_floor", package.cpath)
+ffi.cdef[[ struct bench_pt { int x, y; double w; }; ]]
+local SL
+if floor_path then
+  ffi.cdef[[ int bench_struct_call(struct bench_pt p, struct bench_pt *out); ]]
+  SL = ffi.load(floor_path)
+end
 
 local function median(t)
   table.sort(t)
@@ -109,6 +129,45 @@ local function ums_64()
   end)
 end
 
+local function struct_1()
+  return ums.run(function()
+    local f = SL.bench_struct_call
+    local p = ffi.new("struct bench_pt", {x = 1, y = 2, w = 0.5})
+    local out = ffi.new("struct bench_pt")
+    local t0 = now()
+    for _ = 1, N1 do f(p, out) end
+    assert(out.x == 2 and out.w == 0.5)
+    return (now() - t0) / N1
+  end)
+end
+
+local function struct_64()
+  return ums.run(function()
+    local f = SL.bench_struct_call
+    local per = N64 // TASKS
+    local t0 = now()
+    local ts = {}
+    for i = 1, TASKS do
+      ts[i] = ums.spawn(function()
+        local p = ffi.new("struct bench_pt", {x = i, y = 2, w = 0.5})
+        local out = ffi.new("struct bench_pt")
+        for _ = 1, per do f(p, out) end
+        assert(out.y == i)
+      end)
+    end
+    for _, t in ipairs(ts) do assert(t:join()) end
+    return (now() - t0) / (per * TASKS)
+  end)
+end
+
+-- CPU time per ffi.new, as bench_ffi_luajit.lua measures LuaJIT's.
+local function new_ums()
+  local ring = {}
+  local t0 = os.clock()
+  for i = 1, NNEW do ring[i % 64 + 1] = ffi.new("struct bench_pt") end
+  return (os.clock() - t0) / NNEW
+end
+
 local function luv_chains(chains, total)
   local per = total // chains
   local done = 0
@@ -143,6 +202,24 @@ io.stderr:write("bench_ffi: ums, 1 in flight\n")
 row("ums_1", "ums.ffi preemptive call, 1 in flight", measure(ums_1))
 io.stderr:write("bench_ffi: ums, 64 in flight\n")
 row("ums_64", "ums.ffi preemptive calls, 64 tasks", measure(ums_64))
+if SL then
+  io.stderr:write("bench_ffi: struct calls\n")
+  row("struct_1", "struct by value + out-parameter, 1 in flight",
+    measure(struct_1))
+  row("struct_64", "struct by value + out-parameter, 64 tasks",
+    measure(struct_64))
+end
+io.stderr:write("bench_ffi: ffi.new\n")
+row("new_ums", "ums.ffi.new of a 16-byte struct", measure(new_ums))
+do
+  local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+  local p = io.popen(fmt("command -v luajit >/dev/null && env -u LD_PRELOAD "
+    .. "luajit '%s/bench_ffi_luajit.lua' %d %d 2>/dev/null", here, NNEW,
+    opt.reps))
+  local v = tonumber((p:read("a") or ""):match("luajit%.new (%S+)"))
+  p:close()
+  if v then row("new_luajit", "LuaJIT ffi.new of the same struct", v) end
+end
 if has_luv then
   io.stderr:write("bench_ffi: luv\n")
   row("luv_1", "luv work:queue round trip, 1 in flight",
@@ -151,7 +228,6 @@ if has_luv then
     measure(function() return luv_chains(TASKS, N64) end))
 end
 
-local floor_path = package.searchpath("bench_floor", package.cpath)
 if floor_path then
   local floor = require "bench_floor"
   io.stderr:write("bench_ffi: raw thread handoff\n")
@@ -205,4 +281,15 @@ if by.handoff then
     .. "/ spinning handoff: %.2f", by.ums_1.us / by.handoff.us,
     by.ums_1.us / by.handoff_spin.us))
 end
-print(fmt("(%d repetitions, medians of wall time)", opt.reps))
+if by.struct_1 then
+  print(fmt("struct call / plain call: %.2f with 1 in flight, %.2f with 64 "
+    .. "(target <= 1.20)", by.struct_1.us / by.ums_1.us,
+    by.struct_64.us / by.ums_64.us))
+end
+if by.new_luajit then
+  print(fmt("ffi.new of a small struct: ums.ffi %.0f ns, LuaJIT %.0f ns "
+    .. "(ums.ffi takes %.1fx LuaJIT's time)", by.new_ums.us * 1e3,
+    by.new_luajit.us * 1e3, by.new_ums.us / by.new_luajit.us))
+end
+print(fmt("(%d repetitions, medians of wall time; ffi.new: CPU time)",
+  opt.reps))

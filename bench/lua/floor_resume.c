@@ -25,6 +25,10 @@
 **       thread pool does); with spin true both busy-poll an atomic word
 **       (the physical floor of a cross-thread round trip, two cache-line
 **       transfers). The floors for bench_ffi.lua.
+**   bench_struct_call(struct bench_pt p, struct bench_pt *out) -> int
+**       Not a Lua function: a C function for bench_ffi.lua to bind with
+**       ums.ffi (ffi.load of this file), as trivial as getpid but with a
+**       struct passed by value and one written through an out-parameter.
 **
 ** Built as a plain shared object, not linked against liblua (lua5.4
 ** exports the API).
@@ -208,6 +212,19 @@ static int l_thread_handoff(lua_State *L) {
   pthread_mutex_destroy(&h.lock);
   lua_pushnumber(L, t);
   return 1;
+}
+
+struct bench_pt {
+  int x, y;
+  double w;
+};
+
+int bench_struct_call(struct bench_pt p, struct bench_pt *out);
+int bench_struct_call(struct bench_pt p, struct bench_pt *out) {
+  out->x = p.y;
+  out->y = p.x;
+  out->w = p.w;
+  return p.x + p.y;
 }
 
 int luaopen_bench_floor(lua_State *L) {

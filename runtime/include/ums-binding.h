@@ -61,7 +61,15 @@ UMS_API int ums_preempt_begin_spin(ums_preempt_fn fn, void *arg,
 ** UMS_PREEMPT_SPIN as ums_preempt_begin_spin, with 0 as
 ** ums_preempt_begin, with the same results, from the task that prepared
 ** it; on every error release(arg) has been called (or will be, as for
-** ums_preempt_begin_spin) and the record is no longer the caller's.
+** ums_preempt_begin_spin) and the record is no longer the caller's. With
+** UMS_PREEMPT_INTERRUPT too, a caller that gives up (deadline, cancel)
+** also interrupts fn: the pool thread running it gets a signal whose
+** handler does nothing, installed without SA_RESTART and sent again every
+** pool tick until fn returns, so a system call blocked in fn fails with
+** EINTR and the thread comes back. Only for an fn that returns on EINTR
+** and leaves nothing half-done that way (a read or a wait, not a write
+** whose partial count matters); without it a detached call runs to its
+** end.
 **
 ** The area belongs to the call as arg does (see "Ownership of arg"): to
 ** fn while it runs; to the caller again when the call returns 0; to
@@ -71,7 +79,7 @@ UMS_API int ums_preempt_begin_spin(ums_preempt_fn fn, void *arg,
 ** record. With n > UMS_PREEMPT_AREA_SIZE (or out NULL and n > 0) it
 ** returns UMS_EINVAL and leaves the call as it was, still to be ended. */
 #define UMS_PREEMPT_AREA_SIZE 24
-enum { UMS_PREEMPT_SPIN = 1 };
+enum { UMS_PREEMPT_SPIN = 1, UMS_PREEMPT_INTERRUPT = 2 };
 UMS_API int ums_preempt_prepare(ums_preempt_call_t **call, void **area);
 UMS_API void *ums_preempt_area(ums_preempt_call_t *call);
 UMS_API void ums_preempt_discard(ums_preempt_call_t *call);

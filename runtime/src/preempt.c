@@ -106,6 +106,9 @@ struct ums_preempt_call {
   bool lone;                   /* [const] its scheduler's slot record:
                                   never freed before the scheduler; free
                                   for another call when refs is 0 */
+  bool interrupt;              /* [caller until begun, then const]
+                                  UMS_PREEMPT_INTERRUPT: giving up
+                                  interrupts fn (call_give_up) */
   ums__sched_t *sched;         /* [const] the caller's scheduler */
   ums_preempt_fn release;      /* [const once begun] */
   ums_park_token_t token;      /* [caller until state is INFLIGHT, then
@@ -278,7 +281,18 @@ static ums_preempt_call_t *call_get(ums__sched_t *s) {
   }
   atomic_store_explicit(&c->refs, 1, memory_order_relaxed);
   c->what = NULL;
+  c->interrupt = false;
   return c;
+}
+
+/* The caller has just moved c to ABANDONED (and still holds its
+** reference, so c is not reused meanwhile): an interruptible call's pool
+** thread is signalled out of its system call. A call not yet started, or
+** already returned, has no thread to signal; one queued is skipped
+** (call_run). [owner] */
+static void call_give_up(ums_preempt_call_t *c) {
+  if (c->interrupt)
+    ums__pool_interrupt(&c->sched->rt->preempt_pool, &c->work);
 }
 
 /* Hands c to the pool's queue, or runs it here when the pool has no
@@ -439,6 +453,7 @@ static int call_start(ums__task_t *t, ums_preempt_call_t *c,
                    memory_order_acquire)) {
       /* Cancelled while spinning: the call goes on detached and the pool
       ** thread calls release(arg). */
+      call_give_up(c);
       call_unref(c);
       return rc;
     }
@@ -497,6 +512,7 @@ int ums_preempt_begin_prepared(ums_preempt_call_t *call, ums_preempt_fn fn,
     if (call) call_unref(call);
     return !t ? UMS_EPERM : UMS_EINVAL;
   }
+  call->interrupt = (flags & UMS_PREEMPT_INTERRUPT) != 0;
   return call_start(t, call, fn, arg, release, deadline,
                     (flags & UMS_PREEMPT_SPIN) != 0);
 }
@@ -547,6 +563,7 @@ int ums_preempt_end_copy(ums_preempt_call_t *c, void *out, size_t n) {
     ** cancellation. The call goes on detached; release frees arg. */
     rc = ums_park_result();
     if (rc >= 0) rc = UMS_ECANCELED; /* a foreign unpark: still given up */
+    call_give_up(c);
   } else if (n) {
     /* fn has returned: the area is the caller's until the unref. */
     memcpy(out, c->area.bytes, n);
