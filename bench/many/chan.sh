@@ -6,7 +6,9 @@
 # passing a token through one atomic word) and Go's channels with
 # GOMAXPROCS=2 (bench/many/chan_go, built here when go is installed).
 # Every shape runs in its own process, the peers interleaved, --reps
-# times; prints medians of nanoseconds per one-way message and ratios.
+# times; prints medians of nanoseconds per one-way message and ratios,
+# and the ums process's voluntary context switches (sleeps in the
+# kernel) per 1,000 messages, which stay comparable on a busy machine.
 #
 #   bash bench/many/chan.sh [--quick] [--reps N] [--build-dir DIR]
 #
@@ -47,6 +49,7 @@ else
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 cmake --build "$build" --target ums_lua >/dev/null
+build=$(cd "$build" && pwd)  # GOCACHE must be absolute
 
 export LUA_PATH="$root/stdlib/?.lua;$root/stdlib/?/init.lua;;"
 export LUA_CPATH="$build/lua-binding/?.so;;"
@@ -67,13 +70,21 @@ echo "command: bash bench/many/chan.sh $* (ping-pong N = $n_pp round trips, stre
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$root" rev-parse --short HEAD), build $build, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.csw"' EXIT
 for ((r = 1; r <= reps; r++)); do
   "$floor_bin" "$n_pp" >>"$out"
   for s in pingpong pingpong64 stream; do
     n=$n_pp
     [[ $s == stream ]] && n=$n_stream
-    lua5.4 "$root/bench/many/chan.lua" "$s" "$n" >>"$out"
+    if [[ -x /usr/bin/time ]]; then
+      # Voluntary context switches: the times a thread slept in the
+      # kernel, which a hand-off between busy schedulers should not need.
+      /usr/bin/time -f "vcsw_$s $n %w" -o "$out.csw" \
+        lua5.4 "$root/bench/many/chan.lua" "$s" "$n" >>"$out"
+      cat "$out.csw" >>"$out"
+    else
+      lua5.4 "$root/bench/many/chan.lua" "$s" "$n" >>"$out"
+    fi
     if [[ -n $go_bin ]]; then
       GOMAXPROCS=2 "$go_bin" "$s" "$n" | sed 's/^/go_/' >>"$out"
     fi
@@ -85,7 +96,10 @@ lua5.4 - "$out" <<'LUA'
 local t = {}
 for line in io.lines(arg[1]) do
   local name, msgs, secs = line:match("^(%S+) (%d+) ([%d.]+)")
-  if name then
+  if name and name:match("^vcsw_") then
+    t[name] = t[name] or {}
+    table.insert(t[name], tonumber(secs) / tonumber(msgs) * 1e3)
+  elseif name then
     t[name] = t[name] or {}
     table.insert(t[name], tonumber(secs) / tonumber(msgs) * 1e9)
   end
@@ -102,14 +116,15 @@ local function s(x) return x and ("%.0f"):format(x) or "-" end
 local function ratio(a, b) return (a and b) and ("%.2fx"):format(a / b) or "-" end
 local function rate(x) return x and ("%.2f"):format(1e3 / x) or "-" end
 print(("C spin handoff floor: %s ns a message"):format(s(m.spin_floor)))
-print("| shape | ums ns/msg | ums M msg/s | Go 2 Ps ns/msg | ums/Go | ums/spin floor | target |")
-print("|---|---:|---:|---:|---:|---:|---|")
+print("| shape | ums ns/msg | ums M msg/s | Go 2 Ps ns/msg | ums/Go | ums/spin floor | ums sleeps/1000 | target |")
+print("|---|---:|---:|---:|---:|---:|---:|---|")
 for _, row in ipairs{
     {"ping-pong, unbuffered", "pingpong", "<= 1000 ns and <= 4x floor"},
     {"ping-pong, buffer 64 (bursts of 64)", "pingpong64", "<= 300 ns"},
     {"stream one way, buffer 64", "stream", ">= 2 M msg/s"}} do
   local u, g = m[row[2]], m["go_" .. row[2]]
-  print(("| %s | %s | %s | %s | %s | %s | %s |"):format(row[1], s(u),
-    rate(u), s(g), ratio(u, g), ratio(u, m.spin_floor), row[3]))
+  print(("| %s | %s | %s | %s | %s | %s | %s | %s |"):format(row[1], s(u),
+    rate(u), s(g), ratio(u, g), ratio(u, m.spin_floor),
+    s(m["vcsw_" .. row[2]]), row[3]))
 end
 LUA
