@@ -14,7 +14,9 @@
 #
 # --quick: 10x fewer messages, 1 repetition (a smoke run). The build
 # directory must hold a Release build (default build-release/, made if
-# missing), as for bench/lua/run.sh.
+# missing), as for bench/lua/run.sh; one outside this checkout is not
+# rebuilt. The floor and Go's program go to this checkout's
+# build-release/bench/many/.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build="$root/build-release"
@@ -48,20 +50,24 @@ if [[ -f "$build/CMakeCache.txt" ]]; then
 else
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
-cmake --build "$build" --target ums_lua >/dev/null
 build=$(cd "$build" && pwd)  # GOCACHE must be absolute
+# A tree of another checkout (another branch's build, as "before") is
+# used as it is: building it would build that checkout's sources.
+[[ $build == "$root"/* ]] && cmake --build "$build" --target ums_lua >/dev/null
 
 export LUA_PATH="$root/stdlib/?.lua;$root/stdlib/?/init.lua;;"
 export LUA_CPATH="$build/lua-binding/?.so;;"
 
-mkdir -p "$build/bench/many"
-floor_bin="$build/bench/many/spin_floor"
+# The floor and the Go peer are built in this checkout's build-release/.
+peers="$root/build-release/bench/many"
+mkdir -p "$peers"
+floor_bin="$peers/spin_floor"
 ${CC:-cc} -O2 -pthread -o "$floor_bin" "$root/bench/many/spin_floor.c"
 go_bin=""
 if command -v go >/dev/null; then
-  export GOCACHE="$build/bench/many/go-cache" GOFLAGS= GO111MODULE=off
-  go build -o "$build/bench/many/chan_go" "$root/bench/many/chan_go/main.go"
-  go_bin="$build/bench/many/chan_go"
+  export GOCACHE="$peers/go-cache" GOFLAGS= GO111MODULE=off
+  go build -o "$peers/chan_go" "$root/bench/many/chan_go/main.go"
+  go_bin="$peers/chan_go"
 else
   echo "go not found: the Go columns stay empty (apt-get install golang-go)"
 fi
