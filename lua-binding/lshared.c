@@ -350,7 +350,19 @@ typedef struct schan {
   bool closed;           /* [h.lock] */
   _Atomic int32_t spin_misses; /* [atomic] how the spins fare (spin_for) */
   _Atomic uint32_t spin_skips; /* [atomic] */
+  _Atomic int send_sched;      /* [atomic] the scheduler of the latest
+                                  sender, -1 before the first */
+  _Atomic int recv_sched;      /* [atomic] the same for receivers */
 } schan;
+
+/* Remembers the caller's scheduler as the latest of one side: a spin
+** pays only when the other side runs on another scheduler. Written only
+** when it changes, so a steady stream does not dirty the line. */
+static inline void note_side(_Atomic int *side) {
+  int me = ums_current_sched();
+  if (atomic_load_explicit(side, memory_order_relaxed) != me)
+    atomic_store_explicit(side, me, memory_order_relaxed);
+}
 
 static inline size_t count_of(schan *c) {
   return atomic_load_explicit(&c->count, memory_order_relaxed);
@@ -463,9 +475,10 @@ static lmsg *recv_now(schan *c) {
 ** park and its unpark cost several, and a wake-up per message besides,
 ** so a receiver a little faster than its sender would park for every
 ** value. The spin is far shorter than what a task runs between two
-** waits anyway. Each channel keeps a score of misses: when spins stop
-** paying (the other side is on the same scheduler, or slow), tasks park
-** at once and spin again only every SPIN_PROBE-th time. */
+** waits anyway. Only for a peer that last ran on another scheduler (one
+** on this scheduler cannot run meanwhile), and each channel keeps a
+** score of misses: when spins stop paying (the other side is slow),
+** tasks park at once and spin again only every SPIN_PROBE-th time. */
 #define SPIN_NS 3000
 #define SPIN_PROBE 32
 #define SPIN_MISS_MAX 8
@@ -485,6 +498,9 @@ static int64_t real_now(void) {
 ** or has room, up to SPIN_NS. Returns whether it saw that; the caller
 ** then takes the lock and tries again. */
 static bool spin_for(schan *c, bool want_room) {
+  int peer = atomic_load_explicit(want_room ? &c->recv_sched : &c->send_sched,
+                                  memory_order_relaxed);
+  if (peer < 0 || peer == ums_current_sched()) return false;
   if (atomic_load_explicit(&c->spin_misses, memory_order_relaxed) >=
       SPIN_MISS_MAX) {
     if (atomic_fetch_add_explicit(&c->spin_skips, 1, memory_order_relaxed) %
@@ -525,6 +541,8 @@ int lums_shared_channel(lua_State *L) {
   schan *c = lshared_new(L, sizeof *c, &chan_kind);
   /* The ring is allocated by the first buffered send. */
   c->cap = (size_t)size;
+  atomic_init(&c->send_sched, -1);
+  atomic_init(&c->recv_sched, -1);
   return 1;
 }
 
@@ -545,6 +563,7 @@ static int chan_send(lua_State *L) {
   int64_t deadline = lums_opt_timeout(L, 3, "send", &poll);
   lua_settop(L, 2);
   lmsg *m = encode_value(L, 2, "send");
+  if (c->cap > 0) note_side(&c->send_sched);
   pthread_mutex_lock(&c->h.lock);
   if (c->closed) {
     pthread_mutex_unlock(&c->h.lock);
@@ -601,6 +620,7 @@ static int chan_recv(lua_State *L) {
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "recv", &poll);
   lua_settop(L, 1);
+  if (c->cap > 0) note_side(&c->recv_sched);
   pthread_mutex_lock(&c->h.lock);
   lmsg *m = recv_now(c);
   /* Empty: a sender elsewhere may fill it in a moment. */
