@@ -575,20 +575,22 @@ static int chan_send(lua_State *L) {
     lua_pushboolean(L, 1);
     return 1;
   }
-  /* Full: a receiver elsewhere may make room in a moment. */
+  /* Full: a receiver elsewhere may make room in a moment. Whatever the
+  ** spin saw, the state is looked at again under the lock: while it was
+  ** released, receivers may have emptied the ring and parked. */
   if (!poll && c->cap > 0 && !c->sendq.head) {
     pthread_mutex_unlock(&c->h.lock);
-    bool room = spin_for(c, true);
+    spin_for(c, true);
     pthread_mutex_lock(&c->h.lock);
-    if (room && !c->closed && send_now(c, m)) {
-      pthread_mutex_unlock(&c->h.lock);
-      lua_pushboolean(L, 1);
-      return 1;
-    }
     if (c->closed) {
       pthread_mutex_unlock(&c->h.lock);
       lcopy_free(m);
       return push_closed(L);
+    }
+    if (send_now(c, m)) {
+      pthread_mutex_unlock(&c->h.lock);
+      lua_pushboolean(L, 1);
+      return 1;
     }
   }
   if (poll) {
