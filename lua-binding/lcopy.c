@@ -508,12 +508,74 @@ static int encode_all(lua_State *L) {
   return 0;
 }
 
+/* Whether the n values from first are all nil, booleans, numbers or
+** strings: those are written by put_scalars, without the general walk. */
+static bool all_scalars(lua_State *L, int first, int n) {
+  for (int i = 0; i < n; i++) {
+    int t = lua_type(L, first + i);
+    if (t != LUA_TNIL && t != LUA_TBOOLEAN && t != LUA_TNUMBER &&
+        t != LUA_TSTRING)
+      return false;
+  }
+  return true;
+}
+
+/* Writes scalars as encode_value does. Nothing here can raise (reading a
+** string does not convert it), so it needs no protected call, which is
+** most of what a message of one number costs; false when memory runs
+** out. */
+static bool put_scalars(lua_State *L, lmsg *m, int first, int n) {
+  for (int i = 0; i < n; i++) {
+    int idx = first + i;
+    char tag;
+    bool ok;
+    switch (lua_type(L, idx)) {
+      case LUA_TNIL:
+        tag = 'n';
+        ok = msg_put(m, &tag, 1);
+        break;
+      case LUA_TBOOLEAN:
+        tag = lua_toboolean(L, idx) ? 't' : 'f';
+        ok = msg_put(m, &tag, 1);
+        break;
+      case LUA_TNUMBER:
+        if (lua_isinteger(L, idx)) {
+          int64_t v = (int64_t)lua_tointeger(L, idx);
+          tag = 'i';
+          ok = msg_put(m, &tag, 1) && msg_put(m, &v, sizeof v);
+        } else {
+          double v = (double)lua_tonumber(L, idx);
+          tag = 'd';
+          ok = msg_put(m, &tag, 1) && msg_put(m, &v, sizeof v);
+        }
+        break;
+      default: { /* LUA_TSTRING (all_scalars) */
+        size_t len;
+        const char *str = lua_tolstring(L, idx, &len);
+        tag = 's';
+        ok = msg_put(m, &tag, 1) && msg_put(m, &len, sizeof len) &&
+             msg_put(m, str, len);
+        break;
+      }
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
 lmsg *lcopy_encode(lua_State *L, int first, int n, const char *root,
                    bool indexed, char *err, size_t errsz, int *bad) {
   first = lua_absindex(L, first);
   luaL_checkstack(L, n + 2, "too many values to copy");
   lmsg *m = msg_new(n);
   if (!m) luaL_error(L, "not enough memory");
+  if (all_scalars(L, first, n)) {
+    if (!put_scalars(L, m, first, n)) {
+      lcopy_free(m);
+      luaL_error(L, "not enough memory");
+    }
+    return m;
+  }
   enc e;
   e.m = m;
   e.nids = 0;
@@ -694,7 +756,49 @@ static int decode_all(lua_State *L) {
   return lcopy_decode(L, (const lmsg *)lua_touserdata(L, 1));
 }
 
+/* Pushes m's values and frees m when they are nil, booleans and numbers
+** only: pushing those cannot raise, so no protected call is needed.
+** Returns the count, or -1 (nothing pushed) for anything else, or when
+** the stack has no room. */
+static int decode_numbers_free(lua_State *L, lmsg *m) {
+  if (m->nids || m->nrefs || !lua_checkstack(L, m->nvalues + 1)) return -1;
+  const char *p = m->data, *end = m->data + m->len;
+  for (int i = 0; i < m->nvalues; i++) {
+    if (p >= end) return -1;
+    char tag = *p;
+    size_t need = tag == 'i' || tag == 'd' ? 1 + sizeof(int64_t) : 1;
+    if ((tag != 'n' && tag != 'f' && tag != 't' && tag != 'i' && tag != 'd') ||
+        (size_t)(end - p) < need)
+      return -1;
+    p += need;
+  }
+  p = m->data;
+  for (int i = 0; i < m->nvalues; i++) {
+    char tag = *p++;
+    if (tag == 'i') {
+      int64_t v;
+      memcpy(&v, p, sizeof v);
+      p += sizeof v;
+      lua_pushinteger(L, (lua_Integer)v);
+    } else if (tag == 'd') {
+      double v;
+      memcpy(&v, p, sizeof v);
+      p += sizeof v;
+      lua_pushnumber(L, (lua_Number)v);
+    } else if (tag == 'n') {
+      lua_pushnil(L);
+    } else {
+      lua_pushboolean(L, tag == 't');
+    }
+  }
+  int n = m->nvalues;
+  lcopy_free(m);
+  return n;
+}
+
 int lcopy_decode_free(lua_State *L, lmsg *m) {
+  int n = decode_numbers_free(L, m);
+  if (n >= 0) return n;
   int base = lua_gettop(L);
   luaL_checkstack(L, 2, "too many values");
   /* Protected, so that m is freed also when decoding raises. */

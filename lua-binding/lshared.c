@@ -30,11 +30,13 @@
 ** ums_unpark and ums_park_begin. No two object locks are ever held at
 ** once.
 */
+#define _GNU_SOURCE /* clock_gettime */
 #include "lvm.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Outcomes of a wait on a shared object. */
 enum { GRANTED = 0, CLOSED = 1 };
@@ -342,13 +344,37 @@ typedef struct schan {
   lmsg **ring;           /* [h.lock] */
   size_t nslots;         /* [h.lock] slots in ring, at most cap */
   size_t cap;            /* [const] */
-  size_t head, count;    /* [h.lock] */
+  size_t head;           /* [h.lock] */
+  _Atomic size_t count;  /* [h.lock] to write; any thread may read it to
+                            spin on (spin_for) */
   bool closed;           /* [h.lock] */
+  _Atomic int32_t spin_misses; /* [atomic] how the spins fare (spin_for) */
+  _Atomic uint32_t spin_skips; /* [atomic] */
+  _Atomic int send_sched;      /* [atomic] the scheduler of the latest
+                                  sender, -1 before the first */
+  _Atomic int recv_sched;      /* [atomic] the same for receivers */
 } schan;
+
+/* Remembers the caller's scheduler as the latest of one side: a spin
+** pays only when the other side runs on another scheduler. Written only
+** when it changes, so a steady stream does not dirty the line. */
+static inline void note_side(_Atomic int *side) {
+  int me = ums_current_sched();
+  if (atomic_load_explicit(side, memory_order_relaxed) != me)
+    atomic_store_explicit(side, me, memory_order_relaxed);
+}
+
+static inline size_t count_of(schan *c) {
+  return atomic_load_explicit(&c->count, memory_order_relaxed);
+}
+
+static inline void count_set(schan *c, size_t n) {
+  atomic_store_explicit(&c->count, n, memory_order_relaxed);
+}
 
 static void chan_destroy(lshared *o) {
   schan *c = (schan *)o;
-  for (size_t i = 0; i < c->count; i++)
+  for (size_t i = 0; i < count_of(c); i++)
     lcopy_free(c->ring[(c->head + i) % c->nslots]);
   free(c->ring);
   free(c);
@@ -373,14 +399,15 @@ static lmsg *encode_value(lua_State *L, int idx, const char *fname) {
 }
 
 static void ring_push(schan *c, lmsg *m) {
-  c->ring[(c->head + c->count) % c->nslots] = m;
-  c->count++;
+  size_t n = count_of(c);
+  c->ring[(c->head + n) % c->nslots] = m;
+  count_set(c, n + 1);
 }
 
 static lmsg *ring_pop(schan *c) {
   lmsg *m = c->ring[c->head];
   c->head = (c->head + 1) % c->nslots;
-  c->count--;
+  count_set(c, count_of(c) - 1);
   return m;
 }
 
@@ -392,7 +419,7 @@ static bool ring_grow(schan *c) {
   else n *= 2;
   lmsg **ring = malloc(n * sizeof *ring);
   if (!ring) return false;
-  for (size_t i = 0; i < c->count; i++)
+  for (size_t i = 0; i < count_of(c); i++)
     ring[i] = c->ring[(c->head + i) % c->nslots];
   free(c->ring);
   c->ring = ring;
@@ -423,7 +450,8 @@ static bool send_now(schan *c, lmsg *m) {
   /* Without memory to grow the ring the channel acts as if it were full:
   ** the sender parks (or try_send fails) until a receiver makes room,
   ** which keeps every value and the order of sends. */
-  if (c->count < c->cap && (c->count < c->nslots || ring_grow(c))) {
+  size_t n = count_of(c);
+  if (n < c->cap && (n < c->nslots || ring_grow(c))) {
     ring_push(c, m);
     return true;
   }
@@ -432,13 +460,74 @@ static bool send_now(schan *c, lmsg *m) {
 
 /* Without parking: the next value, or NULL. With the lock held. */
 static lmsg *recv_now(schan *c) {
-  if (c->count > 0) {
+  if (count_of(c) > 0) {
     lmsg *m = ring_pop(c);
     lmsg *s = take_sender(c);
     if (s) ring_push(c, s);
     return m;
   }
   return take_sender(c);
+}
+
+/* How long a task spins, outside the lock, for a buffered channel to
+** get a value (or room) before it parks. A task of another scheduler
+** filling (or draining) the buffer answers within a message's cost; a
+** park and its unpark cost several, and a wake-up per message besides,
+** so a receiver a little faster than its sender would park for every
+** value. The spin is far shorter than what a task runs between two
+** waits anyway. Only for a peer that last ran on another scheduler (one
+** on this scheduler cannot run meanwhile), and each channel keeps a
+** score of misses: when spins stop paying (the other side is slow),
+** tasks park at once and spin again only every SPIN_PROBE-th time. */
+#define SPIN_NS 3000
+#define SPIN_PROBE 32
+#define SPIN_MISS_MAX 8
+
+/* A bound on the spin besides the clock. */
+#define SPIN_MAX_LOOPS 100000
+
+/* Real time: ums_now is virtual time in a run with a virtual clock, which
+** does not move while a task spins. */
+static int64_t real_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* With c unlocked: spins until the ring holds a value (want_room false)
+** or has room, up to SPIN_NS. Returns whether it saw that; the caller
+** then takes the lock and tries again. */
+static bool spin_for(schan *c, bool want_room) {
+  int peer = atomic_load_explicit(want_room ? &c->recv_sched : &c->send_sched,
+                                  memory_order_relaxed);
+  if (peer < 0 || peer == ums_current_sched()) return false;
+  if (atomic_load_explicit(&c->spin_misses, memory_order_relaxed) >=
+      SPIN_MISS_MAX) {
+    if (atomic_fetch_add_explicit(&c->spin_skips, 1, memory_order_relaxed) %
+            SPIN_PROBE != 0)
+      return false;
+  }
+  int64_t until = real_now() + SPIN_NS;
+  bool seen = false;
+  for (unsigned i = 1; i <= SPIN_MAX_LOOPS; i++) {
+    size_t n = count_of(c);
+    if (want_room ? n < c->cap : n > 0) {
+      seen = true;
+      break;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+    if ((i & 31) == 0 && real_now() >= until) break;
+  }
+  int32_t misses =
+      atomic_load_explicit(&c->spin_misses, memory_order_relaxed);
+  misses = seen ? (misses > 0 ? misses - 1 : 0)
+                : (misses < 2 * SPIN_MISS_MAX ? misses + 2 : misses);
+  atomic_store_explicit(&c->spin_misses, misses, memory_order_relaxed);
+  return seen;
 }
 
 int lums_shared_channel(lua_State *L) {
@@ -452,6 +541,8 @@ int lums_shared_channel(lua_State *L) {
   schan *c = lshared_new(L, sizeof *c, &chan_kind);
   /* The ring is allocated by the first buffered send. */
   c->cap = (size_t)size;
+  atomic_init(&c->send_sched, -1);
+  atomic_init(&c->recv_sched, -1);
   return 1;
 }
 
@@ -472,6 +563,7 @@ static int chan_send(lua_State *L) {
   int64_t deadline = lums_opt_timeout(L, 3, "send", &poll);
   lua_settop(L, 2);
   lmsg *m = encode_value(L, 2, "send");
+  if (c->cap > 0) note_side(&c->send_sched);
   pthread_mutex_lock(&c->h.lock);
   if (c->closed) {
     pthread_mutex_unlock(&c->h.lock);
@@ -482,6 +574,24 @@ static int chan_send(lua_State *L) {
     pthread_mutex_unlock(&c->h.lock);
     lua_pushboolean(L, 1);
     return 1;
+  }
+  /* Full: a receiver elsewhere may make room in a moment. Whatever the
+  ** spin saw, the state is looked at again under the lock: while it was
+  ** released, receivers may have emptied the ring and parked. */
+  if (!poll && c->cap > 0 && !c->sendq.head) {
+    pthread_mutex_unlock(&c->h.lock);
+    spin_for(c, true);
+    pthread_mutex_lock(&c->h.lock);
+    if (c->closed) {
+      pthread_mutex_unlock(&c->h.lock);
+      lcopy_free(m);
+      return push_closed(L);
+    }
+    if (send_now(c, m)) {
+      pthread_mutex_unlock(&c->h.lock);
+      lua_pushboolean(L, 1);
+      return 1;
+    }
   }
   if (poll) {
     pthread_mutex_unlock(&c->h.lock);
@@ -512,8 +622,16 @@ static int chan_recv(lua_State *L) {
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "recv", &poll);
   lua_settop(L, 1);
+  if (c->cap > 0) note_side(&c->recv_sched);
   pthread_mutex_lock(&c->h.lock);
   lmsg *m = recv_now(c);
+  /* Empty: a sender elsewhere may fill it in a moment. */
+  if (!m && !poll && !c->closed && c->cap > 0 && !c->recvq.head) {
+    pthread_mutex_unlock(&c->h.lock);
+    spin_for(c, false);
+    pthread_mutex_lock(&c->h.lock);
+    m = recv_now(c);
+  }
   if (m) {
     pthread_mutex_unlock(&c->h.lock);
     return lcopy_decode_free(L, m);
@@ -592,7 +710,7 @@ static int chan_close(lua_State *L) {
 static int chan_len(lua_State *L) {
   schan *c = check_chan(L, "len");
   pthread_mutex_lock(&c->h.lock);
-  size_t n = c->count;
+  size_t n = count_of(c);
   pthread_mutex_unlock(&c->h.lock);
   lua_pushinteger(L, (lua_Integer)n);
   return 1;

@@ -464,6 +464,53 @@ describe("shared objects", function()
     end, {quantum = 0})
   end)
 
+  it("a buffered channel streams across VMs in order, both ways at once",
+    function()
+      -- A sender on each scheduler and a receiver on each, through one
+      -- small buffer, so that both sides keep finding it empty and full
+      -- (and spin or park for it): every value arrives once, each
+      -- sender's in its order, and a close ends both receivers.
+      run(function()
+        local N = 5000
+        local ch = ums.shared.channel(4)
+        local function recv_all(ch)
+          local seen, last = 0, {}
+          while true do
+            local v, err = ch:recv()
+            if v == nil then return seen, last, err end
+            local who, i = v:match("^(%a+):(%d+)$")
+            i = tonumber(i)
+            assert(i > (last[who] or 0), "out of order")
+            last[who] = i
+            seen = seen + 1
+          end
+        end
+        local sent = ums.shared.event(true)
+        local far = on1(function(ch, n, recv_all, sent)
+          local ums = require "ums"
+          local r = ums.spawn(recv_all, ch)
+          for i = 1, n do assert(ch:send("far:" .. i)) end
+          sent:set()
+          local ok, seen, last, err = r:join()
+          assert(ok, seen)
+          return seen, last.near or 0, last.far or 0, err
+        end, ch, N, recv_all, sent)
+        local r = ums.spawn(recv_all, ch)
+        for i = 1, N do assert.is_true(ch:send("near:" .. i)) end
+        assert.is_true(sent:wait(20))
+        -- The receivers drain what is buffered, then see the close.
+        ch:close()
+        local ok, seen, last, err = r:join(20)
+        assert.is_true(ok)
+        assert.equal("closed", err)
+        local fr = results(far)
+        assert.equal("closed", fr[4])
+        assert.equal(2 * N, seen + fr[1])
+        assert.is_true(math.max(last.near or 0, fr[2]) == N)
+        assert.is_true(math.max(last.far or 0, fr[3]) == N)
+      end, {quantum = 0})
+    end)
+
   it("a channel keeps buffered values after close, and try_* and len",
     function()
       run(function()

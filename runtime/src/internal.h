@@ -1140,6 +1140,8 @@ typedef struct ums__counters {
   _Atomic uint64_t preempt_calls;
   _Atomic uint64_t quantum_expiries;
   _Atomic uint64_t preempt_spun;
+  _Atomic uint64_t peer_spins;     /* idle waits that spun for a peer */
+  _Atomic uint64_t peer_spin_hits; /* of those, the ones that caught a post */
 } ums__counters_t;
 
 /* One wait type's aggregate on one scheduler (waitstats.c). */
@@ -1185,6 +1187,11 @@ struct ums__sched {
   _Atomic uint32_t io_pending;    /* [atomic] requests of this scheduler's
                                      tasks not yet completed */
   ums__spin_gauge_t spin;         /* [owner] how its completion spins fare */
+  ums__spin_gauge_t peer_spin;    /* [owner] how its spins for another
+                                     scheduler's post fare */
+  _Atomic int spinning;           /* [atomic, owner writes] 1 while its idle
+                                     wait spins for a peer's post: such a
+                                     scheduler is not busy to the others */
   _Atomic uint32_t preempt_pending; /* [atomic] preemptive calls of this
                                      scheduler's tasks not yet returned;
                                      while nonzero the idle wait spins
@@ -1317,6 +1324,8 @@ struct ums_runtime {
   _Atomic uint32_t inflight;   /* [atomic] calls from outside the runtime's
                                   own threads still touching it; shutdown
                                   frees nothing until this is zero */
+  _Atomic uint32_t nspinning;  /* [atomic] schedulers spinning for a
+                                  peer's post (sched.c, spin_for_peers) */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks (those of
                                   sched.nlive_own count as one per
                                   scheduler); futex word */
@@ -1511,6 +1520,9 @@ UMS__HIDDEN void ums__preempt_reap(ums__sched_t *s);
 ** idle wait sleeps (sched.c), and how long a task spins at the call site
 ** for a call of its own (preempt.c): see sched.c for the reasoning. */
 #define UMS__SCHED_SPIN_NS (50 * UMS_NSEC_PER_USEC)
+/* How long an idle scheduler spins for a post from another scheduler that
+** is running tasks (sched.c, spin_for_peers). */
+#define UMS__SCHED_PEER_SPIN_NS (50 * UMS_NSEC_PER_USEC)
 
 /* What a spinning scheduler watches for: a task posted to it, a cancel,
 ** the runtime exiting. Relaxed: a hit is then drained with the lists' own

@@ -56,6 +56,10 @@ _Thread_local ums__sched_t *ums__tls_sched UMS__TLS_IE;
 ** deadline (or moves its clock). */
 #define VCLOCK_INFLIGHT_POLL_NS (1 * UMS_NSEC_PER_MSEC)
 
+static inline void set_relaxed_int(_Atomic int *a, int v) {
+  atomic_store_explicit(a, v, memory_order_relaxed);
+}
+
 static inline void set_relaxed(_Atomic uint32_t *a, uint32_t v) {
   atomic_store_explicit(a, v, memory_order_relaxed);
 }
@@ -570,6 +574,81 @@ static bool spin_quick(ums__sched_t *s) {
   return false;
 }
 
+/* Whether another scheduler of s's runtime is running tasks: neither in
+** its idle wait nor spinning itself. Only such a peer posts work here
+** soon; an idle runtime has none, so it never spins. Relaxed: a wrong
+** answer costs one spin or one sleep, never a lost wake-up (the poster
+** still wakes a scheduler that went to sleep). */
+static bool peer_busy(const ums__sched_t *s) {
+  const ums_runtime_t *rt = s->rt;
+  for (int i = 0; i < rt->nsched; i++) {
+    ums__sched_t *x = &rt->scheds[i];
+    if (x == s) continue;
+    /* A peer that is about to run (woken, or spinning with a post
+    ** waiting) counts as busy. */
+    if (ums__sched_posted(x) ||
+        (!atomic_load_explicit(&x->is_idle, memory_order_relaxed)
+             ? !atomic_load_explicit(&x->spinning, memory_order_relaxed)
+             : atomic_load_explicit(&x->idle_state, memory_order_relaxed) ==
+                   2))
+      return true;
+  }
+  return false;
+}
+
+/* Before the idle wait, while another scheduler runs tasks: what those
+** tasks hand to this scheduler's tasks (a message, an unpark, a join)
+** comes through the inbox, and catching it by spinning saves the futex or
+** ring wake-up on both sides (idle_state stays 0, so the poster makes no
+** system call either). Bounded as Go bounds its spinning threads: a short
+** while, at most two spinners (one for every four schedulers past
+** eight), and only while the spins pay (the gauge: on a host that steals
+** the CPU, or with peers that post rarely, the spins miss and it sleeps
+** at once). An idle runtime has no busy peer, so it never spins. A
+** scheduler with I/O in flight does not spin: the ring's completions
+** reach it only in its kernel wait. Returns true when something arrived.
+** deadline is real time. */
+static bool spin_for_peers(ums__sched_t *s, int64_t deadline) {
+  ums_runtime_t *rt = s->rt;
+  if (rt->nsched < 2 ||
+      atomic_load_explicit(&s->io_pending, memory_order_relaxed) ||
+      !peer_busy(s) ||
+      !ums__spin_worth(&s->peer_spin, UMS__SCHED_PEER_SPIN_NS))
+    return false;
+  uint32_t most = rt->nsched > 8 ? (uint32_t)rt->nsched / 4 : 2;
+  uint32_t n = atomic_load_explicit(&rt->nspinning, memory_order_relaxed);
+  do {
+    if (n >= most) return false;
+  } while (!atomic_compare_exchange_weak(&rt->nspinning, &n, n + 1));
+  set_relaxed_int(&s->spinning, 1);
+  int64_t start = ums__clock_real();
+  int64_t until = start + UMS__SCHED_PEER_SPIN_NS;
+  if (until > deadline) until = deadline;
+  bool hit = false;
+  for (unsigned i = 1;; i++) {
+    if (ums__sched_posted(s)) {
+      hit = true;
+      break;
+    }
+    ums__cpu_relax();
+    if ((i & 63) == 0) {
+      if (ums__clock_real() >= until || !peer_busy(s)) break;
+      /* On a crowded machine the peer we wait for may be waiting for
+      ** this very CPU. */
+      if ((i & 255) == 0) sched_yield();
+    }
+  }
+  set_relaxed_int(&s->spinning, 0);
+  UMS__COUNT(s, peer_spins);
+  if (hit) UMS__COUNT(s, peer_spin_hits);
+  atomic_fetch_sub(&rt->nspinning, 1);
+  /* The gauge keeps the success ratio, not the time a hit took: a hit
+  ** however late saves two system calls and a sleeping thread's wake-up,
+  ** so spinning pays while few spins miss. */
+  ums__spin_note(&s->peer_spin, 0, hit, UMS__SCHED_PEER_SPIN_NS);
+  return hit;
+}
+
 static void idle_wait(ums__sched_t *s) {
   if (s->rt->vclock) {
     idle_wait_virtual(s);
@@ -587,7 +666,8 @@ static void idle_wait(ums__sched_t *s) {
     deadline = s->next_trim;
   if (deadline <= now) return;
   if (spin_for_completion(s, now, deadline)) return;
-  if (pool_work_pending(s)) now = ums__clock_now();
+  if (spin_for_peers(s, deadline)) return;
+  now = ums__clock_now();
   block(s, deadline, now);
 }
 
