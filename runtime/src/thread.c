@@ -18,12 +18,17 @@
 **
 ** A thread's life, on its record's futex word (state):
 **   RUN   the starter handed it fn and arg (or created it so);
-**   DONE  fn returned: the thread touches nothing of the runtime any more;
+**   BUSY  the thread took them and runs fn;
+**   DONE  fn returned, or the joiner took the role back before the thread
+**         took it (ums__thread_stop): the thread touches nothing of the
+**         runtime any more;
 **   IDLE  the joiner put it in the cache: it waits for RUN or EXIT;
 **   EXIT  it is to return, and be joined with pthread_join.
-** Each transition is made by one side only (RUN: the starter; DONE: the
-** thread; IDLE and EXIT: the joiner, or at process exit and fork, the
-** cache), with sequentially consistent atomics, so everything fn did
+** Each transition is made by one side only (RUN: the starter; BUSY and
+** DONE after BUSY: the thread; DONE from RUN, IDLE and EXIT: the joiner,
+** or at process exit and fork, the cache; RUN leaves by one compare and
+** swap, which one side wins), with sequentially consistent atomics, so
+** everything fn did
 ** happens before ums__thread_join returns, and everything the starter set
 ** up happens before fn runs.
 **
@@ -44,7 +49,7 @@
 /* Idle threads the process keeps at most, whatever runtimes ask for. */
 #define KEEP_MAX 8
 
-enum { RUN = 1, DONE = 2, IDLE = 3, EXIT = 4 };
+enum { RUN = 1, DONE = 2, IDLE = 3, EXIT = 4, BUSY = 5 };
 
 struct ums__thread {
   pthread_t handle;           /* [const] */
@@ -73,11 +78,19 @@ static void block_all(void) {
 static void *thread_main(void *arg) {
   ums__thread_t *th = arg;
   char named[sizeof th->name] = "";  /* the name it has (set it once) */
+  /* Named for its first role even if that is taken back before it
+  ** begins (ums__thread_stop): threads keep the names they had. */
+  if (th->name[0]) {
+    pthread_setname_np(pthread_self(), th->name);
+    memcpy(named, th->name, sizeof named);
+  }
   for (;;) {
     uint32_t st;
     while ((st = atomic_load(&th->state)) == IDLE || st == DONE)
       ums__futex_wait(&th->state, st, UMS_FOREVER);
     if (st == EXIT) return NULL;
+    if (!atomic_compare_exchange_strong(&th->state, &st, BUSY))
+      continue;  /* taken back (ums__thread_stop) */
     pthread_sigmask(SIG_SETMASK, &th->mask, NULL);
     if (th->name[0] && strcmp(th->name, named) != 0) {
       pthread_setname_np(pthread_self(), th->name);
@@ -176,7 +189,7 @@ int ums__thread_start(ums__thread_t **out, void *(*fn)(void *), void *arg,
 
 void ums__thread_join(ums__thread_t *th, int keep) {
   uint32_t st;
-  while ((st = atomic_load(&th->state)) == RUN)
+  while ((st = atomic_load(&th->state)) == RUN || st == BUSY)
     ums__futex_wait(&th->state, st, UMS_FOREVER);
   if (keep > 0) {
     pthread_once(&cache_once, cache_setup);
@@ -193,6 +206,12 @@ void ums__thread_join(ums__thread_t *th, int keep) {
     if (!th) return;
   }
   end_thread(th);
+}
+
+void ums__thread_stop(ums__thread_t *th, int keep) {
+  uint32_t run = RUN;
+  atomic_compare_exchange_strong(&th->state, &run, DONE);
+  ums__thread_join(th, keep);
 }
 
 pthread_t ums__thread_handle(const ums__thread_t *th) { return th->handle; }
