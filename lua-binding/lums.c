@@ -2048,6 +2048,14 @@ static int run(lua_State *L, double limit) {
   ums_runtime_shutdown(r->rt, main->ok && !exiting && !over && !interrupted ?
                        UMS_FOREVER : 0);
   r->rt = NULL;
+  if (cfg.run_on_caller) {
+    /* This thread ran the steps: it runs Lua of its own again. A step
+    ** that another step's worker interrupted (a task blocked on its
+    ** worker) restores the task it found current, which may have ended
+    ** by then (quantum_signal and l_run look at these). */
+    lums_cur_task = NULL;
+    thread_run = NULL;
+  }
   lums_intr_end(intr);
   monitor_stop(r);
   /* A report the main VM never got to (the run ended first). */
