@@ -6,7 +6,10 @@
 ** pass itself and switches straight to the next task (a worker performs
 ** the scheduler's work itself, as in UMS; docs/design/architecture.md).
 ** The scheduler thread's own context only starts the first task and, at
-** exit, tears down.
+** exit, tears down. A runtime made with run_on_caller has no scheduler
+** thread: the caller's context plays that part inside ums_runtime_run,
+** and the pass returns to it when asked to pause (a flag every pass
+** looks at, set by ums_runtime_pause or at the caller's deadline).
 **
 ** The pass, in order: deliver cancellations; submit and reap I/O (the
 ** ring's part: io-uring.c); expire timers; drain the completion list; pick
