@@ -375,7 +375,8 @@ void ums__monitor_wake(ums_runtime_t *rt) {
 
 void ums__monitor_stop_begin(ums_runtime_t *rt) {
   ums__monitor_t *m = &rt->monitor;
-  if (!m->started) return;
+  /* Once is enough: the shutdown begins it, runtime_free ends it. */
+  if (!m->started || atomic_load(&m->stop)) return;
   atomic_store(&m->stop, 1);
   atomic_store(&m->asleep, 0);
   atomic_fetch_add(&m->word, 1);

@@ -75,8 +75,24 @@ static void block_all(void) {
   pthread_sigmask(SIG_SETMASK, &all, NULL);
 }
 
+/* Whether mask blocks every signal (as an idle thread's does). */
+static bool blocks_all(const sigset_t *mask) {
+  /* Signal by signal: sigfillset need not set the words of a sigset_t
+  ** past the last signal, so two full sets may differ there. */
+  sigset_t all;
+  sigfillset(&all);
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sigismember(&all, sig) == 1 && sigismember(mask, sig) != 1)
+      return false;
+  return true;
+}
+
 static void *thread_main(void *arg) {
   ums__thread_t *th = arg;
+  /* A new thread starts with every signal blocked (ums__thread_start),
+  ** and so does a kept one between roles: a role that blocks them all
+  ** too (the monitor's) needs no change of mask either way. */
+  bool all_blocked = true;
   char named[sizeof th->name] = "";  /* the name it has (set it once) */
   /* Named for its first role even if that is taken back before it
   ** begins (ums__thread_stop): threads keep the names they had. */
@@ -91,13 +107,17 @@ static void *thread_main(void *arg) {
     if (st == EXIT) return NULL;
     if (!atomic_compare_exchange_strong(&th->state, &st, BUSY))
       continue;  /* taken back (ums__thread_stop) */
-    pthread_sigmask(SIG_SETMASK, &th->mask, NULL);
+    if (!all_blocked || !blocks_all(&th->mask)) {
+      pthread_sigmask(SIG_SETMASK, &th->mask, NULL);
+      all_blocked = blocks_all(&th->mask);
+    }
     if (th->name[0] && strcmp(th->name, named) != 0) {
       pthread_setname_np(pthread_self(), th->name);
       memcpy(named, th->name, sizeof named);
     }
     th->fn(th->arg);
-    block_all();
+    if (!all_blocked) block_all();
+    all_blocked = true;
     atomic_store(&th->state, DONE);
     ums__futex_wake(&th->state, 1);
   }
