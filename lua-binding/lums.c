@@ -577,6 +577,8 @@ static void task_finish(ltask *t, int st, int nres) {
   h->state = T_DONE;
   h->t = NULL;
   wake_joiners(t);
+  /* core.run, running the scheduler itself, looks at the run again. */
+  if (h == r->main) ums_runtime_pause(r->rt);
   give_back_task(r, t, empty);
   run_task_ended(r);  /* last: the run may end now */
 }
@@ -1871,6 +1873,33 @@ static void push_limits(lua_State *L) {
 ** of the current run (stdlib/ums/init.lua). */
 #define RUN_IN_TASK_KEY "ums.run_in_task"
 
+/* The waits of run() for a runtime whose one scheduler this thread runs
+** (ums_runtime_run): it runs the scheduler until the first task has
+** ended and, if that went well, until the run is quiet, as the joins and
+** lums_vms_wait_quiet of a threaded run wait; the task's end, the run's
+** quiet, an exit and Ctrl-C pause it for a look (task_finish, lvm.c).
+** The time limit cancels the first task at until, as there. Returns
+** whether the limit was reached; the first task has ended then too, and
+** the runtime is left for ums_runtime_shutdown to run until its other
+** tasks end. */
+static bool run_here(lrun *r, lhandle *main, int64_t until) {
+  bool over = false;
+  for (;;) {
+    if (main->state == T_DONE &&
+        (over || !main->ok || lums_vms_quiet(r->vms)))
+      return over;
+    int rr = ums_runtime_run(r->rt, until);
+    if (rr == UMS_ETIMEDOUT && !over) {
+      /* Past the limit: as a threaded run's, the first task is
+      ** cancelled, or, once it has ended, nothing more starts. */
+      over = true;
+      if (main->state != T_DONE) ums_task_cancel(r->rt, main->id);
+      else lums_vms_stop(r->vms);
+      until = UMS_FOREVER;
+    }
+  }
+}
+
 static int run(lua_State *L, double limit) {
   /* Named as ums.run whatever the call looks like (pcall(ums.run, x)
   ** would otherwise be 'ums.run', ums.run(x) 'run'). */
@@ -1952,6 +1981,9 @@ static int run(lua_State *L, double limit) {
   ** runtime's threads stay parked for the next one (docs/lua-api.md,
   ** "What a run keeps for the process"). */
   cfg.keep_threads = cfg.schedulers > 0 ? cfg.schedulers + 1 : INT_MAX;
+  /* With one scheduler this thread runs it (run_here): a run then starts
+  ** and stops without waking any other thread. */
+  cfg.run_on_caller = cfg.schedulers == 1;
 
   int err;
   lintr *intr = lums_intr_block();
@@ -2002,27 +2034,21 @@ static int run(lua_State *L, double limit) {
   lhandle *main = task_new(L, r, 1, true, lua_upvalueindex(1));
   lums_intr_watch(intr, vms);
   /* From here until the runtime is shut down, the VM belongs to the
-  ** scheduler thread; this thread only waits. */
-  /* The limit is real time (this is a host thread), also when the run's
-  ** clock is virtual: it bounds a test that never blocks, where virtual
-  ** time stands still. */
+  ** scheduler: this thread runs it (run_here), or only waits. */
+  /* The limit is real time, also when the run's clock is virtual: it
+  ** bounds a test that never blocks, where virtual time stands still. */
   bool over = false;
   int64_t until = limit > 0 ? ums_deadline((int64_t)(limit * 1e9)) :
                   UMS_FOREVER;
-  /* A run that ends before LUMS_INTR_WATCH_DELAY never starts the Ctrl-C
-  ** watcher; past it, the waits below start it (lintr.c). */
-  int64_t watch_at = intr ? ums_deadline(LUMS_INTR_WATCH_DELAY) :
-                     UMS_FOREVER;
-  int jr = ums_task_join(r->rt, main->id, watch_at < until ? watch_at :
-                         until, NULL, NULL);
-  if (jr == UMS_ETIMEDOUT && watch_at < until) {
-    lums_intr_watch_late(intr);
-    jr = ums_task_join(r->rt, main->id, until, NULL, NULL);
-  }
-  if (jr == UMS_ETIMEDOUT) {
-    over = true;
-    ums_task_cancel(r->rt, main->id);
-    ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
+  if (cfg.run_on_caller) {
+    over = run_here(r, main, until);
+  } else {
+    int jr = ums_task_join(r->rt, main->id, until, NULL, NULL);
+    if (jr == UMS_ETIMEDOUT) {
+      over = true;
+      ums_task_cancel(r->rt, main->id);
+      ums_task_join(r->rt, main->id, UMS_FOREVER, NULL, NULL);
+    }
   }
   /* Its outcome goes to our caller (results, or the error raised again):
   ** never to on_error, whenever its handle is collected. */
@@ -2032,13 +2058,7 @@ static int run(lua_State *L, double limit) {
   ** work. An os.exit (in any VM) ends the wait at once; the limit ends it
   ** as it ends the first task's. */
   if (main->ok && !over) {
-    bool quiet = lums_vms_wait_quiet(vms, watch_at < until ? watch_at :
-                                     until);
-    if (!quiet && watch_at < until) {
-      lums_intr_watch_late(intr);
-      quiet = lums_vms_wait_quiet(vms, until);
-    }
-    if (!quiet) {
+    if (!lums_vms_wait_quiet(vms, until)) {
       over = true;
       lums_vms_stop(vms);
     }
@@ -2051,6 +2071,14 @@ static int run(lua_State *L, double limit) {
   ums_runtime_shutdown(r->rt, main->ok && !exiting && !over && !interrupted ?
                        UMS_FOREVER : 0);
   r->rt = NULL;
+  if (cfg.run_on_caller) {
+    /* This thread ran the steps: it runs Lua of its own again. A step
+    ** that another step's worker interrupted (a task blocked on its
+    ** worker) restores the task it found current, which may have ended
+    ** by then (quantum_signal and l_run look at these). */
+    lums_cur_task = NULL;
+    thread_run = NULL;
+  }
   lums_intr_end(intr);
   monitor_stop(r);
   /* A report the main VM never got to (the run ended first). */

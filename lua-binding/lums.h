@@ -526,16 +526,13 @@ LUMS_HIDDEN void lums_monitor_free(lrun *r);
 /* lintr.c: Ctrl-C during ums.run (see the top of lintr.c). run() calls
 ** lums_intr_block first (NULL: Ctrl-C is not watched; every call below
 ** accepts it), lums_intr_watch once the first task exists,
-** lums_intr_watch_late once the run has lasted LUMS_INTR_WATCH_DELAY ns
-** (it starts the watcher thread), lums_intr_settle before the runtime shuts down (true: Ctrl-C
+** lums_intr_settle before the runtime shuts down (true: Ctrl-C
 ** interrupted the run; nothing is cancelled after it) and lums_intr_end,
-** which stops the watcher and gives SIGINT back, on every way out once
-** the runtime's threads are gone. All on the thread that called ums.run. */
+** which gives SIGINT back, on every way out once the runtime's threads
+** are gone. All on the thread that called ums.run. */
 typedef struct lintr lintr;
 LUMS_HIDDEN lintr *lums_intr_block(void);
-#define LUMS_INTR_WATCH_DELAY (10 * UMS_NSEC_PER_MSEC)
 LUMS_HIDDEN void lums_intr_watch(lintr *in, lvms *vms);
-LUMS_HIDDEN void lums_intr_watch_late(lintr *in);
 LUMS_HIDDEN bool lums_intr_settle(lintr *in);
 LUMS_HIDDEN void lums_intr_end(lintr *in);
 

@@ -241,7 +241,17 @@ void lums_vms_release(lvms *v) {
     pthread_mutex_lock(&v->quiet_lock);
     pthread_cond_broadcast(&v->quiet_cond);
     pthread_mutex_unlock(&v->quiet_lock);
+    /* A run whose caller runs the scheduler looks again (core.run). */
+    ums_runtime_pause(v->rt);
   }
+}
+
+bool lums_vms_quiet(lvms *v) {
+  pthread_mutex_lock(&v->quiet_lock);
+  bool quiet = atomic_load(&v->live) == 0 || v->exit_requested ||
+               v->interrupted;
+  pthread_mutex_unlock(&v->quiet_lock);
+  return quiet;
 }
 
 bool lums_vms_wait_quiet(lvms *v, int64_t deadline) {
@@ -273,6 +283,7 @@ bool lums_vms_wait_quiet(lvms *v, int64_t deadline) {
 static void cancel_run(lvms *v) {
   lums_vms_stop(v);
   ums_task_cancel(v->rt, v->main->main->id);
+  ums_runtime_pause(v->rt);
 }
 
 void lums_vms_request_exit(lvms *v, int code, bool close) {

@@ -70,6 +70,8 @@ LUMS_HIDDEN void lums_vms_release(lvms *v);
 ** was requested or Ctrl-C came (true), or until the absolute monotonic deadline
 ** (false; UMS_FOREVER: none). */
 LUMS_HIDDEN bool lums_vms_wait_quiet(lvms *v, int64_t deadline);
+/* Whether lums_vms_wait_quiet would return true at once. */
+LUMS_HIDDEN bool lums_vms_quiet(lvms *v);
 /* os.exit in a task of any VM: the first request is kept; cancels the
 ** run's first task and ends lums_vms_wait_quiet. */
 LUMS_HIDDEN void lums_vms_request_exit(lvms *v, int code, bool close);

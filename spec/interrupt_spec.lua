@@ -162,9 +162,8 @@ describe("Ctrl-C", function()
                                 1, true), r.describe)
   end)
 
-  -- The watcher thread starts only once a run has lasted a few
-  -- milliseconds (lintr.c): a Ctrl-C in a run that ends before is not
-  -- lost, it reaches the caller as ums.run returns.
+  -- A Ctrl-C in a run that ends before the watcher thread has seen it
+  -- (lintr.c) is not lost: it reaches the caller as ums.run returns.
   it_sig("in a run that ends at once still raises interrupted!", function()
     local r = sp.lua_run({sp.temp([[
       local ums = require "ums"

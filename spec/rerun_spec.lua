@@ -1,7 +1,7 @@
 -- Many runs in one process (a test framework starts one per test): what
 -- a run starts and stops each time, and what the process keeps for the
--- next runs (an io_uring ring per scheduler, the scheduler and monitor
--- threads).
+-- next runs (an io_uring ring per scheduler, the runtime's threads, the
+-- Ctrl-C watcher).
 -- Whatever the number of runs, the threads and descriptors left once
 -- ums.run returns are those left by the first run.
 local ums = require "ums"
@@ -72,9 +72,9 @@ describe("runs one after another", function()
     assert.same(f1, fds())
   end)
 
-  -- The threads a short run needs (its scheduler, the runtime's monitor)
-  -- are those the previous run left parked, and the Ctrl-C watcher starts
-  -- only in a run that lasts (lintr.c): an empty run starts no thread.
+  -- The threads a short run needs (the runtime's monitor) are those the
+  -- previous run left parked, and the Ctrl-C watcher is the process's
+  -- (lintr.c): an empty run starts no thread.
   it("run on the threads the previous run left, and start none", function()
     -- The count from /proc/self/status: plain io, which starts nothing.
     local function count()
@@ -85,15 +85,31 @@ describe("runs one after another", function()
     end
     ums.run(function() end)
     local before = threads()
-    local added = {}
-    for i = 1, 20 do
-      -- Only the watcher may be new, in a run the machine made last.
-      added[i] = ums.run(count) - count()
-      assert.is_true(added[i] == 0 or added[i] == 1, tostring(added[i]))
+    for _ = 1, 20 do
+      assert.equal(0, ums.run(count) - count())
       assert.same(before, threads())
     end
-    table.sort(added)
-    assert.equal(0, added[1])
+  end)
+
+  -- With one scheduler (the default) the thread that calls ums.run runs
+  -- the scheduler itself: a run starts and stops without handing
+  -- anything to another thread and back.
+  it("run their tasks on the thread that called ums.run", function()
+    local function tid()
+      return assert(read("/proc/thread-self/stat")):match("^(%d+) ")
+    end
+    local here = tid()
+    assert.equal(here, ums.run(tid))
+    assert.equal(here, ums.run(function()
+      ums.sleep(0.001)
+      return select(2, ums.spawn(tid):join())
+    end))
+    -- With more, each scheduler has a thread of its own.
+    ums.config{schedulers = 2}
+    local ok, other = pcall(ums.run, tid)
+    ums.config{schedulers = 1}
+    assert(ok, other)
+    assert.not_equal(here, other)
   end)
 
   -- A run takes the scheduler-side thread and the pooled task of the
@@ -116,7 +132,7 @@ describe("runs one after another", function()
     assert.is_true(per_run < 512, ("%.0f bytes per run"):format(per_run))
   end)
 
-  it("start the Ctrl-C watcher in a run that lasts", function()
+  it("have the Ctrl-C watcher", function()
     local watched = ums.run(function()
       for _ = 1, 500 do
         for k in pairs(threads()) do

@@ -92,15 +92,15 @@ ums.run(function()
 end)
 ]]):format(path)
     -- strace counts calls per thread. With "k+", each thread's k-th
-    -- clone3 and every later one fail. k = 2: the main thread's one clone3
-    -- (the scheduler's thread) succeeds, and so does the scheduler
-    -- thread's first (the I/O pool's first thread); every later one
-    -- fails: the I/O pool's monitor, and every thread of the C-call pool.
-    -- A sanitizer's own threads come first on the main thread: while the
-    -- run cannot start (and says which thread it could not create), k
-    -- goes up.
+    -- clone3 and every later one fail. The main thread runs the one
+    -- scheduler itself. k = 3: its first two clone3 succeed (the Ctrl-C
+    -- watcher, made once for the process by its first run, and the I/O
+    -- pool's first thread); every later one fails: the I/O pool's
+    -- monitor, and every thread of the C-call pool. A sanitizer's own
+    -- threads come first on the main thread: while the run cannot start
+    -- (and says which thread it could not create), k goes up.
     local r
-    for k = 2, 5 do
+    for k = 3, 6 do
       r = run_failing(script, k .. "+")
       if r.code == 0 then break end
       sp.assert_exit(r, 1)

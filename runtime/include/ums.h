@@ -184,6 +184,13 @@ typedef struct ums_config {
                                    runtimes to reuse instead of creating
                                    their own (see "Runtime"); default 0:
                                    every thread ends with the runtime */
+  int run_on_caller;            /* nonzero: scheduler 0 gets no thread of
+                                   its own; the thread that called
+                                   ums_runtime_new runs it inside
+                                   ums_runtime_run and
+                                   ums_runtime_shutdown (see "Running on
+                                   the caller's thread"); needs
+                                   schedulers = 1 */
 } ums_config_t;
 
 /* Clocks (ums_config_t.clock). */
@@ -245,6 +252,33 @@ UMS_API const char *ums_runtime_error(void);
 ** for those calls to leave the runtime before freeing it. A call that
 ** starts after shutdown has returned is a use after free. */
 UMS_API int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline);
+
+/* Running on the caller's thread. A runtime made with run_on_caller has
+** no scheduler thread: its one scheduler runs only while the thread that
+** made it is inside ums_runtime_run (or ums_runtime_shutdown, which runs
+** it until its tasks have ended, cancelling them at the deadline). A
+** short run then costs no hand-off between threads, which a host that
+** starts one runtime per request or per test would otherwise pay at
+** every start and stop. Everything else works as with a thread of its
+** own, the monitor's stall reports included; a host thread that wants a
+** task's result outside ums_runtime_run must not block waiting for it
+** (nothing would run the task).
+**
+** ums_runtime_run runs the scheduler until ums_runtime_pause has been
+** called since the last return, or the real-time deadline passes
+** (checked at each pass of the scheduler and in its idle wait: a task
+** that never reaches a wait point keeps the thread until it does, as it
+** keeps a scheduler thread). Tasks not finished stay as they are for the
+** next call.
+** Returns 0 after a pause, UMS_ETIMEDOUT at the deadline, UMS_EINVAL for
+** a runtime without run_on_caller, UMS_EPERM on another thread than the
+** one that made it, UMS_EDEADLK from inside a task. */
+UMS_API int ums_runtime_run(ums_runtime_t *rt, int64_t deadline);
+
+/* Makes ums_runtime_run return at its next pass (or the next call return
+** at once, if none is in progress): any thread, a task included, a signal
+** handler not. No effect on a runtime without run_on_caller. */
+UMS_API void ums_runtime_pause(ums_runtime_t *rt);
 
 /* Number of schedulers. */
 UMS_API int ums_runtime_schedulers(const ums_runtime_t *rt);

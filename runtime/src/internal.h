@@ -161,6 +161,10 @@ int ums__thread_start(ums__thread_t **out, void *(*fn)(void *), void *arg,
 ** otherwise it exits and is joined. Either way th is no longer the
 ** caller's. */
 void ums__thread_join(ums__thread_t *th, int keep);
+/* ums__thread_join, for a role whose function may be skipped: if the
+** thread has not taken fn yet, it never will (a kept thread that has not
+** woken up yet costs no wait). */
+void ums__thread_stop(ums__thread_t *th, int keep);
 /* The thread's pthread handle, while the caller owns it. */
 pthread_t ums__thread_handle(const ums__thread_t *th);
 /* Idle threads kept for the process right now. */
@@ -1296,6 +1300,17 @@ struct ums__sched {
   ums__thread_t *thread;       /* NULL until started (thread.c) */
   _Atomic int tid;             /* [atomic] the thread's kernel id, for the
                                   monitor; 0 until it has started */
+  /* A scheduler run by its runtime's caller (ums_runtime_run). */
+  _Atomic int pause;           /* [atomic] return to the caller at the
+                                  next pass; the owner clears it as it
+                                  returns */
+  _Atomic int64_t run_deadline; /* [atomic, the caller writes] real time
+                                  at which ums_runtime_run returns; the
+                                  monitor reads it to pause a busy one */
+  _Atomic int away;            /* [atomic, owner writes] 1 while its
+                                  caller is outside ums_runtime_run: the
+                                  monitor counts it as idle */
+  bool main_ready;             /* [owner] main_ctx has been set up */
 };
 
 /* The scheduler monitor (monitor.c): one thread per runtime. */
@@ -1316,6 +1331,8 @@ struct ums_runtime {
   ums_config_t cfg;            /* [const] defaults filled in */
   int nsched;                  /* [const] */
   ums__sched_t *scheds;        /* [const] array of nsched */
+  pthread_t caller;            /* [const] with cfg.run_on_caller: the
+                                  thread that runs scheduler 0 */
 
   _Atomic int stopping;        /* [atomic] no new spawns */
   _Atomic int exiting;         /* [atomic] schedulers leave their loops */

@@ -222,8 +222,9 @@ static bool look_at_pools(ums_runtime_t *rt, int64_t threshold) {
   return queued;
 }
 
+/* In its idle wait, or run by its caller and the caller is away. */
 static bool sched_idle(ums__sched_t *s) {
-  return atomic_load(&s->idle_state) != 0;
+  return atomic_load(&s->idle_state) != 0 || atomic_load(&s->away) != 0;
 }
 
 /* Sleeps until a scheduler gets busy or the monitor is stopped. Returns
@@ -343,8 +344,11 @@ int ums__monitor_start(ums_runtime_t *rt) {
   for (int i = 0; i < rt->nsched; i++) {
     ums__monitor_slot_t *sl = &m->slots[i];
     sl->stat_fd = -1;
+    /* A scheduler without a thread of its own runs on the caller's,
+    ** which is starting the monitor now. */
+    ums__thread_t *th = rt->scheds[i].thread;
     sl->has_clock = pthread_getcpuclockid(
-        ums__thread_handle(rt->scheds[i].thread), &sl->clock) == 0;
+        th ? ums__thread_handle(th) : pthread_self(), &sl->clock) == 0;
   }
   /* The monitor never runs a signal handler meant for a scheduler or the
   ** host (the Lua binding's quantum signal, a pool interrupt). */
@@ -371,7 +375,8 @@ void ums__monitor_wake(ums_runtime_t *rt) {
 
 void ums__monitor_stop_begin(ums_runtime_t *rt) {
   ums__monitor_t *m = &rt->monitor;
-  if (!m->started) return;
+  /* Once is enough: the shutdown begins it, runtime_free ends it. */
+  if (!m->started || atomic_load(&m->stop)) return;
   atomic_store(&m->stop, 1);
   atomic_store(&m->asleep, 0);
   atomic_fetch_add(&m->word, 1);
@@ -382,7 +387,8 @@ void ums__monitor_stop(ums_runtime_t *rt) {
   ums__monitor_t *m = &rt->monitor;
   if (!m->started) return;
   ums__monitor_stop_begin(rt);
-  ums__thread_join(m->thread, rt->cfg.keep_threads);
+  /* A runtime that ends before its monitor got a CPU never needed it. */
+  ums__thread_stop(m->thread, rt->cfg.keep_threads);
   m->thread = NULL;
   m->started = false;
   for (int i = 0; i < rt->nsched; i++)

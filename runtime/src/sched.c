@@ -6,7 +6,10 @@
 ** pass itself and switches straight to the next task (a worker performs
 ** the scheduler's work itself, as in UMS; docs/design/architecture.md).
 ** The scheduler thread's own context only starts the first task and, at
-** exit, tears down.
+** exit, tears down. A runtime made with run_on_caller has no scheduler
+** thread: the caller's context plays that part inside ums_runtime_run,
+** and the pass returns to it when asked to pause (a flag every pass
+** looks at, set by ums_runtime_pause or at the caller's deadline).
 **
 ** The pass, in order: deliver cancellations; submit and reap I/O (the
 ** ring's part: io-uring.c); expire timers; drain the completion list; pick
@@ -531,22 +534,35 @@ static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
   ums__monitor_busy(s->rt);
 }
 
+/* The real time at which the caller of a scheduler it runs
+** (ums_runtime_run) wants it back, UMS_FOREVER for any other; once that
+** has passed (now, real time), asks the pass to return to it. */
+static int64_t run_until(ums__sched_t *s, int64_t now) {
+  int64_t until = atomic_load_explicit(&s->run_deadline,
+                                       memory_order_relaxed);
+  if (UMS__UNLIKELY(until <= now)) atomic_store(&s->pause, 1);
+  return until;
+}
+
 /* The idle wait of a runtime with a virtual clock: time moves only here,
 ** and only when nothing can happen without it. */
 static void idle_wait_virtual(ums__sched_t *s) {
   maybe_trim(s, ums__clock_now());
   int64_t now = ums__clock_real();
+  int64_t until = run_until(s, now);
+  if (until <= now) return;
   if (work_in_flight(s)) {
-    if (spin_for_completion(s, now, UMS_FOREVER)) return;
+    if (spin_for_completion(s, now, until)) return;
     now = ums__clock_real();
-    block(s, now + VCLOCK_INFLIGHT_POLL_NS, now);
+    int64_t poll = now + VCLOCK_INFLIGHT_POLL_NS;
+    block(s, poll < until ? poll : until, now);
     return;
   }
   int64_t next = ums__timer_next(&s->timers);
   if (next == UMS_FOREVER) {
     /* Nothing will happen by itself: only another thread can wake a
-    ** task now. No deadline, so no CPU meanwhile. */
-    block(s, UMS_FOREVER, now);
+    ** task now. No deadline (but the caller's), so no CPU meanwhile. */
+    block(s, until, now);
     return;
   }
   /* A wake-up posted since the pass drained the lists goes first. */
@@ -658,7 +674,10 @@ static void idle_wait(ums__sched_t *s) {
   ums_runtime_t *rt = s->rt;
   int64_t now = ums__clock_now();
   maybe_trim(s, now);
+  int64_t until = run_until(s, now);
+  if (until <= now) return;
   int64_t deadline = ums__timer_next(&s->timers);
+  if (until < deadline) deadline = until;
   if (idle_timeout(s) >= 0 &&
       s->nidle + (s->cur && !s->cur->task) >
           (uint32_t)rt->cfg.idle_workers_kept &&
@@ -736,6 +755,17 @@ static bool wake_idle_waiters(ums__sched_t *s) {
 static ums__task_t *next_runnable(ums__sched_t *s) {
   s->seg_start = -1; /* the turn has ended: in the pass (waitstats.c) */
   for (;;) {
+    /* Only a scheduler run by its caller is ever asked to pause
+    ** (ums_runtime_run); checked first, so that tasks that keep yielding
+    ** cannot hold the caller past its deadline. */
+    if (UMS__UNLIKELY(atomic_load_explicit(&s->run_deadline,
+                                           memory_order_relaxed) !=
+                      UMS_FOREVER))
+      run_until(s, ums__clock_real());
+    if (UMS__UNLIKELY(atomic_load_explicit(&s->pause,
+                                           memory_order_relaxed)) &&
+        atomic_exchange(&s->pause, 0))
+      return NULL;
     if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
       drain_cancels(s);
     if (s->ring) ums__ring_poll(s);
@@ -796,12 +826,17 @@ void ums__sched_schedule(ums__sched_t *s) {
     ums__task_t *t = next_runnable(s);
     if (t) ums__obs_pick(s, t);
     if (!t) {
-      /* Exiting: get back to the thread's own context, which tears down.
-      ** A free worker joins the pool first so teardown frees it. */
+      /* Exiting, or pausing for the caller (ums_runtime_run): get back to
+      ** the thread's own context. A free worker joins the pool first, so
+      ** that teardown frees it or the next pass takes it. A worker bound
+      ** to its parked task (only when pausing) stays with it: the pass
+      ** that picks the task again resumes it here, as after switch_to. */
       if (self) {
-        ums__worker_put(s, self);
+        bool bound = self->task != NULL;
+        if (!bound) ums__worker_put(s, self);
         s->cur = NULL;
         ums__ctx_switch(&self->ctx, &s->main_ctx);
+        if (bound) return;
       }
       return;
     }
@@ -843,6 +878,19 @@ void ums__sched_schedule(ums__sched_t *s) {
 /* Scheduler threads and the runtime                                       */
 /* ---------------------------------------------------------------------- */
 
+/* What the scheduler's own thread lets go of once its loop has returned
+** for good: every task has ended and every worker is in the pool. What
+** the ring still holds was abandoned; it must end before the ring and the
+** buffers it references go. [owner] */
+static void sched_teardown(ums__sched_t *s) {
+  if (s->ring) ums__ring_drain(s);
+  ums__io_req_cache_clear(&s->reqs);
+  ums__buf_cache_clear(&s->bufs);
+  ums__preempt_cache_clear(s);
+  ums__worker_free_all(s);
+  ums__ctx_destroy(&s->main_ctx);
+}
+
 static void *sched_thread(void *arg) {
   ums__sched_t *s = arg;
   ums__tls_sched = s;
@@ -850,15 +898,7 @@ static void *sched_thread(void *arg) {
   if (ums__ctx_init_main(&s->main_ctx) != 0) abort();
   s->cur = NULL;
   ums__sched_schedule(s);
-  /* Exiting: every task has ended and every worker is in the pool. What
-  ** the ring still holds was abandoned; it must end before the ring and
-  ** the buffers it references go. */
-  if (s->ring) ums__ring_drain(s);
-  ums__io_req_cache_clear(&s->reqs);
-  ums__buf_cache_clear(&s->bufs);
-  ums__preempt_cache_clear(s);
-  ums__worker_free_all(s);
-  ums__ctx_destroy(&s->main_ctx);
+  sched_teardown(s);
   ums__tls_sched = NULL;
   return NULL;
 }
@@ -874,6 +914,7 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
                                                    : UMS__STAMPS_WAIT_CLOCK;
   ums__timer_heap_init(&s->timers);
   s->next_trim = 0;
+  atomic_init(&s->run_deadline, UMS_FOREVER);
   int e = ums__preempt_sched_init(s);
   if (e == 0 && (e = ums__stack_pool_init(&s->stacks, rt->cfg.stack_size)))
     ums__preempt_sched_destroy(s);
@@ -1073,6 +1114,9 @@ static int check_config(const ums_config_t *c) {
   if (c->clock == UMS_CLOCK_VIRTUAL && c->schedulers > 1)
     return start_fail(UMS_EINVAL, "clock = UMS_CLOCK_VIRTUAL needs "
                       "schedulers = 1 (got %d)", c->schedulers);
+  if (c->run_on_caller && c->schedulers > 1)
+    return start_fail(UMS_EINVAL, "run_on_caller needs schedulers = 1 "
+                      "(got %d)", c->schedulers);
   return 0;
 }
 
@@ -1082,8 +1126,11 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   start_error[0] = '\0';
   if (cfg) c = *cfg;
   if ((e = check_config(&c)) != 0 || (e = check_env()) != 0) goto fail;
+  if (c.run_on_caller) c.run_on_caller = 1;
+  int ncpu = cpu_count();
   if (c.schedulers == 0)
-    c.schedulers = c.clock == UMS_CLOCK_VIRTUAL ? 1 : cpu_count();
+    c.schedulers = c.clock == UMS_CLOCK_VIRTUAL || c.run_on_caller ? 1 :
+                   ncpu;
   if (c.stack_size == 0) c.stack_size = DEFAULT_STACK_SIZE;
   if (c.worker_idle_timeout == 0) c.worker_idle_timeout = DEFAULT_IDLE_TIMEOUT;
   if (c.idle_workers_kept == 0) c.idle_workers_kept = DEFAULT_IDLE_KEPT;
@@ -1138,12 +1185,12 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   ** time on the pool's lock and wake-ups: 64 threads reading cached small
   ** files on 2 CPUs mostly wait for each other. */
   ums__pool_cfg_t io_cfg = {.name = "ums-io",
-                            .core = (uint32_t)cpu_count(),
+                            .core = (uint32_t)ncpu,
                             .max = (uint32_t)c.io_pool_threads,
                             .idle_timeout = c.worker_idle_timeout,
                             .spin_ns = PREEMPT_POOL_SPIN_NS};
   ums__pool_cfg_t pre_cfg = {.name = "ums-preempt",
-                             .core = (uint32_t)cpu_count(),
+                             .core = (uint32_t)ncpu,
                              .max = (uint32_t)c.preempt_threads,
                              .idle_timeout = c.worker_idle_timeout,
                              .spin_ns = PREEMPT_POOL_SPIN_NS,
@@ -1164,7 +1211,14 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
                "%s", ums_strerror(e));
     goto fail;
   }
-  for (int i = 0; i < rt->nsched; i++) {
+  /* The caller's scheduler starts when it first calls ums_runtime_run. */
+  if (c.run_on_caller) {
+    rt->caller = pthread_self();
+    atomic_store(&rt->scheds[0].away, 1);
+    atomic_store_explicit(&rt->scheds[0].tid, gettid(),
+                          memory_order_relaxed);
+  }
+  for (int i = c.run_on_caller ? 1 : 0; i < rt->nsched; i++) {
     ums__sched_t *s = &rt->scheds[i];
     int r = ums__thread_start(&s->thread, sched_thread, s, NULL,
                               "ums-sched");
@@ -1206,21 +1260,86 @@ static int wait_live(ums_runtime_t *rt, int64_t deadline) {
   }
 }
 
+/* wait_live for a runtime whose scheduler the caller runs: runs it until
+** every task has ended (the last one pauses it: task.c, live_dec) or the
+** deadline passes. */
+static int run_live(ums_runtime_t *rt, int64_t deadline) {
+  while (atomic_load(&rt->live) != 0) {
+    if (ums_runtime_run(rt, deadline) == UMS_ETIMEDOUT &&
+        atomic_load(&rt->live) != 0)
+      return UMS_ETIMEDOUT;
+  }
+  return 0;
+}
+
+/* The caller's scheduler leaves its loop for good, on the caller's
+** thread: a last pass takes what was posted to it, then it tears down as
+** its thread would have. */
+static void caller_exit(ums_runtime_t *rt) {
+  ums__sched_t *s = &rt->scheds[0];
+  if (!s->main_ready) {
+    if (ums__ctx_init_main(&s->main_ctx) != 0) abort();
+    s->main_ready = true;
+  }
+  ums__tls_sched = s;
+  s->cur = NULL;
+  ums__sched_schedule(s);
+  sched_teardown(s);
+  ums__tls_sched = NULL;
+}
+
+int ums_runtime_run(ums_runtime_t *rt, int64_t deadline) {
+  if (!rt || !rt->cfg.run_on_caller) return UMS_EINVAL;
+  if (ums__sched_current()) return UMS_EDEADLK;
+  if (!pthread_equal(pthread_self(), rt->caller)) return UMS_EPERM;
+  ums__sched_t *s = &rt->scheds[0];
+  if (!s->main_ready) {
+    if (ums__ctx_init_main(&s->main_ctx) != 0) return UMS_ENOMEM;
+    s->main_ready = true;
+  }
+  atomic_store_explicit(&s->run_deadline, deadline, memory_order_relaxed);
+  atomic_store(&s->away, 0);
+  ums__monitor_busy(rt);
+  ums__tls_sched = s;
+  s->cur = NULL;
+  /* Returns when the pass finds the pause asked for (by ums_runtime_pause,
+  ** the deadline, or the end of the last task while stopping). */
+  ums__sched_schedule(s);
+  ums__tls_sched = NULL;
+  atomic_store(&s->away, 1);
+  atomic_store_explicit(&s->run_deadline, UMS_FOREVER, memory_order_relaxed);
+  return deadline != UMS_FOREVER && ums__clock_real() >= deadline ?
+         UMS_ETIMEDOUT : 0;
+}
+
+void ums_runtime_pause(ums_runtime_t *rt) {
+  if (!rt || !rt->cfg.run_on_caller) return;
+  ums__sched_t *s = &rt->scheds[0];
+  atomic_store(&s->pause, 1);
+  /* From another thread while the caller sits in its idle wait; from the
+  ** scheduler itself this finds it busy and makes no system call. */
+  ums__sched_wake(s);
+}
+
 int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
   if (!rt) return UMS_EINVAL;
   ums__sched_t *here = ums__sched_current();
   if (here && here->rt == rt) return UMS_EDEADLK;
+  bool caller = rt->cfg.run_on_caller;
+  if (caller && !pthread_equal(pthread_self(), rt->caller)) return UMS_EPERM;
   atomic_store(&rt->stopping, 1);
-  int ret = wait_live(rt, deadline);
+  int ret = caller ? run_live(rt, deadline) : wait_live(rt, deadline);
   if (ret) {
     atomic_store(&rt->cancel_all, 1);
     for_each_task(rt, ums_task_cancel);
-    wait_live(rt, UMS_FOREVER);
+    if (caller) run_live(rt, UMS_FOREVER);
+    else wait_live(rt, UMS_FOREVER);
   }
   /* No task is left for the monitor to report on: it ends while the
   ** schedulers do, rather than after them. */
   ums__monitor_stop_begin(rt);
   stop_threads(rt, rt->nsched);
+  if (caller) caller_exit(rt);
   /* Host threads may still be finishing a call that began while tasks
   ** were alive (a wake-up they posted, a join that just returned). */
   while (atomic_load(&rt->inflight)) sched_yield();

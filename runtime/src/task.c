@@ -147,9 +147,14 @@ static inline void ntasks_own_add(ums__sched_t *s, int64_t d) {
       memory_order_relaxed);
 }
 
+/* The last task's end while stopping wakes the shutdown that waits for
+** it; a runtime whose caller runs its scheduler has nobody waiting: the
+** caller returns from running it instead (sched.c, run_live). */
 static void live_dec(ums_runtime_t *rt) {
-  if (atomic_fetch_sub(&rt->live, 1) == 1 && atomic_load(&rt->stopping))
-    ums__futex_wake(&rt->live, INT_MAX);
+  if (atomic_fetch_sub(&rt->live, 1) == 1 && atomic_load(&rt->stopping)) {
+    if (rt->cfg.run_on_caller) ums_runtime_pause(rt);
+    else ums__futex_wake(&rt->live, INT_MAX);
+  }
 }
 
 static void live_sub(ums_runtime_t *rt, ums__sched_t *s, bool own);

@@ -18,12 +18,17 @@
 **
 ** A thread's life, on its record's futex word (state):
 **   RUN   the starter handed it fn and arg (or created it so);
-**   DONE  fn returned: the thread touches nothing of the runtime any more;
+**   BUSY  the thread took them and runs fn;
+**   DONE  fn returned, or the joiner took the role back before the thread
+**         took it (ums__thread_stop): the thread touches nothing of the
+**         runtime any more;
 **   IDLE  the joiner put it in the cache: it waits for RUN or EXIT;
 **   EXIT  it is to return, and be joined with pthread_join.
-** Each transition is made by one side only (RUN: the starter; DONE: the
-** thread; IDLE and EXIT: the joiner, or at process exit and fork, the
-** cache), with sequentially consistent atomics, so everything fn did
+** Each transition is made by one side only (RUN: the starter; BUSY and
+** DONE after BUSY: the thread; DONE from RUN, IDLE and EXIT: the joiner,
+** or at process exit and fork, the cache; RUN leaves by one compare and
+** swap, which one side wins), with sequentially consistent atomics, so
+** everything fn did
 ** happens before ums__thread_join returns, and everything the starter set
 ** up happens before fn runs.
 **
@@ -44,7 +49,7 @@
 /* Idle threads the process keeps at most, whatever runtimes ask for. */
 #define KEEP_MAX 8
 
-enum { RUN = 1, DONE = 2, IDLE = 3, EXIT = 4 };
+enum { RUN = 1, DONE = 2, IDLE = 3, EXIT = 4, BUSY = 5 };
 
 struct ums__thread {
   pthread_t handle;           /* [const] */
@@ -70,21 +75,49 @@ static void block_all(void) {
   pthread_sigmask(SIG_SETMASK, &all, NULL);
 }
 
+/* Whether mask blocks every signal (as an idle thread's does). */
+static bool blocks_all(const sigset_t *mask) {
+  /* Signal by signal: sigfillset need not set the words of a sigset_t
+  ** past the last signal, so two full sets may differ there. */
+  sigset_t all;
+  sigfillset(&all);
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sigismember(&all, sig) == 1 && sigismember(mask, sig) != 1)
+      return false;
+  return true;
+}
+
 static void *thread_main(void *arg) {
   ums__thread_t *th = arg;
+  /* A new thread starts with every signal blocked (ums__thread_start),
+  ** and so does a kept one between roles: a role that blocks them all
+  ** too (the monitor's) needs no change of mask either way. */
+  bool all_blocked = true;
   char named[sizeof th->name] = "";  /* the name it has (set it once) */
+  /* Named for its first role even if that is taken back before it
+  ** begins (ums__thread_stop): threads keep the names they had. */
+  if (th->name[0]) {
+    pthread_setname_np(pthread_self(), th->name);
+    memcpy(named, th->name, sizeof named);
+  }
   for (;;) {
     uint32_t st;
     while ((st = atomic_load(&th->state)) == IDLE || st == DONE)
       ums__futex_wait(&th->state, st, UMS_FOREVER);
     if (st == EXIT) return NULL;
-    pthread_sigmask(SIG_SETMASK, &th->mask, NULL);
+    if (!atomic_compare_exchange_strong(&th->state, &st, BUSY))
+      continue;  /* taken back (ums__thread_stop) */
+    if (!all_blocked || !blocks_all(&th->mask)) {
+      pthread_sigmask(SIG_SETMASK, &th->mask, NULL);
+      all_blocked = blocks_all(&th->mask);
+    }
     if (th->name[0] && strcmp(th->name, named) != 0) {
       pthread_setname_np(pthread_self(), th->name);
       memcpy(named, th->name, sizeof named);
     }
     th->fn(th->arg);
-    block_all();
+    if (!all_blocked) block_all();
+    all_blocked = true;
     atomic_store(&th->state, DONE);
     ums__futex_wake(&th->state, 1);
   }
@@ -176,7 +209,7 @@ int ums__thread_start(ums__thread_t **out, void *(*fn)(void *), void *arg,
 
 void ums__thread_join(ums__thread_t *th, int keep) {
   uint32_t st;
-  while ((st = atomic_load(&th->state)) == RUN)
+  while ((st = atomic_load(&th->state)) == RUN || st == BUSY)
     ums__futex_wait(&th->state, st, UMS_FOREVER);
   if (keep > 0) {
     pthread_once(&cache_once, cache_setup);
@@ -193,6 +226,12 @@ void ums__thread_join(ums__thread_t *th, int keep) {
     if (!th) return;
   }
   end_thread(th);
+}
+
+void ums__thread_stop(ums__thread_t *th, int keep) {
+  uint32_t run = RUN;
+  atomic_compare_exchange_strong(&th->state, &run, DONE);
+  ums__thread_join(th, keep);
 }
 
 pthread_t ums__thread_handle(const ums__thread_t *th) { return th->handle; }

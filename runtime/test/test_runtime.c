@@ -496,6 +496,107 @@ static void test_create_shutdown_cycles(void) {
   CHECK_EQ(tu_thread_count(), threads);
 }
 
+/* ====================================================================== */
+/* Running on the caller's thread                                          */
+/* ====================================================================== */
+
+static pthread_t caller_thread;
+static _Atomic int caller_steps;
+static _Atomic int caller_spin_stop;
+static _Atomic int caller_slept;
+
+/* Runs on the thread that made the runtime, never while it is away. */
+static void *on_caller_fn(void *arg) {
+  CHECK(pthread_equal(pthread_self(), caller_thread));
+  /* Not from inside a task: it is running already. */
+  CHECK_RC(ums_runtime_run(ums_current_runtime(), UMS_FOREVER),
+           UMS_EDEADLK);
+  atomic_fetch_add(&caller_steps, 1);
+  CHECK_RC(ums_yield(), 0);
+  atomic_fetch_add(&caller_steps, 1);
+  return arg;
+}
+
+static void *pause_fn(void *arg) {
+  ums_runtime_pause(ums_current_runtime());
+  return arg;
+}
+
+/* Keeps the scheduler busy (never idle) until told to stop. */
+static void *yield_loop_fn(void *arg) {
+  while (!atomic_load(&caller_spin_stop)) CHECK_RC(ums_yield(), 0);
+  return arg;
+}
+
+static void *sleep_then_mark_fn(void *arg) {
+  CHECK_RC(ums_sleep(20 * UMS_NSEC_PER_MSEC), 0);
+  atomic_store(&caller_slept, 1);
+  return arg;
+}
+
+static void *run_elsewhere(void *arg) {
+  static int rc;
+  rc = ums_runtime_run(arg, ums_deadline(0));
+  return &rc;
+}
+
+static void test_run_on_caller(void) {
+  int threads = tu_thread_baseline();
+  expect_einval((ums_config_t){.schedulers = 2, .run_on_caller = 1});
+  caller_thread = pthread_self();
+  ums_config_t cfg = {.run_on_caller = 1};
+  int err = -1;
+  rt = ums_runtime_new(&cfg, &err);
+  CHECK(rt != NULL);
+  CHECK_RC(err, 0);
+  CHECK_EQ(ums_runtime_schedulers(rt), 1);
+  /* Its scheduler has no thread of its own: the monitor alone started. */
+  CHECK_EQ(tu_thread_count(), threads + 1);
+  ums_task_t t = spawn_on(0, on_caller_fn, PTR(7));
+  /* Nothing runs the task while this thread does something else. */
+  usleep(20000);
+  CHECK_EQ(atomic_load(&caller_steps), 0);
+  /* Only the thread that made it may run it. */
+  pthread_t th;
+  CHECK_RC(pthread_create(&th, NULL, run_elsewhere, rt), 0);
+  void *rc = NULL;
+  CHECK_RC(pthread_join(th, &rc), 0);
+  CHECK_RC(*(int *)rc, UMS_EPERM);
+  /* A task's pause returns at the next pass: the first task has run up
+  ** to its yield. */
+  spawn_on(0, pause_fn, NULL);
+  CHECK_RC(ums_runtime_run(rt, UMS_FOREVER), 0);
+  CHECK_EQ(atomic_load(&caller_steps), 1);
+  /* A deadline ends a run whose tasks never let the scheduler idle. */
+  spawn_on(0, yield_loop_fn, NULL);
+  CHECK_RC(ums_runtime_run(rt, ums_deadline(20 * UMS_NSEC_PER_MSEC)),
+           UMS_ETIMEDOUT);
+  CHECK_EQ(atomic_load(&caller_steps), 2);
+  atomic_store(&caller_spin_stop, 1);
+  /* And one that idles. */
+  CHECK_RC(ums_runtime_run(rt, ums_deadline(20 * UMS_NSEC_PER_MSEC)),
+           UMS_ETIMEDOUT);
+  /* The first task has ended: its join does not wait. */
+  void *res = NULL;
+  CHECK_RC(ums_task_join(rt, t, UMS_FOREVER, &res, NULL), 0);
+  CHECK_PTR_EQ(res, PTR(7));
+  /* A pause asked for while it is away makes the next run return at
+  ** once. */
+  ums_runtime_pause(rt);
+  CHECK_RC(ums_runtime_run(rt, UMS_FOREVER), 0);
+  /* The shutdown runs the scheduler until the tasks left have ended. */
+  spawn_on(0, sleep_then_mark_fn, NULL);
+  CHECK_RC(ums_runtime_shutdown(rt, UMS_FOREVER), 0);
+  CHECK_EQ(atomic_load(&caller_slept), 1);
+  CHECK_EQ(tu_thread_count(), threads);
+  /* A runtime with a thread per scheduler has nothing to run here. */
+  rt = tu_runtime_new(1);
+  CHECK_RC(ums_runtime_run(rt, UMS_FOREVER), UMS_EINVAL);
+  ums_runtime_pause(rt);
+  tu_runtime_shutdown(rt);
+  CHECK_EQ(tu_thread_count(), threads);
+}
+
 int main(void) {
   RUN(test_config_validation);
   RUN(test_config_defaults);
@@ -506,5 +607,6 @@ int main(void) {
   RUN(test_shutdown_unjoined);
   RUN(test_error_names);
   RUN(test_create_shutdown_cycles);
+  RUN(test_run_on_caller);
   return 0;
 }
