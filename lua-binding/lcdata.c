@@ -607,7 +607,7 @@ static int l_copy(lua_State *L) {
 
 /* ffi.fill(dst, len [, byte]) */
 static int l_fill(lua_State *L) {
-  size_t dn;
+  size_t dn = 0;
   char *dst = span(L, 1, &dn);
   lua_Integer n = luaL_checkinteger(L, 2);
   luaL_argcheck(L, n >= 0, 2, "length must not be negative");

@@ -1020,7 +1020,7 @@ static socklen_t udp_addr(lua_State *L, ludp *u, int idx,
   const char *host = luaL_checkstring(L, idx);
   lua_Integer port = luaL_checkinteger(L, idx + 1);
   luaL_argcheck(L, port >= 0 && port <= 65535, idx + 1, "port out of range");
-  socklen_t len;
+  socklen_t len = 0;  /* set by numeric_addr, or luaL_argerror raises */
   if (strcmp(host, "*") == 0)
     host = u->family == AF_INET6 ? "::" : "0.0.0.0";
   else if (strcmp(host, "localhost") == 0)
