@@ -629,7 +629,7 @@ static int l_istype(lua_State *L) {
 /* ffi.string(cdata | buf | ptr [, len]) -> string; bounded by a cdata's
 ** or buffer's size. */
 static int l_string(lua_State *L) {
-  size_t size;
+  size_t size = 0;  /* set by span, which raises otherwise */
   const char *data = span(L, 1, &size);
   if (lua_isnoneornil(L, 2)) {
     size_t n = size == SIZE_MAX ? strlen(data) : strnlen(data, size);
