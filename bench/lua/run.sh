@@ -13,6 +13,8 @@
 # The JSON of both runs is kept in DIR/bench-lua/.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=../release-tree.sh
+source "$root/bench/release-tree.sh"
 build="$root/build-release"
 args=()
 while (($#)); do
@@ -28,17 +30,7 @@ done
 
 echo "command: $0 ${args[*]:-} (build: $build)"
 
-if [[ -f "$build/CMakeCache.txt" ]]; then
-  type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt")
-  sanitize=$(sed -n 's/^UMS_SANITIZE:[A-Z]*=//p' "$build/CMakeCache.txt")
-  if [[ "$type" != Release || -n "$sanitize" ]]; then
-    echo "run.sh: $build is a '$type' build (sanitizer '$sanitize');" \
-         "use a Release tree (--build-dir)" >&2
-    exit 2
-  fi
-else
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
+release_tree run.sh "$build"
 cmake --build "$build" --target ums_lua bench_floor >/dev/null
 
 lua=$(command -v lua5.4) || { echo "run.sh: lua5.4 not found" >&2; exit 2; }

@@ -19,6 +19,8 @@
 # build-release/bench/many/.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=../release-tree.sh
+source "$root/bench/release-tree.sh"
 build="$root/build-release"
 reps=5
 n_pp=100000
@@ -39,17 +41,7 @@ while (($#)); do
   shift
 done
 
-if [[ -f "$build/CMakeCache.txt" ]]; then
-  type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt")
-  sanitize=$(sed -n 's/^UMS_SANITIZE:[A-Z]*=//p' "$build/CMakeCache.txt")
-  if [[ "$type" != Release || -n "$sanitize" ]]; then
-    echo "chan.sh: $build is a '$type' build (sanitizer '$sanitize');" \
-         "use a Release tree (--build-dir)" >&2
-    exit 2
-  fi
-else
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
+release_tree chan.sh "$build"
 build=$(cd "$build" && pwd)  # GOCACHE must be absolute
 # A tree of another checkout (another branch's build, as "before") is
 # used as it is: building it would build that checkout's sources.

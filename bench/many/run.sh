@@ -15,6 +15,8 @@
 # made if missing), as for bench/lua/run.sh.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=../release-tree.sh
+source "$root/bench/release-tree.sh"
 build="$root/build-release"
 reps=3
 n=1000000
@@ -34,17 +36,7 @@ while (($#)); do
   shift
 done
 
-if [[ -f "$build/CMakeCache.txt" ]]; then
-  type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt")
-  sanitize=$(sed -n 's/^UMS_SANITIZE:[A-Z]*=//p' "$build/CMakeCache.txt")
-  if [[ "$type" != Release || -n "$sanitize" ]]; then
-    echo "run.sh: $build is a '$type' build (sanitizer '$sanitize');" \
-         "use a Release tree (--build-dir)" >&2
-    exit 2
-  fi
-else
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-fi
+release_tree run.sh "$build"
 cmake --build "$build" --target ums_lua >/dev/null
 
 export LUA_PATH="$root/stdlib/?.lua;$root/stdlib/?/init.lua;;"

@@ -5,6 +5,9 @@
 # Expects: root (the source tree) and build (a Release tree) set, and
 # `set -euo pipefail` in the caller.
 
+# shellcheck source=../release-tree.sh
+source "$root/bench/release-tree.sh"
+
 net_tmp=$(mktemp -d)
 net_pids=()
 
@@ -38,19 +41,7 @@ net_reap() {
 # and the Go programs into $build/bench/net (GOCACHE there too: the
 # standard library only, nothing fetched).
 net_build() {
-  if [[ -f "$build/CMakeCache.txt" ]]; then
-    local type sanitize
-    type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt")
-    sanitize=$(sed -n 's/^UMS_SANITIZE:[A-Z]*=//p' "$build/CMakeCache.txt")
-    if [[ "$type" != Release || -n "$sanitize" ]]; then
-      echo "$0: $build is a '$type' build (sanitizer '$sanitize');" \
-           "use a Release tree (--build-dir)" >&2
-      exit 2
-    fi
-  else
-    cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      >/dev/null
-  fi
+  release_tree "$0" "$build"
   if ! cmake --build "$build" --target ums_lua echo_epoll echo_ums \
        >"$net_tmp/build.log" 2>&1; then
     cat "$net_tmp/build.log" >&2
