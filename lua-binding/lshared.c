@@ -564,23 +564,7 @@ static int chan_send(lua_State *L) {
   lua_settop(L, 2);
   lmsg *m = encode_value(L, 2, "send");
   if (c->cap > 0) note_side(&c->send_sched);
-  pthread_mutex_lock(&c->h.lock);
-  if (c->closed) {
-    pthread_mutex_unlock(&c->h.lock);
-    lcopy_free(m);
-    return push_closed(L);
-  }
-  if (send_now(c, m)) {
-    pthread_mutex_unlock(&c->h.lock);
-    lua_pushboolean(L, 1);
-    return 1;
-  }
-  /* Full: a receiver elsewhere may make room in a moment. Whatever the
-  ** spin saw, the state is looked at again under the lock: while it was
-  ** released, receivers may have emptied the ring and parked. */
-  if (!poll && c->cap > 0 && !c->sendq.head) {
-    pthread_mutex_unlock(&c->h.lock);
-    spin_for(c, true);
+  for (bool spun = false;; spun = true) {
     pthread_mutex_lock(&c->h.lock);
     if (c->closed) {
       pthread_mutex_unlock(&c->h.lock);
@@ -592,6 +576,12 @@ static int chan_send(lua_State *L) {
       lua_pushboolean(L, 1);
       return 1;
     }
+    /* Full: a receiver elsewhere may make room in a moment. Whatever the
+    ** spin saw, the state is looked at again under the lock: while it was
+    ** released, receivers may have emptied the ring and parked. */
+    if (spun || poll || c->cap == 0 || c->sendq.head) break;
+    pthread_mutex_unlock(&c->h.lock);
+    spin_for(c, true);
   }
   if (poll) {
     pthread_mutex_unlock(&c->h.lock);
