@@ -32,27 +32,10 @@ double spread(struct s_mixed a, int x, struct s_idf b, struct s_big c,
               struct s_pair d);
 ]]
 
--- The C test library (spec/ffi_testlib.c): built by CMake (its path in
--- UMS_FFI_TESTLIB), or compiled here with cc when the spec is run by hand.
-local function testlib()
-  local path = os.getenv("UMS_FFI_TESTLIB")
-  if path then return path, false end
-  local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-  path = os.tmpname()
-  os.remove(path)
-  path = path .. ".so"
-  local p = assert(io.popen(("env -u LD_PRELOAD cc -std=gnu11 -shared "
-    .. "-fPIC -o %s %sffi_testlib.c 2>&1"):format(path, dir)))
-  local out = p:read("a")
-  assert(p:close(), out)
-  return path, true
-end
-
-local function errmsg(f, ...)
-  local ok, err = pcall(f, ...)
-  assert(not ok, "expected an error")
-  return tostring(err)
-end
+-- The C test library and an error catcher (spec/ffi_testlib.lua).
+local testlib_helper = dofile((debug.getinfo(1, "S").source:match("^@(.*/)")
+  or "./") .. "ffi_testlib.lua")
+local testlib, errmsg = testlib_helper.path, testlib_helper.errmsg
 
 local lib, libpath, libtemp
 
