@@ -91,9 +91,28 @@ static int ptr_tostring(lua_State *L) {
   return 1;
 }
 
+/* The address the value at idx stands for: an ums.ffi.pointer's, or a
+** cdata's (a pointer cdata's target). False for anything else. */
+static bool address_of(lua_State *L, int idx, void **out) {
+  lptr *p = lffi_to_ptr(L, idx);
+  if (p) {
+    *out = p->p;
+    return true;
+  }
+  lcdata *c = (lcdata *)luaL_testudata(L, idx, LFFI_CDATA_MT);
+  if (c) {
+    *out = c->p;
+    return true;
+  }
+  return false;
+}
+
+/* __eq of pointers and cdata: the same address, as LuaJIT compares
+** pointer cdata (two reads of one pointer field are equal). */
 static int ptr_eq(lua_State *L) {
-  lptr *a = lffi_to_ptr(L, 1), *b = lffi_to_ptr(L, 2);
-  lua_pushboolean(L, a && b && a->p == b->p);
+  void *a, *b;
+  lua_pushboolean(L, address_of(L, 1, &a) && address_of(L, 2, &b) &&
+                         a == b);
   return 1;
 }
 
@@ -292,7 +311,14 @@ static void load(lua_State *L, const lcdata *c, const ctype *t, char *q) {
     case CT_PTR: {
       void *p;
       memcpy(&p, q, sizeof p);
-      lffi_push_ptr(L, p);
+      /* A pointer to a declared type reads as a pointer cdata of that
+      ** type (as ffi.cast makes it), so that p.field and p[i] work on
+      ** what C returned, as in LuaJIT; a void or function pointer stays
+      ** an ums.ffi.pointer. NULL reads as nil either way. */
+      if (p && t->elem && t->elem->tag != CT_FUNC)
+        push_cdata(L, t, NULL, p);
+      else
+        lffi_push_ptr(L, p);
       return;
     }
     default:
@@ -654,7 +680,8 @@ void lffi_open_cdata(lua_State *L) {
     static const luaL_Reg mt[] = {
         {"__index", cdata_index}, {"__newindex", cdata_newindex},
         {"__gc", cdata_gc},       {"__tostring", cdata_tostring},
-        {"__len", cdata_len},     {NULL, NULL}};
+        {"__len", cdata_len},     {"__eq", ptr_eq},
+        {NULL, NULL}};
     luaL_setfuncs(L, mt, 0);
   }
   lua_pop(L, 1);

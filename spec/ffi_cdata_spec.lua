@@ -19,6 +19,7 @@ int clock_gettime(int clk, struct timespec *tp);
 struct c_pt { int x, y; };
 struct c_box { struct c_pt a, b; char name[8]; uint8_t flags; double d;
                struct c_pt *link; };
+struct c_node { int v; struct c_node *next; void *data; int (*fn)(int); };
 typedef struct sqlite3 sqlite3;
 int pipe(int fds[2]);
 ssize_t read(int fd, void *buf, size_t n);
@@ -119,6 +120,39 @@ describe("ums.ffi cdata", function()
     assert.is_true(ffi.istype(ffi.typeof(c), d))
     assert.is_false(ffi.istype("int[2]", c))
     assert.is_false(ffi.istype("int", 1))
+  end)
+
+  it("reads a pointer to a declared type as a typed pointer, as LuaJIT",
+     function()
+    -- A list walked the LuaJIT way, with no cast: n.next.v.
+    local nodes = ffi.new("struct c_node[3]", {{v = 1}, {v = 2}, {v = 3}})
+    local a, b, c = nodes[0], nodes[1], nodes[2]
+    a.next, b.next = b, c
+    local seen, n = {}, a
+    while n do
+      seen[#seen + 1] = n.v
+      n = n.next
+    end
+    assert.same({1, 2, 3}, seen)
+    assert.is_true(ffi.istype("struct c_node *", a.next))
+    assert.equal(3, a.next.next.v)
+    assert.equal(2, a.next[0].v)
+    -- Reads of one pointer are equal, and equal the cdata they point to.
+    assert.is_true(a.next == a.next)
+    assert.is_true(a.next == b)
+    assert.is_false(a.next == c)
+    -- NULL is nil; void and function pointers stay ums.ffi.pointer.
+    assert.is_nil(c.next)
+    c.data = a
+    assert.matches("^ums%.ffi%.pointer: ", tostring(c.data))
+    assert.is_true(c.data == a)
+    -- An element of an array of pointers reads the same way.
+    local arr = ffi.new("struct c_node *[2]")
+    arr[0] = b
+    assert.equal(2, arr[0].v)
+    assert.is_nil(arr[1])
+    assert.matches("has no field 'nope'",
+                   errmsg(function() return a.next.nope end), 1, true)
   end)
 
   it("cast makes typed pointers and converts numbers", function()
