@@ -1,7 +1,9 @@
 -- Specs binding real C libraries through ums.ffi with declarations pasted
--- from their headers: zlib (a z_stream struct the library updates between
--- calls, deflate and inflate in a loop) and libc's getaddrinfo (a linked
--- list of struct addrinfo returned through an out-parameter). Each call is
+-- from their headers: sqlite3 (a database and statements returned through
+-- out-parameters: open, prepare, bind, step, column reads, finalize,
+-- close), zlib (a z_stream struct the library updates between calls,
+-- deflate and inflate in a loop) and libc's getaddrinfo (a linked list of
+-- struct addrinfo returned through an out-parameter). Each call is
 -- preemptive, made from several tasks while a ticker task keeps ticking:
 -- the ticks counted while the calls run show that the scheduler was not
 -- blocked by them.
@@ -85,6 +87,30 @@ uint32_t ntohl(uint32_t);
 ]]
 
 local AF_INET, SOCK_STREAM = 2, 1
+
+-- From sqlite3.h (3.40), the calls a query needs.
+ffi.cdef[[
+typedef struct sqlite3 sqlite3;
+typedef struct sqlite3_stmt sqlite3_stmt;
+typedef long long sqlite3_int64;
+enum { SQLITE_OK = 0, SQLITE_ROW = 100, SQLITE_DONE = 101 };
+int sqlite3_open(const char *filename, sqlite3 **ppDb);
+int sqlite3_close(sqlite3 *);
+int sqlite3_exec(sqlite3 *, const char *sql, void *callback, void *arg,
+                 char **errmsg);
+int sqlite3_prepare_v2(sqlite3 *db, const char *zSql, int nByte,
+                       sqlite3_stmt **ppStmt, const char **pzTail);
+int sqlite3_bind_int(sqlite3_stmt *, int, int);
+int sqlite3_step(sqlite3_stmt *);
+int sqlite3_column_int(sqlite3_stmt *, int iCol);
+sqlite3_int64 sqlite3_column_int64(sqlite3_stmt *, int iCol);
+const unsigned char *sqlite3_column_text(sqlite3_stmt *, int iCol);
+int sqlite3_finalize(sqlite3_stmt *pStmt);
+const char *sqlite3_errmsg(sqlite3 *);
+]]
+
+local sqlok, sqlite = pcall(ffi.load, "sqlite3")
+if not sqlok then sqlok, sqlite = pcall(ffi.load, "libsqlite3.so.0") end
 
 local zok, z = pcall(ffi.load, "z")
 if not zok then zok, z = pcall(ffi.load, "libz.so.1") end
@@ -221,6 +247,48 @@ describe("ums.ffi with real libraries", function()
         assert.is_true(seen, host .. " did not resolve to 127.0.0.1")
         C.freeaddrinfo(res[0])
       end
+    end)
+  end)
+
+  it("sqlite3: open, prepare, bind, step, column reads, finalize and close "
+     .. "from several tasks while a ticker ticks", function()
+    if not sqlok then
+      pending("libsqlite3 is not installed: " .. tostring(sqlite))
+      return
+    end
+    local C3 = sqlite
+    with_ticker(4, function(i)
+      local db = ffi.new("sqlite3 *[1]")
+      assert.equal(C3.SQLITE_OK, C3.sqlite3_open(":memory:", db))
+      local function exec(sql)
+        local rc = C3.sqlite3_exec(db[0], sql, nil, nil, nil)
+        assert(rc == C3.SQLITE_OK, C3.sqlite3_errmsg(db[0]))
+      end
+      exec("CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT)")
+      exec("BEGIN")
+      for k = 1, 200 do
+        exec(("INSERT INTO t VALUES(%d, 'task %d row %d')"):format(k, i, k))
+      end
+      exec("COMMIT")
+      local stmt = ffi.new("sqlite3_stmt *[1]")
+      assert.equal(C3.SQLITE_OK, C3.sqlite3_prepare_v2(db[0],
+        "SELECT k, v, k * k FROM t WHERE k > ? ORDER BY k", -1, stmt, nil))
+      assert.equal(C3.SQLITE_OK, C3.sqlite3_bind_int(stmt[0], 1, 150))
+      local rows = 0
+      while true do
+        local rc = C3.sqlite3_step(stmt[0])
+        if rc == C3.SQLITE_DONE then break end
+        assert.equal(C3.SQLITE_ROW, rc)
+        rows = rows + 1
+        local k = C3.sqlite3_column_int(stmt[0], 0)
+        assert.equal(150 + rows, k)
+        assert.equal(("task %d row %d"):format(i, k),
+                     C3.sqlite3_column_text(stmt[0], 1))
+        assert.equal(k * k, C3.sqlite3_column_int64(stmt[0], 2))
+      end
+      assert.equal(50, rows)
+      assert.equal(C3.SQLITE_OK, C3.sqlite3_finalize(stmt[0]))
+      assert.equal(C3.SQLITE_OK, C3.sqlite3_close(db[0]))
     end)
   end)
 end)
