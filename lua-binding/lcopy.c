@@ -800,7 +800,10 @@ int lcopy_decode_free(lua_State *L, lmsg *m) {
   int n = decode_numbers_free(L, m);
   if (n >= 0) return n;
   int base = lua_gettop(L);
-  luaL_checkstack(L, 2, "too many values");
+  if (!lua_checkstack(L, 2)) {
+    lcopy_free(m);
+    luaL_error(L, "stack overflow (too many values)");
+  }
   /* Protected, so that m is freed also when decoding raises. */
   lua_pushcfunction(L, decode_all);
   lua_pushlightuserdata(L, m);
