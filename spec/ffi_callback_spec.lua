@@ -23,7 +23,7 @@ void qsort_pool(void *base, size_t n, size_t size, cmp_fn compar)
 -- The C test library and an error catcher (spec/ffi_testlib.lua).
 local testlib_helper = dofile((debug.getinfo(1, "S").source:match("^@(.*/)")
   or "./") .. "ffi_testlib.lua")
-local testlib, errmsg = testlib_helper.path, testlib_helper.errmsg
+local errmsg = testlib_helper.errmsg
 
 local function ints(t)
   return ffi.new("int[?]", #t, t)
@@ -40,17 +40,18 @@ local function asc(a, b)
   return x < y and -1 or x > y and 1 or 0
 end
 
--- body outside a task, then as the first task of a run.
+
+local lib
+
+-- body() outside a task, then as the first task of a run.
 local function both(name, body)
   it(name .. " (outside a task)", body)
   it(name .. " (in a task)", function() ums.test(body, 30) end)
 end
 
-local lib, libpath, libtemp
 
 describe("ums.ffi callbacks", function()
   setup(function()
-    libpath, libtemp = testlib()
     ffi.cdef[[
 struct ops {
   double (*scale)(double, float);
@@ -62,13 +63,12 @@ UMS_INLINE double ops_run(const struct ops *o, double x);
 UMS_INLINE int call_int(int (*f)(int), int x);
 double ops_run_pool(const struct ops *o, double x) __asm__("ops_run");
 ]]
-    lib = ffi.load(libpath)
+    lib = testlib_helper.open()
   end)
 
   teardown(function()
     lib = nil
-    collectgarbage()
-    if libtemp then os.remove(libpath) end
+    testlib_helper.close()
   end)
 
   both("qsort and bsearch take a Lua comparator", function()

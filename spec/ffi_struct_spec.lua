@@ -35,9 +35,9 @@ double spread(struct s_mixed a, int x, struct s_idf b, struct s_big c,
 -- The C test library and an error catcher (spec/ffi_testlib.lua).
 local testlib_helper = dofile((debug.getinfo(1, "S").source:match("^@(.*/)")
   or "./") .. "ffi_testlib.lua")
-local testlib, errmsg = testlib_helper.path, testlib_helper.errmsg
+local errmsg = testlib_helper.errmsg
 
-local lib, libpath, libtemp
+local lib
 
 -- body() outside a task, then as the first task of a run.
 local function both(name, body)
@@ -45,9 +45,9 @@ local function both(name, body)
   it(name .. " (in a task)", function() ums.test(body, 30) end)
 end
 
+
 describe("ums.ffi structs by value", function()
   setup(function()
-    libpath, libtemp = testlib()
     ffi.cdef(DECLS)
     ffi.cdef(PROTOS)
     -- The same functions declared inline: called on the scheduler.
@@ -70,13 +70,12 @@ uint32_t htonl(uint32_t);
 UMS_INLINE div_t div_inline(int, int) __asm__("div");
 UMS_INLINE char *inet_ntoa_inline(struct in_addr in) __asm__("inet_ntoa");
 ]])
-    lib = ffi.load(libpath)
+    lib = testlib_helper.open()
   end)
 
   teardown(function()
     lib = nil
-    collectgarbage()
-    if libtemp then os.remove(libpath) end
+    testlib_helper.close()
   end)
 
   both("returns libc's div_t, ldiv_t and lldiv_t as new cdata", function()

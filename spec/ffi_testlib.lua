@@ -3,8 +3,12 @@
 --   path()          its path: built by CMake (UMS_FFI_TESTLIB), or compiled
 --                   here with cc when a spec is run by hand; the second
 --                   result says whether the caller should remove it
+--   open()          loads it with ums.ffi.load (declare its functions
+--                   first); close() in the spec's teardown removes a copy
+--                   compiled here
 --   errmsg(f, ...)  the error f(...) raises, as a string (fails if none)
 local M = {}
+local opened_path, opened_temp
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 
 function M.path()
@@ -18,6 +22,17 @@ function M.path()
   local out = p:read("a")
   assert(p:close(), out)
   return path, true
+end
+
+function M.open()
+  opened_path, opened_temp = M.path()
+  return require("ums").ffi.load(opened_path)
+end
+
+function M.close()
+  collectgarbage()
+  if opened_temp then os.remove(opened_path) end
+  opened_path, opened_temp = nil, nil
 end
 
 function M.errmsg(f, ...)
