@@ -12,6 +12,7 @@
 #define UMS_INTERNAL_H
 
 #include "ums-binding.h"
+#include "ums-list.h"
 
 #include <pthread.h>
 #include <setjmp.h>
@@ -275,7 +276,8 @@ typedef struct ums__stack {
 typedef struct ums__stack_pool {
   size_t stack_size;         /* usable size, page multiple */
   size_t slot_size;          /* stack_size + guard */
-  struct ums__slab *slabs;   /* slabs with at least one free slot first */
+  ums_list_t slabs;          /* of struct ums__slab: slabs with at least
+                                one free slot first */
   size_t nslabs;
   size_t in_use;             /* stacks handed out */
   int guard_mode;            /* 0 unknown, 1 madvise guard, 2 mprotect */
@@ -343,7 +345,7 @@ int ums__timer_expire(ums__sched_t *s, ums__timer_heap_t *h, int64_t now);
 
 /* A FIFO of waiters, guarded by the lock of the object that owns it. */
 typedef struct ums__wq {
-  ums__waiter_t *head, *tail;  /* [lock] */
+  ums_list_t list;             /* [lock] of ums__waiter_t.link */
   size_t n;                    /* [lock] */
 } ums__wq_t;
 
@@ -357,7 +359,7 @@ typedef struct ums__wq {
 ** futex address) before the CAS, because a host thread may return and pop
 ** its stack frame as soon as it sees the new state. */
 struct ums__waiter {
-  ums__waiter_t *prev, *next;  /* [lock] links in wq */
+  ums_link_t link;             /* [lock] on wq's list */
   ums__wq_t *wq;               /* [const during the wait] NULL: no queue */
   ums__lock_t *lock;           /* [const] the lock guarding wq, or NULL */
   _Atomic uint32_t state;      /* [atomic] UMS__WAITING or the outcome as
@@ -380,7 +382,7 @@ struct ums__waiter {
 void ums__wq_push(ums__wq_t *q, ums__waiter_t *w);
 void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w);
 static inline ums__waiter_t *ums__wq_first(const ums__wq_t *q) {
-  return q->head;
+  return UMS_LIST_ENTRY(q->list.head, ums__waiter_t, link);
 }
 
 /* What a waker needs after the lock is released. */
@@ -486,9 +488,9 @@ struct ums__task {
   ums__wq_t joiners;           /* [lock] */
 
   /* Links. */
-  ums__task_t *next;           /* [owner] run queue, pending queue, free
-                                  list */
-  ums__task_t *prev;           /* [owner] pending queue (cancel unlinks) */
+  ums__task_t *next;           /* [owner] run queue, free list */
+  ums_link_t pend;             /* [owner] on the pending list (a cancel
+                                  unlinks it from the middle) */
   ums__task_t *inbox_next;     /* [atomic via the inbox push] */
   ums__task_t *cancel_next;    /* [atomic via the cancel list push] */
   ums__task_t *wake_next;      /* [the winning waker] wake list */
@@ -635,7 +637,7 @@ struct ums__worker {
   ums__ctx_t ctx;              /* [owner] */
   ums__stack_t stack;          /* [owner] */
   ums__task_t *task;           /* [owner] the task it carries, or NULL */
-  ums__worker_t *idle_prev, *idle_next; /* [owner] idle pool links */
+  ums_link_t idle;             /* [owner] on the idle pool */
   uint64_t idle_epoch;         /* [owner] trim epoch when it went idle */
   ums__sched_t *sched;         /* [const] */
   sigjmp_buf exit_jb;          /* [owner] where ums_exit unwinds to */
@@ -1235,14 +1237,15 @@ struct ums__sched {
   ums__task_t *urgent_head, *urgent_tail; /* [owner] */
   uint32_t urgent_streak;      /* [owner] urgent picks in a row */
   bool expiring;               /* [owner] inside timer expiry */
-  ums__task_t *pend_head, *pend_tail; /* [owner] FIFO beyond max_workers */
+  ums_list_t pending;          /* [owner] FIFO of ums__task_t.pend beyond
+                                  max_workers */
   ums__timer_heap_t timers;    /* [owner] */
   ums__worker_t *cur;          /* [owner] running worker; NULL: the thread's
                                   own context */
   ums__task_t *cur_task;       /* [owner] running task or NULL */
   ums__ctx_t main_ctx;         /* [owner] the scheduler thread's context */
-  ums__worker_t *idle_head, *idle_tail; /* [owner] idle pool: head is the
-                                  most recently used */
+  ums_list_t idle;             /* [owner] idle pool of ums__worker_t.idle:
+                                  head is the most recently used */
   ums__stack_pool_t stacks;    /* [owner] */
   ums__task_t *free_tasks;     /* [owner] local task free list */
   uint32_t nfree_tasks;        /* [owner] */

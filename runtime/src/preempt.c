@@ -346,7 +346,7 @@ static void call_unpost(ums__sched_t *s, ums_preempt_call_t *c) {
 ** latest (UMS_FOREVER: the spin's own budget). [owner] */
 static bool spin_allowed(ums__sched_t *s, ums__task_t *t, int64_t deadline,
                          int64_t *limit) {
-  if (s->rt->vclock || s->runq_n || s->pend_head || s->nidle_waiters ||
+  if (s->rt->vclock || s->runq_n || !ums_list_empty(&s->pending) || s->nidle_waiters ||
       t->park_pending ||
       atomic_load_explicit(&t->cancelled, memory_order_relaxed) ||
       ums__sched_posted(s) ||

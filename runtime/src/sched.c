@@ -109,36 +109,24 @@ static ums__task_t *runq_pop(ums__sched_t *s) {
 }
 
 static void pending_push(ums__sched_t *s, ums__task_t *t) {
-  t->next = NULL;
-  t->prev = s->pend_tail;
-  if (s->pend_tail)
-    s->pend_tail->next = t;
-  else
-    s->pend_head = t;
-  s->pend_tail = t;
+  ums_list_push_back(&s->pending, &t->pend);
   set_relaxed(&s->npending,
               atomic_load_explicit(&s->npending, memory_order_relaxed) + 1);
 }
 
 /* Takes t off the pending list, wherever it is on it. */
 static void pending_unlink(ums__sched_t *s, ums__task_t *t) {
-  if (t->prev)
-    t->prev->next = t->next;
-  else
-    s->pend_head = t->next;
-  if (t->next)
-    t->next->prev = t->prev;
-  else
-    s->pend_tail = t->prev;
-  t->next = t->prev = NULL;
+  ums_list_remove(&s->pending, &t->pend);
   set_relaxed(&s->npending,
               atomic_load_explicit(&s->npending, memory_order_relaxed) - 1);
 }
 
 static ums__task_t *pending_pop(ums__sched_t *s) {
-  ums__task_t *t = s->pend_head;
-  if (t) pending_unlink(s, t);
-  return t;
+  ums_link_t *l = ums_list_pop_front(&s->pending);
+  if (!l) return NULL;
+  set_relaxed(&s->npending,
+              atomic_load_explicit(&s->npending, memory_order_relaxed) - 1);
+  return UMS_CONTAINER_OF(l, ums__task_t, pend);
 }
 
 void ums__sched_start_now(ums__sched_t *s, ums__task_t *t) {
@@ -203,7 +191,7 @@ void ums__sched_task_ended(ums__sched_t *s) {
   set_relaxed(&s->nactive,
               atomic_load_explicit(&s->nactive, memory_order_relaxed) - 1);
   int max = s->rt->cfg.max_workers;
-  if (s->pend_head &&
+  if (!ums_list_empty(&s->pending) &&
       (max <= 0 ||
        atomic_load_explicit(&s->nactive, memory_order_relaxed) < (uint32_t)max))
     ums__sched_start_now(s, pending_pop(s));

@@ -96,7 +96,7 @@
 #define RESIDENT_BIT ((uint32_t)1 << 31)
 
 struct ums__slab {
-  struct ums__slab *prev, *next; /* the pool's list, see above */
+  ums_link_t link;               /* on the pool's list, see above */
   char *base;                    /* the mapping */
   size_t map_size;
   size_t slot_size;
@@ -127,49 +127,20 @@ static bool slab_empty(const struct ums__slab *sl) {
   return sl->nfree == sl->nslots;
 }
 
-/* The list is circular through both links, so that the tail (where full
-** slabs go) is p->slabs->prev: every move is O(1). */
+#define SLAB(l) UMS_LIST_ENTRY(l, struct ums__slab, link)
+
 static void list_unlink(ums__stack_pool_t *p, struct ums__slab *sl) {
-  if (sl->next == sl) {
-    p->slabs = NULL;
-  } else {
-    sl->prev->next = sl->next;
-    sl->next->prev = sl->prev;
-    if (p->slabs == sl) p->slabs = sl->next;
-  }
-  sl->prev = sl->next = NULL;
-}
-
-/* Links sl in just after at, which is in the list. */
-static void list_insert_after(struct ums__slab *at, struct ums__slab *sl) {
-  sl->prev = at;
-  sl->next = at->next;
-  at->next->prev = sl;
-  at->next = sl;
-}
-
-static void list_push_back(ums__stack_pool_t *p, struct ums__slab *sl) {
-  if (!p->slabs) {
-    sl->prev = sl->next = sl;
-    p->slabs = sl;
-  } else {
-    list_insert_after(p->slabs->prev, sl);
-  }
-}
-
-static void list_push_front(ums__stack_pool_t *p, struct ums__slab *sl) {
-  list_push_back(p, sl);
-  p->slabs = sl;
+  ums_list_remove(&p->slabs, &sl->link);
 }
 
 /* Where a slab with free slots goes: behind the kept empty slab, if any,
 ** so that the empty one stays first. */
 static void list_push_partial(ums__stack_pool_t *p, struct ums__slab *sl) {
-  struct ums__slab *head = p->slabs;
+  struct ums__slab *head = SLAB(p->slabs.head);
   if (head && slab_empty(head))
-    list_insert_after(head, sl);
+    ums_list_insert_after(&p->slabs, &head->link, &sl->link);
   else
-    list_push_front(p, sl);
+    ums_list_push_front(&p->slabs, &sl->link);
 }
 
 static void slab_unmap(ums__stack_pool_t *p, struct ums__slab *sl) {
@@ -236,13 +207,9 @@ static int slab_new(ums__stack_pool_t *p, struct ums__slab **out) {
   /* Called once per new slab, and slabs are few: counting is cheaper
   ** than keeping a total in the pool. */
   size_t have = 0;
-  struct ums__slab *it = p->slabs;
-  if (it) {
-    do {
-      have += it->nslots;
-      it = it->next;
-    } while (it != p->slabs);
-  }
+  for (struct ums__slab *it = SLAB(p->slabs.head); it;
+       it = SLAB(it->link.next))
+    have += it->nslots;
   if (have == 0 && (*out = slab_take(p)) != NULL) return 0;
   size_t want = have < SLAB_MIN_SLOTS   ? SLAB_MIN_SLOTS
                 : have > SLAB_MAX_SLOTS ? SLAB_MAX_SLOTS
@@ -267,7 +234,7 @@ static int slab_new(ums__stack_pool_t *p, struct ums__slab **out) {
     munmap(base, want * p->slot_size);
     return UMS_ENOMEM;
   }
-  sl->prev = sl->next = NULL;
+  sl->link.prev = sl->link.next = NULL;
   sl->base = base;
   sl->map_size = want * p->slot_size;
   sl->slot_size = p->slot_size;
@@ -318,17 +285,18 @@ int ums__stack_pool_init(ums__stack_pool_t *p, size_t stack_size) {
 }
 
 void ums__stack_pool_destroy(ums__stack_pool_t *p) {
-  while (p->slabs) {
-    struct ums__slab *sl = p->slabs;
+  struct ums__slab *sl;
+  while ((sl = SLAB(p->slabs.head)) != NULL) {
     if (!slab_empty(sl) || !slab_keep(p, sl)) slab_unmap(p, sl);
   }
   p->in_use = 0;
 }
 
 int ums__stack_alloc(ums__stack_pool_t *p, ums__stack_t *out) {
-  struct ums__slab *sl = p->slabs;
+  struct ums__slab *sl = SLAB(p->slabs.head);
   /* Spare the kept empty slab when a partly used one can serve. */
-  if (sl && slab_empty(sl) && sl->next != sl && sl->next->nfree) sl = sl->next;
+  if (sl && slab_empty(sl) && sl->link.next && SLAB(sl->link.next)->nfree)
+    sl = SLAB(sl->link.next);
   if (!sl || !sl->nfree) {
     int rc = slab_new(p, &sl);
     if (rc) return rc;
@@ -355,7 +323,7 @@ int ums__stack_alloc(ums__stack_pool_t *p, ums__stack_t *out) {
   sl->nfree--;
   if (!sl->nfree) {
     list_unlink(p, sl);
-    list_push_back(p, sl);
+    ums_list_push_back(&p->slabs, &sl->link);
   }
   p->in_use++;
 
@@ -390,14 +358,14 @@ void ums__stack_free(ums__stack_pool_t *p, ums__stack_t *st) {
   st->slab = NULL;
 
   if (slab_empty(sl)) {
-    struct ums__slab *head = p->slabs;
+    struct ums__slab *head = SLAB(p->slabs.head);
     if (head != sl && slab_empty(head)) {
       /* One empty slab is kept against mmap churn; this is a second. */
       slab_unmap(p, sl);
       return;
     }
     list_unlink(p, sl);
-    list_push_front(p, sl);
+    ums_list_push_front(&p->slabs, &sl->link);
   } else if (was_full) {
     list_unlink(p, sl);
     list_push_partial(p, sl);

@@ -61,7 +61,8 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
     pthread_mutex_unlock(&rt->table_lock);
     if (!t) return NULL;
   }
-  t->next = t->prev = NULL;
+  t->next = NULL;
+  t->pend.prev = t->pend.next = NULL;
   t->inbox_next = t->cancel_next = NULL;
   t->worker = NULL;
   t->wait = NULL;
@@ -74,12 +75,12 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
   atomic_store_explicit(&t->park.state, 0, memory_order_relaxed);
   /* The park waiter's identity never changes while the task lives, so
   ** ums_park_begin_wait leaves it alone. */
-  t->park.prev = t->park.next = NULL;
+  t->park.link.prev = t->park.link.next = NULL;
   t->park.linked = false;
   t->park.wq = NULL;
   t->park.lock = &t->lock;
   t->park.task = t;
-  t->joiners.head = t->joiners.tail = NULL;
+  ums_list_init(&t->joiners.list);
   t->joiners.n = 0;
   t->name[0] = '\0';
   t->spawner = 0;
@@ -273,7 +274,7 @@ void ums__task_finish(ums__task_t *t) {
   ums__wait_timer_stop(s, t);
   ums__lock(&t->lock);
   t->done = true;
-  if (t->joiners.head ||
+  if (!ums_list_empty(&t->joiners.list) ||
       atomic_load_explicit(&t->refs, memory_order_acquire) != 1) {
     finish_shared(t, s);
     return;

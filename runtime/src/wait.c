@@ -19,28 +19,14 @@
 #include <errno.h>
 
 void ums__wq_push(ums__wq_t *q, ums__waiter_t *w) {
-  w->next = NULL;
-  w->prev = q->tail;
-  if (q->tail)
-    q->tail->next = w;
-  else
-    q->head = w;
-  q->tail = w;
+  ums_list_push_back(&q->list, &w->link);
   q->n++;
   w->linked = true;
 }
 
 void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w) {
   if (!w->linked) return;
-  if (w->prev)
-    w->prev->next = w->next;
-  else
-    q->head = w->next;
-  if (w->next)
-    w->next->prev = w->prev;
-  else
-    q->tail = w->prev;
-  w->prev = w->next = NULL;
+  ums_list_remove(&q->list, &w->link);
   w->linked = false;
   q->n--;
 }
@@ -48,7 +34,7 @@ void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w) {
 void ums__waiter_init_nocancel(ums__waiter_t *w, ums__wq_t *wq,
                                ums__lock_t *lock) {
   ums__task_t *t = ums__task_current();
-  w->prev = w->next = NULL;
+  w->link.prev = w->link.next = NULL;
   w->linked = false;
   w->wq = wq;
   w->lock = lock;
@@ -92,7 +78,7 @@ bool ums__waiter_finish(ums__waiter_t *w, int outcome, ums__wake_t *wk) {
 ums__waiter_t *ums__wq_grant_first(ums__wq_t *q, int outcome,
                                    ums__wake_t *wk) {
   ums__waiter_t *w;
-  while ((w = q->head) != NULL) {
+  while ((w = ums__wq_first(q)) != NULL) {
     if (ums__waiter_finish(w, outcome, wk)) return w;
     /* Not reachable under the invariant above; unlink defensively so a
     ** broken waiter cannot wedge the queue. */

@@ -13,16 +13,10 @@ static void set_counts(ums__sched_t *s) {
   atomic_store_explicit(&s->nworkers_all, s->nworkers, memory_order_relaxed);
 }
 
+#define IDLE_WORKER(l) UMS_LIST_ENTRY(l, ums__worker_t, idle)
+
 static void idle_unlink(ums__sched_t *s, ums__worker_t *w) {
-  if (w->idle_prev)
-    w->idle_prev->idle_next = w->idle_next;
-  else
-    s->idle_head = w->idle_next;
-  if (w->idle_next)
-    w->idle_next->idle_prev = w->idle_prev;
-  else
-    s->idle_tail = w->idle_prev;
-  w->idle_prev = w->idle_next = NULL;
+  ums_list_remove(&s->idle, &w->idle);
   s->nidle--;
 }
 
@@ -46,7 +40,7 @@ static void unbind(ums__sched_t *s, ums__worker_t *w, ums__task_t *t) {
 }
 
 ums__worker_t *ums__worker_get(ums__sched_t *s) {
-  ums__worker_t *w = s->idle_head;
+  ums__worker_t *w = IDLE_WORKER(s->idle.head);
   if (w) {
     idle_unlink(s, w);
     set_counts(s);
@@ -67,13 +61,7 @@ ums__worker_t *ums__worker_get(ums__sched_t *s) {
 void ums__worker_put(ums__sched_t *s, ums__worker_t *w) {
   w->task = NULL;
   w->idle_epoch = s->trim_epoch;
-  w->idle_prev = NULL;
-  w->idle_next = s->idle_head;
-  if (s->idle_head)
-    s->idle_head->idle_prev = w;
-  else
-    s->idle_tail = w;
-  s->idle_head = w;
+  ums_list_push_front(&s->idle, &w->idle);
   s->nidle++;
   set_counts(s);
 }
@@ -82,9 +70,9 @@ int ums__worker_trim(ums__sched_t *s, uint64_t before, int keep) {
   int freed = 0;
   /* The current worker is never in the pool, so none freed here is the
   ** stack we are running on. */
-  while (s->nidle > (uint32_t)keep && s->idle_tail &&
-         s->idle_tail->idle_epoch < before) {
-    ums__worker_t *w = s->idle_tail;
+  ums__worker_t *w;
+  while (s->nidle > (uint32_t)keep && (w = IDLE_WORKER(s->idle.tail)) &&
+         w->idle_epoch < before) {
     idle_unlink(s, w);
     worker_delete(s, w);
     freed++;
@@ -94,8 +82,8 @@ int ums__worker_trim(ums__sched_t *s, uint64_t before, int keep) {
 }
 
 void ums__worker_free_all(ums__sched_t *s) {
-  while (s->idle_head) {
-    ums__worker_t *w = s->idle_head;
+  ums__worker_t *w;
+  while ((w = IDLE_WORKER(s->idle.head)) != NULL) {
     idle_unlink(s, w);
     worker_delete(s, w);
   }
