@@ -41,7 +41,6 @@
 #include <string.h>
 
 #define TASK_MT "ums.task"
-#define CANCELLED_KEY "ums.CANCELLED"
 #define RUN_KEY "ums.run"
 #define CONFIG_KEY "ums.config"
 #define ONERROR_KEY "ums.on_error"
@@ -150,30 +149,6 @@ static lrun *get_run(lua_State *L) {
   return r;
 }
 
-ltask *lums_not_in_task(lua_State *L, const char *fname) {
-  luaL_error(L, "ums.%s: not inside a task (call it from a function run "
-                "by ums.run or ums.spawn)", fname);
-  return NULL;
-}
-
-static void push_cancelled(lua_State *L) {
-  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
-}
-
-int lums_raise_cancelled(lua_State *L) {
-  push_cancelled(L);
-  return lua_error(L);
-}
-
-static int64_t timeout_to_deadline(lua_State *L, int idx) {
-  if (lua_isnoneornil(L, idx)) return UMS_FOREVER;
-  lua_Number s = luaL_checknumber(L, idx);
-  luaL_argcheck(L, s == s, idx, LUMS_NAN_TIMEOUT);
-  luaL_argcheck(L, s >= 0, idx, "timeout must not be negative");
-  if (s > 1e9) return UMS_FOREVER;
-  return ums_deadline((int64_t)(s * 1e9));
-}
-
 /* ---------------------------------------------------------------------- */
 /* Parking                                                                 */
 /* ---------------------------------------------------------------------- */
@@ -232,7 +207,7 @@ static int l_park_begin(lua_State *L) {
     return luaL_error(L, "ums.park_begin: a park is already in progress "
                          "(call ums.park_wait first)");
   ums_park_token_t tok;
-  int64_t deadline = timeout_to_deadline(L, 1);
+  int64_t deadline = lums_check_timeout(L, 1);
   lua_Integer type = luaL_optinteger(L, 3, UMS_WAIT_PARK);
   luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, 3,
                 "not a wait type (see ums.WAIT)");
@@ -493,7 +468,7 @@ static bool keep_run(lua_State *SL, lkeep *k) {
 /* Whether the value at the top of co is core.CANCELLED. */
 static bool top_is_cancelled(lua_State *co) {
   if (lua_gettop(co) == 0 || !lua_checkstack(co, 1)) return false;
-  push_cancelled(co);
+  lums_push_cancelled(co);
   bool c = lua_rawequal(co, -1, -2);
   lua_pop(co, 1);
   return c;
@@ -634,7 +609,7 @@ static int task_step(void *arg) {
     if (ums_cancelled()) {
       /* Cancelled before it started: it never runs. */
       lua_settop(t->co, 0);
-      push_cancelled(t->co);
+      lums_push_cancelled(t->co);
       task_finish(t, LUA_ERRRUN, 0);
       lums_cur_task = prev;
       return UMS_STEP_DONE;
@@ -1367,7 +1342,7 @@ static int idle_k(lua_State *L, int status, lua_KContext ctx) {
 ** no other task can run (ums_wait_idle); with a virtual clock, before the
 ** clock moves. */
 static int l_run_until_idle(lua_State *L) {
-  int64_t deadline = timeout_to_deadline(L, 1);
+  int64_t deadline = lums_check_timeout(L, 1);
   ltask *t = lums_need_task(L, "run_until_idle");
   if (t->park_begun)
     return luaL_error(L, "ums.run_until_idle: cannot wait between "
@@ -1486,7 +1461,7 @@ static int l_task_join(lua_State *L) {
   lhandle *h = check_task(L, 1);
   int64_t deadline = UMS_FOREVER;
   if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
-    deadline = timeout_to_deadline(L, 2);
+    deadline = lums_check_timeout(L, 2);
     lua_settop(L, 1);
   }
   if (h->state == T_DONE) return push_outcome(L, 1, h);
@@ -2261,7 +2236,7 @@ int lums_open(lua_State *L) {
   }
   int task_mt = lua_gettop(L);
 
-  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUMS_CANCELLED_KEY);
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
     lua_newtable(L);
@@ -2270,7 +2245,7 @@ int lums_open(lua_State *L) {
     lua_setfield(L, -2, "__tostring");
     lua_setmetatable(L, -2);
     lua_pushvalue(L, -1);
-    lua_setfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+    lua_setfield(L, LUA_REGISTRYINDEX, LUMS_CANCELLED_KEY);
   }
   int cancelled = lua_gettop(L);
   if (lua_getfield(L, LUA_REGISTRYINDEX, CONFIG_KEY) == LUA_TNIL) {

@@ -8,6 +8,7 @@
 #ifndef LUMS_H
 #define LUMS_H
 
+#include "largs.h"
 #include "ums-binding.h"
 
 #include <lauxlib.h>
@@ -23,9 +24,6 @@
 /* The longest time a setting in seconds may give (ums.config's bound):
 ** its nanoseconds still fit an int64_t. */
 #define LUMS_MAX_SECONDS 1e9
-
-/* What every function that takes seconds says of a NaN timeout. */
-#define LUMS_NAN_TIMEOUT "timeout is NaN, not a number of seconds"
 
 typedef struct lrun lrun;
 typedef struct lvms lvms;
@@ -259,8 +257,6 @@ extern _Thread_local ltask *lums_cur_task LUMS_HIDDEN
 ** for why not luaL_checkudata). */
 LUMS_HIDDEN extern const char lums_task_tag;
 
-/* Raises "ums.<fname>: not inside a task". */
-LUMS_HIDDEN ltask *lums_not_in_task(lua_State *L, const char *fname);
 /* The current task, or raises "ums.<fname>: not inside a task". Inline:
 ** every wait starts with it. */
 static inline ltask *lums_need_task(lua_State *L, const char *fname) {
@@ -268,8 +264,6 @@ static inline ltask *lums_need_task(lua_State *L, const char *fname) {
   if (__builtin_expect(t != NULL && t->run != NULL, 1)) return t;
   return lums_not_in_task(L, fname);
 }
-/* Raises core.CANCELLED. */
-LUMS_HIDDEN int lums_raise_cancelled(lua_State *L);
 /* Begins a park of t (the current task) with an absolute deadline; raises
 ** core.CANCELLED if t was cancelled, or an error. */
 LUMS_HIDDEN int lums_park_begin(lua_State *L, ltask *t, int64_t deadline,

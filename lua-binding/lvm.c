@@ -55,7 +55,6 @@
 /* A request passed over this long by a busy scheduler starts anyway. */
 #define STARVE_NS (100 * UMS_NSEC_PER_MSEC)
 
-#define CANCELLED_KEY "ums.CANCELLED"  /* lums.c */
 #define ONERROR_KEY "ums.on_error"     /* lums.c */
 
 /* ---------------------------------------------------------------------- */
@@ -668,7 +667,7 @@ static int req_main_k(lua_State *L, int status, lua_KContext ctx) {
     lua_pushnil(L);
   }
   lua_pushvalue(L, -2);
-  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUMS_CANCELLED_KEY);
   bool cancelled = lua_rawequal(L, -1, -2);
   lua_pop(L, 1);
   lmsg *m = NULL;
@@ -1177,7 +1176,7 @@ static int push_outcome(lua_State *L, lreq *r) {
   }
   lua_pushboolean(L, 0);
   if (r->outcome == O_CANCELLED)
-    lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+    lua_getfield(L, LUA_REGISTRYINDEX, LUMS_CANCELLED_KEY);
   else if (r->results)
     lcopy_decode(L, r->results);
   else

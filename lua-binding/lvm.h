@@ -298,12 +298,4 @@ LUMS_HIDDEN bool lums_req_cancel(lreq *r);
 /* ums.shared.channel([size]), for lchan.c's channel{shared = true}. */
 LUMS_HIDDEN int lums_shared_channel(lua_State *L);
 
-/* lchan.c's argument checks, for the other files. */
-LUMS_HIDDEN int lums_argerr(lua_State *L, int narg, const char *fname,
-                            const char *msg);
-LUMS_HIDDEN int lums_typeerr(lua_State *L, int narg, const char *fname,
-                             const char *expected);
-LUMS_HIDDEN int64_t lums_opt_timeout(lua_State *L, int idx,
-                                     const char *fname, bool *poll);
-
 #endif
