@@ -45,6 +45,7 @@
 ** [1] is changed to.
 */
 #include "lums.h"
+#include "lpark.h"
 #include "lvm.h"
 
 #include <math.h>

@@ -32,6 +32,7 @@
 */
 #define _GNU_SOURCE /* clock_gettime */
 #include "lvm.h"
+#include "lpark.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

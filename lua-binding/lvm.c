@@ -44,6 +44,7 @@
 */
 #define _GNU_SOURCE  /* strdup */
 #include "lvm.h"
+#include "lpark.h"
 
 #include <errno.h>
 #include <lualib.h>
