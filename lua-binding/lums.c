@@ -76,8 +76,6 @@
 ** of a test, without holding a big run's coroutines for the process. */
 #define KEPT_POOL_MAX 64
 
-_Thread_local ltask *lums_cur_task;
-
 /* What a VM keeps from one run to the next, in a registry userdata
 ** (KEPT_KEY) whose user value anchors SL: the scheduler-side thread and
 ** up to KEPT_POOL_MAX pooled tasks. Between runs the VM's thread owns
@@ -1545,7 +1543,7 @@ static int run(lua_State *L, double limit) {
                       ums_runtime_error());
   }
   /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
-  lvms *vms = lums_vms_new(L, rt);
+  lvms *vms = lums_vms_new(L, rt, &lums_vm_ops_module);
   if (vms) lums_vms_set_preempt(vms, preempt);
   lrun *r = vms ? lums_run_new(L, vms, rt, 0, quantum > 0 ?
                                (int64_t)(quantum * 1e9) : 0) : NULL;
@@ -1775,6 +1773,10 @@ static void pin_module(void) {
   if (dladdr((void *)pin_module, &info) && info.dli_fname)
     dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
+
+const lums_vm_ops lums_vm_ops_module = {
+    lums_open,      lums_swap_os_exit, lums_run_new,
+    lums_run_free,  lums_task_start,   lums_report_errors};
 
 int lums_open(lua_State *L) {
   static const luaL_Reg funcs[] = {

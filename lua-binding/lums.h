@@ -454,6 +454,9 @@ LUMS_HIDDEN void lums_intr_watch(lintr *in, lvms *vms);
 LUMS_HIDDEN bool lums_intr_settle(lintr *in);
 LUMS_HIDDEN void lums_intr_end(lintr *in);
 
+/* What require "ums.core" runs (lums.c); public as ums_lua_open. */
+LUMS_HIDDEN int lums_open(lua_State *L);
+
 /* lshared.c: shared objects (ums.shared.*), registered in every VM. */
 LUMS_HIDDEN void lums_open_shared(lua_State *L);
 /* lvm.c: ums.submit and the rest of the many-VM API. */
