@@ -3,7 +3,7 @@
 ** park: lums_park_begin (or _begin_wait, saying what is waited for), then
 ** lums_park_finish, whose continuation reads ums_park_result(); any thread
 ** of the run ends a park with lums_unpark. core.park_begin, park_wait,
-** unpark, yield, sleep and run_until_idle are the Lua side.
+** unpark, yield, sleep and run_until_idle are the Lua side (ltask.c).
 */
 #ifndef LPARK_H
 #define LPARK_H
@@ -80,9 +80,5 @@ LUMS_HIDDEN int lums_park_try_begin_wait(ltask *t, int64_t deadline,
                                          int flags, int type,
                                          const void *object,
                                          ums_park_token_t *tok);
-
-/* Adds park_begin, park_wait, unpark, yield, sleep and run_until_idle to
-** the module table at the top. */
-LUMS_HIDDEN void lums_open_park(lua_State *L);
 
 #endif

@@ -1,7 +1,8 @@
 /*
-** ltask.h: task handles (ltask.c): the userdata Lua code holds for a task
-** (ums.spawn's result, ums.self()), its methods, and the joins that wait
-** for its end. The task's life cycle (spawn, step, finish) fills the
+** ltask.h: tasks as Lua sees them (ltask.c): the current task's waits,
+** and task handles, the userdata Lua code holds for a task (ums.spawn's
+** result, ums.self()), with their methods and the joins that wait for a
+** task's end. The task's life cycle (spawn, step, finish) fills the
 ** handle in; these read it.
 */
 #ifndef LTASK_H
@@ -69,7 +70,8 @@ LUMS_HIDDEN lhandle *lums_check_task(lua_State *L, int idx);
 /* Pushes the task metatable (LUMS_TASK_MT), with the handle methods in
 ** its __index, creating it on the first call in a VM. */
 LUMS_HIDDEN void lums_task_metatable(lua_State *L);
-/* Adds self to the module table at the top. */
+/* Adds self, yield, sleep, run_until_idle, park_begin, park_wait and
+** unpark to the module table at the top. */
 LUMS_HIDDEN void lums_open_task(lua_State *L);
 
 #endif

@@ -1862,7 +1862,6 @@ int lums_open(lua_State *L) {
   lua_pushcclosure(L, l_spawn, 1);
   lua_setfield(L, -2, "spawn");
   lums_open_task(L);
-  lums_open_park(L);
   lums_open_chan(L);
   lums_open_stats(L);
   lums_open_fs(L);
