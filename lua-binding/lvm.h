@@ -179,7 +179,7 @@ LUMS_HIDDEN int lcopy_to_values(const lmsg *m, ums_lua_value_t **out,
                                 const char *root, char *err, size_t errsz);
 
 /* ====================================================================== */
-/* Shared objects (lshared.c)                                              */
+/* Shared objects (lproxy.c: objects and proxies; lshared.c: the kinds)    */
 /* ====================================================================== */
 
 typedef struct lshared_kind {
@@ -218,6 +218,8 @@ LUMS_HIDDEN void *lshared_new(lua_State *L, size_t size,
                               const lshared_kind *k);
 /* Creates kind k's proxy metatable in L's VM (each VM, at luaopen). */
 LUMS_HIDDEN void lshared_register(lua_State *L, const lshared_kind *k);
+/* Creates L's VM's proxy cache (each VM, at luaopen, before any proxy). */
+LUMS_HIDDEN void lshared_open_proxies(lua_State *L);
 
 /* A task waiting on a shared object. Allocated by lshared_wait_begin and
 ** freed by lshared_wait_end, in between reachable only through the
