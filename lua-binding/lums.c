@@ -8,6 +8,11 @@
 ** runs the scheduler (docs/design/architecture.md, "Tasks, workers and
 ** the cooperative rule"; docs/design/trace.md follows one task).
 **
+** This file holds a task's life cycle (spawn, step, finish, the pool of
+** coroutines), the quantum and its monitor, runs (ums.run) and the module
+** setup; parking is lpark.c's, the Lua calls on tasks and their handles
+** ltask.c's ("Binding files" in docs/design/architecture.md).
+**
 ** Threads: each VM of a run belongs to one scheduler (the caller's VM to
 ** scheduler 0, the others to theirs: lvm.c) and its tasks run there; the
 ** main thread is blocked inside core.run for the whole run, so a VM is

@@ -1,9 +1,11 @@
 /*
 ** lums.h: what the files of the ums.core module share (not installed).
-** lums.c owns tasks, runs, parking and the quantum; lchan.c builds the
-** channel and select on its parking calls; lvm.h adds the VMs of other
+** The structs every file reads (a task, its handle, one VM's part of a
+** run) and the quantum's calls; lums.c owns the task life cycle, runs
+** and the quantum. Parking is in lpark.h, the Lua side of tasks in
+** ltask.h, argument checks in largs.h; lvm.h adds the VMs of other
 ** schedulers, value copying and shared objects (lvm.c, lcopy.c,
-** lshared.c).
+** lproxy.c, lshared.c).
 */
 #ifndef LUMS_H
 #define LUMS_H
