@@ -1109,7 +1109,7 @@ static void monitor_stop(lrun *r) {
 }
 
 /* ---------------------------------------------------------------------- */
-/* The run's I/O backend and clock                                         */
+/* Current-task calls                                                      */
 /* ---------------------------------------------------------------------- */
 
 /* core.io_backend() -> "uring" | "pool" in force for the run; nil
