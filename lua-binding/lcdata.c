@@ -75,16 +75,6 @@ static int buf_tostring(lua_State *L) {
   return 1;
 }
 
-void lffi_push_ptr(lua_State *L, void *p) {
-  if (!p) {
-    lua_pushnil(L);
-    return;
-  }
-  lptr *u = (lptr *)lua_newuserdatauv(L, sizeof *u, 0);
-  u->p = p;
-  luaL_setmetatable(L, LFFI_PTR_MT);
-}
-
 static int ptr_tostring(lua_State *L) {
   lptr *u = luaL_checkudata(L, 1, LFFI_PTR_MT);
   lua_pushfstring(L, "ums.ffi.pointer: %p", u->p);
@@ -119,10 +109,6 @@ static int ptr_eq(lua_State *L) {
 /* ---------------------------------------------------------------------- */
 /* Cdata: typed C objects                                                  */
 /* ---------------------------------------------------------------------- */
-
-lcdata *lffi_to_cdata(lua_State *L, int idx) {
-  return (lcdata *)luaL_testudata(L, idx, LFFI_CDATA_MT);
-}
 
 /* Pushes a cdata of type t at p inside b (taking a reference on b; NULL:
 ** memory it does not own). Its user value holds its ffi.gc finalizer. */

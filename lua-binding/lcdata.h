@@ -37,8 +37,12 @@ typedef struct lcdata {
   char *p;                 /* within b's data */
 } lcdata;
 
-/* The cdata at idx, or NULL. */
-LUMS_HIDDEN lcdata *lffi_to_cdata(lua_State *L, int idx);
+/* The cdata at idx, or NULL. Inline, as the two above: the callbacks
+** (lccb.c) read values this way without depending on the operations of
+** lcdata.c, which make callbacks. */
+static inline lcdata *lffi_to_cdata(lua_State *L, int idx) {
+  return (lcdata *)luaL_testudata(L, idx, LFFI_CDATA_MT);
+}
 
 /* Pushes a new zero-filled cdata of the complete type t; raises when out
 ** of memory. */
@@ -55,7 +59,15 @@ LUMS_HIDDEN void lffi_store(lua_State *L, int idx, const ctype *t, char *q,
                             const char *what);
 
 /* Pushes p as an ums.ffi.pointer, or nil for NULL. */
-LUMS_HIDDEN void lffi_push_ptr(lua_State *L, void *p);
+static inline void lffi_push_ptr(lua_State *L, void *p) {
+  if (!p) {
+    lua_pushnil(L);
+    return;
+  }
+  lptr *u = (lptr *)lua_newuserdatauv(L, sizeof *u, 0);
+  u->p = p;
+  luaL_setmetatable(L, LFFI_PTR_MT);
+}
 
 /* Creates the cdata, buffer and pointer metatables and adds new, buffer,
 ** string, copy, fill and istype to the ffi table at the top. */

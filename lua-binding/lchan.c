@@ -45,6 +45,7 @@
 ** [1] is changed to.
 */
 #include "lums.h"
+#include "lpark.h"
 #include "lvm.h"
 
 #include <math.h>
@@ -123,40 +124,8 @@ static void take(lwait *s, lua_State *L) {
 }
 
 /* ---------------------------------------------------------------------- */
-/* Argument checks                                                         */
+/* Telling a channel                                                       */
 /* ---------------------------------------------------------------------- */
-
-/* Raises "bad argument #narg to 'fname' (msg)" like luaL_argerror, but
-** with the function's own name: called through pcall or a local, a C
-** function's name is otherwise unknown ('?'). In a method call
-** (ch:send(...)) self does not count. */
-static int argerr(lua_State *L, int narg, const char *fname,
-                  const char *msg) {
-  lua_Debug ar;
-  if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) &&
-      ar.namewhat && strcmp(ar.namewhat, "method") == 0) {
-    if (--narg == 0)
-      return luaL_error(L, "calling '%s' on bad self (%s)", fname, msg);
-  }
-  return luaL_error(L, "bad argument #%d to '%s' (%s)", narg, fname, msg);
-}
-
-/* The type name of the value at idx as error messages give it: its
-** metatable's __name if it has one, as luaL_typeerror does. */
-static const char *tname(lua_State *L, int idx) {
-  if (luaL_getmetafield(L, idx, "__name") == LUA_TSTRING) {
-    const char *s = lua_tostring(L, -1);  /* kept alive by the metatable */
-    lua_pop(L, 1);
-    return s;
-  }
-  return luaL_typename(L, idx);
-}
-
-static int typeerr(lua_State *L, int narg, const char *fname,
-                   const char *expected) {
-  return argerr(L, narg, fname, lua_pushfstring(L, "%s expected, got %s",
-                                                expected, tname(L, narg)));
-}
 
 /* If the value at idx is a channel (a table whose [1] is a channel
 ** state), pushes its state userdata and returns it; else NULL, nothing
@@ -195,28 +164,8 @@ static lchan *chan_open(lua_State *L, int idx) {
 ** channel. */
 static lchan *check_chan(lua_State *L, int idx, const char *fname) {
   lchan *ch = chan_open(L, idx);
-  if (!ch) typeerr(L, idx, fname, CHAN_MT);
+  if (!ch) lums_typeerr(L, idx, fname, CHAN_MT);
   return ch;
-}
-
-/* A timeout in seconds: nil or math.huge wait forever (UMS_FOREVER); 0
-** polls. Sets *poll for 0. */
-static int64_t opt_timeout(lua_State *L, int idx, const char *fname,
-                           bool *poll) {
-  *poll = false;
-  int t = lua_type(L, idx);
-  if (t <= LUA_TNIL) return UMS_FOREVER;  /* none or nil */
-  if (t != LUA_TNUMBER) typeerr(L, idx, fname, "number");
-  lua_Number s = lua_tonumber(L, idx);
-  if (s != s) argerr(L, idx, fname, LUMS_NAN_TIMEOUT);
-  if (!(s >= 0))
-    argerr(L, idx, fname, "timeout must be a non-negative number");
-  if (s == 0) {
-    *poll = true;
-    return 0;
-  }
-  if (s > 1e9) return UMS_FOREVER;
-  return ums_deadline((int64_t)(s * 1e9));
 }
 
 /* ---------------------------------------------------------------------- */
@@ -340,18 +289,20 @@ static int l_bound_recv(lua_State *L);
 static int l_channel(lua_State *L) {
   lua_Integer size = 0;
   if (!lua_isnoneornil(L, 2)) {
-    if (!lua_istable(L, 2)) typeerr(L, 2, "channel", "table");
+    if (!lua_istable(L, 2)) lums_typeerr(L, 2, "channel", "table");
     bool shared = false;
     lua_pushnil(L);
     while (lua_next(L, 2)) {
       if (lua_type(L, -2) != LUA_TSTRING ||
           strcmp(lua_tostring(L, -2), "shared") != 0)
-        argerr(L, 2, "channel", lua_pushfstring(L, "unknown option '%s'",
-                                                luaL_tolstring(L, -2, NULL)));
+        lums_argerr(L, 2, "channel",
+                    lua_pushfstring(L, "unknown option '%s'",
+                                    luaL_tolstring(L, -2, NULL)));
       if (!lua_isboolean(L, -1))
-        argerr(L, 2, "channel", lua_pushfstring(L, "option 'shared' must be "
-                                                "a boolean, got %s",
-                                                tname(L, -1)));
+        lums_argerr(L, 2, "channel",
+                    lua_pushfstring(L, "option 'shared' must be "
+                                    "a boolean, got %s",
+                                    lums_typename(L, -1)));
       shared = lua_toboolean(L, -1);
       lua_pop(L, 1);
     }
@@ -364,10 +315,11 @@ static int l_channel(lua_State *L) {
     int isint;
     size = lua_tointegerx(L, 1, &isint);
     if (!isint) {
-      if (lua_type(L, 1) != LUA_TNUMBER) typeerr(L, 1, "channel", "number");
-      argerr(L, 1, "channel", "number has no integer representation");
+      if (lua_type(L, 1) != LUA_TNUMBER)
+        lums_typeerr(L, 1, "channel", "number");
+      lums_argerr(L, 1, "channel", "number has no integer representation");
     }
-    if (size < 0) argerr(L, 1, "channel", "size must not be negative");
+    if (size < 0) lums_argerr(L, 1, "channel", "size must not be negative");
   }
   lua_settop(L, 0);
   lua_createtable(L, 1, 0);  /* the channel: [1] (send and recv later) */
@@ -407,7 +359,7 @@ static __attribute__((noinline)) int send_on(lua_State *L, lchan *ch,
   int64_t deadline = UMS_FOREVER;
   int top = lua_gettop(L);
   if (top != 2) {
-    if (top > 2) deadline = opt_timeout(L, 3, "send", &poll);
+    if (top > 2) deadline = lums_opt_timeout(L, 3, "send", &poll);
     lua_settop(L, 2);
   }
   int st = send_now(L, ch, chi, 2, true);
@@ -438,7 +390,7 @@ static __attribute__((noinline)) int recv_on(lua_State *L, lchan *ch,
   bool poll = false;
   int64_t deadline = UMS_FOREVER;
   if (lua_gettop(L) != 1) {
-    deadline = opt_timeout(L, 2, "recv", &poll);
+    deadline = lums_opt_timeout(L, 2, "recv", &poll);
     lua_settop(L, 1);
   }
   int st = recv_now(L, ch, chi);
@@ -471,7 +423,7 @@ static void bind_method(lua_State *L, lchan *ch, const char *name,
 ** self is the table the state was made for. */
 static lchan *check_chan_bind(lua_State *L, const char *fname) {
   lchan *ch = push_state(L, 1);  /* the state, on top */
-  if (!ch) typeerr(L, 1, fname, CHAN_MT);
+  if (!ch) lums_typeerr(L, 1, fname, CHAN_MT);
   if (ch->unbound < BIND_AFTER && ++ch->unbound == BIND_AFTER &&
       lua_topointer(L, 1) == ch->self) {
     bind_method(L, ch, "send", l_bound_send);
@@ -631,14 +583,15 @@ enum { SEL_WAITERS = 3 };
 ** table and returns its operation, "recv" or "send"; *ch is its channel. */
 static const char *case_op(lua_State *L, int cases, int i, lchan **ch) {
   if (lua_rawgeti(L, cases, i) != LUA_TTABLE)
-    argerr(L, 1, "select", lua_pushfstring(L, "case %d: table expected, got %s",
-                                        i, tname(L, -1)));
+    lums_argerr(L, 1, "select",
+                lua_pushfstring(L, "case %d: table expected, got %s", i,
+                                lums_typename(L, -1)));
   lua_rawgeti(L, -1, 1);
   *ch = to_chan(L, -1);
   if (!*ch)
-    argerr(L, 1, "select", lua_pushfstring(L, "case %d: " CHAN_MT
-                                        " expected, got %s", i,
-                                        tname(L, -1)));
+    lums_argerr(L, 1, "select",
+                lua_pushfstring(L, "case %d: " CHAN_MT " expected, got %s",
+                                i, lums_typename(L, -1)));
   lua_pop(L, 1);
   lua_rawgeti(L, -1, 2);
   const char *op = NULL;
@@ -651,12 +604,12 @@ static const char *case_op(lua_State *L, int cases, int i, lchan **ch) {
   }
   if (!op) {
     if (lua_type(L, -1) == LUA_TSTRING)
-      argerr(L, 1, "select", lua_pushfstring(
+      lums_argerr(L, 1, "select", lua_pushfstring(
           L, "case %d: operation must be \"recv\" or \"send\", got \"%s\"",
           i, lua_tostring(L, -1)));
-    argerr(L, 1, "select", lua_pushfstring(
+    lums_argerr(L, 1, "select", lua_pushfstring(
         L, "case %d: operation must be \"recv\" or \"send\", got %s", i,
-        tname(L, -1)));
+        lums_typename(L, -1)));
   }
   lua_pop(L, 1);
   return op;  /* the case table stays on the stack */
@@ -694,13 +647,14 @@ static int select_k(lua_State *L, int status, lua_KContext ctx) {
 **    i, nil, "closed" (case i's channel is closed) | nil, "timeout" */
 static int l_select(lua_State *L) {
   LUMS_YIELD_POINT(L, l_select);
-  if (!lua_istable(L, 1)) typeerr(L, 1, "select", "table");
+  if (!lua_istable(L, 1)) lums_typeerr(L, 1, "select", "table");
   lua_Integer len = luaL_len(L, 1);
-  if (len <= 0) argerr(L, 1, "select", "no cases");
-  if (len > 100000) argerr(L, 1, "select", "too many cases (at most 100000)");
+  if (len <= 0) lums_argerr(L, 1, "select", "no cases");
+  if (len > 100000)
+    lums_argerr(L, 1, "select", "too many cases (at most 100000)");
   int n = (int)len;
   bool poll;
-  int64_t deadline = opt_timeout(L, 2, "select", &poll);
+  int64_t deadline = lums_opt_timeout(L, 2, "select", &poll);
   lua_settop(L, 2);
   /* Check every case before doing any. */
   for (int i = 1; i <= n; i++) {
@@ -804,19 +758,4 @@ void lums_open_chan(lua_State *L) {
   lua_setfield(L, -2, "select");
   lua_pushcfunction(L, l_channel_queues);
   lua_setfield(L, -2, "channel_queues");
-}
-
-/* The checks above, for the other files of the module (lvm.h). */
-int lums_argerr(lua_State *L, int narg, const char *fname, const char *msg) {
-  return argerr(L, narg, fname, msg);
-}
-
-int lums_typeerr(lua_State *L, int narg, const char *fname,
-                 const char *expected) {
-  return typeerr(L, narg, fname, expected);
-}
-
-int64_t lums_opt_timeout(lua_State *L, int idx, const char *fname,
-                         bool *poll) {
-  return opt_timeout(L, idx, fname, poll);
 }

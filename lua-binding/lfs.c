@@ -14,6 +14,7 @@
 */
 #define _GNU_SOURCE
 #include "lstream.h"
+#include "lpark.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -431,8 +431,9 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
     return NULL_FAIL(rc, "ums_lua_host_new: %s", ums_runtime_error());
   }
   h->nsched = ums_runtime_schedulers(h->rt);
-  h->vms = lums_vms_new_hosted(h->rt, c.path, c.cpath, c.init, quantum,
-                               c.setup, c.setup_arg);
+  h->vms = lums_vms_new_hosted(h->rt, &lums_vm_ops_module, c.path,
+                               c.cpath, c.init, quantum, c.setup,
+                               c.setup_arg);
   if (h->vms) {
     const char *env = getenv("UMS_PREEMPT");
     lums_vms_set_preempt(h->vms, c.preempt > 0 || (c.preempt == 0 && env &&

@@ -19,6 +19,7 @@
 */
 #define _GNU_SOURCE
 #include "lstream.h"
+#include "lpark.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

@@ -28,6 +28,7 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "ltask.h"
 #include "lvm.h"
 
 #include <errno.h>
@@ -725,9 +726,9 @@ void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg) {
 }
 
 /* task:info() -> a table like a row of ums.tasks(), plus traceback. */
-int lums_task_info(lua_State *L) {
-  lhandle *h = (lhandle *)lua_touserdata(L, 1);
-  if (!h || lua_rawlen(L, 1) != sizeof *h || h->tag != &lums_task_tag)
+static int l_task_info(lua_State *L) {
+  lhandle *h = lums_to_task(L, 1);
+  if (!h)
     return luaL_typeerror(L, 1, "ums.task");
   lua_settop(L, 1);
   lua_createtable(L, 0, 14);
@@ -778,4 +779,10 @@ void lums_open_stats(lua_State *L) {
     lua_setfield(L, -2, ums_wait_type_name(i));
   }
   lua_setfield(L, -2, "WAIT");
+  /* task:info(), beside the task methods of ltask.c. */
+  lums_task_metatable(L);
+  lua_getfield(L, -1, "__index");
+  lua_pushcfunction(L, l_task_info);
+  lua_setfield(L, -2, "info");
+  lua_pop(L, 2);
 }

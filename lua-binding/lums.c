@@ -8,6 +8,11 @@
 ** runs the scheduler (docs/design/architecture.md, "Tasks, workers and
 ** the cooperative rule"; docs/design/trace.md follows one task).
 **
+** This file holds a task's life cycle (spawn, step, finish, the pool of
+** coroutines), the quantum and its monitor, runs (ums.run) and the module
+** setup; parking is lpark.c's, the Lua calls on tasks and their handles
+** ltask.c's ("Binding files" in docs/design/architecture.md).
+**
 ** Threads: each VM of a run belongs to one scheduler (the caller's VM to
 ** scheduler 0, the others to theirs: lvm.c) and its tasks run there; the
 ** main thread is blocked inside core.run for the whole run, so a VM is
@@ -20,6 +25,8 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lpark.h"
+#include "ltask.h"
 #include "lvm.h"
 
 #include <dlfcn.h>
@@ -40,8 +47,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TASK_MT "ums.task"
-#define CANCELLED_KEY "ums.CANCELLED"
 #define RUN_KEY "ums.run"
 #define CONFIG_KEY "ums.config"
 #define ONERROR_KEY "ums.on_error"
@@ -49,9 +54,6 @@
 /* What a VM keeps between its runs (lkept, below). */
 #define KEPT_KEY "ums.kept"
 #define FAILED_MT "ums.task.failed"
-/* The message of a task the runtime cannot run for lack of memory, made
-** when the module opens: ending such a task must not need memory for it. */
-#define NOMEM_KEY "ums.nomem"
 
 /* Lua's C stack needs room for LUAI_MAXCCALLS nested C calls; fiber stacks
 ** for Lua runs are larger than the C default. Untouched pages cost nothing. */
@@ -78,8 +80,6 @@
 /* Of those, how many a VM keeps for its next run: enough for the tasks
 ** of a test, without holding a big run's coroutines for the process. */
 #define KEPT_POOL_MAX 64
-
-_Thread_local ltask *lums_cur_task;
 
 /* What a VM keeps from one run to the next, in a registry userdata
 ** (KEPT_KEY) whose user value anchors SL: the scheduler-side thread and
@@ -148,156 +148,6 @@ static lrun *get_run(lua_State *L) {
   r = (lrun *)lua_touserdata(L, -1);
   lua_pop(L, 1);
   return r;
-}
-
-ltask *lums_not_in_task(lua_State *L, const char *fname) {
-  luaL_error(L, "ums.%s: not inside a task (call it from a function run "
-                "by ums.run or ums.spawn)", fname);
-  return NULL;
-}
-
-static void push_cancelled(lua_State *L) {
-  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
-}
-
-int lums_raise_cancelled(lua_State *L) {
-  push_cancelled(L);
-  return lua_error(L);
-}
-
-static int64_t timeout_to_deadline(lua_State *L, int idx) {
-  if (lua_isnoneornil(L, idx)) return UMS_FOREVER;
-  lua_Number s = luaL_checknumber(L, idx);
-  luaL_argcheck(L, s == s, idx, LUMS_NAN_TIMEOUT);
-  luaL_argcheck(L, s >= 0, idx, "timeout must not be negative");
-  if (s > 1e9) return UMS_FOREVER;
-  return ums_deadline((int64_t)(s * 1e9));
-}
-
-/* ---------------------------------------------------------------------- */
-/* Parking                                                                 */
-/* ---------------------------------------------------------------------- */
-
-/* Finishes a wait whose park has begun: yields with continuation k where
-** Lua can yield here, else blocks this task's worker. k reads the outcome
-** with ums_park_result(). */
-bool lums_can_yield(lua_State *L, ltask *t) {
-  return L == t->co && lua_isyieldable(L);
-}
-
-int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
-                    lua_KFunction k) {
-  lums_before_block(t);
-  ums_park_wait();
-  lums_become_current(t);
-  return k(L, LUA_YIELD, ctx);
-}
-
-int lums_park_try_begin(ltask *t, int64_t deadline, int flags,
-                        ums_park_token_t *tok) {
-  return lums_park_try_begin_wait(t, deadline, flags, UMS_WAIT_PARK, NULL,
-                                  tok);
-}
-
-int lums_park_try_begin_wait(ltask *t, int64_t deadline, int flags,
-                             int type, const void *object,
-                             ums_park_token_t *tok) {
-  int r = ums_park_begin_wait(deadline, flags, type, object, 0, tok);
-  if (r) return r;
-  t->park_begun = true;
-  t->park_tok = *tok;
-  return 0;
-}
-
-int lums_park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
-                      ums_park_token_t *tok) {
-  return lums_park_begin_wait(L, t, deadline, flags, UMS_WAIT_PARK, NULL, 0,
-                              tok);
-}
-
-int lums_park_failed(lua_State *L, int r) {
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));
-}
-
-static lhandle *check_task(lua_State *L, int idx);
-
-/* core.park_begin([timeout [, nocancel [, wait_type [, object
-** [, blocker]]]]]) -> seq. wait_type: a value of core.WAIT (default
-** "park"); object: what the task waits on (any value; its address names
-** it); blocker: the task holding it (a task handle or nil). */
-static int l_park_begin(lua_State *L) {
-  ltask *t = lums_need_task(L, "park_begin");
-  if (t->park_begun)
-    return luaL_error(L, "ums.park_begin: a park is already in progress "
-                         "(call ums.park_wait first)");
-  ums_park_token_t tok;
-  int64_t deadline = timeout_to_deadline(L, 1);
-  lua_Integer type = luaL_optinteger(L, 3, UMS_WAIT_PARK);
-  luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, 3,
-                "not a wait type (see ums.WAIT)");
-  lhandle *blocker = lua_isnoneornil(L, 5) ? NULL : check_task(L, 5);
-  lums_park_begin_wait(L, t, deadline,
-                       lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0,
-                       (int)type, lua_topointer(L, 4),
-                       blocker ? blocker->id : 0, &tok);
-  lua_pushinteger(L, (lua_Integer)tok.seq);
-  return 1;
-}
-
-static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
-  int r = ums_park_result();
-  (void)status;
-  (void)ctx;
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  /* Only a park that cancellation cannot end gets this (ums.h,
-  ** "Deadlocks"). */
-  if (r == UMS_EDEADLK)
-    return luaL_error(L, "deadlock: nothing could ever end this wait "
-                         "(ended by the deadlock detector)");
-  if (r == UMS_ETIMEDOUT) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "timeout");
-    return 2;
-  }
-  lua_pushinteger(L, r);
-  return 1;
-}
-
-/* core.park_wait() -> outcome | nil, "timeout" */
-static int l_park_wait(lua_State *L) {
-  ltask *t = lums_need_task(L, "park_wait");
-  if (!t->park_begun)
-    return luaL_error(L, "ums.park_wait: no park in progress (call "
-                         "ums.park_begin first)");
-  return lums_park_finish(L, t, 0, park_wait_k);
-}
-
-const char lums_task_tag = 0;
-
-static lhandle *to_task(lua_State *L, int idx) {
-  lhandle *h = (lhandle *)lua_touserdata(L, idx);
-  if (!h || lua_rawlen(L, idx) != sizeof *h || h->tag != &lums_task_tag)
-    return NULL;
-  return h;
-}
-
-static lhandle *check_task(lua_State *L, int idx) {
-  lhandle *h = to_task(L, idx);
-  if (!h) luaL_checkudata(L, idx, TASK_MT);  /* raises the usual error */
-  return h;
-}
-
-/* core.unpark(task, seq [, outcome]) -> boolean */
-static int l_unpark(lua_State *L) {
-  lhandle *h = check_task(L, 1);
-  lua_Integer seq = luaL_checkinteger(L, 2);
-  lua_Integer outcome = luaL_optinteger(L, 3, 0);
-  luaL_argcheck(L, outcome >= 0 && outcome <= 0x7fffffff, 3,
-                "outcome must be a non-negative integer");
-  ums_park_token_t tok = {h->id, (uint64_t)seq};
-  lua_pushboolean(L, h->t && lums_unpark(h->t, tok, (int)outcome));
-  return 1;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -388,42 +238,6 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   free_task(r->SL, t);
 }
 
-static void wake_joiners(ltask *t) {
-  for (int i = 0; i < t->njoiners; i++)
-    ums_unpark(t->run->rt, t->joiners[i].tok, 0);
-  t->njoiners = 0;
-}
-
-/* A joiner that timed out takes its entry back, so that polling join with
-** a timeout does not grow the list. */
-static void drop_joiner(ltask *t, ums_task_t who, uint64_t seq) {
-  for (int i = 0; i < t->njoiners; i++) {
-    if (t->joiners[i].tok.task == who && t->joiners[i].tok.seq == seq) {
-      t->joiners[i] = t->joiners[--t->njoiners];
-      return;
-    }
-  }
-}
-
-/* A task handle's user values: 1, its extras table (name, error,
-** traceback, results), made when first needed; 2, the result of a task
-** that ended with exactly one, kept there instead of in a table so that
-** the usual "return a value" end allocates nothing. */
-#define HANDLE_UVS 2
-#define UV_RESULT 2
-
-/* Pushes the extras table of the handle at idx, creating it if needed
-** with room for narr results (a table grown one result at a time costs
-** a resize per result: more than the rest of a task's end). */
-static void push_extras(lua_State *L, int idx, int narr) {
-  if (lua_getiuservalue(L, idx, 1) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_createtable(L, narr, 0);
-    lua_pushvalue(L, -1);
-    lua_setiuservalue(L, idx < 0 ? idx - 2 : idx, 1);
-  }
-}
-
 /* A task of r's VM was created / has finished: see lrun.nlive. */
 static void run_task_added(lrun *r) {
   if (r->nlive++ == 0) lums_vms_hold(r->vms);
@@ -462,7 +276,7 @@ static int keep_protected(lua_State *SL) {
     lua_rawset(SL, -3);
     return 0;
   }
-  push_extras(SL, -1, k->st == LUA_OK ? k->nres : 0);
+  lums_handle_extras(SL, -1, k->st == LUA_OK ? k->nres : 0);
   if (k->st == LUA_OK) {
     lua_xmove(co, SL, k->nres);
     /* With i values left above it, the table is at -(i + 1). */
@@ -493,7 +307,7 @@ static bool keep_run(lua_State *SL, lkeep *k) {
 /* Whether the value at the top of co is core.CANCELLED. */
 static bool top_is_cancelled(lua_State *co) {
   if (lua_gettop(co) == 0 || !lua_checkstack(co, 1)) return false;
-  push_cancelled(co);
+  lums_push_cancelled(co);
   bool c = lua_rawequal(co, -1, -2);
   lua_pop(co, 1);
   return c;
@@ -518,7 +332,7 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
       ** already has allocates nothing: no protection needed. */
       lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);
       lua_xmove(co, SL, 1);
-      lua_setiuservalue(SL, -2, UV_RESULT);
+      lua_setiuservalue(SL, -2, LUMS_UV_RESULT);
       lua_pop(SL, 1);
       return;
     }
@@ -576,7 +390,7 @@ static void task_finish(ltask *t, int st, int nres) {
   }
   h->state = T_DONE;
   h->t = NULL;
-  wake_joiners(t);
+  lums_task_wake_joiners(t);
   /* core.run, running the scheduler itself, looks at the run again. */
   if (h == r->main) ums_runtime_pause(r->rt);
   give_back_task(r, t, empty);
@@ -597,7 +411,7 @@ static __attribute__((noinline)) void task_fail(ltask *t, int err) {
     lua_settop(co, 0);  /* the function and its arguments */
   }
   if (err == UMS_ENOMEM)
-    lua_getfield(co, LUA_REGISTRYINDEX, NOMEM_KEY);
+    lua_getfield(co, LUA_REGISTRYINDEX, LUMS_NOMEM_KEY);
   else
     lua_pushstring(co, ums_strerror(err));
   task_finish(t, LUA_ERRRUN, 0);
@@ -634,7 +448,7 @@ static int task_step(void *arg) {
     if (ums_cancelled()) {
       /* Cancelled before it started: it never runs. */
       lua_settop(t->co, 0);
-      push_cancelled(t->co);
+      lums_push_cancelled(t->co);
       task_finish(t, LUA_ERRRUN, 0);
       lums_cur_task = prev;
       return UMS_STEP_DONE;
@@ -695,7 +509,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   int n = lua_gettop(L) - first;  /* arguments */
   /* The handle first, then the ltask: running out of memory in either
   ** raises with nothing taken that the collector cannot get back. */
-  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, HANDLE_UVS);
+  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, LUMS_HANDLE_UVS);
   ltask *t = take_task(L, r);
   if (!t) luaL_error(L, "ums.spawn: out of memory");
   /* The handle goes to `first`, below the function and arguments, which
@@ -743,7 +557,7 @@ void lums_task_start(lrun *r, int nargs) {
   ** reports the failure. */
   (void)monitor_want(r);
   int first = lua_gettop(L) - nargs;
-  luaL_getmetatable(L, TASK_MT);
+  luaL_getmetatable(L, LUMS_TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
   task_new(L, r, first + 1, false, first);
   lua_settop(L, first - 1);
@@ -1298,87 +1112,6 @@ static void monitor_stop(lrun *r) {
 /* Current-task calls                                                      */
 /* ---------------------------------------------------------------------- */
 
-static int l_self(lua_State *L) {
-  ltask *t = lums_cur_task;
-  if (!t || t->self_ref == LUA_NOREF)
-    lua_pushnil(L);
-  else
-    lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
-  return 1;
-}
-
-static int yield_k(lua_State *L, int status, lua_KContext ctx) {
-  (void)status;
-  (void)ctx;
-  if (ums_cancelled()) return lums_raise_cancelled(L);
-  return 0;
-}
-
-static int l_yield(lua_State *L) {
-  ltask *t = lums_need_task(L, "yield");
-  if (t->park_begun)
-    return luaL_error(L, "ums.yield: cannot yield between park_begin and "
-                         "park_wait");
-  if (ums_cancelled()) return lums_raise_cancelled(L);
-  if (L == t->co && lua_isyieldable(L)) {
-    t->parking = false;
-    return lua_yieldk(L, 0, 0, yield_k);
-  }
-  int r = ums_yield();
-  lums_become_current(t);
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  return 0;
-}
-
-static int sleep_k(lua_State *L, int status, lua_KContext ctx) {
-  (void)status;
-  (void)ctx;
-  if (ums_park_result() == UMS_ECANCELED) return lums_raise_cancelled(L);
-  return 0;
-}
-
-static int l_sleep(lua_State *L) {
-  lua_Number s = luaL_checknumber(L, 1);
-  luaL_argcheck(L, s == s, 1, "sleep time is NaN, not a number of seconds");
-  luaL_argcheck(L, s >= 0, 1, "sleep time must not be negative");
-  ltask *t = lums_need_task(L, "sleep");
-  ums_park_token_t tok;
-  int64_t deadline =
-      s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9));
-  lums_park_begin_wait(L, t, deadline, 0, UMS_WAIT_SLEEP, NULL, 0, &tok);
-  return lums_park_finish(L, t, 0, sleep_k);
-}
-
-static int idle_k(lua_State *L, int status, lua_KContext ctx) {
-  int r = ums_park_result();
-  (void)status;
-  (void)ctx;
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  if (r == UMS_ETIMEDOUT) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "timeout");
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-/* core.run_until_idle([timeout]) -> true | nil, "timeout": parks until
-** no other task can run (ums_wait_idle); with a virtual clock, before the
-** clock moves. */
-static int l_run_until_idle(lua_State *L) {
-  int64_t deadline = timeout_to_deadline(L, 1);
-  ltask *t = lums_need_task(L, "run_until_idle");
-  if (t->park_begun)
-    return luaL_error(L, "ums.run_until_idle: cannot wait between "
-                         "park_begin and park_wait");
-  int r = ums_park_begin_idle(deadline, &t->park_tok);
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  if (r) return luaL_error(L, "ums.run_until_idle: %s", ums_strerror(r));
-  t->park_begun = true;
-  return lums_park_finish(L, t, 0, idle_k);
-}
-
 /* core.io_backend() -> "uring" | "pool" in force for the run; nil
 ** outside a run. */
 static int l_io_backend(lua_State *L) {
@@ -1398,187 +1131,6 @@ static int l_io_backend(lua_State *L) {
 
 static int l_now(lua_State *L) {
   lua_pushnumber(L, (lua_Number)ums_now() / 1e9);
-  return 1;
-}
-
-/* ---------------------------------------------------------------------- */
-/* Task methods                                                            */
-/* ---------------------------------------------------------------------- */
-
-/* Pushes the error and the traceback of the failed task whose handle h is
-** at idx. */
-static void push_failure(lua_State *L, int idx, lhandle *h) {
-  if (h->nomem) {
-    lua_getfield(L, LUA_REGISTRYINDEX, NOMEM_KEY);
-    lua_pushnil(L);
-    return;
-  }
-  lua_getiuservalue(L, idx, 1);
-  lua_getfield(L, -1, X_ERR);
-  lua_getfield(L, -2, X_TB);
-  lua_remove(L, -3);
-}
-
-/* Pushes a finished task's outcome as join returns it. */
-static int push_outcome(lua_State *L, int idx, lhandle *h) {
-  h->joined = true;
-  if (h->ok) {
-    lua_pushboolean(L, 1);
-    if (h->nres == 0) return 1;
-    if (h->nres == 1) {
-      lua_getiuservalue(L, idx, UV_RESULT);
-      return 2;
-    }
-    lua_getiuservalue(L, idx, 1);
-    int tbl = lua_gettop(L);
-    luaL_checkstack(L, h->nres, "too many results");
-    for (int i = 1; i <= h->nres; i++) lua_rawgeti(L, tbl, i);
-    lua_remove(L, tbl);
-    return 1 + h->nres;
-  }
-  lua_pushboolean(L, 0);
-  push_failure(L, idx, h);
-  return 3;
-}
-
-static int join_k(lua_State *L, int status, lua_KContext ctx) {
-  lhandle *h = (lhandle *)lua_touserdata(L, 1);
-  (void)status;
-  int r = ums_park_result();
-  if (h->state != T_DONE)
-    drop_joiner(h->t, lums_cur_task->h->id, (uint64_t)ctx);
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  if (h->state != T_DONE) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "timeout");
-    return 2;
-  }
-  return push_outcome(L, 1, h);
-}
-
-/* join on a task not done yet: parks the caller (the handle at 1). Out
-** of line, so that a join on a finished task, the usual one, needs no
-** stack frame of its size. */
-static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
-                                               int64_t deadline) {
-  ltask *me = lums_need_task(L, "join");
-  ltask *t = h->t;
-  if (me == t) return luaL_error(L, "ums: a task cannot join itself");
-  if (t->run != me->run)
-    return luaL_error(L, "ums: cannot join a task of another run");
-  if (t->njoiners == t->capjoiners) {
-    int cap = t->capjoiners * 2;
-    joiner_t *j = malloc((size_t)cap * sizeof *j);
-    if (!j) return luaL_error(L, "ums: out of memory");
-    memcpy(j, t->joiners, (size_t)t->njoiners * sizeof *j);
-    if (t->joiners != t->join1) free(t->joiners);
-    t->joiners = j;
-    t->capjoiners = cap;
-  }
-  ums_park_token_t tok;
-  lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id, &tok);
-  t->joiners[t->njoiners++].tok = tok;
-  return lums_park_finish(L, me, (lua_KContext)tok.seq, join_k);
-}
-
-static int l_task_join(lua_State *L) {
-  LUMS_YIELD_POINT(L, l_task_join);
-  lhandle *h = check_task(L, 1);
-  int64_t deadline = UMS_FOREVER;
-  if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
-    deadline = timeout_to_deadline(L, 2);
-    lua_settop(L, 1);
-  }
-  if (h->state == T_DONE) return push_outcome(L, 1, h);
-  return join_wait(L, h, deadline);
-}
-
-static int l_task_cancel(lua_State *L) {
-  lhandle *h = check_task(L, 1);
-  if (!h->t || !h->t->run || h->state == T_DONE) {
-    lua_pushboolean(L, 0);
-    return 1;
-  }
-  lua_pushboolean(L, ums_task_cancel(h->t->run->rt, h->id) == 0);
-  return 1;
-}
-
-static int l_task_status(lua_State *L) {
-  lhandle *h = check_task(L, 1);
-  const char *s;
-  if (h->state == T_DONE)
-    s = h->ok ? "done" : h->cancelled ? "cancelled" : "error";
-  else if (h->state == T_NEW)
-    s = "pending";
-  else if (h->t == lums_cur_task)
-    s = "running";
-  else
-    s = "suspended";
-  lua_pushstring(L, s);
-  return 1;
-}
-
-/* Pushes the name of the task at (absolute) idx: "" when it has none. */
-static void push_name(lua_State *L, int idx) {
-  if (lua_getiuservalue(L, idx, 1) == LUA_TTABLE) {
-    if (lua_getfield(L, -1, X_NAME) == LUA_TSTRING) {
-      lua_remove(L, -2);
-      return;
-    }
-    lua_pop(L, 1);
-  }
-  lua_pop(L, 1);
-  lua_pushliteral(L, "");
-}
-
-static int l_task_name(lua_State *L) {
-  check_task(L, 1);
-  if (!lua_isnoneornil(L, 2)) {
-    size_t len;
-    luaL_checklstring(L, 2, &len);
-    luaL_argcheck(L, len < 32, 2, "name longer than 31 bytes");
-    push_extras(L, 1, 0);
-    lua_pushvalue(L, 2);
-    lua_setfield(L, -2, X_NAME);
-    /* The runtime keeps it too, for ums.tasks() and stall reports, which
-    ** must not need this VM. */
-    lhandle *h = to_task(L, 1);
-    if (h->t && h->t->run && h->state != T_DONE)
-      ums_task_set_name(h->t->run->rt, h->id, lua_tostring(L, 2));
-  }
-  lua_settop(L, 1);
-  push_name(L, 1);
-  return 1;
-}
-
-static int l_task_id(lua_State *L) {
-  lhandle *h = check_task(L, 1);
-  lua_pushinteger(L, (lua_Integer)h->id);
-  return 1;
-}
-
-static int l_task_locals(lua_State *L) {
-  check_task(L, 1);
-  lua_settop(L, 1);
-  push_extras(L, 1, 0);
-  if (lua_getfield(L, 2, X_LOCALS) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_setfield(L, 2, X_LOCALS);
-  }
-  return 1;
-}
-
-static int l_task_tostring(lua_State *L) {
-  lhandle *h = check_task(L, 1);
-  lua_settop(L, 1);
-  push_name(L, 1);
-  const char *name = lua_tostring(L, -1);
-  if (name[0])
-    lua_pushfstring(L, "ums.task %s (%p)", name, (void *)h);
-  else
-    lua_pushfstring(L, "ums.task (%p)", (void *)h);
   return 1;
 }
 
@@ -1621,7 +1173,7 @@ static void report_error(lua_State *L) {
   }
   h->joined = true;
   lua_getfield(L, LUA_REGISTRYINDEX, ONERROR_KEY);
-  push_failure(L, -2, h);
+  lums_handle_push_failure(L, -2, h);
   lua_pushvalue(L, -4);
   if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
     fprintf(stderr, "ums: error in the on_error handler: %s\n",
@@ -1996,7 +1548,7 @@ static int run(lua_State *L, double limit) {
                       ums_runtime_error());
   }
   /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
-  lvms *vms = lums_vms_new(L, rt);
+  lvms *vms = lums_vms_new(L, rt, &lums_vm_ops_module);
   if (vms) lums_vms_set_preempt(vms, preempt);
   lrun *r = vms ? lums_run_new(L, vms, rt, 0, quantum > 0 ?
                                (int64_t)(quantum * 1e9) : 0) : NULL;
@@ -2122,12 +1674,12 @@ static int run(lua_State *L, double limit) {
     return luaL_error(L, "ums.run: time limit of %f s reached; every task "
                          "was cancelled", limit);
   if (main->ok) {
-    int n = push_outcome(L, 1, main);
+    int n = lums_handle_push_outcome(L, 1, main);
     return n - 1;  /* drop the leading true */
   }
   /* Raise the main task's error, keeping its identity; a string gets the
   ** task's traceback, which the caller's own traceback would not show. */
-  push_failure(L, 1, main);
+  lums_handle_push_failure(L, 1, main);
   if (lua_type(L, -2) != LUA_TSTRING || lua_isnil(L, -1)) lua_pop(L, 1);
   return lua_error(L);
 }
@@ -2227,23 +1779,14 @@ static void pin_module(void) {
     dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
+const lums_vm_ops lums_vm_ops_module = {
+    lums_open,      lums_swap_os_exit, lums_run_new,
+    lums_run_free,  lums_task_start,   lums_report_errors};
+
 int lums_open(lua_State *L) {
-  static const luaL_Reg task_methods[] = {
-      {"join", l_task_join},     {"cancel", l_task_cancel},
-      {"status", l_task_status}, {"name", l_task_name},
-      {"id", l_task_id},         {"locals", l_task_locals},
-      {"info", lums_task_info},
-      {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"self", l_self},
-      {"yield", l_yield},
-      {"sleep", l_sleep},
       {"now", l_now},
       {"io_backend", l_io_backend},
-      {"run_until_idle", l_run_until_idle},
-      {"park_begin", l_park_begin},
-      {"park_wait", l_park_wait},
-      {"unpark", l_unpark},
       {"nopreempt_chunk", l_nopreempt_chunk},
       {"quantum_point", l_quantum_point},
       {"config", l_config},
@@ -2253,15 +1796,10 @@ int lums_open(lua_State *L) {
   pin_module();
   wrap_debug_hooks(L);
 
-  if (luaL_newmetatable(L, TASK_MT)) {
-    luaL_newlib(L, task_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, l_task_tostring);
-    lua_setfield(L, -2, "__tostring");
-  }
+  lums_task_metatable(L);
   int task_mt = lua_gettop(L);
 
-  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUMS_CANCELLED_KEY);
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
     lua_newtable(L);
@@ -2270,7 +1808,7 @@ int lums_open(lua_State *L) {
     lua_setfield(L, -2, "__tostring");
     lua_setmetatable(L, -2);
     lua_pushvalue(L, -1);
-    lua_setfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+    lua_setfield(L, LUA_REGISTRYINDEX, LUMS_CANCELLED_KEY);
   }
   int cancelled = lua_gettop(L);
   if (lua_getfield(L, LUA_REGISTRYINDEX, CONFIG_KEY) == LUA_TNIL) {
@@ -2284,7 +1822,7 @@ int lums_open(lua_State *L) {
   }
   lua_pop(L, 1);
   lua_pushstring(L, ums_strerror(UMS_ENOMEM));
-  lua_setfield(L, LUA_REGISTRYINDEX, NOMEM_KEY);
+  lua_setfield(L, LUA_REGISTRYINDEX, LUMS_NOMEM_KEY);
   new_errors_set(L);
   if (lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY) == LUA_TNIL) {
     lkept *k = lua_newuserdatauv(L, sizeof *k, 1);
@@ -2309,7 +1847,7 @@ int lums_open(lua_State *L) {
     lua_setfield(L, -2, "__index");
     lua_getfield(L, task_mt, "__tostring");
     lua_setfield(L, -2, "__tostring");
-    lua_pushliteral(L, TASK_MT);
+    lua_pushliteral(L, LUMS_TASK_MT);
     lua_setfield(L, -2, "__name");
     lua_pushcfunction(L, failed_task_gc);
     lua_setfield(L, -2, "__gc");
@@ -2328,6 +1866,7 @@ int lums_open(lua_State *L) {
   lua_pushvalue(L, task_mt);
   lua_pushcclosure(L, l_spawn, 1);
   lua_setfield(L, -2, "spawn");
+  lums_open_task(L);
   lums_open_chan(L);
   lums_open_stats(L);
   lums_open_fs(L);

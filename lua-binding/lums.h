@@ -1,13 +1,16 @@
 /*
 ** lums.h: what the files of the ums.core module share (not installed).
-** lums.c owns tasks, runs, parking and the quantum; lchan.c builds the
-** channel and select on its parking calls; lvm.h adds the VMs of other
+** The structs every file reads (a task, its handle, one VM's part of a
+** run) and the quantum's calls; lums.c owns the task life cycle, runs
+** and the quantum. Parking is in lpark.h, the Lua side of tasks in
+** ltask.h, argument checks in largs.h; lvm.h adds the VMs of other
 ** schedulers, value copying and shared objects (lvm.c, lcopy.c,
-** lshared.c).
+** lproxy.c, lshared.c).
 */
 #ifndef LUMS_H
 #define LUMS_H
 
+#include "largs.h"
 #include "ums-binding.h"
 
 #include <lauxlib.h>
@@ -23,9 +26,6 @@
 /* The longest time a setting in seconds may give (ums.config's bound):
 ** its nanoseconds still fit an int64_t. */
 #define LUMS_MAX_SECONDS 1e9
-
-/* What every function that takes seconds says of a NaN timeout. */
-#define LUMS_NAN_TIMEOUT "timeout is NaN, not a number of seconds"
 
 typedef struct lrun lrun;
 typedef struct lvms lvms;
@@ -160,12 +160,6 @@ struct lhandle {
   int nres;              /* done ok: number of results */
 };
 
-/* The handle's one user value, created when first needed: a table with
-** the results at 1..nres, and the fields below. */
-#define X_ERR "err"        /* done with an error: the error value */
-#define X_TB "traceback"   /* done with an error: its traceback */
-#define X_LOCALS "locals"  /* task-local storage */
-#define X_NAME "name"      /* the task's name */
 
 /* One VM's part of a run. A run has one VM per scheduler that runs Lua
 ** (the caller's own VM on scheduler 0, the others created by lvm.c), and
@@ -259,68 +253,6 @@ extern _Thread_local ltask *lums_cur_task LUMS_HIDDEN
 ** for why not luaL_checkudata). */
 LUMS_HIDDEN extern const char lums_task_tag;
 
-/* Raises "ums.<fname>: not inside a task". */
-LUMS_HIDDEN ltask *lums_not_in_task(lua_State *L, const char *fname);
-/* The current task, or raises "ums.<fname>: not inside a task". Inline:
-** every wait starts with it. */
-static inline ltask *lums_need_task(lua_State *L, const char *fname) {
-  ltask *t = lums_cur_task;
-  if (__builtin_expect(t != NULL && t->run != NULL, 1)) return t;
-  return lums_not_in_task(L, fname);
-}
-/* Raises core.CANCELLED. */
-LUMS_HIDDEN int lums_raise_cancelled(lua_State *L);
-/* Begins a park of t (the current task) with an absolute deadline; raises
-** core.CANCELLED if t was cancelled, or an error. */
-LUMS_HIDDEN int lums_park_begin(lua_State *L, ltask *t, int64_t deadline,
-                                int flags, ums_park_token_t *tok);
-/* Raises for a park that could not begin (r from ums_park_begin_*). */
-LUMS_HIDDEN int lums_park_failed(lua_State *L, int r);
-/* The same as lums_park_begin, saying what the task waits for
-** (ums_park_begin_wait): a UMS_WAIT_* type, the object waited on (its
-** address, as tostring shows it) and the task holding it (0: none or
-** unknown). Inline: it is on the path of every channel message. */
-static inline int lums_park_begin_wait(lua_State *L, ltask *t,
-                                       int64_t deadline, int flags,
-                                       int type, const void *object,
-                                       ums_task_t blocker,
-                                       ums_park_token_t *tok) {
-  int r = ums_park_begin_wait(deadline, flags, type, object, blocker, tok);
-  if (__builtin_expect(r != 0, 0)) return lums_park_failed(L, r);
-  t->park_begun = true;
-  t->park_tok = *tok;
-  return 0;
-}
-/* Whether a wait of task t, made on Lua thread L, yields to the scheduler
-** (t's own coroutine, where Lua can yield) rather than blocking t's
-** worker: the choice lums_park_finish makes, for callers that loop over
-** several waits and must not recurse into their continuation when they
-** block (lfs.c). */
-LUMS_HIDDEN bool lums_can_yield(lua_State *L, ltask *t);
-/* lums_park_finish's other way: blocks only this task's worker, then
-** calls k. */
-LUMS_HIDDEN int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
-                                lua_KFunction k);
-/* Ends the wait begun by lums_park_begin: yields to the scheduler with
-** continuation k where Lua can yield (lums_can_yield), else blocks only
-** this task; k then reads the outcome with ums_park_result(). Inline: it
-** is on the path of every channel message. */
-static inline int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
-                                   lua_KFunction k) {
-  t->park_begun = false;
-  if (__builtin_expect(L == t->co, 1) && lua_isyieldable(L)) {
-    t->parking = true;
-    return lua_yieldk(L, 0, ctx, k);
-  }
-  return lums_park_block(L, t, ctx, k);
-}
-/* Ends park tok of task t with outcome: true if this call ended it, false
-** if that park had already ended (timed out, cancelled, unparked).
-** Inline: a channel message makes one. */
-static inline bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
-  if (!t->run) return false;
-  return ums_unpark(t->run->rt, tok, outcome) == 0;
-}
 
 /* Before task t waits on its own worker: the quantum monitor must not see
 ** it as running (it would signal a task that is not running Lua). */
@@ -442,10 +374,8 @@ LUMS_HIDDEN void lums_open_chan(lua_State *L);
 /* ---- lstats.c: stats, tasks, waits, stall reports ---- */
 
 /* Adds stats, tasks, waits, waits_reset, on_stall and the WAIT table to
-** the module table at the top. */
+** the module table at the top, and info to the task methods. */
 LUMS_HIDDEN void lums_open_stats(lua_State *L);
-/* task:info() (the handle at index 1). */
-LUMS_HIDDEN int lums_task_info(lua_State *L);
 /* A run's stall state: made before its runtime starts (the runtime's
 ** on_stall callback is lums_stall_cb with the state as argument), told
 ** the run's VMs once they exist, freed after the runtime and every VM
@@ -488,16 +418,6 @@ LUMS_HIDDEN void lums_request_hook(lrun *r);
 
 /* ---- For lvm.c: VMs of other schedulers ---- */
 
-/* Begins a park of t like lums_park_begin, but returns the runtime's
-** error code (UMS_ECANCELED, ...) instead of raising: for callers that
-** hold a lock they must release first. */
-LUMS_HIDDEN int lums_park_try_begin(ltask *t, int64_t deadline, int flags,
-                                    ums_park_token_t *tok);
-/* The same, saying what the task waits for (see lums_park_begin_wait). */
-LUMS_HIDDEN int lums_park_try_begin_wait(ltask *t, int64_t deadline,
-                                         int flags, int type,
-                                         const void *object,
-                                         ums_park_token_t *tok);
 /* Fills a fresh lrun for the VM whose main thread is L, running on
 ** scheduler `sched` of vms's runtime (lvm.c creates the VM, on that
 ** scheduler's thread). Returns NULL when out of memory. */
@@ -535,6 +455,9 @@ LUMS_HIDDEN lintr *lums_intr_block(void);
 LUMS_HIDDEN void lums_intr_watch(lintr *in, lvms *vms);
 LUMS_HIDDEN bool lums_intr_settle(lintr *in);
 LUMS_HIDDEN void lums_intr_end(lintr *in);
+
+/* What require "ums.core" runs (lums.c); public as ums_lua_open. */
+LUMS_HIDDEN int lums_open(lua_State *L);
 
 /* lshared.c: shared objects (ums.shared.*), registered in every VM. */
 LUMS_HIDDEN void lums_open_shared(lua_State *L);

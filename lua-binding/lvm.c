@@ -44,6 +44,7 @@
 */
 #define _GNU_SOURCE  /* strdup */
 #include "lvm.h"
+#include "lpark.h"
 
 #include <errno.h>
 #include <lualib.h>
@@ -55,7 +56,6 @@
 /* A request passed over this long by a busy scheduler starts anyway. */
 #define STARVE_NS (100 * UMS_NSEC_PER_MSEC)
 
-#define CANCELLED_KEY "ums.CANCELLED"  /* lums.c */
 #define ONERROR_KEY "ums.on_error"     /* lums.c */
 
 /* ---------------------------------------------------------------------- */
@@ -79,6 +79,7 @@ typedef struct lvmslot {
 
 struct lvms {
   ums_runtime_t *rt;     /* [const] */
+  const lums_vm_ops *ops;  /* [const] the module's VM calls */
   int nsched;            /* [const] */
   int64_t quantum;       /* [const] from the main VM's lrun */
   bool preempt;          /* [const once set, before any VM] the quantum
@@ -360,9 +361,11 @@ static lvms *vms_alloc(ums_runtime_t *rt) {
   return v;
 }
 
-lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt) {
+lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt,
+                   const lums_vm_ops *ops) {
   lvms *v = vms_alloc(rt);
   if (!v) return NULL;
+  v->ops = ops;
   int top = lua_gettop(L);
   v->path = dup_field(L, "package", "path");
   v->cpath = dup_field(L, "package", "cpath");
@@ -380,12 +383,13 @@ static char *dup_opt(const char *s, bool *ok) {
   return d;
 }
 
-lvms *lums_vms_new_hosted(ums_runtime_t *rt, const char *path,
-                          const char *cpath, const char *init,
-                          int64_t quantum, lums_vm_setup_fn setup,
-                          void *setup_arg) {
+lvms *lums_vms_new_hosted(ums_runtime_t *rt, const lums_vm_ops *ops,
+                          const char *path, const char *cpath,
+                          const char *init, int64_t quantum,
+                          lums_vm_setup_fn setup, void *setup_arg) {
   lvms *v = vms_alloc(rt);
   if (!v) return NULL;
+  v->ops = ops;
   bool ok = true;
   v->hosted = true;
   v->path = dup_opt(path, &ok);
@@ -442,20 +446,20 @@ static int vm_setup(lua_State *L) {
   /* This module itself, however the main VM got it (a host may have
   ** linked it in rather than put it on package.cpath). */
   lua_getfield(L, -1, "preload");
-  lua_pushcfunction(L, lums_open);
+  lua_pushcfunction(L, v->ops->open);
   lua_setfield(L, -2, "ums.core");
   lua_pop(L, 2);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "ums");
   lua_call(L, 1, 0);
-  lums_swap_os_exit(L, true);
+  v->ops->swap_os_exit(L, true);
   if (v->setup) {
     int rc = v->setup(L, s, v->setup_arg);
     if (rc != 0)
       return luaL_error(L, "the host's setup function returned %d", rc);
   }
   /* Last: nothing after it may fail and leave it behind. */
-  lrun *r = lums_run_new(L, v, v->rt, s, v->quantum);
+  lrun *r = v->ops->run_new(L, v, v->rt, s, v->quantum);
   if (!r) return luaL_error(L, "out of memory");
   lua_pushlightuserdata(L, r);
   return 1;
@@ -668,7 +672,7 @@ static int req_main_k(lua_State *L, int status, lua_KContext ctx) {
     lua_pushnil(L);
   }
   lua_pushvalue(L, -2);
-  lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUMS_CANCELLED_KEY);
   bool cancelled = lua_rawequal(L, -1, -2);
   lua_pop(L, 1);
   lmsg *m = NULL;
@@ -729,7 +733,7 @@ static int start_protected(lua_State *L) {
   lua_settop(L, 0);
   lua_pushcfunction(L, req_main);
   lua_pushlightuserdata(L, r);
-  lums_task_start(vm, 1);
+  vm->vms->ops->task_start(vm, 1);
   return 0;
 }
 
@@ -1177,7 +1181,7 @@ static int push_outcome(lua_State *L, lreq *r) {
   }
   lua_pushboolean(L, 0);
   if (r->outcome == O_CANCELLED)
-    lua_getfield(L, LUA_REGISTRYINDEX, CANCELLED_KEY);
+    lua_getfield(L, LUA_REGISTRYINDEX, LUMS_CANCELLED_KEY);
   else if (r->results)
     lcopy_decode(L, r->results);
   else
@@ -1350,8 +1354,11 @@ static void report_failed(lua_State *L, lvms *v) {
   }
 }
 
+/* Protected on a VM being closed: (lvms) -> reports its errors. */
 static int report_protected(lua_State *L) {
-  lums_report_errors(L);
+  lvms *v = (lvms *)lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  v->ops->report_errors(L);
   return 0;
 }
 
@@ -1391,9 +1398,10 @@ void lums_vms_close(lua_State *L, lvms *v) {
       /* Nothing in that VM protects this call: a memory error must not
       ** reach its panic function. */
       lua_pushcfunction(sl->L, report_protected);
-      if (lua_pcall(sl->L, 0, 0, 0) != LUA_OK) lua_pop(sl->L, 1);
+      lua_pushlightuserdata(sl->L, v);
+      if (lua_pcall(sl->L, 1, 0, 0) != LUA_OK) lua_pop(sl->L, 1);
       lua_close(sl->L);
-      lums_run_free(NULL, r, true);
+      v->ops->run_free(NULL, r, true);
     }
     free(sl->init_err);
   }

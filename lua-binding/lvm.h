@@ -21,17 +21,34 @@
 
 #include "ums-lua.h"
 
-/* What require "ums.core" runs (lums.c); public as ums_lua_open. */
-LUMS_HIDDEN int lums_open(lua_State *L);
-
 /* ====================================================================== */
 /* The VMs of a run (lvm.c)                                                */
 /* ====================================================================== */
 
+/* What a run needs from the module it runs (lums.c) to make, start and
+** end the VMs of its schedulers. Whoever makes the run hands it over
+** (lums_vm_ops), so that lvm.c, which the module drives, does not call
+** back into it. [const] */
+typedef struct lums_vm_ops {
+  lua_CFunction open;    /* require "ums.core" in a new VM */
+  /* Installs the run's os.exit in a new VM. */
+  void (*swap_os_exit)(lua_State *L, bool install);
+  /* lums_run_new, lums_run_free, lums_task_start, lums_report_errors. */
+  lrun *(*run_new)(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
+                   int64_t quantum);
+  void (*run_free)(lua_State *L, lrun *r, bool close_vm);
+  void (*task_start)(lrun *r, int nargs);
+  void (*report_errors)(lua_State *L);
+} lums_vm_ops;
+/* lums.c's. */
+LUMS_HIDDEN extern const lums_vm_ops lums_vm_ops_module;
+
 /* Makes the run-wide state for a run on rt, on the main thread before the
 ** run starts: package.path, package.cpath and the init module are read
-** from L (the main VM) now. NULL when out of memory. */
-LUMS_HIDDEN lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt);
+** from L (the main VM) now; ops make its other VMs (kept, not copied).
+** NULL when out of memory. */
+LUMS_HIDDEN lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt,
+                               const lums_vm_ops *ops);
 /* A hosted run (lhost.c): no main VM; every scheduler's VM, scheduler 0's
 ** included, is made by lvm.c on its own thread, with these paths (NULL:
 ** Lua's defaults), init module (NULL: none) and quantum (ns, 0: none),
@@ -39,9 +56,11 @@ LUMS_HIDDEN lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt);
 ** the init module (may raise; the VM then refuses its work). Any thread.
 ** NULL when out of memory. Closed by lums_vms_close(NULL, v). */
 typedef int (*lums_vm_setup_fn)(lua_State *L, int sched, void *arg);
-LUMS_HIDDEN lvms *lums_vms_new_hosted(ums_runtime_t *rt, const char *path,
-                                      const char *cpath, const char *init,
-                                      int64_t quantum, lums_vm_setup_fn setup,
+LUMS_HIDDEN lvms *lums_vms_new_hosted(ums_runtime_t *rt,
+                                      const lums_vm_ops *ops,
+                                      const char *path, const char *cpath,
+                                      const char *init, int64_t quantum,
+                                      lums_vm_setup_fn setup,
                                       void *setup_arg);
 /* Whether v is a hosted run (no main VM, no os.exit of its own). */
 LUMS_HIDDEN bool lums_vms_hosted(lvms *v);
@@ -160,7 +179,7 @@ LUMS_HIDDEN int lcopy_to_values(const lmsg *m, ums_lua_value_t **out,
                                 const char *root, char *err, size_t errsz);
 
 /* ====================================================================== */
-/* Shared objects (lshared.c)                                              */
+/* Shared objects (lproxy.c: objects and proxies; lshared.c: the kinds)    */
 /* ====================================================================== */
 
 typedef struct lshared_kind {
@@ -199,6 +218,8 @@ LUMS_HIDDEN void *lshared_new(lua_State *L, size_t size,
                               const lshared_kind *k);
 /* Creates kind k's proxy metatable in L's VM (each VM, at luaopen). */
 LUMS_HIDDEN void lshared_register(lua_State *L, const lshared_kind *k);
+/* Creates L's VM's proxy cache (each VM, at luaopen, before any proxy). */
+LUMS_HIDDEN void lshared_open_proxies(lua_State *L);
 
 /* A task waiting on a shared object. Allocated by lshared_wait_begin and
 ** freed by lshared_wait_end, in between reachable only through the
@@ -297,13 +318,5 @@ LUMS_HIDDEN bool lums_req_cancel(lreq *r);
 
 /* ums.shared.channel([size]), for lchan.c's channel{shared = true}. */
 LUMS_HIDDEN int lums_shared_channel(lua_State *L);
-
-/* lchan.c's argument checks, for the other files. */
-LUMS_HIDDEN int lums_argerr(lua_State *L, int narg, const char *fname,
-                            const char *msg);
-LUMS_HIDDEN int lums_typeerr(lua_State *L, int narg, const char *fname,
-                             const char *expected);
-LUMS_HIDDEN int64_t lums_opt_timeout(lua_State *L, int idx,
-                                     const char *fname, bool *poll);
 
 #endif

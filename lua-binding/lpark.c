@@ -1,0 +1,51 @@
+/*
+** lpark.c: parking a Lua task, the C side of every wait of the binding. A
+** wait yields to the scheduler with a continuation where Lua can yield
+** (the task's own coroutine), and otherwise blocks only this task's
+** worker (lums_park_block), while another worker runs the scheduler. The
+** Lua side (core.park_begin, park_wait, unpark, yield, sleep,
+** run_until_idle) is in ltask.c.
+*/
+#include "lpark.h"
+
+/* Finishes a wait whose park has begun: yields with continuation k where
+** Lua can yield here, else blocks this task's worker. k reads the outcome
+** with ums_park_result(). */
+bool lums_can_yield(lua_State *L, ltask *t) {
+  return L == t->co && lua_isyieldable(L);
+}
+
+int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
+                    lua_KFunction k) {
+  lums_before_block(t);
+  ums_park_wait();
+  lums_become_current(t);
+  return k(L, LUA_YIELD, ctx);
+}
+
+int lums_park_try_begin(ltask *t, int64_t deadline, int flags,
+                        ums_park_token_t *tok) {
+  return lums_park_try_begin_wait(t, deadline, flags, UMS_WAIT_PARK, NULL,
+                                  tok);
+}
+
+int lums_park_try_begin_wait(ltask *t, int64_t deadline, int flags,
+                             int type, const void *object,
+                             ums_park_token_t *tok) {
+  int r = ums_park_begin_wait(deadline, flags, type, object, 0, tok);
+  if (r) return r;
+  t->park_begun = true;
+  t->park_tok = *tok;
+  return 0;
+}
+
+int lums_park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
+                      ums_park_token_t *tok) {
+  return lums_park_begin_wait(L, t, deadline, flags, UMS_WAIT_PARK, NULL, 0,
+                              tok);
+}
+
+int lums_park_failed(lua_State *L, int r) {
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));
+}

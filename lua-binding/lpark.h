@@ -1,0 +1,84 @@
+/*
+** lpark.h: parking a Lua task (lpark.c). Every wait of the binding is a
+** park: lums_park_begin (or _begin_wait, saying what is waited for), then
+** lums_park_finish, whose continuation reads ums_park_result(); any thread
+** of the run ends a park with lums_unpark. core.park_begin, park_wait,
+** unpark, yield, sleep and run_until_idle are the Lua side (ltask.c).
+*/
+#ifndef LPARK_H
+#define LPARK_H
+
+#include "lums.h"
+
+/* The current task, or raises "ums.<fname>: not inside a task". Inline:
+** every wait starts with it. */
+static inline ltask *lums_need_task(lua_State *L, const char *fname) {
+  ltask *t = lums_cur_task;
+  if (__builtin_expect(t != NULL && t->run != NULL, 1)) return t;
+  return lums_not_in_task(L, fname);
+}
+
+/* Begins a park of t (the current task) with an absolute deadline; raises
+** core.CANCELLED if t was cancelled, or an error. */
+LUMS_HIDDEN int lums_park_begin(lua_State *L, ltask *t, int64_t deadline,
+                                int flags, ums_park_token_t *tok);
+/* Raises for a park that could not begin (r from ums_park_begin_*). */
+LUMS_HIDDEN int lums_park_failed(lua_State *L, int r);
+/* The same as lums_park_begin, saying what the task waits for
+** (ums_park_begin_wait): a UMS_WAIT_* type, the object waited on (its
+** address, as tostring shows it) and the task holding it (0: none or
+** unknown). Inline: it is on the path of every channel message. */
+static inline int lums_park_begin_wait(lua_State *L, ltask *t,
+                                       int64_t deadline, int flags,
+                                       int type, const void *object,
+                                       ums_task_t blocker,
+                                       ums_park_token_t *tok) {
+  int r = ums_park_begin_wait(deadline, flags, type, object, blocker, tok);
+  if (__builtin_expect(r != 0, 0)) return lums_park_failed(L, r);
+  t->park_begun = true;
+  t->park_tok = *tok;
+  return 0;
+}
+/* Whether a wait of task t, made on Lua thread L, yields to the scheduler
+** (t's own coroutine, where Lua can yield) rather than blocking t's
+** worker: the choice lums_park_finish makes, for callers that loop over
+** several waits and must not recurse into their continuation when they
+** block (lfs.c). */
+LUMS_HIDDEN bool lums_can_yield(lua_State *L, ltask *t);
+/* lums_park_finish's other way: blocks only this task's worker, then
+** calls k. */
+LUMS_HIDDEN int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
+                                lua_KFunction k);
+/* Ends the wait begun by lums_park_begin: yields to the scheduler with
+** continuation k where Lua can yield (lums_can_yield), else blocks only
+** this task; k then reads the outcome with ums_park_result(). Inline: it
+** is on the path of every channel message. */
+static inline int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
+                                   lua_KFunction k) {
+  t->park_begun = false;
+  if (__builtin_expect(L == t->co, 1) && lua_isyieldable(L)) {
+    t->parking = true;
+    return lua_yieldk(L, 0, ctx, k);
+  }
+  return lums_park_block(L, t, ctx, k);
+}
+/* Ends park tok of task t with outcome: true if this call ended it, false
+** if that park had already ended (timed out, cancelled, unparked).
+** Inline: a channel message makes one. */
+static inline bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
+  if (!t->run) return false;
+  return ums_unpark(t->run->rt, tok, outcome) == 0;
+}
+
+/* Begins a park of t like lums_park_begin, but returns the runtime's
+** error code (UMS_ECANCELED, ...) instead of raising: for callers that
+** hold a lock they must release first. */
+LUMS_HIDDEN int lums_park_try_begin(ltask *t, int64_t deadline, int flags,
+                                    ums_park_token_t *tok);
+/* The same, saying what the task waits for (see lums_park_begin_wait). */
+LUMS_HIDDEN int lums_park_try_begin_wait(ltask *t, int64_t deadline,
+                                         int flags, int type,
+                                         const void *object,
+                                         ums_park_token_t *tok);
+
+#endif

@@ -1,0 +1,400 @@
+/*
+** ltask.c: tasks as Lua sees them: ums.self() and the current task's
+** waits (yield, sleep, park_begin/park_wait/unpark, run_until_idle, all
+** parks: lpark.c), task handles and their methods (join, cancel, status,
+** name, id, locals, tostring), and the joins that wait for a task's
+** end. A handle outlives its task and keeps only the outcome (struct
+** lhandle); lums.c's task life cycle fills it in when the task ends and
+** wakes the joiners.
+*/
+#include "ltask.h"
+#include "lpark.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The task whose step runs on this thread: set by the step and by a task
+** that waited on its own worker (lums_become_current). */
+_Thread_local ltask *lums_cur_task;
+
+const char lums_task_tag = 0;
+
+lhandle *lums_to_task(lua_State *L, int idx) {
+  lhandle *h = (lhandle *)lua_touserdata(L, idx);
+  if (!h || lua_rawlen(L, idx) != sizeof *h || h->tag != &lums_task_tag)
+    return NULL;
+  return h;
+}
+
+lhandle *lums_check_task(lua_State *L, int idx) {
+  lhandle *h = lums_to_task(L, idx);
+  if (!h) luaL_checkudata(L, idx, LUMS_TASK_MT);  /* the usual error */
+  return h;
+}
+
+/* A joiner that timed out takes its entry back, so that polling join with
+** a timeout does not grow the list. */
+static void drop_joiner(ltask *t, ums_task_t who, uint64_t seq) {
+  for (int i = 0; i < t->njoiners; i++) {
+    if (t->joiners[i].tok.task == who && t->joiners[i].tok.seq == seq) {
+      t->joiners[i] = t->joiners[--t->njoiners];
+      return;
+    }
+  }
+}
+
+static int l_self(lua_State *L) {
+  ltask *t = lums_cur_task;
+  if (!t || t->self_ref == LUA_NOREF)
+    lua_pushnil(L);
+  else
+    lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The current task's waits                                                */
+/* ---------------------------------------------------------------------- */
+
+/* core.park_begin([timeout [, nocancel [, wait_type [, object
+** [, blocker]]]]]) -> seq. wait_type: a value of core.WAIT (default
+** "park"); object: what the task waits on (any value; its address names
+** it); blocker: the task holding it (a task handle or nil). */
+static int l_park_begin(lua_State *L) {
+  ltask *t = lums_need_task(L, "park_begin");
+  if (t->park_begun)
+    return luaL_error(L, "ums.park_begin: a park is already in progress "
+                         "(call ums.park_wait first)");
+  ums_park_token_t tok;
+  int64_t deadline = lums_check_timeout(L, 1);
+  lua_Integer type = luaL_optinteger(L, 3, UMS_WAIT_PARK);
+  luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, 3,
+                "not a wait type (see ums.WAIT)");
+  lhandle *blocker = lua_isnoneornil(L, 5) ? NULL : lums_check_task(L, 5);
+  lums_park_begin_wait(L, t, deadline,
+                       lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0,
+                       (int)type, lua_topointer(L, 4),
+                       blocker ? blocker->id : 0, &tok);
+  lua_pushinteger(L, (lua_Integer)tok.seq);
+  return 1;
+}
+
+static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
+  int r = ums_park_result();
+  (void)status;
+  (void)ctx;
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  /* Only a park that cancellation cannot end gets this (ums.h,
+  ** "Deadlocks"). */
+  if (r == UMS_EDEADLK)
+    return luaL_error(L, "deadlock: nothing could ever end this wait "
+                         "(ended by the deadlock detector)");
+  if (r == UMS_ETIMEDOUT) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  lua_pushinteger(L, r);
+  return 1;
+}
+
+/* core.park_wait() -> outcome | nil, "timeout" */
+static int l_park_wait(lua_State *L) {
+  ltask *t = lums_need_task(L, "park_wait");
+  if (!t->park_begun)
+    return luaL_error(L, "ums.park_wait: no park in progress (call "
+                         "ums.park_begin first)");
+  return lums_park_finish(L, t, 0, park_wait_k);
+}
+
+/* core.unpark(task, seq [, outcome]) -> boolean */
+static int l_unpark(lua_State *L) {
+  lhandle *h = lums_check_task(L, 1);
+  lua_Integer seq = luaL_checkinteger(L, 2);
+  lua_Integer outcome = luaL_optinteger(L, 3, 0);
+  luaL_argcheck(L, outcome >= 0 && outcome <= 0x7fffffff, 3,
+                "outcome must be a non-negative integer");
+  ums_park_token_t tok = {h->id, (uint64_t)seq};
+  lua_pushboolean(L, h->t && lums_unpark(h->t, tok, (int)outcome));
+  return 1;
+}
+
+static int yield_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  if (ums_cancelled()) return lums_raise_cancelled(L);
+  return 0;
+}
+
+static int l_yield(lua_State *L) {
+  ltask *t = lums_need_task(L, "yield");
+  if (t->park_begun)
+    return luaL_error(L, "ums.yield: cannot yield between park_begin and "
+                         "park_wait");
+  if (ums_cancelled()) return lums_raise_cancelled(L);
+  if (L == t->co && lua_isyieldable(L)) {
+    t->parking = false;
+    return lua_yieldk(L, 0, 0, yield_k);
+  }
+  int r = ums_yield();
+  lums_become_current(t);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  return 0;
+}
+
+static int sleep_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  if (ums_park_result() == UMS_ECANCELED) return lums_raise_cancelled(L);
+  return 0;
+}
+
+static int l_sleep(lua_State *L) {
+  lua_Number s = luaL_checknumber(L, 1);
+  luaL_argcheck(L, s == s, 1, "sleep time is NaN, not a number of seconds");
+  luaL_argcheck(L, s >= 0, 1, "sleep time must not be negative");
+  ltask *t = lums_need_task(L, "sleep");
+  ums_park_token_t tok;
+  int64_t deadline =
+      s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9));
+  lums_park_begin_wait(L, t, deadline, 0, UMS_WAIT_SLEEP, NULL, 0, &tok);
+  return lums_park_finish(L, t, 0, sleep_k);
+}
+
+static int idle_k(lua_State *L, int status, lua_KContext ctx) {
+  int r = ums_park_result();
+  (void)status;
+  (void)ctx;
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r == UMS_ETIMEDOUT) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.run_until_idle([timeout]) -> true | nil, "timeout": parks until
+** no other task can run (ums_wait_idle); with a virtual clock, before the
+** clock moves. */
+static int l_run_until_idle(lua_State *L) {
+  int64_t deadline = lums_check_timeout(L, 1);
+  ltask *t = lums_need_task(L, "run_until_idle");
+  if (t->park_begun)
+    return luaL_error(L, "ums.run_until_idle: cannot wait between "
+                         "park_begin and park_wait");
+  int r = ums_park_begin_idle(deadline, &t->park_tok);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r) return luaL_error(L, "ums.run_until_idle: %s", ums_strerror(r));
+  t->park_begun = true;
+  return lums_park_finish(L, t, 0, idle_k);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Task methods                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* Pushes the error and the traceback of the failed task whose handle h is
+** at idx. */
+void lums_handle_push_failure(lua_State *L, int idx, lhandle *h) {
+  if (h->nomem) {
+    lua_getfield(L, LUA_REGISTRYINDEX, LUMS_NOMEM_KEY);
+    lua_pushnil(L);
+    return;
+  }
+  lua_getiuservalue(L, idx, 1);
+  lua_getfield(L, -1, X_ERR);
+  lua_getfield(L, -2, X_TB);
+  lua_remove(L, -3);
+}
+
+/* Pushes a finished task's outcome as join returns it. */
+int lums_handle_push_outcome(lua_State *L, int idx, lhandle *h) {
+  h->joined = true;
+  if (h->ok) {
+    lua_pushboolean(L, 1);
+    if (h->nres == 0) return 1;
+    if (h->nres == 1) {
+      lua_getiuservalue(L, idx, LUMS_UV_RESULT);
+      return 2;
+    }
+    lua_getiuservalue(L, idx, 1);
+    int tbl = lua_gettop(L);
+    luaL_checkstack(L, h->nres, "too many results");
+    for (int i = 1; i <= h->nres; i++) lua_rawgeti(L, tbl, i);
+    lua_remove(L, tbl);
+    return 1 + h->nres;
+  }
+  lua_pushboolean(L, 0);
+  lums_handle_push_failure(L, idx, h);
+  return 3;
+}
+
+static int join_k(lua_State *L, int status, lua_KContext ctx) {
+  lhandle *h = (lhandle *)lua_touserdata(L, 1);
+  (void)status;
+  int r = ums_park_result();
+  if (h->state != T_DONE)
+    drop_joiner(h->t, lums_cur_task->h->id, (uint64_t)ctx);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (h->state != T_DONE) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  return lums_handle_push_outcome(L, 1, h);
+}
+
+/* join on a task not done yet: parks the caller (the handle at 1). Out
+** of line, so that a join on a finished task, the usual one, needs no
+** stack frame of its size. */
+static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
+                                               int64_t deadline) {
+  ltask *me = lums_need_task(L, "join");
+  ltask *t = h->t;
+  if (me == t) return luaL_error(L, "ums: a task cannot join itself");
+  if (t->run != me->run)
+    return luaL_error(L, "ums: cannot join a task of another run");
+  if (t->njoiners == t->capjoiners) {
+    int cap = t->capjoiners * 2;
+    joiner_t *j = malloc((size_t)cap * sizeof *j);
+    if (!j) return luaL_error(L, "ums: out of memory");
+    memcpy(j, t->joiners, (size_t)t->njoiners * sizeof *j);
+    if (t->joiners != t->join1) free(t->joiners);
+    t->joiners = j;
+    t->capjoiners = cap;
+  }
+  ums_park_token_t tok;
+  lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id, &tok);
+  t->joiners[t->njoiners++].tok = tok;
+  return lums_park_finish(L, me, (lua_KContext)tok.seq, join_k);
+}
+
+static int l_task_join(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_task_join);
+  lhandle *h = lums_check_task(L, 1);
+  int64_t deadline = UMS_FOREVER;
+  if (lua_gettop(L) != 1) {  /* no timeout (the usual call): no look */
+    deadline = lums_check_timeout(L, 2);
+    lua_settop(L, 1);
+  }
+  if (h->state == T_DONE) return lums_handle_push_outcome(L, 1, h);
+  return join_wait(L, h, deadline);
+}
+
+static int l_task_cancel(lua_State *L) {
+  lhandle *h = lums_check_task(L, 1);
+  if (!h->t || !h->t->run || h->state == T_DONE) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  lua_pushboolean(L, ums_task_cancel(h->t->run->rt, h->id) == 0);
+  return 1;
+}
+
+static int l_task_status(lua_State *L) {
+  lhandle *h = lums_check_task(L, 1);
+  const char *s;
+  if (h->state == T_DONE)
+    s = h->ok ? "done" : h->cancelled ? "cancelled" : "error";
+  else if (h->state == T_NEW)
+    s = "pending";
+  else if (h->t == lums_cur_task)
+    s = "running";
+  else
+    s = "suspended";
+  lua_pushstring(L, s);
+  return 1;
+}
+
+/* Pushes the name of the task at (absolute) idx: "" when it has none. */
+static void push_name(lua_State *L, int idx) {
+  if (lua_getiuservalue(L, idx, 1) == LUA_TTABLE) {
+    if (lua_getfield(L, -1, X_NAME) == LUA_TSTRING) {
+      lua_remove(L, -2);
+      return;
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_pushliteral(L, "");
+}
+
+static int l_task_name(lua_State *L) {
+  lums_check_task(L, 1);
+  if (!lua_isnoneornil(L, 2)) {
+    size_t len;
+    luaL_checklstring(L, 2, &len);
+    luaL_argcheck(L, len < 32, 2, "name longer than 31 bytes");
+    lums_handle_extras(L, 1, 0);
+    lua_pushvalue(L, 2);
+    lua_setfield(L, -2, X_NAME);
+    /* The runtime keeps it too, for ums.tasks() and stall reports, which
+    ** must not need this VM. */
+    lhandle *h = lums_to_task(L, 1);
+    if (h->t && h->t->run && h->state != T_DONE)
+      ums_task_set_name(h->t->run->rt, h->id, lua_tostring(L, 2));
+  }
+  lua_settop(L, 1);
+  push_name(L, 1);
+  return 1;
+}
+
+static int l_task_id(lua_State *L) {
+  lhandle *h = lums_check_task(L, 1);
+  lua_pushinteger(L, (lua_Integer)h->id);
+  return 1;
+}
+
+static int l_task_locals(lua_State *L) {
+  lums_check_task(L, 1);
+  lua_settop(L, 1);
+  lums_handle_extras(L, 1, 0);
+  if (lua_getfield(L, 2, X_LOCALS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, 2, X_LOCALS);
+  }
+  return 1;
+}
+
+static int l_task_tostring(lua_State *L) {
+  lhandle *h = lums_check_task(L, 1);
+  lua_settop(L, 1);
+  push_name(L, 1);
+  const char *name = lua_tostring(L, -1);
+  if (name[0])
+    lua_pushfstring(L, "ums.task %s (%p)", name, (void *)h);
+  else
+    lua_pushfstring(L, "ums.task (%p)", (void *)h);
+  return 1;
+}
+
+void lums_task_metatable(lua_State *L) {
+  static const luaL_Reg task_methods[] = {
+      {"join", l_task_join},     {"cancel", l_task_cancel},
+      {"status", l_task_status}, {"name", l_task_name},
+      {"id", l_task_id},         {"locals", l_task_locals},
+      {NULL, NULL}};
+  if (luaL_newmetatable(L, LUMS_TASK_MT)) {
+    luaL_newlib(L, task_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_task_tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+}
+
+void lums_open_task(lua_State *L) {
+  static const luaL_Reg funcs[] = {
+      {"self", l_self},
+      {"yield", l_yield},
+      {"sleep", l_sleep},
+      {"run_until_idle", l_run_until_idle},
+      {"park_begin", l_park_begin},
+      {"park_wait", l_park_wait},
+      {"unpark", l_unpark},
+      {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+}
