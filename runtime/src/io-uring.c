@@ -174,9 +174,22 @@ int ums__ring_new(ums__sched_t *s, const ums__ring_t *probe_from) {
   if (!rg) return UMS_ENOMEM;
   struct io_uring_params p;
   memset(&p, 0, sizeof p);
-  p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP;
+  /* Cooperative task work: a socket that becomes ready on another CPU
+  ** (a loopback peer's send runs our receive's wake-up there) queues the
+  ** receive's completion work for this thread without interrupting it,
+  ** and this thread runs it at its next entry into the kernel; the flag
+  ** says when such work waits (see task_work_due). Kernels before 5.19
+  ** refuse the flags: the ring is then set up without them. */
+  p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP |
+            IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
   p.cq_entries = CQ_ENTRIES;
   int r = io_uring_queue_init_params(RING_ENTRIES, &rg->ring, &p);
+  if (r == -EINVAL) {
+    memset(&p, 0, sizeof p);
+    p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_CLAMP;
+    p.cq_entries = CQ_ENTRIES;
+    r = io_uring_queue_init_params(RING_ENTRIES, &rg->ring, &p);
+  }
   if (r < 0) {
     free(rg);
     return r;
@@ -255,6 +268,13 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res);
 ** rest on the kernel's workers, on any CPU. */
 static bool big_read(const ums__io_req_t *r) {
   return r->op == UMS__IO_READ && r->iov[0].iov_len >= BIG_READ;
+}
+
+/* Whether the kernel holds completion work for this thread that only an
+** entry into the kernel runs (cooperative task work, set up in
+** ums__ring_new): a completion waits there, not yet in the CQ ring. */
+static bool task_work_due(const ums__ring_t *rg) {
+  return IO_URING_READ_ONCE(*rg->ring.sq.kflags) & IORING_SQ_TASKRUN;
 }
 
 /* Reaps every completion there is. The peek reads the ring's head and
@@ -658,6 +678,12 @@ void ums__ring_poll(ums__sched_t *s) {
     else
       rg->budget--;
   }
+  /* Completion work the kernel keeps for this thread runs at its next
+  ** system call; a pass that makes none (tasks that only compute and
+  ** yield) enters the kernel for it, or the completions would wait for
+  ** the run queue to empty. */
+  if (!io_uring_cq_ready(&rg->ring) && task_work_due(rg))
+    io_uring_get_events(&rg->ring);
   if (io_uring_cq_ready(&rg->ring) || io_uring_cq_has_overflow(&rg->ring))
     reap(s);
   if (rg->stage_head) chain_stages(s);
