@@ -999,6 +999,12 @@ struct ums_fs_req {
   uint32_t events;              /* POLL: POLLIN, POLLOUT, ... */
   bool connecting;              /* [the executor] a non-blocking connect
                                    is in progress: wait, then SO_ERROR */
+  bool ring_ready;              /* [const once submitted] tried at once and
+                                   not ready, on a ring: waits there for
+                                   readiness (a poll) and makes its call
+                                   again on the scheduler thread
+                                   (io-uring.c, "Sockets wait for
+                                   readiness") */
   /* [the poller's owner] the request's place among those waiting on the
   ** same descriptor (io-poll.c). */
   ums__io_req_t *poll_prev, *poll_next;

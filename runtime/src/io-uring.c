@@ -19,6 +19,20 @@
 ** and ums__ring_wake writes to that eventfd (only for the one waker that
 ** moved the scheduler from idle to woken; see ums__sched_wake).
 **
+** Sockets wait for readiness. A socket call is first made at once on the
+** scheduler thread (io.c, try_first); one that is not ready waits in the
+** ring as a poll for its readiness, and when the poll fires the call is
+** made again here, on this thread, for a caller that still waits. Had the
+** kernel's own receive (or send, or accept) waited instead, a caller
+** whose deadline passed, or who was cancelled, between the data's arrival
+** and the kernel's cancel would have had its bytes or its connection
+** taken and dropped with the abandoned result: a stream with a hole, a
+** send the caller believes unsent. A poll takes nothing, and the caller
+** gives up (collect) on this same thread, so the call is either made for
+** a caller that waits or not made at all. An accept on a blocking
+** listener and a connect still wait as the kernel's operations (their
+** calls would block here).
+**
 ** user_data: a request's address; the address with bit 0 set for the
 ** kernel cancel of that request; the address of ring->wake_buf for the
 ** eventfd read; LIBURING_UDATA_TIMEOUT for liburing's own timeouts on
@@ -398,16 +412,21 @@ static void chain_start(ums__sched_t *s, ums__io_req_t *r) {
   queued(s);
 }
 
-static void chain_cqe(ums__sched_t *s, ums__io_req_t *r, int tag, int res) {
-  ums__ring_t *rg = s->ring;
-  r->chain_res[tag] = res;
-  if (--r->chain_left > 0) return;
+/* Queues r for chain_stages, which runs after reap: reap must not submit
+** (get_sqe may reap when the ring is full). */
+static void stage_push(ums__ring_t *rg, ums__io_req_t *r) {
   r->chain_next = NULL;
   if (rg->stage_tail)
     rg->stage_tail->chain_next = r;
   else
     rg->stage_head = r;
   rg->stage_tail = r;
+}
+
+static void chain_cqe(ums__sched_t *s, ums__io_req_t *r, int tag, int res) {
+  r->chain_res[tag] = res;
+  if (--r->chain_left > 0) return;
+  stage_push(s->ring, r);
 }
 
 /* The result of a chain whose stage 2 has completed. */
@@ -469,6 +488,16 @@ static void chain_stages(ums__sched_t *s) {
   while ((r = rg->stage_head) != NULL) {
     rg->stage_head = r->chain_next;
     if (!rg->stage_head) rg->stage_tail = NULL;
+    if (r->ring_ready) {
+      /* A socket whose readiness did not hold: wait for it again, if
+      ** its caller still waits. */
+      if (atomic_load_explicit(&r->state, memory_order_relaxed) ==
+          UMS__IO_INFLIGHT)
+        ums__ring_submit(s, r);
+      else
+        ums__io_complete(r, UMS_ECANCELED);
+      continue;
+    }
     int64_t res;
     if (r->chain_stage == 2 && r->chain_short &&
         r->chain_res[CH_READ] >= 0 && r->chain_res[CH_CLOSE] >= 0 &&
@@ -499,7 +528,7 @@ void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r) {
   struct io_uring_sqe *sqe = get_sqe(s);
   /* UMS_FS_CUR (-1) is io_uring's "use the file position" too. */
   uint64_t off = (uint64_t)r->off;
-  switch (r->op) {
+  switch (r->ring_ready ? UMS__IO_POLL : r->op) {
     case UMS__IO_OPEN:
       io_uring_prep_openat(sqe, AT_FDCWD, r->path, r->flags,
                            (mode_t)r->mode);
@@ -566,7 +595,7 @@ void ums__ring_submit(ums__sched_t *s, ums__io_req_t *r) {
                             (unsigned)r->flags | MSG_NOSIGNAL);
       break;
     case UMS__IO_POLL:
-      io_uring_prep_poll_add(sqe, r->fd, r->events);
+      io_uring_prep_poll_add(sqe, r->fd, ums__net_events(r));
       break;
     default:
       abort(); /* ums__ring_supports said no */
@@ -596,13 +625,13 @@ void ums__ring_cancel(ums__sched_t *s, ums__io_req_t *r) {
   rg->kernel_refs++;
   queued(s);
   /* A socket operation whose caller has gone must stop before anything
-  ** else reaches its socket: left for the batch, a receive or an accept
-  ** waiting in the kernel would take the data or the connection meant
-  ** for the caller's next call (which tries the socket at once, before
-  ** the batch), and the runtime would drop them with the abandoned
-  ** result. The kernel cancels an operation that waits for readiness
-  ** during the submission itself. */
-  if (ums__io_is_net(r->op)) submit_now(s);
+  ** else reaches its socket: left for the batch, an accept on a blocking
+  ** listener waiting in the kernel would take the connection meant for
+  ** the caller's next call, and the runtime would close it with the
+  ** abandoned result. The kernel cancels an operation that waits for
+  ** readiness during the submission itself. A poll (ring_ready) takes
+  ** nothing: it can wait for the batch. */
+  if (ums__io_is_net(r->op) && !r->ring_ready) submit_now(s);
 }
 
 void ums__ring_cancel_fd(ums__sched_t *s, int fd) {
@@ -646,6 +675,23 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
     return;
   }
   if (big_read(r)) rg->big_reads--;
+  if (r->ring_ready && res >= 0) {
+    /* Ready: the call itself, here, for a caller that still waits; none
+    ** for one that has gone (collect, on this thread, abandoned it), so
+    ** that nothing is taken from the socket on its behalf. Not ready
+    ** after all (another reader was first): the poll again, after reap. */
+    int64_t v = UMS_ECANCELED;
+    if (atomic_load_explicit(&r->state, memory_order_relaxed) ==
+        UMS__IO_INFLIGHT) {
+      v = ums__net_try(r);
+      if (v == UMS__NET_WAIT) {
+        stage_push(rg, r);
+        return;
+      }
+    }
+    ums__io_complete(r, v);
+    return;
+  }
   /* A socket operation cancelled while its caller still waits: only
   ** ums__ring_cancel_fd does that, for a close of its descriptor. */
   if (res == -ECANCELED && ums__io_is_net(r->op)) res = UMS_EBADF;

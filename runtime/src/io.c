@@ -342,7 +342,9 @@ static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
   r->sched = s;
   UMS__COUNT(s, io_requests);
   int64_t res = UMS__NET_WAIT;
-  if (try_first(s, r)) {
+  r->ring_ready = false;
+  bool tried = try_first(s, r);
+  if (tried) {
     res = ums__net_try(r);
     /* Not ready past the deadline: the deadline's answer, without an
     ** operation left in the kernel that could still take data after its
@@ -363,6 +365,10 @@ static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
     ums__io_complete(r, res);
   } else if (use_ring(s, r)) {
     r->on_ring = true;
+    /* Tried above, so its call cannot block: the ring waits for
+    ** readiness and the call is made here again (a poll itself is
+    ** already one). */
+    r->ring_ready = tried && r->op != UMS__IO_POLL;
     ums__ring_submit(s, r);
   } else if (use_poller(s, r)) {
     /* Tried above: it waits for readiness. */

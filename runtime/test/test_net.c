@@ -352,6 +352,7 @@ typedef struct dgram {
   int fd;             /* the receiver's */
   addr_t addr;        /* its address */
   addr_t from;        /* the sender's bound address */
+  atomic_int timed_out; /* the receiver's first call has timed out */
 } dgram_t;
 
 static void *dgram_receiver(void *arg) {
@@ -361,6 +362,7 @@ static void *dgram_receiver(void *arg) {
   CHECK_RC((int)ums_net_recvfrom(d->fd, b, 0, 2048, 0, NULL, NULL,
                                  ums_deadline(tu_ms(30))),
            UMS_ETIMEDOUT);
+  atomic_store(&d->timed_out, 1);
   for (int i = 0; i < 3; i++) {
     struct sockaddr_storage from;
     socklen_t flen = sizeof from;
@@ -391,7 +393,10 @@ static void *dgram_sender2(void *arg) {
   int fd = bound(d->family, SOCK_DGRAM, &me);
   d->from = me;
   ums_buf_t *b = ums_buf_new(2048);
-  CHECK_RC(ums_sleep(tu_ms(60)), 0); /* past the receiver's timeout */
+  /* Past the receiver's timeout: waited for rather than slept past, so
+  ** that a scheduler held up longer than the sleep by a loaded machine
+  ** cannot let the first datagram reach the call meant to time out. */
+  while (!atomic_load(&d->timed_out)) CHECK_RC(ums_sleep(tu_ms(1)), 0);
   for (int i = 0; i < 3; i++) {
     fill(b, 100 + (size_t)i, (uint8_t)i);
     CHECK_EQ(ums_net_sendto(fd, b, 0, 100 + (size_t)i, 0,
@@ -1113,6 +1118,82 @@ static void rm_tree(const char *path) {
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", path);
 }
 
+/* ====================================================================== */
+/* A receive that times out takes nothing                                  */
+/* ====================================================================== */
+
+/* A receiver whose every call has a deadline of a few microseconds reads
+** a numbered stream that a sender on the other scheduler writes in
+** bursts: every timeout races the data. A call that has timed out must
+** leave the socket alone, so the stream arrives whole and in order. */
+enum { LOSS_MSGS = 20000 };
+
+typedef struct loss {
+  int rfd, sfd;
+  uint64_t bytes, timeouts;
+} loss_t;
+
+static void *loss_sender(void *arg) {
+  loss_t *l = arg;
+  ums_buf_t *b = ums_buf_new(4);
+  int64_t dl = ums_deadline(60 * SEC);
+  for (uint32_t i = 0; i < LOSS_MSGS; i++) {
+    uint8_t *p = ums_buf_data(b);
+    p[0] = (uint8_t)(i >> 24);
+    p[1] = (uint8_t)(i >> 16);
+    p[2] = (uint8_t)(i >> 8);
+    p[3] = (uint8_t)i;
+    CHECK_EQ(ums_net_send(l->sfd, b, 0, 4, 0, dl), 4);
+    if (i % 4 == 3) CHECK_RC(ums_sleep(20 * 1000), 0);
+  }
+  ums_buf_release(b);
+  CHECK_RC(ums_net_shutdown(l->sfd, SHUT_WR), 0);
+  return PTR(1);
+}
+
+static void *loss_receiver(void *arg) {
+  loss_t *l = arg;
+  ums_buf_t *b = ums_buf_new(4096);
+  for (;;) {
+    int64_t n = ums_net_recv(l->rfd, b, 0, 4096, 0, ums_deadline(25 * 1000));
+    if (n == UMS_ETIMEDOUT) {
+      l->timeouts++;
+      continue;
+    }
+    CHECK_GE(n, 0);
+    if (n == 0) break;
+    const uint8_t *p = ums_buf_data(b);
+    for (int64_t k = 0; k < n; k++, l->bytes++) {
+      uint32_t i = (uint32_t)(l->bytes / 4);
+      uint8_t want = (uint8_t)(i >> (8 * (3 - l->bytes % 4)));
+      if (p[k] != want) {
+        fprintf(stderr, "byte %llu of the stream: %u, expected %u (%llu "
+                "timeouts so far)\n", (unsigned long long)l->bytes,
+                (unsigned)p[k], (unsigned)want,
+                (unsigned long long)l->timeouts);
+        CHECK(p[k] == want);
+      }
+    }
+  }
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void test_timeout_takes_nothing(void) {
+  loss_t l = {0};
+  l.rfd = connected(AF_INET, &l.sfd);
+  ums_task_t r = spawn_on(0, loss_receiver, &l);
+  ums_task_t s = spawn_on(1, loss_sender, &l);
+  join(s);
+  join(r);
+  CHECK_EQ(l.bytes, (uint64_t)LOSS_MSGS * 4);
+  /* The race was run: calls did time out between the bursts. */
+  CHECK_GT(l.timeouts, 0);
+  int64_t dl = ums_deadline(10 * SEC);
+  CHECK_RC(ums_net_close(l.rfd, dl), 0);
+  CHECK_RC(ums_net_close(l.sfd, dl), 0);
+}
+
 int main(int argc, char **argv) {
   bool quick = false;
   for (int i = 1; i < argc; i++) {
@@ -1149,6 +1230,7 @@ int main(int argc, char **argv) {
   RUN_NET(test_deferred);
   RUN_NET(test_expired);
   if (!quick) {
+    RUN_NET(test_timeout_takes_nothing);
     RUN_NET(test_many);
     RUN_NET(test_accept_abandoned);
     RUN_NET(test_close_while_waiting);
