@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <malloc.h>
 #include <sched.h>
 #include <stdatomic.h>
 
@@ -597,6 +598,43 @@ static void test_run_on_caller(void) {
   CHECK_EQ(tu_thread_count(), threads);
 }
 
+/* ====================================================================== */
+/* The heap between runtimes                                               */
+/* ====================================================================== */
+
+/* A host that starts a runtime per test keeps small objects of its own
+** alive between them (a Lua heap the collector has not swept yet). What a
+** runtime mallocs and frees must not leave free space that such objects
+** then split, or each runtime adds fragments to the heap, and every
+** malloc and free walks more of them. glibc counts the heap's free
+** chunks (mallinfo2's ordblks); other allocators (the sanitizers') report
+** none, and the check then has nothing to look at. */
+static void test_heap_not_split(void) {
+  enum { N = 400 };
+  static void *kept[N];
+  ums_config_t cfg = {.run_on_caller = 1, .keep_threads = 2};
+  /* The kept threads exist before the first count. */
+  CHECK_RC(ums_runtime_shutdown(ums_runtime_new(&cfg, NULL), UMS_FOREVER),
+           0);
+  struct mallinfo2 before = mallinfo2();
+  for (int i = 0; i < N; i++) {
+    rt = ums_runtime_new(&cfg, NULL);
+    CHECK(rt != NULL);
+    spawn_on(0, nothing_fn, NULL);
+    CHECK_RC(ums_runtime_shutdown(rt, UMS_FOREVER), 0);
+    kept[i] = malloc(64);
+    CHECK(kept[i] != NULL);
+  }
+  struct mallinfo2 after = mallinfo2();
+  for (int i = 0; i < N; i++) free(kept[i]);
+  if (before.arena == 0) return;
+  size_t added = after.ordblks > before.ordblks ?
+                 after.ordblks - before.ordblks : 0;
+  if (added >= N / 10)
+    fprintf(stderr, "%zu free chunks added by %d runtimes\n", added, N);
+  CHECK(added < N / 10);
+}
+
 int main(void) {
   RUN(test_config_validation);
   RUN(test_config_defaults);
@@ -608,5 +646,6 @@ int main(void) {
   RUN(test_error_names);
   RUN(test_create_shutdown_cycles);
   RUN(test_run_on_caller);
+  RUN(test_heap_not_split);
   return 0;
 }
