@@ -4,14 +4,15 @@
 **
 ** The runtime itself (most of it the task table's chunk index) and each
 ** chunk of the task table are large and mostly untouched by a short
-** runtime. They come from mmap, which the kernel zeroes page by page as
-** they are touched. Unmapping them at shutdown makes the kernel flush
-** other CPUs' TLBs in a process with several threads, and a program may
-** start many short runtimes (a test framework starts one per test): so a
-** region its owner has cleared again (only what it used) is kept, at most
-** KEEP_MAX for the process, for the next request of the same size. A
-** child made by fork inherits the mappings with their contents: kept
-** regions stay valid there.
+** runtime; the schedulers' array is made and freed once per runtime, and
+** would fragment the heap (sched.c). They come from mmap, which the
+** kernel zeroes page by page as they are touched. Unmapping them at
+** shutdown makes the kernel flush other CPUs' TLBs in a process with
+** several threads, and a program may start many short runtimes (a test
+** framework starts one per test): so a region its owner has cleared again
+** (only what it used) is kept, at most KEEP_MAX for the process, for the
+** next request of the same size. A child made by fork inherits the
+** mappings with their contents: kept regions stay valid there.
 */
 #include "internal.h"
 

@@ -961,7 +961,9 @@ static void runtime_free(ums_runtime_t *rt) {
   ** had stopped reaping: the pool's references. */
   for (int i = 0; i < rt->nsched; i++) ums__preempt_reap(&rt->scheds[i]);
   for (int i = 0; i < rt->nsched; i++) sched_destroy(&rt->scheds[i]);
-  free(rt->scheds);
+  size_t bytes = sizeof(ums__sched_t) * (size_t)rt->cfg.schedulers;
+  memset(rt->scheds, 0, bytes);
+  ums__pages_free(rt->scheds, bytes, true);
   /* Chunks are added in order (task.c, grow_table): those past nslots
   ** were never allocated, and a short run has one. Tasks are handed out
   ** in slot order: those below rt->fresh are all a chunk has used, and
@@ -1148,8 +1150,13 @@ ums_runtime_t *ums_runtime_new(const ums_config_t *cfg, int *err) {
   atomic_init(&rt->vnow, 0);
   pthread_mutex_init(&rt->table_lock, NULL);
   pthread_mutex_init(&rt->waits_lock, NULL);
+  /* From pages.c rather than the heap: freed and allocated again per
+  ** runtime, a block this size and alignment would split the heap's free
+  ** space around the host's own objects that are not freed yet (a Lua
+  ** heap that is rarely collected), and every malloc would then walk
+  ** more fragments. */
   size_t bytes = sizeof(ums__sched_t) * (size_t)c.schedulers;
-  rt->scheds = ums__cacheline_alloc(bytes);
+  rt->scheds = ums__pages_alloc(bytes);
   if (!rt->scheds) {
     pthread_mutex_destroy(&rt->table_lock);
     pthread_mutex_destroy(&rt->waits_lock);

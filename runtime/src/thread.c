@@ -58,6 +58,11 @@ struct ums__thread {
   void *arg;                  /* [starter, before RUN] */
   sigset_t mask;              /* [starter, before RUN] mask fn runs with */
   char name[16];              /* [starter, before RUN] "" keeps the name */
+  char first_name[16];        /* [const] name's copy for the first role:
+                                 the thread names itself with it as it
+                                 starts, which may be after that role
+                                 was taken back and name rewritten for
+                                 the next one */
   ums__thread_t *next;        /* [cache.lock] in the cache */
 };
 
@@ -96,9 +101,9 @@ static void *thread_main(void *arg) {
   char named[sizeof th->name] = "";  /* the name it has (set it once) */
   /* Named for its first role even if that is taken back before it
   ** begins (ums__thread_stop): threads keep the names they had. */
-  if (th->name[0]) {
-    pthread_setname_np(pthread_self(), th->name);
-    memcpy(named, th->name, sizeof named);
+  if (th->first_name[0]) {
+    pthread_setname_np(pthread_self(), th->first_name);
+    memcpy(named, th->first_name, sizeof named);
   }
   for (;;) {
     uint32_t st;
@@ -194,6 +199,7 @@ int ums__thread_start(ums__thread_t **out, void *(*fn)(void *), void *arg,
   }
   /* A new thread starts with every signal blocked, as it parks; it sets
   ** the role's mask itself before fn. */
+  memcpy(th->first_name, th->name, sizeof th->first_name);
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);

@@ -597,6 +597,40 @@ static void test_run_on_caller(void) {
   CHECK_EQ(tu_thread_count(), threads);
 }
 
+/* ====================================================================== */
+/* The heap between runtimes                                               */
+/* ====================================================================== */
+
+/* A host that starts a runtime per test keeps small objects of its own
+** alive between them (a Lua heap the collector has not swept yet). A
+** block that each runtime takes from the heap with an alignment and
+** gives back is split by such objects in between (glibc's memalign
+** carves it out of a larger free block and frees the rest), so every
+** runtime would add fragments to the heap that each malloc and free then
+** walks. The runtime is linked into this program, so its calls to
+** aligned_alloc come here and are counted. */
+static atomic_int big_aligned;
+
+void *aligned_alloc(size_t align, size_t n) {
+  if (n >= 1024) atomic_fetch_add(&big_aligned, 1);
+  void *p = NULL;
+  if (align < sizeof(void *)) align = sizeof(void *);
+  return posix_memalign(&p, align, n) == 0 ? p : NULL;
+}
+
+static void test_heap_not_split(void) {
+  ums_config_t cfg = {.run_on_caller = 1, .keep_threads = 2};
+  for (int i = 0; i < 20; i++) {
+    int before = atomic_load(&big_aligned);
+    rt = ums_runtime_new(&cfg, NULL);
+    CHECK(rt != NULL);
+    spawn_on(0, nothing_fn, NULL);
+    CHECK_RC(ums_runtime_shutdown(rt, UMS_FOREVER), 0);
+    int after = atomic_load(&big_aligned);
+    CHECK_EQ(after, before);
+  }
+}
+
 int main(void) {
   RUN(test_config_validation);
   RUN(test_config_defaults);
@@ -608,5 +642,6 @@ int main(void) {
   RUN(test_error_names);
   RUN(test_create_shutdown_cycles);
   RUN(test_run_on_caller);
+  RUN(test_heap_not_split);
   return 0;
 }

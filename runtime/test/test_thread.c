@@ -5,8 +5,10 @@
 ** next runtime uses those instead of new ones (the same kernel thread
 ** ids, whatever the number of runtimes), each role gets its own signal
 ** mask and name on a reused thread, parked threads block every signal,
-** a child made by fork starts afresh, and a runtime without keep_threads
-** leaves nothing, not even the parked threads it took.
+** a child made by fork starts afresh, a runtime without keep_threads
+** leaves nothing, not even the parked threads it took, and a new thread
+** handed its next role before it has started names itself without
+** racing the one who hands it.
 */
 #include "test-util.h"
 
@@ -206,10 +208,39 @@ static void test_not_kept(void) {
   CHECK_RC(err, UMS_EINVAL);
 }
 
+/* A new thread names itself as it starts, which may be after the role it
+** was made for has been taken back and the thread handed a role of
+** another name: the name it starts with must not be the one its next
+** role is being given meanwhile (TSan sees the two threads touch it).
+** Each round begins with no thread parked (a runtime without
+** keep_threads ends those it takes), so that the first runtime's
+** threads are new, and the second runtime takes them up at once. */
+static void test_renamed_while_starting(void) {
+  ums_config_t drain = {.schedulers = 2};
+  ums_config_t keep = {.schedulers = 1, .run_on_caller = 1,
+                       .keep_threads = 2};
+  ums_config_t keep2 = {.schedulers = 1, .keep_threads = 2};
+  for (int i = 0; i < 30; i++) {
+    ums_runtime_t *rt = ums_runtime_new(&drain, NULL);
+    CHECK(rt != NULL);
+    CHECK_RC(ums_runtime_shutdown(rt, UMS_FOREVER), 0);
+    /* Its one new thread is the monitor, taken back at once... */
+    rt = ums_runtime_new(&keep, NULL);
+    CHECK(rt != NULL);
+    CHECK_RC(ums_runtime_shutdown(rt, UMS_FOREVER), 0);
+    /* ... and made a scheduler here, perhaps before it has started. */
+    rt = ums_runtime_new(&keep2, NULL);
+    CHECK(rt != NULL);
+    run_one(rt);
+    CHECK_RC(ums_runtime_shutdown(rt, UMS_FOREVER), 0);
+  }
+}
+
 int main(void) {
   RUN(test_reused);
   RUN(test_masks);
   RUN(test_fork);
   RUN(test_not_kept);
+  RUN(test_renamed_while_starting);
   return 0;
 }
