@@ -87,7 +87,7 @@ typedef struct lchan {
 ** on the way are dropped. */
 static inline lwait *wake_first(lwaitq *q, int status) {
   lwait *w;
-  while ((w = q->head) != NULL) {
+  while ((w = lums_q_first(q)) != NULL) {
     lums_q_unlink(w);
     if (lums_unpark(w->task, w->tok, w->kase * 2 + status)) return w;
   }
@@ -726,7 +726,7 @@ static int l_select(lua_State *L) {
 
 static int q_len(const lwaitq *q) {
   int n = 0;
-  for (const lwait *w = q->head; w; w = w->next) n++;
+  for (const ums_link_t *l = q->list.head; l; l = l->next) n++;
   return n;
 }
 

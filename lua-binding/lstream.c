@@ -259,7 +259,7 @@ static lside *busy_side(lfile *f, int sides) {
 ** one was woken (then it is about to take the side). */
 static bool side_wake(lside *s) {
   lwait *w;
-  while ((w = s->waiters.head) != NULL) {
+  while ((w = lums_q_first(&s->waiters)) != NULL) {
     lums_q_unlink(w);
     if (lums_unpark(w->task, w->tok, 0)) return true;
   }
@@ -1526,7 +1526,7 @@ static int flush_first(lop *o) {
     ** buffer, as a file's does, when the write side is free: it takes
     ** that side for the flush. It never waits for it: a writer that
     ** holds it (or waits for it) owns those bytes. */
-    if (f->wlen == 0 || f->side[1].busy || f->side[1].waiters.head) {
+    if (f->wlen == 0 || f->side[1].busy || !ums_list_empty(&f->side[1].waiters.list)) {
       o->phase = 1;
       return 1;
     }
@@ -1601,7 +1601,7 @@ enum { SH_FILE = 1, SH_BUF, SH_N, SH_OFF, SH_DONE, SH_FD };
 
 static bool can_share(lfile *f) {
   return lums_cur_task && !held(f) && f->wlen == 0 &&
-         !f->side[0].waiters.head;
+         ums_list_empty(&f->side[0].waiters.list);
 }
 
 /* The reader leaves; the last one out closes a descriptor left to it. */
@@ -1966,7 +1966,7 @@ static void close_left_now(lfile *f) {
   int sides = sides_of(f, &m_close);
   for (int i = 0; i < 2; i++)
     if (has_side(sides, i) &&
-        (f->side[i].busy || f->side[i].waiters.head != NULL))
+        (f->side[i].busy || !ums_list_empty(&f->side[i].waiters.list)))
       return;
   f->close_left = false;
   (void)flush_plain(f, NULL);

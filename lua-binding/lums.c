@@ -213,7 +213,7 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   t->joiners = NULL;
   t->njoiners = t->capjoiners = 0;
   t->wait.q = NULL;
-  t->wait.prev = t->wait.next = NULL;
+  t->wait.link.prev = t->wait.link.next = NULL;
   t->ffi_errno = 0;
   t->ffi_cbframe = NULL;
   t->req = NULL;

@@ -12,6 +12,7 @@
 
 #include "largs.h"
 #include "ums-binding.h"
+#include "ums-list.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -44,7 +45,7 @@ typedef struct lwait lwait;
 ** runs on that VM's one scheduler thread, so queues need no lock: the
 ** code between two waits runs as one atomic step. */
 typedef struct lwaitq {
-  lwait *head, *tail;
+  ums_list_t list;       /* of lwait.link, FIFO */
 } lwaitq;
 
 /* A task waiting on one channel operation (one per select case). It lives
@@ -54,7 +55,7 @@ typedef struct lwaitq {
 ** ended otherwise (timeout, cancel, another select case) unlinks it when
 ** it resumes. All fields are the scheduler thread's. */
 struct lwait {
-  lwait *prev, *next;
+  ums_link_t link;       /* on q's list */
   lwaitq *q;             /* the queue it is on; NULL once off */
   ltask *task;           /* the waiting task */
   ums_park_token_t tok;  /* its park */
@@ -69,29 +70,20 @@ struct lwait {
 /* Appends w to q. */
 static inline void lums_q_push(lwaitq *q, lwait *w) {
   w->q = q;
-  w->next = NULL;
-  w->prev = q->tail;
-  if (q->tail)
-    q->tail->next = w;
-  else
-    q->head = w;
-  q->tail = w;
+  ums_list_push_back(&q->list, &w->link);
+}
+
+/* The first waiter of q, or NULL. */
+static inline lwait *lums_q_first(const lwaitq *q) {
+  return UMS_LIST_ENTRY(q->list.head, lwait, link);
 }
 
 /* Takes w off its queue, if it is on one. */
 static inline void lums_q_unlink(lwait *w) {
   lwaitq *q = w->q;
   if (!q) return;
-  if (w->prev)
-    w->prev->next = w->next;
-  else
-    q->head = w->next;
-  if (w->next)
-    w->next->prev = w->prev;
-  else
-    q->tail = w->prev;
+  ums_list_remove(&q->list, &w->link);
   w->q = NULL;
-  w->prev = w->next = NULL;
 }
 
 typedef struct joiner {

@@ -63,9 +63,12 @@
 /* ---------------------------------------------------------------------- */
 
 typedef struct lreqq {
-  lreq *head, *tail;
+  ums_list_t list;       /* of lreq.qlink, FIFO */
   int n;
 } lreqq;
+
+#define REQ_OF_Q(l) UMS_LIST_ENTRY(l, lreq, qlink)
+#define REQ_OF_L(l) UMS_LIST_ENTRY(l, lreq, llink)
 
 /* Scheduler-side state of one VM. [owner]: the scheduler's thread. */
 typedef struct lvmslot {
@@ -105,9 +108,11 @@ struct lvms {
   int nrefused;          /* [lock] how many have refused */
   const char *refusal;   /* [lock] the latest refusal's message (a slot's
                             init_err, freed by lums_vms_close) */
-  lreq *active;          /* [lock] requests not done (one reference each) */
-  lreq *failed;          /* [lock] failed requests, kept for on_error at
-                            the end of the run (one reference each) */
+  ums_list_t active;     /* [lock] of lreq.llink: requests not done (one
+                            reference each) */
+  ums_list_t failed;     /* [lock] of lreq.llink: failed requests, kept for
+                            on_error at the end of the run (one reference
+                            each) */
   ums_sched_stats_t *rows; /* [lock] scratch for placement */
 
   _Atomic int64_t live;  /* [atomic] holds (see the top of this file) */
@@ -145,43 +150,13 @@ static const luaL_Reg work_methods[];
 static const lshared_kind work_kind = {"ums.work", req_destroy, work_methods};
 
 static void q_push(lreqq *q, lreq *r) {
-  r->qnext = NULL;
-  r->qprev = q->tail;
-  if (q->tail)
-    q->tail->qnext = r;
-  else
-    q->head = r;
-  q->tail = r;
+  ums_list_push_back(&q->list, &r->qlink);
   q->n++;
 }
 
 static void q_remove(lreqq *q, lreq *r) {
-  if (r->qprev)
-    r->qprev->qnext = r->qnext;
-  else
-    q->head = r->qnext;
-  if (r->qnext)
-    r->qnext->qprev = r->qprev;
-  else
-    q->tail = r->qprev;
-  r->qprev = r->qnext = NULL;
+  ums_list_remove(&q->list, &r->qlink);
   q->n--;
-}
-
-static void list_push(lreq **head, lreq *r) {
-  r->lprev = NULL;
-  r->lnext = *head;
-  if (*head) (*head)->lprev = r;
-  *head = r;
-}
-
-static void list_remove(lreq **head, lreq *r) {
-  if (r->lprev)
-    r->lprev->lnext = r->lnext;
-  else
-    *head = r->lnext;
-  if (r->lnext) r->lnext->lprev = r->lprev;
-  r->lprev = r->lnext = NULL;
 }
 
 /* Ends request r with its outcome: wakes its joiners and moves it off
@@ -198,11 +173,11 @@ static void req_finish(lreq *r, int outcome, lmsg *results, const char *tb) {
   lshared_grant_all(&r->joiners, 0);
   pthread_mutex_unlock(&r->h.lock);
   pthread_mutex_lock(&v->lock);
-  list_remove(&v->active, r);
+  ums_list_remove(&v->active, &r->llink);
   /* A host request's outcome always reaches the host (on_finish); only
   ** Lua ones wait for on_error at the end of the run. */
   bool keep = outcome == O_ERROR && !r->on_finish;
-  if (keep) list_push(&v->failed, r);
+  if (keep) ums_list_push_front(&v->failed, &r->llink);
   pthread_mutex_unlock(&v->lock);
   if (r->on_finish) r->on_finish(r);
   if (!keep) lshared_unref(&r->h);
@@ -820,7 +795,7 @@ static bool sched_free(ldisp *d) {
 ** else the oldest of the longest other queue. [v->lock] */
 static lreq *take_request(lvms *v, int s) {
   lreqq *q = &v->q[s];
-  if (!q->head) {
+  if (ums_list_empty(&q->list)) {
     int best = -1;
     for (int i = 0; i < v->nsched; i++)
       if (i != s && v->q[i].n > 0 && (best < 0 || v->q[i].n > v->q[best].n))
@@ -828,7 +803,7 @@ static lreq *take_request(lvms *v, int s) {
     if (best < 0) return NULL;
     q = &v->q[best];
   }
-  lreq *r = q->head;
+  lreq *r = REQ_OF_Q(q->list.head);
   q_remove(q, r);
   r->queued = false;
   return r;
@@ -863,7 +838,7 @@ static int disp_fail(ldisp *d, int err) {
     if (disp_spawn(v, s) != 0) {
       for (;;) {
         pthread_mutex_lock(&v->lock);
-        r = v->disp[s] ? NULL : v->q[s].head;
+        r = v->disp[s] ? NULL : REQ_OF_Q(v->q[s].list.head);
         if (r) {
           q_remove(&v->q[s], r);
           r->queued = false;
@@ -985,7 +960,7 @@ static int spawn_marked(lvms *v, const bool *spawn) {
 ** releases; a requeued r gets a new one. On s's thread. */
 static void refuse(lvms *v, int s, lreq *r, const char *err) {
   bool spawn[v->nsched];
-  lreq *doomed = NULL;  /* requests to fail, linked through qnext */
+  ums_list_t doomed = {NULL, NULL};  /* requests to fail, by qlink */
   pthread_mutex_lock(&r->h.lock);
   bool cancel = r->cancel_req;
   if (!cancel) {
@@ -1001,7 +976,7 @@ static void refuse(lvms *v, int s, lreq *r, const char *err) {
   int t = least_loaded(v, -1);
   if (t >= 0) {
     lreq *q;
-    while ((q = v->q[s].head) != NULL) {
+    while ((q = REQ_OF_Q(v->q[s].list.head)) != NULL) {
       q_remove(&v->q[s], q);
       q->home = least_loaded(v, -1);
       q_push(&v->q[q->home], q);
@@ -1016,11 +991,10 @@ static void refuse(lvms *v, int s, lreq *r, const char *err) {
   } else {
     for (int i = 0; i < v->nsched; i++) {
       lreq *q;
-      while ((q = v->q[i].head) != NULL) {
+      while ((q = REQ_OF_Q(v->q[i].list.head)) != NULL) {
         q_remove(&v->q[i], q);
         q->queued = false;
-        q->qnext = doomed;
-        doomed = q;
+        ums_list_push_back(&doomed, &q->qlink);
       }
     }
     memset(spawn, 0, sizeof spawn);
@@ -1031,10 +1005,8 @@ static void refuse(lvms *v, int s, lreq *r, const char *err) {
     req_finish(r, O_CANCELLED, NULL, "cancelled before it started");
   else if (t < 0)
     req_fail(r, err);
-  while (doomed) {
-    lreq *q = doomed;
-    doomed = q->qnext;
-    q->qnext = NULL;
+  for (ums_link_t *l; (l = ums_list_pop_front(&doomed)) != NULL;) {
+    lreq *q = REQ_OF_Q(l);
     req_fail(q, err);
     lums_vms_release(v);  /* its queue's hold */
   }
@@ -1048,7 +1020,7 @@ int lums_req_queue(lvms *v, lreq *r, int target, int here) {
   pthread_mutex_lock(&v->lock);
   /* A scheduler that refused work passes what is meant for it on. */
   if (target < 0 || v->refused[target]) target = least_loaded(v, here);
-  list_push(&v->active, r);
+  ums_list_push_front(&v->active, &r->llink);
   if (target < 0) {
     /* Every scheduler refused: the work fails as theirs did. */
     const char *err = v->refusal;
@@ -1332,8 +1304,8 @@ static const luaL_Reg work_methods[] = {{"join", work_join},
 /* Calls L's on_error for each failed request nobody joined. */
 static void report_failed(lua_State *L, lvms *v) {
   lreq *r;
-  while ((r = v->failed) != NULL) {
-    list_remove(&v->failed, r);
+  while ((r = REQ_OF_L(v->failed.head)) != NULL) {
+    ums_list_remove(&v->failed, &r->llink);
     bool report = !r->joined;
     r->joined = true;
     if (report) {
@@ -1366,15 +1338,15 @@ void lums_vms_close(lua_State *L, lvms *v) {
   /* Requests never started: the run ended first. */
   for (int i = 0; v->q && i < v->nsched; i++) {
     lreq *r;
-    while ((r = v->q[i].head) != NULL) {
+    while ((r = REQ_OF_Q(v->q[i].list.head)) != NULL) {
       q_remove(&v->q[i], r);
       r->queued = false;
       req_finish(r, O_CANCELLED, NULL, "the run ended before it started");
     }
   }
   /* Requests whose task was cancelled before it began. */
-  while (v->active)
-    req_finish(v->active, O_CANCELLED, NULL,
+  while (!ums_list_empty(&v->active))
+    req_finish(REQ_OF_L(v->active.head), O_CANCELLED, NULL,
                "the run ended before it started");
   /* The main VM reports the failed requests nobody joined; a hosted run
   ** has none, and the first VM it made does it. */
@@ -1386,8 +1358,8 @@ void lums_vms_close(lua_State *L, lvms *v) {
     report_failed(RL, v);
   } else {
     lreq *r;
-    while ((r = v->failed) != NULL) {
-      list_remove(&v->failed, r);
+    while ((r = REQ_OF_L(v->failed.head)) != NULL) {
+      ums_list_remove(&v->failed, &r->llink);
       lshared_unref(&r->h);
     }
   }

@@ -296,10 +296,10 @@ struct lreq {
   lmsg *results;         /* the results (O_OK) or the error value */
   char *traceback;
   /* [vms->lock] */
-  lreq *qprev, *qnext;   /* in vms->q[home] while queued */
+  ums_link_t qlink;      /* in vms->q[home] while queued */
   int home;              /* the queue it is in */
   bool queued;
-  lreq *lprev, *lnext;   /* in vms->active or vms->failed */
+  ums_link_t llink;      /* in vms->active or vms->failed */
 };
 
 /* Frees what a request owns (not r itself): its kind's destroy calls it. */
