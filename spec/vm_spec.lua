@@ -606,6 +606,29 @@ describe("shared objects", function()
       end
     end)
 
+  it("a buffered channel wakes a receiver parked on another scheduler "
+    .. "for every value, with no timeout or close to rescue it", function()
+    -- Ping-pong: each side waits in recv (parks, or spins first) for the
+    -- other's value, so one lost wake-up stops the exchange.
+    for _, cap in ipairs {1, 300} do
+      run(function()
+        local a, b = ums.shared.channel(cap), ums.shared.channel(cap)
+        local far = on1(function(a, b, n)
+          for _ = 1, n do assert(b:send(a:recv() + 1)) end
+          return true
+        end, a, b, 3000)
+        local x = 0
+        for _ = 1, 3000 do
+          assert.is_true(a:send(x))
+          x = b:recv(20)
+          assert.is_not_nil(x, "a wake-up was lost")
+        end
+        assert.equal(3000, x)
+        assert.is_true(results(far)[1])
+      end, {quantum = 0})
+    end
+  end)
+
   it("a channel keeps buffered values after close, and try_* and len",
     function()
       run(function()
