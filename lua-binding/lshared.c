@@ -339,6 +339,10 @@ static int64_t check_count(lua_State *L, int idx, const char *fname) {
 ** An unbuffered channel is a rendezvous under the lock: a sender hands
 ** its encoded value to a parked receiver (recvq) and unparks it, or
 ** parks on sendq with the value in its waiter for a receiver to take.
+** A receiver whose sender last ran on another scheduler first spins for
+** a while as the channel's `spinner` (a cell on its C stack, which stays
+** put because the task does not yield meanwhile): a sender hands the
+** value to the spinner the same way, and neither side parks.
 **
 ** A buffered channel keeps its values in a ring of preallocated slots,
 ** Vyukov's bounded multi-producer multi-consumer queue: a sender claims
@@ -411,7 +415,20 @@ typedef struct schan {
   _Atomic int send_sched;      /* [atomic] the scheduler of the latest
                                   sender, -1 before the first */
   _Atomic int recv_sched;      /* [atomic] the same for receivers */
+  struct spinner *spinner;     /* [h.lock] a receiver of an unbuffered
+                                  channel spinning for a value */
 } schan;
+
+/* A receiver spinning on an unbuffered channel. Registered and withdrawn
+** under the lock; a sender (or close) that finds it there unregisters
+** it, sets m and publishes state, all under the lock, and the receiver
+** owns m from then on. */
+typedef struct spinner {
+  _Atomic int state;     /* [h.lock] to write; the spinner reads it */
+  lmsg *m;               /* [h.lock] the value handed over */
+} spinner;
+
+enum { SPIN_WAITING, SPIN_GOT, SPIN_CLOSED };
 
 /* Outcomes of a send that does not park. */
 enum { PUT_OK, PUT_FULL, PUT_CLOSED };
@@ -696,12 +713,12 @@ static int64_t real_now(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Spins until a buffered channel has a value (want_room false) or room,
-** up to SPIN_NS. Returns whether it saw that; the caller then tries
-** again. */
-static bool spin_for(schan *c, bool want_room) {
-  int peer = atomic_load_explicit(want_room ? &c->recv_sched : &c->send_sched,
-                                  memory_order_relaxed);
+/* Spins until ready(c, arg), up to SPIN_NS, when the peer (the latest
+** task of the other side) runs on another scheduler. Returns whether it
+** saw that; the caller then tries again. */
+static bool spin_until(schan *c, _Atomic int *peer_side,
+                       bool (*ready)(schan *, void *), void *arg) {
+  int peer = atomic_load_explicit(peer_side, memory_order_relaxed);
   if (peer < 0 || peer == ums_current_sched()) return false;
   if (atomic_load_explicit(&c->spin_misses, memory_order_relaxed) >=
       SPIN_MISS_MAX) {
@@ -712,7 +729,7 @@ static bool spin_for(schan *c, bool want_room) {
   int64_t until = real_now() + SPIN_NS;
   bool seen = false;
   for (unsigned i = 1; i <= SPIN_MAX_LOOPS; i++) {
-    if (want_room ? has_room(c) : has_value(c) || is_closed(c)) {
+    if (ready(c, arg)) {
       seen = true;
       break;
     }
@@ -729,6 +746,28 @@ static bool spin_for(schan *c, bool want_room) {
                 : (misses < 2 * SPIN_MISS_MAX ? misses + 2 : misses);
   atomic_store_explicit(&c->spin_misses, misses, memory_order_relaxed);
   return seen;
+}
+
+static bool ready_room(schan *c, void *arg) {
+  (void)arg;
+  return has_room(c);
+}
+
+static bool ready_value(schan *c, void *arg) {
+  (void)arg;
+  return has_value(c) || is_closed(c);
+}
+
+static bool ready_handed(schan *c, void *arg) {
+  (void)c;
+  return atomic_load_explicit(&((spinner *)arg)->state,
+                              memory_order_acquire) != SPIN_WAITING;
+}
+
+/* Spins until a buffered channel has a value (want_room false) or room. */
+static bool spin_for(schan *c, bool want_room) {
+  return want_room ? spin_until(c, &c->recv_sched, ready_room, NULL)
+                   : spin_until(c, &c->send_sched, ready_value, NULL);
 }
 
 int lums_shared_channel(lua_State *L) {
@@ -806,7 +845,13 @@ static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
 ** channel. With the lock held; false if it would block (m is still the
 ** caller's). */
 static bool send_now(schan *c, lmsg *m) {
-  return lshared_grant(&c->recvq, GRANTED, m) != NULL;
+  if (lshared_grant(&c->recvq, GRANTED, m)) return true;
+  spinner *sp = c->spinner;
+  if (!sp) return false;
+  c->spinner = NULL;
+  sp->m = m;
+  atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
+  return true;
 }
 
 /* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed" */
@@ -823,6 +868,7 @@ static int chan_send(lua_State *L) {
     note_side(&c->send_sched);
     return send_buffered(L, c, &m, deadline, poll);
   }
+  note_side(&c->send_sched);
   lmsg *h = msg_to_heap(L, &m);
   pthread_mutex_lock(&c->h.lock);
   if (is_closed(c)) {
@@ -908,8 +954,22 @@ static int chan_recv(lua_State *L) {
     note_side(&c->recv_sched);
     return recv_buffered(L, c, deadline, poll);
   }
+  note_side(&c->recv_sched);
   pthread_mutex_lock(&c->h.lock);
   lmsg *m = take_sender(c);
+  if (!m && !poll && !is_closed(c) && !c->spinner) {
+    /* No sender yet: spin as the channel's spinner for one to hand the
+    ** value over, then withdraw unless it did. */
+    spinner sp = {.m = NULL};
+    atomic_init(&sp.state, SPIN_WAITING);
+    c->spinner = &sp;
+    pthread_mutex_unlock(&c->h.lock);
+    spin_until(c, &c->send_sched, ready_handed, &sp);
+    pthread_mutex_lock(&c->h.lock);
+    if (c->spinner == &sp) c->spinner = NULL;
+    m = sp.m;
+    if (!m) m = take_sender(c);
+  }
   if (m) {
     pthread_mutex_unlock(&c->h.lock);
     return lcopy_decode_free(L, m);
@@ -995,6 +1055,11 @@ static int chan_close(lua_State *L) {
   pthread_mutex_lock(&c->h.lock);
   bool was = atomic_fetch_or_explicit(&c->tail, 1, memory_order_acq_rel) & 1;
   if (!was) {
+    if (c->spinner) {
+      atomic_store_explicit(&c->spinner->state, SPIN_CLOSED,
+                            memory_order_release);
+      c->spinner = NULL;
+    }
     lshared_grant_all(&c->recvq, CLOSED);
     lshared_grant_all(&c->sendq, CLOSED);
   }

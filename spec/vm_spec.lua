@@ -606,11 +606,12 @@ describe("shared objects", function()
       end
     end)
 
-  it("a buffered channel wakes a receiver parked on another scheduler "
+  it("a channel wakes a receiver parked on another scheduler "
     .. "for every value, with no timeout or close to rescue it", function()
-    -- Ping-pong: each side waits in recv (parks, or spins first) for the
+    -- Ping-pong, unbuffered and buffered: each side waits in recv (parks,
+    -- or spins first) for the
     -- other's value, so one lost wake-up stops the exchange.
-    for _, cap in ipairs {1, 300} do
+    for _, cap in ipairs {0, 1, 300} do
       run(function()
         local a, b = ums.shared.channel(cap), ums.shared.channel(cap)
         local far = on1(function(a, b, n)
