@@ -609,8 +609,8 @@ describe("shared objects", function()
   it("a channel wakes a receiver parked on another scheduler "
     .. "for every value, with no timeout or close to rescue it", function()
     -- Ping-pong, unbuffered and buffered: each side waits in recv (parks,
-    -- or spins first) for the
-    -- other's value, so one lost wake-up stops the exchange.
+    -- or spins first) for the other's value, so one lost wake-up stops
+    -- the exchange.
     for _, cap in ipairs {0, 1, 300} do
       run(function()
         local a, b = ums.shared.channel(cap), ums.shared.channel(cap)
