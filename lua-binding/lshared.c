@@ -10,7 +10,9 @@
 ** however often it arrives), and the proxy holds one reference. Objects
 ** travel between VMs inside copied values (lcopy.c), which hold a
 ** reference of their own while in flight. Channel values are copied too:
-** the sender encodes into an lmsg, the receiver decodes it into its VM.
+** the sender encodes into an lmsg, the receiver decodes it into its VM;
+** a buffered channel moves them through a lock-free ring and takes its
+** lock only for waiters (the rule is at the channel's section).
 **
 ** Waits. A task that must wait allocates an lswait, begins its park and
 ** queues the waiter, all under the object's lock, then yields (or blocks
