@@ -388,9 +388,11 @@ static int64_t check_count(lua_State *L, int idx, const char *fname) {
 #define RING_MAX 256
 
 typedef struct slot {
-  _Atomic size_t seq;    /* [atomic] the position this slot serves next:
-                            pos when free for a send at pos, pos + 1 when
-                            it holds the value sent at pos */
+  _Atomic size_t seq;    /* [atomic] 2 pos when free for the send at
+                            pos, 2 pos + 1 when it holds the value sent
+                            at pos: doubled, so that with one slot "holds
+                            the value of pos" and "free for pos + 1"
+                            differ */
   lmsg m;                /* [the side that claimed the slot] */
 } slot;
 
@@ -457,15 +459,15 @@ static bool ring_put(schan *c, lmsg *m) {
     size_t pos = t >> 1;
     slot *s = &c->ring[pos % c->nring];
     size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-    if (seq == pos) {
+    if (seq == 2 * pos) {
       if (atomic_compare_exchange_weak_explicit(&c->tail, &t, t + 2,
                                                 memory_order_relaxed,
                                                 memory_order_relaxed)) {
         lcopy_move(&s->m, m);
-        atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+        atomic_store_explicit(&s->seq, 2 * pos + 1, memory_order_release);
         return true;
       }
-    } else if ((ptrdiff_t)(seq - pos) < 0) {
+    } else if ((ptrdiff_t)(seq - 2 * pos) < 0) {
       return false;  /* the slot still holds the value of a lap ago */
     } else {
       t = atomic_load_explicit(&c->tail, memory_order_relaxed);
@@ -481,16 +483,16 @@ static bool ring_take(schan *c, lmsg *out) {
   for (;;) {
     slot *s = &c->ring[pos % c->nring];
     size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-    if (seq == pos + 1) {
+    if (seq == 2 * pos + 1) {
       if (atomic_compare_exchange_weak_explicit(&c->head, &pos, pos + 1,
                                                 memory_order_relaxed,
                                                 memory_order_relaxed)) {
         lcopy_move(out, &s->m);
-        atomic_store_explicit(&s->seq, pos + c->nring,
+        atomic_store_explicit(&s->seq, 2 * (pos + c->nring),
                               memory_order_release);
         return true;
       }
-    } else if ((ptrdiff_t)(seq - (pos + 1)) < 0) {
+    } else if ((ptrdiff_t)(seq - (2 * pos + 1)) < 0) {
       return false;
     } else {
       pos = atomic_load_explicit(&c->head, memory_order_relaxed);
@@ -511,7 +513,7 @@ static bool has_value(schan *c) {
   size_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
   size_t seq = atomic_load_explicit(&c->ring[pos % c->nring].seq,
                                     memory_order_acquire);
-  return seq == pos + 1 ||
+  return seq == 2 * pos + 1 ||
          atomic_load_explicit(&c->nspill, memory_order_relaxed) > 0;
 }
 
@@ -523,7 +525,7 @@ static bool has_room(schan *c) {
   if (nspill > 0) return nspill < c->cap - c->nring;
   size_t pos = t >> 1;
   return atomic_load_explicit(&c->ring[pos % c->nring].seq,
-                              memory_order_acquire) == pos ||
+                              memory_order_acquire) == 2 * pos ||
          c->cap > c->nring;
 }
 
@@ -786,7 +788,8 @@ int lums_shared_channel(lua_State *L) {
   if (c->nring > 0) {
     c->ring = malloc(c->nring * sizeof *c->ring);
     if (!c->ring) luaL_error(L, "ums: out of memory");
-    for (size_t i = 0; i < c->nring; i++) atomic_init(&c->ring[i].seq, i);
+    for (size_t i = 0; i < c->nring; i++)
+      atomic_init(&c->ring[i].seq, 2 * i);
   }
   atomic_init(&c->send_sched, -1);
   atomic_init(&c->recv_sched, -1);

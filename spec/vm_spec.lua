@@ -519,8 +519,8 @@ describe("shared objects", function()
       -- the channel is busy. A value counts as sent when send returned
       -- true, as received when recv returned it; nothing yields in
       -- between, so every value sent is received exactly once, also by
-      -- the cancelled receiver before it was cancelled. Unbuffered, a
-      -- small ring, and a capacity beyond the ring (the spill).
+      -- the cancelled receiver before it was cancelled. Unbuffered, rings
+      -- of one and three slots, and a capacity beyond the ring (the spill).
       local function side(ch, who, go)
         local ums = require "ums"
         local CANCELLED = require("ums.core").CANCELLED
@@ -568,7 +568,7 @@ describe("shared objects", function()
         end
         return sent, got
       end
-      for _, cap in ipairs {0, 3, 300} do
+      for _, cap in ipairs {0, 1, 3, 300} do
         run(function()
           local ch = ums.shared.channel(cap)
           local go = ums.shared.event(true)
