@@ -27,6 +27,7 @@
 */
 #include "lvm.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,12 +44,25 @@
 /* Messages                                                                */
 /* ---------------------------------------------------------------------- */
 
-void lcopy_free(lmsg *m) {
-  if (!m) return;
+void lcopy_clear(lmsg *m) {
   for (uint32_t i = 0; i < m->nrefs; i++) lshared_unref(m->refs[i]);
   free(m->refs);
   if (m->data != m->inl) free(m->data);
+}
+
+void lcopy_free(lmsg *m) {
+  if (!m) return;
+  lcopy_clear(m);
   free(m);
+}
+
+void lcopy_move(lmsg *dst, lmsg *src) {
+  /* Only the used part of the inline buffer is worth copying. */
+  memcpy(dst, src, offsetof(lmsg, inl));
+  if (src->data == src->inl) {
+    memcpy(dst->inl, src->inl, src->len);
+    dst->data = dst->inl;
+  }
 }
 
 /* ---------------------------------------------------------------------- */
@@ -79,9 +93,10 @@ typedef struct enc {
   bool failed;
 } enc;
 
-/* Makes room for `more` bytes in m; false when out of memory. */
-static bool msg_grow(lmsg *m, size_t more) {
-  if (m->len + more <= m->cap) return true;
+/* Makes room for `more` bytes in m, which has less; false when out of
+** memory. Out of line: msg_put, inlined into its callers with a constant
+** size, stays a few moves for the scalars of every message. */
+static __attribute__((noinline)) bool msg_grow(lmsg *m, size_t more) {
   size_t cap = m->cap * 2;
   while (cap < m->len + more) cap *= 2;
   char *p;
@@ -98,17 +113,15 @@ static bool msg_grow(lmsg *m, size_t more) {
 }
 
 /* Appends n bytes to m; false when out of memory. */
-static bool msg_put(lmsg *m, const void *p, size_t n) {
-  if (!msg_grow(m, n)) return false;
+static inline bool msg_put(lmsg *m, const void *p, size_t n) {
+  if (m->len + n > m->cap && !msg_grow(m, n)) return false;
   memcpy(m->data + m->len, p, n);
   m->len += n;
   return true;
 }
 
-/* An empty message for n values; NULL when out of memory. */
-static lmsg *msg_new(int n) {
-  lmsg *m = malloc(sizeof *m);
-  if (!m) return NULL;
+/* Makes m an empty message for n values. */
+static void msg_init(lmsg *m, int n) {
   m->data = m->inl;
   m->len = 0;
   m->cap = sizeof m->inl;
@@ -116,6 +129,12 @@ static lmsg *msg_new(int n) {
   m->nrefs = m->caprefs = 0;
   m->nvalues = n;
   m->nids = 0;
+}
+
+/* An empty message for n values; NULL when out of memory. */
+static lmsg *msg_new(int n) {
+  lmsg *m = malloc(sizeof *m);
+  if (m) msg_init(m, n);
   return m;
 }
 
@@ -563,6 +582,17 @@ static bool put_scalars(lua_State *L, lmsg *m, int first, int n) {
   return true;
 }
 
+bool lcopy_encode_scalars(lua_State *L, int first, int n, lmsg *m) {
+  first = lua_absindex(L, first);
+  if (!all_scalars(L, first, n)) return false;
+  msg_init(m, n);
+  if (!put_scalars(L, m, first, n)) {
+    lcopy_clear(m);
+    luaL_error(L, "not enough memory");
+  }
+  return true;
+}
+
 lmsg *lcopy_encode(lua_State *L, int first, int n, const char *root,
                    bool indexed, char *err, size_t errsz, int *bad) {
   first = lua_absindex(L, first);
@@ -756,11 +786,11 @@ static int decode_all(lua_State *L) {
   return lcopy_decode(L, (const lmsg *)lua_touserdata(L, 1));
 }
 
-/* Pushes m's values and frees m when they are nil, booleans and numbers
+/* Pushes m's values when they are nil, booleans and numbers
 ** only: pushing those cannot raise, so no protected call is needed.
 ** Returns the count, or -1 (nothing pushed) for anything else, or when
 ** the stack has no room. */
-static int decode_numbers_free(lua_State *L, lmsg *m) {
+static int decode_numbers(lua_State *L, const lmsg *m) {
   if (m->nids || m->nrefs || !lua_checkstack(L, m->nvalues + 1)) return -1;
   const char *p = m->data, *end = m->data + m->len;
   for (int i = 0; i < m->nvalues; i++) {
@@ -791,26 +821,36 @@ static int decode_numbers_free(lua_State *L, lmsg *m) {
       lua_pushboolean(L, tag == 't');
     }
   }
-  int n = m->nvalues;
-  lcopy_free(m);
-  return n;
+  return m->nvalues;
 }
 
-int lcopy_decode_free(lua_State *L, lmsg *m) {
-  int n = decode_numbers_free(L, m);
-  if (n >= 0) return n;
+int lcopy_decode_clear(lua_State *L, lmsg *m) {
+  int n = decode_numbers(L, m);
+  if (n >= 0) {
+    lcopy_clear(m);
+    return n;
+  }
   int base = lua_gettop(L);
   if (!lua_checkstack(L, 2)) {
-    lcopy_free(m);
+    lcopy_clear(m);
     luaL_error(L, "stack overflow (too many values)");
   }
-  /* Protected, so that m is freed also when decoding raises. */
+  /* Protected, so that m is released also when decoding raises. */
   lua_pushcfunction(L, decode_all);
   lua_pushlightuserdata(L, m);
   int st = lua_pcall(L, 1, LUA_MULTRET, 0);
-  lcopy_free(m);
+  lcopy_clear(m);
   if (st != LUA_OK) lua_error(L);
   return lua_gettop(L) - base;
+}
+
+int lcopy_decode_free(lua_State *L, lmsg *m) {
+  /* A copy on the C stack, so that m's memory goes back before decoding
+  ** can raise. */
+  lmsg local;
+  lcopy_move(&local, m);
+  free(m);
+  return lcopy_decode_clear(L, &local);
 }
 
 int lcopy_decode(lua_State *L, const lmsg *m) {

@@ -9,7 +9,9 @@
 ** one reference (lproxy.c). Objects
 ** travel between VMs inside copied values (lcopy.c), which hold a
 ** reference of their own while in flight. Channel values are copied too:
-** the sender encodes into an lmsg, the receiver decodes it into its VM.
+** the sender encodes into an lmsg, the receiver decodes it into its VM;
+** a buffered channel moves them through a lock-free ring and takes its
+** lock only for waiters (the rule is at the channel's section).
 **
 ** Waits. A task that must wait allocates an lswait, begins its park and
 ** queues the waiter, all under the object's lock, then yields (or blocks
@@ -34,6 +36,8 @@
 #include "lpark.h"
 
 #include <inttypes.h>
+#include <sched.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -54,6 +58,7 @@ static void q_push(lswaitq *q, lswait *w) {
   else
     q->head = w;
   q->tail = w;
+  atomic_fetch_add_explicit(&q->n, 1, memory_order_relaxed);
 }
 
 static void q_unlink(lswait *w) {
@@ -67,6 +72,7 @@ static void q_unlink(lswait *w) {
     w->next->prev = w->prev;
   else
     q->tail = w->prev;
+  atomic_fetch_sub_explicit(&q->n, 1, memory_order_relaxed);
   w->q = NULL;
   w->prev = w->next = NULL;
 }
@@ -211,29 +217,105 @@ static int64_t check_count(lua_State *L, int idx, const char *fname) {
 /* Channel                                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* A ring of `nslots` encoded values holding `count` (at most `cap`) from
-** `head`; recvq holds receivers (only while the ring is empty), sendq
-** senders with their value in their waiter (only while it is full). A
-** value taken from a full ring is replaced by the first parked sender's,
-** which keeps the order of sends. The ring grows by doubling as values
-** arrive, up to `cap`: a capacity is a bound, not a reservation, as for
-** the plain channel's buffer table. */
+/*
+** An unbuffered channel is a rendezvous under the lock: a sender hands
+** its encoded value to a parked receiver (recvq) and unparks it, or
+** parks on sendq with the value in its waiter for a receiver to take.
+** A receiver whose sender last ran on another scheduler first spins for
+** a while as the channel's `spinner` (a cell on its C stack, which stays
+** put because the task does not yield meanwhile): a sender hands the
+** value to the spinner the same way, and neither side parks.
+**
+** A buffered channel keeps its values in a ring of preallocated slots,
+** Vyukov's bounded multi-producer multi-consumer queue: a sender claims
+** the slot at `tail` with a compare-and-swap, moves its encoded value
+** into the slot's inline message and publishes it through the slot's
+** sequence number; a receiver claims the slot at `head` the same way and
+** moves the value out. Neither takes the lock nor allocates while the
+** ring has room or a value, and scalars are encoded straight into the
+** sender's message (lcopy_encode_scalars), so a number or a short
+** string crosses without malloc. The lock orders only the parked
+** waiters and the spill.
+**
+** A capacity is a bound, not a reservation: the ring has at most
+** RING_MAX slots, and a channel with a larger capacity keeps the values
+** beyond the ring in the spill, a ring of message pointers under the
+** lock that grows by doubling. While the spill holds values every send
+** goes to it, which keeps each sender's values in order, and receivers
+** take from it once the ring is empty.
+**
+** Close is the low bit of `tail`, set with one atomic OR: a sender whose
+** compare-and-swap succeeds sent before the close, so after it no value
+** enters the ring, and a receiver that sees the bit and no claimed slot
+** past `head` knows the channel is drained.
+**
+** Wake-ups follow Dekker's pattern, with a seq_cst fence on both sides
+** between the write and the read. A receiver that finds nothing queues
+** itself on recvq under the lock (q_push counts it in recvq.n), then
+** looks at the ring once more; a sender publishes its value, then reads
+** recvq.n, and takes the lock to wake a receiver only when it is not
+** zero. So either the receiver's second look sees the value or the
+** sender sees the receiver. Senders waiting for room and receivers
+** making it do the same through sendq. A wake-up hands nothing over: it
+** tells the waiter to look again (GRANTED; CLOSED after a close). A
+** value therefore stays in the ring until a running receiver takes it,
+** and a waiter whose park ends otherwise (timeout, cancel: exactly one
+** of them wins, wait-protocol.md) loses nothing; the waker then wakes
+** the next waiter instead (lshared_grant).
+*/
+
+/* Slots in a buffered channel's ring, at most. */
+#define RING_MAX 256
+
+typedef struct slot {
+  _Atomic size_t seq;    /* [atomic] 2 pos when free for the send at
+                            pos, 2 pos + 1 when it holds the value sent
+                            at pos: doubled, so that with one slot "holds
+                            the value of pos" and "free for pos + 1"
+                            differ */
+  lmsg m;                /* [the side that claimed the slot] */
+} slot;
+
+/* Keeps the positions of the two sides on their own cache lines. */
+#define LINE 64
+
 typedef struct schan {
   lshared h;
-  lswaitq recvq, sendq;  /* [h.lock] */
-  lmsg **ring;           /* [h.lock] */
-  size_t nslots;         /* [h.lock] slots in ring, at most cap */
   size_t cap;            /* [const] */
-  size_t head;           /* [h.lock] */
-  _Atomic size_t count;  /* [h.lock] to write; any thread may read it to
-                            spin on (spin_for) */
-  bool closed;           /* [h.lock] */
+  size_t nring;          /* [const] slots in ring: min(cap, RING_MAX) */
+  slot *ring;            /* [const] NULL when unbuffered */
+  char pad0[LINE];
+  _Atomic size_t tail;   /* [atomic] next send position << 1 | closed */
+  char pad1[LINE];
+  _Atomic size_t head;   /* [atomic] next receive position */
+  char pad2[LINE];
+  lswaitq recvq, sendq;  /* [h.lock] (their n: any thread reads) */
+  lmsg **spill;          /* [h.lock] values beyond the ring */
+  size_t spill_slots;    /* [h.lock] */
+  size_t spill_head;     /* [h.lock] */
+  _Atomic size_t nspill; /* [h.lock] to write; any thread may read it */
   _Atomic int32_t spin_misses; /* [atomic] how the spins fare (spin_for) */
   _Atomic uint32_t spin_skips; /* [atomic] */
   _Atomic int send_sched;      /* [atomic] the scheduler of the latest
                                   sender, -1 before the first */
   _Atomic int recv_sched;      /* [atomic] the same for receivers */
+  struct spinner *spinner;     /* [h.lock] a receiver of an unbuffered
+                                  channel spinning for a value */
 } schan;
+
+/* A receiver spinning on an unbuffered channel. Registered and withdrawn
+** under the lock; a sender (or close) that finds it there unregisters
+** it, sets m and publishes state, all under the lock, and the receiver
+** owns m from then on. */
+typedef struct spinner {
+  _Atomic int state;     /* [h.lock] to write; the spinner reads it */
+  lmsg *m;               /* [h.lock] the value handed over */
+} spinner;
+
+enum { SPIN_WAITING, SPIN_GOT, SPIN_CLOSED };
+
+/* Outcomes of a send that does not park. */
+enum { PUT_OK, PUT_FULL, PUT_CLOSED };
 
 /* Remembers the caller's scheduler as the latest of one side: a spin
 ** pays only when the other side runs on another scheduler. Written only
@@ -244,19 +326,219 @@ static inline void note_side(_Atomic int *side) {
     atomic_store_explicit(side, me, memory_order_relaxed);
 }
 
-static inline size_t count_of(schan *c) {
-  return atomic_load_explicit(&c->count, memory_order_relaxed);
+static inline bool is_closed(schan *c) {
+  return atomic_load_explicit(&c->tail, memory_order_acquire) & 1;
 }
 
-static inline void count_set(schan *c, size_t n) {
-  atomic_store_explicit(&c->count, n, memory_order_relaxed);
+/* The full barrier between a side's write and its read of the other
+** side's state (the top of this section). TSan does not model fences, and
+** GCC warns about that; the values that cross are ordered by the slots'
+** sequence numbers and the lock, which it does model, so the warning is
+** silenced here rather than the fence replaced. */
+static inline void full_fence(void) {
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpragmas"
+#pragma GCC diagnostic ignored "-Wtsan"
+#endif
+  atomic_thread_fence(memory_order_seq_cst);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+}
+
+/* With the ring: moves m (the caller's) into a free slot; false if the
+** ring is full or closed (m is still the caller's). */
+static bool ring_put(schan *c, lmsg *m) {
+  size_t t = atomic_load_explicit(&c->tail, memory_order_relaxed);
+  for (;;) {
+    if (t & 1) return false;
+    size_t pos = t >> 1;
+    slot *s = &c->ring[pos % c->nring];
+    size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+    if (seq == 2 * pos) {
+      if (atomic_compare_exchange_weak_explicit(&c->tail, &t, t + 2,
+                                                memory_order_relaxed,
+                                                memory_order_relaxed)) {
+        lcopy_move(&s->m, m);
+        atomic_store_explicit(&s->seq, 2 * pos + 1, memory_order_release);
+        return true;
+      }
+    } else if ((ptrdiff_t)(seq - 2 * pos) < 0) {
+      return false;  /* the slot still holds the value of a lap ago */
+    } else {
+      t = atomic_load_explicit(&c->tail, memory_order_relaxed);
+    }
+  }
+}
+
+/* Moves the oldest published value into out; false if there is none
+** (the ring is empty, or its oldest slot is claimed but not yet
+** published). */
+static bool ring_take(schan *c, lmsg *out) {
+  size_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+  for (;;) {
+    slot *s = &c->ring[pos % c->nring];
+    size_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+    if (seq == 2 * pos + 1) {
+      if (atomic_compare_exchange_weak_explicit(&c->head, &pos, pos + 1,
+                                                memory_order_relaxed,
+                                                memory_order_relaxed)) {
+        lcopy_move(out, &s->m);
+        atomic_store_explicit(&s->seq, 2 * (pos + c->nring),
+                              memory_order_release);
+        return true;
+      }
+    } else if ((ptrdiff_t)(seq - (2 * pos + 1)) < 0) {
+      return false;
+    } else {
+      pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+    }
+  }
+}
+
+/* Values in the ring, claimed slots included. */
+static size_t ring_len(schan *c) {
+  size_t h = atomic_load_explicit(&c->head, memory_order_acquire);
+  size_t t = atomic_load_explicit(&c->tail, memory_order_acquire) >> 1;
+  return t > h ? t - h : 0;
+}
+
+/* Whether a receive would find something: a published value at head,
+** or values in the spill. */
+static bool has_value(schan *c) {
+  size_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+  size_t seq = atomic_load_explicit(&c->ring[pos % c->nring].seq,
+                                    memory_order_acquire);
+  return seq == 2 * pos + 1 ||
+         atomic_load_explicit(&c->nspill, memory_order_relaxed) > 0;
+}
+
+/* Whether a send would find room (or the close). */
+static bool has_room(schan *c) {
+  size_t t = atomic_load_explicit(&c->tail, memory_order_relaxed);
+  if (t & 1) return true;
+  size_t nspill = atomic_load_explicit(&c->nspill, memory_order_relaxed);
+  if (nspill > 0) return nspill < c->cap - c->nring;
+  size_t pos = t >> 1;
+  return atomic_load_explicit(&c->ring[pos % c->nring].seq,
+                              memory_order_acquire) == 2 * pos ||
+         c->cap > c->nring;
+}
+
+/* After a send or a receive: wakes one waiter of q (to look again) when
+** there is one. The fence pairs with the one a waiter makes between
+** queueing itself and its second look (see the top of this section). */
+static void wake_one(schan *c, lswaitq *q) {
+  full_fence();
+  if (atomic_load_explicit(&q->n, memory_order_relaxed) == 0) return;
+  pthread_mutex_lock(&c->h.lock);
+  lshared_grant(q, GRANTED, NULL);
+  pthread_mutex_unlock(&c->h.lock);
+}
+
+/* Makes room for one more value in the spill. With the lock held; false
+** when memory runs out. */
+static bool spill_grow(schan *c) {
+  size_t n = c->spill_slots < 4 ? 4 : c->spill_slots * 2;
+  size_t most = c->cap - c->nring;
+  if (n > most) n = most;
+  lmsg **spill = malloc(n * sizeof *spill);
+  if (!spill) return false;
+  size_t used = atomic_load_explicit(&c->nspill, memory_order_relaxed);
+  for (size_t i = 0; i < used; i++)
+    spill[i] = c->spill[(c->spill_head + i) % c->spill_slots];
+  free(c->spill);
+  c->spill = spill;
+  c->spill_slots = n;
+  c->spill_head = 0;
+  return true;
+}
+
+/* Without parking: moves m (the caller's; cleared unless PUT_FULL) into
+** a buffered channel. */
+static int put_now(schan *c, lmsg *m) {
+  if (atomic_load_explicit(&c->nspill, memory_order_relaxed) == 0) {
+    if (ring_put(c, m)) {
+      wake_one(c, &c->recvq);
+      return PUT_OK;
+    }
+    if (is_closed(c)) {
+      lcopy_clear(m);
+      return PUT_CLOSED;
+    }
+    if (c->cap == c->nring) return PUT_FULL;
+  }
+  pthread_mutex_lock(&c->h.lock);
+  if (is_closed(c)) {
+    pthread_mutex_unlock(&c->h.lock);
+    lcopy_clear(m);
+    return PUT_CLOSED;
+  }
+  size_t n = atomic_load_explicit(&c->nspill, memory_order_relaxed);
+  /* The ring may have made room meanwhile, but once values are in the
+  ** spill the ring takes none until it is empty. Without memory to grow
+  ** the spill the channel acts as if it were full. */
+  bool ok = n == 0 && ring_put(c, m);
+  if (!ok && n < c->cap - c->nring && (n < c->spill_slots || spill_grow(c))) {
+    lmsg *h = malloc(sizeof *h);
+    if (h) {
+      lcopy_move(h, m);
+      c->spill[(c->spill_head + n) % c->spill_slots] = h;
+      atomic_store_explicit(&c->nspill, n + 1, memory_order_relaxed);
+      ok = true;
+    }
+  }
+  if (ok) lshared_grant(&c->recvq, GRANTED, NULL);
+  pthread_mutex_unlock(&c->h.lock);
+  return ok ? PUT_OK : PUT_FULL;
+}
+
+/* Without parking: moves the next value of a buffered channel into out;
+** false if there is none. */
+static bool take_now(schan *c, lmsg *out) {
+  if (!ring_take(c, out)) {
+    if (atomic_load_explicit(&c->nspill, memory_order_relaxed) == 0)
+      return false;
+    pthread_mutex_lock(&c->h.lock);
+    size_t n = atomic_load_explicit(&c->nspill, memory_order_relaxed);
+    bool ok = ring_take(c, out);
+    if (!ok && n > 0) {
+      lmsg *h = c->spill[c->spill_head];
+      c->spill_head = (c->spill_head + 1) % c->spill_slots;
+      atomic_store_explicit(&c->nspill, n - 1, memory_order_relaxed);
+      lcopy_move(out, h);
+      free(h);
+      ok = true;
+    }
+    if (ok) lshared_grant(&c->sendq, GRANTED, NULL);
+    pthread_mutex_unlock(&c->h.lock);
+    return ok;
+  }
+  wake_one(c, &c->sendq);
+  return true;
+}
+
+/* Whether a closed buffered channel is drained: no published value and
+** no slot claimed before the close still being filled. */
+static bool drained(schan *c) {
+  size_t h = atomic_load_explicit(&c->head, memory_order_acquire);
+  size_t t = atomic_load_explicit(&c->tail, memory_order_acquire) >> 1;
+  return h == t &&
+         atomic_load_explicit(&c->nspill, memory_order_relaxed) == 0;
 }
 
 static void chan_destroy(lshared *o) {
   schan *c = (schan *)o;
-  for (size_t i = 0; i < count_of(c); i++)
-    lcopy_free(c->ring[(c->head + i) % c->nslots]);
-  free(c->ring);
+  lmsg m;
+  if (c->ring) {
+    while (ring_take(c, &m)) lcopy_clear(&m);
+    free(c->ring);
+  }
+  size_t n = atomic_load_explicit(&c->nspill, memory_order_relaxed);
+  for (size_t i = 0; i < n; i++)
+    lcopy_free(c->spill[(c->spill_head + i) % c->spill_slots]);
+  free(c->spill);
   free(c);
 }
 
@@ -268,48 +550,32 @@ static schan *check_chan(lua_State *L, const char *fname) {
   return (schan *)lshared_check(L, 1, &chan_kind, fname);
 }
 
-/* Encodes the value at idx for a send, or raises "bad argument ... to
-** 'fname' (value.path: what)". */
-static lmsg *encode_value(lua_State *L, int idx, const char *fname) {
+/* Encodes the value at idx for a send into m (the caller's memory), or
+** raises "bad argument ... to 'fname' (value.path: what)". */
+static void encode_value(lua_State *L, int idx, const char *fname, lmsg *m) {
+  if (lcopy_encode_scalars(L, idx, 1, m)) return;
   char err[256];
   int bad;
-  lmsg *m = lcopy_encode(L, idx, 1, "value", false, err, sizeof err, &bad);
-  if (!m) lums_argerr(L, idx, fname, err);
-  return m;
+  lmsg *h = lcopy_encode(L, idx, 1, "value", false, err, sizeof err, &bad);
+  if (!h) lums_argerr(L, idx, fname, err);
+  lcopy_move(m, h);
+  free(h);
 }
 
-static void ring_push(schan *c, lmsg *m) {
-  size_t n = count_of(c);
-  c->ring[(c->head + n) % c->nslots] = m;
-  count_set(c, n + 1);
-}
-
-static lmsg *ring_pop(schan *c) {
-  lmsg *m = c->ring[c->head];
-  c->head = (c->head + 1) % c->nslots;
-  count_set(c, count_of(c) - 1);
-  return m;
-}
-
-/* Makes room for one more value in a ring that is full but below cap.
-** With the lock held; false when memory runs out. */
-static bool ring_grow(schan *c) {
-  size_t n = c->nslots < 4 ? 4 : c->nslots;
-  if (n > c->cap / 2) n = c->cap;
-  else n *= 2;
-  lmsg **ring = malloc(n * sizeof *ring);
-  if (!ring) return false;
-  for (size_t i = 0; i < count_of(c); i++)
-    ring[i] = c->ring[(c->head + i) % c->nslots];
-  free(c->ring);
-  c->ring = ring;
-  c->nslots = n;
-  c->head = 0;
-  return true;
+/* m (the caller's) in memory of its own, for a waiter to carry; on
+** failure clears m and raises. */
+static lmsg *msg_to_heap(lua_State *L, lmsg *m) {
+  lmsg *h = malloc(sizeof *h);
+  if (!h) {
+    lcopy_clear(m);
+    luaL_error(L, "ums: out of memory");
+  }
+  lcopy_move(h, m);
+  return h;
 }
 
 /* Takes the value of the first parked sender whose park has not ended,
-** ending that park. NULL if there is none. */
+** ending that park. NULL if there is none. Unbuffered channels. */
 static lmsg *take_sender(schan *c) {
   lswait *s;
   while ((s = c->sendq.head) != NULL) {
@@ -321,32 +587,6 @@ static lmsg *take_sender(schan *c) {
     }
   }
   return NULL;
-}
-
-/* Without parking: hands m to a waiting receiver or the ring. With the
-** lock held; false if it would block (m is still the caller's). */
-static bool send_now(schan *c, lmsg *m) {
-  if (lshared_grant(&c->recvq, GRANTED, m)) return true;
-  /* Without memory to grow the ring the channel acts as if it were full:
-  ** the sender parks (or try_send fails) until a receiver makes room,
-  ** which keeps every value and the order of sends. */
-  size_t n = count_of(c);
-  if (n < c->cap && (n < c->nslots || ring_grow(c))) {
-    ring_push(c, m);
-    return true;
-  }
-  return false;
-}
-
-/* Without parking: the next value, or NULL. With the lock held. */
-static lmsg *recv_now(schan *c) {
-  if (count_of(c) > 0) {
-    lmsg *m = ring_pop(c);
-    lmsg *s = take_sender(c);
-    if (s) ring_push(c, s);
-    return m;
-  }
-  return take_sender(c);
 }
 
 /* How long a task spins, outside the lock, for a buffered channel to
@@ -374,12 +614,12 @@ static int64_t real_now(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* With c unlocked: spins until the ring holds a value (want_room false)
-** or has room, up to SPIN_NS. Returns whether it saw that; the caller
-** then takes the lock and tries again. */
-static bool spin_for(schan *c, bool want_room) {
-  int peer = atomic_load_explicit(want_room ? &c->recv_sched : &c->send_sched,
-                                  memory_order_relaxed);
+/* Spins until ready(c, arg), up to SPIN_NS, when the peer (the latest
+** task of the other side) runs on another scheduler. Returns whether it
+** saw that; the caller then tries again. */
+static bool spin_until(schan *c, _Atomic int *peer_side,
+                       bool (*ready)(schan *, void *), void *arg) {
+  int peer = atomic_load_explicit(peer_side, memory_order_relaxed);
   if (peer < 0 || peer == ums_current_sched()) return false;
   if (atomic_load_explicit(&c->spin_misses, memory_order_relaxed) >=
       SPIN_MISS_MAX) {
@@ -390,8 +630,7 @@ static bool spin_for(schan *c, bool want_room) {
   int64_t until = real_now() + SPIN_NS;
   bool seen = false;
   for (unsigned i = 1; i <= SPIN_MAX_LOOPS; i++) {
-    size_t n = count_of(c);
-    if (want_room ? n < c->cap : n > 0) {
+    if (ready(c, arg)) {
       seen = true;
       break;
     }
@@ -410,6 +649,28 @@ static bool spin_for(schan *c, bool want_room) {
   return seen;
 }
 
+static bool ready_room(schan *c, void *arg) {
+  (void)arg;
+  return has_room(c);
+}
+
+static bool ready_value(schan *c, void *arg) {
+  (void)arg;
+  return has_value(c) || is_closed(c);
+}
+
+static bool ready_handed(schan *c, void *arg) {
+  (void)c;
+  return atomic_load_explicit(&((spinner *)arg)->state,
+                              memory_order_acquire) != SPIN_WAITING;
+}
+
+/* Spins until a buffered channel has a value (want_room false) or room. */
+static bool spin_for(schan *c, bool want_room) {
+  return want_room ? spin_until(c, &c->recv_sched, ready_room, NULL)
+                   : spin_until(c, &c->send_sched, ready_value, NULL);
+}
+
 int lums_shared_channel(lua_State *L) {
   lua_Integer size = 0;
   if (!lua_isnoneornil(L, 1)) {
@@ -419,20 +680,80 @@ int lums_shared_channel(lua_State *L) {
       lums_argerr(L, 1, "channel", "size too large");
   }
   schan *c = lshared_new(L, sizeof *c, &chan_kind);
-  /* The ring is allocated by the first buffered send. */
   c->cap = (size_t)size;
+  c->nring = c->cap < RING_MAX ? c->cap : RING_MAX;
+  if (c->nring > 0) {
+    c->ring = malloc(c->nring * sizeof *c->ring);
+    if (!c->ring) luaL_error(L, "ums: out of memory");
+    for (size_t i = 0; i < c->nring; i++)
+      atomic_init(&c->ring[i].seq, 2 * i);
+  }
   atomic_init(&c->send_sched, -1);
   atomic_init(&c->recv_sched, -1);
   return 1;
 }
 
+/* Stack of a send: 1 the channel, 2 the value, 3 the deadline (kept for
+** the looks again after a wake-up). */
+static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
+                         bool poll);
+
 static int send_k(lua_State *L, int status, lua_KContext ctx) {
-  lmsg *m;
+  lmsg *h;
   (void)status;
-  int r = lshared_wait_end((lswait *)ctx, &m);
-  lcopy_free(m);  /* not taken: the send did not happen */
+  int r = lshared_wait_end((lswait *)ctx, &h);
+  schan *c = (schan *)lshared_test(L, 1);
+  if (r == GRANTED && c->ring) {
+    /* Room was made: look again. */
+    lmsg m;
+    lcopy_move(&m, h);
+    free(h);
+    return send_buffered(L, c, &m, (int64_t)lua_tointeger(L, 3), false);
+  }
+  lcopy_free(h);  /* not taken: the send did not happen */
   if (r == CLOSED) return push_closed(L);
   return push_wait_result(L, r);
+}
+
+static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
+                         bool poll) {
+  int r = put_now(c, m);
+  if (r == PUT_FULL && !poll && spin_for(c, true)) r = put_now(c, m);
+  if (r == PUT_OK) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (r == PUT_CLOSED) return push_closed(L);
+  if (poll) {
+    lcopy_clear(m);
+    return push_timeout(L);
+  }
+  lmsg *h = msg_to_heap(L, m);
+  pthread_mutex_lock(&c->h.lock);
+  ltask *me = wait_task(L, &c->h, "channel:send", h);
+  lswait *w = wait_begin_msg(L, me, &c->h, &c->sendq, deadline, h);
+  full_fence();
+  if (has_room(c)) {
+    /* A receiver made room before it could see this waiter: end the
+    ** park at once and look again. */
+    q_unlink(w);
+    ums_unpark(w->rt, w->tok, GRANTED);
+  }
+  pthread_mutex_unlock(&c->h.lock);
+  return lums_park_finish(L, me, (lua_KContext)w, send_k);
+}
+
+/* Without parking: hands m to a waiting receiver of an unbuffered
+** channel. With the lock held; false if it would block (m is still the
+** caller's). */
+static bool send_now(schan *c, lmsg *m) {
+  if (lshared_grant(&c->recvq, GRANTED, m)) return true;
+  spinner *sp = c->spinner;
+  if (!sp) return false;
+  c->spinner = NULL;
+  sp->m = m;
+  atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
+  return true;
 }
 
 /* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed" */
@@ -442,47 +763,85 @@ static int chan_send(lua_State *L) {
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 3, "send", &poll);
   lua_settop(L, 2);
-  lmsg *m = encode_value(L, 2, "send");
-  if (c->cap > 0) note_side(&c->send_sched);
-  for (bool spun = false;; spun = true) {
-    pthread_mutex_lock(&c->h.lock);
-    if (c->closed) {
-      pthread_mutex_unlock(&c->h.lock);
-      lcopy_free(m);
-      return push_closed(L);
-    }
-    if (send_now(c, m)) {
-      pthread_mutex_unlock(&c->h.lock);
-      lua_pushboolean(L, 1);
-      return 1;
-    }
-    /* Full: a receiver elsewhere may make room in a moment. Whatever the
-    ** spin saw, the state is looked at again under the lock: while it was
-    ** released, receivers may have emptied the ring and parked. */
-    if (spun || poll || c->cap == 0 || c->sendq.head) break;
+  lmsg m;
+  encode_value(L, 2, "send", &m);
+  if (c->ring) {
+    lua_pushinteger(L, (lua_Integer)deadline);
+    note_side(&c->send_sched);
+    return send_buffered(L, c, &m, deadline, poll);
+  }
+  note_side(&c->send_sched);
+  lmsg *h = msg_to_heap(L, &m);
+  pthread_mutex_lock(&c->h.lock);
+  if (is_closed(c)) {
     pthread_mutex_unlock(&c->h.lock);
-    spin_for(c, true);
+    lcopy_free(h);
+    return push_closed(L);
+  }
+  if (send_now(c, h)) {
+    pthread_mutex_unlock(&c->h.lock);
+    lua_pushboolean(L, 1);
+    return 1;
   }
   if (poll) {
     pthread_mutex_unlock(&c->h.lock);
-    lcopy_free(m);
+    lcopy_free(h);
     return push_timeout(L);
   }
-  ltask *me = wait_task(L, &c->h, "channel:send", m);
-  lswait *w = wait_begin_msg(L, me, &c->h, &c->sendq, deadline, m);
+  ltask *me = wait_task(L, &c->h, "channel:send", h);
+  lswait *w = wait_begin_msg(L, me, &c->h, &c->sendq, deadline, h);
   pthread_mutex_unlock(&c->h.lock);
   return lums_park_finish(L, me, (lua_KContext)w, send_k);
 }
 
+/* Stack of a receive: 1 the channel, 2 the deadline. */
+static int recv_buffered(lua_State *L, schan *c, int64_t deadline,
+                         bool poll);
+
 static int recv_k(lua_State *L, int status, lua_KContext ctx) {
-  lmsg *m;
+  lmsg *h;
   (void)status;
-  int r = lshared_wait_end((lswait *)ctx, &m);
-  if (r == GRANTED && m) return lcopy_decode_free(L, m);
-  lcopy_free(m);
-  if (r == CLOSED) return push_closed(L);
+  int r = lshared_wait_end((lswait *)ctx, &h);
+  if (r == GRANTED && h) return lcopy_decode_free(L, h);
+  lcopy_free(h);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  schan *c = (schan *)lshared_test(L, 1);
+  /* A buffered channel's wake-up (a value, or the close) says to look
+  ** again. */
+  if (r >= 0 && c->ring)
+    return recv_buffered(L, c, (int64_t)lua_tointeger(L, 2), false);
+  if (r == CLOSED) return push_closed(L);
   return push_timeout(L);
+}
+
+static int recv_buffered(lua_State *L, schan *c, int64_t deadline,
+                         bool poll) {
+  lmsg m;
+  for (int spun = 0;; spun++) {
+    if (take_now(c, &m)) return lcopy_decode_clear(L, &m);
+    if (is_closed(c)) {
+      if (drained(c)) return push_closed(L);
+      /* A send claimed a slot before the close and is still filling
+      ** it: it takes no longer than a copy. */
+      if (poll) return push_timeout(L);
+      sched_yield();
+      continue;
+    }
+    if (poll || spun || !spin_for(c, false)) break;
+  }
+  if (poll) return push_timeout(L);
+  pthread_mutex_lock(&c->h.lock);
+  ltask *me = wait_task(L, &c->h, "channel:recv", NULL);
+  lswait *w = lshared_wait_begin(L, me, &c->h, &c->recvq, deadline);
+  full_fence();
+  if (has_value(c) || is_closed(c)) {
+    /* A sender published before it could see this waiter: end the park
+    ** at once and look again. */
+    q_unlink(w);
+    ums_unpark(w->rt, w->tok, GRANTED);
+  }
+  pthread_mutex_unlock(&c->h.lock);
+  return lums_park_finish(L, me, (lua_KContext)w, recv_k);
 }
 
 /* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */
@@ -492,21 +851,32 @@ static int chan_recv(lua_State *L) {
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "recv", &poll);
   lua_settop(L, 1);
-  if (c->cap > 0) note_side(&c->recv_sched);
+  if (c->ring) {
+    lua_pushinteger(L, (lua_Integer)deadline);
+    note_side(&c->recv_sched);
+    return recv_buffered(L, c, deadline, poll);
+  }
+  note_side(&c->recv_sched);
   pthread_mutex_lock(&c->h.lock);
-  lmsg *m = recv_now(c);
-  /* Empty: a sender elsewhere may fill it in a moment. */
-  if (!m && !poll && !c->closed && c->cap > 0 && !c->recvq.head) {
+  lmsg *m = take_sender(c);
+  if (!m && !poll && !is_closed(c) && !c->spinner) {
+    /* No sender yet: spin as the channel's spinner for one to hand the
+    ** value over, then withdraw unless it did. */
+    spinner sp = {.m = NULL};
+    atomic_init(&sp.state, SPIN_WAITING);
+    c->spinner = &sp;
     pthread_mutex_unlock(&c->h.lock);
-    spin_for(c, false);
+    spin_until(c, &c->send_sched, ready_handed, &sp);
     pthread_mutex_lock(&c->h.lock);
-    m = recv_now(c);
+    if (c->spinner == &sp) c->spinner = NULL;
+    m = sp.m;
+    if (!m) m = take_sender(c);
   }
   if (m) {
     pthread_mutex_unlock(&c->h.lock);
     return lcopy_decode_free(L, m);
   }
-  if (c->closed) {
+  if (is_closed(c)) {
     pthread_mutex_unlock(&c->h.lock);
     return push_closed(L);
   }
@@ -524,14 +894,22 @@ static int chan_recv(lua_State *L) {
 static int chan_try_send(lua_State *L) {
   schan *c = check_chan(L, "try_send");
   lua_settop(L, 2);
-  lmsg *m = encode_value(L, 2, "try_send");
-  pthread_mutex_lock(&c->h.lock);
-  bool closed = c->closed, sent = !closed && send_now(c, m);
-  pthread_mutex_unlock(&c->h.lock);
-  lua_pushboolean(L, sent);
-  if (sent) return 1;
-  lcopy_free(m);
-  if (closed)
+  lmsg m;
+  encode_value(L, 2, "try_send", &m);
+  int r;
+  if (c->ring) {
+    r = put_now(c, &m);
+    if (r == PUT_FULL) lcopy_clear(&m);
+  } else {
+    lmsg *h = msg_to_heap(L, &m);
+    pthread_mutex_lock(&c->h.lock);
+    r = is_closed(c) ? PUT_CLOSED : send_now(c, h) ? PUT_OK : PUT_FULL;
+    pthread_mutex_unlock(&c->h.lock);
+    if (r != PUT_OK) lcopy_free(h);
+  }
+  lua_pushboolean(L, r == PUT_OK);
+  if (r == PUT_OK) return 1;
+  if (r == PUT_CLOSED)
     lua_pushliteral(L, "closed");
   else
     lua_pushliteral(L, "full");
@@ -542,14 +920,25 @@ static int chan_try_send(lua_State *L) {
 static int chan_try_recv(lua_State *L) {
   schan *c = check_chan(L, "try_recv");
   lua_settop(L, 1);
-  pthread_mutex_lock(&c->h.lock);
-  lmsg *m = recv_now(c);
-  bool closed = c->closed;
-  pthread_mutex_unlock(&c->h.lock);
-  if (m) {
-    lua_pushboolean(L, 1);
-    lcopy_decode_free(L, m);
-    return 2;
+  bool closed;
+  if (c->ring) {
+    lmsg m;
+    if (take_now(c, &m)) {
+      lua_pushboolean(L, 1);
+      lcopy_decode_clear(L, &m);
+      return 2;
+    }
+    closed = is_closed(c) && drained(c);
+  } else {
+    pthread_mutex_lock(&c->h.lock);
+    lmsg *m = take_sender(c);
+    closed = is_closed(c);
+    pthread_mutex_unlock(&c->h.lock);
+    if (m) {
+      lua_pushboolean(L, 1);
+      lcopy_decode_free(L, m);
+      return 2;
+    }
   }
   lua_pushboolean(L, 0);
   lua_pushnil(L);
@@ -561,13 +950,18 @@ static int chan_try_recv(lua_State *L) {
 }
 
 /* ch:close() -> true | nil, "closed". Parked receivers and senders get
-** nil, "closed"; values already in the ring can still be received. */
+** nil, "closed" (receivers of a buffered channel once it is drained);
+** values already sent can still be received. */
 static int chan_close(lua_State *L) {
   schan *c = check_chan(L, "close");
   pthread_mutex_lock(&c->h.lock);
-  bool was = c->closed;
+  bool was = atomic_fetch_or_explicit(&c->tail, 1, memory_order_acq_rel) & 1;
   if (!was) {
-    c->closed = true;
+    if (c->spinner) {
+      atomic_store_explicit(&c->spinner->state, SPIN_CLOSED,
+                            memory_order_release);
+      c->spinner = NULL;
+    }
     lshared_grant_all(&c->recvq, CLOSED);
     lshared_grant_all(&c->sendq, CLOSED);
   }
@@ -579,9 +973,11 @@ static int chan_close(lua_State *L) {
 
 static int chan_len(lua_State *L) {
   schan *c = check_chan(L, "len");
-  pthread_mutex_lock(&c->h.lock);
-  size_t n = count_of(c);
-  pthread_mutex_unlock(&c->h.lock);
+  size_t n = 0;
+  if (c->ring) {
+    n = ring_len(c) + atomic_load_explicit(&c->nspill, memory_order_relaxed);
+    if (n > c->cap) n = c->cap;
+  }
   lua_pushinteger(L, (lua_Integer)n);
   return 1;
 }
@@ -592,11 +988,7 @@ static int chan_cap(lua_State *L) {
 }
 
 static int chan_closed(lua_State *L) {
-  schan *c = check_chan(L, "closed");
-  pthread_mutex_lock(&c->h.lock);
-  bool closed = c->closed;
-  pthread_mutex_unlock(&c->h.lock);
-  lua_pushboolean(L, closed);
+  lua_pushboolean(L, is_closed(check_chan(L, "closed")));
   return 1;
 }
 

@@ -155,13 +155,28 @@ typedef struct lmsg {
 LUMS_HIDDEN lmsg *lcopy_encode(lua_State *L, int first, int n,
                                const char *root, bool indexed, char *err,
                                size_t errsz, int *bad);
+/* Encodes the n values from index first into m (the caller's memory)
+** when they are all nil, booleans, numbers or strings, and returns true;
+** returns false, m untouched, for anything else. Raises only for memory
+** errors, with nothing left in m. */
+LUMS_HIDDEN bool lcopy_encode_scalars(lua_State *L, int first, int n,
+                                      lmsg *m);
 /* Pushes fresh copies of m's values onto L and returns their number. m
 ** is left as it was (it may be decoded again). Raises on memory errors. */
 LUMS_HIDDEN int lcopy_decode(lua_State *L, const lmsg *m);
 /* The same, then frees m, also when decoding raises. */
 LUMS_HIDDEN int lcopy_decode_free(lua_State *L, lmsg *m);
+/* The same for a message in the caller's memory: releases what m holds
+** (not m itself), also when decoding raises. */
+LUMS_HIDDEN int lcopy_decode_clear(lua_State *L, lmsg *m);
 /* Frees m and drops its references. NULL is ignored. Any thread. */
 LUMS_HIDDEN void lcopy_free(lmsg *m);
+/* Releases what m holds (its data and references), not m itself: for a
+** message in the caller's memory. Any thread. */
+LUMS_HIDDEN void lcopy_clear(lmsg *m);
+/* Moves the message src into dst (both the caller's memory): dst owns
+** what src held, and src is to be forgotten, not cleared. */
+LUMS_HIDDEN void lcopy_move(lmsg *dst, lmsg *src);
 
 /* A C host's values (ums_lua_value_t, trees of nil, booleans, integers,
 ** floats, strings and tables) to a message, without a VM: NULL with err
@@ -229,6 +244,9 @@ LUMS_HIDDEN void lshared_open_proxies(lua_State *L);
 typedef struct lswait lswait;
 typedef struct lswaitq {
   lswait *head, *tail;         /* [object lock] */
+  _Atomic int n;               /* [object lock] to write; any thread may
+                                  read it to learn whether a wake-up is
+                                  needed at all (lshared.c's channel) */
 } lswaitq;
 struct lswait {
   lswait *prev, *next;         /* [object lock] */

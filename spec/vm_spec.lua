@@ -511,6 +511,125 @@ describe("shared objects", function()
       end, {quantum = 0})
     end)
 
+  it("senders and receivers on two schedulers get every value once, "
+    .. "through cancellations, timeouts and a close in the middle",
+    function()
+      -- Each scheduler runs two senders, three receivers (one with short
+      -- timeouts), and a sender and a receiver that are cancelled while
+      -- the channel is busy. A value counts as sent when send returned
+      -- true, as received when recv returned it; nothing yields in
+      -- between, so every value sent is received exactly once, also by
+      -- the cancelled receiver before it was cancelled. Unbuffered, rings
+      -- of one and three slots, and a capacity beyond the ring (the spill).
+      local function side(ch, who, go)
+        local ums = require "ums"
+        local CANCELLED = require("ums.core").CANCELLED
+        local sent, got = {}, {}
+        local function sender(id)
+          local i = 0
+          while true do
+            i = i + 1
+            local v = who .. id .. ":" .. i
+            local ok, err = ch:send(v, i % 5 == 0 and 0.0002 or nil)
+            if ok then
+              sent[#sent + 1] = v
+            elseif err == "closed" then
+              return
+            end
+          end
+        end
+        local function receiver(timeouts)
+          while true do
+            local v, err = ch:recv(timeouts and 0.0002 or nil)
+            if v ~= nil then
+              got[#got + 1] = v
+            elseif err == "closed" then
+              return
+            end
+          end
+        end
+        local ts = {}
+        for id = 1, 2 do ts[#ts + 1] = ums.spawn(sender, id) end
+        for k = 1, 3 do ts[#ts + 1] = ums.spawn(receiver, k == 3) end
+        local vs, vr = ums.spawn(sender, 9), ums.spawn(receiver, false)
+        assert(go:wait(30))
+        ums.sleep(0.001)
+        vs:cancel()
+        vr:cancel()
+        for _, t in ipairs(ts) do
+          local ok, err = t:join(30)
+          assert(ok, tostring(err))
+        end
+        -- A victim that was not waiting when cancelled may see the close
+        -- before it waits again.
+        for _, t in ipairs {vs, vr} do
+          local ok, err = t:join(30)
+          assert(ok or err == CANCELLED, tostring(err))
+        end
+        return sent, got
+      end
+      for _, cap in ipairs {0, 1, 3, 300} do
+        run(function()
+          local ch = ums.shared.channel(cap)
+          local go = ums.shared.event(true)
+          local far = on1(side, ch, "far", go)
+          local near = ums.spawn(side, ch, "near", go)
+          -- Let values flow both ways for a while, cancel the victims,
+          -- then close while the senders are still sending.
+          ums.sleep(0.02)
+          go:set()
+          ums.sleep(0.02)
+          assert.is_true(ch:close())
+          local ok, nsent, ngot = near:join(30)
+          assert.is_true(ok, nsent)
+          local fr = results(far)
+          local count = {}
+          for _, list in ipairs {nsent, fr[1]} do
+            for _, v in ipairs(list) do
+              assert(count[v] == nil, "sent twice: " .. v)
+              count[v] = 0
+            end
+          end
+          local total = 0
+          for _, list in ipairs {ngot, fr[2]} do
+            for _, v in ipairs(list) do
+              assert(count[v], "received but not sent: " .. v)
+              assert(count[v] == 0, "received twice: " .. v)
+              count[v] = 1
+              total = total + 1
+            end
+          end
+          assert.equal(#nsent + #fr[1], total, "values lost")
+          assert.is_true(total > 0)
+          assert.same({false, nil, "closed"}, {ch:try_recv()})
+        end, {quantum = 0})
+      end
+    end)
+
+  it("a channel wakes a receiver parked on another scheduler "
+    .. "for every value, with no timeout or close to rescue it", function()
+    -- Ping-pong, unbuffered and buffered: each side waits in recv (parks,
+    -- or spins first) for the other's value, so one lost wake-up stops
+    -- the exchange.
+    for _, cap in ipairs {0, 1, 300} do
+      run(function()
+        local a, b = ums.shared.channel(cap), ums.shared.channel(cap)
+        local far = on1(function(a, b, n)
+          for _ = 1, n do assert(b:send(a:recv() + 1)) end
+          return true
+        end, a, b, 3000)
+        local x = 0
+        for _ = 1, 3000 do
+          assert.is_true(a:send(x))
+          x = b:recv(20)
+          assert.is_not_nil(x, "a wake-up was lost")
+        end
+        assert.equal(3000, x)
+        assert.is_true(results(far)[1])
+      end, {quantum = 0})
+    end
+  end)
+
   it("a channel keeps buffered values after close, and try_* and len",
     function()
       run(function()

@@ -6,7 +6,8 @@
 ** whose whole stack is smaller than what one C frame per level of a table
 ** nested to the copy's limit would take, with tables nested in values and
 ** in keys. Also: plain scalars cross without the general walk
-** (test_scalars).
+** (test_scalars), also into and out of the caller's memory
+** (test_in_place).
 */
 #define _GNU_SOURCE
 #include "lvm.h"
@@ -173,8 +174,50 @@ static void test_scalars(void) {
   lua_close(L);
 }
 
+/* Messages in the caller's memory (a shared channel's slots): scalars are
+** encoded in place, a short one inside the message itself, and a moved
+** message decodes to the same values from its new place. */
+static void test_in_place(void) {
+  lua_State *L = luaL_newstate();
+  CHECK(L != NULL);
+  lmsg a, slots[2];
+  lua_pushliteral(L, "short");
+  CHECK(lcopy_encode_scalars(L, 1, 1, &a));
+  CHECK(a.data == a.inl);
+  lcopy_move(&slots[1], &a);
+  memset(&a, 0xa5, sizeof a);  /* a is forgotten: nothing may point in it */
+  CHECK(slots[1].data == slots[1].inl);
+  lua_settop(L, 0);
+  CHECK_EQ(lcopy_decode_clear(L, &slots[1]), 1);
+  CHECK(strcmp(lua_tostring(L, 1), "short") == 0);
+  lua_settop(L, 0);
+
+  /* A long string leaves the inline buffer; the move keeps its data. */
+  luaL_Buffer b;
+  char *big = luaL_buffinitsize(L, &b, 1000);
+  memset(big, 'y', 1000);
+  luaL_pushresultsize(&b, 1000);
+  lua_pushinteger(L, 42);
+  CHECK(lcopy_encode_scalars(L, 1, 2, &a));
+  CHECK(a.data != a.inl);
+  lcopy_move(&slots[0], &a);
+  lua_settop(L, 0);
+  CHECK_EQ(lcopy_decode_clear(L, &slots[0]), 2);
+  CHECK(lua_rawlen(L, 1) == 1000 && lua_tostring(L, 1)[999] == 'y');
+  CHECK(lua_tointeger(L, 2) == 42);
+  lua_settop(L, 0);
+
+  /* Not scalars: false, nothing written. */
+  lua_newtable(L);
+  memset(&a, 0x5a, sizeof a);
+  CHECK(!lcopy_encode_scalars(L, 1, 1, &a));
+  CHECK(a.nvalues == (int)0x5a5a5a5a);
+  lua_close(L);
+}
+
 int main(void) {
   test_scalars();
+  test_in_place();
   pthread_attr_t attr;
   pthread_t th;
   CHECK(pthread_attr_init(&attr) == 0);
