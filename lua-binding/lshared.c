@@ -51,30 +51,16 @@ enum { GRANTED = 0, CLOSED = 1 };
 
 static void q_push(lswaitq *q, lswait *w) {
   w->q = q;
-  w->next = NULL;
-  w->prev = q->tail;
-  if (q->tail)
-    q->tail->next = w;
-  else
-    q->head = w;
-  q->tail = w;
+  ums_list_push_back(&q->list, &w->link);
   atomic_fetch_add_explicit(&q->n, 1, memory_order_relaxed);
 }
 
 static void q_unlink(lswait *w) {
   lswaitq *q = w->q;
   if (!q) return;
-  if (w->prev)
-    w->prev->next = w->next;
-  else
-    q->head = w->next;
-  if (w->next)
-    w->next->prev = w->prev;
-  else
-    q->tail = w->prev;
+  ums_list_remove(&q->list, &w->link);
   atomic_fetch_sub_explicit(&q->n, 1, memory_order_relaxed);
   w->q = NULL;
-  w->prev = w->next = NULL;
 }
 
 /* What a wait on o is, for ums.tasks() and ums.waits(): a send is the
@@ -139,7 +125,7 @@ int lshared_wait_end(lswait *w, lmsg **msg) {
 
 lswait *lshared_grant(lswaitq *q, int outcome, lmsg *msg) {
   lswait *w;
-  while ((w = q->head) != NULL) {
+  while ((w = lshared_first(q)) != NULL) {
     q_unlink(w);
     if (msg) w->msg = msg;
     if (ums_unpark(w->rt, w->tok, outcome) == 0) return w;
@@ -578,7 +564,7 @@ static lmsg *msg_to_heap(lua_State *L, lmsg *m) {
 ** ending that park. NULL if there is none. Unbuffered channels. */
 static lmsg *take_sender(schan *c) {
   lswait *s;
-  while ((s = c->sendq.head) != NULL) {
+  while ((s = lshared_first(&c->sendq)) != NULL) {
     q_unlink(s);
     if (ums_unpark(s->rt, s->tok, GRANTED) == 0) {
       lmsg *m = s->msg;

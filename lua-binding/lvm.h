@@ -243,13 +243,13 @@ LUMS_HIDDEN void lshared_open_proxies(lua_State *L);
 ** unparks, under the lock, and takes it back if the unpark fails. */
 typedef struct lswait lswait;
 typedef struct lswaitq {
-  lswait *head, *tail;         /* [object lock] */
+  ums_list_t list;             /* [object lock] of lswait.link, FIFO */
   _Atomic int n;               /* [object lock] to write; any thread may
                                   read it to learn whether a wake-up is
                                   needed at all (lshared.c's channel) */
 } lswaitq;
 struct lswait {
-  lswait *prev, *next;         /* [object lock] */
+  ums_link_t link;             /* [object lock] on q's list */
   lswaitq *q;                  /* [object lock] its queue; NULL once off */
   lshared *obj;                /* [const] the object (a proxy on the
                                   waiting task's stack keeps it alive) */
@@ -274,6 +274,10 @@ LUMS_HIDDEN int lshared_wait_end(lswait *w, lmsg **msg);
 ** Waiters whose park ended otherwise are dropped from q on the way. If
 ** msg is not NULL, the granted waiter gets it in w->msg. */
 LUMS_HIDDEN lswait *lshared_grant(lswaitq *q, int outcome, lmsg *msg);
+/* The first waiter of q, or NULL. [object lock] */
+static inline lswait *lshared_first(const lswaitq *q) {
+  return UMS_LIST_ENTRY(q->list.head, lswait, link);
+}
 LUMS_HIDDEN void lshared_grant_all(lswaitq *q, int outcome);
 
 /* ---- Work requests (lvm.c) ---- */

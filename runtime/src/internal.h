@@ -1007,7 +1007,7 @@ struct ums_fs_req {
                                    readiness") */
   /* [the poller's owner] the request's place among those waiting on the
   ** same descriptor (io-poll.c). */
-  ums__io_req_t *poll_prev, *poll_next;
+  ums_link_t poll_link;
 
   /* Inline room, not zeroed when a request is made (io.c: req_new). A
   ** stat has no buffers, a read or write no statx. */

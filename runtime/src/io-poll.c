@@ -40,7 +40,7 @@
 
 /* One descriptor's waiting requests. [owner] */
 typedef struct pfd {
-  ums__io_req_t *head;
+  ums_list_t reqs;       /* of ums__io_req_t.poll_link */
   bool added;        /* in the epoll set, as far as this record knows */
 } pfd_t;
 
@@ -93,20 +93,17 @@ static pfd_t *record(ums__poller_t *p, int fd) {
   return &p->fds[fd];
 }
 
+#define REQ(l) UMS_LIST_ENTRY(l, ums__io_req_t, poll_link)
+
 static void unlink_req(ums__poller_t *p, pfd_t *d, ums__io_req_t *r) {
-  if (r->poll_prev)
-    r->poll_prev->poll_next = r->poll_next;
-  else
-    d->head = r->poll_next;
-  if (r->poll_next) r->poll_next->poll_prev = r->poll_prev;
-  r->poll_prev = r->poll_next = NULL;
+  ums_list_remove(&d->reqs, &r->poll_link);
   p->waiting--;
 }
 
 /* Arms d for what its requests wait for. Returns 0 or -errno. */
 static int arm(ums__poller_t *p, int fd, pfd_t *d) {
   uint32_t want = 0;
-  for (ums__io_req_t *r = d->head; r; r = r->poll_next)
+  for (ums__io_req_t *r = REQ(d->reqs.head); r; r = REQ(r->poll_link.next))
     want |= ums__net_events(r);
   struct epoll_event ev = {.events = want | EPOLLONESHOT,
                            .data.u64 = (uint64_t)fd};
@@ -131,8 +128,8 @@ static int arm(ums__poller_t *p, int fd, pfd_t *d) {
 static void dispatch(ums__poller_t *p, int fd, pfd_t *d, uint32_t ev,
                      int err) {
   ums__io_req_t *next;
-  for (ums__io_req_t *r = d->head; r; r = next) {
-    next = r->poll_next;
+  for (ums__io_req_t *r = REQ(d->reqs.head); r; r = next) {
+    next = REQ(r->poll_link.next);
     if (!err && !(ev & (ums__net_events(r) | EPOLLERR | EPOLLHUP)))
       continue;
     int64_t res = ums__net_try(r);
@@ -143,7 +140,7 @@ static void dispatch(ums__poller_t *p, int fd, pfd_t *d, uint32_t ev,
     unlink_req(p, d, r);
     ums__io_complete(r, res);
   }
-  if (d->head && !err) {
+  if (!ums_list_empty(&d->reqs) && !err) {
     int e = arm(p, fd, d);
     if (e) dispatch(p, fd, d, 0, e);
   }
@@ -156,10 +153,7 @@ void ums__poller_submit(ums__sched_t *s, ums__io_req_t *r) {
     ums__io_complete(r, UMS_ENOMEM);
     return;
   }
-  r->poll_prev = NULL;
-  r->poll_next = d->head;
-  if (d->head) d->head->poll_prev = r;
-  d->head = r;
+  ums_list_push_front(&d->reqs, &r->poll_link);
   p->waiting++;
   int e = arm(p, r->fd, d);
   if (e) dispatch(p, r->fd, d, 0, e);
@@ -171,8 +165,8 @@ void ums__poller_cancel(ums__sched_t *s, ums__io_req_t *r) {
   pfd_t *d = (size_t)r->fd < p->nfds ? &p->fds[r->fd] : NULL;
   bool linked = false;
   if (d)
-    for (ums__io_req_t *x = d->head; x && !linked; x = x->poll_next)
-      linked = x == r;
+    for (ums_link_t *x = d->reqs.head; x && !linked; x = x->next)
+      linked = x == &r->poll_link;
   if (!linked) return;
   unlink_req(p, d, r);
   /* The caller has marked r abandoned: this drops the operation's
@@ -186,8 +180,8 @@ void ums__poller_forget(ums__sched_t *s, int fd) {
   pfd_t *d = &p->fds[fd];
   if (d->added) epoll_ctl(p->epfd, EPOLL_CTL_DEL, fd, NULL);
   d->added = false;
-  while (d->head) {
-    ums__io_req_t *r = d->head;
+  ums__io_req_t *r;
+  while ((r = REQ(d->reqs.head)) != NULL) {
     unlink_req(p, d, r);
     ums__io_complete(r, UMS_EBADF);
   }
@@ -208,7 +202,7 @@ static void handle(ums__poller_t *p, const struct epoll_event *evs, int n) {
       continue;
     }
     int fd = (int)key;
-    if ((size_t)fd < p->nfds && p->fds[fd].head)
+    if ((size_t)fd < p->nfds && !ums_list_empty(&p->fds[fd].reqs))
       dispatch(p, fd, &p->fds[fd], evs[i].events, 0);
   }
 }
