@@ -159,11 +159,14 @@ static int monitor_want(lrun *v);
 static void hook_arm(lua_State *L, ltask *t, int count);
 static void hook_disarm(lua_State *L, ltask *t);
 
-/* Takes an ltask with a reset coroutine from the pool, or makes one. L is
-** the caller's thread, running protected: the coroutine and its registry
-** slots are made there, so that running out of memory raises in the
-** caller rather than on r->SL, which no protected call covers. */
-static ltask *take_task(lua_State *L, lrun *r) {
+/* Takes an ltask with a reset coroutine from the pool (*pooled: its
+** handle slot holds false), or makes one whose handle slot holds the
+** value at the top of L, the new task's handle. L is the caller's
+** thread, running protected: the coroutine and its registry slots are
+** made there, so that running out of memory raises in the caller rather
+** than on r->SL, which no protected call covers. */
+static ltask *take_task(lua_State *L, lrun *r, bool *pooled) {
+  *pooled = r->npool > 0;
   if (r->npool) return r->pool[--r->npool];
   lua_State *co = lua_newthread(L);
   ltask *t = calloc(1, sizeof *t);
@@ -173,7 +176,9 @@ static ltask *take_task(lua_State *L, lrun *r) {
   }
   t->co = co;
   t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_pushboolean(L, 0);
+  /* The handle task_new made is just below: its slot is taken holding
+  ** it, which saves task_new a store for every ltask not from the pool. */
+  lua_pushvalue(L, -1);
   t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   return t;
 }
@@ -184,12 +189,37 @@ static void free_task(lua_State *L, ltask *t) {
   free(t);
 }
 
+/* Makes room for one more ltask in r's pool, up to POOL_MAX: false when
+** there is none (full, or no memory for a larger array). */
+static bool grow_pool(lrun *r) {
+  if (r->cappool >= POOL_MAX) return false;
+  int cap = r->cappool ? r->cappool * 2 : 64;
+  if (cap > POOL_MAX) cap = POOL_MAX;
+  void *p = realloc(r->pool, (size_t)cap * sizeof *r->pool);
+  if (!p) return false;
+  r->pool = p;
+  r->cappool = cap;
+  return true;
+}
+
 /* Pools t, whose coroutine has ended normally or been reset by
 ** task_finish: a function pushed on that coroutine starts at the next
 ** lua_resume, which costs much less than creating a thread. This
 ** unanchors the handle t had. empty: the caller knows the coroutine's
 ** stack is empty. */
 static void give_back_task(lrun *r, ltask *t, bool empty) {
+  if (t->joiners != t->join1) free(t->joiners);
+  if (t->rfbuf) {
+    ums_buf_release(t->rfbuf);
+    t->rfbuf = NULL;
+  }
+  /* A full pool (many tasks live at once, then ending): the ltask and its
+  ** coroutine go at once, with none of the reset below, which only a
+  ** pooled one needs. */
+  if (r->npool == r->cappool && !grow_pool(r)) {
+    free_task(r->SL, t);
+    return;
+  }
   /* A coroutine that returned nothing has nothing left on its stack (the
   ** usual end, empty): no call needed. */
   if (!empty) lua_settop(t->co, 0);
@@ -200,7 +230,6 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   t->uhook = NULL;
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
-  if (t->joiners != t->join1) free(t->joiners);
   /* Back to what take_task hands out: zero but for the coroutine and its
   ** registry slots. Field by field, not a memset of the whole ltask plus
   ** a copy of what it keeps: this runs once per task. park_tok, finish_st
@@ -217,25 +246,7 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   t->ffi_errno = 0;
   t->ffi_cbframe = NULL;
   t->req = NULL;
-  if (t->rfbuf) {
-    ums_buf_release(t->rfbuf);
-    t->rfbuf = NULL;
-  }
-  if (r->npool < POOL_MAX) {
-    if (r->npool == r->cappool) {
-      int cap = r->cappool ? r->cappool * 2 : 64;
-      void *p = realloc(r->pool, (size_t)cap * sizeof *r->pool);
-      if (p) {
-        r->pool = p;
-        r->cappool = cap;
-      }
-    }
-    if (r->npool < r->cappool) {
-      r->pool[r->npool++] = t;
-      return;
-    }
-  }
-  free_task(r->SL, t);
+  r->pool[r->npool++] = t;
 }
 
 /* A task of r's VM was created / has finished: see lrun.nlive. */
@@ -510,7 +521,8 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   /* The handle first, then the ltask: running out of memory in either
   ** raises with nothing taken that the collector cannot get back. */
   lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, LUMS_HANDLE_UVS);
-  ltask *t = take_task(L, r);
+  bool pooled;
+  ltask *t = take_task(L, r, &pooled);
   if (!t) luaL_error(L, "ums.spawn: out of memory");
   /* The handle goes to `first`, below the function and arguments, which
   ** go onto the coroutine. */
@@ -526,8 +538,10 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   t->run = r;
   t->joiners = t->join1;
   t->capjoiners = 2;
-  lua_pushvalue(L, first);
-  lua_rawseti(L, LUA_REGISTRYINDEX, t->self_ref);
+  if (pooled) {
+    lua_pushvalue(L, first);
+    lua_rawseti(L, LUA_REGISTRYINDEX, t->self_ref);
+  }
   /* Detached: the binding keeps each task's outcome in its handle, so
   ** the runtime may recycle the task's slot as soon as it ends (a
   ** joinable one would stay allocated until the run's end). Only the
