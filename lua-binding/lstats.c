@@ -71,8 +71,18 @@ bool lums_stall_has_handler(lua_State *L) {
 }
 
 lstall *lums_stall_new(lua_State *L, int64_t threshold) {
-  lstall *s = calloc(1, sizeof *s);
+  /* Not calloc: the two traceback buffers make up nearly all of the
+  ** struct, and zeroing them would be most of what a short run costs.
+  ** Every field is set below; tb holds "" until a report fills it, and
+  ** tb_out is written before it is read. */
+  lstall *s = malloc(sizeof *s);
   if (!s) return NULL; /* no reports, rather than no run */
+  s->state = ST_NONE;
+  memset(&s->report, 0, sizeof s->report);
+  s->target = NULL;
+  s->tb[0] = '\0';
+  s->tb_out[0] = '\0';
+  atomic_init(&s->vms, NULL);
   pthread_mutex_init(&s->lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
