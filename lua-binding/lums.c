@@ -683,13 +683,26 @@ static void hook_disarm(lua_State *L, ltask *t) {
 static int l_gethook(lua_State *L) {
   lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
   ltask *t = lums_cur_task;
-  bool swap = t && L1 == t->co && lua_gethook(L1) == qhook;
+  bool own = t && L1 == t->co;
+  /* The quantum's signal handler puts qhook on the task's coroutine
+  ** (hook_arm) whenever it fires: held off while the hook is read, or
+  ** the debug library could read qhook and its count. */
+  sigset_t block, old;
+  if (own) {
+    sigemptyset(&block);
+    sigaddset(&block, QUANTUM_SIGNAL);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+  }
+  bool swap = own && lua_gethook(L1) == qhook;
   if (swap) lua_sethook(L1, t->uhook, t->umask, t->ucount);
   int n = lua_gettop(L);
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
-  lua_call(L, n, LUA_MULTRET);
+  /* Protected, so that an error (out of memory) cannot skip the unblock. */
+  int st = lua_pcall(L, n, LUA_MULTRET, 0);
   if (swap && lua_gethook(L1) == t->uhook) hook_set(L1, t);
+  if (own) pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (st != LUA_OK) return lua_error(L);
   return lua_gettop(L);
 }
 

@@ -520,6 +520,29 @@ describe("the user's hooks", function()
       assert.equal(1000, count)
     end, 30)
   end)
+
+  it("debug.gethook reads the user's hook while the quantum's signal fires", function()
+    ums.config{quantum = 0.0002, preempt = true}
+    ums.test(function()
+      local t = ums.spawn(function()
+        local function user() end
+        debug.sethook(user, "", 1000)
+        local bad, reads = 0, 0
+        local t0 = os.clock()
+        while os.clock() - t0 < 0.5 do
+          local fn, mask, count = debug.gethook()
+          reads = reads + 1
+          if fn ~= user or mask ~= "" or count ~= 1000 then bad = bad + 1 end
+        end
+        debug.sethook()
+        return bad, reads
+      end)
+      local ok, bad, reads = t:join()
+      assert.is_true(ok, bad)
+      assert.is_true(reads > 1000, "only " .. tostring(reads) .. " reads")
+      assert.equal(0, bad)
+    end, 30)
+  end)
 end)
 
 describe("deep recursion", function()
