@@ -390,9 +390,9 @@ end
 
 --- test.cancel_reason(): in a test's run, why its test task was
 -- cancelled: the timeout's message when the timeout has passed (as
--- ums.test raises it), else "ums.test: the test task was cancelled" (the
--- run was ended otherwise: a deadlock report or Ctrl-C, which ums.test
--- raises once the run is over).
+-- ums.test raises it), else a message saying that the run was ended
+-- otherwise (a deadlock, whose report ums.test raises once the run is
+-- over, or Ctrl-C).
 local function cancel_reason()
   if virtual then
     if timed_out then
@@ -405,7 +405,8 @@ local function cancel_reason()
   elseif started and core.now() - started >= timeout then
     return ("ums.test: timed out after %s s"):format(format_timeout(timeout))
   end
-  return "ums.test: the test task was cancelled"
+  return "ums.test: the test task was cancelled: the run was ended (a " ..
+         "deadlock's report follows)"
 end
 
 local function test(f, opt)
