@@ -231,9 +231,10 @@ int lums_handle_push_outcome(lua_State *L, int idx, lhandle *h) {
   return 3;
 }
 
-static int join_k(lua_State *L, int status, lua_KContext ctx) {
-  lhandle *h = (lhandle *)lua_touserdata(L, 1);
-  (void)status;
+/* What a join and an end wait do once their park is over: -1 when the
+** task has ended, else what they return (a timeout's nil, "timeout"). A
+** cancellation raises. */
+static int join_over(lua_State *L, lhandle *h, lua_KContext ctx) {
   int r = ums_park_result();
   if (h->state != T_DONE)
     drop_joiner(h->t, lums_cur_task->h->id, (uint64_t)ctx);
@@ -243,14 +244,31 @@ static int join_k(lua_State *L, int status, lua_KContext ctx) {
     lua_pushliteral(L, "timeout");
     return 2;
   }
-  return lums_handle_push_outcome(L, 1, h);
+  return -1;
 }
 
-/* join on a task not done yet: parks the caller (the handle at 1). Out
-** of line, so that a join on a finished task, the usual one, needs no
-** stack frame of its size. */
+static int join_k(lua_State *L, int status, lua_KContext ctx) {
+  lhandle *h = (lhandle *)lua_touserdata(L, 1);
+  (void)status;
+  int n = join_over(L, h, ctx);
+  return n >= 0 ? n : lums_handle_push_outcome(L, 1, h);
+}
+
+static int wait_end_k(lua_State *L, int status, lua_KContext ctx) {
+  lhandle *h = (lhandle *)lua_touserdata(L, 1);
+  (void)status;
+  int n = join_over(L, h, ctx);
+  if (n >= 0) return n;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* join on a task not done yet: parks the caller (the handle at 1) and
+** goes on in k. Out of line, so that a join on a finished task, the
+** usual one, needs no stack frame of its size. */
 static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
-                                               int64_t deadline) {
+                                               int64_t deadline,
+                                               lua_KFunction k) {
   ltask *me = lums_need_task(L, "join");
   ltask *t = h->t;
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
@@ -268,7 +286,7 @@ static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
   ums_park_token_t tok;
   lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id, &tok);
   t->joiners[t->njoiners++].tok = tok;
-  return lums_park_finish(L, me, (lua_KContext)tok.seq, join_k);
+  return lums_park_finish(L, me, (lua_KContext)tok.seq, k);
 }
 
 static int l_task_join(lua_State *L) {
@@ -280,7 +298,40 @@ static int l_task_join(lua_State *L) {
     lua_settop(L, 1);
   }
   if (h->state == T_DONE) return lums_handle_push_outcome(L, 1, h);
-  return join_wait(L, h, deadline);
+  return join_wait(L, h, deadline, join_k);
+}
+
+/* core.wait_end(task [, timeout]) -> true | nil, "timeout": waits for
+** the task's end as a join does, but leaves its outcome untaken, so that
+** core.take_unjoined can still tell whether somebody joined it. */
+static int l_wait_end(lua_State *L) {
+  LUMS_YIELD_POINT(L, l_wait_end);
+  lhandle *h = lums_check_task(L, 1);
+  int64_t deadline = UMS_FOREVER;
+  if (lua_gettop(L) != 1) {
+    deadline = lums_check_timeout(L, 2);
+    lua_settop(L, 1);
+  }
+  if (h->state != T_DONE) return join_wait(L, h, deadline, wait_end_k);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.take_unjoined(task) -> true, err, traceback | false: for a task that
+** ended with an error (not a cancellation) which nobody joined, its error
+** and traceback, and the task counts as joined from then on: neither its
+** handle's finalizer nor the run's end reports it to on_error again. The
+** caller (stdlib/ums/test.lua, at a block's end) reports it instead. */
+static int l_take_unjoined(lua_State *L) {
+  lhandle *h = lums_check_task(L, 1);
+  if (h->state != T_DONE || h->ok || h->cancelled || h->joined) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  h->joined = true;
+  lua_pushboolean(L, 1);
+  lums_handle_push_failure(L, 1, h);
+  return 3;
 }
 
 static int l_task_cancel(lua_State *L) {
@@ -395,6 +446,8 @@ void lums_open_task(lua_State *L) {
       {"park_begin", l_park_begin},
       {"park_wait", l_park_wait},
       {"unpark", l_unpark},
+      {"wait_end", l_wait_end},
+      {"take_unjoined", l_take_unjoined},
       {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
 }

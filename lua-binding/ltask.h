@@ -70,8 +70,8 @@ LUMS_HIDDEN lhandle *lums_check_task(lua_State *L, int idx);
 /* Pushes the task metatable (LUMS_TASK_MT), with the handle methods in
 ** its __index, creating it on the first call in a VM. */
 LUMS_HIDDEN void lums_task_metatable(lua_State *L);
-/* Adds self, yield, sleep, run_until_idle, park_begin, park_wait and
-** unpark to the module table at the top. */
+/* Adds self, yield, sleep, run_until_idle, park_begin, park_wait, unpark,
+** wait_end and take_unjoined to the module table at the top. */
 LUMS_HIDDEN void lums_open_task(lua_State *L);
 
 #endif

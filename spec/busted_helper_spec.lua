@@ -94,6 +94,37 @@ describe("ums.busted", function()
     end)
   end)
 
+  describe("runs a test's blocks in one run", function()
+    local r
+    setup(function()
+      r = busted({"--helper=ums.busted", "-Xhelper", "timeout=0.5",
+                  DIR .. "blocks_spec.lua"})
+    end)
+
+    it("and each block's failures are reported on its own test", function()
+      sp.assert_exit(r, 1)
+      summary(r, 5, 0, 3)
+    end)
+
+    it("a before_each's task that failed with nobody joining it",
+       function()
+      local f = DIR .. "blocks_spec.lua:"
+      has(r, f .. "39: ums.test: 1 task(s) failed and nobody joined them")
+      has(r, f .. "42: lost in before_each")
+    end)
+
+    it("a body's task that failed after the body returned", function()
+      local f = DIR .. "blocks_spec.lua:"
+      has(r, f .. "52: ums.test: 1 task(s) failed and nobody joined them")
+      has(r, f .. "55: lost after the body")
+    end)
+
+    it("the timeout of the whole test, once", function()
+      has(r, DIR .. "blocks_spec.lua:71: ums.test: timed out after 0.5 s")
+      assert.is_nil(r.stdout:find("task cancelled", 1, true), r.stdout)
+    end)
+  end)
+
   describe("chooses the clock", function()
     it("real by default; #virtual and #real tags on tests and describes",
        function()
@@ -155,7 +186,7 @@ return { default = { helper = "ums.busted", Xhelper = {"timeout=5"},
     end
     local plain = per_test({DIR .. "alloc_spec.lua"})
     local helper = per_test({"--helper=ums.busted", DIR .. "alloc_spec.lua"})
-    -- Three runs per test (before_each, the body, after_each).
+    -- One run per test (before_each, the body and after_each in it).
     assert.is_true(helper - plain < 1024,
                    ("%d bytes per test added"):format(helper - plain))
   end)

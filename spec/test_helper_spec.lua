@@ -411,3 +411,51 @@ describe("ums.test with submitted work (ums.submit)", function()
     assert.matches("lost in another VM", err)
   end)
 end)
+
+describe("ums.test's blocks (test.block)", function()
+  local test = require "ums.test"
+
+  it("waits for a block's tasks and reports its unjoined failures at "
+     .. "its end, once", function()
+    local log = {}
+    local ok, err = pcall(ums.test, function()
+      local t
+      local ok1, err1 = pcall(test.block, function()
+        t = ums.spawn(function()
+          ums.sleep(0.01)
+          error("lost in a block")
+        end)
+      end)
+      log[#log + 1] = t:status()
+      assert.is_false(ok1)
+      assert.matches("1 task%(s%) failed and nobody joined them", err1)
+      assert.matches("lost in a block", err1)
+      -- Joined by the report: the run's end does not report it again.
+      assert.equal(21, test.block(function()
+        local joined = ums.spawn(function() error("joined") end)
+        assert.is_false((joined:join()))
+        return 21
+      end))
+    end)
+    assert.is_true(ok, err)
+    assert.same({"error"}, log)
+  end)
+
+  it("cancels a block's tasks when it raises", function()
+    local t
+    local ok, err = pcall(ums.test, function()
+      test.block(function()
+        t = ums.spawn(function() ums.sleep(3600) end)
+        error("the block failed", 0)
+      end)
+    end)
+    assert.is_false(ok)
+    assert.matches("the block failed", err)
+    assert.equal("cancelled", t:status())
+  end)
+
+  it("only in the test task of a ums.test run", function()
+    assert.has_error(function() test.block(function() end) end,
+      "ums.test.block: only in the test task of a ums.test run")
+  end)
+end)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # What the ums.busted helper adds per test, against plain Busted: a spec
 # of N empty tests (optionally with an empty before_each and after_each,
-# each then a block of its own) is run by `lua5.4 busted` with and
+# each then a block of the test's run) is run by `lua5.4 busted` with and
 # without --helper=ums.busted, on a small heap and with a 70 MB heap kept
 # live for the whole run (a helper that fills it before the tests).
 # Busted's own suite time (its summary line, startup excluded) is the
 # figure; the overhead per test is (helper - plain) / N, medians of
 # --reps runs. A last row runs the helper with gc (a full collection per
-# block, on request) on the large heap.
+# test, on request) on the large heap.
 #
 #   bench/lua/bench_busted.sh [--quick] [--reps N] [--tests N]
 #                             [--build-dir DIR]

@@ -1,26 +1,34 @@
---- ums.busted: a Busted helper that runs every test body, before_each,
--- after_each and finally function as a task of a fresh ums run, so that a
--- spec may sleep, join, wait on channels and start tasks without wrapping
--- anything:
+--- ums.busted: a Busted helper that runs every test, its before_each
+-- and after_each blocks, its body and its finally function, as one task
+-- of a fresh ums run, so that a spec may sleep, join, wait on channels and
+-- start tasks without wrapping anything:
 --
 --   busted --helper=ums.busted spec/
 --   busted --helper=ums.busted -Xhelper timeout=30,clock=virtual spec/
 --   -- or in .busted:  _all = { lua = "lua5.4", helper = "ums.busted" }
 --
--- Each block runs through ums.test (stdlib/ums/test.lua), which gives it a
+-- Each test runs through ums.test (stdlib/ums/test.lua), which gives it a
 -- fresh run, a timeout, the choice of clock, and fails it when a task it
--- started failed and nobody joined it. Helper options (-Xhelper, split at
--- commas by Busted):
+-- started failed and nobody joined it. Each of its blocks ends as a test
+-- does (test.block): the tasks the block started are waited for, and
+-- those that failed with nobody joining them fail that block, so Busted
+-- reports them on it (a before_each's as a before_each error). Helper
+-- options (-Xhelper, split at commas by Busted):
 --
---   timeout=S   real seconds each block may take (default 10)
+--   timeout=S   real seconds each test may take, its before_each and
+--               after_each blocks and finally included (default 10);
+--               when it passes, the block running then fails with
+--               "ums.test: timed out after S s", and the blocks after it
+--               still run, but any wait in them ends the block quietly
 --   clock=C     "real" (the default) or "virtual"
 --               (docs/deterministic-time.md); tags below override it per
---               block
+--               test
 --   limit=S     with the virtual clock, the virtual seconds after which a
---               block that is still blocked fails (default 1e7)
---   gc          a full collection at the end of every block (ums.test's
---               gc option), for specs that rely on finalizers running
---               inside their own run (a dropped ums.fs file's close)
+--               test that is still blocked fails (default 1e7)
+--   gc          a full collection at the end of every test's run
+--               (ums.test's gc option), for specs that rely on finalizers
+--               running inside their own run (a dropped ums.fs file's
+--               close)
 --   helper=P    the suite's own helper (a .lua path, else a module name),
 --               loaded after this one with the options this one does not
 --               know as its `arg` (without helper=, such an option is an
@@ -34,9 +42,14 @@
 --   #notask     run on Busted's own thread, as without this helper (for a
 --               spec that calls ums.run or ums.test itself)
 --
+-- A test whose own tags give its body another clock than its hooks, or
+-- #notask, runs each block in a run of its own (each with the timeout),
+-- as does a test whose lazy_setup has yet to run.
+--
 -- setup/teardown (lazy or strict) and describe bodies run on Busted's
 -- thread: what they build outlives one run, which a task cannot. Tasks a
--- block starts must end before the block does (ums.test waits for them).
+-- block starts must end before the block does (test.block waits for
+-- them).
 --
 -- Under the ums command (`ums /usr/bin/busted --helper=ums.busted`), Busted
 -- itself is already a task: blocks then run in that task, in the one run
@@ -48,17 +61,20 @@
 -- frame that carries that line (Busted takes a failure's place from the
 -- frame that raises it).
 --
--- Only Busted's public API is used: `busted.subscribe`/`busted.publish`
--- (the registration of blocks goes through the "register" channel, which
--- this helper intercepts to wrap the block's function) and the test
--- environment's `finally`.
+-- Busted's public API is used for all but one thing:
+-- `busted.subscribe`/`busted.publish` (the registration of blocks goes
+-- through the "register" channel, which this helper intercepts to wrap
+-- the block's function), `busted.parent` and the test environment's
+-- `finally`. The exception is busted.safe, through which Busted runs a
+-- whole test; the helper wraps it to run the test in one run (see "One
+-- run per test" below).
 local core = require "ums.core"
 local test = require "ums.test"
 local busted = require "busted"
 
 -- M.options: the options in force; M.runs: how many blocks have run as
--- tasks of a fresh run so far.
-local M = {runs = 0}
+-- tasks so far; M.test_runs: how many fresh runs (ums.test) they took.
+local M = {runs = 0, test_runs = 0}
 
 local options = {timeout = 10, clock = "real", limit = nil, gc = false}
 local chained, chained_args = nil, {}
@@ -274,12 +290,44 @@ local function outcome(ok, ...)
   return raise_at(info.source, info.linedefined, err)
 end
 
--- Runs fn(...) as the first task of a fresh run (ums.test) and raises its
--- failure at the spec's line.
+-- A test's blocks run in one run, in its test task (see "One run per
+-- test" below): in_seq is true while they do, and aborted once one of
+-- them has reported the run's end (its timeout): the others then end
+-- quietly when their waits raise ums.CANCELLED. Both are touched only by
+-- Busted's thread and, while the run lasts, by its test task.
+local in_seq, aborted = false, false
+
+-- The outcome of a block run by test.block, from pcall: as outcome's,
+-- but the cancellation of the test task, which ends the test's run, is
+-- reported once, as the reason the run ended (its timeout), at the
+-- block's first line.
+local function block_outcome(ok, ...)
+  if ok or caught or not rawequal((...), core.CANCELLED) then
+    return outcome(ok, ...)
+  end
+  local fn = block_fn
+  block_fn, block_args = nil, nil
+  if aborted then return end
+  aborted = true
+  local info = debug.getinfo(fn, "S")
+  return raise_at(info.source, info.linedefined, test.cancel_reason())
+end
+
+-- Runs fn(...) as the first task of a fresh run (ums.test), or as a block
+-- of the test's run (test.block), and raises its failure at the spec's
+-- line.
 local function run_block(fn, own_name, ...)
+  if in_seq then
+    M.runs = M.runs + 1
+    block_fn = fn
+    block_args = select("#", ...) > 0 and pack(...) or nil
+    caught, caught_err = nil, nil
+    return block_outcome(pcall(test.block, body))
+  end
   local clock, notask = settings(own_name)
   if notask or core.self() then return fn(...) end
   M.runs = M.runs + 1
+  M.test_runs = M.test_runs + 1
   block_fn = fn
   block_args = select("#", ...) > 0 and pack(...) or nil
   caught, caught_err = nil, nil
@@ -333,7 +381,7 @@ local function wrap(descriptor, name, fn)
     end
   end
   share_env(wrapper, fn)
-  wrapped[wrapper] = true
+  wrapped[wrapper] = fn
   return wrapper
 end
 
@@ -349,6 +397,105 @@ for _, descriptor in ipairs{"it", "before_each", "after_each"} do
                      wrap(descriptor, name, fn), trace, attributes)
       return nil, false
     end, {priority = 1})
+end
+
+-- ---------------------------------------------------------------------
+-- One run per test
+-- ---------------------------------------------------------------------
+
+-- Busted runs a test (its before_each blocks, the body, finally, its
+-- after_each blocks, and the publishing of its start and end) in one call
+-- of busted.safe("it", ...). Run inside one ums.test, the test pays for
+-- one run rather than one per block; each block still ends as a test
+-- does (test.block), so its failures are reported on it, before Busted
+-- publishes the test's end. busted.safe is not in Busted's API (the
+-- module `busted` is a read-only view of it): the object that has it is
+-- found as the upvalue `busted` of the exported `it`. Without it (another
+-- Busted), every block keeps a run of its own.
+local real
+do
+  local it_fn = busted.it
+  for i = 1, math.huge do
+    if type(it_fn) ~= "function" then break end
+    local name, value = debug.getupvalue(it_fn, i)
+    if name == nil then break end
+    if name == "busted" and type(value) == "table" and
+       type(rawget(value, "safe")) == "function" then
+      real = value
+      break
+    end
+  end
+end
+
+-- The clock of a test whose blocks can share one run, or nil when they
+-- cannot: its own tags ask for another clock than its hooks' (a
+-- describe's tags) or for #notask, or a lazy_setup around it has not run
+-- yet (it must run on Busted's thread, and Busted runs it at the start
+-- of the test's call).
+local function one_run(element)
+  local clock, notask = settings(element.name)
+  if notask then return nil end
+  local hooks_clock, hooks_notask = settings(nil)
+  if hooks_notask or hooks_clock ~= clock then return nil end
+  local p = busted.parent(element)
+  while p do
+    local lazy = rawget(p, "lazy_setup")
+    if type(lazy) == "table" and lazy[1] ~= nil and lazy.success == nil then
+      return nil
+    end
+    p = busted.parent(p)
+  end
+  return clock
+end
+
+-- The test's call, kept here (not in a closure per test) for sequence,
+-- the run's first task.
+local safe = real and real.safe
+local seq_descriptor, seq_run, seq_element
+
+local function sequence()
+  in_seq = true
+  return safe(seq_descriptor, seq_run, seq_element)
+end
+
+-- After a test's run: its results, or the run's own failure, which no
+-- block reported (a block reports its timeout, once): a deadlock report,
+-- failures of tasks nobody joined that no block waited for (started
+-- through a copy of ums.spawn, or submitted work). Busted then reports it
+-- on the test, at the test's line, after the test's end.
+local function sequence_over(ok, ...)
+  local element, was_aborted = seq_element, aborted
+  in_seq, aborted = false, false
+  seq_descriptor, seq_run, seq_element = nil, nil, nil
+  if ok then return ... end
+  local err = ...
+  if was_aborted and type(err) == "string" and
+     err:find("^ums%.test: timed out after") then
+    return real.status("error")
+  end
+  local fn = wrapped[element.run]
+  local info = debug.getinfo(fn or element.run, "S")
+  return safe("it", function()
+    return raise_at(info.source, info.linedefined, err)
+  end, element)
+end
+
+if real then
+  real.safe = function(descriptor, run, element)
+    if descriptor ~= "it" or in_seq or type(element) ~= "table" or
+       element.descriptor ~= "it" or core.self() then
+      return safe(descriptor, run, element)
+    end
+    local clock = one_run(element)
+    if not clock then return safe(descriptor, run, element) end
+    seq_descriptor, seq_run, seq_element = descriptor, run, element
+    aborted = false
+    M.test_runs = M.test_runs + 1
+    local opts = test_opts[clock]
+    opts.timeout, opts.limit = options.timeout, options.limit
+    opts.gc = options.gc or nil
+    return sequence_over(pcall(test, sequence, opts))
+  end
 end
 
 M.options = options

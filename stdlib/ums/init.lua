@@ -7,8 +7,9 @@ local raise = require("ums.waitq").raise
 
 local ums = {}
 for k, v in pairs(core) do ums[k] = v end
--- core.run_limit is the test helper's (stdlib/ums/test.lua), not API.
-ums.run_limit = nil
+-- core.run_limit, wait_end and take_unjoined are the test helper's
+-- (stdlib/ums/test.lua), not API.
+ums.run_limit, ums.wait_end, ums.take_unjoined = nil, nil, nil
 -- core.socket holds the helpers stdlib/ums/socket.lua is built on; the
 -- field ums.socket is that module, LuaSocket's API (loaded on first use,
 -- at the end of this file).

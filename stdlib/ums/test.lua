@@ -35,6 +35,10 @@
 --     error with its traceback.
 -- Returns fn's results otherwise. Cannot be called inside a run.
 --
+-- A test made of parts (a Busted test's before_each, body and after_each)
+-- calls each part through test.block (below) inside fn: each part then
+-- ends as a test does, and its failures are its own.
+--
 -- fn runs as the run's first task; the helper adds one task, the watchdog
 -- (it sleeps for the timeout, then cancels). It counts against
 -- ums.config{max_workers = n} like any task: with max_workers = 1 it never
@@ -98,6 +102,10 @@ local virtual, limit, timeout, gc
 local unjoined = {}  -- {err, traceback, task} of each failed task nobody
                      -- joined
 local spawned = {}   -- every task started through ums.spawn/submit
+local work = {}      -- the handles in spawned that are submitted work, as
+                     -- keys: their ends are polled, not waited for
+local started       -- real clock only: core.now() before the run, which
+                    -- its time limit passes timeout seconds after
 local timed_out = false
 local prev_spawn, prev_submit, prev_submit_on
 local prev_handler  -- ums.on_error's handler before the test
@@ -132,12 +140,14 @@ end
 local function submit_noted(...)
   local w = prev_submit(...)
   spawned[#spawned + 1] = w
+  work[w] = true
   return w
 end
 
 local function submit_on_noted(...)
   local w = prev_submit_on(...)
   spawned[#spawned + 1] = w
+  work[w] = true
   return w
 end
 
@@ -219,6 +229,27 @@ local function reset()
   fn, me, watchdog = nil, nil, nil
   clear(unjoined)
   clear(spawned)
+  if next(work) ~= nil then
+    for w in pairs(work) do work[w] = nil end
+  end
+end
+
+-- The report of the failed tasks nobody joined (unjoined is not empty),
+-- which it empties.
+local function unjoined_report()
+  local parts = {("ums.test: %d task(s) failed and nobody joined them:")
+                 :format(#unjoined)}
+  for i, u in ipairs(unjoined) do
+    local name = u.task and u.task:name() or ""
+    local text = tostring(u.traceback)
+    if type(u.err) ~= "string" then
+      text = ("(error value: %s)\n%s"):format(tostring(u.err), text)
+    end
+    parts[#parts + 1] = ("[%d]%s %s"):format(
+      i, name ~= "" and (" task '" .. name .. "':") or "", text)
+  end
+  clear(unjoined)
+  return table.concat(parts, "\n")
 end
 
 -- Puts back the settings the test changed for its run; passes its
@@ -266,22 +297,116 @@ local function settle(ok, ...)
     error(failure, 0)
   end
   if #unjoined > 0 then
-    local parts = {("ums.test: %d task(s) failed and nobody joined them:")
-                   :format(#unjoined)}
-    for i, u in ipairs(unjoined) do
-      local name = u.task and u.task:name() or ""
-      local text = tostring(u.traceback)
-      if type(u.err) ~= "string" then
-        text = ("(error value: %s)\n%s"):format(tostring(u.err), text)
-      end
-      parts[#parts + 1] = ("[%d]%s %s"):format(
-        i, name ~= "" and (" task '" .. name .. "':") or "", text)
-    end
+    local report = unjoined_report()
     reset()
-    error(table.concat(parts, "\n"), 0)
+    error(report, 0)
   end
   reset()
   return ...
+end
+
+-- ---------------------------------------------------------------------
+-- Blocks: parts of one test that each end as a test does
+-- ---------------------------------------------------------------------
+
+-- Waits for the tasks and work spawned[first..] (and those they start)
+-- to end. Work has no end to wait on: its status is polled, with a pause
+-- that doubles (bounded on the real clock, where pauses take time).
+local function wait_block(first)
+  local i = first
+  while i <= #spawned do
+    local h = spawned[i]
+    if work[h] then
+      local pause = 0.001
+      while is_live(h) do
+        core.sleep(pause)
+        pause = virtual and pause * 2 or math.min(pause * 2, 0.05)
+      end
+    else
+      core.wait_end(h)
+    end
+    i = i + 1
+  end
+end
+
+-- Takes the failures of the block's tasks that nobody joined into
+-- unjoined, and forgets the block's handles (they have all ended).
+local function take_block(first)
+  for i = first, #spawned do
+    local h = spawned[i]
+    if work[h] then
+      work[h] = nil
+    else
+      local failed, err, traceback = core.take_unjoined(h)
+      if failed then note_failure(err, traceback, h) end
+    end
+    spawned[i] = nil
+  end
+end
+
+-- The block raised err: the tasks it started are cancelled, and waited
+-- for unless the test task itself is cancelled (then its waits cannot
+-- wait); err is raised again, with a note when some of them had failed
+-- with nobody joining them.
+local function block_failed(first, err)
+  for i = first, #spawned do spawned[i]:cancel() end
+  pcall(wait_block, first)
+  take_block(first)
+  if #unjoined > 0 then
+    if type(err) == "string" then
+      err = err .. ("\n(and %d task(s) failed that nobody joined)")
+            :format(#unjoined)
+    end
+    clear(unjoined)
+  end
+  error(err, 0)
+end
+
+local function block_over(first, ok, ...)
+  if not ok then return block_failed(first, (...)) end
+  wait_block(first)
+  take_block(first)
+  if #unjoined > 0 then error(unjoined_report(), 0) end
+  return ...
+end
+
+--- test.block(f, ...): in the test task of a ums.test run, runs f(...)
+-- as one block of the test, which ends as the test would: it waits for
+-- the tasks f started (through ums.spawn or ums.submit, and those these
+-- start), then raises the report of those that failed with nobody joining
+-- them, as ums.test does at its end (so do failures reported to on_error
+-- meanwhile, such as a collected handle's). When f raises, the tasks it
+-- started are cancelled and its error is raised again (a string gets the
+-- note "(and N task(s) failed that nobody joined)" when that happened).
+-- Returns f's results. A test made of blocks (the Busted helper runs
+-- before_each, the body, finally and after_each so) reports each block's
+-- failures at its end rather than all at the end of the run.
+local function block(f, ...)
+  if me == nil or core.self() ~= me then
+    error("ums.test.block: only in the test task of a ums.test run", 2)
+  end
+  return block_over(#spawned + 1, pcall(f, ...))
+end
+
+--- test.cancel_reason(): in a test's run, why its test task was
+-- cancelled: the timeout's message when the timeout has passed (as
+-- ums.test raises it), else a message saying that the run was ended
+-- otherwise (a deadlock, whose report ums.test raises once the run is
+-- over, or Ctrl-C).
+local function cancel_reason()
+  if virtual then
+    if timed_out then
+      return ("ums.test: timed out after %s s of virtual time")
+             :format(format_timeout(limit))
+    end
+    -- Virtual time tells nothing of the real timeout, the one other
+    -- limit such a run has (a deadlock moves the clock to the limit).
+    return ("ums.test: timed out after %s s"):format(format_timeout(timeout))
+  elseif started and core.now() - started >= timeout then
+    return ("ums.test: timed out after %s s"):format(format_timeout(timeout))
+  end
+  return "ums.test: the test task was cancelled: the run was ended (a " ..
+         "deadlock's report follows)"
 end
 
 local function test(f, opt)
@@ -342,8 +467,13 @@ local function test(f, opt)
     local cfg = core.config()
     prev_clock, prev_scheds = cfg.clock, cfg.schedulers
     core.config{clock = "virtual", schedulers = 1}
+  else
+    started = core.now()
   end
   return settle(restore(pcall(core.run_limit, timeout, main)))
 end
 
-return test
+-- The module is called as ums.test; block and cancel_reason are its
+-- fields. A tail call, so that test's errors name its caller's line.
+return setmetatable({block = block, cancel_reason = cancel_reason},
+                    {__call = function(_, f, opt) return test(f, opt) end})
