@@ -53,7 +53,7 @@ struct ums_lua_host {
   ums_runtime_t *rt;     /* [lock: the pointer; owned, shut down and freed
                             by the shutdown] */
   lvms *vms;             /* [owned; closed by the shutdown] */
-  lrun *monitor;         /* [owned; the quantum monitor, freed by the
+  lmonitor *monitor;     /* [owned; the quantum monitor, freed by the
                             shutdown] */
   int nsched;            /* [const] */
   pthread_mutex_t lock;  /* guards state and calls */
@@ -440,7 +440,9 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
                                                    strcmp(env, "1") == 0));
   }
   int terr = 0;
-  h->monitor = h->vms ? lums_monitor_new(h->vms, quantum, &terr) : NULL;
+  h->monitor = h->vms ? lums_monitor_new(h->nsched, quantum, false, false,
+                                         &terr) : NULL;
+  if (h->monitor) lums_vms_set_monitor(h->vms, h->monitor);
   if (!h->monitor) {
     ums_runtime_shutdown(h->rt, 0);
     if (h->vms) lums_vms_close(NULL, h->vms);
