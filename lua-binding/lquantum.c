@@ -221,23 +221,34 @@ static int l_gethook(lua_State *L) {
   ltask *t = lums_cur_task;
   bool own = t && L1 == t->co;
   /* The quantum's signal handler puts qhook on the task's coroutine
-  ** (hook_arm) whenever it fires: held off while the hook is read, or
-  ** the debug library could read qhook and its count. */
-  sigset_t block, old;
+  ** (hook_arm) whenever it fires: while the hook is read it leaves that
+  ** to this function (hook.reading, see quantum_signal), or the debug
+  ** library could read qhook and its count. The handler runs on this
+  ** thread, so compiler fences order the flag with the reads. */
   if (own) {
-    sigemptyset(&block);
-    sigaddset(&block, QUANTUM_SIGNAL);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
+    t->hook.reading = 1;
+    atomic_signal_fence(memory_order_seq_cst);
   }
   bool swap = own && lua_gethook(L1) == qhook;
   if (swap) lua_sethook(L1, t->hook.uhook, t->hook.umask, t->hook.ucount);
   int n = lua_gettop(L);
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
-  /* Protected, so that an error (out of memory) cannot skip the unblock. */
+  /* Protected, so that an error (out of memory) cannot leave the handler
+  ** deferring for good. */
   int st = lua_pcall(L, n, LUA_MULTRET, 0);
   if (swap && lua_gethook(L1) == t->hook.uhook) hook_set(L1, t);
-  if (own) pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (own) {
+    atomic_signal_fence(memory_order_seq_cst);
+    t->hook.reading = 0;
+    atomic_signal_fence(memory_order_seq_cst);
+    /* A signal that came while the hook was read: its errand is done now.
+    ** One that comes after the flag was cleared arms qhook itself. */
+    if (t->hook.deferred) {
+      t->hook.deferred = 0;
+      hook_arm(L1, t, 1);
+    }
+  }
   if (st != LUA_OK) return lua_error(L);
   return lua_gettop(L);
 }
@@ -410,7 +421,10 @@ static void quantum_signal(int sig) {
   lua_State *co = atomic_load_explicit(&q->running_co, memory_order_relaxed);
   if (co && co == t->co) {
     t->hook.qsig = 1;
-    hook_arm(co, t, 1);
+    if (t->hook.reading)
+      t->hook.deferred = 1;  /* l_gethook arms qhook once it has read */
+    else
+      hook_arm(co, t, 1);
   }
 }
 
