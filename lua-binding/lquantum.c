@@ -19,17 +19,12 @@
 #include "lquantum.h"
 #include "lums.h"
 
-#include <errno.h>
-#include <linux/membarrier.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 #define QUANTUM_SIGNAL SIGURG
 #ifdef LUMS_QUANTUM_POLL
@@ -56,28 +51,22 @@ struct lnopreempt {
   int n;
 };
 
-/* The quantum monitor of a run: one thread that watches every VM of the
-** run (quantum_monitor). Made and freed by the run's owner (lums.c's
-** run, or lhost.c for a hosted run). */
+typedef struct qwatch qwatch;
+
+/* What the quantum's looks (quantum_look, on the runtime's monitor
+** thread) watch: every VM of one run. Made and freed by the run's owner
+** (lums.c's run, or lhost.c for a hosted run). */
 struct lmonitor {
+  ums_runtime_t *rt;               /* [const] */
   int n;                           /* [const] VMs the run may have */
   int64_t quantum;                 /* [const] ns */
   _Atomic(lquantum *) *vm;         /* [n; each set once by
                                       lums_quantum_init, before the VM's
                                       first step] */
-  _Atomic int stop;                /* the owner asks the thread to leave */
-  /* Without preemption the thread starts with the run's second task (a
-  ** lone task has nobody to yield to): deferred says it is still to
-  ** start, started that it runs; both under lock. */
-  pthread_t thread;
-  bool started;
-  _Atomic bool deferred;           /* read without the lock first */
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  /* The monitor sleeps without a timeout while no VM of the run runs a
-  ** step (see monitor_sleep): the first step to start wakes it. */
-  _Atomic bool asleep;             /* [lock to set and clear; read by any
-                                      VM's thread without it] */
+  qwatch *watch;                   /* [n; the monitor thread's] */
+  /* Without preemption the looks start with the run's second task (a
+  ** lone task has nobody to yield to). */
+  _Atomic bool deferred;
 };
 
 void lums_quantum_init(lquantum *q, lua_State *L, lmonitor *m, int sched,
@@ -93,7 +82,6 @@ void lums_quantum_init(lquantum *q, lua_State *L, lmonitor *m, int sched,
   lua_pop(L, 1);
   if (m && sched >= 0 && sched < m->n) {
     q->watch = m;
-    q->watch_asleep = &m->asleep;
     atomic_store_explicit(&m->vm[sched], q, memory_order_release);
   }
 }
@@ -122,7 +110,6 @@ void lums_become_current(ltask *t) {
   lums_cur_task = t;
   if (t->run) {
     atomic_store_explicit(&t->run->q.running_co, t->co, memory_order_relaxed);
-    lums_quantum_note_step(&t->run->q);
   }
 }
 
@@ -399,7 +386,6 @@ int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
       &r->q.step_seq,
       atomic_load_explicit(&r->q.step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
-  lums_quantum_note_step(&r->q);
   return -1;
 }
 
@@ -428,14 +414,14 @@ static void quantum_signal(int sig) {
   }
 }
 
-/* What the monitor remembers of one VM between its looks. */
-typedef struct qwatch {
+/* What the looks remember of one VM between them. */
+struct qwatch {
   uint64_t seen_seq, signalled_seq;
   int64_t seen_at;
   bool known;            /* looked at once: seen_seq is the VM's */
-} qwatch;
+};
 
-/* One look at VM v (see quantum_monitor). A step past its quantum is
+/* One look at VM v (see quantum_look). A step past its quantum is
 ** marked (preempt_seq), which its next call that can wait reads; with
 ** preempt on it is also signalled, to yield at any instruction. Returns
 ** whether the VM ran a step since the last look (or runs one). */
@@ -461,109 +447,19 @@ static bool quantum_check(lquantum *v, qwatch *w, int64_t now,
   return busy;
 }
 
-/* Looks every half quantum at the step running in each VM of the run;
+/* Looks every half quantum at the step running in each VM of the run
+** (the runtime's monitor thread calls it, while some scheduler is busy);
 ** once the same step has been seen for a whole quantum, marks it, once
 ** (a step blocked in a long C call is not signalled again, so it sees at
 ** most one EINTR). A step is thus found past its quantum between one and
-** one and a half quanta after it began. One thread watches every VM of
-** the run, each attached by lums_quantum_init as it appears. */
-/* Looks this many times in a row at a run where no VM runs a step, then
-** sleeps until a step starts. */
-#define MONITOR_IDLE_LOOKS 8
-
-/* A full memory barrier on every thread of the process that runs at the
-** moment (membarrier's private expedited command), so that the steps'
-** side of the sleep protocol needs no fence of its own. Registered once
-** per process, again after a fork if the kernel asks for it. False where
-** the kernel has no membarrier: the monitor then keeps ticking. */
-static bool process_barrier(void) {
-#ifdef SYS_membarrier
-  static _Atomic int registered;
-  if (!atomic_load_explicit(&registered, memory_order_relaxed)) {
-    if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
-                0, 0) != 0)
-      return false;
-    atomic_store_explicit(&registered, 1, memory_order_relaxed);
-  }
-  if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
-    return true;
-  if (errno != EPERM) return false;
-  if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
-              0) != 0)
-    return false;
-  return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
-#else
-  return false;
-#endif
-}
-
-void lums_monitor_wake(lmonitor *m) {
-  pthread_mutex_lock(&m->lock);
-  if (atomic_load_explicit(&m->asleep, memory_order_relaxed)) {
-    atomic_store_explicit(&m->asleep, false, memory_order_relaxed);
-    pthread_cond_signal(&m->cond);
-  }
-  pthread_mutex_unlock(&m->lock);
-}
-
-/* With m->lock held, after MONITOR_IDLE_LOOKS looks at a run where no
-** VM ran a step: sleeps until a step starts (lums_quantum_note_step) or the
-** run stops, so that an idle run costs no CPU. The protocol is the usual
-** store-then-load pair, made asymmetric: the monitor stores m->asleep,
-** then (process_barrier) every running thread passes a full barrier,
-** then the monitor loads each VM's running_co and step_seq; a step
-** stores those, then loads m->asleep. Either the monitor sees the step
-** (and does not sleep) or the step sees m->asleep (and wakes it). A VM
-** that appears meanwhile counts as a step. */
-static void monitor_sleep(lmonitor *m, qwatch *watch, int n) {
-  atomic_store_explicit(&m->asleep, true, memory_order_relaxed);
-  bool idle = process_barrier();
-  for (int i = 0; idle && i < n; i++) {
-    lquantum *v = atomic_load_explicit(&m->vm[i], memory_order_acquire);
-    if (!v) continue;
-    if (!watch[i].known ||
-        atomic_load_explicit(&v->running_co, memory_order_relaxed) ||
-        atomic_load_explicit(&v->step_seq, memory_order_relaxed) !=
-            watch[i].seen_seq)
-      idle = false;
-  }
-  while (idle && atomic_load_explicit(&m->asleep, memory_order_relaxed) &&
-         !atomic_load(&m->stop))
-    pthread_cond_wait(&m->cond, &m->lock);
-  atomic_store_explicit(&m->asleep, false, memory_order_relaxed);
-}
-
-static void *quantum_monitor(void *arg) {
+** one and a half quanta after it began. */
+static void quantum_look(void *arg, int64_t now) {
   lmonitor *m = arg;
-  int n = m->n;
-  qwatch *watch = calloc((size_t)n, sizeof *watch);
   int64_t period = m->quantum / 2;
-  int idle_looks = 0;
-  if (!watch) return NULL;  /* no quantum for this run, rather than none */
-  pthread_mutex_lock(&m->lock);
-  while (!atomic_load(&m->stop)) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t ns = ts.tv_nsec + period;
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
-    pthread_cond_timedwait(&m->cond, &m->lock, &ts);
-    if (atomic_load(&m->stop)) break;
-    int64_t now = ums_now();
-    bool busy = false;
-    for (int i = 0; i < n; i++) {
-      lquantum *v = atomic_load_explicit(&m->vm[i], memory_order_acquire);
-      if (v) busy |= quantum_check(v, &watch[i], now, period);
-    }
-    idle_looks = busy ? 0 : idle_looks + 1;
-    if (idle_looks >= MONITOR_IDLE_LOOKS) {
-      monitor_sleep(m, watch, n);
-      idle_looks = 0;
-    }
+  for (int i = 0; i < m->n; i++) {
+    lquantum *v = atomic_load_explicit(&m->vm[i], memory_order_acquire);
+    if (v) (void)quantum_check(v, &m->watch[i], now, period);
   }
-  pthread_mutex_unlock(&m->lock);
-  free(watch);
-  return NULL;
 }
 
 static void install_quantum_signal(void) {
@@ -579,46 +475,37 @@ static void install_quantum_signal(void) {
   sigaction(QUANTUM_SIGNAL, &sa, NULL);
 }
 
-static void monitor_stop(lmonitor *m);
-
-/* Without the monitor a task that computes is never made to yield,
-** cannot be cancelled and is never reached by a stall report's hook, so
-** the caller refuses to run rather than go on without it. */
-lmonitor *lums_monitor_new(int nsched, int64_t quantum, bool defer,
-                           bool stall, int *err) {
+lmonitor *lums_monitor_new(ums_runtime_t *rt, int nsched, int64_t quantum,
+                           bool defer, bool stall, int *err) {
   lmonitor *m = calloc(1, sizeof *m);
   *err = 0;
   if (!m) return NULL;
-  m->vm = calloc((size_t)(nsched > 0 ? nsched : 1), sizeof *m->vm);
-  if (!m->vm) {
-    free(m);
+  size_t n = (size_t)(nsched > 0 ? nsched : 1);
+  m->vm = calloc(n, sizeof *m->vm);
+  m->watch = calloc(n, sizeof *m->watch);
+  if (!m->vm || !m->watch) {
+    lums_monitor_free(m);
     return NULL;
   }
+  m->rt = rt;
   m->n = nsched;
   m->quantum = quantum;
-  pthread_mutex_init(&m->lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&m->cond, &ca);
-  pthread_condattr_destroy(&ca);
   /* The signal also serves stall reports (lums_request_hook). */
   if (quantum <= 0 && !stall) return m;
   install_quantum_signal();
   if (quantum <= 0) return m;
-  /* Without preemption the monitor only marks a step past its quantum for
+  /* Without preemption the looks only mark a step past its quantum for
   ** the yield points, which matters once another task may want to run:
-  ** lums_monitor_want starts it then, so that a run of one task (a test
-  ** body) does not pay for a thread. */
-  if (defer) {
-    atomic_store(&m->deferred, true);
-    return m;
-  }
-  int e = pthread_create(&m->thread, NULL, quantum_monitor, m);
-  m->started = e == 0;
+  ** lums_monitor_want starts them then, so that a run of one task (a
+  ** test body) pays for none. */
+  atomic_store(&m->deferred, defer);
+  int e = ums_runtime_watch(rt, quantum_look, m, defer ? 0 : quantum / 2);
   if (e) {
+    /* Without the looks a task that computes is never made to yield,
+    ** cannot be cancelled and is never reached by a stall report's
+    ** hook, so the caller refuses to run rather than go on without. */
     *err = e;
-    monitor_stop(m);
+    lums_monitor_free(m);
     return NULL;
   }
   return m;
@@ -626,23 +513,17 @@ lmonitor *lums_monitor_new(int nsched, int64_t quantum, bool defer,
 
 int lums_monitor_want(lquantum *q) {
   lmonitor *m = q->watch;
-  if (!m || !atomic_load_explicit(&m->deferred, memory_order_relaxed))
-    return 0;
-  int e = 0;
-  pthread_mutex_lock(&m->lock);
-  if (atomic_load(&m->deferred) && !atomic_load(&m->stop)) {
-    atomic_store(&m->deferred, false);
-    e = pthread_create(&m->thread, NULL, quantum_monitor, m);
-    m->started = e == 0;
-    /* The next spawn tries again (and reports it). */
-    if (e) atomic_store(&m->deferred, true);
-  }
-  pthread_mutex_unlock(&m->lock);
-  return e;
+  if (m && atomic_load_explicit(&m->deferred, memory_order_relaxed) &&
+      atomic_exchange(&m->deferred, false))
+    ums_runtime_watch_period(m->rt, m->quantum / 2);
+  return 0;
 }
 
 void lums_monitor_free(lmonitor *m) {
-  if (m) monitor_stop(m);
+  if (!m) return;
+  free(m->vm);
+  free(m->watch);
+  free(m);
 }
 
 void lums_request_hook(lquantum *q) {
@@ -657,24 +538,6 @@ void lums_request_hook(lquantum *q) {
 #else
   (void)q;
 #endif
-}
-
-/* Stops m's thread and frees m. */
-static void monitor_stop(lmonitor *m) {
-  /* Under the lock: a spawn on another scheduler may be starting a
-  ** deferred monitor (lums_monitor_want), which stop keeps from
-  ** starting. */
-  pthread_mutex_lock(&m->lock);
-  atomic_store(&m->stop, 1);
-  atomic_store(&m->deferred, false);
-  bool started = m->started;
-  pthread_cond_signal(&m->cond);
-  pthread_mutex_unlock(&m->lock);
-  if (started) pthread_join(m->thread, NULL);
-  pthread_cond_destroy(&m->cond);
-  pthread_mutex_destroy(&m->lock);
-  free(m->vm);
-  free(m);
 }
 
 void lums_open_quantum(lua_State *L) {

@@ -3,9 +3,10 @@
 ** task past its quantum yields at its next call that can wait (the
 ** yield points below) and, with preemption on, at any instruction (a
 ** signal and a count hook, qhook); ums's hook keeps the user's own hooks
-** working; the quantum monitor thread finds the steps past their quantum.
-** Each VM of a run has an lquantum (embedded in its lrun), each task an
-** lqhook (embedded in its ltask), and the run one lmonitor.
+** working; the runtime's monitor thread finds the steps past their
+** quantum (ums_runtime_watch). Each VM of a run has an lquantum (embedded
+** in its lrun), each task an lqhook (embedded in its ltask), and the run
+** one lmonitor, what that thread looks at.
 */
 #ifndef LQUANTUM_H
 #define LQUANTUM_H
@@ -53,8 +54,6 @@ typedef struct lquantum {
   pthread_t lua_thread;             /* the scheduler thread running Lua */
   _Atomic int lua_thread_known;
   lmonitor *watch;       /* [const] the monitor watching this VM, or NULL */
-  _Atomic bool *watch_asleep;       /* [const] watch's sleep flag, or NULL
-                                       (see lums_quantum_step) */
   /* [const] Delivers a pending stall report of task t running L from
   ** qhook (lstats.c's lums_stall_hook, given by the lrun's maker). */
   void (*stall_hook)(lua_State *L, ltask *t);
@@ -78,30 +77,13 @@ LUMS_HIDDEN void lums_quantum_init(lquantum *q, lua_State *L, lmonitor *m,
 LUMS_HIDDEN void lums_quantum_bind_thread(lquantum *q);
 /* This thread runs Lua of its own again (the end of a run it ran). */
 LUMS_HIDDEN void lums_quantum_leave_thread(void);
-/* Wakes a monitor that sleeps because no step ran. */
-LUMS_HIDDEN void lums_monitor_wake(lmonitor *m);
-
-/* Publishes a step that starts (co running) or goes on after a wait on its
-** own worker: the monitor's sleep protocol (see monitor_sleep) needs a
-** step to store running_co and step_seq, then load the sleep flag. The
-** signal fence only keeps the compiler from moving the load above those
-** stores; the processor's ordering comes from the monitor's membarrier,
-** so a step pays one load of a line that changes only when the monitor
-** sleeps or wakes. */
-static inline void lums_quantum_note_step(lquantum *q) {
-  atomic_signal_fence(memory_order_seq_cst);
-  if (q->watch_asleep &&
-      __builtin_expect(atomic_load_explicit(q->watch_asleep,
-                                            memory_order_relaxed), 0))
-    lums_monitor_wake(q->watch);
-}
-
+/* Publishes a step that starts, co running. The monitor needs no word
+** from the step: its scheduler is busy, so the runtime's monitor looks. */
 static inline void lums_quantum_step(lquantum *q, lua_State *co) {
   atomic_store_explicit(&q->running_co, co, memory_order_relaxed);
   atomic_store_explicit(&q->step_seq,
       atomic_load_explicit(&q->step_seq, memory_order_relaxed) + 1,
       memory_order_relaxed);
-  lums_quantum_note_step(q);
 }
 
 /* ThreadSanitizer delivers asynchronous signals only when the thread next
@@ -162,20 +144,22 @@ LUMS_HIDDEN void lums_request_hook(lquantum *q);
 
 /* ---- The monitor ---- */
 
-/* The quantum monitor of a run of up to nsched VMs, each of which
-** lums_quantum_init attaches: its thread starts now when quantum > 0,
-** or, with defer (a run of ums.run without preemption), at the run's
-** second task (lums_monitor_want). stall: the run reports stalls, whose
-** hooks the quantum's signal brings (installed when quantum > 0 or
-** stall). Stopped and freed by lums_monitor_free (NULL is ignored), after
-** which no VM may run a step; the caller owns it. NULL when out of memory
-** (*err 0) or when its thread cannot be created (*err is
-** pthread_create's error). */
-LUMS_HIDDEN lmonitor *lums_monitor_new(int nsched, int64_t quantum,
-                                       bool defer, bool stall, int *err);
+/* The quantum's looks at a run of rt's up to nsched VMs, each of which
+** lums_quantum_init attaches, made by rt's monitor thread (registered
+** here: on the thread that made rt, before its first task) from now on
+** when quantum > 0, or, with defer (a run of ums.run without
+** preemption), from the run's second task on (lums_monitor_want). stall:
+** the run reports stalls, whose hooks the quantum's signal brings
+** (installed when quantum > 0 or stall). The caller owns it and frees it
+** with lums_monitor_free (NULL is ignored) once rt is shut down. NULL
+** when out of memory (*err 0) or when rt's monitor thread cannot be
+** started (*err is a UMS_E* code). */
+LUMS_HIDDEN lmonitor *lums_monitor_new(ums_runtime_t *rt, int nsched,
+                                       int64_t quantum, bool defer,
+                                       bool stall, int *err);
 LUMS_HIDDEN void lums_monitor_free(lmonitor *m);
-/* Starts q's run's deferred monitor, if any (any VM's thread, at a
-** spawn). Returns 0 or pthread_create's error. */
+/* Starts q's run's deferred looks, if any (any VM's thread, at a spawn).
+** Returns 0. */
 LUMS_HIDDEN int lums_monitor_want(lquantum *q);
 
 /* Adds nopreempt_chunk and quantum_point to the module table at the top,

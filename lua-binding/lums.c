@@ -937,12 +937,12 @@ static int run(lua_State *L, double limit) {
   /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
   lvms *vms = lums_vms_new(L, rt, &lums_vm_ops_module);
   if (vms) lums_vms_set_preempt(vms, preempt);
-  /* The quantum monitor watches every VM of the run, each from its
-  ** making; without preemption its thread starts with the second task.
-  ** The run owns it and frees it once the runtime's threads are gone. */
+  /* The quantum's looks watch every VM of the run, each from its
+  ** making; without preemption they start with the second task. The run
+  ** owns them and frees them once the runtime's threads are gone. */
   int64_t qns = quantum > 0 ? (int64_t)(quantum * 1e9) : 0;
   int merr = 0;
-  lmonitor *mon = vms ? lums_monitor_new(lums_vms_count(vms), qns,
+  lmonitor *mon = vms ? lums_monitor_new(rt, lums_vms_count(vms), qns,
                                          !preempt, stall_state != NULL,
                                          &merr) : NULL;
   if (mon) lums_vms_set_monitor(vms, mon);
@@ -956,9 +956,9 @@ static int run(lua_State *L, double limit) {
     lums_stall_free(stall_state);
     lums_deadlock_free(deadlock);
     if (merr)
-      return luaL_error(L, "ums.run: cannot create the quantum monitor "
-                        "thread: %s (quantum = 0 runs without one)",
-                        strerror(merr));
+      return luaL_error(L, "ums.run: cannot create the monitor thread: %s "
+                        "(quantum = 0 and stall_threshold = 0 run without "
+                        "one)", ums_strerror(merr));
     return luaL_error(L, "ums.run: out of memory");
   }
   r->stall = stall_state;
