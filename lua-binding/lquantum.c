@@ -418,20 +418,16 @@ static void quantum_signal(int sig) {
 struct qwatch {
   uint64_t seen_seq, signalled_seq;
   int64_t seen_at;
-  bool known;            /* looked at once: seen_seq is the VM's */
 };
 
 /* One look at VM v (see quantum_look). A step past its quantum is
 ** marked (preempt_seq), which its next call that can wait reads; with
-** preempt on it is also signalled, to yield at any instruction. Returns
-** whether the VM ran a step since the last look (or runs one). */
-static bool quantum_check(lquantum *v, qwatch *w, int64_t now,
+** preempt on it is also signalled, to yield at any instruction. */
+static void quantum_check(lquantum *v, qwatch *w, int64_t now,
                           int64_t period) {
   uint64_t seq = atomic_load_explicit(&v->step_seq, memory_order_relaxed);
   bool running = atomic_load_explicit(&v->running_co,
                                       memory_order_relaxed) != NULL;
-  bool busy = running || seq != w->seen_seq || !w->known;
-  w->known = true;
   if (seq != w->seen_seq || !running) {
     w->seen_seq = seq;
     w->seen_at = now;
@@ -444,7 +440,6 @@ static bool quantum_check(lquantum *v, qwatch *w, int64_t now,
     if (v->preempt) pthread_kill(v->lua_thread, QUANTUM_SIGNAL);
 #endif
   }
-  return busy;
 }
 
 /* Looks every half quantum at the step running in each VM of the run
@@ -458,7 +453,7 @@ static void quantum_look(void *arg, int64_t now) {
   int64_t period = m->quantum / 2;
   for (int i = 0; i < m->n; i++) {
     lquantum *v = atomic_load_explicit(&m->vm[i], memory_order_acquire);
-    if (v) (void)quantum_check(v, &m->watch[i], now, period);
+    if (v) quantum_check(v, &m->watch[i], now, period);
   }
 }
 

@@ -293,7 +293,7 @@ static void *monitor_main(void *arg) {
       if (t < wake) wake = t;
     }
     int64_t period = atomic_load_explicit(&m->watch_period,
-                                          memory_order_relaxed);
+                                          memory_order_acquire);
     if (period > 0 && watch_next < wake) wake = watch_next;
     ums__futex_wait(&m->word, w, wake);
     if (atomic_load(&m->stop)) break;
@@ -301,7 +301,8 @@ static void *monitor_main(void *arg) {
     if (clock) ums__wait_clock_advance(rt, ums__stamp_now());
     /* Also while the shutdown cancels the tasks: a task that computes
     ** learns of its cancellation from the binding's look. */
-    period = atomic_load_explicit(&m->watch_period, memory_order_relaxed);
+    /* Acquire: watch_fn and watch_arg were stored before the period. */
+    period = atomic_load_explicit(&m->watch_period, memory_order_acquire);
     if (period > 0 && now >= watch_next) {
       m->watch_fn(m->watch_arg, now);
       watch_next = now + period;
