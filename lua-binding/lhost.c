@@ -12,7 +12,7 @@
 ** does not exist; what the main VM does for a Lua run is done here
 ** without one: the settings every VM gets (paths, init module, the
 ** host's setup function) are plain C strings and pointers in lvms, the
-** quantum monitor is owned by the host (lums_monitor_new), and the
+** quantum's looks are owned by the host (lums_monitor_new), and the
 ** outcome of each request goes to the host through lreq.on_finish
 ** instead of to a main VM's on_error.
 **
@@ -53,7 +53,7 @@ struct ums_lua_host {
   ums_runtime_t *rt;     /* [lock: the pointer; owned, shut down and freed
                             by the shutdown] */
   lvms *vms;             /* [owned; closed by the shutdown] */
-  lrun *monitor;         /* [owned; the quantum monitor, freed by the
+  lmonitor *monitor;     /* [owned; the quantum monitor, freed by the
                             shutdown] */
   int nsched;            /* [const] */
   pthread_mutex_t lock;  /* guards state and calls */
@@ -440,7 +440,9 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
                                                    strcmp(env, "1") == 0));
   }
   int terr = 0;
-  h->monitor = h->vms ? lums_monitor_new(h->vms, quantum, &terr) : NULL;
+  h->monitor = h->vms ? lums_monitor_new(h->rt, h->nsched, quantum, false,
+                                         false, &terr) : NULL;
+  if (h->monitor) lums_vms_set_monitor(h->vms, h->monitor);
   if (!h->monitor) {
     ums_runtime_shutdown(h->rt, 0);
     if (h->vms) lums_vms_close(NULL, h->vms);
@@ -448,9 +450,9 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
     rc = terr ? UMS_EAGAIN : UMS_ENOMEM;
     if (err) *err = rc;
     if (terr)
-      return NULL_FAIL(rc, "ums_lua_host_new: cannot create the quantum "
-                       "monitor thread: %s (quantum < 0 runs without one)",
-                       strerror(terr));
+      return NULL_FAIL(rc, "ums_lua_host_new: cannot create the monitor "
+                       "thread: %s (quantum < 0 runs without one)",
+                       ums_strerror(terr));
     return NULL_FAIL(rc, "ums_lua_host_new: out of memory");
   }
   pthread_mutex_init(&h->lock, NULL);

@@ -155,7 +155,7 @@ void lums_stall_cb(const ums_stall_t *st, void *arg) {
   if (r) atomic_store(&r->stall_pending, 1);
   pthread_mutex_unlock(&s->lock);
   if (r) {
-    lums_request_hook(r);
+    lums_request_hook(&r->q);
     if (atomic_load(&r->stall_custom)) return;
   }
 

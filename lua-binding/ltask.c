@@ -13,10 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The task whose step runs on this thread: set by the step and by a task
-** that waited on its own worker (lums_become_current). */
-_Thread_local ltask *lums_cur_task;
-
 const char lums_task_tag = 0;
 
 lhandle *lums_to_task(lua_State *L, int idx) {

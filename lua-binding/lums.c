@@ -9,9 +9,10 @@
 ** the cooperative rule"; docs/design/trace.md follows one task).
 **
 ** This file holds a task's life cycle (spawn, step, finish, the pool of
-** coroutines), the quantum and its monitor, runs (ums.run) and the module
-** setup; parking is lpark.c's, the Lua calls on tasks and their handles
-** ltask.c's ("Binding files" in docs/design/architecture.md).
+** coroutines), runs (ums.run) and the module setup; the quantum and its
+** monitor are lquantum.c's, parking lpark.c's, the Lua calls on tasks and
+** their handles ltask.c's ("Binding files" in
+** docs/design/architecture.md).
 **
 ** Threads: each VM of a run belongs to one scheduler (the caller's VM to
 ** scheduler 0, the others to theirs: lvm.c) and its tasks run there; the
@@ -34,15 +35,8 @@
 #include <limits.h>
 #include <lua.h>
 #include <lualib.h>
-#include <pthread.h>
-#include <errno.h>
-#include <linux/membarrier.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,23 +52,6 @@
 /* Lua's C stack needs room for LUAI_MAXCCALLS nested C calls; fiber stacks
 ** for Lua runs are larger than the C default. Untouched pages cost nothing. */
 #define LUA_STACK_SIZE (1024 * 1024)
-/* The quantum is enforced the way lua.c handles Ctrl-C: a monitor thread
-** notices a step that has run for a whole quantum and signals the Lua
-** thread, whose handler sets a count hook on the running coroutine. Until
-** that happens no hook is set, so Lua runs at full speed (any count hook
-** sends every instruction through the hook machinery in Lua 5.4). Go
-** preempts goroutines with the same signal. */
-#define QUANTUM_SIGNAL SIGURG
-/* ThreadSanitizer delivers asynchronous signals only when the thread next
-** enters an intercepted call, which a pure-Lua loop in the uninstrumented
-** interpreter never does. TSan builds therefore poll: the monitor posts a
-** request and a sparse count hook, set for every step, takes it. */
-#if defined(__SANITIZE_THREAD__)
-#define QUANTUM_POLL 1
-#define QUANTUM_POLL_COUNT 1000
-#endif
-/* Hook period while a preemption waits for a point where it may yield. */
-#define QUANTUM_RETRY_COUNT 100
 /* Finished coroutines kept for reuse. */
 #define POOL_MAX 4096
 /* Of those, how many a VM keeps for its next run: enough for the tasks
@@ -92,52 +69,6 @@ struct lkept {
   int npool, cappool;
 };
 
-/* The VM whose tasks this scheduler thread runs, for the signal handler.
-** Initial-exec like lums_cur_task: the first use of a dlopen'ed module's
-** dynamic TLS may allocate, which a signal handler must not do. */
-static _Thread_local lrun *thread_run
-    __attribute__((tls_model("initial-exec")));
-
-/* The nopreempt chunks of one VM (core.nopreempt_chunk), in a userdata
-** under this registry key. The sources are compared by address; their
-** functions are anchored in the registry, which keeps them alive. */
-#define NOPREEMPT_KEY "ums.nopreempt.sources"
-#define NOPREEMPT_MAX 8
-struct lnopreempt {
-  const char *src[NOPREEMPT_MAX];
-  int n;
-};
-
-/* The quantum monitor's sleep (see monitor_sleep): a VM's thread that
-** has just published a step (running_co, step_seq) wakes a monitor that
-** sleeps. The signal fence only keeps the compiler from moving the load
-** above those stores; the processor's ordering comes from the
-** monitor's membarrier, so a step pays one load of a line that changes
-** only when the monitor sleeps or wakes. */
-static void monitor_wake(lrun *m);
-static inline void monitor_note_step(lrun *r) {
-  lrun *m = r->watch;
-  atomic_signal_fence(memory_order_seq_cst);
-  if (m && __builtin_expect(atomic_load_explicit(&m->mon_asleep,
-                                                 memory_order_relaxed), 0))
-    monitor_wake(m);
-}
-
-/* Makes t current again on this thread: after a blocking wait, other
-** steps have run on other workers of this thread meanwhile. */
-void lums_before_block(ltask *t) {
-  if (t && t->run)
-    atomic_store_explicit(&t->run->running_co, NULL, memory_order_relaxed);
-}
-
-void lums_become_current(ltask *t) {
-  lums_cur_task = t;
-  if (t->run) {
-    atomic_store_explicit(&t->run->running_co, t->co, memory_order_relaxed);
-    monitor_note_step(t->run);
-  }
-}
-
 /* ---------------------------------------------------------------------- */
 /* Helpers                                                                 */
 /* ---------------------------------------------------------------------- */
@@ -153,11 +84,6 @@ static lrun *get_run(lua_State *L) {
 /* ---------------------------------------------------------------------- */
 /* Task life cycle                                                         */
 /* ---------------------------------------------------------------------- */
-
-static void qhook(lua_State *L, lua_Debug *ar);
-static int monitor_want(lrun *v);
-static void hook_arm(lua_State *L, ltask *t, int count);
-static void hook_disarm(lua_State *L, ltask *t);
 
 /* Takes an ltask with a reset coroutine from the pool (*pooled: its
 ** handle slot holds false), or makes one whose handle slot holds the
@@ -227,7 +153,7 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   ** waited), goes with the task that set it: cleared here, where the
   ** coroutine's state is in the cache, not at the next spawn. */
   if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
-  t->uhook = NULL;
+  t->hook.uhook = NULL;
   lua_pushboolean(r->SL, 0);
   lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
   /* Back to what take_task hands out: zero but for the coroutine and its
@@ -449,11 +375,9 @@ static int task_step(void *arg) {
     lums_cur_task = prev;
     return UMS_STEP_DONE;
   }
-  if (!atomic_load_explicit(&t->run->lua_thread_known, memory_order_relaxed)) {
-    t->run->lua_thread = pthread_self();
-    thread_run = t->run;
-    atomic_store(&t->run->lua_thread_known, 1);
-  }
+  if (!atomic_load_explicit(&t->run->q.lua_thread_known,
+                            memory_order_relaxed))
+    lums_quantum_bind_thread(&t->run->q);
   if (t->h->state == T_NEW) {
     t->h->state = T_LIVE;
     if (ums_cancelled()) {
@@ -468,20 +392,16 @@ static int task_step(void *arg) {
   }
   t->parking = false;
   lrun *r = t->run;
-  atomic_store_explicit(&r->running_co, t->co, memory_order_relaxed);
-  atomic_store_explicit(&r->step_seq,
-      atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
-      memory_order_relaxed);
-  monitor_note_step(r);
-#ifdef QUANTUM_POLL
-  if ((r->preempt && r->quantum > 0) || r->stall)
-    hook_arm(t->co, t, QUANTUM_POLL_COUNT);
+  lums_quantum_step(&r->q, t->co);
+#ifdef LUMS_QUANTUM_POLL
+  if ((r->q.preempt && r->q.quantum > 0) || r->stall)
+    lums_quantum_poll(t);
 #endif
   st = lua_resume(t->co, NULL, nargs, &nres);
-  atomic_store_explicit(&r->running_co, NULL, memory_order_relaxed);
+  atomic_store_explicit(&r->q.running_co, NULL, memory_order_relaxed);
   /* A preemption signalled just as the step ended set a hook nobody
   ** needs any more: the user's is put back. */
-  if (st == LUA_YIELD) hook_disarm(t->co, t);
+  if (st == LUA_YIELD) lums_hook_disarm(t->co, t);
   if (t->park_begun && !(st == LUA_YIELD && t->parking)) {
     /* The step ends (the task ended, or a bare coroutine.yield) between
     ** park_begin and park_wait: end that park on the task's behalf. The
@@ -569,7 +489,7 @@ void lums_task_start(lrun *r, int nargs) {
   lua_State *L = r->SL;
   /* Work that cannot start the monitor still runs; the next ums.spawn
   ** reports the failure. */
-  (void)monitor_want(r);
+  (void)lums_monitor_want(&r->q);
   int first = lua_gettop(L) - nargs;
   luaL_getmetatable(L, LUMS_TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
@@ -584,7 +504,7 @@ static int l_spawn(lua_State *L) {
   if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
-  int e = monitor_want(me->run);
+  int e = lums_monitor_want(&me->run->q);
   if (e)
     return luaL_error(L, "ums.spawn: cannot create the quantum monitor "
                          "thread: %s", strerror(e));
@@ -592,550 +512,6 @@ static int l_spawn(lua_State *L) {
   return 1;  /* the handle, alone on the stack */
 }
 
-/* ---------------------------------------------------------------------- */
-/* The quantum                                                             */
-/* ---------------------------------------------------------------------- */
-
-/* Chunks the quantum never interrupts (core.nopreempt_chunk): Lua code
-** that relies on running atomically between its waits, such as ums.sync.
-** Only the function running now is looked at, so that the check costs the
-** same at any stack depth: a nopreempt chunk is atomic in its own
-** functions and in the C functions it calls (a count hook fires in Lua
-** functions only), not in Lua functions of other chunks it calls.
-** Each VM has its own list (struct lnopreempt), read by its own thread. */
-static bool in_nopreempt_chunk(lua_State *L, const struct lnopreempt *np) {
-  lua_Debug d;
-  if (!np || np->n == 0 || !lua_getstack(L, 0, &d)) return false;
-  lua_getinfo(L, "S", &d);
-  for (int i = 0; i < np->n; i++)
-    if (d.source == np->src[i]) return true;
-  return false;
-}
-
-/* core.nopreempt_chunk(): the calling function's chunk is never preempted. */
-static int l_nopreempt_chunk(lua_State *L) {
-  lua_Debug d;
-  if (!lua_getstack(L, 1, &d) || !lua_getinfo(L, "Sf", &d))
-    return luaL_error(L, "ums.nopreempt_chunk: no calling function");
-  lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY);
-  struct lnopreempt *np = (struct lnopreempt *)lua_touserdata(L, -1);
-  lua_pop(L, 1);  /* the registry anchors it */
-  if (!np) return luaL_error(L, "ums.nopreempt_chunk: ums.core not open");
-  for (int i = 0; i < np->n; i++)
-    if (np->src[i] == d.source) return 0;
-  if (np->n == NOPREEMPT_MAX)
-    return luaL_error(L, "ums.nopreempt_chunk: too many chunks");
-  lua_getfield(L, LUA_REGISTRYINDEX, "ums.nopreempt");
-  if (lua_isnil(L, -1)) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_setfield(L, LUA_REGISTRYINDEX, "ums.nopreempt");
-  }
-  lua_pushvalue(L, -2);  /* the function: keeps its Proto's source alive */
-  lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
-  np->src[np->n++] = d.source;
-  return 0;
-}
-
-/* ums's own hook on a task's coroutine (qhook, for a preemption or a
-** stall report) comes and goes; the user's hook stays. hook_arm puts
-** qhook on t->co as a count hook of `count`, first saving in t the
-** hook the user has there; qhook forwards the user's events to it and
-** calls it at its own count. hook_disarm puts the user's hook back. They
-** run on the Lua thread, hook_arm also in the signal handler (lua_sethook
-** is what lua.c's own SIGINT handler calls); t->uhook is kept after a
-** disarm so that a signal between the two stores still saves the user's
-** hook, not ums's. */
-static void hook_set(lua_State *L, ltask *t) {
-  int n = t->qleft;
-  int mask = LUA_MASKCOUNT;
-  if (t->uhook) {
-    mask |= t->umask & ~LUA_MASKCOUNT;
-    if ((t->umask & LUA_MASKCOUNT) && t->ucount > 0 && t->uleft < n)
-      n = t->uleft;
-  }
-  lua_sethook(L, qhook, mask, n);
-}
-
-static void hook_arm(lua_State *L, ltask *t, int count) {
-  if (lua_gethook(L) != qhook) {
-    t->uhook = lua_gethook(L);
-    t->umask = lua_gethookmask(L);
-    t->ucount = lua_gethookcount(L);
-    t->uleft = t->ucount;
-  }
-  t->qleft = count;
-  hook_set(L, t);
-}
-
-static void hook_disarm(lua_State *L, ltask *t) {
-  t->qsig = 0;
-  if (lua_gethook(L) == qhook) lua_sethook(L, t->uhook, t->umask, t->ucount);
-}
-
-/* debug.gethook and debug.sethook as a task sees them: while qhook is on
-** the running task's coroutine, the hook, mask and count the user set
-** there are read and written, and qhook stays. The debug library's own
-** functions (upvalue 1) do the work, with the user's hook put back for
-** the time of a gethook; a signal meanwhile arms qhook over it as it
-** would over any user hook. lums_open installs both in every VM. */
-static int l_gethook(lua_State *L) {
-  lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
-  ltask *t = lums_cur_task;
-  bool own = t && L1 == t->co;
-  /* The quantum's signal handler puts qhook on the task's coroutine
-  ** (hook_arm) whenever it fires: held off while the hook is read, or
-  ** the debug library could read qhook and its count. */
-  sigset_t block, old;
-  if (own) {
-    sigemptyset(&block);
-    sigaddset(&block, QUANTUM_SIGNAL);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
-  }
-  bool swap = own && lua_gethook(L1) == qhook;
-  if (swap) lua_sethook(L1, t->uhook, t->umask, t->ucount);
-  int n = lua_gettop(L);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  /* Protected, so that an error (out of memory) cannot skip the unblock. */
-  int st = lua_pcall(L, n, LUA_MULTRET, 0);
-  if (swap && lua_gethook(L1) == t->uhook) hook_set(L1, t);
-  if (own) pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (st != LUA_OK) return lua_error(L);
-  return lua_gettop(L);
-}
-
-static int l_sethook(lua_State *L) {
-  lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
-  ltask *t = lums_cur_task;
-  bool ours = t && L1 == t->co && lua_gethook(L1) == qhook;
-  int n = lua_gettop(L);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  lua_call(L, n, LUA_MULTRET);
-  if (ours && lua_gethook(L1) != qhook)
-    hook_arm(L1, t, t->qleft > 0 ? t->qleft : 1);
-  return lua_gettop(L);
-}
-
-static void wrap_hook_fn(lua_State *L, const char *name, lua_CFunction f) {
-  if (lua_getfield(L, -1, name) == LUA_TFUNCTION &&
-      lua_tocfunction(L, -1) != f) {
-    lua_pushcclosure(L, f, 1);
-    lua_setfield(L, -2, name);
-  } else {
-    lua_pop(L, 1);
-  }
-}
-
-static void wrap_debug_hooks(lua_State *L) {
-  int top = lua_gettop(L);
-  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-  if (lua_getfield(L, -1, "debug") == LUA_TTABLE) {
-    wrap_hook_fn(L, "gethook", l_gethook);
-    wrap_hook_fn(L, "sethook", l_sethook);
-  }
-  lua_settop(L, top);
-}
-
-/* ums's errand once its count has run out: a stall report, then, with
-** preempt on and the step past its quantum, a yield. It yields only from
-** the task's own coroutine, where Lua can yield, outside a begun park and
-** outside nopreempt chunks; elsewhere it checks again shortly. */
-static void quantum_fire(lua_State *L, ltask *t) {
-  lrun *r = t->run;
-  if (lums_stall_pending(r)) lums_stall_hook(L, t);
-  if (!r->preempt || !lums_quantum_due(t)) {
-#ifdef QUANTUM_POLL
-    hook_arm(L, t, QUANTUM_POLL_COUNT);
-#else
-    hook_disarm(L, t);
-#endif
-    return;
-  }
-  /* A task that computes without ever waiting learns of its cancellation
-  ** here, the first time its quantum runs out; raising is allowed even
-  ** where yielding is not. */
-  if (ums_cancelled() && !t->park_begun &&
-      !in_nopreempt_chunk(L, r->nopreempt)) {
-    hook_disarm(L, t);
-    lums_raise_cancelled(L);
-    return;
-  }
-  if (t->park_begun || !lua_isyieldable(L) ||
-      in_nopreempt_chunk(L, r->nopreempt)) {
-    hook_arm(L, t, QUANTUM_RETRY_COUNT);
-    return;
-  }
-  /* qhook stays until the step has ended (task_step puts the user's hook
-  ** back): Lua may still call the line hook before it leaves, and only
-  ** qhook knows to do nothing then. */
-  atomic_fetch_add_explicit(&r->preemptions, 1, memory_order_relaxed);
-  ums_quantum_expired();
-  t->parking = false;
-  lua_yield(L, 0);
-}
-
-static void qhook(lua_State *L, lua_Debug *ar) {
-  ltask *t = lums_cur_task;
-  if (!t || L != t->co || !t->run) {
-    /* A coroutine the task made while qhook was on it inherited qhook
-    ** (lua_newthread copies the hook): it gets the hook qhook stood for,
-    ** as it would have inherited it without ums. */
-    if (t && t->run && L != t->co)
-      lua_sethook(L, t->uhook, t->umask, t->ucount);
-    else
-      lua_sethook(L, NULL, 0, 0);
-    return;
-  }
-  /* Lua calls the line hook after a count hook that yielded, before it
-  ** leaves: nothing may run then. The instruction runs again, with its
-  ** events, when the task is resumed. */
-  if (lua_status(L) == LUA_YIELD) return;
-  int ran = ar->event == LUA_HOOKCOUNT ? lua_gethookcount(L) : 0;
-  if (t->uhook && (ar->event != LUA_HOOKCOUNT ||
-                   ((t->umask & LUA_MASKCOUNT) && t->ucount > 0 &&
-                    (t->uleft -= ran) <= 0))) {
-    if (ar->event == LUA_HOOKCOUNT) t->uleft = t->ucount;
-    t->uhook(L, ar);
-    /* The user's hook may have set another: that one is the user's now. */
-    if (lua_gethook(L) != qhook) {
-      hook_arm(L, t, t->qleft - ran > 0 ? t->qleft - ran : 1);
-      return;
-    }
-  }
-  if (ar->event != LUA_HOOKCOUNT) {
-    /* The count the signal handler set may be lost: with a line hook on,
-    ** Lua decrements the hook count at every instruction, and a store
-    ** made between its read and its write is overwritten. The next line
-    ** event carries the errand then (a line hook may yield, as a count
-    ** hook may). */
-    if (ar->event == LUA_HOOKLINE && t->qsig) {
-      t->qsig = 0;
-      quantum_fire(L, t);
-    }
-    return;
-  }
-  if ((t->qleft -= ran) > 0) {
-    hook_set(L, t);
-    return;
-  }
-  t->qsig = 0;
-  quantum_fire(L, t);
-}
-
-int lums_quantum_again_k(lua_State *L, int status, lua_KContext ctx) {
-  (void)status;
-  return ((lua_CFunction)ctx)(L);
-}
-
-int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
-  ltask *t = lums_cur_task;
-  lrun *r = t->run;
-  if (t->park_begun) return -1;
-  atomic_fetch_add_explicit(&r->preemptions, 1, memory_order_relaxed);
-  ums_quantum_expired();
-  if (L == t->co && lua_isyieldable(L)) {
-    t->parking = false;
-    return lua_yieldk(L, 0, ctx, k);
-  }
-  /* Where Lua cannot yield, the task's worker yields instead (as
-  ** ums.yield does there) and the call goes on afterwards. The task's
-  ** time then counts as a new step, for the monitor and for the next
-  ** yield point alike. */
-  lums_before_block(t);
-  (void)ums_yield();
-  lums_become_current(t);
-  atomic_store_explicit(
-      &r->step_seq,
-      atomic_load_explicit(&r->step_seq, memory_order_relaxed) + 1,
-      memory_order_relaxed);
-  monitor_note_step(r);
-  return -1;
-}
-
-/* core.quantum_point(): the yield point of a wait written in Lua (ums.sync),
-** called before it looks at its object, on the path that need not wait
-** too. */
-static int l_quantum_point(lua_State *L) {
-  LUMS_YIELD_POINT(L, l_quantum_point);
-  return 0;
-}
-
-/* Runs on the Lua thread, anywhere in it: arms qhook on the running
-** task's coroutine (see hook_arm). */
-static void quantum_signal(int sig) {
-  lrun *r = thread_run;
-  ltask *t = lums_cur_task;
-  (void)sig;
-  if (!r || !t) return;
-  lua_State *co = atomic_load_explicit(&r->running_co, memory_order_relaxed);
-  if (co && co == t->co) {
-    t->qsig = 1;
-    hook_arm(co, t, 1);
-  }
-}
-
-/* What the monitor remembers of one VM between its looks. */
-typedef struct qwatch {
-  uint64_t seen_seq, signalled_seq;
-  int64_t seen_at;
-  bool known;            /* looked at once: seen_seq is the VM's */
-} qwatch;
-
-/* One look at VM v (see quantum_monitor). A step past its quantum is
-** marked (preempt_seq), which its next call that can wait reads; with
-** preempt on it is also signalled, to yield at any instruction. Returns
-** whether the VM ran a step since the last look (or runs one). */
-static bool quantum_check(lrun *v, qwatch *w, int64_t now, int64_t period) {
-  uint64_t seq = atomic_load_explicit(&v->step_seq, memory_order_relaxed);
-  bool running = atomic_load_explicit(&v->running_co,
-                                      memory_order_relaxed) != NULL;
-  bool busy = running || seq != w->seen_seq || !w->known;
-  w->known = true;
-  if (seq != w->seen_seq || !running) {
-    w->seen_seq = seq;
-    w->seen_at = now;
-  } else if (now - w->seen_at >= v->quantum - period / 2 &&
-             seq != w->signalled_seq &&
-             atomic_load(&v->lua_thread_known)) {
-    w->signalled_seq = seq;
-    atomic_store_explicit(&v->preempt_seq, seq, memory_order_relaxed);
-#ifndef QUANTUM_POLL
-    if (v->preempt) pthread_kill(v->lua_thread, QUANTUM_SIGNAL);
-#endif
-  }
-  return busy;
-}
-
-/* Looks every half quantum at the step running in each VM of the run;
-** once the same step has been seen for a whole quantum, marks it, once
-** (a step blocked in a long C call is not signalled again, so it sees at
-** most one EINTR). A step is thus found past its quantum between one and
-** one and a half quanta after it began. One thread watches every VM: r is
-** the main VM's lrun, the others are found through r->vms as they
-** appear. */
-/* Looks this many times in a row at a run where no VM runs a step, then
-** sleeps until a step starts. */
-#define MONITOR_IDLE_LOOKS 8
-
-/* A full memory barrier on every thread of the process that runs at the
-** moment (membarrier's private expedited command), so that the steps'
-** side of the sleep protocol needs no fence of its own. Registered once
-** per process, again after a fork if the kernel asks for it. False where
-** the kernel has no membarrier: the monitor then keeps ticking. */
-static bool process_barrier(void) {
-#ifdef SYS_membarrier
-  static _Atomic int registered;
-  if (!atomic_load_explicit(&registered, memory_order_relaxed)) {
-    if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
-                0, 0) != 0)
-      return false;
-    atomic_store_explicit(&registered, 1, memory_order_relaxed);
-  }
-  if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
-    return true;
-  if (errno != EPERM) return false;
-  if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
-              0) != 0)
-    return false;
-  return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
-#else
-  return false;
-#endif
-}
-
-static void monitor_wake(lrun *m) {
-  pthread_mutex_lock(&m->mon_lock);
-  if (atomic_load_explicit(&m->mon_asleep, memory_order_relaxed)) {
-    atomic_store_explicit(&m->mon_asleep, false, memory_order_relaxed);
-    pthread_cond_signal(&m->mon_cond);
-  }
-  pthread_mutex_unlock(&m->mon_lock);
-}
-
-/* With mon_lock held, after MONITOR_IDLE_LOOKS looks at a run where no
-** VM ran a step: sleeps until a step starts (monitor_note_step) or the
-** run stops, so that an idle run costs no CPU. The protocol is the usual
-** store-then-load pair, made asymmetric: the monitor stores mon_asleep,
-** then (process_barrier) every running thread passes a full barrier,
-** then the monitor loads each VM's running_co and step_seq; a step
-** stores those, then loads mon_asleep. Either the monitor sees the step
-** (and does not sleep) or the step sees mon_asleep (and wakes it). A VM
-** that appears meanwhile counts as a step. */
-static void monitor_sleep(lrun *r, qwatch *watch, int n) {
-  atomic_store_explicit(&r->mon_asleep, true, memory_order_relaxed);
-  bool idle = process_barrier();
-  for (int i = 0; idle && i < n; i++) {
-    lrun *v = lums_vms_at(r->vms, i);
-    if (!v) continue;
-    if (!watch[i].known ||
-        atomic_load_explicit(&v->running_co, memory_order_relaxed) ||
-        atomic_load_explicit(&v->step_seq, memory_order_relaxed) !=
-            watch[i].seen_seq)
-      idle = false;
-  }
-  while (idle && atomic_load_explicit(&r->mon_asleep, memory_order_relaxed) &&
-         !atomic_load(&r->stop))
-    pthread_cond_wait(&r->mon_cond, &r->mon_lock);
-  atomic_store_explicit(&r->mon_asleep, false, memory_order_relaxed);
-}
-
-static void *quantum_monitor(void *arg) {
-  lrun *r = arg;
-  int n = lums_vms_count(r->vms);
-  qwatch *watch = calloc((size_t)n, sizeof *watch);
-  int64_t period = r->quantum / 2;
-  int idle_looks = 0;
-  if (!watch) return NULL;  /* no quantum for this run, rather than none */
-  pthread_mutex_lock(&r->mon_lock);
-  while (!atomic_load(&r->stop)) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    int64_t ns = ts.tv_nsec + period;
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
-    pthread_cond_timedwait(&r->mon_cond, &r->mon_lock, &ts);
-    if (atomic_load(&r->stop)) break;
-    int64_t now = ums_now();
-    bool busy = false;
-    for (int i = 0; i < n; i++) {
-      lrun *v = lums_vms_at(r->vms, i);
-      if (v) busy |= quantum_check(v, &watch[i], now, period);
-    }
-    idle_looks = busy ? 0 : idle_looks + 1;
-    if (idle_looks >= MONITOR_IDLE_LOOKS) {
-      monitor_sleep(r, watch, n);
-      idle_looks = 0;
-    }
-  }
-  pthread_mutex_unlock(&r->mon_lock);
-  free(watch);
-  return NULL;
-}
-
-static void install_quantum_signal(void) {
-  static atomic_int done;
-  if (atomic_exchange(&done, 1)) return;
-  struct sigaction old, sa;
-  sigaction(QUANTUM_SIGNAL, NULL, &old);
-  if (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) return;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = quantum_signal;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(QUANTUM_SIGNAL, &sa, NULL);
-}
-
-/* Starts the quantum monitor when r has a quantum. Returns 0, or
-** pthread_create's error: without the monitor a task that computes is
-** never made to yield, cannot be cancelled and is never reached by a
-** stall report's hook, so the caller refuses to run rather than go on
-** without it. */
-static int monitor_start(lrun *r) {
-  pthread_mutex_init(&r->mon_lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&r->mon_cond, &ca);
-  pthread_condattr_destroy(&ca);
-  /* The signal also serves stall reports (lums_request_hook). */
-  if (r->quantum <= 0 && !r->stall) return 0;
-  install_quantum_signal();
-  if (r->quantum <= 0) return 0;
-  /* Without preemption the monitor only marks a step past its quantum for
-  ** the yield points, which matters once another task may want to run:
-  ** monitor_want starts it then, so that a run of one task (a test body)
-  ** does not pay for a thread. */
-  if (r->mon == r && !r->preempt) {
-    atomic_store(&r->monitor_deferred, true);
-    return 0;
-  }
-  int e = pthread_create(&r->monitor, NULL, quantum_monitor, r);
-  r->monitor_started = e == 0;
-  return e;
-}
-
-/* Starts v's run's deferred monitor, if any (any VM's thread, at a
-** spawn). Returns 0 or pthread_create's error. */
-static int monitor_want(lrun *v) {
-  lrun *m = v->mon;
-  if (!m || !atomic_load_explicit(&m->monitor_deferred,
-                                  memory_order_relaxed))
-    return 0;
-  int e = 0;
-  pthread_mutex_lock(&m->mon_lock);
-  if (atomic_load(&m->monitor_deferred) && !atomic_load(&m->stop)) {
-    atomic_store(&m->monitor_deferred, false);
-    e = pthread_create(&m->monitor, NULL, quantum_monitor, m);
-    m->monitor_started = e == 0;
-    /* The next spawn tries again (and reports it). */
-    if (e) atomic_store(&m->monitor_deferred, true);
-  }
-  pthread_mutex_unlock(&m->mon_lock);
-  return e;
-}
-
-/* A hosted run has no main VM to own the quantum monitor: an lrun that
-** is no VM (no Lua state, no tasks) owns it instead, made and freed by
-** lhost.c around the run. Its fields other than the monitor's, vms and
-** quantum stay zero. */
-static void monitor_stop(lrun *r);
-
-lrun *lums_monitor_new(lvms *vms, int64_t quantum, int *err) {
-  lrun *r = calloc(1, sizeof *r);
-  *err = 0;
-  if (!r) return NULL;
-  r->vms = vms;
-  r->quantum = quantum;
-  if ((*err = monitor_start(r)) != 0) {
-    monitor_stop(r);
-    free(r);
-    return NULL;
-  }
-  lums_vms_set_monitor(vms, r);
-  return r;
-}
-
-void lums_monitor_free(lrun *r) {
-  if (!r) return;
-  monitor_stop(r);
-  free(r);
-}
-
-void lums_request_hook(lrun *r) {
-#ifndef QUANTUM_POLL
-  /* With preemption, the quantum monitor has signalled this long step
-  ** already, and its hook (qhook) looks for stall reports: a second
-  ** signal would only interrupt a blocking call once more. Under TSan the
-  ** poll hook of every step looks for them. */
-  if (!(r->preempt && r->quantum > 0) &&
-      atomic_load(&r->lua_thread_known))
-    pthread_kill(r->lua_thread, QUANTUM_SIGNAL);
-#else
-  (void)r;
-#endif
-}
-
-static void monitor_stop(lrun *r) {
-  /* Under the lock: a spawn on another scheduler may be starting a
-  ** deferred monitor (monitor_want), which stop keeps from starting. */
-  pthread_mutex_lock(&r->mon_lock);
-  atomic_store(&r->stop, 1);
-  atomic_store(&r->monitor_deferred, false);
-  bool started = r->monitor_started;
-  pthread_cond_signal(&r->mon_cond);
-  pthread_mutex_unlock(&r->mon_lock);
-  if (started) {
-    pthread_join(r->monitor, NULL);
-    r->monitor_started = false;
-  }
-  pthread_cond_destroy(&r->mon_cond);
-  pthread_mutex_destroy(&r->mon_lock);
-}
-
-/* ---------------------------------------------------------------------- */
 /* Current-task calls                                                      */
 /* ---------------------------------------------------------------------- */
 
@@ -1253,30 +629,11 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   r->rt = rt;
   r->vms = vms;
   r->sched = sched;
-  r->quantum = quantum;
-  r->preempt = vms && lums_vms_preempt(vms);
-  /* A run of ums.run may defer its monitor (monitor_start): the main VM,
-  ** made first, owns it. A host starts it with the runtime. */
-  if (vms && !lums_vms_hosted(vms)) {
-    lrun *m0 = lums_vms_at(vms, 0);
-    r->mon = m0 ? m0 : r;
-  }
-  /* The monitor that watches this VM: the main VM's (the main VM itself,
-  ** made before lums_vms_set_main), or a host's. */
-  if (vms) {
-    r->watch = lums_vms_monitor(vms);
-    if (!r->watch && !lums_vms_hosted(vms)) r->watch = r;
-  }
-  /* No step is past its quantum yet (step_seq counts from 0). */
-  atomic_store(&r->preempt_seq, UINT64_MAX);
   /* Every VM shares the run's stall state, which the main VM made (set
   ** after this for the main VM itself). */
   lrun *m = vms ? lums_vms_at(vms, 0) : NULL;
   r->stall = m ? m->stall : NULL;
   atomic_store(&r->stall_custom, lums_stall_has_handler(L));
-  lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY);
-  r->nopreempt = (struct lnopreempt *)lua_touserdata(L, -1);
-  lua_pop(L, 1);
   /* A VM that runs one short run after another (a test framework, one
   ** per test) takes its scheduler-side thread and its pooled tasks from
   ** the previous run: what each run would otherwise allocate is what the
@@ -1307,6 +664,9 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   /* Last: from here on, until lums_run_free, the VM's small blocks (a
   ** task handle per spawn) are recycled without malloc/free. */
   r->alloc = lums_alloc_install(L);
+  /* The run's monitor (lums_vms_monitor) watches the VM from here on. */
+  lums_quantum_init(&r->q, L, vms ? lums_vms_monitor(vms) : NULL, sched,
+                    quantum, vms && lums_vms_preempt(vms), lums_stall_hook);
   return r;
 }
 
@@ -1577,34 +937,34 @@ static int run(lua_State *L, double limit) {
   /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
   lvms *vms = lums_vms_new(L, rt, &lums_vm_ops_module);
   if (vms) lums_vms_set_preempt(vms, preempt);
-  lrun *r = vms ? lums_run_new(L, vms, rt, 0, quantum > 0 ?
-                               (int64_t)(quantum * 1e9) : 0) : NULL;
+  /* The quantum's looks watch every VM of the run, each from its
+  ** making; without preemption they start with the second task. The run
+  ** owns them and frees them once the runtime's threads are gone. */
+  int64_t qns = quantum > 0 ? (int64_t)(quantum * 1e9) : 0;
+  int merr = 0;
+  lmonitor *mon = vms ? lums_monitor_new(rt, lums_vms_count(vms), qns,
+                                         !preempt, stall_state != NULL,
+                                         &merr) : NULL;
+  if (mon) lums_vms_set_monitor(vms, mon);
+  lrun *r = mon ? lums_run_new(L, vms, rt, 0, qns) : NULL;
   if (!r) {
+    /* No task has started: the run ends as one that never began. */
     ums_runtime_shutdown(rt, 0);
     lums_intr_end(intr);
+    lums_monitor_free(mon);
     if (vms) lums_vms_close(L, vms);
     lums_stall_free(stall_state);
     lums_deadlock_free(deadlock);
+    if (merr)
+      return luaL_error(L, "ums.run: cannot create the monitor thread: %s "
+                        "(quantum = 0 and stall_threshold = 0 run without "
+                        "one)", ums_strerror(merr));
     return luaL_error(L, "ums.run: out of memory");
   }
   r->stall = stall_state;
   lums_vms_set_main(vms, r);
   lums_stall_attach(stall_state, vms);
   lums_deadlock_attach(deadlock, vms);
-  if ((err = monitor_start(r)) != 0) {
-    /* No task has started: the run ends as one that never began. */
-    ums_runtime_shutdown(rt, 0);
-    r->rt = NULL;
-    monitor_stop(r);
-    lums_vms_close(L, vms);
-    lums_stall_free(stall_state);
-    lums_deadlock_free(deadlock);
-    r->stall = NULL;
-    run_free(L, r);
-    return luaL_error(L, "ums.run: cannot create the quantum monitor "
-                      "thread: %s (quantum = 0 runs without one)",
-                      strerror(err));
-  }
 
   swap_os_exit(L, true);
   /* After this the scheduler thread may be running Lua (its collector
@@ -1654,12 +1014,11 @@ static int run(lua_State *L, double limit) {
     /* This thread ran the steps: it runs Lua of its own again. A step
     ** that another step's worker interrupted (a task blocked on its
     ** worker) restores the task it found current, which may have ended
-    ** by then (quantum_signal and l_run look at these). */
-    lums_cur_task = NULL;
-    thread_run = NULL;
+    ** by then (the quantum's signal handler and l_run look at these). */
+    lums_quantum_leave_thread();
   }
   lums_intr_end(intr);
-  monitor_stop(r);
+  lums_monitor_free(mon);
   /* A report the main VM never got to (the run ended first). */
   if (lums_stall_pending(r)) lums_stall_flush(r, L);
   swap_os_exit(L, false);
@@ -1814,14 +1173,11 @@ int lums_open(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"now", l_now},
       {"io_backend", l_io_backend},
-      {"nopreempt_chunk", l_nopreempt_chunk},
-      {"quantum_point", l_quantum_point},
       {"config", l_config},
       {"on_error", l_on_error},
       {"default_on_error", default_on_error},
       {NULL, NULL}};
   pin_module();
-  wrap_debug_hooks(L);
 
   lums_task_metatable(L);
   int task_mt = lua_gettop(L);
@@ -1861,12 +1217,6 @@ int lums_open(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, KEPT_KEY);
   }
   lua_pop(L, 1);
-  if (lua_getfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY) == LUA_TNIL) {
-    struct lnopreempt *np = lua_newuserdatauv(L, sizeof *np, 0);
-    memset(np, 0, sizeof *np);
-    lua_setfield(L, LUA_REGISTRYINDEX, NOPREEMPT_KEY);
-  }
-  lua_pop(L, 1);
   /* The metatable of a failed task's handle: the same methods, and a
   ** finalizer that reports an error nobody joined. */
   if (luaL_newmetatable(L, FAILED_MT)) {
@@ -1893,6 +1243,7 @@ int lums_open(lua_State *L) {
   lua_pushvalue(L, task_mt);
   lua_pushcclosure(L, l_spawn, 1);
   lua_setfield(L, -2, "spawn");
+  lums_open_quantum(L);
   lums_open_task(L);
   lums_open_chan(L);
   lums_open_stats(L);

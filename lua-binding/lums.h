@@ -1,9 +1,9 @@
 /*
 ** lums.h: what the files of the ums.core module share (not installed).
 ** The structs every file reads (a task, its handle, one VM's part of a
-** run) and the quantum's calls; lums.c owns the task life cycle, runs
-** and the quantum. Parking is in lpark.h, the Lua side of tasks in
-** ltask.h, argument checks in largs.h; lvm.h adds the VMs of other
+** run); lums.c owns the task life cycle and runs. The quantum is in
+** lquantum.h, parking in lpark.h, the Lua side of tasks in ltask.h,
+** argument checks in largs.h; lvm.h adds the VMs of other
 ** schedulers, value copying and shared objects (lvm.c, lcopy.c,
 ** lproxy.c, lshared.c).
 */
@@ -11,6 +11,7 @@
 #define LUMS_H
 
 #include "largs.h"
+#include "lquantum.h"
 #include "ums-binding.h"
 #include "ums-list.h"
 
@@ -124,14 +125,8 @@ struct ltask {
   lreq *req;             /* lvm.c: the work request it runs (set when
                             that begins, so that an end the request's code
                             never sees still ends the request), or NULL */
-  /* The user's hook on co while ums has its own there (the quantum's or
-  ** a stall report's): restored when ums is done, called meanwhile at
-  ** its own mask and count (uleft: what is left of its count). */
-  lua_Hook uhook;
-  int umask, ucount, uleft;
-  int qleft;             /* what is left of ums's own count */
-  volatile sig_atomic_t qsig;  /* the quantum's signal armed qhook and
-                                  qhook has not run its errand yet */
+  lqhook hook;           /* lquantum.c: the user's hook while ums has
+                            its own on co */
 };
 
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
@@ -162,46 +157,13 @@ struct lrun {
   ums_runtime_t *rt;
   lvms *vms;             /* [const] the run's VMs (lvm.c) */
   int sched;             /* [const] index of the scheduler running this VM */
-  struct lnopreempt *nopreempt;  /* [const] this VM's nopreempt chunks */
   lua_State *SL;         /* the run's own thread, for scheduler-side work */
   int sl_ref;            /* registry ref anchoring SL, or LUA_NOREF when
                             kept->SL anchors it */
   lkept *kept;           /* [const] what the VM keeps between runs, or
                             NULL; the run owns the pool and SL until
                             lums_run_free gives them back */
-  int64_t quantum;       /* ns; 0: off */
-  bool preempt;          /* [const] the quantum may interrupt Lua code
-                            anywhere (a signal and a hook), not only at
-                            the calls that can wait */
-  /* Quantum monitor. running_co and step_seq are written by the Lua
-  ** thread, read by the monitor and by the signal handler (which runs on
-  ** the Lua thread). */
-  _Atomic(lua_State *) running_co;  /* coroutine of the running step */
-  _Atomic uint64_t step_seq;        /* steps started so far */
-  _Atomic int stop;                 /* monitor: leave */
-  pthread_t lua_thread;             /* the scheduler thread running Lua */
-  _Atomic int lua_thread_known;
-  /* The monitor thread, one per run: only in the main VM's lrun. Without
-  ** preemption it starts with the run's second task (a lone task has
-  ** nobody to yield to): monitor_deferred says it is still to start,
-  ** monitor_started that it runs; both under mon_lock. */
-  pthread_t monitor;
-  bool monitor_started;
-  _Atomic bool monitor_deferred;    /* read without the lock first */
-  struct lrun *mon;                 /* [const] the lrun whose deferred
-                                       monitor this VM's spawns start, or
-                                       NULL (started with the run) */
-  pthread_mutex_t mon_lock;
-  pthread_cond_t mon_cond;
-  /* The monitor sleeps without a timeout while no VM of the run runs a
-  ** step (see monitor_sleep): the first step to start wakes it. */
-  _Atomic bool mon_asleep;          /* [mon_lock to set and clear; read
-                                       by any VM's thread without it] */
-  struct lrun *watch;               /* [const] the lrun that owns the
-                                       monitor watching this VM (itself
-                                       in the main VM), or NULL */
-  _Atomic uint64_t preemptions;     /* quantum expiries that yielded */
-  _Atomic uint64_t preempt_seq;     /* the step past its quantum */
+  lquantum q;            /* lquantum.c: this VM's quantum */
   lhandle *main;                    /* main VM: the run's first task, set
                                        before it is spawned (its id is
                                        stored by the runtime before it
@@ -234,11 +196,6 @@ struct lrun {
   lalloc *alloc;
 };
 
-/* The task whose step is running on this thread (a scheduler thread).
-** Initial-exec TLS: see UMS__TLS_IE in the runtime. */
-extern _Thread_local ltask *lums_cur_task LUMS_HIDDEN
-    __attribute__((tls_model("initial-exec")));
-
 /* ---- Calls shared between the module's files (lums.c) ---- */
 
 /* Every task userdata starts with this address (see lchan.c's chan_tag
@@ -246,43 +203,12 @@ extern _Thread_local ltask *lums_cur_task LUMS_HIDDEN
 LUMS_HIDDEN extern const char lums_task_tag;
 
 
-/* Before task t waits on its own worker: the quantum monitor must not see
-** it as running (it would signal a task that is not running Lua). */
-LUMS_HIDDEN void lums_before_block(ltask *t);
-/* Makes t the current task again after it waited on its own worker (other
-** steps ran on this thread meanwhile). */
-LUMS_HIDDEN void lums_become_current(ltask *t);
-
 /* Whether the quantum monitor has found task t's running step past its
-** quantum: then the task should not prolong the step, e.g. by spinning
-** for a preemptive call, and yields at its next call that can wait. */
+** quantum (lquantum.h). */
 static inline bool lums_quantum_due(ltask *t) {
   lrun *r = t->run;
-  return r && atomic_load_explicit(&r->preempt_seq, memory_order_relaxed) ==
-              atomic_load_explicit(&r->step_seq, memory_order_relaxed);
+  return r && lums_quantum_past(&r->q);
 }
-/* The yield point of a call that can wait: a task past its quantum
-** yields here (continuation k with ctx, which goes on with the call when
-** the task is next stepped). Returns -1 where the task cannot yield (then
-** the call goes on); otherwise does not return. Every call the Lua API
-** documents as possibly waiting passes through it on its path that need
-** not wait, through one of the two macros below: LUMS_YIELD_POINT runs a
-** lua_CFunction fn again from its start, LUMS_YIELD_POINT_K continues
-** with k. */
-LUMS_HIDDEN int lums_quantum_yield(lua_State *L, lua_KContext ctx,
-                                   lua_KFunction k);
-LUMS_HIDDEN int lums_quantum_again_k(lua_State *L, int status,
-                                     lua_KContext ctx);
-#define LUMS_YIELD_POINT_K(L, ctx, k)                             \
-  do {                                                            \
-    ltask *yp_t = lums_cur_task;                                  \
-    if (yp_t && lums_quantum_due(yp_t)) {                         \
-      int yp_n = lums_quantum_yield((L), (ctx), (k));             \
-      if (yp_n >= 0) return yp_n;                                 \
-    }                                                             \
-  } while (0)
-#define LUMS_YIELD_POINT(L, fn) \
-  LUMS_YIELD_POINT_K(L, (lua_KContext)(fn), lums_quantum_again_k)
 
 /* A call whose deferred form answered at once (a socket _begin that
 ** returned 1: no park begun): its yield point, then continuation k takes
@@ -403,11 +329,6 @@ static inline bool lums_stall_pending(lrun *r) {
   return atomic_load_explicit(&r->stall_pending, memory_order_relaxed);
 }
 
-/* lums.c: asks the thread of VM r for a hook on the coroutine it runs
-** (what the quantum does), so that lums_stall_hook runs as soon as that
-** coroutine runs Lua code. Any thread. */
-LUMS_HIDDEN void lums_request_hook(lrun *r);
-
 /* ---- For lvm.c: VMs of other schedulers ---- */
 
 /* Fills a fresh lrun for the VM whose main thread is L, running on
@@ -426,14 +347,6 @@ LUMS_HIDDEN void lums_task_start(lrun *r, int nargs);
 LUMS_HIDDEN void lums_swap_os_exit(lua_State *L, bool install);
 /* Reports the errors of tasks nobody joined in L's VM (end of a run). */
 LUMS_HIDDEN void lums_report_errors(lua_State *L);
-
-/* The quantum monitor of a hosted run (lhost.c), which has no main VM to
-** own it: started now for every VM of vms (none when quantum <= 0),
-** stopped and freed by lums_monitor_free (NULL is ignored). NULL when
-** out of memory (*err 0) or when its thread cannot be created (*err is
-** pthread_create's error). */
-LUMS_HIDDEN lrun *lums_monitor_new(lvms *vms, int64_t quantum, int *err);
-LUMS_HIDDEN void lums_monitor_free(lrun *r);
 
 /* lintr.c: Ctrl-C during ums.run (see the top of lintr.c). run() calls
 ** lums_intr_block first (NULL: Ctrl-C is not watched; every call below

@@ -88,8 +88,9 @@ struct lvms {
   bool preempt;          /* [const once set, before any VM] the quantum
                             may interrupt Lua code anywhere */
   lrun *main;            /* [const once set] the main VM's lrun */
-  lrun *monitor;         /* [const once set, before any VM] hosted: the
-                            lrun that owns the quantum monitor */
+  lmonitor *monitor;     /* [const once set, before any VM] the run's
+                            quantum monitor (lquantum.c), owned by
+                            whoever made the run */
   char *path, *cpath;    /* [const] package.path, package.cpath */
   char *init;            /* [const] the init module, or NULL */
   lums_vm_setup_fn setup;  /* [const] hosted: the host's setup, or NULL */
@@ -388,13 +389,15 @@ bool lums_vms_preempt(lvms *v) { return v->preempt; }
 
 void lums_vms_set_main(lvms *v, lrun *main) {
   v->main = main;
-  v->quantum = main->quantum;
+  v->quantum = main->q.quantum;
   atomic_store_explicit(&v->vm[0], main, memory_order_release);
 }
 
-void lums_vms_set_monitor(lvms *v, lrun *monitor) { v->monitor = monitor; }
+void lums_vms_set_monitor(lvms *v, lmonitor *monitor) {
+  v->monitor = monitor;
+}
 
-lrun *lums_vms_monitor(lvms *v) { return v->hosted ? v->monitor : v->main; }
+lmonitor *lums_vms_monitor(lvms *v) { return v->monitor; }
 
 int lums_vms_count(lvms *v) { return v->nsched; }
 

@@ -71,11 +71,10 @@ LUMS_HIDDEN void lums_vms_set_preempt(lvms *v, bool on);
 LUMS_HIDDEN bool lums_vms_preempt(lvms *v);
 /* Records the main VM's lrun as the VM of scheduler 0. */
 LUMS_HIDDEN void lums_vms_set_main(lvms *v, lrun *main);
-/* The lrun that owns the run's quantum monitor: the main VM's, or in a
-** hosted run the one lums_monitor_new made, recorded by
+/* The run's quantum monitor (lums_monitor_new), recorded by
 ** lums_vms_set_monitor before any VM is made (NULL: none). */
-LUMS_HIDDEN void lums_vms_set_monitor(lvms *v, lrun *monitor);
-LUMS_HIDDEN lrun *lums_vms_monitor(lvms *v);
+LUMS_HIDDEN void lums_vms_set_monitor(lvms *v, lmonitor *monitor);
+LUMS_HIDDEN lmonitor *lums_vms_monitor(lvms *v);
 /* Number of schedulers, and the VM of scheduler i (NULL: none yet). Any
 ** thread; a VM once there stays until lums_vms_close. */
 LUMS_HIDDEN int lums_vms_count(lvms *v);

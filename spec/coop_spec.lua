@@ -213,26 +213,31 @@ describe("cooperative by default", function()
     end)
   end
 
-  -- The quantum's monitor thread starts with the run's second task: a
-  -- lone task has nobody to yield to.
-  it("starts the quantum's monitor only once a second task exists",
-     function()
-    local function threads()
-      local f = assert(io.open("/proc/self/status"))
-      local n = tonumber(f:read("a"):match("\nThreads:%s*(%d+)"))
-      f:close()
-      return n
-    end
-    local before, after
-    ums.test(function()
-      before = threads()
-      local t = ums.spawn(function() end)
-      t:join()
-      after = threads()
-    end, 30)
-    assert.is_true(after > before, ("threads %d, then %d"):format(before,
-                                                                  after))
-  end)
+  -- The runtime's monitor thread drives the quantum: a run has one
+  -- monitor thread, with or without a quantum, preempting or not, once
+  -- a second task exists (a lone task has nobody to yield to, and the
+  -- quantum's looks start with the second).
+  for _, preempt in ipairs({false, true}) do
+    it("adds no thread for the quantum with preempt = " ..
+       tostring(preempt), function()
+      local function threads()
+        local f = assert(io.open("/proc/self/status"))
+        local n = tonumber(f:read("a"):match("\nThreads:%s*(%d+)"))
+        f:close()
+        return n
+      end
+      local counts = {}
+      for _, quantum in ipairs({0, 0.004}) do
+        ums.config{quantum = quantum, preempt = preempt}
+        ums.test(function()
+          local t = ums.spawn(function() ums.sleep(0.01) end)
+          t:join()
+          counts[#counts + 1] = threads()
+        end, 30)
+      end
+      assert.equal(counts[1], counts[2])
+    end)
+  end
 
   -- Context switches of every thread of this process, read without a
   -- ums call (io.open on /proc never waits long), for the threads listed

@@ -1,6 +1,6 @@
 -- Helper threads that cannot be created. Every thread ums starts when a
--- run begins (the schedulers', the runtime's monitor, the quantum
--- monitor) is needed: if one cannot be created the run does not start,
+-- run begins (the schedulers', the runtime's monitor, which also drives
+-- the quantum) is needed: if one cannot be created the run does not start,
 -- and the error names the thread. Threads started later on demand (the
 -- I/O and C-call pools) degrade the pool, which says so once on stderr,
 -- and the work still runs. Thread creation is made to fail with strace's
@@ -26,7 +26,7 @@ local function run_failing(script, when)
 end
 
 -- A task that computes forever, cancelled by the quantum: it can end only
--- if the quantum monitor runs.
+-- if the monitor runs.
 local CANCEL = [[
 local ums = require "ums"
 ums.config{schedulers = 2, quantum = 0.004, stall_threshold = 0.3,
@@ -48,8 +48,8 @@ describe("a helper thread that cannot be created", function()
      function()
     if not traced then return pending("strace cannot trace here") end
     local seen = {}
-    -- Two schedulers, the runtime's monitor and the quantum monitor are
-    -- the threads a run starts; the ones after them are not needed here.
+    -- Two schedulers and the runtime's monitor are the threads a run
+    -- starts; the ones after them are not needed here.
     for n = 1, 6 do
       local r = run_failing(CANCEL, tostring(n))
       assert(not r.timed_out, "the run hung\n" .. sp.describe(r))
@@ -59,8 +59,6 @@ describe("a helper thread that cannot be created", function()
         sp.assert_exit(r, 1)
         local what = r.stderr:match("ums%.run: cannot start the runtime: "
                                     .. "cannot create the ([^:]-thread[^:]*)")
-                     or r.stderr:match("ums%.run: cannot create the "
-                                       .. "(quantum monitor thread)")
         assert(what, "no thread named\n" .. sp.describe(r))
         seen[what] = true
       end
@@ -68,7 +66,6 @@ describe("a helper thread that cannot be created", function()
     assert.is_true(seen["thread of scheduler 0"])
     assert.is_true(seen["thread of scheduler 1"])
     assert.is_true(seen["monitor thread (stall reports, CPU sampling)"])
-    assert.is_true(seen["quantum monitor thread"])
   end)
 
   it("in a pool is reported once, and the pool's work still runs",

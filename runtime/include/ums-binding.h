@@ -19,6 +19,22 @@
 extern "C" {
 #endif
 
+/* The runtime's monitor thread (ums.h, stall_threshold) also makes a
+** binding's periodic looks, so that a runtime has one monitor thread: the
+** Lua binding's quantum finds there the steps that ran past it.
+** ums_runtime_watch sets fn(arg, now) once, on the thread that made rt,
+** before rt's first task, and starts the monitor if the configuration
+** did not need one (returns 0 or UMS_EAGAIN). fn runs on the monitor
+** thread every `period` ns while some scheduler is busy (never while all
+** are idle), until every task has ended at the shutdown; now is the
+** monotonic clock in ns. ums_runtime_watch_period changes the period
+** (0: no looks) from any thread. arg stays the binding's and must
+** outlive rt's shutdown. */
+typedef void (*ums_watch_fn)(void *arg, int64_t now);
+UMS_API int ums_runtime_watch(ums_runtime_t *rt, ums_watch_fn fn, void *arg,
+                              int64_t period);
+UMS_API void ums_runtime_watch_period(ums_runtime_t *rt, int64_t period);
+
 /* A flag of ums_park_begin_ex and ums_park_begin_wait (ums.h).
 ** UMS_PARK_LOCAL makes a park whose token never leaves the task's
 ** scheduler thread: only code running on that thread (its other tasks,

@@ -1334,6 +1334,10 @@ typedef struct ums__monitor {
   _Atomic uint64_t nstalls;    /* [atomic] stalls reported */
   int64_t tick;                /* [const] ns between looks */
   ums__monitor_slot_t *slots;  /* [monitor thread] one per scheduler */
+  /* A binding's looks (ums_runtime_watch, ums-binding.h). */
+  ums_watch_fn watch_fn;       /* [const once set, before the first task] */
+  void *watch_arg;             /* [const, as watch_fn; the binding's] */
+  _Atomic int64_t watch_period;  /* [atomic] ns; 0: no looks */
 } ums__monitor_t;
 
 struct ums_runtime {

@@ -39,7 +39,9 @@
 **
 ** Between looks, while stats are on, it moves the wait clock forward
 ** every millisecond (CLOCK_TICK_NS): the time waits are measured on
-** (waitstats.c).
+** (waitstats.c). A binding may add looks of its own at a period of its
+** choosing (ums_runtime_watch: the Lua binding's quantum), made on the
+** same schedule: while some scheduler is busy.
 **
 ** When every scheduler is idle the monitor sleeps on a futex instead of
 ** ticking ("no CPU while idle"), and the first scheduler to leave its
@@ -279,19 +281,32 @@ static void *monitor_main(void *arg) {
   int64_t threshold = rt->cfg.stall_threshold;
   bool clock = rt->wait_clock_ticks;
   int64_t last = ums__clock_real();
+  int64_t watch_next = last;
   reset_slots(rt, last);
   while (!atomic_load(&m->stop)) {
     uint32_t w = atomic_load(&m->word);
-    /* Between looks, the wait clock's ticks (waitstats.c). */
+    /* Between looks, the wait clock's ticks (waitstats.c) and the
+    ** binding's looks. */
     int64_t wake = last + m->tick;
     if (clock) {
       int64_t t = ums__clock_real() + CLOCK_TICK_NS;
       if (t < wake) wake = t;
     }
+    int64_t period = atomic_load_explicit(&m->watch_period,
+                                          memory_order_acquire);
+    if (period > 0 && watch_next < wake) wake = watch_next;
     ums__futex_wait(&m->word, w, wake);
     if (atomic_load(&m->stop)) break;
     int64_t now = ums__clock_real();
     if (clock) ums__wait_clock_advance(rt, ums__stamp_now());
+    /* Also while the shutdown cancels the tasks: a task that computes
+    ** learns of its cancellation from the binding's look. */
+    /* Acquire: watch_fn and watch_arg were stored before the period. */
+    period = atomic_load_explicit(&m->watch_period, memory_order_acquire);
+    if (period > 0 && now >= watch_next) {
+      m->watch_fn(m->watch_arg, now);
+      watch_next = now + period;
+    }
     if (now < last + m->tick) continue;
     last = now;
     /* Schedulers leaving their loops at shutdown are not stalled. */
@@ -363,6 +378,27 @@ int ums__monitor_start(ums_runtime_t *rt) {
   }
   m->started = true;
   return 0;
+}
+
+int ums_runtime_watch(ums_runtime_t *rt, ums_watch_fn fn, void *arg,
+                      int64_t period) {
+  ums__monitor_t *m = &rt->monitor;
+  m->watch_fn = fn;
+  m->watch_arg = arg;
+  atomic_store(&m->watch_period, period > 0 ? period : 0);
+  if (m->started) return 0;
+  /* The configuration needed no monitor (no stall reports, no sampling):
+  ** it starts now, before any task, on the thread that made rt. */
+  return ums__monitor_start(rt);
+}
+
+void ums_runtime_watch_period(ums_runtime_t *rt, int64_t period) {
+  ums__monitor_t *m = &rt->monitor;
+  atomic_store(&m->watch_period, period > 0 ? period : 0);
+  /* A monitor waiting for its next tick recomputes its wake-up; one asleep
+  ** because every scheduler is idle stays so. */
+  atomic_fetch_add(&m->word, 1);
+  ums__futex_wake(&m->word, 1);
 }
 
 void ums__monitor_wake(ums_runtime_t *rt) {

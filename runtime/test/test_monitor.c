@@ -5,7 +5,9 @@
 ** counted in the scheduler's stalls; a scheduler that is merely idle, or
 ** busy with tasks that do yield, is never reported; the monitor sleeps
 ** while every scheduler is idle and wakes when one gets busy; with no
-** stall detection and no stats there is no monitor thread at all.
+** stall detection and no stats there is no monitor thread at all, unless
+** a binding asks for looks of its own (ums_runtime_watch), which the same
+** thread makes, only while a scheduler is busy.
 **
 ** Time bounds are generous except the one the issue asks for (the report
 ** within twice the threshold), which uses a threshold long enough (0.4 s)
@@ -189,6 +191,57 @@ static void test_off(void) {
   tu_runtime_shutdown(rt);
 }
 
+/* A binding's looks (ums_runtime_watch). Counted on the monitor thread. */
+static atomic_int looks;
+static void *look_arg;
+static void look(void *arg, int64_t now) {
+  (void)now;
+  look_arg = arg;
+  atomic_fetch_add(&looks, 1);
+}
+
+static void test_watch(void) {
+  int base = tu_thread_baseline();
+  /* A runtime that needs no monitor of its own gets one for the looks:
+  ** one thread, the same one that would report stalls. */
+  ums_config_t cfg = {.schedulers = 2, .stall_threshold = -1,
+                      .stats = UMS_STATS_OFF};
+  rt = tu_runtime_new_cfg(&cfg);
+  CHECK_EQ(tu_thread_count(), base + 2);
+  atomic_store(&looks, 0);
+  CHECK_RC(ums_runtime_watch(rt, look, &looks, 0), 0);
+  CHECK_EQ(tu_thread_count(), base + 3);
+  /* Period 0: none, busy or not. */
+  ums_task_t t = spawn_named(0, "spinner", spin_fn, PTR(100));
+  join_ok(t);
+  CHECK_EQ(atomic_load(&looks), 0);
+  /* A period: looks while a scheduler is busy. */
+  ums_runtime_watch_period(rt, 1 * MS);
+  t = spawn_named(1, "spinner", spin_fn, PTR(300));
+  WAIT_UNTIL(atomic_load(&looks) >= 5, 10000);
+  join_ok(t);
+  CHECK_PTR_EQ(look_arg, &looks);
+  /* Every scheduler idle: the monitor sleeps and looks no more (a tenth
+  ** of a second without a look, at a period of 1 ms). */
+  WAIT_UNTIL(atomic_load(&rt->monitor.asleep), 5000);
+  int n, tries = 0;
+  do {
+    n = atomic_load(&looks);
+    usleep(100 * 1000);
+  } while (atomic_load(&looks) != n && ++tries < 50);
+  CHECK(tries < 50);
+  /* And looks again once one is busy. */
+  t = spawn_named(0, "spinner", spin_fn, PTR(300));
+  WAIT_UNTIL(atomic_load(&looks) >= n + 5, 10000);
+  join_ok(t);
+  tu_runtime_shutdown(rt);
+  /* With its own monitor (the defaults), no second thread. */
+  rt = tu_runtime_new(2);
+  CHECK_RC(ums_runtime_watch(rt, look, &looks, 1 * MS), 0);
+  CHECK_EQ(tu_thread_count(), base + 3);
+  tu_runtime_shutdown(rt);
+}
+
 /* The default report is a line on stderr; this only proves it runs. */
 static void test_default_report(void) {
   ums_config_t cfg = {.schedulers = 1, .stall_threshold = 100 * MS};
@@ -208,6 +261,7 @@ int main(void) {
   RUN(test_blocking_call);
   RUN(test_no_false_reports);
   RUN(test_monitor_sleeps_when_idle);
+  RUN(test_watch);
   RUN(test_default_report);
   return 0;
 }
