@@ -968,16 +968,14 @@ struct ums_fs_req {
 
   /* UMS__IO_READFILE on a ring (io-uring.c, "Whole small files"), [the
   ** ring's owner]: the stage, the entries still in the kernel for it, each
-  ** entry's result by its tag, the request's place in the ring's list of
-  ** stages to start, and one byte for the read that finds the end (also
-  ** the pool's). A readfile leaves a descriptor it hands back (UMS_ESPIPE)
+  ** entry's result by its tag, and one byte for the read that finds the
+  ** end (also the pool's). A readfile leaves a descriptor it hands back (UMS_ESPIPE)
   ** in fd. */
   int chain_stage;              /* 1: open and read; 2: what follows */
   int chain_left;
   int32_t chain_res[4];         /* by tag: open, read, the second step
                                    (read at the end, or the descriptor's
                                    install), close */
-  ums__io_req_t *chain_next;
   int64_t chain_size;           /* a regular file's size by the statx
                                    after its open (ums__io_readfile_kind;
                                    0 for a directory), also the pool's */
@@ -999,6 +997,10 @@ struct ums_fs_req {
   uint32_t events;              /* POLL: POLLIN, POLLOUT, ... */
   bool connecting;              /* [the executor] a non-blocking connect
                                    is in progress: wait, then SO_ERROR */
+  /* [the ring's owner] the request's place in its ring's list of work
+  ** for after reap (io-uring.c, after_push): readfile chains and
+  ** sockets' polls. */
+  ums__io_req_t *after_next;
   bool ring_ready;              /* [const once submitted] tried at once and
                                    not ready, on a ring: waits there for
                                    readiness (a poll) and makes its call
