@@ -268,12 +268,14 @@ static bool side_wake(lside *s) {
 
 static void close_left_now(lfile *f);
 
-/* Takes sides (all free). Side 0 is a file's hold for the exit handler. */
+/* Takes sides (all free). Side 0 is a file's hold for the exit handler;
+** a socket is not the exit handler's (it is not on open_files), so its
+** methods skip the hold's atomic exchanges. */
 static void sides_take(lfile *f, int sides) {
   for (int i = 0; i < 2; i++) {
     if (!has_side(sides, i)) continue;
     f->side[i].busy = true;
-    if (i == 0) hold_take(f);
+    if (i == 0 && !f->sock) hold_take(f);
   }
 }
 
@@ -284,7 +286,7 @@ static void sides_give(lfile *f, int sides) {
   for (int i = 0; i < 2; i++) {
     if (!has_side(sides, i)) continue;
     f->side[i].busy = false;
-    if (i == 0) hold_give(f);
+    if (i == 0 && !f->sock) hold_give(f);
     woke |= side_wake(&f->side[i]);
   }
   if (!woke) close_left_now(f);

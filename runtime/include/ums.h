@@ -987,7 +987,11 @@ UMS_API int ums_wait_fd(int fd, int events, int64_t deadline);
 ** 1 when that answered (the socket was ready, or failed, or the deadline
 ** has passed): the request is done and no park is left begun, so the
 ** caller skips the park and ends the request at once. 0 means a park was
-** begun as for files. A binding that yields its coroutine at its quantum
+** begun as for files. A receive on a descriptor whose receives have
+** recently found nothing when tried and then got their data by waiting
+** (an exchange of requests and answers) may skip the try and wait for
+** readiness at once, returning 0 although data may be there; one whose
+** deadline is less than 2 ms away or past always tries. A binding that yields its coroutine at its quantum
 ** does so there too, as at any call that need not wait. */
 UMS_API int ums_net_accept_begin(int fd, int64_t deadline,
                                  ums_fs_req_t **req);

@@ -968,16 +968,14 @@ struct ums_fs_req {
 
   /* UMS__IO_READFILE on a ring (io-uring.c, "Whole small files"), [the
   ** ring's owner]: the stage, the entries still in the kernel for it, each
-  ** entry's result by its tag, the request's place in the ring's list of
-  ** stages to start, and one byte for the read that finds the end (also
-  ** the pool's). A readfile leaves a descriptor it hands back (UMS_ESPIPE)
+  ** entry's result by its tag, and one byte for the read that finds the
+  ** end (also the pool's). A readfile leaves a descriptor it hands back (UMS_ESPIPE)
   ** in fd. */
   int chain_stage;              /* 1: open and read; 2: what follows */
   int chain_left;
   int32_t chain_res[4];         /* by tag: open, read, the second step
                                    (read at the end, or the descriptor's
                                    install), close */
-  ums__io_req_t *chain_next;
   int64_t chain_size;           /* a regular file's size by the statx
                                    after its open (ums__io_readfile_kind;
                                    0 for a directory), also the pool's */
@@ -999,8 +997,17 @@ struct ums_fs_req {
   uint32_t events;              /* POLL: POLLIN, POLLOUT, ... */
   bool connecting;              /* [the executor] a non-blocking connect
                                    is in progress: wait, then SO_ERROR */
-  bool ring_ready;              /* [const once submitted] tried at once and
-                                   not ready, on a ring: waits there for
+  bool net_learn;               /* [const once submitted] a receive that was
+                                   tried at once and found nothing: its
+                                   result teaches its descriptor's hint
+                                   (net.c, "Receives that wait first") */
+  /* [the ring's owner] the request's place in its ring's list of work
+  ** for after reap (io-uring.c, after_push): readfile chains and
+  ** sockets' polls. */
+  ums__io_req_t *after_next;
+  bool ring_ready;              /* [const once submitted] a call that is
+                                   tried at once (or would be, but for its
+                                   hint), on a ring: waits there for
                                    readiness (a poll) and makes its call
                                    again on the scheduler thread
                                    (io-uring.c, "Sockets wait for
@@ -1071,6 +1078,13 @@ static inline bool ums__io_is_net(int op) {
 int64_t ums__net_try(ums__io_req_t *r);
 int64_t ums__net_exec(ums__io_req_t *r);
 uint32_t ums__net_events(const ums__io_req_t *r);
+/* Receives that wait first (net.c), [s's thread]: whether r, which could
+** be tried at once, waits for readiness first instead; what its try gave
+** (res, UMS__NET_WAIT included); what it got after it waited. */
+bool ums__net_wait_first(ums__sched_t *s, const ums__io_req_t *r,
+                         int64_t deadline);
+void ums__net_tried(ums__sched_t *s, ums__io_req_t *r, int64_t res);
+void ums__net_waited(ums__sched_t *s, const ums__io_req_t *r, int64_t res);
 
 /* The readiness backend without io_uring (io-poll.c): an epoll set per
 ** scheduler, touched only by its thread except ums__poller_wake (any
@@ -1302,6 +1316,10 @@ struct ums__sched {
   ums_park_token_t *idle_waiters; /* [owner] */
   uint32_t nidle_waiters, cap_idle_waiters; /* [owner] */
   ums__io_req_cache_t reqs;    /* [owner] I/O request cache */
+  /* [owner] by descriptor number, what this scheduler's receives on it
+  ** have taught (net.c, "Receives that wait first"); grown on demand. */
+  uint8_t *net_hints;
+  uint32_t net_nhints;         /* [owner] */
 
   /* Constant. */
   int id;

@@ -90,9 +90,9 @@ struct ums__ring {
   uint32_t kernel_refs;        /* [owner] requests and cancels queued or in
                                   the kernel, not yet reaped */
   uint32_t budget;             /* [owner] passes before the batch is due */
-  /* [owner] readfile chains whose stage has completed, FIFO: the next
-  ** stage starts after reap (chain_stages). */
-  ums__io_req_t *stage_head, *stage_tail;
+  /* [owner] requests with work left for after reap, FIFO (after_reap;
+  ** what may go on it is said at after_push). */
+  ums__io_req_t *after_head, *after_tail;
   bool async_ok;               /* [const] IOSQE_ASYNC is known (a kernel
                                   with the opcode probe, 5.6 on, has it) */
   uint32_t big_reads;          /* [owner] big reads queued or in the kernel,
@@ -254,7 +254,7 @@ void ums__ring_free(ums__ring_t *rg) {
   ** failed before its thread ran is not: it never held anything) is
   ** not reused. */
   bool idle = rg->kernel_refs == 0 && !rg->wake_armed && !rg->draining &&
-              !rg->stage_head && rg->big_reads == 0 &&
+              !rg->after_head && rg->big_reads == 0 &&
               io_uring_sq_ready(&rg->ring) == 0 &&
               io_uring_cq_ready(&rg->ring) == 0 &&
               !io_uring_cq_has_overflow(&rg->ring);
@@ -366,8 +366,8 @@ static void queued(ums__sched_t *s) {
 ** for a small file those parks would cost more user time than the
 ** kernel's own work on it).
 **
-** Stage 1: OPENAT. Then (chain_stages, after reap: reap must not submit,
-** submitting may reap) a statx(2) on this thread says what was opened:
+** Stage 1: OPENAT. Then (after_reap: reap must not submit, submitting
+** may reap) a statx(2) on this thread says what was opened:
 **   - a regular file (or a directory, whose read gives EISDIR): stage 2,
 **     a READ of the whole buffer at offset 0, a READ of one byte at the
 **     buffer's end (0: the file fits; more: it is larger) and the CLOSE,
@@ -412,21 +412,27 @@ static void chain_start(ums__sched_t *s, ums__io_req_t *r) {
   queued(s);
 }
 
-/* Queues r for chain_stages, which runs after reap: reap must not submit
-** (get_sqe may reap when the ring is full). */
-static void stage_push(ums__ring_t *rg, ums__io_req_t *r) {
-  r->chain_next = NULL;
-  if (rg->stage_tail)
-    rg->stage_tail->chain_next = r;
+/* Queues r for after_reap, the pass's step that follows reap. A request
+** goes there when the handling of its CQE would have to submit, which
+** reap must not do (get_sqe may reap when the ring is full, and reap is
+** not reentrant): a readfile chain whose stage has completed (its next
+** stage, or its result) and a socket's readiness poll that fired for a
+** call that still found nothing (ring_ready: the poll again). Only
+** requests of this ring, on its owner's thread, each at most once: the
+** link is the request's own. */
+static void after_push(ums__ring_t *rg, ums__io_req_t *r) {
+  r->after_next = NULL;
+  if (rg->after_tail)
+    rg->after_tail->after_next = r;
   else
-    rg->stage_head = r;
-  rg->stage_tail = r;
+    rg->after_head = r;
+  rg->after_tail = r;
 }
 
 static void chain_cqe(ums__sched_t *s, ums__io_req_t *r, int tag, int res) {
   r->chain_res[tag] = res;
   if (--r->chain_left > 0) return;
-  stage_push(s->ring, r);
+  after_push(s->ring, r);
 }
 
 /* The result of a chain whose stage 2 has completed. */
@@ -458,7 +464,7 @@ static int64_t chain_stage2(ums__sched_t *s, ums__io_req_t *r, int fd) {
   ** gives exactly that size has found the end (a regular file's read is
   ** short only there; procfs files say 0 and take the long way), so no
   ** read at the end. Any other count (the file changed since the statx)
-  ** reads it again the long way (chain_stages). */
+  ** reads it again the long way (after_reap). */
   r->chain_short = !r->chain_full && size > 0 && (uint64_t)size < len;
   r->chain_left = r->chain_short ? 2 : 3;
   if (r->chain_short) r->chain_res[CH_NEXT] = 0;
@@ -480,14 +486,14 @@ static int64_t chain_stage2(ums__sched_t *s, ums__io_req_t *r, int fd) {
   return INT64_MIN;
 }
 
-/* Starts the next stage of every chain whose stage has completed, or
-** completes it. */
-static void chain_stages(ums__sched_t *s) {
+/* Runs what reap left for after it (after_push): submits a socket's
+** poll again, starts the next stage of a chain or completes it. */
+static void after_reap(ums__sched_t *s) {
   ums__ring_t *rg = s->ring;
   ums__io_req_t *r;
-  while ((r = rg->stage_head) != NULL) {
-    rg->stage_head = r->chain_next;
-    if (!rg->stage_head) rg->stage_tail = NULL;
+  while ((r = rg->after_head) != NULL) {
+    rg->after_head = r->after_next;
+    if (!rg->after_head) rg->after_tail = NULL;
     if (r->ring_ready) {
       /* A socket whose readiness did not hold: wait for it again, if
       ** its caller still waits. */
@@ -685,7 +691,7 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
         UMS__IO_INFLIGHT) {
       v = ums__net_try(r);
       if (v == UMS__NET_WAIT) {
-        stage_push(rg, r);
+        after_push(rg, r);
         return;
       }
     }
@@ -711,13 +717,13 @@ static void handle_cqe(ums__sched_t *s, uint64_t ud, int res) {
 
 void ums__ring_poll(ums__sched_t *s) {
   ums__ring_t *rg = s->ring;
-  /* No request or cancel queued or in the kernel, and none waiting for
-  ** its next stage: this pass has nothing to submit, and nothing to reap
+  /* No request or cancel queued or in the kernel, and none left for
+  ** after reap: this pass has nothing to submit, and nothing to reap
   ** but the idle wait's own entries (the wake-up read, a wait's timeout),
   ** which ums__ring_wait reaps before it waits again. Every pass comes
   ** here (a channel message between two tasks is one pass), and this
   ** look touches no memory shared with the kernel. */
-  if (rg->kernel_refs == 0 && !rg->stage_head) return;
+  if (rg->kernel_refs == 0 && !rg->after_head) return;
   if (io_uring_sq_ready(&rg->ring)) {
     if (rg->budget == 0 || s->runq_n == 0)
       submit_now(s);
@@ -732,7 +738,7 @@ void ums__ring_poll(ums__sched_t *s) {
     io_uring_get_events(&rg->ring);
   if (io_uring_cq_ready(&rg->ring) || io_uring_cq_has_overflow(&rg->ring))
     reap(s);
-  if (rg->stage_head) chain_stages(s);
+  if (rg->after_head) after_reap(s);
 }
 
 static void arm_wake(ums__sched_t *s) {
@@ -788,7 +794,7 @@ void ums__ring_drain(ums__sched_t *s) {
   ums__ring_t *rg = s->ring;
   submit_now(s);
   reap(s);
-  chain_stages(s);
+  after_reap(s);
   /* Every task has ended, so what is left was abandoned (or is the
   ** wake-up read): cancel it all, and again while something resists
   ** (a request that had not reached the point where it can be cancelled). */
@@ -802,7 +808,7 @@ void ums__ring_drain(ums__sched_t *s) {
     }
     enter_wait(s, ums__clock_now() + DRAIN_RETRY_NS, ums__clock_now());
     reap(s);
-    chain_stages(s);
+    after_reap(s);
   }
   /* The last cancel-everything may still be in flight; it holds nothing. */
   while (rg->draining) {

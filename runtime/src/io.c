@@ -295,7 +295,9 @@ static bool use_poller(ums__sched_t *s, const ums__io_req_t *r) {
 ** listeners ums_net_socket makes are), and a connect once begun belongs
 ** to the kernel. The epoll backend makes every socket call first
 ** (net.c). A call on a ring that lacks the operation goes to the pool,
-** which makes it there. */
+** which makes it there. A receive whose descriptor's recent receives
+** all had to wait skips its try and waits for readiness at once (net.c,
+** "Receives that wait first"). */
 static bool try_first(ums__sched_t *s, const ums__io_req_t *r) {
   if (use_poller(s, r)) return true;
   if (!use_ring(s, r)) return false;
@@ -342,10 +344,10 @@ static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
   r->sched = s;
   UMS__COUNT(s, io_requests);
   int64_t res = UMS__NET_WAIT;
-  r->ring_ready = false;
-  bool tried = try_first(s, r);
-  if (tried) {
+  bool tryable = try_first(s, r);
+  if (tryable && !ums__net_wait_first(s, r, deadline)) {
     res = ums__net_try(r);
+    ums__net_tried(s, r, res);
     /* Not ready past the deadline: the deadline's answer, without an
     ** operation left in the kernel that could still take data after its
     ** caller has gone (a zero timeout is LuaSocket's non-blocking mode). */
@@ -365,13 +367,14 @@ static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
     ums__io_complete(r, res);
   } else if (use_ring(s, r)) {
     r->on_ring = true;
-    /* Tried above, so its call cannot block: the ring waits for
-    ** readiness and the call is made here again (a poll itself is
-    ** already one). */
-    r->ring_ready = tried && r->op != UMS__IO_POLL;
+    /* A call that may be tried at once cannot block: the ring waits for
+    ** readiness and the call is made here (a poll itself is already
+    ** one), whether it was tried above or its hint said to wait first
+    ** (net.c, "Receives that wait first"). */
+    r->ring_ready = tryable && r->op != UMS__IO_POLL;
     ums__ring_submit(s, r);
   } else if (use_poller(s, r)) {
-    /* Tried above: it waits for readiness. */
+    /* Tried above, or waiting first: it waits for readiness. */
     r->on_poller = true;
     ums__poller_submit(s, r);
   } else {
@@ -405,8 +408,11 @@ static int64_t collect(ums__io_req_t *r, ums__task_t *t) {
   int expect = atomic_load_explicit(&r->state, memory_order_acquire);
   if (expect == UMS__IO_DONE ||
       !atomic_compare_exchange_strong(&r->state, &expect,
-                                      UMS__IO_ABANDONED))
-    return r->res;  /* DONE: the operation finished first */
+                                      UMS__IO_ABANDONED)) {
+    /* DONE: the operation finished first. */
+    if (r->net_learn) ums__net_waited(t->sched, r, r->res);
+    return r->res;
+  }
   /* Timed out or cancelled while the operation runs on: it finishes
   ** without us, and its completion releases what it produced. */
   int rc = atomic_load_explicit(&t->park_seq, memory_order_relaxed) ==

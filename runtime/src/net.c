@@ -34,6 +34,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -176,6 +177,78 @@ int64_t ums__net_exec(ums__io_req_t *r) {
 }
 
 /* ---------------------------------------------------------------------- */
+/* Receives that wait first                                                */
+/* ---------------------------------------------------------------------- */
+
+/* A receive is tried at once (io.c, try_first) so that a socket that is
+** ready answers without any wait. In an exchange of requests and answers
+** (an echo, a remote call, HTTP keep-alive), though, the receive that
+** follows a send almost never finds the answer there yet: its try is a
+** system call made only to learn EAGAIN, and the call then waits for
+** readiness all the same. So each scheduler keeps, per descriptor
+** number, a level learned from its receives there: a receive that was
+** tried, found nothing and then got its data by waiting raises it (up to
+** HINT_LEVEL_MAX), and the next 2^level - 1 receives on the descriptor go
+** straight to the readiness wait (the ring's poll, the epoll set), whose
+** check costs no system call of its own; a try that answers sets it back
+** to 0. A descriptor read in exchanges then spends one try in
+** 2^HINT_LEVEL_MAX receives, and one read as a stream, which every try
+** answers, one trip through the wait when its reader catches up. A
+** receive whose deadline is near (or past: LuaSocket's non-blocking mode)
+** always tries, so data there at the call is never reported as a
+** timeout. It is a hint only, never a result: a number reused by another
+** socket inherits a level that costs it a few waits at most, and a close
+** through the runtime (cancel_fd) clears it.
+**
+** A hint is a byte: the level in bits 4-6, the receives left to wait
+** first in bits 0-3. */
+#define HINT_LEVEL_MAX 4
+#define HINT_LEFT 15u
+#define HINT_NEAR_NS (2 * UMS_NSEC_PER_MSEC)
+
+static bool hinted_op(int op) {
+  return op == UMS__IO_RECV || op == UMS__IO_RECVMSG;
+}
+
+bool ums__net_wait_first(ums__sched_t *s, const ums__io_req_t *r,
+                         int64_t deadline) {
+  if (!hinted_op(r->op) || (uint32_t)r->fd >= s->net_nhints) return false;
+  uint8_t *h = &s->net_hints[r->fd];
+  if ((*h & HINT_LEFT) == 0) return false;
+  if (deadline != UMS_FOREVER && deadline - ums__clock_now() < HINT_NEAR_NS)
+    return false;
+  (*h)--;
+  return true;
+}
+
+void ums__net_tried(ums__sched_t *s, ums__io_req_t *r, int64_t res) {
+  if (!hinted_op(r->op)) return;
+  if (res == UMS__NET_WAIT)
+    r->net_learn = true;
+  else if ((uint32_t)r->fd < s->net_nhints)
+    s->net_hints[r->fd] = 0;
+}
+
+void ums__net_waited(ums__sched_t *s, const ums__io_req_t *r, int64_t res) {
+  /* Only data (or the end of the stream) teaches: a timeout or a cancel
+  ** says nothing about the next exchange. */
+  if (res < 0 || r->fd < 0) return;
+  uint32_t fd = (uint32_t)r->fd;
+  if (fd >= s->net_nhints) {
+    uint32_t n = s->net_nhints ? s->net_nhints : 64;
+    while (n <= fd) n *= 2;
+    uint8_t *v = realloc(s->net_hints, n);
+    if (!v) return;  /* a hint lost, nothing else */
+    memset(v + s->net_nhints, 0, n - s->net_nhints);
+    s->net_hints = v;
+    s->net_nhints = n;
+  }
+  unsigned level = s->net_hints[fd] >> 4;
+  if (level < HINT_LEVEL_MAX) level++;
+  s->net_hints[fd] = (uint8_t)(level << 4 | ((1u << level) - 1));
+}
+
+/* ---------------------------------------------------------------------- */
 /* Building requests                                                       */
 /* ---------------------------------------------------------------------- */
 
@@ -282,6 +355,7 @@ int ums_net_getpeername(int fd, struct sockaddr *addr, socklen_t *len) {
 ** cancel of every request on fd (their completions, -ECANCELED, are
 ** reported as UMS_EBADF); in the epoll set, at once. */
 static void cancel_fd(ums__sched_t *s, int fd) {
+  if ((uint32_t)fd < s->net_nhints) s->net_hints[fd] = 0;
   if (s->ring) ums__ring_cancel_fd(s, fd);
   if (ums__poller_of(s)) ums__poller_forget(s, fd);
 }

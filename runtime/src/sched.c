@@ -873,6 +873,9 @@ void ums__sched_schedule(ums__sched_t *s) {
 static void sched_teardown(ums__sched_t *s) {
   if (s->ring) ums__ring_drain(s);
   ums__io_req_cache_clear(&s->reqs);
+  free(s->net_hints);
+  s->net_hints = NULL;
+  s->net_nhints = 0;
   ums__buf_cache_clear(&s->bufs);
   ums__preempt_cache_clear(s);
   ums__worker_free_all(s);

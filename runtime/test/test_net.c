@@ -15,6 +15,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -1194,6 +1195,159 @@ static void test_timeout_takes_nothing(void) {
   CHECK_RC(ums_net_close(l.sfd, dl), 0);
 }
 
+/* ====================================================================== */
+/* Receives that wait first                                                */
+/* ====================================================================== */
+
+/* Every recv(2) the runtime makes in this program comes here first (the
+** tests link the runtime statically), so a test can count the receives
+** that found nothing. Under ThreadSanitizer the runtime receives with
+** raw system calls (net.c), which nothing here sees. */
+static _Atomic int recv_watch_fd[2] = {-1, -1};
+static _Atomic uint64_t recv_calls, recv_again;
+
+ssize_t recv(int fd, void *buf, size_t n, int flags) {
+  static ssize_t (*real)(int, void *, size_t, int);
+  if (!real) real = (ssize_t(*)(int, void *, size_t, int))dlsym(RTLD_NEXT,
+                                                               "recv");
+  ssize_t k = real(fd, buf, n, flags);
+  int e = errno;
+  if (fd == atomic_load(&recv_watch_fd[0]) ||
+      fd == atomic_load(&recv_watch_fd[1])) {
+    atomic_fetch_add(&recv_calls, 1);
+    if (k < 0 && (e == EAGAIN || e == EWOULDBLOCK))
+      atomic_fetch_add(&recv_again, 1);
+  }
+  errno = e;
+  return k;
+}
+
+enum { EXCHANGES = 2000 };
+
+typedef struct exchange {
+  int c, srv;
+} exchange_t;
+
+/* Answers every message with itself until the end of the stream. */
+static void *echo_side(void *arg) {
+  exchange_t *x = arg;
+  ums_buf_t *b = ums_buf_new(64);
+  int64_t dl = ums_deadline(60 * SEC);
+  for (;;) {
+    int64_t n = ums_net_recv(x->srv, b, 0, 64, 0, dl);
+    CHECK_GE(n, 0);
+    if (n == 0) break;
+    CHECK_RC(send_all(x->srv, b, (size_t)n, dl), 0);
+  }
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+/* Sends a numbered 8-byte message and reads its echo, EXCHANGES times. */
+static void *ask_side(void *arg) {
+  exchange_t *x = arg;
+  ums_buf_t *out = ums_buf_new(8), *in = ums_buf_new(8);
+  int64_t dl = ums_deadline(60 * SEC);
+  for (int i = 0; i < EXCHANGES; i++) {
+    fill(out, 8, (uint8_t)i);
+    CHECK_RC(send_all(x->c, out, 8, dl), 0);
+    size_t got = 0;
+    while (got < 8) {
+      int64_t n = ums_net_recv(x->c, in, got, 8 - got, 0, dl);
+      CHECK_GT(n, 0);
+      got += (size_t)n;
+    }
+    CHECK(same(in, 8, (uint8_t)i));
+  }
+  CHECK_RC(ums_net_shutdown(x->c, SHUT_WR), 0);
+  ums_buf_release(out);
+  ums_buf_release(in);
+  return PTR(1);
+}
+
+/* Two tasks of one scheduler exchange messages: each receive follows the
+** task's own send, before its peer has run, so a receive tried at once
+** would find nothing every time. Those receives learn to wait for
+** readiness first: the ones that find nothing are a small part of the
+** exchanges, where trying every one first would find nothing twice per
+** exchange. */
+static void test_exchange_waits_first(void) {
+#if defined(__SANITIZE_THREAD__)
+  fprintf(stderr, "  (skipped: the runtime's receives are raw system "
+                  "calls under ThreadSanitizer)\n");
+  return;
+#endif
+  exchange_t x;
+  x.c = connected(AF_INET, &x.srv);
+  atomic_store(&recv_calls, 0);
+  atomic_store(&recv_again, 0);
+  atomic_store(&recv_watch_fd[0], x.c);
+  atomic_store(&recv_watch_fd[1], x.srv);
+  ums_task_t e = spawn_on(0, echo_side, &x);
+  ums_task_t a = spawn_on(0, ask_side, &x);
+  CHECK(join(a) == PTR(1));
+  CHECK(join(e) == PTR(1));
+  atomic_store(&recv_watch_fd[0], -1);
+  atomic_store(&recv_watch_fd[1], -1);
+  uint64_t calls = atomic_load(&recv_calls), again = atomic_load(&recv_again);
+  fprintf(stderr, "  %d exchanges: %" PRIu64 " receives, %" PRIu64
+                  " found nothing\n", EXCHANGES, calls, again);
+  /* Every exchange's two receives got data once. */
+  CHECK_GE(calls, 2 * (uint64_t)EXCHANGES);
+  CHECK_LT(again, (uint64_t)EXCHANGES / 2);
+  int64_t dl = ums_deadline(10 * SEC);
+  CHECK_RC(ums_net_close(x.c, dl), 0);
+  CHECK_RC(ums_net_close(x.srv, dl), 0);
+}
+
+/* Keeps its scheduler's run queue from emptying until told to stop, so
+** that a wait for readiness is not looked at before the next pass's
+** timers. */
+static void *yielder(void *arg) {
+  _Atomic bool *stop = arg;
+  while (!atomic_load(stop)) CHECK_RC(ums_yield(), 0);
+  return PTR(1);
+}
+
+/* A receive whose deadline has passed (LuaSocket's non-blocking mode)
+** or is near tries at once even where its descriptor's receives have
+** learned to wait first: data already there is returned, never a
+** timeout, also while other tasks keep the scheduler busy. */
+static void *near_deadline_ok(void *arg) {
+  (void)arg;
+  exchange_t x;
+  x.c = connected(AF_INET, &x.srv);
+  _Atomic bool stop = false;
+  ums_task_t y = spawn_on(0, yielder, &stop);
+  ums_task_t e = spawn_on(0, echo_side, &x);
+  ums_buf_t *b = ums_buf_new(8);
+  int64_t dl = ums_deadline(10 * SEC);
+  for (int i = 0; i < 200; i++) {
+    /* Teaches x.c to wait first: each receive finds nothing at once. */
+    fill(b, 8, (uint8_t)i);
+    CHECK_RC(send_all(x.c, b, 8, dl), 0);
+    CHECK_EQ(ums_net_recv(x.c, b, 0, 8, 0, dl), 8);
+    CHECK(same(b, 8, (uint8_t)i));
+    /* The echo is back before this receive, which must take it. */
+    CHECK_RC(send_all(x.c, b, 8, dl), 0);
+    CHECK_RC(ums_wait_fd(x.c, POLLIN, dl), POLLIN);
+    int64_t timeout = i % 2 ? 0 : tu_ms(1);
+    CHECK_EQ(ums_net_recv(x.c, b, 0, 8, 0, ums_deadline(timeout)), 8);
+  }
+  CHECK_RC(ums_net_shutdown(x.c, SHUT_WR), 0);
+  CHECK(join(e) == PTR(1));
+  atomic_store(&stop, true);
+  CHECK(join(y) == PTR(1));
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(x.c, dl), 0);
+  CHECK_RC(ums_net_close(x.srv, dl), 0);
+  return PTR(1);
+}
+
+static void test_near_deadline_tries(void) {
+  CHECK(tu_in_task(rt, 0, near_deadline_ok, NULL) == PTR(1));
+}
+
 int main(int argc, char **argv) {
   bool quick = false;
   for (int i = 1; i < argc; i++) {
@@ -1231,6 +1385,8 @@ int main(int argc, char **argv) {
   RUN_NET(test_expired);
   if (!quick) {
     RUN_NET(test_timeout_takes_nothing);
+    RUN_NET(test_exchange_waits_first);
+    RUN_NET(test_near_deadline_tries);
     RUN_NET(test_many);
     RUN_NET(test_accept_abandoned);
     RUN_NET(test_close_while_waiting);
