@@ -684,49 +684,68 @@ int lums_shared_channel(lua_State *L) {
 static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
                          bool poll);
 
-static int send_k(lua_State *L, int status, lua_KContext ctx) {
+/* What a wait to send w ended with: pushes the send's results and
+** returns their number, or returns AGAIN with the value back in m when a
+** buffered channel made room and the send must look again. */
+#define AGAIN (-1)
+
+static int send_woken(lua_State *L, schan *c, lswait *w, lmsg *m) {
   lmsg *h;
-  (void)status;
-  int r = lshared_wait_end((lswait *)ctx, &h);
-  schan *c = (schan *)lshared_test(L, 1);
+  int r = lshared_wait_end(w, &h);
   if (r == GRANTED && c->ring) {
-    /* Room was made: look again. */
-    lmsg m;
-    lcopy_move(&m, h);
+    lcopy_move(m, h);
     free(h);
-    return send_buffered(L, c, &m, (int64_t)lua_tointeger(L, 3), false);
+    return AGAIN;
   }
   lcopy_free(h);  /* not taken: the send did not happen */
   if (r == CLOSED) return push_closed(L);
   return push_wait_result(L, r);
 }
 
+static int send_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  schan *c = (schan *)lshared_test(L, 1);
+  lmsg m;
+  int n = send_woken(L, c, (lswait *)ctx, &m);
+  if (n != AGAIN) return n;
+  return send_buffered(L, c, &m, (int64_t)lua_tointeger(L, 3), false);
+}
+
 static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
                          bool poll) {
-  int r = put_now(c, m);
-  if (r == PUT_FULL && !poll && spin_for(c, true)) r = put_now(c, m);
-  if (r == PUT_OK) {
-    lua_pushboolean(L, 1);
-    return 1;
+  for (;;) {
+    int r = put_now(c, m);
+    if (r == PUT_FULL && !poll && spin_for(c, true)) r = put_now(c, m);
+    if (r == PUT_OK) {
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    if (r == PUT_CLOSED) return push_closed(L);
+    if (poll) {
+      lcopy_clear(m);
+      return push_timeout(L);
+    }
+    lmsg *h = msg_to_heap(L, m);
+    pthread_mutex_lock(&c->h.lock);
+    ltask *me = wait_task(L, &c->h, "channel:send", h);
+    lswait *w = wait_begin_msg(L, me, &c->h, &c->sendq, deadline, h);
+    full_fence();
+    if (has_room(c)) {
+      /* A receiver made room before it could see this waiter: end the
+      ** park at once and look again. */
+      q_unlink(w);
+      ums_unpark(w->rt, w->tok, GRANTED);
+    }
+    pthread_mutex_unlock(&c->h.lock);
+    if (lums_can_yield(L, me))
+      return lums_park_finish(L, me, (lua_KContext)w, send_k);
+    /* Where Lua cannot yield, a look again that finds the ring full once
+    ** more (another sender took the room) loops here rather than
+    ** parking again from inside send_k. */
+    lums_park_block_wait(me);
+    int n = send_woken(L, c, w, m);
+    if (n != AGAIN) return n;
   }
-  if (r == PUT_CLOSED) return push_closed(L);
-  if (poll) {
-    lcopy_clear(m);
-    return push_timeout(L);
-  }
-  lmsg *h = msg_to_heap(L, m);
-  pthread_mutex_lock(&c->h.lock);
-  ltask *me = wait_task(L, &c->h, "channel:send", h);
-  lswait *w = wait_begin_msg(L, me, &c->h, &c->sendq, deadline, h);
-  full_fence();
-  if (has_room(c)) {
-    /* A receiver made room before it could see this waiter: end the
-    ** park at once and look again. */
-    q_unlink(w);
-    ums_unpark(w->rt, w->tok, GRANTED);
-  }
-  pthread_mutex_unlock(&c->h.lock);
-  return lums_park_finish(L, me, (lua_KContext)w, send_k);
 }
 
 /* Without parking: hands m to a waiting receiver of an unbuffered
@@ -784,50 +803,65 @@ static int chan_send(lua_State *L) {
 static int recv_buffered(lua_State *L, schan *c, int64_t deadline,
                          bool poll);
 
-static int recv_k(lua_State *L, int status, lua_KContext ctx) {
+/* What a wait to receive w ended with: pushes the receive's results and
+** returns their number, or returns AGAIN when a buffered channel's
+** wake-up (a value, or the close) says to look again. */
+static int recv_woken(lua_State *L, schan *c, lswait *w) {
   lmsg *h;
-  (void)status;
-  int r = lshared_wait_end((lswait *)ctx, &h);
+  int r = lshared_wait_end(w, &h);
   if (r == GRANTED && h) return lcopy_decode_free(L, h);
   lcopy_free(h);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  schan *c = (schan *)lshared_test(L, 1);
-  /* A buffered channel's wake-up (a value, or the close) says to look
-  ** again. */
-  if (r >= 0 && c->ring)
-    return recv_buffered(L, c, (int64_t)lua_tointeger(L, 2), false);
+  if (r >= 0 && c->ring) return AGAIN;
   if (r == CLOSED) return push_closed(L);
   return push_timeout(L);
+}
+
+static int recv_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  schan *c = (schan *)lshared_test(L, 1);
+  int n = recv_woken(L, c, (lswait *)ctx);
+  if (n != AGAIN) return n;
+  return recv_buffered(L, c, (int64_t)lua_tointeger(L, 2), false);
 }
 
 static int recv_buffered(lua_State *L, schan *c, int64_t deadline,
                          bool poll) {
   lmsg m;
-  for (int spun = 0;; spun++) {
-    if (take_now(c, &m)) return lcopy_decode_clear(L, &m);
-    if (is_closed(c)) {
-      if (drained(c)) return push_closed(L);
-      /* A send claimed a slot before the close and is still filling
-      ** it: it takes no longer than a copy. */
-      if (poll) return push_timeout(L);
-      sched_yield();
-      continue;
+  for (;;) {
+    for (int spun = 0;; spun++) {
+      if (take_now(c, &m)) return lcopy_decode_clear(L, &m);
+      if (is_closed(c)) {
+        if (drained(c)) return push_closed(L);
+        /* A send claimed a slot before the close and is still filling
+        ** it: it takes no longer than a copy. */
+        if (poll) return push_timeout(L);
+        sched_yield();
+        continue;
+      }
+      if (poll || spun || !spin_for(c, false)) break;
     }
-    if (poll || spun || !spin_for(c, false)) break;
+    if (poll) return push_timeout(L);
+    pthread_mutex_lock(&c->h.lock);
+    ltask *me = wait_task(L, &c->h, "channel:recv", NULL);
+    lswait *w = lshared_wait_begin(L, me, &c->h, &c->recvq, deadline);
+    full_fence();
+    if (has_value(c) || is_closed(c)) {
+      /* A sender published before it could see this waiter: end the
+      ** park at once and look again. */
+      q_unlink(w);
+      ums_unpark(w->rt, w->tok, GRANTED);
+    }
+    pthread_mutex_unlock(&c->h.lock);
+    if (lums_can_yield(L, me))
+      return lums_park_finish(L, me, (lua_KContext)w, recv_k);
+    /* Where Lua cannot yield, a look again that finds nothing (another
+    ** receiver took the value) loops here rather than parking again
+    ** from inside recv_k. */
+    lums_park_block_wait(me);
+    int n = recv_woken(L, c, w);
+    if (n != AGAIN) return n;
   }
-  if (poll) return push_timeout(L);
-  pthread_mutex_lock(&c->h.lock);
-  ltask *me = wait_task(L, &c->h, "channel:recv", NULL);
-  lswait *w = lshared_wait_begin(L, me, &c->h, &c->recvq, deadline);
-  full_fence();
-  if (has_value(c) || is_closed(c)) {
-    /* A sender published before it could see this waiter: end the park
-    ** at once and look again. */
-    q_unlink(w);
-    ums_unpark(w->rt, w->tok, GRANTED);
-  }
-  pthread_mutex_unlock(&c->h.lock);
-  return lums_park_finish(L, me, (lua_KContext)w, recv_k);
 }
 
 /* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */

@@ -630,6 +630,62 @@ describe("shared objects", function()
     end
   end)
 
+  it("a send or receive where Lua cannot yield loses any number of races "
+    .. "for a buffered channel in one call, its C stack flat", function()
+    -- A task that waits inside table.sort's comparator (a C call Lua
+    -- cannot yield across) blocks its worker instead of yielding. Each
+    -- round, the room or value it is woken for is taken by another task
+    -- before it runs, so it looks again and waits again: N times within
+    -- one call, far more than its worker's C stack would hold if each
+    -- look again were a level deeper.
+    local N = 20000
+    -- Yields until t waits in the channel (not merely runnable).
+    local function until_waiting(t)
+      repeat
+        ums.yield()
+        local info = t:info()
+      until info.state == "suspended" and info.wait_type ~= nil
+    end
+    run(function()
+      local ch = ums.shared.channel(1)
+      local r = ums.spawn(function()
+        local got
+        table.sort({2, 1}, function(a, b)
+          got = got or ch:recv(20)
+          return a < b
+        end)
+        return got
+      end)
+      for i = 1, N do
+        until_waiting(r)
+        assert.is_true(ch:send(i))
+        assert.equal(i, ch:recv())  -- taken before r looks again
+      end
+      until_waiting(r)
+      assert.is_true(ch:send("last"))
+      assert.same({true, "last"}, {r:join(20)})
+
+      assert.is_true(ch:send(0))  -- full
+      local s = ums.spawn(function()
+        local sent
+        table.sort({2, 1}, function(a, b)
+          sent = sent or ch:send("s", 20)
+          return a < b
+        end)
+        return sent
+      end)
+      for i = 1, N do
+        until_waiting(s)
+        assert.equal(i - 1, ch:recv())
+        assert.is_true(ch:send(i))  -- fills the room before s looks again
+      end
+      until_waiting(s)
+      assert.equal(N, ch:recv())
+      assert.same({true, true}, {s:join(20)})
+      assert.equal("s", ch:recv())
+    end, {schedulers = 1, quantum = 0, limit = 120})
+  end)
+
   it("a channel keeps buffered values after close, and try_* and len",
     function()
       run(function()
