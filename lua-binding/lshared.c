@@ -204,13 +204,17 @@ static int64_t check_count(lua_State *L, int idx, const char *fname) {
 /* ---------------------------------------------------------------------- */
 
 /*
-** An unbuffered channel is a rendezvous under the lock: a sender hands
-** its encoded value to a parked receiver (recvq) and unparks it, or
-** parks on sendq with the value in its waiter for a receiver to take.
+** An unbuffered channel is a rendezvous: a sender hands its encoded
+** value to a parked receiver (recvq) and unparks it, or parks on sendq
+** with the value in its waiter for a receiver to take, under the lock.
 ** A receiver whose sender last ran on another scheduler first spins for
 ** a while as the channel's `spinner` (a cell on its C stack, which stays
-** put because the task does not yield meanwhile): a sender hands the
-** value to the spinner the same way, and neither side parks.
+** put because the task does not yield meanwhile), and a sender hands the
+** value to it without the lock and without a copy in between: it claims
+** the spinner with a compare-and-swap, encodes into the spinner's
+** message and publishes its state; the receiver sees the state and
+** decodes. Neither side parks, takes the lock or allocates. The rule for
+** the spinner is at struct spinner.
 **
 ** A buffered channel keeps its values in a ring of preallocated slots,
 ** Vyukov's bounded multi-producer multi-consumer queue: a sender claims
@@ -285,17 +289,25 @@ typedef struct schan {
   _Atomic int send_sched;      /* [atomic] the scheduler of the latest
                                   sender, -1 before the first */
   _Atomic int recv_sched;      /* [atomic] the same for receivers */
-  struct spinner *spinner;     /* [h.lock] a receiver of an unbuffered
-                                  channel spinning for a value */
+  char pad3[LINE];
+  /* [atomic] a receiver of an unbuffered channel spinning for a value;
+  ** on a line of its own, the one line both sides write per message */
+  _Atomic(struct spinner *) spinner;
+  char pad4[LINE];
 } schan;
 
-/* A receiver spinning on an unbuffered channel. Registered and withdrawn
-** under the lock; a sender (or close) that finds it there unregisters
-** it, sets m and publishes state, all under the lock, and the receiver
-** owns m from then on. */
+/* A receiver spinning on an unbuffered channel. It registers itself
+** under the lock (after it found no parked sender there) and only while
+** no other receiver spins. Whoever swaps it out of c->spinner owns it
+** until it publishes state: a sender (which then moves its value into m)
+** or close; the receiver owns m from the moment it sees SPIN_GOT. A
+** receiver whose spin ends withdraws with the same swap, and if someone
+** else's swap came first it waits for state, which that side publishes
+** right after (it holds no lock meanwhile). */
 typedef struct spinner {
-  _Atomic int state;     /* [h.lock] to write; the spinner reads it */
-  lmsg *m;               /* [h.lock] the value handed over */
+  _Atomic int state;     /* [atomic] SPIN_*: published by the claimer */
+  lmsg m;                /* [the claimer until SPIN_GOT, then the
+                            receiver] the value handed over */
 } spinner;
 
 enum { SPIN_WAITING, SPIN_GOT, SPIN_CLOSED };
@@ -627,11 +639,13 @@ static bool spin_until(schan *c, _Atomic int *peer_side,
 #endif
     if ((i & 31) == 0 && real_now() >= until) break;
   }
-  int32_t misses =
-      atomic_load_explicit(&c->spin_misses, memory_order_relaxed);
-  misses = seen ? (misses > 0 ? misses - 1 : 0)
-                : (misses < 2 * SPIN_MISS_MAX ? misses + 2 : misses);
-  atomic_store_explicit(&c->spin_misses, misses, memory_order_relaxed);
+  /* Written only when it changes: while spins pay, the line stays
+  ** shared between the two sides instead of moving at every message. */
+  int32_t was = atomic_load_explicit(&c->spin_misses, memory_order_relaxed);
+  int32_t misses = seen ? (was > 0 ? was - 1 : 0)
+                        : (was < 2 * SPIN_MISS_MAX ? was + 2 : was);
+  if (misses != was)
+    atomic_store_explicit(&c->spin_misses, misses, memory_order_relaxed);
   return seen;
 }
 
@@ -645,10 +659,13 @@ static bool ready_value(schan *c, void *arg) {
   return has_value(c) || is_closed(c);
 }
 
+/* A spinner's spin ends when a sender handed it a value (or close
+** ended it), and also when a sender parked instead: one that came before
+** the spinner was registered, or found the lock taken by it. */
 static bool ready_handed(schan *c, void *arg) {
-  (void)c;
   return atomic_load_explicit(&((spinner *)arg)->state,
-                              memory_order_acquire) != SPIN_WAITING;
+                              memory_order_acquire) != SPIN_WAITING ||
+         atomic_load_explicit(&c->sendq.n, memory_order_relaxed) > 0;
 }
 
 /* Spins until a buffered channel has a value (want_room false) or room. */
@@ -748,15 +765,44 @@ static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
   }
 }
 
-/* Without parking: hands m to a waiting receiver of an unbuffered
-** channel. With the lock held; false if it would block (m is still the
-** caller's). */
-static bool send_now(schan *c, lmsg *m) {
-  if (lshared_grant(&c->recvq, GRANTED, m)) return true;
-  spinner *sp = c->spinner;
+/* Takes the spinner of c, if one is registered, out of the channel: the
+** caller then owns it until it publishes its state. */
+static spinner *claim_spinner(schan *c) {
+  spinner *sp = atomic_load_explicit(&c->spinner, memory_order_relaxed);
+  while (sp && !atomic_compare_exchange_weak_explicit(
+                   &c->spinner, &sp, NULL, memory_order_seq_cst,
+                   memory_order_relaxed)) {
+  }
+  return sp;
+}
+
+/* Without the lock: moves m (the caller's) to the receiver spinning on an
+** unbuffered channel. PUT_FULL when none spins (m is still the
+** caller's); PUT_CLOSED (m cleared) when the channel is closed. The
+** close check comes after the claim, so that a send either sees the
+** close or took the spinner before close could (chan_close). */
+static int send_to_spinner(schan *c, lmsg *m) {
+  spinner *sp = claim_spinner(c);
+  if (!sp) return PUT_FULL;
+  if (atomic_load_explicit(&c->tail, memory_order_seq_cst) & 1) {
+    atomic_store_explicit(&sp->state, SPIN_CLOSED, memory_order_release);
+    lcopy_clear(m);
+    return PUT_CLOSED;
+  }
+  lcopy_move(&sp->m, m);
+  atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
+  return PUT_OK;
+}
+
+/* Without parking: hands h (the caller's until this succeeds) to a
+** waiting receiver of an unbuffered channel. With the lock held; false
+** if it would block. */
+static bool send_now(schan *c, lmsg *h) {
+  if (lshared_grant(&c->recvq, GRANTED, h)) return true;
+  spinner *sp = claim_spinner(c);
   if (!sp) return false;
-  c->spinner = NULL;
-  sp->m = m;
+  lcopy_move(&sp->m, h);
+  free(h);
   atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
   return true;
 }
@@ -776,6 +822,12 @@ static int chan_send(lua_State *L) {
     return send_buffered(L, c, &m, deadline, poll);
   }
   note_side(&c->send_sched);
+  int r = send_to_spinner(c, &m);
+  if (r != PUT_FULL) {
+    if (r == PUT_CLOSED) return push_closed(L);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
   lmsg *h = msg_to_heap(L, &m);
   pthread_mutex_lock(&c->h.lock);
   if (is_closed(c)) {
@@ -879,18 +931,29 @@ static int chan_recv(lua_State *L) {
   note_side(&c->recv_sched);
   pthread_mutex_lock(&c->h.lock);
   lmsg *m = take_sender(c);
-  if (!m && !poll && !is_closed(c) && !c->spinner) {
+  if (!m && !poll && !is_closed(c) &&
+      !atomic_load_explicit(&c->spinner, memory_order_relaxed)) {
     /* No sender yet: spin as the channel's spinner for one to hand the
-    ** value over, then withdraw unless it did. */
-    spinner sp = {.m = NULL};
+    ** value over, then withdraw unless one did. */
+    spinner sp;
     atomic_init(&sp.state, SPIN_WAITING);
-    c->spinner = &sp;
+    atomic_store_explicit(&c->spinner, &sp, memory_order_seq_cst);
     pthread_mutex_unlock(&c->h.lock);
     spin_until(c, &c->send_sched, ready_handed, &sp);
+    spinner *mine = &sp;
+    if (!atomic_compare_exchange_strong_explicit(&c->spinner, &mine, NULL,
+                                                 memory_order_seq_cst,
+                                                 memory_order_relaxed)) {
+      /* Claimed: the claimer publishes state next, holding no lock. */
+      int st;
+      while ((st = atomic_load_explicit(&sp.state, memory_order_acquire)) ==
+             SPIN_WAITING)
+        sched_yield();
+      if (st == SPIN_GOT) return lcopy_decode_clear(L, &sp.m);
+      return push_closed(L);
+    }
     pthread_mutex_lock(&c->h.lock);
-    if (c->spinner == &sp) c->spinner = NULL;
-    m = sp.m;
-    if (!m) m = take_sender(c);
+    m = take_sender(c);
   }
   if (m) {
     pthread_mutex_unlock(&c->h.lock);
@@ -920,7 +983,7 @@ static int chan_try_send(lua_State *L) {
   if (c->ring) {
     r = put_now(c, &m);
     if (r == PUT_FULL) lcopy_clear(&m);
-  } else {
+  } else if ((r = send_to_spinner(c, &m)) == PUT_FULL) {
     lmsg *h = msg_to_heap(L, &m);
     pthread_mutex_lock(&c->h.lock);
     r = is_closed(c) ? PUT_CLOSED : send_now(c, h) ? PUT_OK : PUT_FULL;
@@ -977,11 +1040,8 @@ static int chan_close(lua_State *L) {
   pthread_mutex_lock(&c->h.lock);
   bool was = atomic_fetch_or_explicit(&c->tail, 1, memory_order_acq_rel) & 1;
   if (!was) {
-    if (c->spinner) {
-      atomic_store_explicit(&c->spinner->state, SPIN_CLOSED,
-                            memory_order_release);
-      c->spinner = NULL;
-    }
+    spinner *sp = claim_spinner(c);
+    if (sp) atomic_store_explicit(&sp->state, SPIN_CLOSED, memory_order_release);
     lshared_grant_all(&c->recvq, CLOSED);
     lshared_grant_all(&c->sendq, CLOSED);
   }
