@@ -639,12 +639,18 @@ describe("shared objects", function()
     -- one call, far more than its worker's C stack would hold if each
     -- look again were a level deeper.
     local N = 20000
-    -- Yields until t waits in the channel (not merely runnable).
-    local function until_waiting(t)
-      repeat
-        ums.yield()
+    -- Yields until t waits in the channel (not merely runnable): one
+    -- yield lets it run to its wait, which the spec checks now and then
+    -- (task:info() makes a traceback).
+    local function until_waiting(t, i)
+      ums.yield()
+      if i % 500 == 0 then
         local info = t:info()
-      until info.state == "suspended" and info.wait_type ~= nil
+        while info.state ~= "suspended" or info.wait_type == nil do
+          ums.yield()
+          info = t:info()
+        end
+      end
     end
     run(function()
       local ch = ums.shared.channel(1)
@@ -657,11 +663,11 @@ describe("shared objects", function()
         return got
       end)
       for i = 1, N do
-        until_waiting(r)
+        until_waiting(r, i)
         assert.is_true(ch:send(i))
         assert.equal(i, ch:recv())  -- taken before r looks again
       end
-      until_waiting(r)
+      until_waiting(r, 0)
       assert.is_true(ch:send("last"))
       assert.same({true, "last"}, {r:join(20)})
 
@@ -675,11 +681,11 @@ describe("shared objects", function()
         return sent
       end)
       for i = 1, N do
-        until_waiting(s)
+        until_waiting(s, i)
         assert.equal(i - 1, ch:recv())
         assert.is_true(ch:send(i))  -- fills the room before s looks again
       end
-      until_waiting(s)
+      until_waiting(s, 0)
       assert.equal(N, ch:recv())
       assert.same({true, true}, {s:join(20)})
       assert.equal("s", ch:recv())
