@@ -625,7 +625,9 @@ static bool spin_until(schan *c, _Atomic int *peer_side,
             SPIN_PROBE != 0)
       return false;
   }
-  int64_t until = real_now() + SPIN_NS;
+  /* The clock starts at the first check rather than before the loop: a
+  ** peer that answers within a few turns costs no clock reading. */
+  int64_t until = 0;
   bool seen = false;
   for (unsigned i = 1; i <= SPIN_MAX_LOOPS; i++) {
     if (ready(c, arg)) {
@@ -637,7 +639,13 @@ static bool spin_until(schan *c, _Atomic int *peer_side,
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
-    if ((i & 31) == 0 && real_now() >= until) break;
+    if ((i & 31) == 0) {
+      int64_t now = real_now();
+      if (until == 0)
+        until = now + SPIN_NS;
+      else if (now >= until)
+        break;
+    }
   }
   /* Written only when it changes: while spins pay, the line stays
   ** shared between the two sides instead of moving at every message. */
@@ -660,12 +668,15 @@ static bool ready_value(schan *c, void *arg) {
 }
 
 /* A spinner's spin ends when a sender handed it a value (or close
-** ended it), and also when a sender parked instead: one that came before
-** the spinner was registered, or found the lock taken by it. */
+** ended it), and also when a sender that found no spinner parked instead
+** or the channel was closed before the spinner registered. The spinner
+** reads those at every turn; what its spin misses, the look under the
+** lock after it finds (chan_recv). */
 static bool ready_handed(schan *c, void *arg) {
   return atomic_load_explicit(&((spinner *)arg)->state,
                               memory_order_acquire) != SPIN_WAITING ||
-         atomic_load_explicit(&c->sendq.n, memory_order_relaxed) > 0;
+         atomic_load_explicit(&c->sendq.n, memory_order_relaxed) > 0 ||
+         is_closed(c);
 }
 
 /* Spins until a buffered channel has a value (want_room false) or room. */
@@ -929,16 +940,19 @@ static int chan_recv(lua_State *L) {
     return recv_buffered(L, c, deadline, poll);
   }
   note_side(&c->recv_sched);
-  pthread_mutex_lock(&c->h.lock);
-  lmsg *m = take_sender(c);
-  if (!m && !poll && !is_closed(c) &&
-      !atomic_load_explicit(&c->spinner, memory_order_relaxed)) {
+  spinner sp;
+  atomic_init(&sp.state, SPIN_WAITING);
+  spinner *none = NULL;
+  if (!poll && atomic_load_explicit(&c->sendq.n, memory_order_relaxed) == 0 &&
+      !is_closed(c) &&
+      atomic_compare_exchange_strong_explicit(&c->spinner, &none, &sp,
+                                              memory_order_seq_cst,
+                                              memory_order_relaxed)) {
     /* No sender yet: spin as the channel's spinner for one to hand the
-    ** value over, then withdraw unless one did. */
-    spinner sp;
-    atomic_init(&sp.state, SPIN_WAITING);
-    atomic_store_explicit(&c->spinner, &sp, memory_order_seq_cst);
-    pthread_mutex_unlock(&c->h.lock);
+    ** value over, then withdraw unless one did. Registered without the
+    ** lock: a sender that parks meanwhile (it found no spinner) is seen
+    ** by the spin (ready_handed), and after the spin the receiver looks
+    ** for parked senders under the lock as below. */
     spin_until(c, &c->send_sched, ready_handed, &sp);
     spinner *mine = &sp;
     if (!atomic_compare_exchange_strong_explicit(&c->spinner, &mine, NULL,
@@ -952,9 +966,9 @@ static int chan_recv(lua_State *L) {
       if (st == SPIN_GOT) return lcopy_decode_clear(L, &sp.m);
       return push_closed(L);
     }
-    pthread_mutex_lock(&c->h.lock);
-    m = take_sender(c);
   }
+  pthread_mutex_lock(&c->h.lock);
+  lmsg *m = take_sender(c);
   if (m) {
     pthread_mutex_unlock(&c->h.lock);
     return lcopy_decode_free(L, m);
