@@ -210,8 +210,8 @@ static int64_t check_count(lua_State *L, int idx, const char *fname) {
 ** A receiver whose sender last ran on another scheduler first spins for
 ** a while as the channel's `spinner` (a cell on its C stack, which stays
 ** put because the task does not yield meanwhile), and a sender hands the
-** value to it without the lock and without a copy in between: it claims
-** the spinner with a compare-and-swap, encodes into the spinner's
+** value to it without the lock: it claims the spinner with a
+** compare-and-swap, moves its encoded value into the spinner's inline
 ** message and publishes its state; the receiver sees the state and
 ** decodes. Neither side parks, takes the lock or allocates. The rule for
 ** the spinner is at struct spinner.
@@ -1055,7 +1055,8 @@ static int chan_close(lua_State *L) {
   bool was = atomic_fetch_or_explicit(&c->tail, 1, memory_order_acq_rel) & 1;
   if (!was) {
     spinner *sp = claim_spinner(c);
-    if (sp) atomic_store_explicit(&sp->state, SPIN_CLOSED, memory_order_release);
+    if (sp)
+      atomic_store_explicit(&sp->state, SPIN_CLOSED, memory_order_release);
     lshared_grant_all(&c->recvq, CLOSED);
     lshared_grant_all(&c->sendq, CLOSED);
   }
