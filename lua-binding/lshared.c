@@ -296,9 +296,9 @@ typedef struct schan {
   char pad4[LINE];
 } schan;
 
-/* A receiver spinning on an unbuffered channel. It registers itself
-** under the lock (after it found no parked sender there) and only while
-** no other receiver spins. Whoever swaps it out of c->spinner owns it
+/* A receiver spinning on an unbuffered channel. It registers itself with
+** a compare-and-swap from NULL, so only while no other receiver spins,
+** and only when it saw no parked sender and no close. Whoever swaps it out of c->spinner owns it
 ** until it publishes state: a sender (which then moves its value into m)
 ** or close; the receiver owns m from the moment it sees SPIN_GOT. A
 ** receiver whose spin ends withdraws with the same swap, and if someone
