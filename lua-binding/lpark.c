@@ -15,11 +15,16 @@ bool lums_can_yield(lua_State *L, ltask *t) {
   return L == t->co && lua_isyieldable(L);
 }
 
-int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
-                    lua_KFunction k) {
+void lums_park_block_wait(ltask *t) {
+  t->park_begun = false;
   lums_before_block(t);
   ums_park_wait();
   lums_become_current(t);
+}
+
+int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
+                    lua_KFunction k) {
+  lums_park_block_wait(t);
   return k(L, LUA_YIELD, ctx);
 }
 

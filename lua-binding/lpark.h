@@ -45,8 +45,15 @@ static inline int lums_park_begin_wait(lua_State *L, ltask *t,
 ** several waits and must not recurse into their continuation when they
 ** block (lfs.c). */
 LUMS_HIDDEN bool lums_can_yield(lua_State *L, ltask *t);
-/* lums_park_finish's other way: blocks only this task's worker, then
-** calls k. */
+/* Blocks only the worker of t (the current task, whose park has begun)
+** until the park ends, and returns; the caller reads ums_park_result().
+** For a wait that may have to park again after its wake-up (a look that
+** lost a race): where Lua cannot yield, the caller loops around this
+** instead of letting lums_park_block call its continuation, which would
+** park again from inside it and grow the C stack one level per wait. */
+LUMS_HIDDEN void lums_park_block_wait(ltask *t);
+/* lums_park_finish's other way: blocks only this task's worker
+** (lums_park_block_wait), then calls k. */
 LUMS_HIDDEN int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
                                 lua_KFunction k);
 /* Ends the wait begun by lums_park_begin: yields to the scheduler with

@@ -204,13 +204,17 @@ static int64_t check_count(lua_State *L, int idx, const char *fname) {
 /* ---------------------------------------------------------------------- */
 
 /*
-** An unbuffered channel is a rendezvous under the lock: a sender hands
-** its encoded value to a parked receiver (recvq) and unparks it, or
-** parks on sendq with the value in its waiter for a receiver to take.
+** An unbuffered channel is a rendezvous: a sender hands its encoded
+** value to a parked receiver (recvq) and unparks it, or parks on sendq
+** with the value in its waiter for a receiver to take, under the lock.
 ** A receiver whose sender last ran on another scheduler first spins for
 ** a while as the channel's `spinner` (a cell on its C stack, which stays
-** put because the task does not yield meanwhile): a sender hands the
-** value to the spinner the same way, and neither side parks.
+** put because the task does not yield meanwhile), and a sender hands the
+** value to it without the lock: it claims the spinner with a
+** compare-and-swap, moves its encoded value into the spinner's inline
+** message and publishes its state; the receiver sees the state and
+** decodes. Neither side parks, takes the lock or allocates. The rule for
+** the spinner is at struct spinner.
 **
 ** A buffered channel keeps its values in a ring of preallocated slots,
 ** Vyukov's bounded multi-producer multi-consumer queue: a sender claims
@@ -285,17 +289,25 @@ typedef struct schan {
   _Atomic int send_sched;      /* [atomic] the scheduler of the latest
                                   sender, -1 before the first */
   _Atomic int recv_sched;      /* [atomic] the same for receivers */
-  struct spinner *spinner;     /* [h.lock] a receiver of an unbuffered
-                                  channel spinning for a value */
+  char pad3[LINE];
+  /* [atomic] a receiver of an unbuffered channel spinning for a value;
+  ** on a line of its own, the one line both sides write per message */
+  _Atomic(struct spinner *) spinner;
+  char pad4[LINE];
 } schan;
 
-/* A receiver spinning on an unbuffered channel. Registered and withdrawn
-** under the lock; a sender (or close) that finds it there unregisters
-** it, sets m and publishes state, all under the lock, and the receiver
-** owns m from then on. */
+/* A receiver spinning on an unbuffered channel. It registers itself with
+** a compare-and-swap from NULL, so only while no other receiver spins,
+** and only when it saw no parked sender and no close. Whoever swaps it out of c->spinner owns it
+** until it publishes state: a sender (which then moves its value into m)
+** or close; the receiver owns m from the moment it sees SPIN_GOT. A
+** receiver whose spin ends withdraws with the same swap, and if someone
+** else's swap came first it waits for state, which that side publishes
+** right after (it holds no lock meanwhile). */
 typedef struct spinner {
-  _Atomic int state;     /* [h.lock] to write; the spinner reads it */
-  lmsg *m;               /* [h.lock] the value handed over */
+  _Atomic int state;     /* [atomic] SPIN_*: published by the claimer */
+  lmsg m;                /* [the claimer until SPIN_GOT, then the
+                            receiver] the value handed over */
 } spinner;
 
 enum { SPIN_WAITING, SPIN_GOT, SPIN_CLOSED };
@@ -613,7 +625,9 @@ static bool spin_until(schan *c, _Atomic int *peer_side,
             SPIN_PROBE != 0)
       return false;
   }
-  int64_t until = real_now() + SPIN_NS;
+  /* The clock starts at the first check rather than before the loop: a
+  ** peer that answers within a few turns costs no clock reading. */
+  int64_t until = 0;
   bool seen = false;
   for (unsigned i = 1; i <= SPIN_MAX_LOOPS; i++) {
     if (ready(c, arg)) {
@@ -625,13 +639,21 @@ static bool spin_until(schan *c, _Atomic int *peer_side,
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
-    if ((i & 31) == 0 && real_now() >= until) break;
+    if ((i & 31) == 0) {
+      int64_t now = real_now();
+      if (until == 0)
+        until = now + SPIN_NS;
+      else if (now >= until)
+        break;
+    }
   }
-  int32_t misses =
-      atomic_load_explicit(&c->spin_misses, memory_order_relaxed);
-  misses = seen ? (misses > 0 ? misses - 1 : 0)
-                : (misses < 2 * SPIN_MISS_MAX ? misses + 2 : misses);
-  atomic_store_explicit(&c->spin_misses, misses, memory_order_relaxed);
+  /* Written only when it changes: while spins pay, the line stays
+  ** shared between the two sides instead of moving at every message. */
+  int32_t was = atomic_load_explicit(&c->spin_misses, memory_order_relaxed);
+  int32_t misses = seen ? (was > 0 ? was - 1 : 0)
+                        : (was < 2 * SPIN_MISS_MAX ? was + 2 : was);
+  if (misses != was)
+    atomic_store_explicit(&c->spin_misses, misses, memory_order_relaxed);
   return seen;
 }
 
@@ -645,10 +667,16 @@ static bool ready_value(schan *c, void *arg) {
   return has_value(c) || is_closed(c);
 }
 
+/* A spinner's spin ends when a sender handed it a value (or close
+** ended it), and also when a sender that found no spinner parked instead
+** or the channel was closed before the spinner registered. The spinner
+** reads those at every turn; what its spin misses, the look under the
+** lock after it finds (chan_recv). */
 static bool ready_handed(schan *c, void *arg) {
-  (void)c;
   return atomic_load_explicit(&((spinner *)arg)->state,
-                              memory_order_acquire) != SPIN_WAITING;
+                              memory_order_acquire) != SPIN_WAITING ||
+         atomic_load_explicit(&c->sendq.n, memory_order_relaxed) > 0 ||
+         is_closed(c);
 }
 
 /* Spins until a buffered channel has a value (want_room false) or room. */
@@ -684,60 +712,108 @@ int lums_shared_channel(lua_State *L) {
 static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
                          bool poll);
 
-static int send_k(lua_State *L, int status, lua_KContext ctx) {
+/* What a wait to send w ended with: pushes the send's results and
+** returns their number, or returns AGAIN with the value back in m when a
+** buffered channel made room and the send must look again. */
+#define AGAIN (-1)
+
+static int send_woken(lua_State *L, schan *c, lswait *w, lmsg *m) {
   lmsg *h;
-  (void)status;
-  int r = lshared_wait_end((lswait *)ctx, &h);
-  schan *c = (schan *)lshared_test(L, 1);
+  int r = lshared_wait_end(w, &h);
   if (r == GRANTED && c->ring) {
-    /* Room was made: look again. */
-    lmsg m;
-    lcopy_move(&m, h);
+    lcopy_move(m, h);
     free(h);
-    return send_buffered(L, c, &m, (int64_t)lua_tointeger(L, 3), false);
+    return AGAIN;
   }
   lcopy_free(h);  /* not taken: the send did not happen */
   if (r == CLOSED) return push_closed(L);
   return push_wait_result(L, r);
 }
 
-static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
-                         bool poll) {
-  int r = put_now(c, m);
-  if (r == PUT_FULL && !poll && spin_for(c, true)) r = put_now(c, m);
-  if (r == PUT_OK) {
-    lua_pushboolean(L, 1);
-    return 1;
-  }
-  if (r == PUT_CLOSED) return push_closed(L);
-  if (poll) {
-    lcopy_clear(m);
-    return push_timeout(L);
-  }
-  lmsg *h = msg_to_heap(L, m);
-  pthread_mutex_lock(&c->h.lock);
-  ltask *me = wait_task(L, &c->h, "channel:send", h);
-  lswait *w = wait_begin_msg(L, me, &c->h, &c->sendq, deadline, h);
-  full_fence();
-  if (has_room(c)) {
-    /* A receiver made room before it could see this waiter: end the
-    ** park at once and look again. */
-    q_unlink(w);
-    ums_unpark(w->rt, w->tok, GRANTED);
-  }
-  pthread_mutex_unlock(&c->h.lock);
-  return lums_park_finish(L, me, (lua_KContext)w, send_k);
+static int send_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  schan *c = (schan *)lshared_test(L, 1);
+  lmsg m;
+  int n = send_woken(L, c, (lswait *)ctx, &m);
+  if (n != AGAIN) return n;
+  return send_buffered(L, c, &m, (int64_t)lua_tointeger(L, 3), false);
 }
 
-/* Without parking: hands m to a waiting receiver of an unbuffered
-** channel. With the lock held; false if it would block (m is still the
-** caller's). */
-static bool send_now(schan *c, lmsg *m) {
-  if (lshared_grant(&c->recvq, GRANTED, m)) return true;
-  spinner *sp = c->spinner;
+static int send_buffered(lua_State *L, schan *c, lmsg *m, int64_t deadline,
+                         bool poll) {
+  for (;;) {
+    int r = put_now(c, m);
+    if (r == PUT_FULL && !poll && spin_for(c, true)) r = put_now(c, m);
+    if (r == PUT_OK) {
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    if (r == PUT_CLOSED) return push_closed(L);
+    if (poll) {
+      lcopy_clear(m);
+      return push_timeout(L);
+    }
+    lmsg *h = msg_to_heap(L, m);
+    pthread_mutex_lock(&c->h.lock);
+    ltask *me = wait_task(L, &c->h, "channel:send", h);
+    lswait *w = wait_begin_msg(L, me, &c->h, &c->sendq, deadline, h);
+    full_fence();
+    if (has_room(c)) {
+      /* A receiver made room before it could see this waiter: end the
+      ** park at once and look again. */
+      q_unlink(w);
+      ums_unpark(w->rt, w->tok, GRANTED);
+    }
+    pthread_mutex_unlock(&c->h.lock);
+    if (lums_can_yield(L, me))
+      return lums_park_finish(L, me, (lua_KContext)w, send_k);
+    /* Where Lua cannot yield, a look again that finds the ring full once
+    ** more (another sender took the room) loops here rather than
+    ** parking again from inside send_k. */
+    lums_park_block_wait(me);
+    int n = send_woken(L, c, w, m);
+    if (n != AGAIN) return n;
+  }
+}
+
+/* Takes the spinner of c, if one is registered, out of the channel: the
+** caller then owns it until it publishes its state. */
+static spinner *claim_spinner(schan *c) {
+  spinner *sp = atomic_load_explicit(&c->spinner, memory_order_relaxed);
+  while (sp && !atomic_compare_exchange_weak_explicit(
+                   &c->spinner, &sp, NULL, memory_order_seq_cst,
+                   memory_order_relaxed)) {
+  }
+  return sp;
+}
+
+/* Without the lock: moves m (the caller's) to the receiver spinning on an
+** unbuffered channel. PUT_FULL when none spins (m is still the
+** caller's); PUT_CLOSED (m cleared) when the channel is closed. The
+** close check comes after the claim, so that a send either sees the
+** close or took the spinner before close could (chan_close). */
+static int send_to_spinner(schan *c, lmsg *m) {
+  spinner *sp = claim_spinner(c);
+  if (!sp) return PUT_FULL;
+  if (atomic_load_explicit(&c->tail, memory_order_seq_cst) & 1) {
+    atomic_store_explicit(&sp->state, SPIN_CLOSED, memory_order_release);
+    lcopy_clear(m);
+    return PUT_CLOSED;
+  }
+  lcopy_move(&sp->m, m);
+  atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
+  return PUT_OK;
+}
+
+/* Without parking: hands h (the caller's until this succeeds) to a
+** waiting receiver of an unbuffered channel. With the lock held; false
+** if it would block. */
+static bool send_now(schan *c, lmsg *h) {
+  if (lshared_grant(&c->recvq, GRANTED, h)) return true;
+  spinner *sp = claim_spinner(c);
   if (!sp) return false;
-  c->spinner = NULL;
-  sp->m = m;
+  lcopy_move(&sp->m, h);
+  free(h);
   atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
   return true;
 }
@@ -757,6 +833,12 @@ static int chan_send(lua_State *L) {
     return send_buffered(L, c, &m, deadline, poll);
   }
   note_side(&c->send_sched);
+  int r = send_to_spinner(c, &m);
+  if (r != PUT_FULL) {
+    if (r == PUT_CLOSED) return push_closed(L);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
   lmsg *h = msg_to_heap(L, &m);
   pthread_mutex_lock(&c->h.lock);
   if (is_closed(c)) {
@@ -784,50 +866,65 @@ static int chan_send(lua_State *L) {
 static int recv_buffered(lua_State *L, schan *c, int64_t deadline,
                          bool poll);
 
-static int recv_k(lua_State *L, int status, lua_KContext ctx) {
+/* What a wait to receive w ended with: pushes the receive's results and
+** returns their number, or returns AGAIN when a buffered channel's
+** wake-up (a value, or the close) says to look again. */
+static int recv_woken(lua_State *L, schan *c, lswait *w) {
   lmsg *h;
-  (void)status;
-  int r = lshared_wait_end((lswait *)ctx, &h);
+  int r = lshared_wait_end(w, &h);
   if (r == GRANTED && h) return lcopy_decode_free(L, h);
   lcopy_free(h);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  schan *c = (schan *)lshared_test(L, 1);
-  /* A buffered channel's wake-up (a value, or the close) says to look
-  ** again. */
-  if (r >= 0 && c->ring)
-    return recv_buffered(L, c, (int64_t)lua_tointeger(L, 2), false);
+  if (r >= 0 && c->ring) return AGAIN;
   if (r == CLOSED) return push_closed(L);
   return push_timeout(L);
+}
+
+static int recv_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  schan *c = (schan *)lshared_test(L, 1);
+  int n = recv_woken(L, c, (lswait *)ctx);
+  if (n != AGAIN) return n;
+  return recv_buffered(L, c, (int64_t)lua_tointeger(L, 2), false);
 }
 
 static int recv_buffered(lua_State *L, schan *c, int64_t deadline,
                          bool poll) {
   lmsg m;
-  for (int spun = 0;; spun++) {
-    if (take_now(c, &m)) return lcopy_decode_clear(L, &m);
-    if (is_closed(c)) {
-      if (drained(c)) return push_closed(L);
-      /* A send claimed a slot before the close and is still filling
-      ** it: it takes no longer than a copy. */
-      if (poll) return push_timeout(L);
-      sched_yield();
-      continue;
+  for (;;) {
+    for (int spun = 0;; spun++) {
+      if (take_now(c, &m)) return lcopy_decode_clear(L, &m);
+      if (is_closed(c)) {
+        if (drained(c)) return push_closed(L);
+        /* A send claimed a slot before the close and is still filling
+        ** it: it takes no longer than a copy. */
+        if (poll) return push_timeout(L);
+        sched_yield();
+        continue;
+      }
+      if (poll || spun || !spin_for(c, false)) break;
     }
-    if (poll || spun || !spin_for(c, false)) break;
+    if (poll) return push_timeout(L);
+    pthread_mutex_lock(&c->h.lock);
+    ltask *me = wait_task(L, &c->h, "channel:recv", NULL);
+    lswait *w = lshared_wait_begin(L, me, &c->h, &c->recvq, deadline);
+    full_fence();
+    if (has_value(c) || is_closed(c)) {
+      /* A sender published before it could see this waiter: end the
+      ** park at once and look again. */
+      q_unlink(w);
+      ums_unpark(w->rt, w->tok, GRANTED);
+    }
+    pthread_mutex_unlock(&c->h.lock);
+    if (lums_can_yield(L, me))
+      return lums_park_finish(L, me, (lua_KContext)w, recv_k);
+    /* Where Lua cannot yield, a look again that finds nothing (another
+    ** receiver took the value) loops here rather than parking again
+    ** from inside recv_k. */
+    lums_park_block_wait(me);
+    int n = recv_woken(L, c, w);
+    if (n != AGAIN) return n;
   }
-  if (poll) return push_timeout(L);
-  pthread_mutex_lock(&c->h.lock);
-  ltask *me = wait_task(L, &c->h, "channel:recv", NULL);
-  lswait *w = lshared_wait_begin(L, me, &c->h, &c->recvq, deadline);
-  full_fence();
-  if (has_value(c) || is_closed(c)) {
-    /* A sender published before it could see this waiter: end the park
-    ** at once and look again. */
-    q_unlink(w);
-    ums_unpark(w->rt, w->tok, GRANTED);
-  }
-  pthread_mutex_unlock(&c->h.lock);
-  return lums_park_finish(L, me, (lua_KContext)w, recv_k);
 }
 
 /* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */
@@ -843,21 +940,35 @@ static int chan_recv(lua_State *L) {
     return recv_buffered(L, c, deadline, poll);
   }
   note_side(&c->recv_sched);
+  spinner sp;
+  atomic_init(&sp.state, SPIN_WAITING);
+  spinner *none = NULL;
+  if (!poll && atomic_load_explicit(&c->sendq.n, memory_order_relaxed) == 0 &&
+      !is_closed(c) &&
+      atomic_compare_exchange_strong_explicit(&c->spinner, &none, &sp,
+                                              memory_order_seq_cst,
+                                              memory_order_relaxed)) {
+    /* No sender yet: spin as the channel's spinner for one to hand the
+    ** value over, then withdraw unless one did. Registered without the
+    ** lock: a sender that parks meanwhile (it found no spinner) is seen
+    ** by the spin (ready_handed), and after the spin the receiver looks
+    ** for parked senders under the lock as below. */
+    spin_until(c, &c->send_sched, ready_handed, &sp);
+    spinner *mine = &sp;
+    if (!atomic_compare_exchange_strong_explicit(&c->spinner, &mine, NULL,
+                                                 memory_order_seq_cst,
+                                                 memory_order_relaxed)) {
+      /* Claimed: the claimer publishes state next, holding no lock. */
+      int st;
+      while ((st = atomic_load_explicit(&sp.state, memory_order_acquire)) ==
+             SPIN_WAITING)
+        sched_yield();
+      if (st == SPIN_GOT) return lcopy_decode_clear(L, &sp.m);
+      return push_closed(L);
+    }
+  }
   pthread_mutex_lock(&c->h.lock);
   lmsg *m = take_sender(c);
-  if (!m && !poll && !is_closed(c) && !c->spinner) {
-    /* No sender yet: spin as the channel's spinner for one to hand the
-    ** value over, then withdraw unless it did. */
-    spinner sp = {.m = NULL};
-    atomic_init(&sp.state, SPIN_WAITING);
-    c->spinner = &sp;
-    pthread_mutex_unlock(&c->h.lock);
-    spin_until(c, &c->send_sched, ready_handed, &sp);
-    pthread_mutex_lock(&c->h.lock);
-    if (c->spinner == &sp) c->spinner = NULL;
-    m = sp.m;
-    if (!m) m = take_sender(c);
-  }
   if (m) {
     pthread_mutex_unlock(&c->h.lock);
     return lcopy_decode_free(L, m);
@@ -886,7 +997,7 @@ static int chan_try_send(lua_State *L) {
   if (c->ring) {
     r = put_now(c, &m);
     if (r == PUT_FULL) lcopy_clear(&m);
-  } else {
+  } else if ((r = send_to_spinner(c, &m)) == PUT_FULL) {
     lmsg *h = msg_to_heap(L, &m);
     pthread_mutex_lock(&c->h.lock);
     r = is_closed(c) ? PUT_CLOSED : send_now(c, h) ? PUT_OK : PUT_FULL;
@@ -943,11 +1054,9 @@ static int chan_close(lua_State *L) {
   pthread_mutex_lock(&c->h.lock);
   bool was = atomic_fetch_or_explicit(&c->tail, 1, memory_order_acq_rel) & 1;
   if (!was) {
-    if (c->spinner) {
-      atomic_store_explicit(&c->spinner->state, SPIN_CLOSED,
-                            memory_order_release);
-      c->spinner = NULL;
-    }
+    spinner *sp = claim_spinner(c);
+    if (sp)
+      atomic_store_explicit(&sp->state, SPIN_CLOSED, memory_order_release);
     lshared_grant_all(&c->recvq, CLOSED);
     lshared_grant_all(&c->sendq, CLOSED);
   }

@@ -630,6 +630,75 @@ describe("shared objects", function()
     end
   end)
 
+  it("a send or receive where Lua cannot yield loses any number of races "
+    .. "for a buffered channel in one call, its C stack flat", function()
+    -- A task that waits inside table.sort's comparator (a C call Lua
+    -- cannot yield across) blocks its worker instead of yielding. Each
+    -- round, the room or value it is woken for is taken by another task
+    -- before it runs, so it looks again and waits again: N times within
+    -- one call, about three times what the smallest worker stack held
+    -- when each look again was a level deeper (then the run crashed).
+    -- Under TSan, where a round takes milliseconds, far fewer: there it
+    -- checks the loop for races, the normal and ASan builds its depth.
+    local tsan = (os.getenv("LD_PRELOAD") or ""):find("libtsan", 1, true)
+    local N = tonumber(os.getenv("UMS_SPEC_LOST_RACES"))
+      or (tsan and 100 or 10000)
+    local stack_size = ums.config().stack_size
+    ums.config{stack_size = core.STACK_SIZE_MIN}
+    finally(function() ums.config{stack_size = stack_size} end)
+    -- Yields until t waits in the channel (not merely runnable): one
+    -- yield lets it run to its wait, which the spec checks now and then
+    -- (task:info() makes a traceback).
+    local function until_waiting(t, i)
+      ums.yield()
+      if i % 50 == 0 then
+        local info = t:info()
+        while info.state ~= "suspended" or info.wait_type == nil do
+          ums.yield()
+          info = t:info()
+        end
+      end
+    end
+    run(function()
+      local ch = ums.shared.channel(1)
+      local r = ums.spawn(function()
+        local got
+        table.sort({2, 1}, function(a, b)
+          got = got or ch:recv(20)
+          return a < b
+        end)
+        return got
+      end)
+      for i = 1, N do
+        until_waiting(r, i)
+        assert.is_true(ch:send(i))
+        assert.equal(i, ch:recv())  -- taken before r looks again
+      end
+      until_waiting(r, 0)
+      assert.is_true(ch:send("last"))
+      assert.same({true, "last"}, {r:join(20)})
+
+      assert.is_true(ch:send(0))  -- full
+      local s = ums.spawn(function()
+        local sent
+        table.sort({2, 1}, function(a, b)
+          sent = sent or ch:send("s", 20)
+          return a < b
+        end)
+        return sent
+      end)
+      for i = 1, N do
+        until_waiting(s, i)
+        assert.equal(i - 1, ch:recv())
+        assert.is_true(ch:send(i))  -- fills the room before s looks again
+      end
+      until_waiting(s, 0)
+      assert.equal(N, ch:recv())
+      assert.same({true, true}, {s:join(20)})
+      assert.equal("s", ch:recv())
+    end, {schedulers = 1, quantum = 0, limit = 200})
+  end)
+
   it("a channel keeps buffered values after close, and try_* and len",
     function()
       run(function()
