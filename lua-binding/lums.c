@@ -88,8 +88,9 @@
 ** in the VM's anchor table, a Lua table that keeps its coroutine and its
 ** live handle from the collector; storing at a known index costs a
 ** fraction of luaL_ref and luaL_unref, which look for a free registry
-** slot in Lua. A chunk's entries are filled (false) when the chunk is
-** made, so that storing a task's values never allocates. */
+** slot in Lua. A record's entries are made when the record is first
+** handed out and stay (false when empty), so that storing a task's values
+** later never allocates. */
 #define LTASK_CHUNK 256
 
 /* What a VM keeps from one run to the next, in a registry userdata
@@ -104,9 +105,7 @@ struct lkept {
   ltask **pool;
   int npool, cappool;
   ltask **chunks;        /* capchunks entries: nchunks chunks of
-                            LTASK_CHUNK records, then possibly one made
-                            by a grow_slab that could not finish, then
-                            NULL */
+                            LTASK_CHUNK records, then NULL */
   int nchunks, capchunks;
   int nslots;            /* records handed out so far, in use or free */
   int *free;             /* slots of free records (no coroutine), taken
@@ -188,11 +187,9 @@ static ltask *slot_record(lkept *k, int slot) {
   return &k->chunks[slot / LTASK_CHUNK][slot % LTASK_CHUNK];
 }
 
-/* Adds a chunk of LTASK_CHUNK free records to k, with their entries in
-** the anchor table (at the top of L). Raises when out of memory, leaving
-** k as it was but for room made for the chunk: a chunk whose entries
-** could not all be made waits in chunks[nchunks] for the next try. */
-static void grow_slab(lua_State *L, lkept *k, int anchors) {
+/* Adds a chunk of LTASK_CHUNK records to k. Raises when out of memory,
+** leaving k as it was but for room made for the chunk. */
+static void grow_slab(lua_State *L, lkept *k) {
   if (k->nchunks == k->capchunks) {
     int cap = k->capchunks ? k->capchunks * 2 : 4;
     int *f = realloc(k->free, (size_t)cap * LTASK_CHUNK * sizeof *f);
@@ -204,20 +201,10 @@ static void grow_slab(lua_State *L, lkept *k, int anchors) {
     k->chunks = c;
     k->capchunks = cap;
   }
-  if (!k->chunks[k->nchunks]) {
-    ltask *c = malloc(LTASK_CHUNK * sizeof *c);
-    if (!c) luaL_error(L, "ums.spawn: out of memory");
-    LUMS_POISON(c, LTASK_CHUNK * sizeof *c);
-    k->chunks[k->nchunks] = c;
-  }
-  int first = k->nchunks * LTASK_CHUNK;
-  for (int s = first; s < first + LTASK_CHUNK; s++) {
-    lua_pushboolean(L, 0);
-    lua_rawseti(L, anchors, LUMS_ANCHOR_CO(s));
-    lua_pushboolean(L, 0);
-    lua_rawseti(L, anchors, LUMS_ANCHOR_HANDLE(s));
-  }
-  k->nchunks++;
+  ltask *c = malloc(LTASK_CHUNK * sizeof *c);
+  if (!c) luaL_error(L, "ums.spawn: out of memory");
+  LUMS_POISON(c, LTASK_CHUNK * sizeof *c);
+  k->chunks[k->nchunks++] = c;
 }
 
 /* Takes an ltask with a reset coroutine from the pool (*pooled: its
@@ -231,27 +218,32 @@ static ltask *take_task(lua_State *L, lrun *r, bool *pooled) {
   if (r->npool) return r->pool[--r->npool];
   lkept *k = r->kept;
   luaL_checkstack(L, 3, "ums.spawn");
-  lua_State *co = lua_newthread(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
+  int anchors = lua_gettop(L);
+  lua_State *co = lua_newthread(L);
   /* After lua_newthread, which may run finalizers, and one of them may
-  ** spawn and take the free records there were. From the slot's choice
-  ** on nothing can raise or run Lua code (lua_rawseti runs no finalizer
-  ** and stores into entries that exist) until the record is filled in. */
-  while (k->nfree == 0 && k->nslots == k->nchunks * LTASK_CHUNK)
-    grow_slab(L, k, lua_gettop(L));
-  int slot = k->nfree ? k->free[--k->nfree] : k->nslots++;
+  ** spawn and take the free records there were. lua_rawseti runs none
+  ** (nor does the emergency collection of an allocation that fails), so
+  ** the slot chosen here is still free when it is taken below; the
+  ** stores may raise for lack of memory, and that before anything is
+  ** taken. */
+  if (k->nfree == 0 && k->nslots == k->nchunks * LTASK_CHUNK) grow_slab(L, k);
+  int slot = k->nfree ? k->free[k->nfree - 1] : k->nslots;
+  lua_rawseti(L, anchors, LUMS_ANCHOR_CO(slot));
+  /* The handle task_new made is just below: its entry is filled now,
+  ** which saves task_new a store for every ltask not from the pool. */
+  lua_pushvalue(L, anchors - 1);
+  lua_rawseti(L, anchors, LUMS_ANCHOR_HANDLE(slot));
+  lua_settop(L, anchors - 1);
+  if (k->nfree)
+    k->nfree--;
+  else
+    k->nslots++;
   ltask *t = slot_record(k, slot);
   LUMS_UNPOISON(t, sizeof *t);
   memset(t, 0, sizeof *t);
   t->slot = slot;
   t->co = co;
-  lua_rotate(L, -2, 1);  /* the coroutine to the top */
-  lua_rawseti(L, -2, LUMS_ANCHOR_CO(slot));
-  /* The handle task_new made is just below: its entry is filled now,
-  ** which saves task_new a store for every ltask not from the pool. */
-  lua_pushvalue(L, -2);
-  lua_rawseti(L, -2, LUMS_ANCHOR_HANDLE(slot));
-  lua_pop(L, 1);
   return t;
 }
 
@@ -1342,9 +1334,9 @@ void lums_report_errors(lua_State *L) { report_errors(L, NULL); }
 
 static lkept *push_kept(lua_State *L);
 
-/* Frees every chunk of k's records (and one a grow_slab left unfinished). */
+/* Frees every chunk of k's records. */
 static void free_slab(lkept *k) {
-  for (int i = 0; i < k->capchunks && k->chunks[i]; i++) {
+  for (int i = 0; i < k->nchunks; i++) {
     LUMS_UNPOISON(k->chunks[i], LTASK_CHUNK * sizeof(ltask));
     free(k->chunks[i]);
   }
@@ -1355,12 +1347,12 @@ static void free_slab(lkept *k) {
   k->nchunks = k->capchunks = k->nslots = k->nfree = 0;
 }
 
-/* Makes a new anchor table with the entries of one chunk filled. */
+/* Makes a new anchor table with room for n records' entries, the
+** handles' false. */
 static int new_anchors(lua_State *L) {
-  lua_createtable(L, 2 * LTASK_CHUNK, 0);
-  for (int s = 0; s < LTASK_CHUNK; s++) {
-    lua_pushboolean(L, 0);
-    lua_rawseti(L, -2, LUMS_ANCHOR_CO(s));
+  int n = (int)lua_tointeger(L, 1);
+  lua_createtable(L, 2 * n, 0);
+  for (int s = 0; s < n; s++) {
     lua_pushboolean(L, 0);
     lua_rawseti(L, -2, LUMS_ANCHOR_HANDLE(s));
   }
@@ -1383,7 +1375,8 @@ static void compact_slab(lrun *r, lkept *k) {
   int *fr = malloc(4 * LTASK_CHUNK * sizeof *fr);
   ltask *c = malloc(LTASK_CHUNK * sizeof *c);
   lua_pushcfunction(SL, new_anchors);
-  if (!chunks || !fr || !c || lua_pcall(SL, 0, 1, 0) != LUA_OK) {
+  lua_pushinteger(SL, r->npool);
+  if (!chunks || !fr || !c || lua_pcall(SL, 1, 1, 0) != LUA_OK) {
     lua_settop(SL, 0);
     free(chunks);
     free(fr);

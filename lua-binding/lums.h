@@ -256,7 +256,7 @@ struct lrun {
 static inline void lums_push_handle(lua_State *L, const ltask *t) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, t->run->anchors);
   lua_rawgeti(L, -1, LUMS_ANCHOR_HANDLE(t->slot));
-  lua_remove(L, -2);
+  lua_replace(L, -2);
 }
 /* Pushes the anchor table of L's VM: at LUMS_ANCHOR_HANDLE of each live
 ** task its handle, at LUMS_ANCHOR_CO the coroutine. */
