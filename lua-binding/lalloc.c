@@ -35,14 +35,6 @@
 
 #include <stdlib.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
 
 /* Largest block size cached; Lua's small objects (task handles, tables,
 ** closures, short strings, upvalues) are below it. */
@@ -67,7 +59,7 @@ static void cache_flush(lalloc *a) {
   for (size_t n = sizeof(void *); n <= CACHE_MAX_SIZE; n++) {
     void *p = a->list[n];
     while (p) {
-      UNPOISON(p, n);
+      LUMS_UNPOISON(p, n);
       void *next = *(void **)p;
       a->f(a->ud, p, n, 0);
       p = next;
@@ -98,7 +90,7 @@ static void *cache_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     if (ptr && osize >= sizeof(void *) && osize <= CACHE_MAX_SIZE &&
         a->bytes + osize <= a->budget) {
       *(void **)ptr = a->list[osize];
-      POISON(ptr, osize);
+      LUMS_POISON(ptr, osize);
       a->list[osize] = ptr;
       a->bytes += osize;
       return NULL;
@@ -106,7 +98,7 @@ static void *cache_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   } else if (!ptr && nsize <= CACHE_MAX_SIZE && a->list[nsize]) {
     /* A new block (osize is then a type tag, not a size). */
     void *p = a->list[nsize];
-    UNPOISON(p, nsize);
+    LUMS_UNPOISON(p, nsize);
     a->list[nsize] = *(void **)p;
     a->bytes -= nsize;
     return p;

@@ -202,7 +202,7 @@ static void call_handler(lua_State *L, const ums_stall_t *st, ltask *t) {
   lua_pushvalue(L, tb);
   lua_setfield(L, -2, "traceback");
   if (t && t->h && t->h->id == st->task) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
+    lums_push_handle(L, t);
     lua_setfield(L, -2, "task");
   }
   if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
@@ -551,21 +551,25 @@ static bool blocked(const ums_task_info_t *t) {
 }
 
 /* Leaves a table id -> coroutine of the live tasks of L's VM on top:
-** their handles sit in the registry while they live. */
+** their handles and coroutines sit in the VM's anchor table while they
+** live. */
 static void push_coroutines(lua_State *L) {
   lua_newtable(L);
   int map = lua_gettop(L);
+  lums_push_anchors(L);
+  int anchors = map + 1;
   lua_pushnil(L);
-  while (lua_next(L, LUA_REGISTRYINDEX)) {
+  while (lua_next(L, anchors)) {
     lhandle *h = lua_type(L, -1) == LUA_TUSERDATA
                      ? (lhandle *)lua_touserdata(L, -1) : NULL;
     if (h && lua_rawlen(L, -1) == sizeof *h && h->tag == &lums_task_tag &&
         h->t && h->t->co) {
-      lua_rawgeti(L, LUA_REGISTRYINDEX, h->t->co_ref);
+      lua_rawgeti(L, anchors, LUMS_ANCHOR_CO(h->t->slot));
       lua_rawseti(L, map, (lua_Integer)h->id);
     }
     lua_pop(L, 1);
   }
+  lua_pop(L, 1);
 }
 
 /* A report lists each blocked task in full up to DL_GROUPS different

@@ -41,10 +41,10 @@ static void drop_joiner(ltask *t, ums_task_t who, uint64_t seq) {
 
 static int l_self(lua_State *L) {
   ltask *t = lums_cur_task;
-  if (!t || t->self_ref == LUA_NOREF)
+  if (!t || !t->h)
     lua_pushnil(L);
   else
-    lua_rawgeti(L, LUA_REGISTRYINDEX, t->self_ref);
+    lums_push_handle(L, t);
   return 1;
 }
 

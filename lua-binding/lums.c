@@ -58,15 +58,39 @@
 ** of a test, without holding a big run's coroutines for the process. */
 #define KEPT_POOL_MAX 64
 
+/* A VM's ltask records are made LTASK_CHUNK at a time and numbered
+** across their chunks (ltask.slot): a spawn takes one off a free list or
+** bumps a count instead of calling malloc, and a task's end puts it back
+** instead of calling free. The slot also names the record's two entries
+** in the VM's anchor table, a Lua table that keeps its coroutine and its
+** live handle from the collector; storing at a known index costs a
+** fraction of luaL_ref and luaL_unref, which look for a free registry
+** slot in Lua. A record's entries are made when the record is first
+** handed out and stay (false when empty), so that storing a task's values
+** later never allocates. */
+#define LTASK_CHUNK 256
+
 /* What a VM keeps from one run to the next, in a registry userdata
-** (KEPT_KEY) whose user value anchors SL: the scheduler-side thread and
-** up to KEPT_POOL_MAX pooled tasks. Between runs the VM's thread owns
-** them; during a run its lrun does (lums_run_new takes them,
-** lums_run_free gives them back), and they are freed with the VM. */
+** (KEPT_KEY) whose user value anchors SL: the scheduler-side thread, its
+** ltask records with the anchor table, and up to KEPT_POOL_MAX pooled
+** tasks. Between runs the VM's thread owns them; during a run its lrun
+** does (lums_run_new takes the pool, lums_run_free gives it back, and
+** the run's tasks take and give back records), and they are freed with
+** the VM. */
 struct lkept {
   lua_State *SL;
   ltask **pool;
   int npool, cappool;
+  ltask **chunks;        /* capchunks entries: nchunks chunks of
+                            LTASK_CHUNK records, then NULL */
+  int nchunks, capchunks;
+  int nslots;            /* records handed out so far, in use or free */
+  int *free;             /* slots of free records (no coroutine), taken
+                            last in, first out; room for every record of
+                            capchunks chunks, so that freeing never
+                            fails */
+  int nfree;
+  int anchors;           /* registry ref of the anchor table */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -85,34 +109,93 @@ static lrun *get_run(lua_State *L) {
 /* Task life cycle                                                         */
 /* ---------------------------------------------------------------------- */
 
+static ltask *slot_record(lkept *k, int slot) {
+  return &k->chunks[slot / LTASK_CHUNK][slot % LTASK_CHUNK];
+}
+
+/* Adds a chunk of LTASK_CHUNK records to k. Raises when out of memory,
+** leaving k as it was but for room made for the chunk. */
+static void grow_slab(lua_State *L, lkept *k) {
+  if (k->nchunks == k->capchunks) {
+    int cap = k->capchunks ? k->capchunks * 2 : 4;
+    int *f = realloc(k->free, (size_t)cap * LTASK_CHUNK * sizeof *f);
+    if (!f) luaL_error(L, "ums.spawn: out of memory");
+    k->free = f;
+    ltask **c = realloc(k->chunks, (size_t)cap * sizeof *c);
+    if (!c) luaL_error(L, "ums.spawn: out of memory");
+    for (int i = k->capchunks; i < cap; i++) c[i] = NULL;
+    k->chunks = c;
+    k->capchunks = cap;
+  }
+  ltask *c = malloc(LTASK_CHUNK * sizeof *c);
+  if (!c) luaL_error(L, "ums.spawn: out of memory");
+  LUMS_POISON(c, LTASK_CHUNK * sizeof *c);
+  k->chunks[k->nchunks++] = c;
+}
+
 /* Takes an ltask with a reset coroutine from the pool (*pooled: its
-** handle slot holds false), or makes one whose handle slot holds the
+** handle entry holds false), or makes one whose handle entry holds the
 ** value at the top of L, the new task's handle. L is the caller's
-** thread, running protected: the coroutine and its registry slots are
-** made there, so that running out of memory raises in the caller rather
-** than on r->SL, which no protected call covers. */
+** thread, running protected: the coroutine and its record are made
+** there, so that running out of memory raises in the caller rather than
+** on r->SL, which no protected call covers. */
 static ltask *take_task(lua_State *L, lrun *r, bool *pooled) {
   *pooled = r->npool > 0;
   if (r->npool) return r->pool[--r->npool];
+  lkept *k = r->kept;
+  luaL_checkstack(L, 3, "ums.spawn");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
+  int anchors = lua_gettop(L);
   lua_State *co = lua_newthread(L);
-  ltask *t = calloc(1, sizeof *t);
-  if (!t) {
-    lua_pop(L, 1);
-    return NULL;
-  }
+  /* After lua_newthread, which may run finalizers, and one of them may
+  ** spawn and take the free records there were. lua_rawseti runs none
+  ** (nor does the emergency collection of an allocation that fails), so
+  ** the slot chosen here is still free when it is taken below; the
+  ** stores may raise for lack of memory, and that before anything is
+  ** taken. */
+  if (k->nfree == 0 && k->nslots == k->nchunks * LTASK_CHUNK) grow_slab(L, k);
+  int slot = k->nfree ? k->free[k->nfree - 1] : k->nslots;
+  lua_rawseti(L, anchors, LUMS_ANCHOR_CO(slot));
+  /* The handle task_new made is just below: its entry is filled now,
+  ** which saves task_new a store for every ltask not from the pool. */
+  lua_pushvalue(L, anchors - 1);
+  lua_rawseti(L, anchors, LUMS_ANCHOR_HANDLE(slot));
+  lua_settop(L, anchors - 1);
+  if (k->nfree)
+    k->nfree--;
+  else
+    k->nslots++;
+  ltask *t = slot_record(k, slot);
+  LUMS_UNPOISON(t, sizeof *t);
+  memset(t, 0, sizeof *t);
+  t->slot = slot;
   t->co = co;
-  t->co_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  /* The handle task_new made is just below: its slot is taken holding
-  ** it, which saves task_new a store for every ltask not from the pool. */
-  lua_pushvalue(L, -1);
-  t->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   return t;
 }
 
-static void free_task(lua_State *L, ltask *t) {
-  luaL_unref(L, LUA_REGISTRYINDEX, t->co_ref);
-  luaL_unref(L, LUA_REGISTRYINDEX, t->self_ref);
-  free(t);
+/* Gives t's record back to its VM, unanchoring its coroutine. L: a
+** thread of r's VM. */
+static void free_task(lua_State *L, lrun *r, ltask *t) {
+  lkept *k = r->kept;
+  int slot = t->slot;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
+  lua_pushboolean(L, 0);
+  lua_rawseti(L, -2, LUMS_ANCHOR_CO(slot));
+  lua_pushboolean(L, 0);
+  lua_rawseti(L, -2, LUMS_ANCHOR_HANDLE(slot));
+  lua_pop(L, 1);
+  LUMS_POISON(t, sizeof *t);
+  k->free[k->nfree++] = slot;
+}
+
+void lums_push_anchors(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY);
+  lkept *k = (lkept *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (k)
+    lua_rawgeti(L, LUA_REGISTRYINDEX, k->anchors);
+  else
+    lua_newtable(L);
 }
 
 /* Makes room for one more ltask in r's pool, up to POOL_MAX: false when
@@ -143,7 +226,7 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   ** coroutine go at once, with none of the reset below, which only a
   ** pooled one needs. */
   if (r->npool == r->cappool && !grow_pool(r)) {
-    free_task(r->SL, t);
+    free_task(r->SL, r, t);
     return;
   }
   /* A coroutine that returned nothing has nothing left on its stack (the
@@ -154,10 +237,12 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   ** coroutine's state is in the cache, not at the next spawn. */
   if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   t->hook.uhook = NULL;
+  lua_rawgeti(r->SL, LUA_REGISTRYINDEX, r->anchors);
   lua_pushboolean(r->SL, 0);
-  lua_rawseti(r->SL, LUA_REGISTRYINDEX, t->self_ref);
+  lua_rawseti(r->SL, -2, LUMS_ANCHOR_HANDLE(t->slot));
+  lua_pop(r->SL, 1);
   /* Back to what take_task hands out: zero but for the coroutine and its
-  ** registry slots. Field by field, not a memset of the whole ltask plus
+  ** slot. Field by field, not a memset of the whole ltask plus
   ** a copy of what it keeps: this runs once per task. park_tok, finish_st
   ** and finish_nres are written before they are read; the wait is off
   ** every queue once the task has ended. */
@@ -199,7 +284,7 @@ static int keep_protected(lua_State *SL) {
   lkeep *k = (lkeep *)lua_touserdata(SL, 1);
   ltask *t = k->t;
   lua_State *co = t->co;
-  lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);  /* the handle */
+  lums_push_handle(SL, t);
   if (k->closed) {
     /* Nobody may ever join it: its handle now has a finalizer that
     ** reports the error if it is collected unjoined, and the run reports
@@ -267,7 +352,7 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
     if (nres == 1 && lua_checkstack(SL, 2)) {
       /* Moving one value and storing it in a user value the handle
       ** already has allocates nothing: no protection needed. */
-      lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);
+      lums_push_handle(SL, t);
       lua_xmove(co, SL, 1);
       lua_setiuservalue(SL, -2, LUMS_UV_RESULT);
       lua_pop(SL, 1);
@@ -292,7 +377,7 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
       cancelled = top_is_cancelled(co);
       if (!h->nomem && lua_checkstack(SL, 3)) {
         /* X_ERR is already in the extras: setting it allocates nothing. */
-        lua_rawgeti(SL, LUA_REGISTRYINDEX, t->self_ref);
+        lums_push_handle(SL, t);
         lua_getiuservalue(SL, -1, 1);
         lua_xmove(co, SL, 1);
         lua_setfield(SL, -2, X_ERR);
@@ -443,7 +528,6 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, LUMS_HANDLE_UVS);
   bool pooled;
   ltask *t = take_task(L, r, &pooled);
-  if (!t) luaL_error(L, "ums.spawn: out of memory");
   /* The handle goes to `first`, below the function and arguments, which
   ** go onto the coroutine. */
   lua_rotate(L, first, 1);
@@ -459,8 +543,10 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   t->joiners = t->join1;
   t->capjoiners = 2;
   if (pooled) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
     lua_pushvalue(L, first);
-    lua_rawseti(L, LUA_REGISTRYINDEX, t->self_ref);
+    lua_rawseti(L, -2, LUMS_ANCHOR_HANDLE(t->slot));
+    lua_pop(L, 1);
   }
   /* Detached: the binding keeps each task's outcome in its handle, so
   ** the runtime may recycle the task's slot as soon as it ends (a
@@ -622,6 +708,79 @@ static void report_errors(lua_State *L, lhandle *main) {
 
 void lums_report_errors(lua_State *L) { report_errors(L, NULL); }
 
+static lkept *push_kept(lua_State *L);
+
+/* Frees every chunk of k's records. */
+static void free_slab(lkept *k) {
+  for (int i = 0; i < k->nchunks; i++) {
+    LUMS_UNPOISON(k->chunks[i], LTASK_CHUNK * sizeof(ltask));
+    free(k->chunks[i]);
+  }
+  free(k->chunks);
+  free(k->free);
+  k->chunks = NULL;
+  k->free = NULL;
+  k->nchunks = k->capchunks = k->nslots = k->nfree = 0;
+}
+
+/* Makes a new anchor table with room for n records' entries, the
+** handles' false. */
+static int new_anchors(lua_State *L) {
+  int n = (int)lua_tointeger(L, 1);
+  lua_createtable(L, 2 * n, 0);
+  for (int s = 0; s < n; s++) {
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, LUMS_ANCHOR_HANDLE(s));
+  }
+  return 1;
+}
+
+/* At the end of a run that made more records than one chunk: the VM
+** keeps its pooled records only (at most KEPT_POOL_MAX, all in a new
+** first chunk, renumbered, with a new anchor table), so that a run with
+** many tasks at once leaves neither its records nor an anchor table of
+** their size behind. Every task has ended by now, so no record is in use
+** but the pooled ones, whose addresses only r->pool holds. When memory
+** is short, everything stays as it is. */
+static void compact_slab(lrun *r, lkept *k) {
+  lua_State *SL = r->SL;
+  if (k->nchunks <= 1 || k->nslots - k->nfree != r->npool ||
+      !lua_checkstack(SL, 4))
+    return;
+  ltask **chunks = calloc(4, sizeof *chunks);
+  int *fr = malloc(4 * LTASK_CHUNK * sizeof *fr);
+  ltask *c = malloc(LTASK_CHUNK * sizeof *c);
+  lua_pushcfunction(SL, new_anchors);
+  lua_pushinteger(SL, r->npool);
+  if (!chunks || !fr || !c || lua_pcall(SL, 1, 1, 0) != LUA_OK) {
+    lua_settop(SL, 0);
+    free(chunks);
+    free(fr);
+    free(c);
+    return;
+  }
+  int anchors = lua_gettop(SL);
+  lua_rawgeti(SL, LUA_REGISTRYINDEX, r->anchors);
+  for (int i = 0; i < r->npool; i++) {
+    ltask *t = r->pool[i];
+    lua_rawgeti(SL, -1, LUMS_ANCHOR_CO(t->slot));
+    lua_rawseti(SL, anchors, LUMS_ANCHOR_CO(i));
+    c[i] = *t;
+    c[i].slot = i;
+    r->pool[i] = &c[i];
+  }
+  LUMS_POISON(c + r->npool, (LTASK_CHUNK - r->npool) * sizeof *c);
+  lua_pop(SL, 1);
+  lua_rawseti(SL, LUA_REGISTRYINDEX, r->anchors);
+  free_slab(k);
+  chunks[0] = c;
+  k->chunks = chunks;
+  k->capchunks = 4;
+  k->nchunks = 1;
+  k->nslots = r->npool;
+  k->free = fr;
+}
+
 lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
                    int64_t quantum) {
   lrun *r = calloc(1, sizeof *r);
@@ -638,27 +797,21 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   ** per test) takes its scheduler-side thread and its pooled tasks from
   ** the previous run: what each run would otherwise allocate is what the
   ** collector must then trace, a cost that grows with the heap. */
-  if (lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY) == LUA_TUSERDATA) {
-    lkept *k = (lkept *)lua_touserdata(L, -1);
-    r->kept = k;
-    if (k->SL && lua_status(k->SL) == LUA_OK) {
-      r->SL = k->SL;
-    } else {
-      k->SL = r->SL = lua_newthread(L);
-      lua_setiuservalue(L, -2, 1);
-    }
-    r->sl_ref = LUA_NOREF;
-    r->pool = k->pool;
-    r->npool = k->npool;
-    r->cappool = k->cappool;
-    k->pool = NULL;
-    k->npool = k->cappool = 0;
-    lua_pop(L, 1);
+  lkept *k = push_kept(L);
+  r->kept = k;
+  r->anchors = k->anchors;
+  if (k->SL && lua_status(k->SL) == LUA_OK) {
+    r->SL = k->SL;
   } else {
-    lua_pop(L, 1);
-    r->SL = lua_newthread(L);
-    r->sl_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    k->SL = r->SL = lua_newthread(L);
+    lua_setiuservalue(L, -2, 1);
   }
+  r->pool = k->pool;
+  r->npool = k->npool;
+  r->cappool = k->cappool;
+  k->pool = NULL;
+  k->npool = k->cappool = 0;
+  lua_pop(L, 1);
   lua_pushlightuserdata(L, r);
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
   /* Last: from here on, until lums_run_free, the VM's small blocks (a
@@ -672,32 +825,28 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
 
 void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
   /* The VM lives on: its next run takes the thread and some of the
-  ** pooled tasks back (lums_run_new). */
+  ** pooled tasks back (lums_run_new). With close_vm, the pooled records
+  ** go with the VM (kept_gc). */
   lkept *k = close_vm ? NULL : r->kept;
-  if (k && r->npool > KEPT_POOL_MAX) {
-    for (int i = KEPT_POOL_MAX; i < r->npool; i++) free_task(L, r->pool[i]);
-    r->npool = KEPT_POOL_MAX;
-  }
   if (k) {
     lua_settop(r->SL, 0);
+    if (r->npool > KEPT_POOL_MAX) {
+      for (int i = KEPT_POOL_MAX; i < r->npool; i++)
+        free_task(r->SL, r, r->pool[i]);
+      r->npool = KEPT_POOL_MAX;
+    }
+    compact_slab(r, k);
     k->pool = r->pool;
     k->npool = r->npool;
     k->cappool = r->cappool;
     r->pool = NULL;
     r->npool = 0;
   }
-  for (int i = 0; i < r->npool; i++) {
-    if (close_vm)
-      free(r->pool[i]);
-    else
-      free_task(L, r->pool[i]);
-  }
   free(r->pool);
   for (int i = 0; i < r->nffi_free; i++) free(r->ffi_free[i]);
   free(r->ffi_free);
   lums_alloc_remove(close_vm ? NULL : L, r->alloc);
   if (!close_vm) {
-    if (r->sl_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, r->sl_ref);
     lua_pushnil(L);
     lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
   }
@@ -706,16 +855,35 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
 
 static void run_free(lua_State *L, lrun *r) { lums_run_free(L, r, false); }
 
-/* The VM is closing: its kept tasks' coroutines go with it, their ltasks
-** here (the registry slots die with the VM). */
+/* The VM is closing: its kept tasks' coroutines go with it, their
+** records here (the anchor table dies with the VM). */
 static int kept_gc(lua_State *L) {
   lkept *k = (lkept *)lua_touserdata(L, 1);
-  for (int i = 0; i < k->npool; i++) free(k->pool[i]);
   free(k->pool);
   k->pool = NULL;
   k->npool = k->cappool = 0;
+  free_slab(k);
   k->SL = NULL;
   return 0;
+}
+
+/* Pushes the userdata of what L's VM keeps between runs, making it if
+** the VM has none yet. */
+static lkept *push_kept(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY) == LUA_TUSERDATA)
+    return (lkept *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  lkept *k = lua_newuserdatauv(L, sizeof *k, 1);
+  memset(k, 0, sizeof *k);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, kept_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_newtable(L);
+  k->anchors = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, KEPT_KEY);
+  return k;
 }
 
 /* os.exit while a run is in progress, in any VM of the run. Lua's own
@@ -1082,7 +1250,7 @@ static int run_in_task_k(lua_State *L, int status, lua_KContext ctx) {
 ** name the caller's line. */
 static int l_run(lua_State *L) {
   ltask *t = lums_cur_task;
-  if (t && t->self_ref != LUA_NOREF) {
+  if (t && t->h) {
     if (lua_getfield(L, LUA_REGISTRYINDEX, RUN_IN_TASK_KEY) ==
         LUA_TFUNCTION) {
       lua_insert(L, 1);
@@ -1207,15 +1375,7 @@ int lums_open(lua_State *L) {
   lua_pushstring(L, ums_strerror(UMS_ENOMEM));
   lua_setfield(L, LUA_REGISTRYINDEX, LUMS_NOMEM_KEY);
   new_errors_set(L);
-  if (lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY) == LUA_TNIL) {
-    lkept *k = lua_newuserdatauv(L, sizeof *k, 1);
-    memset(k, 0, sizeof *k);
-    lua_createtable(L, 0, 1);
-    lua_pushcfunction(L, kept_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_setmetatable(L, -2);
-    lua_setfield(L, LUA_REGISTRYINDEX, KEPT_KEY);
-  }
+  push_kept(L);
   lua_pop(L, 1);
   /* The metatable of a failed task's handle: the same methods, and a
   ** finalizer that reports an error nobody joined. */

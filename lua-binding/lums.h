@@ -25,6 +25,18 @@
 
 #define LUMS_HIDDEN __attribute__((visibility("hidden")))
 
+/* Memory the binding recycles itself (freed small blocks, task records)
+** is poisoned while it waits under AddressSanitizer, so that a use after
+** its owner gave it up is still reported. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define LUMS_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define LUMS_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define LUMS_POISON(p, n) ((void)(p), (void)(n))
+#define LUMS_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 /* The longest time a setting in seconds may give (ums.config's bound):
 ** its nanoseconds still fit an int64_t. */
 #define LUMS_MAX_SECONDS 1e9
@@ -92,17 +104,19 @@ typedef struct joiner {
 } joiner_t;
 
 /* A live task: everything its run needs while it runs or waits. Not a
-** Lua object: ltasks are pooled with their coroutines (lrun.pool) and
-** recycled, so a stale pointer to one is only ever used together with a
-** park token, whose task id the runtime checks. Scheduler thread only. */
+** Lua object: ltasks are records of their VM's slab (lums.c, struct
+** lkept), pooled with their coroutines (lrun.pool) and recycled, so a
+** stale pointer to one is only ever used together with a park token,
+** whose task id the runtime checks. Scheduler thread only. */
 struct ltask {
   lhandle *h;            /* its handle (h->id: its runtime id); NULL while
                             pooled */
   lrun *run;             /* the run it belongs to; NULL while pooled */
   lua_State *co;         /* its coroutine (kept while pooled) */
-  int co_ref;            /* registry ref anchoring co */
-  int self_ref;          /* registry slot holding the handle while live,
-                            false while pooled */
+  int slot;              /* [const] its number in the VM's slab: the VM's
+                            anchor table holds co at LUMS_ANCHOR_CO(slot)
+                            and, while the task is live, its handle at
+                            LUMS_ANCHOR_HANDLE(slot) */
   int nargs;             /* arguments waiting for the first resume */
   bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
   bool park_begun;       /* between park_begin and park_wait: the quantum
@@ -158,11 +172,11 @@ struct lrun {
   lvms *vms;             /* [const] the run's VMs (lvm.c) */
   int sched;             /* [const] index of the scheduler running this VM */
   lua_State *SL;         /* the run's own thread, for scheduler-side work */
-  int sl_ref;            /* registry ref anchoring SL, or LUA_NOREF when
-                            kept->SL anchors it */
-  lkept *kept;           /* [const] what the VM keeps between runs, or
-                            NULL; the run owns the pool and SL until
-                            lums_run_free gives them back */
+  lkept *kept;           /* [const] what the VM keeps between runs (its
+                            ltask slab, its anchor table, SL); the run owns
+                            the pool until lums_run_free gives it back */
+  int anchors;           /* [const] registry ref of the VM's anchor
+                            table (see ltask.slot) */
   lquantum q;            /* lquantum.c: this VM's quantum */
   lhandle *main;                    /* main VM: the run's first task, set
                                        before it is spawned (its id is
@@ -195,6 +209,20 @@ struct lrun {
   ** removed by lums_run_free; NULL: none. */
   lalloc *alloc;
 };
+
+/* Where a task's values sit in its VM's anchor table (ltask.slot). */
+#define LUMS_ANCHOR_CO(slot) (2 * (lua_Integer)(slot) + 1)
+#define LUMS_ANCHOR_HANDLE(slot) (2 * (lua_Integer)(slot) + 2)
+
+/* Pushes the handle of live task t (ums.self()'s result). */
+static inline void lums_push_handle(lua_State *L, const ltask *t) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, t->run->anchors);
+  lua_rawgeti(L, -1, LUMS_ANCHOR_HANDLE(t->slot));
+  lua_replace(L, -2);
+}
+/* Pushes the anchor table of L's VM: at LUMS_ANCHOR_HANDLE of each live
+** task its handle, at LUMS_ANCHOR_CO the coroutine. */
+LUMS_HIDDEN void lums_push_anchors(lua_State *L);
 
 /* ---- Calls shared between the module's files (lums.c) ---- */
 

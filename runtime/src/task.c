@@ -23,6 +23,10 @@
 /* Local free lists are capped so tasks spawned on one scheduler and
 ** finished on another do not pile up on one side. */
 #define LOCAL_FREE_MAX 4096
+/* Fresh records a scheduler takes at once when its own free list is
+** empty: a burst of spawns then takes the table lock once per batch, not
+** once per task. */
+#define FRESH_BATCH 32
 
 /* Adds a chunk of fresh tasks, handed out from rt->fresh on. Its zeroed
 ** pages stay untouched until then: a short runtime faults in the few it
@@ -57,6 +61,19 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
                grow_table(rt) == 0) {
       t = ums__task_at(rt, rt->fresh);
       t->slot = rt->fresh++;
+      /* The rest of the batch goes to the caller's own free list (its
+      ** local list is empty, or the first branch would have served). A
+      ** fresh record is zero: UMS__T_FREE, id 0, as task_free leaves one. */
+      if (s && s->rt == rt) {
+        uint32_t n = atomic_load_explicit(&rt->nslots, memory_order_relaxed);
+        for (int i = 1; i < FRESH_BATCH && rt->fresh < n; i++) {
+          ums__task_t *f = ums__task_at(rt, rt->fresh);
+          f->slot = rt->fresh++;
+          f->next = s->free_tasks;
+          s->free_tasks = f;
+          s->nfree_tasks++;
+        }
+      }
     }
     pthread_mutex_unlock(&rt->table_lock);
     if (!t) return NULL;
