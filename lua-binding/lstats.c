@@ -550,13 +550,13 @@ static bool blocked(const ums_task_info_t *t) {
          (t->state == UMS_TASK_RUNNABLE && t->wait_type != UMS_WAIT_NONE);
 }
 
-/* Leaves a table id -> coroutine of the live tasks of L's VM on top:
-** their handles and coroutines sit in the VM's anchor table while they
-** live. */
-static void push_coroutines(lua_State *L) {
+/* Leaves a table id -> coroutine of the live tasks of r's VM (L is a
+** thread of it) on top: their handles and coroutines sit in the VM's
+** anchor table (lrun.anchors) while they live. */
+static void push_coroutines(lua_State *L, lrun *r) {
   lua_newtable(L);
   int map = lua_gettop(L);
-  lums_push_anchors(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
   int anchors = map + 1;
   lua_pushnil(L);
   while (lua_next(L, anchors)) {
@@ -624,11 +624,12 @@ static void push_trace(lua_State *L, int map, const ums_task_info_t *t) {
   }
 }
 
-/* Builds the report of rows' blocked tasks on L; leaves it on the stack. */
-static void push_report(lua_State *L, const dl_rows *rows) {
+/* Builds the report of rows' blocked tasks on L, a thread of r's VM;
+** leaves it on the stack. */
+static void push_report(lua_State *L, lrun *r, const dl_rows *rows) {
   int top = lua_gettop(L);
   luaL_checkstack(L, 8, "deadlock report");
-  push_coroutines(L);
+  push_coroutines(L, r);
   int map = lua_gettop(L);
   size_t nblocked = 0;
   ums_task_t *ids = malloc((rows->n ? rows->n : 1) * sizeof *ids);
@@ -727,7 +728,7 @@ void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg) {
   if (!d->report) {
     lua_State *L = vr->SL;
     int top = lua_gettop(L);
-    push_report(L, &rows);
+    push_report(L, vr, &rows);
     size_t len;
     const char *text = lua_tolstring(L, -1, &len);
     d->report = malloc(len + 1);

@@ -188,16 +188,6 @@ static void free_task(lua_State *L, lrun *r, ltask *t) {
   k->free[k->nfree++] = slot;
 }
 
-void lums_push_anchors(lua_State *L) {
-  lua_getfield(L, LUA_REGISTRYINDEX, KEPT_KEY);
-  lkept *k = (lkept *)lua_touserdata(L, -1);
-  lua_pop(L, 1);
-  if (k)
-    lua_rawgeti(L, LUA_REGISTRYINDEX, k->anchors);
-  else
-    lua_newtable(L);
-}
-
 /* Makes room for one more ltask in r's pool, up to POOL_MAX: false when
 ** there is none (full, or no memory for a larger array). */
 static bool grow_pool(lrun *r) {

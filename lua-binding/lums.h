@@ -220,9 +220,6 @@ static inline void lums_push_handle(lua_State *L, const ltask *t) {
   lua_rawgeti(L, -1, LUMS_ANCHOR_HANDLE(t->slot));
   lua_replace(L, -2);
 }
-/* Pushes the anchor table of L's VM: at LUMS_ANCHOR_HANDLE of each live
-** task its handle, at LUMS_ANCHOR_CO the coroutine. */
-LUMS_HIDDEN void lums_push_anchors(lua_State *L);
 
 /* ---- Calls shared between the module's files (lums.c) ---- */
 
