@@ -193,10 +193,10 @@ static void test_off(void) {
 
 /* A binding's looks (ums_runtime_watch). Counted on the monitor thread. */
 static atomic_int looks;
-static void *look_arg;
+static _Atomic(void *) look_arg;
 static void look(void *arg, int64_t now) {
   (void)now;
-  look_arg = arg;
+  atomic_store(&look_arg, arg);
   atomic_fetch_add(&looks, 1);
 }
 
@@ -220,7 +220,7 @@ static void test_watch(void) {
   t = spawn_named(1, "spinner", spin_fn, PTR(300));
   WAIT_UNTIL(atomic_load(&looks) >= 5, 10000);
   join_ok(t);
-  CHECK_PTR_EQ(look_arg, &looks);
+  CHECK_PTR_EQ(atomic_load(&look_arg), (void *)&looks);
   /* Every scheduler idle: the monitor sleeps and looks no more (a tenth
   ** of a second without a look, at a period of 1 ms). */
   WAIT_UNTIL(atomic_load(&rt->monitor.asleep), 5000);
