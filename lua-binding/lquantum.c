@@ -506,12 +506,11 @@ lmonitor *lums_monitor_new(ums_runtime_t *rt, int nsched, int64_t quantum,
   return m;
 }
 
-int lums_monitor_want(lquantum *q) {
+void lums_monitor_want(lquantum *q) {
   lmonitor *m = q->watch;
   if (m && atomic_load_explicit(&m->deferred, memory_order_relaxed) &&
       atomic_exchange(&m->deferred, false))
     ums_runtime_watch_period(m->rt, m->quantum / 2);
-  return 0;
 }
 
 void lums_monitor_free(lmonitor *m) {

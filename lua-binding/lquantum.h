@@ -158,9 +158,10 @@ LUMS_HIDDEN lmonitor *lums_monitor_new(ums_runtime_t *rt, int nsched,
                                        int64_t quantum, bool defer,
                                        bool stall, int *err);
 LUMS_HIDDEN void lums_monitor_free(lmonitor *m);
-/* Starts q's run's deferred looks, if any (any VM's thread, at a spawn).
-** Returns 0. */
-LUMS_HIDDEN int lums_monitor_want(lquantum *q);
+/* Starts q's run's deferred looks, if any (any VM's thread, at a spawn):
+** only a period to change, which cannot fail (the monitor thread was
+** started with the run). */
+LUMS_HIDDEN void lums_monitor_want(lquantum *q);
 
 /* Adds nopreempt_chunk and quantum_point to the module table at the top,
 ** and puts debug.gethook and debug.sethook as a task sees them in L. */

@@ -563,9 +563,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
 
 void lums_task_start(lrun *r, int nargs) {
   lua_State *L = r->SL;
-  /* Work that cannot start the monitor still runs; the next ums.spawn
-  ** reports the failure. */
-  (void)lums_monitor_want(&r->q);
+  lums_monitor_want(&r->q);
   int first = lua_gettop(L) - nargs;
   luaL_getmetatable(L, LUMS_TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
@@ -580,10 +578,7 @@ static int l_spawn(lua_State *L) {
   if (!me || !me->run)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
-  int e = lums_monitor_want(&me->run->q);
-  if (e)
-    return luaL_error(L, "ums.spawn: cannot create the quantum monitor "
-                         "thread: %s", strerror(e));
+  lums_monitor_want(&me->run->q);
   task_new(L, me->run, 1, false, lua_upvalueindex(1));
   return 1;  /* the handle, alone on the stack */
 }
