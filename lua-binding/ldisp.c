@@ -1,8 +1,9 @@
 /*
 ** ldisp.c: where submitted work runs. Requests (lreq.c) wait in
 ** per-scheduler queues until a dispatcher starts them. A request goes to
-** the queue of the least-loaded scheduler (fewest tasks plus queued
-** requests), or to the one ums.submit_on names.
+** the queue the runtime's placement policy picks (ums_runtime_place, the
+** rule ums_task_spawn uses: the fewest tasks, counting each scheduler's
+** queued requests too), or to the one ums.submit_on names.
 **
 ** Stealing. A dispatcher is a C step task, at most one per scheduler,
 ** that exists while any queue holds work: each step it starts one
@@ -234,25 +235,17 @@ static int disp_spawn(lvms *v, int s) {
   return rc;
 }
 
-/* The scheduler with the fewest tasks plus queued requests, among those
+/* Where the runtime's placement policy (ums_runtime_place) puts a
+** request: the fewest tasks plus queued requests, among the schedulers
 ** that have not refused work; the caller's own (here; -1: none, a host
 ** thread) wins ties. -1 when every scheduler has refused. [reqs.lock] */
 static int place(lvms *v, int here) {
   ldispatch *d = &v->disp;
-  ums_runtime_stats(v->rt, d->rows, v->nsched);
-  int best = -1;
-  int64_t best_n = -1;
-  for (int i = 0; i < v->nsched; i++) {
-    if (d->refused[i]) continue;
+  for (int i = 0; i < v->nsched; i++)
     /* A dispatcher is not work of its scheduler's. */
-    int64_t n = (int64_t)d->rows[i].tasks + d->q[i].n -
-                (d->running[i] ? 1 : 0);
-    if (best_n < 0 || n < best_n || (n == best_n && i == here)) {
-      best = i;
-      best_n = n;
-    }
-  }
-  return best;
+    d->extra[i] = d->refused[i] ? UMS_PLACE_SKIP
+                                : d->q[i].n - (d->running[i] ? 1 : 0);
+  return ums_runtime_place(v->rt, here, d->extra);
 }
 
 /* Marks, with v->reqs.lock held, the schedulers that have no dispatcher and

@@ -1,10 +1,9 @@
 /*
 ** ldisp.h: where requests run (ldisp.c). Requests wait in per-scheduler
 ** queues until a dispatcher (a C step task, at most one per scheduler)
-** starts them; a request goes to the queue of the least-loaded scheduler
-** (fewest tasks plus queued requests), or to the one ums.submit_on
-** names, and an idle scheduler steals what has not started from a busy
-** one.
+** starts them; a request goes to the queue the runtime's placement
+** policy picks (ums_runtime_place), or to the one ums.submit_on names,
+** and an idle scheduler steals what has not started from a busy one.
 */
 #ifndef LDISP_H
 #define LDISP_H
@@ -30,7 +29,8 @@ typedef struct ldispatch {
   int nrefused;          /* how many have refused */
   const char *refusal;   /* the latest refusal's message (a VM slot's
                             init_err, freed with the run) */
-  ums_sched_stats_t *rows; /* scratch for placement */
+  int64_t *extra;        /* scratch for placement: what each scheduler
+                            has beyond its tasks */
 } ldispatch;
 
 /* Allocates d's arrays for n schedulers (d zeroed); false when out of
@@ -40,21 +40,21 @@ static inline bool ldispatch_init(ldispatch *d, int n) {
   d->q = (lreqq *)calloc((size_t)n, sizeof *d->q);
   d->running = (bool *)calloc((size_t)n, sizeof *d->running);
   d->refused = (bool *)calloc((size_t)n, sizeof *d->refused);
-  d->rows = (ums_sched_stats_t *)calloc((size_t)n, sizeof *d->rows);
-  return d->q && d->running && d->refused && d->rows;
+  d->extra = (int64_t *)calloc((size_t)n, sizeof *d->extra);
+  return d->q && d->running && d->refused && d->extra;
 }
 
 static inline void ldispatch_free(ldispatch *d) {
   free(d->q);
   free(d->running);
   free(d->refused);
-  free(d->rows);
+  free(d->extra);
 }
 
 /* Queues r, filled by its maker (rt, vms, the work, state R_QUEUED,
 ** sched -1) and holding its maker's reference, on scheduler target (< 0:
-** the least-loaded one, here winning ties; here may be -1), and starts
-** dispatchers. Takes the run's reference and hold. Returns 0, or
+** where the runtime's placement puts it, here winning ties; here may be
+** -1), and starts dispatchers. Takes the run's reference and hold. Returns 0, or
 ** UMS_ESHUTDOWN when the run is ending (r is then finished cancelled).
 ** Any thread. */
 LUMS_HIDDEN int lums_req_queue(lvms *v, lreq *r, int target, int here);
