@@ -54,9 +54,9 @@ static inline void ldispatch_free(ldispatch *d) {
 /* Queues r, filled by its maker (rt, vms, the work, state R_QUEUED,
 ** sched -1) and holding its maker's reference, on scheduler target (< 0:
 ** where the runtime's placement puts it, here winning ties; here may be
-** -1), and starts dispatchers. Takes the run's reference and hold. Returns 0, or
-** UMS_ESHUTDOWN when the run is ending (r is then finished cancelled).
-** Any thread. */
+** -1), and starts dispatchers. Takes the run's reference and hold.
+** Returns 0, or UMS_ESHUTDOWN when the run is ending (r is then finished
+** cancelled). Any thread. */
 LUMS_HIDDEN int lums_req_queue(lvms *v, lreq *r, int target, int here);
 /* Cancels r: one not started never starts (finished cancelled here, on
 ** the calling thread); a running one sees ums.CANCELLED at its next wait
