@@ -25,7 +25,6 @@
 ** more (lums_vms_stop), and the requests never started are cancelled by
 ** lums_disp_close.
 */
-#define _GNU_SOURCE
 #include "lvm.h"
 
 #include <stdio.h>
