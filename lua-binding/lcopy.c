@@ -25,7 +25,7 @@
 ** into C values, so host arguments and results go through the same
 ** requests as Lua's.
 */
-#include "lvm.h"
+#include "lproxy.h"
 
 #include <stddef.h>
 #include <stdio.h>

@@ -16,10 +16,10 @@
 ** outcome of each request goes to the host through lreq.on_finish
 ** instead of to a main VM's on_error.
 **
-** A request is an lreq (lvm.c queues, places, steals and runs it exactly
-** as it does ums.submit's) inside a struct ums_lua_req that adds what the
-** host sees: its callback, its outcome as C values, and an event that
-** waiters (host threads or C tasks) wait on.
+** A request is an lreq (ldisp.c queues, places and steals it, lreq.c
+** runs it, exactly as they do ums.submit's) inside a struct ums_lua_req
+** that adds what the host sees: its callback, its outcome as C values,
+** and an event that waiters (host threads or C tasks) wait on.
 **
 ** Shutdown and calls in flight. The host struct outlives its runtime.
 ** Calls that touch the runtime or the VMs' queues (submits, cancels,
@@ -64,10 +64,10 @@ struct ums_lua_host {
   _Atomic uint64_t submitted, ok, errors, cancelled;  /* [atomic] */
 };
 
-/* A host's work request. The lreq comes first: lvm.c sees only that. The
-** references: the maker's (which becomes the host's handle, or is
-** dropped at once when the host asked for none) and the run's while the
-** request is not done (lvm.c). */
+/* A host's work request. The lreq comes first: lreq.c and ldisp.c see
+** only that. The references: the maker's (which becomes the host's
+** handle, or is dropped at once when the host asked for none) and the
+** run's while the request is not done (lreq.c). */
 struct ums_lua_req {
   lreq r;
   ums_lua_host_t *host;  /* [const] outlives the request's end */
@@ -214,7 +214,7 @@ static void host_finish(lreq *r) {
       break;
     default:
       res->status = UMS_LUA_REQ_CANCELLED;
-      /* Never run (no task id: it did not reach R_RUNNING): lvm.c says
+      /* Never run (no task id: it did not reach R_RUNNING): ldisp.c says
       ** why in the traceback's place. Ran: that is the traceback where
       ** the cancellation hit. */
       if (r->task == 0 && r->traceback) {

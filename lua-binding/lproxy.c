@@ -6,7 +6,7 @@
 ** objects to proxies, so an object has one identity inside a VM, however
 ** often it arrives), and the proxy holds one reference.
 */
-#include "lvm.h"
+#include "lproxy.h"
 
 #include <stdlib.h>
 

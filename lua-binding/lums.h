@@ -136,7 +136,7 @@ struct ltask {
                             its own while it runs); released when the call
                             ends, or when the task ends if a raise cut the
                             call short (give_back_task) */
-  lreq *req;             /* lvm.c: the work request it runs (set when
+  lreq *req;             /* lreq.c: the work request it runs (set when
                             that begins, so that an end the request's code
                             never sees still ends the request), or NULL */
   lqhook hook;           /* lquantum.c: the user's hook while ums has
@@ -391,7 +391,7 @@ LUMS_HIDDEN int lums_open(lua_State *L);
 
 /* lshared.c: shared objects (ums.shared.*), registered in every VM. */
 LUMS_HIDDEN void lums_open_shared(lua_State *L);
-/* lvm.c: ums.submit and the rest of the many-VM API. */
+/* lwork.c: ums.submit and the rest of the many-VM API. */
 LUMS_HIDDEN void lums_open_vm(lua_State *L);
 
 #endif

@@ -4,7 +4,7 @@
 ** value. lcopy.c turns them into messages and back; nothing here knows a
 ** Lua state.
 */
-#include "lvm.h"
+#include "lcopy.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -115,6 +115,21 @@ UMS_API int ums_preempt_end_copy(ums_preempt_call_t *call, void *out,
 UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
                                   const char *what);
 
+/* The runtime's placement policy, for a binding that keeps work of its
+** own per scheduler before that work becomes tasks (the Lua binding's
+** submitted requests, queued until a dispatcher starts them): the
+** scheduler with the fewest live tasks plus extra[i] (extra: one entry
+** per scheduler, or NULL for none) is chosen, here's own winning ties (a
+** scheduler index; -1: none), then the lowest index. A scheduler whose
+** extra is UMS_PLACE_SKIP is never chosen. ums_task_spawn places a task
+** with UMS_ANY_SCHED by the same rule, with here its own scheduler.
+** Returns the index, or -1 when every scheduler is skipped. Any thread:
+** the loads are read without a lock, so the choice is as of some moment
+** during the call. */
+#define UMS_PLACE_SKIP INT64_MIN
+UMS_API int ums_runtime_place(ums_runtime_t *rt, int here,
+                              const int64_t *extra);
+
 #ifdef __cplusplus
 }
 #endif

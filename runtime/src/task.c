@@ -142,20 +142,39 @@ void ums__task_unref(ums_runtime_t *rt, ums__task_t *t) {
 /* Spawning and placement                                                  */
 /* ---------------------------------------------------------------------- */
 
-/* The scheduler with the fewest live tasks; the caller's own scheduler
-** wins ties, which keeps related tasks together. */
-static ums__sched_t *least_loaded(ums_runtime_t *rt) {
-  ums__sched_t *here = ums__sched_current();
-  ums__sched_t *best = (here && here->rt == rt) ? here : &rt->scheds[0];
-  int64_t best_n = ums__sched_load(best);
-  for (int i = 0; i < rt->nsched && best_n > 0; i++) {
-    int64_t n = ums__sched_load(&rt->scheds[i]);
-    if (n < best_n) {
-      best = &rt->scheds[i];
+/* The placement policy (ums_runtime_place, ums-binding.h): the fewest
+** live tasks plus extra[i], here's own winning ties, then the lowest
+** index. The scan stops at a scheduler with nothing to do: no other can
+** do better, and the spawn path pays for no more loads than it needs. */
+static inline int place(ums_runtime_t *rt, int here, const int64_t *extra) {
+  int best = -1;
+  int64_t best_n = 0;
+  if (here >= 0 && !(extra && extra[here] == UMS_PLACE_SKIP)) {
+    best = here;
+    best_n = ums__sched_load(&rt->scheds[here]) + (extra ? extra[here] : 0);
+  }
+  for (int i = 0; i < rt->nsched && (best < 0 || best_n > 0); i++) {
+    if (extra && extra[i] == UMS_PLACE_SKIP) continue;
+    int64_t n = ums__sched_load(&rt->scheds[i]) + (extra ? extra[i] : 0);
+    if (best < 0 || n < best_n) {
+      best = i;
       best_n = n;
     }
   }
   return best;
+}
+
+int ums_runtime_place(ums_runtime_t *rt, int here, const int64_t *extra) {
+  if (!rt || here < -1 || here >= rt->nsched) return -1;
+  return place(rt, here, extra);
+}
+
+/* Where a task spawned with UMS_ANY_SCHED goes: the caller's own
+** scheduler wins ties, which keeps related tasks together. */
+static ums__sched_t *least_loaded(ums_runtime_t *rt) {
+  ums__sched_t *here = ums__sched_current();
+  int h = (here && here->rt == rt) ? here->id : 0;
+  return &rt->scheds[place(rt, h, NULL)];
 }
 
 /* s->ntasks_own += d. [owner] */

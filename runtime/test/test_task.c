@@ -474,6 +474,57 @@ static void test_any_sched_spreads(void) {
   tu_runtime_shutdown(rt);
 }
 
+/* ums_runtime_place is the rule UMS_ANY_SCHED spawns follow, with a
+** binding's own work per scheduler added (extra) and schedulers it must
+** not use skipped. Loads here: 2, 0, 1, 0 parked tasks. */
+static void test_place(void) {
+  rt = tu_runtime_new(4);
+  spread_ev = ums_event_new(1, 0);
+  atomic_store(&spread_started, 0);
+  static const int on[3] = {0, 0, 2};
+  int where[4];
+  ums_task_t ts[4];
+  for (int i = 0; i < 3; i++) ts[i] = spawn_on(on[i], spread_fn, &where[i]);
+  WAIT_UNTIL(atomic_load(&spread_started) == 3, 5000);
+  for (int s = 0; s < 4; s++)
+    WAIT_UNTIL(tu_stats(rt, s).tasks == (s == 0 ? 2u : s == 2 ? 1u : 0u),
+               5000);
+
+  /* The fewest tasks; ties to here, else to the lowest index. */
+  CHECK_EQ(ums_runtime_place(rt, -1, NULL), 1);
+  CHECK_EQ(ums_runtime_place(rt, 0, NULL), 1);
+  CHECK_EQ(ums_runtime_place(rt, 3, NULL), 3);
+  CHECK_EQ(ums_runtime_place(rt, 2, NULL), 1);
+  /* Extra work counts as tasks; a skipped scheduler never wins, not even
+  ** as here. */
+  int64_t extra[4] = {0, 5, 0, 0};
+  CHECK_EQ(ums_runtime_place(rt, -1, extra), 3);
+  extra[3] = 2;
+  CHECK_EQ(ums_runtime_place(rt, -1, extra), 2);
+  CHECK_EQ(ums_runtime_place(rt, 0, extra), 2);
+  extra[3] = UMS_PLACE_SKIP;
+  CHECK_EQ(ums_runtime_place(rt, 3, extra), 2);
+  extra[0] = -2;
+  CHECK_EQ(ums_runtime_place(rt, -1, extra), 0);
+  for (int s = 0; s < 4; s++) extra[s] = UMS_PLACE_SKIP;
+  CHECK_EQ(ums_runtime_place(rt, 1, extra), -1);
+  /* Bad arguments. */
+  CHECK_EQ(ums_runtime_place(rt, 4, NULL), -1);
+  CHECK_EQ(ums_runtime_place(rt, -2, NULL), -1);
+  CHECK_EQ(ums_runtime_place(NULL, -1, NULL), -1);
+
+  /* A spawn from outside the runtime goes where the rule says. */
+  int expect = ums_runtime_place(rt, -1, NULL);
+  ts[3] = spawn_any(spread_fn, &where[3]);
+  WAIT_UNTIL(atomic_load(&spread_started) == 4, 5000);
+  CHECK_EQ(where[3], expect);
+
+  CHECK_RC(ums_event_set(spread_ev), 0);
+  for (int i = 0; i < 4; i++) join_expect(ts[i], NULL, 0);
+  CHECK_RC(ums_event_delete(spread_ev), 0);
+  tu_runtime_shutdown(rt);
+}
+
 /* Spawning from tasks and from several host threads at once. */
 #define HOST_SPAWNERS 4
 #define PER_SPAWNER 200
@@ -1212,6 +1263,7 @@ int main(void) {
   RUN(test_identity);
   RUN(test_spawn_on_chosen_sched);
   RUN(test_any_sched_spreads);
+  RUN(test_place);
   RUN(test_spawn_from_task_and_hosts);
   RUN(test_own_spawns_counted);
   RUN(test_detached_end_retires_handle);
