@@ -97,7 +97,7 @@ typedef struct freq {
   bool heap;                   /* a heap request holding references */
   char *strings;               /* copies of the string arguments, in the
                                   same allocation (heap requests) */
-  lrun *cache;                 /* the VM whose request cache it came from
+  lvmrun *cache;               /* the VM whose request cache it came from
                                   and may go back to; NULL: malloc'ed to
                                   its own size */
   void *avalues[LFFI_MAXARGS];
@@ -124,7 +124,7 @@ typedef struct fcall {
 _Static_assert(sizeof(fcall) <= UMS_PREEMPT_AREA_SIZE,
                "fcall fits a call record's inline area");
 
-/* String bytes a cached request has room for (lrun.ffi_free). */
+/* String bytes a cached request has room for (lvmrun.ffi_free). */
 #define FREQ_CACHED_STRBYTES 256
 /* Requests a VM keeps. */
 #define FREQ_CACHE_MAX 256
@@ -138,9 +138,9 @@ static void freq_free(void *arg) {
   lffi_fn_unref(r->f);
   /* Back to its VM's cache only on that VM's own thread (a pool thread
   ** frees a detached call's request). */
-  lrun *c = r->cache;
+  lvmrun *c = r->cache;
   ltask *t = lums_cur_task;
-  if (c && t && t->run == c && c->nffi_free < FREQ_CACHE_MAX) {
+  if (c && t && t->vmrun == c && c->nffi_free < FREQ_CACHE_MAX) {
     if (c->nffi_free == c->capffi_free) {
       int cap = c->capffi_free ? 2 * c->capffi_free : 16;
       void **v = realloc(c->ffi_free, (size_t)cap * sizeof *v);
@@ -335,7 +335,8 @@ static bool is_struct_arg(const fdecl *d, int i) {
 /* A heap request owning copies of everything the call touches: string
 ** arguments, struct arguments (by value: a later change to the cdata
 ** does not reach the call) and room for a struct result. */
-static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
+static freq *freq_copy(lua_State *L, ffn *f, const margs *a,
+                       lvmrun *vmrun) {
   size_t strbytes = 0;
   for (int i = 0; i < a->n; i++)
     if (a->strs[i])
@@ -347,11 +348,11 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a, lrun *run) {
     strbytes += rsize + 15;
   }
   freq *r;
-  lrun *cache = NULL;
+  lvmrun *cache = NULL;
   if (strbytes <= FREQ_CACHED_STRBYTES) {
-    cache = run;
-    r = run->nffi_free ? run->ffi_free[--run->nffi_free]
-                       : freq_alloc(FREQ_CACHED_STRBYTES);
+    cache = vmrun;
+    r = vmrun->nffi_free ? vmrun->ffi_free[--vmrun->nffi_free]
+                         : freq_alloc(FREQ_CACHED_STRBYTES);
   } else {
     r = freq_alloc(strbytes);
   }
@@ -404,7 +405,7 @@ static _Thread_local int host_errno;
 
 static void save_errno(int err) {
   ltask *t = lums_cur_task;
-  if (t && t->run)
+  if (t && t->vmrun)
     t->ffi_errno = err;
   else
     host_errno = err;
@@ -462,7 +463,7 @@ static int l_call(lua_State *L) {
   bool timed = !lua_isnone(L, lua_upvalueindex(2));
   margs a;
   ltask *t = lums_cur_task;
-  bool direct = !t || !t->run || f->d.inlined;
+  bool direct = !t || !t->vmrun || f->d.inlined;
   lffi_marshal(L, &f->d, 1, &a, !direct);
   if (direct) {
     /* Directly, on this thread: the Lua values outlive the call, so the
@@ -513,7 +514,7 @@ static int l_call(lua_State *L) {
   bool heap = a.n > 0 || f->d.variadic || f->d.ret == K_STRUCT;
   void *req;
   if (heap) {
-    freq *r = freq_copy(L, f, &a, t->run);
+    freq *r = freq_copy(L, f, &a, t->vmrun);
     if (!freq_prepare(r)) {
       freq_free(r);
       return luaL_error(L, "%s: libffi cannot prepare this call",
@@ -579,7 +580,7 @@ static int l_timeout(lua_State *L) {
 /* ffi.errno() -> errno saved right after the calling task's last call */
 static int l_errno(lua_State *L) {
   ltask *t = lums_cur_task;
-  lua_pushinteger(L, t && t->run ? t->ffi_errno : host_errno);
+  lua_pushinteger(L, t && t->vmrun ? t->ffi_errno : host_errno);
   return 1;
 }
 

@@ -19,10 +19,10 @@
 ** ones move. A request passed over for STARVE_NS starts anyway, so a
 ** scheduler whose tasks keep yielding cannot starve its queue.
 **
-** Every queued request and every dispatcher holds the run (lvms.live): a
+** Every queued request and every dispatcher holds the run (lrun.live): a
 ** dispatcher must be able to spawn, which nothing may once
 ** ums_runtime_shutdown begins. On a failed run dispatchers start nothing
-** more (lums_vms_stop), and the requests never started are cancelled by
+** more (lums_run_stop), and the requests never started are cancelled by
 ** lums_disp_close.
 */
 #include "lvm.h"
@@ -46,12 +46,12 @@ static void q_remove(lreqq *q, lreq *r) {
   q->n--;
 }
 
-static void refuse(lvms *v, int s, lreq *r, const char *err);
+static void refuse(lrun *v, int s, lreq *r, const char *err);
 
 /* Starts request r, just taken off a queue, on scheduler s: in s's VM
 ** (made if need be) as a new task. Releases the queue's hold on the
 ** run. On s's thread, in its dispatcher. */
-static void start_request(lvms *v, int s, lreq *r) {
+static void start_request(lrun *v, int s, lreq *r) {
   pthread_mutex_lock(&r->h.lock);
   bool cancel = r->cancel_req;
   if (!cancel) {
@@ -69,7 +69,7 @@ static void start_request(lvms *v, int s, lreq *r) {
     ltask *prev = lums_cur_task;
     lums_cur_task = NULL;
     bool refused = false;
-    lrun *vm = lums_vms_ready(v, s, &err, &refused);
+    lvmrun *vm = lums_run_ready(v, s, &err, &refused);
     /* A VM that cannot be set up, or whose init module failed, stays so:
     ** its scheduler refuses work from now on and r goes elsewhere. */
     if (refused) {
@@ -97,12 +97,12 @@ static void start_request(lvms *v, int s, lreq *r) {
     lums_cur_task = prev;
     if (err) lums_req_fail(r, err);
   }
-  lums_vms_release(v);
+  lums_run_release(v);
 }
 
 /* A dispatcher: a step task of its own scheduler. [owner: the task] */
 typedef struct ldisp_task {
-  lvms *v;               /* [const] */
+  lrun *v;               /* [const] */
   int sched;             /* [const] */
   int64_t busy_since;    /* [owner] when it first found the scheduler
                             busy since it last started work; 0: not */
@@ -125,7 +125,7 @@ static bool sched_free(ldisp_task *d) {
 
 /* Takes the next request for scheduler s: the oldest of its own queue,
 ** else the oldest of the longest other queue. [v->reqs.lock] */
-static lreq *take_request(lvms *v, int s) {
+static lreq *take_request(lrun *v, int s) {
   lreqq *qs = v->disp.q;
   lreqq *q = &qs[s];
   if (ums_list_empty(&q->list)) {
@@ -143,13 +143,13 @@ static lreq *take_request(lvms *v, int s) {
 }
 
 static void disp_end(ldisp_task *d) {
-  lvms *v = d->v;
+  lrun *v = d->v;
   free(d->rows);
   free(d);
-  lums_vms_release(v);
+  lums_run_release(v);
 }
 
-static int disp_spawn(lvms *v, int s);
+static int disp_spawn(lrun *v, int s);
 
 /* The runtime cannot run dispatcher d any further (ums_step_error: no
 ** worker could be had for it). The request it would have started next
@@ -159,7 +159,7 @@ static int disp_spawn(lvms *v, int s);
 ** requests left in d's queue fail now: none may wait for a dispatcher
 ** that never comes. */
 static int disp_fail(ldisp_task *d, int err) {
-  lvms *v = d->v;
+  lrun *v = d->v;
   int s = d->sched;
   const char *msg = ums_strerror(err);
   pthread_mutex_lock(&v->reqs.lock);
@@ -188,7 +188,7 @@ static int disp_fail(ldisp_task *d, int err) {
 
 static int disp_step(void *arg) {
   ldisp_task *d = arg;
-  lvms *v = d->v;
+  lrun *v = d->v;
   int s = d->sched;
   int err = ums_step_error();
   if (err) return disp_fail(d, err);
@@ -212,7 +212,7 @@ static int disp_step(void *arg) {
 /* Starts a dispatcher on scheduler s, whose v->disp.running[s] the
 ** caller set. Returns 0 or the spawn's error (v->disp.running[s] is then
 ** cleared again). */
-static int disp_spawn(lvms *v, int s) {
+static int disp_spawn(lrun *v, int s) {
   ldisp_task *d = calloc(1, sizeof *d);
   ums_sched_stats_t *rows = calloc((size_t)s + 1, sizeof *rows);
   int rc = UMS_ENOMEM;
@@ -220,11 +220,11 @@ static int disp_spawn(lvms *v, int s) {
     d->v = v;
     d->sched = s;
     d->rows = rows;
-    lums_vms_hold(v);
+    lums_run_hold(v);
     ums_spawn_opts_t opts = {s, 1, "ums.dispatch"};
     rc = ums_task_spawn_step(v->rt, &opts, disp_step, d, NULL);
     if (rc == 0) return 0;
-    lums_vms_release(v);
+    lums_run_release(v);
   }
   free(d);
   free(rows);
@@ -238,7 +238,7 @@ static int disp_spawn(lvms *v, int s) {
 ** request: the fewest tasks plus queued requests, among the schedulers
 ** that have not refused work; the caller's own (here; -1: none, a host
 ** thread) wins ties. -1 when every scheduler has refused. [reqs.lock] */
-static int place(lvms *v, int here) {
+static int place(lrun *v, int here) {
   ldispatch *d = &v->disp;
   for (int i = 0; i < v->nsched; i++)
     /* A dispatcher is not work of its scheduler's. */
@@ -251,7 +251,7 @@ static int place(lvms *v, int here) {
 ** take work as getting one, in spawn[]; spawn_marked starts them once the
 ** lock is released. A dispatcher on every such scheduler: the target's
 ** starts a request, an idle one may steal it. */
-static void mark_dispatchers(lvms *v, bool *spawn) {
+static void mark_dispatchers(lrun *v, bool *spawn) {
   for (int i = 0; i < v->nsched; i++) {
     spawn[i] = !v->disp.running[i] && !v->disp.refused[i];
     if (spawn[i]) v->disp.running[i] = true;
@@ -259,7 +259,7 @@ static void mark_dispatchers(lvms *v, bool *spawn) {
 }
 
 /* Returns 0 or the first spawn's error. */
-static int spawn_marked(lvms *v, const bool *spawn) {
+static int spawn_marked(lrun *v, const bool *spawn) {
   int rc = 0;
   for (int i = 0; i < v->nsched; i++) {
     if (!spawn[i]) continue;
@@ -276,7 +276,7 @@ static int spawn_marked(lvms *v, const bool *spawn) {
 ** request end with the error, and so does every later request
 ** (lums_req_queue). r carries its queue's hold, which start_request
 ** releases; a requeued r gets a new one. On s's thread. */
-static void refuse(lvms *v, int s, lreq *r, const char *err) {
+static void refuse(lrun *v, int s, lreq *r, const char *err) {
   bool spawn[v->nsched];
   ums_list_t doomed = {NULL, NULL};  /* requests to fail, by qlink */
   pthread_mutex_lock(&r->h.lock);
@@ -300,7 +300,7 @@ static void refuse(lvms *v, int s, lreq *r, const char *err) {
       q_push(&v->disp.q[q->home], q);
     }
     if (!cancel) {
-      lums_vms_hold(v);  /* the new queue's */
+      lums_run_hold(v);  /* the new queue's */
       r->home = t;
       r->queued = true;
       q_push(&v->disp.q[t], r);
@@ -326,15 +326,15 @@ static void refuse(lvms *v, int s, lreq *r, const char *err) {
   for (ums_link_t *l; (l = ums_list_pop_front(&doomed)) != NULL;) {
     lreq *q = REQ_OF_Q(l);
     lums_req_fail(q, err);
-    lums_vms_release(v);  /* its queue's hold */
+    lums_run_release(v);  /* its queue's hold */
   }
   (void)spawn_marked(v, spawn);
 }
 
-int lums_req_queue(lvms *v, lreq *r, int target, int here) {
+int lums_req_queue(lrun *v, lreq *r, int target, int here) {
   bool spawn[v->nsched];
   lshared_ref(&r->h);  /* the run's, until done */
-  lums_vms_hold(v);    /* the queue's, until started or cancelled */
+  lums_run_hold(v);    /* the queue's, until started or cancelled */
   pthread_mutex_lock(&v->reqs.lock);
   /* A scheduler that refused work passes what is meant for it on. */
   if (target < 0 || v->disp.refused[target]) target = place(v, here);
@@ -344,7 +344,7 @@ int lums_req_queue(lvms *v, lreq *r, int target, int here) {
     const char *err = v->disp.refusal;
     pthread_mutex_unlock(&v->reqs.lock);
     lums_req_fail(r, err);
-    lums_vms_release(v);
+    lums_run_release(v);
     return 0;
   }
   r->home = target;
@@ -364,7 +364,7 @@ int lums_req_queue(lvms *v, lreq *r, int target, int here) {
     pthread_mutex_unlock(&v->reqs.lock);
     if (was) {
       lums_req_finish(r, O_CANCELLED, NULL, "the run is ending");
-      lums_vms_release(v);
+      lums_run_release(v);
       return UMS_ESHUTDOWN;
     }
   }
@@ -372,7 +372,7 @@ int lums_req_queue(lvms *v, lreq *r, int target, int here) {
 }
 
 bool lums_req_cancel(lreq *r) {
-  lvms *v = r->vms;
+  lrun *v = r->run;
   bool dequeued = false, ok = true;
   ums_task_t task = 0;
   pthread_mutex_lock(&r->h.lock);
@@ -401,13 +401,13 @@ bool lums_req_cancel(lreq *r) {
   if (dequeued) {
     /* Off its queue, nobody else can start it now. */
     lums_req_finish(r, O_CANCELLED, NULL, "cancelled before it started");
-    lums_vms_release(v);
+    lums_run_release(v);
   }
   if (task) ums_task_cancel(r->rt, task);
   return ok;
 }
 
-void lums_disp_close(lvms *v) {
+void lums_disp_close(lrun *v) {
   /* Requests never started: the run ended first. */
   for (int i = 0; v->disp.q && i < v->nsched; i++) {
     lreq *r;

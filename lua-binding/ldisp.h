@@ -17,9 +17,9 @@ typedef struct lreqq {
   int n;
 } lreqq;
 
-/* The dispatchers' state of a run: embedded in it (lvms.disp), one entry
+/* The dispatchers' state of a run: embedded in it (lrun.disp), one entry
 ** per scheduler in each array, all guarded by the run's request lock
-** (lvms.reqs.lock). */
+** (lrun.reqs.lock). */
 typedef struct ldispatch {
   lreqq *q;              /* requests not started */
   bool *running;         /* a dispatcher exists */
@@ -51,13 +51,13 @@ static inline void ldispatch_free(ldispatch *d) {
   free(d->extra);
 }
 
-/* Queues r, filled by its maker (rt, vms, the work, state R_QUEUED,
+/* Queues r, filled by its maker (rt, run, the work, state R_QUEUED,
 ** sched -1) and holding its maker's reference, on scheduler target (< 0:
 ** where the runtime's placement puts it, here winning ties; here may be
 ** -1), and starts dispatchers. Takes the run's reference and hold.
 ** Returns 0, or UMS_ESHUTDOWN when the run is ending (r is then finished
 ** cancelled). Any thread. */
-LUMS_HIDDEN int lums_req_queue(lvms *v, lreq *r, int target, int here);
+LUMS_HIDDEN int lums_req_queue(lrun *v, lreq *r, int target, int here);
 /* Cancels r: one not started never starts (finished cancelled here, on
 ** the calling thread); a running one sees ums.CANCELLED at its next wait
 ** (or quantum). false once done. Any thread. */
@@ -65,6 +65,6 @@ LUMS_HIDDEN bool lums_req_cancel(lreq *r);
 /* After ums_runtime_shutdown (no scheduler thread is left): ends the
 ** requests never started, and those whose task was cancelled before it
 ** began, cancelled. */
-LUMS_HIDDEN void lums_disp_close(lvms *v);
+LUMS_HIDDEN void lums_disp_close(lrun *v);
 
 #endif

@@ -285,7 +285,7 @@ static int ext_preempt(lua_State *L, ums_lua_work_fn work, void *ud,
   int gidx = lua_gettop(L);
 
   ltask *t = lums_cur_task;
-  if (!t || !t->run) {
+  if (!t || !t->vmrun) {
     /* Outside a task: right here, and nobody can give up on it. */
     job j;
     job_init(&j, work, ud, release, flags);
@@ -339,7 +339,7 @@ static int wait_fd_k(lua_State *L, int status, lua_KContext kctx) {
 static int ext_wait_fd(lua_State *L, int fd, int events, double timeout,
                        ums_lua_fd_cont_fn k, void *ctx) {
   ltask *t = lums_cur_task;
-  if (!t || !t->run) {
+  if (!t || !t->vmrun) {
     int64_t r = ums_wait_fd(fd, events, to_deadline(timeout));
     return fd_result(L, r, k, ctx);
   }

@@ -299,7 +299,7 @@ static int l_load(lua_State *L) {
   r->handle = NULL;
   r->call = NULL;
   ltask *t = lums_cur_task;
-  if (!t || !t->run) {
+  if (!t || !t->vmrun) {
     /* Outside a task: the main thread's stack, and nothing to stall. */
     load_run(r);
     return load_done(L, r);

@@ -11,7 +11,7 @@
 ** nothing the host asked for and would tie scheduler 0 to a thread that
 ** does not exist; what the main VM does for a Lua run is done here
 ** without one: the settings every VM gets (paths, init module, the
-** host's setup function) are plain C strings and pointers in lvms, the
+** host's setup function) are plain C strings and pointers in lrun, the
 ** quantum's looks are owned by the host (lums_monitor_new), and the
 ** outcome of each request goes to the host through lreq.on_finish
 ** instead of to a main VM's on_error.
@@ -31,7 +31,7 @@
 ** itself) and waits for the calls inside again; only then does it shut
 ** the runtime down and close the VMs, with nobody else in them. Every
 ** request has ended when it returns (the runtime's shutdown ends the
-** running ones, lums_vms_close the rest), so no callback can run after
+** running ones, lums_run_close the rest), so no callback can run after
 ** it.
 */
 #define _GNU_SOURCE /* strdup */
@@ -52,7 +52,7 @@ enum { H_RUNNING, H_CLOSING, H_TEARDOWN, H_CLOSED };
 struct ums_lua_host {
   ums_runtime_t *rt;     /* [lock: the pointer; owned, shut down and freed
                             by the shutdown] */
-  lvms *vms;             /* [owned; closed by the shutdown] */
+  lrun *run;             /* [owned; closed by the shutdown] */
   lmonitor *monitor;     /* [owned; the quantum monitor, freed by the
                             shutdown] */
   int nsched;            /* [const] */
@@ -280,7 +280,7 @@ static int submit_in(ums_lua_host_t *h, const char *fname, const char *name,
   lshared_init(&q->r.h, &host_kind);  /* the maker's reference */
   lreq *r = &q->r;
   r->rt = h->rt;
-  r->vms = h->vms;
+  r->run = h->run;
   r->sched = -1;
   r->state = R_QUEUED;
   r->on_finish = host_finish;
@@ -315,7 +315,7 @@ static int submit_in(ums_lua_host_t *h, const char *fname, const char *name,
   ** submit inside, which the host's shutdown never lets happen; if it
   ** did, the request has ended cancelled and its callback was called,
   ** so it counts as accepted either way. */
-  (void)lums_req_queue(h->vms, r, sched, -1);
+  (void)lums_req_queue(h->run, r, sched, -1);
   lshared_unref(&r->h);  /* the maker's: the run and the handle hold it */
   if (out) *out = q;
   return 0;
@@ -431,21 +431,21 @@ ums_lua_host_t *ums_lua_host_new(const ums_lua_host_config_t *cfg,
     return NULL_FAIL(rc, "ums_lua_host_new: %s", ums_runtime_error());
   }
   h->nsched = ums_runtime_schedulers(h->rt);
-  h->vms = lums_vms_new_hosted(h->rt, &lums_vm_ops_module, c.path,
+  h->run = lums_run_new_hosted(h->rt, &lums_vm_ops_module, c.path,
                                c.cpath, c.init, quantum, c.setup,
                                c.setup_arg);
-  if (h->vms) {
+  if (h->run) {
     const char *env = getenv("UMS_PREEMPT");
-    lums_vms_set_preempt(h->vms, c.preempt > 0 || (c.preempt == 0 && env &&
+    lums_run_set_preempt(h->run, c.preempt > 0 || (c.preempt == 0 && env &&
                                                    strcmp(env, "1") == 0));
   }
   int terr = 0;
-  h->monitor = h->vms ? lums_monitor_new(h->rt, h->nsched, quantum, false,
+  h->monitor = h->run ? lums_monitor_new(h->rt, h->nsched, quantum, false,
                                          false, &terr) : NULL;
-  if (h->monitor) lums_vms_set_monitor(h->vms, h->monitor);
+  if (h->monitor) lums_run_set_monitor(h->run, h->monitor);
   if (!h->monitor) {
     ums_runtime_shutdown(h->rt, 0);
-    if (h->vms) lums_vms_close(NULL, h->vms);
+    if (h->run) lums_run_close(NULL, h->run);
     free(h);
     rc = terr ? UMS_EAGAIN : UMS_ENOMEM;
     if (err) *err = rc;
@@ -487,7 +487,7 @@ int ums_lua_host_stats(ums_lua_host_t *h, ums_lua_host_stats_t *out) {
   out->in_flight = out->submitted - out->ok - out->errors - out->cancelled;
   if (enter(h, true)) {
     for (int i = 0; i < h->nsched; i++)
-      if (lums_vms_at(h->vms, i)) out->vms++;
+      if (lums_run_at(h->run, i)) out->vms++;
     leave(h);
   } else {
     pthread_mutex_lock(&h->lock);
@@ -516,11 +516,11 @@ int ums_lua_host_shutdown(ums_lua_host_t *h, int64_t deadline) {
   /* No submit is inside any more, and none can start. The work there is
   ** (requests, the Lua tasks they spawned) may run until the deadline;
   ** what is left then is cancelled. */
-  bool quiet = lums_vms_wait_quiet(h->vms, deadline);
+  bool quiet = lums_run_wait_quiet(h->run, deadline);
   pthread_mutex_lock(&h->lock);
   close_to(h, H_TEARDOWN);
   pthread_mutex_unlock(&h->lock);
-  if (!quiet) lums_vms_stop(h->vms);
+  if (!quiet) lums_run_stop(h->run);
   int rc = ums_runtime_shutdown(h->rt, quiet ? deadline : 0);
   if (!quiet) rc = UMS_ETIMEDOUT;
   /* Every scheduler thread is joined: the VMs are this thread's to close,
@@ -530,11 +530,11 @@ int ums_lua_host_shutdown(ums_lua_host_t *h, int64_t deadline) {
   h->monitor = NULL;
   int made = 0;
   for (int i = 0; i < h->nsched; i++)
-    if (lums_vms_at(h->vms, i)) made++;
-  lums_vms_close(NULL, h->vms);
+    if (lums_run_at(h->run, i)) made++;
+  lums_run_close(NULL, h->run);
   pthread_mutex_lock(&h->lock);
   h->vms_made = made;
-  h->vms = NULL;
+  h->run = NULL;
   h->rt = NULL;
   h->state = H_CLOSED;
   pthread_cond_broadcast(&h->cond);

@@ -12,7 +12,7 @@
 ** only what a handler may: it counts the signal and posts a semaphore. A
 ** watcher thread waits on that semaphore and, being an ordinary thread,
 ** may take locks: it cancels the run as os.exit does
-** (lums_vms_interrupt); every task is cancelled, their <close> handlers
+** (lums_run_interrupt); every task is cancelled, their <close> handlers
 ** run, and ums.run raises "interrupted!". A second SIGINT makes the
 ** handler restore the default action and raise the signal again, which
 ** ends the process, as after lua.c's first Ctrl-C.
@@ -59,7 +59,7 @@ struct lintr {
   pthread_mutex_t lock;  /* orders the watcher's cancel, the start and the
                             settle */
   bool active;           /* [lock] a run owns SIGINT */
-  lvms *vms;             /* [lock] its VMs, once it has a first task */
+  lrun *run;             /* [lock] its run, once it has a first task */
   bool early;            /* [lock] a Ctrl-C came before that */
   bool settled;          /* [lock] the run's outcome is known: cancel
                             nothing more */
@@ -114,11 +114,11 @@ static void interrupt(lintr *in) {
       in->settled) {
     /* Left behind by a run that has ended, a second post, or owed to the
     ** caller (lums_intr_end raises it). */
-  } else if (!in->vms) {
+  } else if (!in->run) {
     in->early = true;
   } else {
     in->fired = true;
-    lums_vms_interrupt(in->vms);
+    lums_run_interrupt(in->run);
   }
   pthread_mutex_unlock(&in->lock);
 }
@@ -161,19 +161,19 @@ lintr *lums_intr_block(void) {
   pthread_mutex_lock(&in->lock);
   atomic_store(&in->signals, 0);
   in->active = true;
-  in->vms = NULL;
+  in->run = NULL;
   in->early = in->settled = in->fired = false;
   pthread_mutex_unlock(&in->lock);
   return in;
 }
 
-void lums_intr_watch(lintr *in, lvms *vms) {
+void lums_intr_watch(lintr *in, lrun *run) {
   if (!in) return;
   pthread_mutex_lock(&in->lock);
-  in->vms = vms;
+  in->run = run;
   if (in->early) {
     in->fired = true;
-    lums_vms_interrupt(vms);
+    lums_run_interrupt(run);
   }
   pthread_mutex_unlock(&in->lock);
   struct sigaction sa;

@@ -587,7 +587,7 @@ static int net_listen(lua_State *L) {
   op->backlog = backlog;
   op->reuseaddr = reuseaddr;
   op->reuseport = reuseport;
-  if (!lums_cur_task || !lums_cur_task->run) {
+  if (!lums_cur_task || !lums_cur_task->vmrun) {
     int eai = 0;
     int rc = ums_net_getaddrinfo(host, port, &hints, &op->res, &eai,
                                  UMS_FOREVER);

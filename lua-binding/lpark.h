@@ -14,7 +14,7 @@
 ** every wait starts with it. */
 static inline ltask *lums_need_task(lua_State *L, const char *fname) {
   ltask *t = lums_cur_task;
-  if (__builtin_expect(t != NULL && t->run != NULL, 1)) return t;
+  if (__builtin_expect(t != NULL && t->vmrun != NULL, 1)) return t;
   return lums_not_in_task(L, fname);
 }
 
@@ -73,8 +73,8 @@ static inline int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
 ** if that park had already ended (timed out, cancelled, unparked).
 ** Inline: a channel message makes one. */
 static inline bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
-  if (!t->run) return false;
-  return ums_unpark(t->run->rt, tok, outcome) == 0;
+  if (!t->vmrun) return false;
+  return ums_unpark(t->vmrun->rt, tok, outcome) == 0;
 }
 
 /* Begins a park of t like lums_park_begin, but returns the runtime's

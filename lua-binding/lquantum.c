@@ -102,14 +102,14 @@ static void qhook(lua_State *L, lua_Debug *ar);
 /* Makes t current again on this thread: after a blocking wait, other
 ** steps have run on other workers of this thread meanwhile. */
 void lums_before_block(ltask *t) {
-  if (t && t->run)
-    atomic_store_explicit(&t->run->q.running_co, NULL, memory_order_relaxed);
+  if (t && t->vmrun)
+    atomic_store_explicit(&t->vmrun->q.running_co, NULL, memory_order_relaxed);
 }
 
 void lums_become_current(ltask *t) {
   lums_cur_task = t;
-  if (t->run) {
-    atomic_store_explicit(&t->run->q.running_co, t->co, memory_order_relaxed);
+  if (t->vmrun) {
+    atomic_store_explicit(&t->vmrun->q.running_co, t->co, memory_order_relaxed);
   }
 }
 
@@ -278,7 +278,7 @@ static void wrap_debug_hooks(lua_State *L) {
 ** the task's own coroutine, where Lua can yield, outside a begun park and
 ** outside nopreempt chunks; elsewhere it checks again shortly. */
 static void quantum_fire(lua_State *L, ltask *t) {
-  lrun *r = t->run;
+  lvmrun *r = t->vmrun;
   if (lums_stall_pending(r)) r->q.stall_hook(L, t);
   if (!r->q.preempt || !lums_quantum_due(t)) {
 #ifdef LUMS_QUANTUM_POLL
@@ -313,11 +313,11 @@ static void quantum_fire(lua_State *L, ltask *t) {
 
 static void qhook(lua_State *L, lua_Debug *ar) {
   ltask *t = lums_cur_task;
-  if (!t || L != t->co || !t->run) {
+  if (!t || L != t->co || !t->vmrun) {
     /* A coroutine the task made while qhook was on it inherited qhook
     ** (lua_newthread copies the hook): it gets the hook qhook stood for,
     ** as it would have inherited it without ums. */
-    if (t && t->run && L != t->co)
+    if (t && t->vmrun && L != t->co)
       lua_sethook(L, t->hook.uhook, t->hook.umask, t->hook.ucount);
     else
       lua_sethook(L, NULL, 0, 0);
@@ -367,7 +367,7 @@ int lums_quantum_again_k(lua_State *L, int status, lua_KContext ctx) {
 
 int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
   ltask *t = lums_cur_task;
-  lrun *r = t->run;
+  lvmrun *r = t->vmrun;
   if (t->park_begun) return -1;
   atomic_fetch_add_explicit(&r->q.preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();

@@ -5,7 +5,7 @@
 ** signal and a count hook, qhook); ums's hook keeps the user's own hooks
 ** working; the runtime's monitor thread finds the steps past their
 ** quantum (ums_runtime_watch). Each VM of a run has an lquantum (embedded
-** in its lrun), each task an lqhook (embedded in its ltask), and the run
+** in its lvmrun), each task an lqhook (embedded in its ltask), and the run
 ** one lmonitor, what that thread looks at.
 */
 #ifndef LQUANTUM_H
@@ -55,7 +55,7 @@ typedef struct lquantum {
   _Atomic int lua_thread_known;
   lmonitor *watch;       /* [const] the monitor watching this VM, or NULL */
   /* [const] Delivers a pending stall report of task t running L from
-  ** qhook (lstats.c's lums_stall_hook, given by the lrun's maker). */
+  ** qhook (lstats.c's lums_stall_hook, given by the lvmrun's maker). */
   void (*stall_hook)(lua_State *L, ltask *t);
 } lquantum;
 

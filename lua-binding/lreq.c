@@ -27,7 +27,7 @@ void lums_req_clear(lreq *r) {
 }
 
 void lums_req_finish(lreq *r, int outcome, lmsg *results, const char *tb) {
-  lvms *v = r->vms;
+  lrun *v = r->run;
   char *tbcopy = tb ? strdup(tb) : NULL;
   pthread_mutex_lock(&r->h.lock);
   r->outcome = outcome;
@@ -246,7 +246,7 @@ static int req_main(lua_State *L) {
   return req_main_k(L, st, (lua_KContext)r);
 }
 
-void lums_vms_task_failed(ltask *t, bool fresh, const char *msg) {
+void lums_req_task_failed(ltask *t, bool fresh, const char *msg) {
   lreq *r = t->req;
   /* A request not begun yet has its function and argument still on the
   ** coroutine. */
@@ -257,11 +257,11 @@ void lums_vms_task_failed(ltask *t, bool fresh, const char *msg) {
 }
 
 int lums_req_start(lua_State *L) {
-  lrun *vm = (lrun *)lua_touserdata(L, 1);
+  lvmrun *vm = (lvmrun *)lua_touserdata(L, 1);
   lreq *r = (lreq *)lua_touserdata(L, 2);
   lua_settop(L, 0);
   lua_pushcfunction(L, req_main);
   lua_pushlightuserdata(L, r);
-  vm->vms->ops->task_start(vm, 1);
+  vm->run->ops->task_start(vm, 1);
   return 0;
 }

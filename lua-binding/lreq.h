@@ -22,7 +22,7 @@ enum { O_OK, O_ERROR, O_CANCELLED };
 struct lreq {
   lshared h;
   ums_runtime_t *rt;     /* [const] */
-  lvms *vms;             /* [const] valid while the request is not done */
+  lrun *run;             /* [const] valid while the request is not done */
   char *name;            /* [const] "module.function", or NULL */
   char *chunk;           /* [const] host: Lua source to load, or NULL */
   size_t chunklen;       /* [const] */
@@ -47,14 +47,14 @@ struct lreq {
   int outcome;           /* O_* */
   lmsg *results;         /* the results (O_OK) or the error value */
   char *traceback;
-  /* [vms->reqs.lock] */
-  ums_link_t qlink;      /* in vms->disp.q[home] while queued (ldisp.c) */
+  /* [run->reqs.lock] */
+  ums_link_t qlink;      /* in run->disp.q[home] while queued (ldisp.c) */
   int home;              /* the queue it is in */
   bool queued;
-  ums_link_t llink;      /* in vms->reqs.active or vms->reqs.failed */
+  ums_link_t llink;      /* in run->reqs.active or run->reqs.failed */
 };
 
-/* The requests of a run: embedded in it (lvms.reqs). The lock also
+/* The requests of a run: embedded in it (lrun.reqs). The lock also
 ** guards the dispatchers' state (ldispatch, ldisp.h), since a request
 ** moves between a queue and these lists in one step. */
 typedef struct lreqs {
@@ -78,13 +78,13 @@ LUMS_HIDDEN void lums_req_finish(lreq *r, int outcome, lmsg *results,
                                  const char *tb);
 /* Ends r with an error message made here (no Lua error value). */
 LUMS_HIDDEN void lums_req_fail(lreq *r, const char *msg);
-/* Protected call on the VM vm (an lrun *) of the scheduler that takes r:
+/* Protected call on the VM vm (an lvmrun *) of the scheduler that takes r:
 ** (vm, r) -> starts r's task there. On that scheduler's thread. */
 LUMS_HIDDEN int lums_req_start(lua_State *L);
 /* Task t ends for a reason of the runtime's (msg) before or while it
 ** runs its coroutine (fresh: it never ran): if it carries a work request,
 ** the request ends with that error, since the code that would have ended
 ** it never runs. On the task's scheduler. */
-LUMS_HIDDEN void lums_vms_task_failed(ltask *t, bool fresh, const char *msg);
+LUMS_HIDDEN void lums_req_task_failed(ltask *t, bool fresh, const char *msg);
 
 #endif

@@ -95,7 +95,7 @@ static lswait *wait_begin_msg(lua_State *L, ltask *me, lshared *o,
     luaL_error(L, "ums: cannot wait: %s", ums_strerror(rc));
   }
   w->obj = o;
-  w->rt = me->run->rt;
+  w->rt = me->vmrun->rt;
   w->task = ums_self();
   w->msg = msg;
   q_push(q, w);
@@ -144,7 +144,7 @@ void lshared_grant_all(lswaitq *q, int outcome) {
 static ltask *wait_task(lua_State *L, lshared *o, const char *fname,
                         lmsg *msg) {
   ltask *me = lums_cur_task;
-  if (!me || !me->run) {
+  if (!me || !me->vmrun) {
     pthread_mutex_unlock(&o->lock);
     lcopy_free(msg);
     lums_need_task(L, fname);

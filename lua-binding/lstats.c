@@ -57,10 +57,10 @@ struct lstall {
   pthread_cond_t cond;         /* the hook captured a traceback */
   int state;                   /* [lock] ST_* of the latest report */
   ums_stall_t report;          /* [lock] the latest report */
-  lrun *target;                /* [lock] the VM of its scheduler, or NULL */
+  lvmrun *target;              /* [lock] the VM of its scheduler, or NULL */
   char tb[TB_MAX];             /* [lock] its traceback; "" when none */
   char tb_out[TB_MAX];         /* [the monitor thread] a copy to print */
-  _Atomic(lvms *) vms;         /* [atomic] the run's VMs, once made */
+  _Atomic(lrun *) run;         /* [atomic] the run's VMs, once made */
   int64_t where_wait;          /* [const] see WHERE_WAIT_MAX */
 };
 
@@ -82,7 +82,7 @@ lstall *lums_stall_new(lua_State *L, int64_t threshold) {
   s->target = NULL;
   s->tb[0] = '\0';
   s->tb_out[0] = '\0';
-  atomic_init(&s->vms, NULL);
+  atomic_init(&s->run, NULL);
   pthread_mutex_init(&s->lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -95,8 +95,8 @@ lstall *lums_stall_new(lua_State *L, int64_t threshold) {
   return s;
 }
 
-void lums_stall_attach(lstall *s, lvms *vms) {
-  if (s) atomic_store(&s->vms, vms);
+void lums_stall_attach(lstall *s, lrun *run) {
+  if (s) atomic_store(&s->run, run);
 }
 
 void lums_stall_free(lstall *s) {
@@ -143,9 +143,9 @@ void lums_stall_cb(const ums_stall_t *st, void *arg) {
   if (!s) return;
   /* The VM of the stalled scheduler, if it has one yet (a scheduler runs
   ** Lua only once a task of its VM has started). */
-  lvms *vms = atomic_load(&s->vms);
-  lrun *r = vms && st->sched < lums_vms_count(vms)
-                ? lums_vms_at(vms, st->sched)
+  lrun *run = atomic_load(&s->run);
+  lvmrun *r = run && st->sched < lums_run_count(run)
+                ? lums_run_at(run, st->sched)
                 : NULL;
   pthread_mutex_lock(&s->lock);
   s->report = *st;
@@ -216,7 +216,7 @@ static void call_handler(lua_State *L, const ums_stall_t *st, ltask *t) {
 
 /* The Lua thread, in a hook in task t. */
 void lums_stall_hook(lua_State *L, ltask *t) {
-  lrun *r = t->run;
+  lvmrun *r = t->vmrun;
   lstall *s = r->stall;
   if (!s) {
     atomic_store(&r->stall_pending, 0);
@@ -253,7 +253,7 @@ void lums_stall_hook(lua_State *L, ltask *t) {
     lua_pop(L, 1);
 }
 
-void lums_stall_flush(lrun *r, lua_State *L) {
+void lums_stall_flush(lvmrun *r, lua_State *L) {
   lstall *s = r->stall;
   if (!s) {
     atomic_store(&r->stall_pending, 0);
@@ -288,10 +288,10 @@ static int l_on_stall(lua_State *L) {
   /* This VM's run, also outside its tasks (an init module that sets a
   ** handler for the VM lums.c keeps under "ums.run"). */
   ltask *t = lums_cur_task;
-  lrun *r = t && t->run ? t->run : NULL;
+  lvmrun *r = t && t->vmrun ? t->vmrun : NULL;
   if (!r) {
     lua_getfield(L, LUA_REGISTRYINDEX, "ums.run");
-    r = (lrun *)lua_touserdata(L, -1);
+    r = (lvmrun *)lua_touserdata(L, -1);
     lua_pop(L, 1);
   }
   if (r) atomic_store(&r->stall_custom, lums_stall_has_handler(L));
@@ -305,7 +305,7 @@ static int l_on_stall(lua_State *L) {
 /* The runtime of the calling task's run, or NULL outside one. */
 static ums_runtime_t *current_rt(void) {
   ltask *t = lums_cur_task;
-  return t && t->run ? t->run->rt : NULL;
+  return t && t->vmrun ? t->vmrun->rt : NULL;
 }
 
 static int no_run(lua_State *L, const char *fname) {
@@ -498,7 +498,7 @@ static int l_waits_reset(lua_State *L) {
 /* ---------------------------------------------------------------------- */
 
 struct ldeadlock {
-  _Atomic(lvms *) vms;   /* set once the VMs exist; NULL before */
+  _Atomic(lrun *) run;   /* set once the VMs exist; NULL before */
   char *report;          /* [the scheduler thread that reports; read by
                             the run's thread after every scheduler thread
                             was joined] the first report */
@@ -506,8 +506,8 @@ struct ldeadlock {
 
 ldeadlock *lums_deadlock_new(void) { return calloc(1, sizeof(ldeadlock)); }
 
-void lums_deadlock_attach(ldeadlock *d, lvms *vms) {
-  if (d) atomic_store(&d->vms, vms);
+void lums_deadlock_attach(ldeadlock *d, lrun *run) {
+  if (d) atomic_store(&d->run, run);
 }
 
 char *lums_deadlock_take(ldeadlock *d) {
@@ -552,8 +552,8 @@ static bool blocked(const ums_task_info_t *t) {
 
 /* Leaves a table id -> coroutine of the live tasks of r's VM (L is a
 ** thread of it) on top: their handles and coroutines sit in the VM's
-** anchor table (lrun.anchors) while they live. */
-static void push_coroutines(lua_State *L, lrun *r) {
+** anchor table (lvmrun.anchors) while they live. */
+static void push_coroutines(lua_State *L, lvmrun *r) {
   lua_newtable(L);
   int map = lua_gettop(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
@@ -626,7 +626,7 @@ static void push_trace(lua_State *L, int map, const ums_task_info_t *t) {
 
 /* Builds the report of rows' blocked tasks on L, a thread of r's VM;
 ** leaves it on the stack. */
-static void push_report(lua_State *L, lrun *r, const dl_rows *rows) {
+static void push_report(lua_State *L, lvmrun *r, const dl_rows *rows) {
   int top = lua_gettop(L);
   luaL_checkstack(L, 8, "deadlock report");
   push_coroutines(L, r);
@@ -720,8 +720,8 @@ static void push_report(lua_State *L, lrun *r, const dl_rows *rows) {
 ** them (the cancels at the end). */
 void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg) {
   ldeadlock *d = arg;
-  lvms *vms = d ? atomic_load(&d->vms) : NULL;
-  lrun *vr = vms ? lums_vms_at(vms, sched) : NULL;
+  lrun *run = d ? atomic_load(&d->run) : NULL;
+  lvmrun *vr = run ? lums_run_at(run, sched) : NULL;
   if (!vr) return;
   dl_rows rows = {0};
   ums_runtime_tasks(rt, dl_visit, &rows);
@@ -750,13 +750,13 @@ static int l_task_info(lua_State *L) {
   ltask *me = lums_cur_task;
   ltask *t = h->t;
   ums_task_info_t info;
-  if (h->state != T_DONE && t && t->run &&
-      ums_task_info(t->run->rt, h->id, &info) == 0) {
+  if (h->state != T_DONE && t && t->vmrun &&
+      ums_task_info(t->vmrun->rt, h->id, &info) == 0) {
     push_info_fields(L, &info);
     if (t == me) set_str(L, "state", "running");
     /* Only from the task's own VM, on the thread running it (the caller
     ** is a task of that run). */
-    if (me && me->run == t->run) {
+    if (me && me->vmrun == t->vmrun) {
       if (t == me)
         luaL_traceback(L, L, NULL, 1);
       else

@@ -268,7 +268,7 @@ static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
   ltask *me = lums_need_task(L, "join");
   ltask *t = h->t;
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
-  if (t->run != me->run)
+  if (t->vmrun != me->vmrun)
     return luaL_error(L, "ums: cannot join a task of another run");
   if (t->njoiners == t->capjoiners) {
     int cap = t->capjoiners * 2;
@@ -332,11 +332,11 @@ static int l_take_unjoined(lua_State *L) {
 
 static int l_task_cancel(lua_State *L) {
   lhandle *h = lums_check_task(L, 1);
-  if (!h->t || !h->t->run || h->state == T_DONE) {
+  if (!h->t || !h->t->vmrun || h->state == T_DONE) {
     lua_pushboolean(L, 0);
     return 1;
   }
-  lua_pushboolean(L, ums_task_cancel(h->t->run->rt, h->id) == 0);
+  lua_pushboolean(L, ums_task_cancel(h->t->vmrun->rt, h->id) == 0);
   return 1;
 }
 
@@ -380,8 +380,8 @@ static int l_task_name(lua_State *L) {
     /* The runtime keeps it too, for ums.tasks() and stall reports, which
     ** must not need this VM. */
     lhandle *h = lums_to_task(L, 1);
-    if (h->t && h->t->run && h->state != T_DONE)
-      ums_task_set_name(h->t->run->rt, h->id, lua_tostring(L, 2));
+    if (h->t && h->t->vmrun && h->state != T_DONE)
+      ums_task_set_name(h->t->vmrun->rt, h->id, lua_tostring(L, 2));
   }
   lua_settop(L, 1);
   push_name(L, 1);

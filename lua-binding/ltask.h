@@ -51,7 +51,7 @@ static inline void lums_handle_extras(lua_State *L, int idx, int narr) {
 ** passes here. */
 static inline void lums_task_wake_joiners(ltask *t) {
   for (int i = 0; i < t->njoiners; i++)
-    ums_unpark(t->run->rt, t->joiners[i].tok, 0);
+    ums_unpark(t->vmrun->rt, t->joiners[i].tok, 0);
   t->njoiners = 0;
 }
 

@@ -73,8 +73,8 @@
 /* What a VM keeps from one run to the next, in a registry userdata
 ** (KEPT_KEY) whose user value anchors SL: the scheduler-side thread, its
 ** ltask records with the anchor table, and up to KEPT_POOL_MAX pooled
-** tasks. Between runs the VM's thread owns them; during a run its lrun
-** does (lums_run_new takes the pool, lums_run_free gives it back, and
+** tasks. Between runs the VM's thread owns them; during a run its lvmrun
+** does (lums_vmrun_new takes the pool, lums_vmrun_free gives it back, and
 ** the run's tasks take and give back records), and they are freed with
 ** the VM. */
 struct lkept {
@@ -97,10 +97,10 @@ struct lkept {
 /* Helpers                                                                 */
 /* ---------------------------------------------------------------------- */
 
-static lrun *get_run(lua_State *L) {
-  lrun *r;
+static lvmrun *get_run(lua_State *L) {
+  lvmrun *r;
   lua_getfield(L, LUA_REGISTRYINDEX, RUN_KEY);
-  r = (lrun *)lua_touserdata(L, -1);
+  r = (lvmrun *)lua_touserdata(L, -1);
   lua_pop(L, 1);
   return r;
 }
@@ -139,7 +139,7 @@ static void grow_slab(lua_State *L, lkept *k) {
 ** thread, running protected: the coroutine and its record are made
 ** there, so that running out of memory raises in the caller rather than
 ** on r->SL, which no protected call covers. */
-static ltask *take_task(lua_State *L, lrun *r, bool *pooled) {
+static ltask *take_task(lua_State *L, lvmrun *r, bool *pooled) {
   *pooled = r->npool > 0;
   if (r->npool) return r->pool[--r->npool];
   lkept *k = r->kept;
@@ -175,7 +175,7 @@ static ltask *take_task(lua_State *L, lrun *r, bool *pooled) {
 
 /* Gives t's record back to its VM, unanchoring its coroutine. L: a
 ** thread of r's VM. */
-static void free_task(lua_State *L, lrun *r, ltask *t) {
+static void free_task(lua_State *L, lvmrun *r, ltask *t) {
   lkept *k = r->kept;
   int slot = t->slot;
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
@@ -190,7 +190,7 @@ static void free_task(lua_State *L, lrun *r, ltask *t) {
 
 /* Makes room for one more ltask in r's pool, up to POOL_MAX: false when
 ** there is none (full, or no memory for a larger array). */
-static bool grow_pool(lrun *r) {
+static bool grow_pool(lvmrun *r) {
   if (r->cappool >= POOL_MAX) return false;
   int cap = r->cappool ? r->cappool * 2 : 64;
   if (cap > POOL_MAX) cap = POOL_MAX;
@@ -206,7 +206,7 @@ static bool grow_pool(lrun *r) {
 ** lua_resume, which costs much less than creating a thread. This
 ** unanchors the handle t had. empty: the caller knows the coroutine's
 ** stack is empty. */
-static void give_back_task(lrun *r, ltask *t, bool empty) {
+static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   if (t->joiners != t->join1) free(t->joiners);
   if (t->rfbuf) {
     ums_buf_release(t->rfbuf);
@@ -237,7 +237,7 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   ** and finish_nres are written before they are read; the wait is off
   ** every queue once the task has ended. */
   t->h = NULL;
-  t->run = NULL;
+  t->vmrun = NULL;
   t->nargs = 0;
   t->parking = t->park_begun = t->finish_pending = false;
   t->joiners = NULL;
@@ -250,13 +250,13 @@ static void give_back_task(lrun *r, ltask *t, bool empty) {
   r->pool[r->npool++] = t;
 }
 
-/* A task of r's VM was created / has finished: see lrun.nlive. */
-static void run_task_added(lrun *r) {
-  if (r->nlive++ == 0) lums_vms_hold(r->vms);
+/* A task of r's VM was created / has finished: see lvmrun.nlive. */
+static void run_task_added(lvmrun *r) {
+  if (r->nlive++ == 0) lums_run_hold(r->run);
 }
 
-static void run_task_ended(lrun *r) {
-  if (--r->nlive == 0) lums_vms_release(r->vms);
+static void run_task_ended(lvmrun *r) {
+  if (--r->nlive == 0) lums_run_release(r->run);
 }
 
 /* What keep_outcome does on r->SL that may allocate, protected: nothing
@@ -332,7 +332,7 @@ static bool top_is_cancelled(lua_State *co) {
 ** end needs no stack frame of its size. */
 static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
                                                    int nres) {
-  lrun *r = t->run;
+  lvmrun *r = t->vmrun;
   lhandle *h = t->h;
   lua_State *SL = r->SL, *co = t->co;
   lkeep k = {t, st, nres, false};
@@ -378,7 +378,7 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
     h->cancelled = cancelled && !h->nomem;
   }
   /* The run has failed: work not started yet never starts now. */
-  if (h == r->main) lums_vms_stop(r->vms);
+  if (h == r->main) lums_run_stop(r->run);
   if (!h->cancelled) {
     k.closed = true;
     keep_run(SL, &k);
@@ -389,7 +389,7 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
 ** handle, close the coroutine, wake joiners, pool the ltask. Runs on the
 ** scheduler. */
 static void task_finish(ltask *t, int st, int nres) {
-  lrun *r = t->run;
+  lvmrun *r = t->vmrun;
   lhandle *h = t->h;
   bool empty = st == LUA_OK && nres == 0;
   if (empty) {
@@ -417,7 +417,7 @@ static void task_finish(ltask *t, int st, int nres) {
 static __attribute__((noinline)) void task_fail(ltask *t, int err) {
   lua_State *co = t->co;
   bool fresh = t->h->state == T_NEW;
-  lums_vms_task_failed(t, fresh, ums_strerror(err));
+  lums_req_task_failed(t, fresh, ums_strerror(err));
   if (fresh) {
     t->h->state = T_LIVE;
     lua_settop(co, 0);  /* the function and its arguments */
@@ -435,7 +435,7 @@ static int task_step(void *arg) {
   int nargs = 0, nres = 0, st;
   /* A stall report whose step ended before it ran Lua again: delivered
   ** here, outside any task (the handler cannot wait). */
-  if (lums_stall_pending(t->run)) lums_stall_flush(t->run, t->run->SL);
+  if (lums_stall_pending(t->vmrun)) lums_stall_flush(t->vmrun, t->vmrun->SL);
   lums_cur_task = t;
   if (t->finish_pending) {
     /* It ended with a park begun last step (below). */
@@ -450,9 +450,9 @@ static int task_step(void *arg) {
     lums_cur_task = prev;
     return UMS_STEP_DONE;
   }
-  if (!atomic_load_explicit(&t->run->q.lua_thread_known,
+  if (!atomic_load_explicit(&t->vmrun->q.lua_thread_known,
                             memory_order_relaxed))
-    lums_quantum_bind_thread(&t->run->q);
+    lums_quantum_bind_thread(&t->vmrun->q);
   if (t->h->state == T_NEW) {
     t->h->state = T_LIVE;
     if (ums_cancelled()) {
@@ -466,7 +466,7 @@ static int task_step(void *arg) {
     nargs = t->nargs;
   }
   t->parking = false;
-  lrun *r = t->run;
+  lvmrun *r = t->vmrun;
   lums_quantum_step(&r->q, t->co);
 #ifdef LUMS_QUANTUM_POLL
   if ((r->q.preempt && r->q.quantum > 0) || r->stall)
@@ -510,7 +510,7 @@ static int task_step(void *arg) {
 ** above it as arguments (all popped); its handle is left at `first`, the
 ** top of the stack. L is the caller's thread; mt is the index of the task
 ** metatable. The task runs on r's scheduler, where r's VM lives. */
-static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
+static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
                          int mt) {
   int n = lua_gettop(L) - first;  /* arguments */
   /* The handle first, then the ltask: running out of memory in either
@@ -529,7 +529,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   lua_pushvalue(L, mt);
   lua_setmetatable(L, -2);
   t->h = h;
-  t->run = r;
+  t->vmrun = r;
   t->joiners = t->join1;
   t->capjoiners = 2;
   if (pooled) {
@@ -561,7 +561,7 @@ static lhandle *task_new(lua_State *L, lrun *r, int first, bool joinable,
   return h;
 }
 
-void lums_task_start(lrun *r, int nargs) {
+void lums_task_start(lvmrun *r, int nargs) {
   lua_State *L = r->SL;
   lums_monitor_want(&r->q);
   int first = lua_gettop(L) - nargs;
@@ -575,11 +575,11 @@ void lums_task_start(lrun *r, int nargs) {
 static int l_spawn(lua_State *L) {
   if (lua_type(L, 1) != LUA_TFUNCTION) luaL_checktype(L, 1, LUA_TFUNCTION);
   ltask *me = lums_cur_task;
-  if (!me || !me->run)
+  if (!me || !me->vmrun)
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
-  lums_monitor_want(&me->run->q);
-  task_new(L, me->run, 1, false, lua_upvalueindex(1));
+  lums_monitor_want(&me->vmrun->q);
+  task_new(L, me->vmrun, 1, false, lua_upvalueindex(1));
   return 1;  /* the handle, alone on the stack */
 }
 
@@ -590,12 +590,12 @@ static int l_spawn(lua_State *L) {
 ** outside a run. */
 static int l_io_backend(lua_State *L) {
   ltask *t = lums_cur_task;
-  if (!t || !t->run) {
+  if (!t || !t->vmrun) {
     lua_pushnil(L);
     return 1;
   }
   ums_config_t c;
-  ums_runtime_config(t->run->rt, &c);
+  ums_runtime_config(t->vmrun->rt, &c);
   if (c.io_backend == UMS_IO_URING)
     lua_pushliteral(L, "uring");
   else
@@ -727,7 +727,7 @@ static int new_anchors(lua_State *L) {
 ** their size behind. Every task has ended by now, so no record is in use
 ** but the pooled ones, whose addresses only r->pool holds. When memory
 ** is short, everything stays as it is. */
-static void compact_slab(lrun *r, lkept *k) {
+static void compact_slab(lvmrun *r, lkept *k) {
   lua_State *SL = r->SL;
   if (k->nchunks <= 1 || k->nslots - k->nfree != r->npool ||
       !lua_checkstack(SL, 4))
@@ -766,16 +766,16 @@ static void compact_slab(lrun *r, lkept *k) {
   k->free = fr;
 }
 
-lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
+lvmrun *lums_vmrun_new(lua_State *L, lrun *run, ums_runtime_t *rt, int sched,
                    int64_t quantum) {
-  lrun *r = calloc(1, sizeof *r);
+  lvmrun *r = calloc(1, sizeof *r);
   if (!r) return NULL;
   r->rt = rt;
-  r->vms = vms;
+  r->run = run;
   r->sched = sched;
   /* Every VM shares the run's stall state, which the main VM made (set
   ** after this for the main VM itself). */
-  lrun *m = vms ? lums_vms_at(vms, 0) : NULL;
+  lvmrun *m = run ? lums_run_at(run, 0) : NULL;
   r->stall = m ? m->stall : NULL;
   atomic_store(&r->stall_custom, lums_stall_has_handler(L));
   /* A VM that runs one short run after another (a test framework, one
@@ -799,18 +799,18 @@ lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
   lua_pop(L, 1);
   lua_pushlightuserdata(L, r);
   lua_setfield(L, LUA_REGISTRYINDEX, RUN_KEY);
-  /* Last: from here on, until lums_run_free, the VM's small blocks (a
+  /* Last: from here on, until lums_vmrun_free, the VM's small blocks (a
   ** task handle per spawn) are recycled without malloc/free. */
   r->alloc = lums_alloc_install(L);
-  /* The run's monitor (lums_vms_monitor) watches the VM from here on. */
-  lums_quantum_init(&r->q, L, vms ? lums_vms_monitor(vms) : NULL, sched,
-                    quantum, vms && lums_vms_preempt(vms), lums_stall_hook);
+  /* The run's monitor (lums_run_monitor) watches the VM from here on. */
+  lums_quantum_init(&r->q, L, run ? lums_run_monitor(run) : NULL, sched,
+                    quantum, run && lums_run_preempt(run), lums_stall_hook);
   return r;
 }
 
-void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
+void lums_vmrun_free(lua_State *L, lvmrun *r, bool close_vm) {
   /* The VM lives on: its next run takes the thread and some of the
-  ** pooled tasks back (lums_run_new). With close_vm, the pooled records
+  ** pooled tasks back (lums_vmrun_new). With close_vm, the pooled records
   ** go with the VM (kept_gc). */
   lkept *k = close_vm ? NULL : r->kept;
   if (k) {
@@ -838,7 +838,7 @@ void lums_run_free(lua_State *L, lrun *r, bool close_vm) {
   free(r);
 }
 
-static void run_free(lua_State *L, lrun *r) { lums_run_free(L, r, false); }
+static void run_free(lua_State *L, lvmrun *r) { lums_vmrun_free(L, r, false); }
 
 /* The VM is closing: its kept tasks' coroutines go with it, their
 ** records here (the anchor table dies with the VM). */
@@ -882,10 +882,10 @@ static void swap_os_exit(lua_State *L, bool install);
 
 static int run_os_exit(lua_State *L) {
   ltask *t = lums_cur_task;
-  if (t && t->run && lums_vms_hosted(t->run->vms))
+  if (t && t->vmrun && lums_run_hosted(t->vmrun->run))
     return luaL_error(L, "os.exit: not available in work run by a C host "
                          "(raise an error or return instead)");
-  if (!t || !t->run) {
+  if (!t || !t->vmrun) {
     /* Not from a task (a finalizer on the main thread): the real one. */
     lua_getfield(L, LUA_REGISTRYINDEX, "ums.os_exit");
     lua_insert(L, 1);
@@ -898,7 +898,7 @@ static int run_os_exit(lua_State *L) {
     code = lua_toboolean(L, 1) ? EXIT_SUCCESS : EXIT_FAILURE;
   else
     code = (int)luaL_optinteger(L, 1, EXIT_SUCCESS);
-  lums_vms_request_exit(t->run->vms, code, lua_toboolean(L, 2));
+  lums_run_request_exit(t->vmrun->run, code, lua_toboolean(L, 2));
   return lums_raise_cancelled(L);
 }
 
@@ -968,17 +968,17 @@ static void push_limits(lua_State *L) {
 /* The waits of run() for a runtime whose one scheduler this thread runs
 ** (ums_runtime_run): it runs the scheduler until the first task has
 ** ended and, if that went well, until the run is quiet, as the joins and
-** lums_vms_wait_quiet of a threaded run wait; the task's end, the run's
+** lums_run_wait_quiet of a threaded run wait; the task's end, the run's
 ** quiet, an exit and Ctrl-C pause it for a look (task_finish, lvm.c).
 ** The time limit cancels the first task at until, as there. Returns
 ** whether the limit was reached; the first task has ended then too, and
 ** the runtime is left for ums_runtime_shutdown to run until its other
 ** tasks end. */
-static bool run_here(lrun *r, lhandle *main, int64_t until) {
+static bool run_here(lvmrun *r, lhandle *main, int64_t until) {
   bool over = false;
   for (;;) {
     if (main->state == T_DONE &&
-        (over || !main->ok || lums_vms_quiet(r->vms)))
+        (over || !main->ok || lums_run_quiet(r->run)))
       return over;
     int rr = ums_runtime_run(r->rt, until);
     if (rr == UMS_ETIMEDOUT && !over) {
@@ -986,7 +986,7 @@ static bool run_here(lrun *r, lhandle *main, int64_t until) {
       ** cancelled, or, once it has ended, nothing more starts. */
       over = true;
       if (main->state != T_DONE) ums_task_cancel(r->rt, main->id);
-      else lums_vms_stop(r->vms);
+      else lums_run_stop(r->run);
       until = UMS_FOREVER;
     }
   }
@@ -1088,24 +1088,24 @@ static int run(lua_State *L, double limit) {
                       ums_runtime_error());
   }
   /* The main VM is the VM of scheduler 0; lvm.c makes the others. */
-  lvms *vms = lums_vms_new(L, rt, &lums_vm_ops_module);
-  if (vms) lums_vms_set_preempt(vms, preempt);
+  lrun *run = lums_run_new(L, rt, &lums_vm_ops_module);
+  if (run) lums_run_set_preempt(run, preempt);
   /* The quantum's looks watch every VM of the run, each from its
   ** making; without preemption they start with the second task. The run
   ** owns them and frees them once the runtime's threads are gone. */
   int64_t qns = quantum > 0 ? (int64_t)(quantum * 1e9) : 0;
   int merr = 0;
-  lmonitor *mon = vms ? lums_monitor_new(rt, lums_vms_count(vms), qns,
+  lmonitor *mon = run ? lums_monitor_new(rt, lums_run_count(run), qns,
                                          !preempt, stall_state != NULL,
                                          &merr) : NULL;
-  if (mon) lums_vms_set_monitor(vms, mon);
-  lrun *r = mon ? lums_run_new(L, vms, rt, 0, qns) : NULL;
+  if (mon) lums_run_set_monitor(run, mon);
+  lvmrun *r = mon ? lums_vmrun_new(L, run, rt, 0, qns) : NULL;
   if (!r) {
     /* No task has started: the run ends as one that never began. */
     ums_runtime_shutdown(rt, 0);
     lums_intr_end(intr);
     lums_monitor_free(mon);
-    if (vms) lums_vms_close(L, vms);
+    if (run) lums_run_close(L, run);
     lums_stall_free(stall_state);
     lums_deadlock_free(deadlock);
     if (merr)
@@ -1115,16 +1115,16 @@ static int run(lua_State *L, double limit) {
     return luaL_error(L, "ums.run: out of memory");
   }
   r->stall = stall_state;
-  lums_vms_set_main(vms, r);
-  lums_stall_attach(stall_state, vms);
-  lums_deadlock_attach(deadlock, vms);
+  lums_run_set_main(run, r);
+  lums_stall_attach(stall_state, run);
+  lums_deadlock_attach(deadlock, run);
 
   swap_os_exit(L, true);
   /* After this the scheduler thread may be running Lua (its collector
   ** walks this thread's stack too): this thread must not touch the VM
   ** until the run is over. task_new leaves the handle alone at index 1. */
   lhandle *main = task_new(L, r, 1, true, lua_upvalueindex(1));
-  lums_intr_watch(intr, vms);
+  lums_intr_watch(intr, run);
   /* From here until the runtime is shut down, the VM belongs to the
   ** scheduler: this thread runs it (run_here), or only waits. */
   /* The limit is real time, also when the run's clock is virtual: it
@@ -1150,16 +1150,16 @@ static int run(lua_State *L, double limit) {
   ** work. An os.exit (in any VM) ends the wait at once; the limit ends it
   ** as it ends the first task's. */
   if (main->ok && !over) {
-    if (!lums_vms_wait_quiet(vms, until)) {
+    if (!lums_run_wait_quiet(run, until)) {
       over = true;
-      lums_vms_stop(vms);
+      lums_run_stop(run);
     }
   }
   /* Ctrl-C may cancel the run until its outcome is settled here. */
   bool interrupted = lums_intr_settle(intr);
   int exit_code;
   bool exit_close;
-  bool exiting = lums_vms_exit_requested(vms, &exit_code, &exit_close);
+  bool exiting = lums_run_exit_requested(run, &exit_code, &exit_close);
   ums_runtime_shutdown(r->rt, main->ok && !exiting && !over && !interrupted ?
                        UMS_FOREVER : 0);
   r->rt = NULL;
@@ -1177,7 +1177,7 @@ static int run(lua_State *L, double limit) {
   swap_os_exit(L, false);
   /* Every scheduler thread has been joined: the other VMs are this
   ** thread's to close, and work never started is cancelled. */
-  lums_vms_close(L, vms);
+  lums_run_close(L, run);
   /* The runtime's monitor and every VM but this one are gone. */
   lums_stall_free(stall_state);
   r->stall = NULL;
@@ -1319,8 +1319,8 @@ static void pin_module(void) {
 }
 
 const lums_vm_ops lums_vm_ops_module = {
-    lums_open,      lums_swap_os_exit, lums_run_new,
-    lums_run_free,  lums_task_start,   lums_report_errors};
+    lums_open,      lums_swap_os_exit, lums_vmrun_new,
+    lums_vmrun_free,  lums_task_start,   lums_report_errors};
 
 int lums_open(lua_State *L) {
   static const luaL_Reg funcs[] = {
@@ -1398,7 +1398,7 @@ int lums_open(lua_State *L) {
   lums_open_ffi(L);
   lums_open_ext(L);
   lums_open_shared(L);
-  lums_open_vm(L);
+  lums_open_work(L);
   lua_pushvalue(L, cancelled);
   lua_setfield(L, -2, "CANCELLED");
   push_limits(L);

@@ -41,8 +41,8 @@
 ** its nanoseconds still fit an int64_t. */
 #define LUMS_MAX_SECONDS 1e9
 
+typedef struct lvmrun lvmrun;
 typedef struct lrun lrun;
-typedef struct lvms lvms;
 typedef struct lstall lstall;  /* lstats.c: stall reports of a run */
 typedef struct lalloc lalloc;  /* lalloc.c: a VM's small-block cache */
 typedef struct lkept lkept;    /* lums.c: what a VM keeps between runs */
@@ -105,13 +105,13 @@ typedef struct joiner {
 
 /* A live task: everything its run needs while it runs or waits. Not a
 ** Lua object: ltasks are records of their VM's slab (lums.c, struct
-** lkept), pooled with their coroutines (lrun.pool) and recycled, so a
+** lkept), pooled with their coroutines (lvmrun.pool) and recycled, so a
 ** stale pointer to one is only ever used together with a park token,
 ** whose task id the runtime checks. Scheduler thread only. */
 struct ltask {
   lhandle *h;            /* its handle (h->id: its runtime id); NULL while
                             pooled */
-  lrun *run;             /* the run it belongs to; NULL while pooled */
+  lvmrun *vmrun;         /* its VM's part of a run; NULL while pooled */
   lua_State *co;         /* its coroutine (kept while pooled) */
   int slot;              /* [const] its number in the VM's slab: the VM's
                             anchor table holds co at LUMS_ANCHOR_CO(slot)
@@ -164,17 +164,17 @@ struct lhandle {
 
 /* One VM's part of a run. A run has one VM per scheduler that runs Lua
 ** (the caller's own VM on scheduler 0, the others created by lvm.c), and
-** one lrun for each; a VM and its lrun are touched only by the thread of
+** one lvmrun for each; a VM and its lvmrun are touched only by the thread of
 ** their scheduler while the run lasts. What the VMs share (the runtime,
-** work queues, the quantum monitor, os.exit) is in lvms (lvm.c). */
-struct lrun {
+** work queues, the quantum monitor, os.exit) is in lrun (lvm.c). */
+struct lvmrun {
   ums_runtime_t *rt;
-  lvms *vms;             /* [const] the run's VMs (lvm.c) */
+  lrun *run;             /* [const] the run it is part of (lvm.c) */
   int sched;             /* [const] index of the scheduler running this VM */
   lua_State *SL;         /* the run's own thread, for scheduler-side work */
   lkept *kept;           /* [const] what the VM keeps between runs (its
                             ltask slab, its anchor table, SL); the run owns
-                            the pool until lums_run_free gives it back */
+                            the pool until lums_vmrun_free gives it back */
   int anchors;           /* [const] registry ref of the VM's anchor
                             table (see ltask.slot) */
   lquantum q;            /* lquantum.c: this VM's quantum */
@@ -187,7 +187,7 @@ struct lrun {
   ltask **pool;
   int npool, cappool;
   /* Tasks of this VM not finished yet. The VM holds the run
-  ** (lums_vms_hold) once while it has any, not once per task: the hold
+  ** (lums_run_hold) once while it has any, not once per task: the hold
   ** is an atomic read-modify-write on a word every VM shares, which a
   ** spawn and a finish each paid. [Lua thread; the main thread for the
   ** run's first task, before the run starts] */
@@ -205,8 +205,8 @@ struct lrun {
   ** their instructions in malloc. [Lua thread; freed with the run] */
   void **ffi_free;
   int nffi_free, capffi_free;
-  /* The VM's small-block cache (lalloc.c), installed by lums_run_new,
-  ** removed by lums_run_free; NULL: none. */
+  /* The VM's small-block cache (lalloc.c), installed by lums_vmrun_new,
+  ** removed by lums_vmrun_free; NULL: none. */
   lalloc *alloc;
 };
 
@@ -216,7 +216,7 @@ struct lrun {
 
 /* Pushes the handle of live task t (ums.self()'s result). */
 static inline void lums_push_handle(lua_State *L, const ltask *t) {
-  lua_rawgeti(L, LUA_REGISTRYINDEX, t->run->anchors);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, t->vmrun->anchors);
   lua_rawgeti(L, -1, LUMS_ANCHOR_HANDLE(t->slot));
   lua_replace(L, -2);
 }
@@ -231,7 +231,7 @@ LUMS_HIDDEN extern const char lums_task_tag;
 /* Whether the quantum monitor has found task t's running step past its
 ** quantum (lquantum.h). */
 static inline bool lums_quantum_due(ltask *t) {
-  lrun *r = t->run;
+  lvmrun *r = t->vmrun;
   return r && lums_quantum_past(&r->q);
 }
 
@@ -324,7 +324,7 @@ LUMS_HIDDEN void lums_open_stats(lua_State *L);
 ** the run's VMs once they exist, freed after the runtime and every VM
 ** but the main one are gone. NULL when out of memory (no reports). */
 LUMS_HIDDEN lstall *lums_stall_new(lua_State *L, int64_t threshold);
-LUMS_HIDDEN void lums_stall_attach(lstall *s, lvms *vms);
+LUMS_HIDDEN void lums_stall_attach(lstall *s, lrun *run);
 LUMS_HIDDEN void lums_stall_free(lstall *s);
 LUMS_HIDDEN void lums_stall_cb(const ums_stall_t *st, void *arg);
 /* A run's deadlock report (ums_config_t.on_deadlock): made before its
@@ -336,7 +336,7 @@ LUMS_HIDDEN void lums_stall_cb(const ums_stall_t *st, void *arg);
 ** none) once every runtime thread is gone. */
 typedef struct ldeadlock ldeadlock;
 LUMS_HIDDEN ldeadlock *lums_deadlock_new(void);
-LUMS_HIDDEN void lums_deadlock_attach(ldeadlock *d, lvms *vms);
+LUMS_HIDDEN void lums_deadlock_attach(ldeadlock *d, lrun *run);
 LUMS_HIDDEN void lums_deadlock_cb(ums_runtime_t *rt, int sched, void *arg);
 LUMS_HIDDEN char *lums_deadlock_take(ldeadlock *d);
 LUMS_HIDDEN void lums_deadlock_free(ldeadlock *d);
@@ -349,25 +349,25 @@ LUMS_HIDDEN void lums_stall_hook(lua_State *L, ltask *t);
 ** step ended before it ran Lua code again. L: a thread of r's VM that may
 ** run the handler (r's own thread at a step, the main thread at the end
 ** of the run). */
-LUMS_HIDDEN void lums_stall_flush(lrun *r, lua_State *L);
-static inline bool lums_stall_pending(lrun *r) {
+LUMS_HIDDEN void lums_stall_flush(lvmrun *r, lua_State *L);
+static inline bool lums_stall_pending(lvmrun *r) {
   return atomic_load_explicit(&r->stall_pending, memory_order_relaxed);
 }
 
 /* ---- For lvm.c: VMs of other schedulers ---- */
 
-/* Fills a fresh lrun for the VM whose main thread is L, running on
-** scheduler `sched` of vms's runtime (lvm.c creates the VM, on that
+/* Fills a fresh lvmrun for the VM whose main thread is L, running on
+** scheduler `sched` of run's runtime (lvm.c creates the VM, on that
 ** scheduler's thread). Returns NULL when out of memory. */
-LUMS_HIDDEN lrun *lums_run_new(lua_State *L, lvms *vms, ums_runtime_t *rt,
+LUMS_HIDDEN lvmrun *lums_vmrun_new(lua_State *L, lrun *run, ums_runtime_t *rt,
                                int sched, int64_t quantum);
 /* Frees r and its pooled tasks. With close_vm, the VM is about to be
 ** closed and its registry is left alone. */
-LUMS_HIDDEN void lums_run_free(lua_State *L, lrun *r, bool close_vm);
+LUMS_HIDDEN void lums_vmrun_free(lua_State *L, lvmrun *r, bool close_vm);
 /* Starts a task in r's VM, on r's scheduler, running the function below
 ** the nargs values at the top of r->SL (all popped). Raises on failure;
 ** call it protected. */
-LUMS_HIDDEN void lums_task_start(lrun *r, int nargs);
+LUMS_HIDDEN void lums_task_start(lvmrun *r, int nargs);
 /* Installs the run's os.exit in L (lums.c's run_os_exit). */
 LUMS_HIDDEN void lums_swap_os_exit(lua_State *L, bool install);
 /* Reports the errors of tasks nobody joined in L's VM (end of a run). */
@@ -382,7 +382,7 @@ LUMS_HIDDEN void lums_report_errors(lua_State *L);
 ** are gone. All on the thread that called ums.run. */
 typedef struct lintr lintr;
 LUMS_HIDDEN lintr *lums_intr_block(void);
-LUMS_HIDDEN void lums_intr_watch(lintr *in, lvms *vms);
+LUMS_HIDDEN void lums_intr_watch(lintr *in, lrun *run);
 LUMS_HIDDEN bool lums_intr_settle(lintr *in);
 LUMS_HIDDEN void lums_intr_end(lintr *in);
 
@@ -392,6 +392,6 @@ LUMS_HIDDEN int lums_open(lua_State *L);
 /* lshared.c: shared objects (ums.shared.*), registered in every VM. */
 LUMS_HIDDEN void lums_open_shared(lua_State *L);
 /* lwork.c: ums.submit and the rest of the many-VM API. */
-LUMS_HIDDEN void lums_open_vm(lua_State *L);
+LUMS_HIDDEN void lums_open_work(lua_State *L);
 
 #endif

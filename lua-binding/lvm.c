@@ -4,22 +4,22 @@
 ** A Lua VM is single-threaded, so using every CPU from Lua takes one VM
 ** per scheduler. The caller's VM is scheduler 0's; the VM of any other
 ** scheduler is created the first time that scheduler starts submitted
-** work (ldisp.c, lums_vms_ready), on that scheduler's own thread, with
+** work (ldisp.c, lums_run_ready), on that scheduler's own thread, with
 ** the main VM's package.path and package.cpath (read when the run began)
 ** and the init module (ums.config{init = ...}) loaded first. A VM is
 ** touched only by its scheduler's thread while the run lasts; once
 ** ums_runtime_shutdown has joined the scheduler threads, core.run closes
-** the VMs on the main thread (lums_vms_close, lums_vms_free), where
+** the VMs on the main thread (lums_run_close, lums_run_free), where
 ** nothing else can touch them any more.
 **
 ** Ending a run. Every VM with a Lua task left, every queued request and
-** every dispatcher holds the run (lvms.live); core.run waits until
+** every dispatcher holds the run (lrun.live); core.run waits until
 ** nothing holds it before it shuts the runtime down, because once
 ** ums_runtime_shutdown begins, nothing may spawn, and a dispatcher must.
 ** On a failed run (the first task raised, os.exit, or core.run_limit's
-** time limit passed) dispatchers start nothing more (lums_vms_stop), the
+** time limit passed) dispatchers start nothing more (lums_run_stop), the
 ** runtime cancels every task, and the requests never started are
-** cancelled at the run's end (lums_vms_close).
+** cancelled at the run's end (lums_run_close).
 */
 #define _GNU_SOURCE  /* strdup */
 #include "lvm.h"
@@ -44,11 +44,11 @@ struct lvmslot {
 /* Holding the run                                                         */
 /* ---------------------------------------------------------------------- */
 
-void lums_vms_hold(lvms *v) {
+void lums_run_hold(lrun *v) {
   atomic_fetch_add_explicit(&v->live, 1, memory_order_relaxed);
 }
 
-void lums_vms_release(lvms *v) {
+void lums_run_release(lrun *v) {
   if (atomic_fetch_sub_explicit(&v->live, 1, memory_order_acq_rel) == 1) {
     pthread_mutex_lock(&v->quiet_lock);
     pthread_cond_broadcast(&v->quiet_cond);
@@ -58,7 +58,7 @@ void lums_vms_release(lvms *v) {
   }
 }
 
-bool lums_vms_quiet(lvms *v) {
+bool lums_run_quiet(lrun *v) {
   pthread_mutex_lock(&v->quiet_lock);
   bool quiet = atomic_load(&v->live) == 0 || v->exit_requested ||
                v->interrupted;
@@ -66,7 +66,7 @@ bool lums_vms_quiet(lvms *v) {
   return quiet;
 }
 
-bool lums_vms_wait_quiet(lvms *v, int64_t deadline) {
+bool lums_run_wait_quiet(lrun *v, int64_t deadline) {
   struct timespec ts = {(time_t)(deadline / UMS_NSEC_PER_SEC),
                         (long)(deadline % UMS_NSEC_PER_SEC)};
   bool quiet = true;
@@ -92,13 +92,13 @@ bool lums_vms_wait_quiet(lvms *v, int64_t deadline) {
 ** which cancels every other task. The first task's id was stored before
 ** it could start, hence before any task or signal watcher that can end
 ** the run existed. */
-static void cancel_run(lvms *v) {
-  lums_vms_stop(v);
+static void cancel_run(lrun *v) {
+  lums_run_stop(v);
   ums_task_cancel(v->rt, v->main->main->id);
   ums_runtime_pause(v->rt);
 }
 
-void lums_vms_request_exit(lvms *v, int code, bool close) {
+void lums_run_request_exit(lrun *v, int code, bool close) {
   pthread_mutex_lock(&v->quiet_lock);
   if (!v->exit_requested) {
     v->exit_requested = true;
@@ -110,7 +110,7 @@ void lums_vms_request_exit(lvms *v, int code, bool close) {
   cancel_run(v);
 }
 
-void lums_vms_interrupt(lvms *v) {
+void lums_run_interrupt(lrun *v) {
   pthread_mutex_lock(&v->quiet_lock);
   v->interrupted = true;
   pthread_cond_broadcast(&v->quiet_cond);
@@ -118,9 +118,9 @@ void lums_vms_interrupt(lvms *v) {
   cancel_run(v);
 }
 
-void lums_vms_stop(lvms *v) { atomic_store(&v->stopping, true); }
+void lums_run_stop(lrun *v) { atomic_store(&v->stopping, true); }
 
-bool lums_vms_exit_requested(lvms *v, int *code, bool *close) {
+bool lums_run_exit_requested(lrun *v, int *code, bool *close) {
   pthread_mutex_lock(&v->quiet_lock);
   bool r = v->exit_requested;
   *code = v->exit_code;
@@ -145,9 +145,9 @@ static char *dup_field(lua_State *L, const char *tbl, const char *key) {
 }
 
 /* The run-wide state without any VM's settings; NULL when out of memory. */
-static lvms *vms_alloc(ums_runtime_t *rt) {
+static lrun *run_alloc(ums_runtime_t *rt) {
   int n = ums_runtime_schedulers(rt);
-  lvms *v = calloc(1, sizeof *v);
+  lrun *v = calloc(1, sizeof *v);
   if (!v) return NULL;
   v->rt = rt;
   v->nsched = n;
@@ -163,15 +163,15 @@ static lvms *vms_alloc(ums_runtime_t *rt) {
   pthread_cond_init(&v->quiet_cond, &ca);
   pthread_condattr_destroy(&ca);
   if (!v->vm || !v->slot || !disp_ok) {
-    lums_vms_free(v);
+    lums_run_free(v);
     return NULL;
   }
   return v;
 }
 
-lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt,
+lrun *lums_run_new(lua_State *L, ums_runtime_t *rt,
                    const lums_vm_ops *ops) {
-  lvms *v = vms_alloc(rt);
+  lrun *v = run_alloc(rt);
   if (!v) return NULL;
   v->ops = ops;
   int top = lua_gettop(L);
@@ -191,11 +191,11 @@ static char *dup_opt(const char *s, bool *ok) {
   return d;
 }
 
-lvms *lums_vms_new_hosted(ums_runtime_t *rt, const lums_vm_ops *ops,
+lrun *lums_run_new_hosted(ums_runtime_t *rt, const lums_vm_ops *ops,
                           const char *path, const char *cpath,
                           const char *init, int64_t quantum,
                           lums_vm_setup_fn setup, void *setup_arg) {
-  lvms *v = vms_alloc(rt);
+  lrun *v = run_alloc(rt);
   if (!v) return NULL;
   v->ops = ops;
   bool ok = true;
@@ -207,41 +207,41 @@ lvms *lums_vms_new_hosted(ums_runtime_t *rt, const lums_vm_ops *ops,
   v->setup = setup;
   v->setup_arg = setup_arg;
   if (!ok) {
-    lums_vms_free(v);
+    lums_run_free(v);
     return NULL;
   }
   return v;
 }
 
-bool lums_vms_hosted(lvms *v) { return v->hosted; }
+bool lums_run_hosted(lrun *v) { return v->hosted; }
 
-void lums_vms_set_preempt(lvms *v, bool on) { v->preempt = on; }
+void lums_run_set_preempt(lrun *v, bool on) { v->preempt = on; }
 
-bool lums_vms_preempt(lvms *v) { return v->preempt; }
+bool lums_run_preempt(lrun *v) { return v->preempt; }
 
-void lums_vms_set_main(lvms *v, lrun *main) {
+void lums_run_set_main(lrun *v, lvmrun *main) {
   v->main = main;
   v->quantum = main->q.quantum;
   atomic_store_explicit(&v->vm[0], main, memory_order_release);
 }
 
-void lums_vms_set_monitor(lvms *v, lmonitor *monitor) {
+void lums_run_set_monitor(lrun *v, lmonitor *monitor) {
   v->monitor = monitor;
 }
 
-lmonitor *lums_vms_monitor(lvms *v) { return v->monitor; }
+lmonitor *lums_run_monitor(lrun *v) { return v->monitor; }
 
-int lums_vms_count(lvms *v) { return v->nsched; }
+int lums_run_count(lrun *v) { return v->nsched; }
 
-lrun *lums_vms_at(lvms *v, int i) {
+lvmrun *lums_run_at(lrun *v, int i) {
   return atomic_load_explicit(&v->vm[i], memory_order_acquire);
 }
 
 /* Sets up a new VM: standard libraries, the main VM's paths, ums itself,
-** the os.exit of runs, and the lrun. Protected call on the new VM:
-** (lvms, scheduler) -> lrun. */
+** the os.exit of runs, and the lvmrun. Protected call on the new VM:
+** (lrun, scheduler) -> lvmrun. */
 static int vm_setup(lua_State *L) {
-  lvms *v = (lvms *)lua_touserdata(L, 1);
+  lrun *v = (lrun *)lua_touserdata(L, 1);
   int s = (int)lua_tointeger(L, 2);
   luaL_openlibs(L);
   lua_getglobal(L, "package");
@@ -269,7 +269,7 @@ static int vm_setup(lua_State *L) {
       return luaL_error(L, "the host's setup function returned %d", rc);
   }
   /* Last: nothing after it may fail and leave it behind. */
-  lrun *r = v->ops->run_new(L, v, v->rt, s, v->quantum);
+  lvmrun *r = v->ops->run_new(L, v, v->rt, s, v->quantum);
   if (!r) return luaL_error(L, "out of memory");
   lua_pushlightuserdata(L, r);
   return 1;
@@ -277,8 +277,8 @@ static int vm_setup(lua_State *L) {
 
 /* The VM of scheduler s, created if need be. On s's thread only. NULL,
 ** with *err set, when it cannot be created. */
-static lrun *vm_get(lvms *v, int s, const char **err) {
-  lrun *r = atomic_load_explicit(&v->vm[s], memory_order_relaxed);
+static lvmrun *vm_get(lrun *v, int s, const char **err) {
+  lvmrun *r = atomic_load_explicit(&v->vm[s], memory_order_relaxed);
   lvmslot *sl = &v->slot[s];
   if (r) return r;
   if (sl->failed) {
@@ -304,7 +304,7 @@ static lrun *vm_get(lvms *v, int s, const char **err) {
     *err = sl->init_err ? sl->init_err : "ums: cannot set up a Lua VM";
     return NULL;
   }
-  r = (lrun *)lua_touserdata(L, -1);
+  r = (lvmrun *)lua_touserdata(L, -1);
   lua_pop(L, 1);
   sl->L = L;
   atomic_store_explicit(&v->vm[s], r, memory_order_release);
@@ -322,7 +322,7 @@ static int require_protected(lua_State *L) {
 
 /* Loads the init module in VM r (once per VM, before its first request).
 ** Returns NULL or why it failed. On r's scheduler thread. */
-static const char *vm_init(lvms *v, lrun *r) {
+static const char *vm_init(lrun *v, lvmrun *r) {
   lvmslot *sl = &v->slot[r->sched];
   if (!v->init || sl->init_state == 1) return NULL;
   if (sl->init_state == 2) return sl->init_err;
@@ -344,15 +344,15 @@ static const char *vm_init(lvms *v, lrun *r) {
   return sl->init_err ? sl->init_err : "ums: the init module failed";
 }
 
-lrun *lums_vms_ready(lvms *v, int s, const char **err, bool *refuse) {
+lvmrun *lums_run_ready(lrun *v, int s, const char **err, bool *refuse) {
   *err = NULL;
-  lrun *vm = vm_get(v, s, err);
+  lvmrun *vm = vm_get(v, s, err);
   if (vm) *err = vm_init(v, vm);
   *refuse = *err && (v->slot[s].failed || v->slot[s].init_state == 2);
   return *err ? NULL : vm;
 }
 
-lua_State *lums_vms_report_state(lvms *v, lua_State *L) {
+lua_State *lums_run_report_state(lrun *v, lua_State *L) {
   for (int i = 0; !v->main && v->slot && i < v->nsched && !L; i++)
     L = v->slot[i].L;
   return L;
@@ -362,19 +362,19 @@ lua_State *lums_vms_report_state(lvms *v, lua_State *L) {
 /* The end of a run                                                        */
 /* ---------------------------------------------------------------------- */
 
-/* Protected on a VM being closed: (lvms) -> reports its errors. */
+/* Protected on a VM being closed: (lrun) -> reports its errors. */
 static int report_protected(lua_State *L) {
-  lvms *v = (lvms *)lua_touserdata(L, 1);
+  lrun *v = (lrun *)lua_touserdata(L, 1);
   lua_settop(L, 0);
   v->ops->report_errors(L);
   return 0;
 }
 
-void lums_vms_free(lvms *v) {
+void lums_run_free(lrun *v) {
   int first = v->main ? 1 : 0;
   for (int i = first; v->slot && i < v->nsched; i++) {
     lvmslot *sl = &v->slot[i];
-    lrun *r = atomic_load_explicit(&v->vm[i], memory_order_acquire);
+    lvmrun *r = atomic_load_explicit(&v->vm[i], memory_order_acquire);
     if (sl->L) {
       /* Nothing in that VM protects this call: a memory error must not
       ** reach its panic function. */

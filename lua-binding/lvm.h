@@ -4,7 +4,7 @@
 ** work submitted to them is lreq.h's (requests), ldisp.h's (where they
 ** run) and lwork.c's (ums.submit and the handles); the values they carry
 ** are lcopy.h's, the objects they share lproxy.h's.
-** lums.c calls the lums_vms_* functions around a run; lhost.c (the C
+** lums.c calls the lums_run_* functions around a run; lhost.c (the C
 ** host API of ums-lua.h) drives the same machinery without a main VM.
 */
 #ifndef LVM_H
@@ -30,31 +30,31 @@ typedef struct lums_vm_ops {
   lua_CFunction open;    /* require "ums.core" in a new VM */
   /* Installs the run's os.exit in a new VM. */
   void (*swap_os_exit)(lua_State *L, bool install);
-  /* lums_run_new, lums_run_free, lums_task_start, lums_report_errors. */
-  lrun *(*run_new)(lua_State *L, lvms *vms, ums_runtime_t *rt, int sched,
+  /* lums_vmrun_new, lums_vmrun_free, lums_task_start, lums_report_errors. */
+  lvmrun *(*run_new)(lua_State *L, lrun *run, ums_runtime_t *rt, int sched,
                    int64_t quantum);
-  void (*run_free)(lua_State *L, lrun *r, bool close_vm);
-  void (*task_start)(lrun *r, int nargs);
+  void (*run_free)(lua_State *L, lvmrun *r, bool close_vm);
+  void (*task_start)(lvmrun *r, int nargs);
   void (*report_errors)(lua_State *L);
 } lums_vm_ops;
 /* lums.c's. */
 LUMS_HIDDEN extern const lums_vm_ops lums_vm_ops_module;
 
-/* A hosted run's setup of each VM (lums_vms_new_hosted). */
+/* A hosted run's setup of each VM (lums_run_new_hosted). */
 typedef int (*lums_vm_setup_fn)(lua_State *L, int sched, void *arg);
 
 /* Scheduler-side state of one VM (lvm.c). */
 typedef struct lvmslot lvmslot;
 
 /* The run-wide state. */
-struct lvms {
+struct lrun {
   ums_runtime_t *rt;     /* [const] */
   const lums_vm_ops *ops;  /* [const] the module's VM calls */
   int nsched;            /* [const] */
-  int64_t quantum;       /* [const] from the main VM's lrun */
+  int64_t quantum;       /* [const] from the main VM's lvmrun */
   bool preempt;          /* [const once set, before any VM] the quantum
                             may interrupt Lua code anywhere */
-  lrun *main;            /* [const once set] the main VM's lrun */
+  lvmrun *main;          /* [const once set] the main VM's lvmrun */
   lmonitor *monitor;     /* [const once set, before any VM] the run's
                             quantum monitor (lquantum.c), owned by
                             whoever made the run */
@@ -63,13 +63,13 @@ struct lvms {
   lums_vm_setup_fn setup;  /* [const] hosted: the host's setup, or NULL */
   void *setup_arg;       /* [const] */
   bool hosted;           /* [const] no main VM (lhost.c) */
-  _Atomic(lrun *) *vm;   /* [atomic; written once by the scheduler] */
+  _Atomic(lvmrun *) *vm;   /* [atomic; written once by the scheduler] */
   lvmslot *slot;         /* [owner: scheduler i's thread] */
 
   lreqs reqs;            /* the run's requests (lreq.c) */
   ldispatch disp;        /* [reqs.lock] their queues (ldisp.c) */
 
-  _Atomic int64_t live;  /* [atomic] holds (lums_vms_hold) */
+  _Atomic int64_t live;  /* [atomic] holds (lums_run_hold) */
   _Atomic bool stopping; /* [atomic] the run failed: start nothing more */
   pthread_mutex_t quiet_lock; /* guards the wait for live == 0 and exit */
   pthread_cond_t quiet_cond;
@@ -83,76 +83,76 @@ struct lvms {
 ** run starts: package.path, package.cpath and the init module are read
 ** from L (the main VM) now; ops make its other VMs (kept, not copied).
 ** NULL when out of memory. */
-LUMS_HIDDEN lvms *lums_vms_new(lua_State *L, ums_runtime_t *rt,
+LUMS_HIDDEN lrun *lums_run_new(lua_State *L, ums_runtime_t *rt,
                                const lums_vm_ops *ops);
 /* A hosted run (lhost.c): no main VM; every scheduler's VM, scheduler 0's
 ** included, is made by lvm.c on its own thread, with these paths (NULL:
 ** Lua's defaults), init module (NULL: none) and quantum (ns, 0: none),
 ** and setup(L, sched, arg) called in it after require "ums" and before
 ** the init module (may raise; the VM then refuses its work). Any thread.
-** NULL when out of memory. Closed by lums_vms_close(NULL, v). */
-LUMS_HIDDEN lvms *lums_vms_new_hosted(ums_runtime_t *rt,
+** NULL when out of memory. Closed by lums_run_close(NULL, v). */
+LUMS_HIDDEN lrun *lums_run_new_hosted(ums_runtime_t *rt,
                                       const lums_vm_ops *ops,
                                       const char *path, const char *cpath,
                                       const char *init, int64_t quantum,
                                       lums_vm_setup_fn setup,
                                       void *setup_arg);
 /* Whether v is a hosted run (no main VM, no os.exit of its own). */
-LUMS_HIDDEN bool lums_vms_hosted(lvms *v);
+LUMS_HIDDEN bool lums_run_hosted(lrun *v);
 /* Whether the run's quantum may interrupt Lua code anywhere (preempt =
 ** true), not only at the calls that can wait. Set before any VM is made,
 ** by the thread that makes v. */
-LUMS_HIDDEN void lums_vms_set_preempt(lvms *v, bool on);
-LUMS_HIDDEN bool lums_vms_preempt(lvms *v);
-/* Records the main VM's lrun as the VM of scheduler 0. */
-LUMS_HIDDEN void lums_vms_set_main(lvms *v, lrun *main);
+LUMS_HIDDEN void lums_run_set_preempt(lrun *v, bool on);
+LUMS_HIDDEN bool lums_run_preempt(lrun *v);
+/* Records the main VM's lvmrun as the VM of scheduler 0. */
+LUMS_HIDDEN void lums_run_set_main(lrun *v, lvmrun *main);
 /* The run's quantum monitor (lums_monitor_new), recorded by
-** lums_vms_set_monitor before any VM is made (NULL: none). */
-LUMS_HIDDEN void lums_vms_set_monitor(lvms *v, lmonitor *monitor);
-LUMS_HIDDEN lmonitor *lums_vms_monitor(lvms *v);
+** lums_run_set_monitor before any VM is made (NULL: none). */
+LUMS_HIDDEN void lums_run_set_monitor(lrun *v, lmonitor *monitor);
+LUMS_HIDDEN lmonitor *lums_run_monitor(lrun *v);
 /* Number of schedulers, and the VM of scheduler i (NULL: none yet). Any
-** thread; a VM once there stays until lums_vms_close. */
-LUMS_HIDDEN int lums_vms_count(lvms *v);
-LUMS_HIDDEN lrun *lums_vms_at(lvms *v, int i);
+** thread; a VM once there stays until lums_run_close. */
+LUMS_HIDDEN int lums_run_count(lrun *v);
+LUMS_HIDDEN lvmrun *lums_run_at(lrun *v, int i);
 /* Counts work that may still start other work: each VM with a Lua task
 ** not finished (lums.c holds once per VM, not per task), each request
 ** not started, each dispatcher. Any thread. */
-LUMS_HIDDEN void lums_vms_hold(lvms *v);
-LUMS_HIDDEN void lums_vms_release(lvms *v);
+LUMS_HIDDEN void lums_run_hold(lrun *v);
+LUMS_HIDDEN void lums_run_release(lrun *v);
 /* Blocks the main thread until nothing is held any more, an os.exit
 ** was requested or Ctrl-C came (true), or until the absolute monotonic deadline
 ** (false; UMS_FOREVER: none). */
-LUMS_HIDDEN bool lums_vms_wait_quiet(lvms *v, int64_t deadline);
-/* Whether lums_vms_wait_quiet would return true at once. */
-LUMS_HIDDEN bool lums_vms_quiet(lvms *v);
+LUMS_HIDDEN bool lums_run_wait_quiet(lrun *v, int64_t deadline);
+/* Whether lums_run_wait_quiet would return true at once. */
+LUMS_HIDDEN bool lums_run_quiet(lrun *v);
 /* os.exit in a task of any VM: the first request is kept; cancels the
-** run's first task and ends lums_vms_wait_quiet. */
-LUMS_HIDDEN void lums_vms_request_exit(lvms *v, int code, bool close);
-LUMS_HIDDEN bool lums_vms_exit_requested(lvms *v, int *code, bool *close);
-/* Ctrl-C (lintr.c's watcher): cancels the run as lums_vms_request_exit
-** does, without an exit; ends lums_vms_wait_quiet. Any thread. */
-LUMS_HIDDEN void lums_vms_interrupt(lvms *v);
+** run's first task and ends lums_run_wait_quiet. */
+LUMS_HIDDEN void lums_run_request_exit(lrun *v, int code, bool close);
+LUMS_HIDDEN bool lums_run_exit_requested(lrun *v, int *code, bool *close);
+/* Ctrl-C (lintr.c's watcher): cancels the run as lums_run_request_exit
+** does, without an exit; ends lums_run_wait_quiet. Any thread. */
+LUMS_HIDDEN void lums_run_interrupt(lrun *v);
 /* The run is failing (its first task raised, or os.exit): requests not
 ** started yet are not started any more. Any thread. */
-LUMS_HIDDEN void lums_vms_stop(lvms *v);
+LUMS_HIDDEN void lums_run_stop(lrun *v);
 /* After ums_runtime_shutdown (no scheduler thread is left): ends the
 ** requests never started (cancelled), reports through L's on_error the
 ** errors of submitted work nobody joined, closes the VMs of the other
 ** schedulers and frees v. L is the main VM (NULL: a hosted run), on the
-** main thread. lwork.c's: it ends the requests before lums_vms_free. */
-LUMS_HIDDEN void lums_vms_close(lua_State *L, lvms *v);
-/* The rest of lums_vms_close, once every request has ended: closes the
+** main thread. lwork.c's: it ends the requests before lums_run_free. */
+LUMS_HIDDEN void lums_run_close(lua_State *L, lrun *v);
+/* The rest of lums_run_close, once every request has ended: closes the
 ** VMs of the other schedulers (each reports its own errors first) and
 ** frees v. */
-LUMS_HIDDEN void lums_vms_free(lvms *v);
+LUMS_HIDDEN void lums_run_free(lrun *v);
 /* The VM that reports the run's failed requests at its end: L (the main
 ** VM), or in a hosted run the first VM made; NULL: none. */
-LUMS_HIDDEN lua_State *lums_vms_report_state(lvms *v, lua_State *L);
+LUMS_HIDDEN lua_State *lums_run_report_state(lrun *v, lua_State *L);
 /* The VM of scheduler s, made if need be, with the init module loaded:
 ** NULL with *err set when it cannot be had, and *refuse true when it
 ** never will (its setup or its init module failed; err then lives as
 ** long as v). On s's thread, outside any task. */
-LUMS_HIDDEN lrun *lums_vms_ready(lvms *v, int s, const char **err,
+LUMS_HIDDEN lvmrun *lums_run_ready(lrun *v, int s, const char **err,
                                  bool *refuse);
 
 #endif

@@ -5,7 +5,7 @@
 ** (lcopy.c) and the request is queued (ldisp.c) where the runtime's
 ** placement puts it, or on the scheduler submit_on names. The handle is a
 ** shared object (lproxy.c), so any VM may join or cancel it and pass it
-** on. At the end of the run (lums_vms_close) the errors of failed work
+** on. At the end of the run (lums_run_close) the errors of failed work
 ** nobody joined go to the main VM's on_error.
 */
 #define _GNU_SOURCE  /* strdup */
@@ -36,7 +36,7 @@ static bool good_name(const char *s, size_t len) {
 static int submit(lua_State *L, int target, int fidx, const char *fname) {
   const int ufidx = fidx;  /* argument numbers in messages */
   ltask *me = lums_need_task(L, fname);
-  lvms *v = me->run->vms;
+  lrun *v = me->vmrun->run;
   int t = lua_type(L, fidx);
   char err[256];
   int bad;
@@ -54,7 +54,7 @@ static int submit(lua_State *L, int target, int fidx, const char *fname) {
   lua_insert(L, fidx);  /* below the function; the arguments stay last */
   fidx++;
   r->rt = v->rt;
-  r->vms = v;
+  r->run = v;
   r->sched = -1;
   r->state = R_QUEUED;
   if (name && !(r->name = strdup(name)))
@@ -68,7 +68,7 @@ static int submit(lua_State *L, int target, int fidx, const char *fname) {
                          &bad);
   if (!r->args) lums_argerr(L, ufidx + 1 + bad, fname, err);
 
-  if (lums_req_queue(v, r, target, me->run->sched) == UMS_ESHUTDOWN)
+  if (lums_req_queue(v, r, target, me->vmrun->sched) == UMS_ESHUTDOWN)
     return luaL_error(L, "ums.%s: the run is ending", fname);
   lua_settop(L, fidx - 1);  /* the handle */
   return 1;
@@ -87,7 +87,7 @@ static int l_submit_on(lua_State *L) {
     lums_argerr(L, 1, "submit_on", "number has no integer representation");
   }
   ltask *me = lums_need_task(L, "submit_on");
-  int n = me->run->vms->nsched;
+  int n = me->vmrun->run->nsched;
   if (i < 0 || i >= n)
     lums_argerr(L, 1, "submit_on",
                 lua_pushfstring(L, "scheduler %I out of range (0 to %d)",
@@ -99,20 +99,20 @@ static int l_submit_on(lua_State *L) {
 ** as everywhere (ums.stats, ums.tasks, the C API); nil outside tasks. */
 static int l_scheduler(lua_State *L) {
   ltask *t = lums_cur_task;
-  if (!t || !t->run)
+  if (!t || !t->vmrun)
     lua_pushnil(L);
   else
-    lua_pushinteger(L, t->run->sched);
+    lua_pushinteger(L, t->vmrun->sched);
   return 1;
 }
 
 /* ums.schedulers() -> the number of schedulers of the run; nil outside. */
 static int l_schedulers(lua_State *L) {
   ltask *t = lums_cur_task;
-  if (!t || !t->run)
+  if (!t || !t->vmrun)
     lua_pushnil(L);
   else
-    lua_pushinteger(L, t->run->vms->nsched);
+    lua_pushinteger(L, t->vmrun->run->nsched);
   return 1;
 }
 
@@ -176,7 +176,7 @@ static int work_join(lua_State *L) {
     return 2;
   }
   bool self = r->state == R_RUNNING && r->task == ums_self();
-  if (!me || !me->run || self) {
+  if (!me || !me->vmrun || self) {
     pthread_mutex_unlock(&r->h.lock);
     if (self) return luaL_error(L, "ums.work:join: work cannot join itself");
     lums_need_task(L, "work:join");
@@ -237,7 +237,7 @@ static const luaL_Reg work_methods[] = {{"join", work_join},
                                         {NULL, NULL}};
 
 /* Calls L's on_error for each failed request nobody joined. */
-static void report_failed(lua_State *L, lvms *v) {
+static void report_failed(lua_State *L, lrun *v) {
   lreq *r;
   while ((r = REQ_OF_L(v->reqs.failed.head)) != NULL) {
     ums_list_remove(&v->reqs.failed, &r->llink);
@@ -261,9 +261,9 @@ static void report_failed(lua_State *L, lvms *v) {
   }
 }
 
-void lums_vms_close(lua_State *L, lvms *v) {
+void lums_run_close(lua_State *L, lrun *v) {
   lums_disp_close(v);
-  lua_State *RL = lums_vms_report_state(v, L);
+  lua_State *RL = lums_run_report_state(v, L);
   if (RL) {
     report_failed(RL, v);
   } else {
@@ -273,10 +273,10 @@ void lums_vms_close(lua_State *L, lvms *v) {
       lshared_unref(&r->h);
     }
   }
-  lums_vms_free(v);
+  lums_run_free(v);
 }
 
-void lums_open_vm(lua_State *L) {
+void lums_open_work(lua_State *L) {
   static const luaL_Reg funcs[] = {{"submit", l_submit},
                                    {"submit_on", l_submit_on},
                                    {"scheduler", l_scheduler},
