@@ -201,19 +201,22 @@ void lums_hook_disarm(lua_State *L, ltask *t) {
 ** the running task's coroutine, the hook, mask and count the user set
 ** there are read and written, and qhook stays. The debug library's own
 ** functions (upvalue 1) do the work, with the user's hook put back for
-** the time of a gethook; a signal meanwhile arms qhook over it as it
-** would over any user hook. lums_open installs both in every VM. */
-static int l_gethook(lua_State *L) {
+** the time of the call. lums_open installs both in every VM.
+**
+** The quantum's signal handler puts qhook on the task's coroutine
+** (hook_arm) whenever it fires. While one of these functions is at the
+** hook it leaves that to the function (hook.busy, see quantum_signal):
+** otherwise a gethook could read qhook and its count, and a sethook
+** would overwrite the qhook just armed, losing the preemption, or be
+** interrupted between its stores, leaving a hook with another hook's
+** mask. The handler runs on this thread, so compiler fences order the
+** flag with the hook's fields. */
+static int hook_call(lua_State *L, bool setting) {
   lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
   ltask *t = lums_cur_task;
   bool own = t && L1 == t->co;
-  /* The quantum's signal handler puts qhook on the task's coroutine
-  ** (hook_arm) whenever it fires: while the hook is read it leaves that
-  ** to this function (hook.reading, see quantum_signal), or the debug
-  ** library could read qhook and its count. The handler runs on this
-  ** thread, so compiler fences order the flag with the reads. */
   if (own) {
-    t->hook.reading = 1;
+    t->hook.busy = 1;
     atomic_signal_fence(memory_order_seq_cst);
   }
   bool swap = own && lua_gethook(L1) == qhook;
@@ -221,16 +224,24 @@ static int l_gethook(lua_State *L) {
   int n = lua_gettop(L);
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_insert(L, 1);
-  /* Protected, so that an error (out of memory) cannot leave the handler
-  ** deferring for good. */
+  /* Protected, so that an error (a bad argument, out of memory) cannot
+  ** leave the handler deferring for good. */
   int st = lua_pcall(L, n, LUA_MULTRET, 0);
-  if (swap && lua_gethook(L1) == t->hook.uhook) hook_set(L1, t);
+  if (swap) {
+    /* qhook had an errand (a preemption, a look): it goes on, over
+    ** whatever hook the user has now. A gethook leaves the user's hook
+    ** as it was; a sethook's new one is saved by hook_arm. */
+    if (setting)
+      hook_arm(L1, t, t->hook.qleft > 0 ? t->hook.qleft : 1);
+    else if (lua_gethook(L1) == t->hook.uhook)
+      hook_set(L1, t);
+  }
   if (own) {
     atomic_signal_fence(memory_order_seq_cst);
-    t->hook.reading = 0;
+    t->hook.busy = 0;
     atomic_signal_fence(memory_order_seq_cst);
-    /* A signal that came while the hook was read: its errand is done now.
-    ** One that comes after the flag was cleared arms qhook itself. */
+    /* A signal that came during the call: its errand is done now. One
+    ** that comes after the flag was cleared arms qhook itself. */
     if (t->hook.deferred) {
       t->hook.deferred = 0;
       hook_arm(L1, t, 1);
@@ -240,18 +251,9 @@ static int l_gethook(lua_State *L) {
   return lua_gettop(L);
 }
 
-static int l_sethook(lua_State *L) {
-  lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
-  ltask *t = lums_cur_task;
-  bool ours = t && L1 == t->co && lua_gethook(L1) == qhook;
-  int n = lua_gettop(L);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  lua_call(L, n, LUA_MULTRET);
-  if (ours && lua_gethook(L1) != qhook)
-    hook_arm(L1, t, t->hook.qleft > 0 ? t->hook.qleft : 1);
-  return lua_gettop(L);
-}
+static int l_gethook(lua_State *L) { return hook_call(L, false); }
+
+static int l_sethook(lua_State *L) { return hook_call(L, true); }
 
 static void wrap_hook_fn(lua_State *L, const char *name, lua_CFunction f) {
   if (lua_getfield(L, -1, name) == LUA_TFUNCTION &&
@@ -407,8 +409,8 @@ static void quantum_signal(int sig) {
   lua_State *co = atomic_load_explicit(&q->running_co, memory_order_relaxed);
   if (co && co == t->co) {
     t->hook.qsig = 1;
-    if (t->hook.reading)
-      t->hook.deferred = 1;  /* l_gethook arms qhook once it has read */
+    if (t->hook.busy)
+      t->hook.deferred = 1;  /* hook_call arms qhook once it is done */
     else
       hook_arm(co, t, 1);
   }

@@ -33,9 +33,10 @@ typedef struct lqhook {
   int qleft;                   /* what is left of ums's own count */
   volatile sig_atomic_t qsig;  /* the quantum's signal armed qhook and
                                   qhook has not run its errand yet */
-  volatile sig_atomic_t reading;   /* debug.gethook reads the hook: the
-                                      signal handler leaves it alone */
-  volatile sig_atomic_t deferred;  /* and left hook_arm to debug.gethook */
+  volatile sig_atomic_t busy;      /* debug.gethook or debug.sethook is at
+                                      the hook: the signal handler leaves
+                                      it alone */
+  volatile sig_atomic_t deferred;  /* and left hook_arm to that call */
 } lqhook;
 
 /* One VM's quantum. running_co and step_seq are written by the VM's Lua

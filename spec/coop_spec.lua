@@ -458,6 +458,42 @@ describe("the user's hooks", function()
     end, 30)
   end)
 
+  -- A task that keeps setting and reading hooks spends most of its time
+  -- inside debug.sethook and debug.gethook, where the quantum's signal
+  -- falls; the preemption it brings must survive the call.
+  it("preempts a task that keeps setting hooks", function()
+    ums.config{quantum = 0.001, preempt = true}
+    ums.test(function()
+      local turns, bad = 0, {}
+      local other = ums.spawn(function()
+        for _ = 1, 200 do
+          turns = turns + 1
+          ums.yield()
+        end
+      end)
+      local setter = ums.spawn(function()
+        local function ha() end
+        local function hb() end
+        -- os.clock, not ums.now (a yield point): the preemption must
+        -- come through the hook.
+        local t0 = os.clock()
+        while turns < 200 and os.clock() - t0 < 20 do
+          debug.sethook(ha, "c")
+          local h, m = debug.gethook()
+          if h ~= ha or m ~= "c" then bad[#bad + 1] = tostring(m) end
+          debug.sethook(hb, "l", 0)
+          h, m = debug.gethook()
+          if h ~= hb or m ~= "l" then bad[#bad + 1] = tostring(m) end
+        end
+        debug.sethook()
+      end)
+      assert(setter:join())
+      assert(other:join())
+      assert.equal(200, turns, "the other task ran " .. turns .. " times")
+      assert.equal("", table.concat(bad, ", "))
+    end, 60)
+  end)
+
   -- A coroutine made while ums's hook is on the task inherits the hook
   -- the task would have without ums (plain Lua copies a thread's hook,
   -- mask and count into the threads it makes).
