@@ -31,6 +31,7 @@
 */
 #define _GNU_SOURCE
 #include "lccall.h"
+#include "ltask.h"
 
 #include <dlfcn.h>
 #include <errno.h>

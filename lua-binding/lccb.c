@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "lcdata.h"
+#include "ltask.h"
 
 typedef struct lcb {
   ffi_closure *closure;    /* NULL once freed */

@@ -33,6 +33,7 @@
 #include "lccb.h"
 #include "lcdata.h"
 #include "lcdecl.h"
+#include "ltask.h"
 
 #define NS_MT "ums.ffi.namespace"
 #define DECLS_KEY "ums.ffi.decls"

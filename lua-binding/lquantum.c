@@ -18,6 +18,8 @@
 #define _GNU_SOURCE
 #include "lquantum.h"
 #include "lums.h"
+#include "lstats.h"
+#include "ltask.h"
 
 #include <pthread.h>
 #include <signal.h>

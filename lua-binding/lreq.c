@@ -10,6 +10,7 @@
 ** the run's active list.
 */
 #define _GNU_SOURCE  /* strdup */
+#include "ltask.h"
 #include "lvm.h"
 
 #include <stdio.h>

@@ -28,6 +28,7 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lstats.h"
 #include "ltask.h"
 #include "lvm.h"
 

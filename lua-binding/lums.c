@@ -27,6 +27,7 @@
 #define _GNU_SOURCE
 #include "lums.h"
 #include "lpark.h"
+#include "lstats.h"
 #include "ltask.h"
 #include "lvm.h"
 

@@ -11,12 +11,61 @@
 #define LVM_H
 
 #include "lums.h"
+#include "lquantum.h"
 
 #include <pthread.h>
 
 #include "ldisp.h"
 #include "lreq.h"
 #include "ums-lua.h"
+
+/* One VM's part of a run. A run has one VM per scheduler that runs Lua
+** (the caller's own VM on scheduler 0, the others created by lvm.c), and
+** one lvmrun for each; a VM and its lvmrun are touched only by the thread of
+** their scheduler while the run lasts. What the VMs share (the runtime,
+** work queues, the quantum monitor, os.exit) is in lrun (lvm.c). */
+struct lvmrun {
+  ums_runtime_t *rt;
+  lrun *run;             /* [const] the run it is part of (lvm.c) */
+  int sched;             /* [const] index of the scheduler running this VM */
+  lua_State *SL;         /* the run's own thread, for scheduler-side work */
+  lkept *kept;           /* [const] what the VM keeps between runs (its
+                            ltask slab, its anchor table, SL); the run owns
+                            the pool until lums_vmrun_free gives it back */
+  int anchors;           /* [const] registry ref of the VM's anchor
+                            table (see ltask.slot) */
+  lquantum q;            /* lquantum.c: this VM's quantum */
+  lhandle *main;                    /* main VM: the run's first task, set
+                                       before it is spawned (its id is
+                                       stored by the runtime before it
+                                       can start); NULL in other VMs */
+  /* Pool of ltasks, each with its reset coroutine and registry slots
+  ** (no lua_newthread or luaL_ref per task). */
+  ltask **pool;
+  int npool, cappool;
+  /* Tasks of this VM not finished yet. The VM holds the run
+  ** (lums_run_hold) once while it has any, not once per task: the hold
+  ** is an atomic read-modify-write on a word every VM shares, which a
+  ** spawn and a finish each paid. [Lua thread; the main thread for the
+  ** run's first task, before the run starts] */
+  int nlive;
+  /* Stall reports (lstats.c). The run's state is shared by its VMs; the
+  ** monitor thread posts a report for this VM's scheduler and raises
+  ** stall_pending, and this VM's thread delivers it from a hook or at its
+  ** next step. */
+  lstall *stall;                    /* [const] NULL: no stall detection */
+  _Atomic int stall_pending;
+  _Atomic int stall_custom;         /* this VM has an on_stall handler */
+  /* Freed ums.ffi call requests of the standard size, kept for the next
+  ** calls of this VM's tasks (lccall.c): a request is larger than malloc's
+  ** per-thread cache takes, and 64 calls in flight spent a sixth of
+  ** their instructions in malloc. [Lua thread; freed with the run] */
+  void **ffi_free;
+  int nffi_free, capffi_free;
+  /* The VM's small-block cache (lalloc.c), installed by lums_vmrun_new,
+  ** removed by lums_vmrun_free; NULL: none. */
+  lalloc *alloc;
+};
 
 /* ====================================================================== */
 /* The VMs of a run (lvm.c)                                                */
