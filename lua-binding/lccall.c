@@ -31,6 +31,7 @@
 */
 #define _GNU_SOURCE
 #include "lccall.h"
+#include "lext.h"
 #include "ltask.h"
 
 #include <dlfcn.h>

@@ -22,6 +22,7 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lext.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

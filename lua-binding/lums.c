@@ -26,6 +26,8 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lalloc.h"
+#include "lintr.h"
 #include "lpark.h"
 #include "lstats.h"
 #include "ltask.h"

@@ -50,16 +50,7 @@ typedef struct ltask ltask;    /* ltask.h: a live task */
 typedef struct lhandle lhandle;  /* ltask.h: a task's handle */
 typedef struct lreq lreq;      /* lreq.h: a work request */
 
-/* ---- Calls shared between the module's files (lums.c) ---- */
-
-/* lalloc.c: puts a cache of small freed blocks in front of L's allocator
-** (lua_setallocf), for as long as L runs tasks. NULL when out of memory
-** (then nothing changes). */
-LUMS_HIDDEN lalloc *lums_alloc_install(lua_State *L);
-/* Gives every cached block back to the allocator underneath and, if the
-** cache's allocator is still L's, puts that one back (L NULL: the VM is
-** closed already). NULL is ignored. */
-LUMS_HIDDEN void lums_alloc_remove(lua_State *L, lalloc *a);
+/* ---- Each file's part of the module, opened by lums_open (lums.c) ---- */
 
 /* lfs.c: adds the fs table to the module table at the top. */
 LUMS_HIDDEN void lums_open_fs(lua_State *L);
@@ -71,56 +62,17 @@ LUMS_HIDDEN void lums_open_socket(lua_State *L);
 
 /* lffi.c: adds the ffi table to the module table at the top. */
 LUMS_HIDDEN void lums_open_ffi(lua_State *L);
-/* lcdata.c: the I/O buffer behind the ums.ffi.buffer at idx, storing its
-** size in *size; NULL for any other value. The userdata owns one
-** reference, dropped when it is collected: a caller that hands the buffer
-** to a request that may outlive the call takes its own (the runtime's
-** requests do, ums.h "Ownership"). */
-LUMS_HIDDEN ums_buf_t *lums_test_buf(lua_State *L, int idx, size_t *size);
 
 /* lext.c: publishes the C extension API (ums-lua.h) in L's registry. */
 LUMS_HIDDEN void lums_open_ext(lua_State *L);
 
-/* lext.c: going preemptive from a C function of the binding, for the
-** current task t: hands fn(arg) to the C-call pool (ums_preempt_begin_spin,
-** storing the call in *call) and ends the park with lums_park_finish,
-** so k runs once the call has returned or been given up. When the call
-** returned during the runtime's spin at the call site, no park was begun
-** and k runs at once, with status LUA_OK (after a park: LUA_YIELD), so k
-** must read ums_park_result() only when status is not LUA_OK. On failure to
-** start, the runtime has called release(arg) and this raises (naming
-** `name`, or, if it is NULL, the running function; or ums.CANCELLED). */
-LUMS_HIDDEN int lums_preempt_start(lua_State *L, ltask *t, const char *name,
-                                   ums_preempt_fn fn, void *arg,
-                                   ums_preempt_fn release, int64_t deadline,
-                                   ums_preempt_call_t **call,
-                                   lua_KContext ctx, lua_KFunction k);
-/* lext.c: in k, settles the call: returns 0 (it returned; arg is the
-** caller's again) or UMS_ETIMEDOUT (given up; arg is the runtime's);
-** raises ums.CANCELLED when the task was cancelled, or an error. */
-LUMS_HIDDEN int lums_preempt_settle(lua_State *L, ums_preempt_call_t *call,
-                                    const char *name);
-/* The same for a call whose record the caller prepared
-** (ums_preempt_prepare): begins it with ums_preempt_begin_prepared (on
-** failure the record is gone too); k then settles it with
-** lums_preempt_settle_copy, which on 0 first copies n bytes of the
-** record's inline area to out (ums_preempt_end_copy). */
-/* interrupt: UMS_PREEMPT_INTERRUPT, a task giving up interrupts fn. */
-LUMS_HIDDEN int lums_preempt_start_prepared(lua_State *L, ltask *t,
-                                            const char *name,
-                                            ums_preempt_call_t *call,
-                                            ums_preempt_fn fn, void *arg,
-                                            ums_preempt_fn release,
-                                            int64_t deadline, bool interrupt,
-                                            lua_KContext ctx,
-                                            lua_KFunction k);
-LUMS_HIDDEN int lums_preempt_settle_copy(lua_State *L,
-                                         ums_preempt_call_t *call,
-                                         const char *name, void *out,
-                                         size_t n);
-
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);
+
+/* lshared.c: shared objects (ums.shared.*), registered in every VM. */
+LUMS_HIDDEN void lums_open_shared(lua_State *L);
+/* lwork.c: ums.submit and the rest of the many-VM API. */
+LUMS_HIDDEN void lums_open_work(lua_State *L);
 
 /* ---- For lvm.c: VMs of other schedulers ---- */
 
@@ -141,25 +93,7 @@ LUMS_HIDDEN void lums_swap_os_exit(lua_State *L, bool install);
 /* Reports the errors of tasks nobody joined in L's VM (end of a run). */
 LUMS_HIDDEN void lums_report_errors(lua_State *L);
 
-/* lintr.c: Ctrl-C during ums.run (see the top of lintr.c). run() calls
-** lums_intr_block first (NULL: Ctrl-C is not watched; every call below
-** accepts it), lums_intr_watch once the first task exists,
-** lums_intr_settle before the runtime shuts down (true: Ctrl-C
-** interrupted the run; nothing is cancelled after it) and lums_intr_end,
-** which gives SIGINT back, on every way out once the runtime's threads
-** are gone. All on the thread that called ums.run. */
-typedef struct lintr lintr;
-LUMS_HIDDEN lintr *lums_intr_block(void);
-LUMS_HIDDEN void lums_intr_watch(lintr *in, lrun *run);
-LUMS_HIDDEN bool lums_intr_settle(lintr *in);
-LUMS_HIDDEN void lums_intr_end(lintr *in);
-
 /* What require "ums.core" runs (lums.c); public as ums_lua_open. */
 LUMS_HIDDEN int lums_open(lua_State *L);
-
-/* lshared.c: shared objects (ums.shared.*), registered in every VM. */
-LUMS_HIDDEN void lums_open_shared(lua_State *L);
-/* lwork.c: ums.submit and the rest of the many-VM API. */
-LUMS_HIDDEN void lums_open_work(lua_State *L);
 
 #endif
