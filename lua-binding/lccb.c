@@ -61,7 +61,7 @@ static _Thread_local lcbframe *host_frame
 
 static lcbframe **frame_slot(void) {
   ltask *t = lums_cur_task;
-  return t && t->vmrun ? (lcbframe **)&t->ffi_cbframe : &host_frame;
+  return t && t->vmrun ? (lcbframe **)&t->ffi.cbframe : &host_frame;
 }
 
 void lffi_cb_enter(lcbframe *fr, lua_State *L) {

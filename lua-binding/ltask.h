@@ -10,6 +10,7 @@
 #define LTASK_H
 
 #include "lums.h"
+#include "lccall.h"
 #include "lquantum.h"
 #include "lvm.h"
 #include "lwaitq.h"
@@ -45,9 +46,7 @@ struct ltask {
   int njoiners, capjoiners;
   joiner_t join1[2];     /* room for the usual one or two joiners */
   lwait wait;            /* its channel send/recv while parked in one */
-  int ffi_errno;         /* errno right after its last ums.ffi call */
-  void *ffi_cbframe;     /* lccb.c: the inline ums.ffi call it is in,
-                            whose callbacks run Lua on its thread */
+  lffi_task ffi;         /* lccall.h: its ums.ffi calls */
   ums_buf_t *rfbuf;      /* lfs.c: the buffer of the ums.fs.readfile it is
                             in (the task's reference; the request holds
                             its own while it runs); released when the call

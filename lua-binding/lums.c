@@ -247,8 +247,7 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   t->njoiners = t->capjoiners = 0;
   t->wait.q = NULL;
   t->wait.link.prev = t->wait.link.next = NULL;
-  t->ffi_errno = 0;
-  t->ffi_cbframe = NULL;
+  lffi_task_reset(&t->ffi);
   t->req = NULL;
   r->pool[r->npool++] = t;
 }
@@ -831,8 +830,7 @@ void lums_vmrun_free(lua_State *L, lvmrun *r, bool close_vm) {
     r->npool = 0;
   }
   free(r->pool);
-  for (int i = 0; i < r->nffi_free; i++) free(r->ffi_free[i]);
-  free(r->ffi_free);
+  lffi_vm_free(&r->ffi);
   lums_alloc_remove(close_vm ? NULL : L, r->alloc);
   if (!close_vm) {
     lua_pushnil(L);

@@ -11,6 +11,7 @@
 #define LVM_H
 
 #include "lums.h"
+#include "lccall.h"
 #include "lquantum.h"
 
 #include <pthread.h>
@@ -56,12 +57,7 @@ struct lvmrun {
   lstall *stall;                    /* [const] NULL: no stall detection */
   _Atomic int stall_pending;
   _Atomic int stall_custom;         /* this VM has an on_stall handler */
-  /* Freed ums.ffi call requests of the standard size, kept for the next
-  ** calls of this VM's tasks (lccall.c): a request is larger than malloc's
-  ** per-thread cache takes, and 64 calls in flight spent a sixth of
-  ** their instructions in malloc. [Lua thread; freed with the run] */
-  void **ffi_free;
-  int nffi_free, capffi_free;
+  lffi_vm ffi;           /* lccall.h: its tasks' ums.ffi calls */
   /* The VM's small-block cache (lalloc.c), installed by lums_vmrun_new,
   ** removed by lums_vmrun_free; NULL: none. */
   lalloc *alloc;
