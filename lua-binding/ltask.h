@@ -11,6 +11,7 @@
 
 #include "lums.h"
 #include "lccall.h"
+#include "lfs.h"
 #include "lquantum.h"
 #include "lvm.h"
 #include "lwaitq.h"
@@ -47,11 +48,7 @@ struct ltask {
   joiner_t join1[2];     /* room for the usual one or two joiners */
   lwait wait;            /* its channel send/recv while parked in one */
   lffi_task ffi;         /* lccall.h: its ums.ffi calls */
-  ums_buf_t *rfbuf;      /* lfs.c: the buffer of the ums.fs.readfile it is
-                            in (the task's reference; the request holds
-                            its own while it runs); released when the call
-                            ends, or when the task ends if a raise cut the
-                            call short (give_back_task) */
+  lfs_task fs;           /* lfs.h: its ums.fs calls */
   lreq *req;             /* lreq.c: the work request it runs (set when
                             that begins, so that an end the request's code
                             never sees still ends the request), or NULL */

@@ -211,10 +211,7 @@ static bool grow_pool(lvmrun *r) {
 ** stack is empty. */
 static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   if (t->joiners != t->join1) free(t->joiners);
-  if (t->rfbuf) {
-    ums_buf_release(t->rfbuf);
-    t->rfbuf = NULL;
-  }
+  lfs_task_end(&t->fs);
   /* A full pool (many tasks live at once, then ending): the ltask and its
   ** coroutine go at once, with none of the reset below, which only a
   ** pooled one needs. */
