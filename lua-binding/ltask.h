@@ -12,6 +12,7 @@
 #include "lums.h"
 #include "lccall.h"
 #include "lfs.h"
+#include "lreq.h"
 #include "lquantum.h"
 #include "lvm.h"
 #include "lwaitq.h"
@@ -49,9 +50,7 @@ struct ltask {
   lwait wait;            /* its channel send/recv while parked in one */
   lffi_task ffi;         /* lccall.h: its ums.ffi calls */
   lfs_task fs;           /* lfs.h: its ums.fs calls */
-  lreq *req;             /* lreq.c: the work request it runs (set when
-                            that begins, so that an end the request's code
-                            never sees still ends the request), or NULL */
+  lreq_task req;         /* lreq.h: the work request it runs */
   lqhook hook;           /* lquantum.c: the user's hook while ums has
                             its own on co */
 };

@@ -245,7 +245,7 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   t->wait.q = NULL;
   t->wait.link.prev = t->wait.link.next = NULL;
   lffi_task_reset(&t->ffi);
-  t->req = NULL;
+  lreq_task_reset(&t->req);
   r->pool[r->npool++] = t;
 }
 
