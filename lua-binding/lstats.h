@@ -6,7 +6,33 @@
 #define LSTATS_H
 
 #include "lums.h"
-#include "lvm.h"
+
+#include <stdatomic.h>
+
+/* Stall reports' state of one VM, embedded in its lvmrun (lvmrun.stall).
+** lstats.c owns its members: the run's monitor thread posts a report for
+** this VM's scheduler and raises pending, and this VM's thread delivers
+** it from a hook or at its next step. The VM's maker (lums.c) binds it to
+** the run's stall state with lums_stall_vm_init and lums_stall_vm_set. */
+typedef struct lstall_vm {
+  lstall *state;         /* [const while the VM runs] the run's stall
+                            state; NULL: no stall detection */
+  _Atomic int pending;   /* a report waits for this VM's thread */
+  _Atomic int custom;    /* this VM has an on_stall handler */
+} lstall_vm;
+
+/* Fills v for a new VM whose main thread is L, sharing the run's stall
+** state s (NULL: none). */
+LUMS_HIDDEN void lums_stall_vm_init(lstall_vm *v, lstall *s, lua_State *L);
+/* The run's stall state v shares (NULL: none), and the same set anew:
+** the main VM is made before its run's stall state is handed to it, and
+** gives it up before that state is freed. */
+static inline lstall *lums_stall_vm_state(const lstall_vm *v) {
+  return v->state;
+}
+static inline void lums_stall_vm_set(lstall_vm *v, lstall *s) {
+  v->state = s;
+}
 
 /* Adds stats, tasks, waits, waits_reset, on_stall and the WAIT table to
 ** the module table at the top, and info to the task methods. */
@@ -42,8 +68,8 @@ LUMS_HIDDEN void lums_stall_hook(lua_State *L, ltask *t);
 ** run the handler (r's own thread at a step, the main thread at the end
 ** of the run). */
 LUMS_HIDDEN void lums_stall_flush(lvmrun *r, lua_State *L);
-static inline bool lums_stall_pending(lvmrun *r) {
-  return atomic_load_explicit(&r->stall_pending, memory_order_relaxed);
+static inline bool lums_stall_pending(lstall_vm *v) {
+  return atomic_load_explicit(&v->pending, memory_order_relaxed);
 }
 
 #endif

@@ -12,6 +12,7 @@
 
 #include "lums.h"
 #include "lccall.h"
+#include "lstats.h"
 #include "lquantum.h"
 
 #include <pthread.h>
@@ -50,13 +51,7 @@ struct lvmrun {
   ** spawn and a finish each paid. [Lua thread; the main thread for the
   ** run's first task, before the run starts] */
   int nlive;
-  /* Stall reports (lstats.c). The run's state is shared by its VMs; the
-  ** monitor thread posts a report for this VM's scheduler and raises
-  ** stall_pending, and this VM's thread delivers it from a hook or at its
-  ** next step. */
-  lstall *stall;                    /* [const] NULL: no stall detection */
-  _Atomic int stall_pending;
-  _Atomic int stall_custom;         /* this VM has an on_stall handler */
+  lstall_vm stall;       /* lstats.h: this VM's stall reports */
   lffi_vm ffi;           /* lccall.h: its tasks' ums.ffi calls */
   /* The VM's small-block cache (lalloc.c), installed by lums_vmrun_new,
   ** removed by lums_vmrun_free; NULL: none. */
