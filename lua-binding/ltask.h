@@ -27,7 +27,9 @@ typedef struct joiner {
 ** Lua object: ltasks are records of their VM's slab (lums.c, struct
 ** lkept), pooled with their coroutines (lvmrun.pool) and recycled, so a
 ** stale pointer to one is only ever used together with a park token,
-** whose task id the runtime checks. Scheduler thread only. */
+** whose task id the runtime checks. Scheduler thread only. The task's
+** life cycle (lums.c) owns the record; each embedded struct is declared,
+** and its members touched, by the file its comment names. */
 struct ltask {
   lhandle *h;            /* its handle (h->id: its runtime id); NULL while
                             pooled */
@@ -47,7 +49,8 @@ struct ltask {
   joiner_t *joiners;     /* tasks waiting in join: join1 or malloc'ed */
   int njoiners, capjoiners;
   joiner_t join1[2];     /* room for the usual one or two joiners */
-  lwait wait;            /* its channel send/recv while parked in one */
+  lwait wait;            /* lwaitq.h: its place on a wait queue (a
+                            channel's side, a stream's lock) */
   lffi_task ffi;         /* lccall.h: its ums.ffi calls */
   lfs_task fs;           /* lfs.h: its ums.fs calls */
   lreq_task req;         /* lreq.h: the work request it runs */

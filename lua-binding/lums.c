@@ -242,8 +242,7 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   t->parking = t->park_begun = t->finish_pending = false;
   t->joiners = NULL;
   t->njoiners = t->capjoiners = 0;
-  t->wait.q = NULL;
-  t->wait.link.prev = t->wait.link.next = NULL;
+  lums_wait_reset(&t->wait);
   lffi_task_reset(&t->ffi);
   lreq_task_reset(&t->req);
   r->pool[r->npool++] = t;

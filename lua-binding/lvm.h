@@ -25,7 +25,10 @@
 ** (the caller's own VM on scheduler 0, the others created by lvm.c), and
 ** one lvmrun for each; a VM and its lvmrun are touched only by the thread of
 ** their scheduler while the run lasts. What the VMs share (the runtime,
-** work queues, the quantum monitor, os.exit) is in lrun (lvm.c). */
+** work queues, the quantum monitor, os.exit) is in lrun (lvm.c).
+** lums.c fills the lvmrun (lums_vmrun_new) and frees it
+** (lums_vmrun_free); each embedded struct is declared, and its members
+** touched, by the file its comment names. */
 struct lvmrun {
   ums_runtime_t *rt;
   lrun *run;             /* [const] the run it is part of (lvm.c) */
@@ -53,8 +56,8 @@ struct lvmrun {
   int nlive;
   lstall_vm stall;       /* lstats.h: this VM's stall reports */
   lffi_vm ffi;           /* lccall.h: its tasks' ums.ffi calls */
-  /* The VM's small-block cache (lalloc.c), installed by lums_vmrun_new,
-  ** removed by lums_vmrun_free; NULL: none. */
+  /* lalloc.h: the VM's small-block cache, an object of lalloc.c's that
+  ** lums_vmrun_new installs and lums_vmrun_free removes; NULL: none. */
   lalloc *alloc;
 };
 

@@ -38,6 +38,13 @@ struct lwait {
   int64_t deadline;      /* a stream lock's wait: when the call gives up */
 };
 
+/* Makes w a waiter on no queue: for a task record about to run another
+** task. */
+static inline void lums_wait_reset(lwait *w) {
+  w->q = NULL;
+  w->link.prev = w->link.next = NULL;
+}
+
 /* Appends w to q. */
 static inline void lums_q_push(lwaitq *q, lwait *w) {
   w->q = q;
