@@ -12,9 +12,9 @@
 
 typedef struct lwait lwait;
 
-/* A FIFO of waiters on one side of a channel. Every Lua task of a VM
-** runs on that VM's one scheduler thread, so queues need no lock: the
-** code between two waits runs as one atomic step. */
+/* A FIFO of waiters (one side of a channel, a stream's lock). Every
+** Lua task of a VM runs on that VM's one scheduler thread, so queues
+** need no lock: the code between two waits runs as one atomic step. */
 typedef struct lwaitq {
   ums_list_t list;       /* of lwait.link, FIFO */
 } lwaitq;
