@@ -157,7 +157,7 @@ void lums_stall_cb(const ums_stall_t *st, void *arg) {
   pthread_mutex_unlock(&s->lock);
   if (r) {
     lums_request_hook(&r->q);
-    if (atomic_load(&r->stall.custom)) return;
+    if (atomic_load(&r->stall.has_handler)) return;
   }
 
   /* The default handler: one line, from here. */
@@ -218,7 +218,7 @@ static void call_handler(lua_State *L, const ums_stall_t *st, ltask *t) {
 void lums_stall_vm_init(lstall_vm *v, lstall *s, lua_State *L) {
   v->state = s;
   atomic_store(&v->pending, 0);
-  atomic_store(&v->custom, lums_stall_has_handler(L));
+  atomic_store(&v->has_handler, lums_stall_has_handler(L));
 }
 
 /* The Lua thread, in a hook in task t. */
@@ -248,7 +248,7 @@ void lums_stall_hook(lua_State *L, ltask *t) {
     snprintf(s->tb, sizeof s->tb, "%s", tb ? tb : "");
     s->state = ST_HAVE;
     pthread_cond_signal(&s->cond);
-    if ((call = atomic_load(&r->stall.custom))) {
+    if ((call = atomic_load(&r->stall.has_handler))) {
       s->state = ST_DONE;
       atomic_store(&r->stall.pending, 0);
     }
@@ -273,7 +273,7 @@ void lums_stall_flush(lvmrun *r, lua_State *L) {
   ** once it has. */
   bool mine = s->target == r;
   if (mine && (s->state == ST_WANT || s->state == ST_HAVE) &&
-      atomic_load(&r->stall.custom)) {
+      atomic_load(&r->stall.has_handler)) {
     call = true;
     s->state = ST_DONE;
   }
@@ -301,7 +301,7 @@ static int l_on_stall(lua_State *L) {
     r = (lvmrun *)lua_touserdata(L, -1);
     lua_pop(L, 1);
   }
-  if (r) atomic_store(&r->stall.custom, lums_stall_has_handler(L));
+  if (r) atomic_store(&r->stall.has_handler, lums_stall_has_handler(L));
   return 0;
 }
 

@@ -18,7 +18,7 @@ typedef struct lstall_vm {
   lstall *state;         /* [const while the VM runs] the run's stall
                             state; NULL: no stall detection */
   _Atomic int pending;   /* a report waits for this VM's thread */
-  _Atomic int custom;    /* this VM has an on_stall handler */
+  _Atomic int has_handler; /* this VM has an on_stall handler */
 } lstall_vm;
 
 /* Fills v for a new VM whose main thread is L, sharing the run's stall
