@@ -32,6 +32,7 @@
 ** them).
 */
 #include "lums.h"
+#include "lalloc.h"
 
 #include <stdlib.h>
 

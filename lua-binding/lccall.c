@@ -31,6 +31,8 @@
 */
 #define _GNU_SOURCE
 #include "lccall.h"
+#include "lext.h"
+#include "ltask.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -124,10 +126,17 @@ typedef struct fcall {
 _Static_assert(sizeof(fcall) <= UMS_PREEMPT_AREA_SIZE,
                "fcall fits a call record's inline area");
 
-/* String bytes a cached request has room for (lvmrun.ffi_free). */
+/* String bytes a cached request has room for (lffi_vm). */
 #define FREQ_CACHED_STRBYTES 256
 /* Requests a VM keeps. */
 #define FREQ_CACHE_MAX 256
+
+void lffi_vm_free(lffi_vm *v) {
+  for (int i = 0; i < v->nfree; i++) free(v->free[i]);
+  free(v->free);
+  v->free = NULL;
+  v->nfree = v->capfree = 0;
+}
 
 /* Frees a heap request: ums_preempt's release callback (on a pool thread,
 ** once a detached call has returned), or the caller after the results. */
@@ -138,20 +147,21 @@ static void freq_free(void *arg) {
   lffi_fn_unref(r->f);
   /* Back to its VM's cache only on that VM's own thread (a pool thread
   ** frees a detached call's request). */
-  lvmrun *c = r->cache;
+  lvmrun *vm = r->cache;
   ltask *t = lums_cur_task;
-  if (c && t && t->vmrun == c && c->nffi_free < FREQ_CACHE_MAX) {
-    if (c->nffi_free == c->capffi_free) {
-      int cap = c->capffi_free ? 2 * c->capffi_free : 16;
-      void **v = realloc(c->ffi_free, (size_t)cap * sizeof *v);
+  lffi_vm *c = vm ? &vm->ffi : NULL;
+  if (c && t && t->vmrun == vm && c->nfree < FREQ_CACHE_MAX) {
+    if (c->nfree == c->capfree) {
+      int cap = c->capfree ? 2 * c->capfree : 16;
+      void **v = realloc(c->free, (size_t)cap * sizeof *v);
       if (!v) {
         free(r);
         return;
       }
-      c->ffi_free = v;
-      c->capffi_free = cap;
+      c->free = v;
+      c->capfree = cap;
     }
-    c->ffi_free[c->nffi_free++] = r;
+    c->free[c->nfree++] = r;
     return;
   }
   free(r);
@@ -351,7 +361,7 @@ static freq *freq_copy(lua_State *L, ffn *f, const margs *a,
   lvmrun *cache = NULL;
   if (strbytes <= FREQ_CACHED_STRBYTES) {
     cache = vmrun;
-    r = vmrun->nffi_free ? vmrun->ffi_free[--vmrun->nffi_free]
+    r = vmrun->ffi.nfree ? vmrun->ffi.free[--vmrun->ffi.nfree]
                          : freq_alloc(FREQ_CACHED_STRBYTES);
   } else {
     r = freq_alloc(strbytes);
@@ -406,7 +416,7 @@ static _Thread_local int host_errno;
 static void save_errno(int err) {
   ltask *t = lums_cur_task;
   if (t && t->vmrun)
-    t->ffi_errno = err;
+    t->ffi.err = err;
   else
     host_errno = err;
 }
@@ -580,7 +590,7 @@ static int l_timeout(lua_State *L) {
 /* ffi.errno() -> errno saved right after the calling task's last call */
 static int l_errno(lua_State *L) {
   ltask *t = lums_cur_task;
-  lua_pushinteger(L, t && t->vmrun ? t->ffi_errno : host_errno);
+  lua_pushinteger(L, t && t->vmrun ? t->ffi.err : host_errno);
   return 1;
 }
 

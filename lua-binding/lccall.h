@@ -14,6 +14,34 @@
 ** share (the binding sees only the runtime's public headers). */
 #define LFFI_CACHELINE 64
 
+/* ums.ffi's state of one task, embedded in its ltask (ltask.ffi). Its
+** members are ums.ffi's; the task's life cycle (lums.c) only clears it,
+** with lffi_task_reset, before the record runs another task. Scheduler
+** thread. */
+typedef struct lffi_task {
+  int err;               /* lccall.c: errno right after its last call */
+  void *cbframe;         /* lccb.c: the inline call it is in, whose
+                            callbacks run Lua on its thread */
+} lffi_task;
+
+static inline void lffi_task_reset(lffi_task *f) {
+  f->err = 0;
+  f->cbframe = NULL;
+}
+
+/* ums.ffi's state of one VM, embedded in its lvmrun (lvmrun.ffi): the
+** freed call requests of the standard size, kept for the next calls of
+** this VM's tasks (lccall.c), since a request is larger than malloc's
+** per-thread cache takes. lccall.c owns it; the VM's part of a run
+** (lums.c) frees it with lffi_vm_free when the run ends. [Lua thread] */
+typedef struct lffi_vm {
+  void **free;
+  int nfree, capfree;
+} lffi_vm;
+
+/* Frees the requests v keeps. */
+LUMS_HIDDEN void lffi_vm_free(lffi_vm *v);
+
 /* A library handle; the last reference closes it, possibly on a pool
 ** thread (a detached call still runs its code until then). */
 typedef struct flib {

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "lcdata.h"
+#include "ltask.h"
 
 typedef struct lcb {
   ffi_closure *closure;    /* NULL once freed */
@@ -60,7 +61,7 @@ static _Thread_local lcbframe *host_frame
 
 static lcbframe **frame_slot(void) {
   ltask *t = lums_cur_task;
-  return t && t->vmrun ? (lcbframe **)&t->ffi_cbframe : &host_frame;
+  return t && t->vmrun ? (lcbframe **)&t->ffi.cbframe : &host_frame;
 }
 
 void lffi_cb_enter(lcbframe *fr, lua_State *L) {

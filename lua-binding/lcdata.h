@@ -73,4 +73,11 @@ static inline void lffi_push_ptr(lua_State *L, void *p) {
 ** string, copy, fill and istype to the ffi table at the top. */
 LUMS_HIDDEN void lffi_open_cdata(lua_State *L);
 
+/* The I/O buffer behind the ums.ffi.buffer at idx, storing its
+** size in *size; NULL for any other value. The userdata owns one
+** reference, dropped when it is collected: a caller that hands the buffer
+** to a request that may outlive the call takes its own (the runtime's
+** requests do, ums.h "Ownership"). */
+LUMS_HIDDEN ums_buf_t *lums_test_buf(lua_State *L, int idx, size_t *size);
+
 #endif

@@ -29,6 +29,7 @@
 ** 0, or, if the caller gave up, until the runtime calls job_release).
 */
 #include "lums.h"
+#include "lext.h"
 #include "lpark.h"
 #include "ums-lua.h"
 

@@ -22,6 +22,7 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lext.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@
 #include "lccb.h"
 #include "lcdata.h"
 #include "lcdecl.h"
+#include "ltask.h"
 
 #define NS_MT "ums.ffi.namespace"
 #define DECLS_KEY "ums.ffi.decls"

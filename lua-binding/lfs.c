@@ -13,6 +13,7 @@
 ** at a time, carried to their continuation as its context.
 */
 #define _GNU_SOURCE
+#include "lfs.h"
 #include "lstream.h"
 #include "lpark.h"
 
@@ -196,11 +197,11 @@ static const lmethod m_readfile = {open_init, step_readfile,
 ** page-aligned buffer and copied once into the string.
 **
 ** Who holds the caller's buffer reference while the task is parked: in a task,
-** the task itself (ltask.rfbuf), not a Lua object: a userdata with a __gc per
-** call cost an allocation, a metatable and a finalizer call per file, and every
-** object with a finalizer costs the collector more. The call's end releases it.
-** A raise between (no memory for the string) leaves it in the slot until the
-** task ends (give_back_task). While the slot is taken (by that, or by a
+** the task itself (lfs_task.readbuf), not a Lua object: a userdata with a __gc
+** per call cost an allocation, a metatable and a finalizer call per file, and
+** every object with a finalizer costs the collector more. The call's end
+** releases it. A raise between (no memory for the string) leaves it in the slot
+** until the task ends (lfs_task_end). While the slot is taken (by that, or by a
 ** readfile of this task that a finalizer run from inside this one interrupted)
 ** a call uses a box on the stack instead, collected if it raises, as it does
 ** outside a task. The request holds its own reference while it runs either
@@ -242,7 +243,7 @@ static int readfile_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   int fd = -1;
   int64_t r = ums_fs_readfile_end((ums_fs_req_t *)ctx, &fd);
-  return readfile_result(L, r, fd, &lums_cur_task->rfbuf);
+  return readfile_result(L, r, fd, &lums_cur_task->fs.readbuf);
 }
 
 /* The continuation of a call whose buffer a box holds. Stack: path, box. */
@@ -258,8 +259,8 @@ static int fs_readfile(lua_State *L) {
   lua_settop(L, 1);
   ltask *me = lums_cur_task;
   ums_buf_t **owner;
-  if (me && !me->rfbuf) {
-    owner = &me->rfbuf;
+  if (me && !me->fs.readbuf) {
+    owner = &me->fs.readbuf;
   } else {
     rfbuf *box = (rfbuf *)lua_newuserdatauv(L, sizeof *box, 0);
     box->b = NULL;
@@ -277,7 +278,8 @@ static int fs_readfile(lua_State *L) {
   int rc = ums_fs_readfile_begin(path, *owner, UMS_FOREVER, &req);
   if (rc) return readfile_result(L, rc, -1, owner);
   return lums_park_finish(L, me, (lua_KContext)req,
-                          owner == &me->rfbuf ? readfile_k : readfile_box_k);
+                          owner == &me->fs.readbuf ? readfile_k
+                                                   : readfile_box_k);
 }
 
 /* ums.fs.writefile(path, s) -> true | nil, msg, errno (truncates). Stack:

@@ -44,6 +44,7 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lintr.h"
 #include "lvm.h"
 
 #include <errno.h>

@@ -9,6 +9,8 @@
 #define LPARK_H
 
 #include "lums.h"
+#include "lquantum.h"
+#include "ltask.h"
 
 /* The current task, or raises "ums.<fname>: not inside a task". Inline:
 ** every wait starts with it. */
@@ -87,5 +89,14 @@ LUMS_HIDDEN int lums_park_try_begin_wait(ltask *t, int64_t deadline,
                                          int flags, int type,
                                          const void *object,
                                          ums_park_token_t *tok);
+
+/* A call whose deferred form answered at once (a socket _begin that
+** returned 1: no park begun): its yield point, then continuation k takes
+** the result as it would after a park. */
+static inline int lums_answered_now(lua_State *L, lua_KContext ctx,
+                                    lua_KFunction k) {
+  LUMS_YIELD_POINT_K(L, ctx, k);
+  return k(L, LUA_OK, ctx);
+}
 
 #endif

@@ -18,6 +18,8 @@
 #define _GNU_SOURCE
 #include "lquantum.h"
 #include "lums.h"
+#include "lstats.h"
+#include "ltask.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -281,7 +283,7 @@ static void wrap_debug_hooks(lua_State *L) {
 ** outside nopreempt chunks; elsewhere it checks again shortly. */
 static void quantum_fire(lua_State *L, ltask *t) {
   lvmrun *r = t->vmrun;
-  if (lums_stall_pending(r)) r->q.stall_hook(L, t);
+  if (lums_stall_pending(&r->stall)) r->q.stall_hook(L, t);
   if (!r->q.preempt || !lums_quantum_due(t)) {
 #ifdef LUMS_QUANTUM_POLL
     hook_arm(L, t, QUANTUM_POLL_COUNT);

@@ -120,7 +120,7 @@ static inline bool lums_quantum_past(lquantum *q) {
 ** the task is next stepped). Returns -1 where the task cannot yield (then
 ** the call goes on); otherwise does not return. Every call the Lua API
 ** documents as possibly waiting passes through it on its path that need
-** not wait, through one of the two macros below (lums.h defines
+** not wait, through one of the two macros below (ltask.h defines
 ** lums_quantum_due): LUMS_YIELD_POINT runs a lua_CFunction fn again from
 ** its start, LUMS_YIELD_POINT_K continues with k. */
 LUMS_HIDDEN int lums_quantum_yield(lua_State *L, lua_KContext ctx,

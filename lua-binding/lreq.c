@@ -10,6 +10,7 @@
 ** the run's active list.
 */
 #define _GNU_SOURCE  /* strdup */
+#include "ltask.h"
 #include "lvm.h"
 
 #include <stdio.h>
@@ -173,7 +174,7 @@ static lmsg *encode_values(lua_State *L, int n, const char *root,
 
 static int req_main_k(lua_State *L, int status, lua_KContext ctx) {
   lreq *r = (lreq *)ctx;
-  lums_cur_task->req = NULL;
+  lums_cur_task->req.running = NULL;
   encode_out o;
   if (status == LUA_OK || status == LUA_YIELD) {
     int n = lua_gettop(L) - 1;  /* above the message handler */
@@ -236,7 +237,7 @@ static int req_main(lua_State *L) {
     lums_req_finish(r, O_CANCELLED, NULL, "cancelled before it started");
     return 0;
   }
-  lums_cur_task->req = r;
+  lums_cur_task->req.running = r;
   lua_pushnil(L);
   lua_pushnil(L);
   lua_pushcclosure(L, req_msgh, 2);  /* one per request, on its stack */
@@ -247,12 +248,12 @@ static int req_main(lua_State *L) {
 }
 
 void lums_req_task_failed(ltask *t, bool fresh, const char *msg) {
-  lreq *r = t->req;
+  lreq *r = t->req.running;
   /* A request not begun yet has its function and argument still on the
   ** coroutine. */
   if (fresh && lua_tocfunction(t->co, 1) == req_main)
     r = (lreq *)lua_touserdata(t->co, 2);
-  t->req = NULL;
+  t->req.running = NULL;
   if (r) lums_req_fail(r, msg);
 }
 

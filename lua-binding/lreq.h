@@ -81,6 +81,18 @@ LUMS_HIDDEN void lums_req_fail(lreq *r, const char *msg);
 /* Protected call on the VM vm (an lvmrun *) of the scheduler that takes r:
 ** (vm, r) -> starts r's task there. On that scheduler's thread. */
 LUMS_HIDDEN int lums_req_start(lua_State *L);
+/* The work request a task runs, embedded in its ltask (ltask.req).
+** lreq.c owns it: it is set when the request's code begins, so that an
+** end that code never sees still ends the request (lums_req_task_failed),
+** and cleared when it ends; the task's life cycle (lums.c) clears it with
+** lreq_task_reset before the record runs another task. Scheduler
+** thread. */
+typedef struct lreq_task {
+  lreq *running;         /* NULL: none */
+} lreq_task;
+
+static inline void lreq_task_reset(lreq_task *q) { q->running = NULL; }
+
 /* Task t ends for a reason of the runtime's (msg) before or while it
 ** runs its coroutine (fresh: it never ran): if it carries a work request,
 ** the request ends with that error, since the code that would have ended

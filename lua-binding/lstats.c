@@ -28,6 +28,7 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lstats.h"
 #include "ltask.h"
 #include "lvm.h"
 
@@ -152,11 +153,11 @@ void lums_stall_cb(const ums_stall_t *st, void *arg) {
   s->target = r;
   s->tb[0] = '\0';
   s->state = ST_WANT;
-  if (r) atomic_store(&r->stall_pending, 1);
+  if (r) atomic_store(&r->stall.pending, 1);
   pthread_mutex_unlock(&s->lock);
   if (r) {
     lums_request_hook(&r->q);
-    if (atomic_load(&r->stall_custom)) return;
+    if (atomic_load(&r->stall.has_handler)) return;
   }
 
   /* The default handler: one line, from here. */
@@ -171,7 +172,7 @@ void lums_stall_cb(const ums_stall_t *st, void *arg) {
   memcpy(s->tb_out, s->tb, sizeof s->tb_out);
   if (print) {
     s->state = ST_DONE;
-    if (r) atomic_store(&r->stall_pending, 0);
+    if (r) atomic_store(&r->stall.pending, 0);
   }
   pthread_mutex_unlock(&s->lock);
   if (print) print_report(&rep, s->tb_out);
@@ -214,12 +215,18 @@ static void call_handler(lua_State *L, const ums_stall_t *st, ltask *t) {
   lua_pop(L, 1); /* the traceback */
 }
 
+void lums_stall_vm_init(lstall_vm *v, lstall *s, lua_State *L) {
+  v->state = s;
+  atomic_store(&v->pending, 0);
+  atomic_store(&v->has_handler, lums_stall_has_handler(L));
+}
+
 /* The Lua thread, in a hook in task t. */
 void lums_stall_hook(lua_State *L, ltask *t) {
   lvmrun *r = t->vmrun;
-  lstall *s = r->stall;
+  lstall *s = r->stall.state;
   if (!s) {
-    atomic_store(&r->stall_pending, 0);
+    atomic_store(&r->stall.pending, 0);
     return;
   }
   pthread_mutex_lock(&s->lock);
@@ -241,9 +248,9 @@ void lums_stall_hook(lua_State *L, ltask *t) {
     snprintf(s->tb, sizeof s->tb, "%s", tb ? tb : "");
     s->state = ST_HAVE;
     pthread_cond_signal(&s->cond);
-    if ((call = atomic_load(&r->stall_custom))) {
+    if ((call = atomic_load(&r->stall.has_handler))) {
       s->state = ST_DONE;
-      atomic_store(&r->stall_pending, 0);
+      atomic_store(&r->stall.pending, 0);
     }
   }
   pthread_mutex_unlock(&s->lock);
@@ -254,9 +261,9 @@ void lums_stall_hook(lua_State *L, ltask *t) {
 }
 
 void lums_stall_flush(lvmrun *r, lua_State *L) {
-  lstall *s = r->stall;
+  lstall *s = r->stall.state;
   if (!s) {
-    atomic_store(&r->stall_pending, 0);
+    atomic_store(&r->stall.pending, 0);
     return;
   }
   pthread_mutex_lock(&s->lock);
@@ -266,13 +273,13 @@ void lums_stall_flush(lvmrun *r, lua_State *L) {
   ** once it has. */
   bool mine = s->target == r;
   if (mine && (s->state == ST_WANT || s->state == ST_HAVE) &&
-      atomic_load(&r->stall_custom)) {
+      atomic_load(&r->stall.has_handler)) {
     call = true;
     s->state = ST_DONE;
   }
   /* Not (or no longer) this VM's: a newer report went to another one. */
   if (!mine || s->state == ST_DONE || s->state == ST_NONE)
-    atomic_store(&r->stall_pending, 0);
+    atomic_store(&r->stall.pending, 0);
   pthread_mutex_unlock(&s->lock);
   if (call) {
     lua_pushnil(L);
@@ -294,7 +301,7 @@ static int l_on_stall(lua_State *L) {
     r = (lvmrun *)lua_touserdata(L, -1);
     lua_pop(L, 1);
   }
-  if (r) atomic_store(&r->stall_custom, lums_stall_has_handler(L));
+  if (r) atomic_store(&r->stall.has_handler, lums_stall_has_handler(L));
   return 0;
 }
 

@@ -73,6 +73,7 @@
 */
 #define _GNU_SOURCE
 #include "lstream.h"
+#include "lcdata.h"
 #include "lpark.h"
 
 #include <ctype.h>

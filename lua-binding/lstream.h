@@ -14,6 +14,7 @@
 #define LSTREAM_H
 
 #include "lums.h"
+#include "lwaitq.h"
 
 #define BUF_SIZE (64 * 1024)
 /* Largest single transfer asked of the runtime. */

@@ -1,14 +1,99 @@
 /*
-** ltask.h: tasks as Lua sees them (ltask.c): the current task's waits,
-** and task handles, the userdata Lua code holds for a task (ums.spawn's
-** result, ums.self()), with their methods and the joins that wait for a
-** task's end. The task's life cycle (spawn, step, finish) fills the
-** handle in; these read it.
+** ltask.h: a task. struct ltask is the record a live task's run keeps
+** (lums.c's life cycle: spawn, step, finish); struct lhandle is its
+** handle, the userdata Lua code holds for it (ums.spawn's result,
+** ums.self()), which the life cycle fills in and ltask.c reads: the
+** handle's methods, the joins that wait for a task's end, and the current
+** task's waits.
 */
 #ifndef LTASK_H
 #define LTASK_H
 
 #include "lums.h"
+#include "lccall.h"
+#include "lfs.h"
+#include "lreq.h"
+#include "lquantum.h"
+#include "lvm.h"
+#include "lwaitq.h"
+
+enum { T_NEW, T_LIVE, T_DONE };
+
+typedef struct joiner {
+  ums_park_token_t tok;
+} joiner_t;
+
+/* A live task: everything its run needs while it runs or waits. Not a
+** Lua object: ltasks are records of their VM's slab (lums.c, struct
+** lkept), pooled with their coroutines (lvmrun.pool) and recycled, so a
+** stale pointer to one is only ever used together with a park token,
+** whose task id the runtime checks. Scheduler thread only. The task's
+** life cycle (lums.c) owns the record; each embedded struct is declared,
+** and its members touched, by the file its comment names. */
+struct ltask {
+  lhandle *h;            /* its handle (h->id: its runtime id); NULL while
+                            pooled */
+  lvmrun *vmrun;         /* its VM's part of a run; NULL while pooled */
+  lua_State *co;         /* its coroutine (kept while pooled) */
+  int slot;              /* [const] its number in the VM's slab: the VM's
+                            anchor table holds co at LUMS_ANCHOR_CO(slot)
+                            and, while the task is live, its handle at
+                            LUMS_ANCHOR_HANDLE(slot) */
+  int nargs;             /* arguments waiting for the first resume */
+  bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
+  bool park_begun;       /* between park_begin and park_wait: the quantum
+                            must not yield here */
+  ums_park_token_t park_tok;  /* the begun park */
+  bool finish_pending;   /* ended with a park begun: finish next step */
+  int finish_st, finish_nres;
+  joiner_t *joiners;     /* tasks waiting in join: join1 or malloc'ed */
+  int njoiners, capjoiners;
+  joiner_t join1[2];     /* room for the usual one or two joiners */
+  lwait wait;            /* lwaitq.h: its place on a wait queue (a
+                            channel's side, a stream's lock) */
+  lffi_task ffi;         /* lccall.h: its ums.ffi calls */
+  lfs_task fs;           /* lfs.h: its ums.fs calls */
+  lreq_task req;         /* lreq.h: the work request it runs */
+  lqhook hook;           /* lquantum.c: the user's hook while ums has
+                            its own on co */
+};
+
+/* A task's handle: the full userdata Lua code holds (ums.spawn's result,
+** ums.self()). It outlives the task, so it keeps only the outcome; it is
+** kept small (one user value, 40 bytes) because one is allocated and
+** collected per task. */
+struct lhandle {
+  const char *tag;       /* &lums_task_tag: tells a task handle apart */
+  ltask *t;              /* the live task; NULL once done */
+  ums_task_t id;         /* runtime id, kept after the end */
+  uint8_t state;         /* T_NEW, T_LIVE, T_DONE */
+  bool ok;               /* done: ended normally */
+  bool cancelled;        /* done: ended by cancellation */
+  bool joined;           /* its outcome was taken by a join */
+  bool nomem;            /* done with an error whose value and traceback
+                            could not be kept for lack of memory: it
+                            reads as "out of memory", with no traceback */
+  int nres;              /* done ok: number of results */
+};
+
+/* Where a task's values sit in its VM's anchor table (ltask.slot). */
+#define LUMS_ANCHOR_CO(slot) (2 * (lua_Integer)(slot) + 1)
+#define LUMS_ANCHOR_HANDLE(slot) (2 * (lua_Integer)(slot) + 2)
+
+/* Pushes the handle of live task t (ums.self()'s result). */
+static inline void lums_push_handle(lua_State *L, const ltask *t) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, t->vmrun->anchors);
+  lua_rawgeti(L, -1, LUMS_ANCHOR_HANDLE(t->slot));
+  lua_replace(L, -2);
+}
+
+/* Whether the quantum monitor has found task t's running step past its
+** quantum (lquantum.h). */
+static inline bool lums_quantum_due(ltask *t) {
+  lvmrun *r = t->vmrun;
+  return r && lums_quantum_past(&r->q);
+}
+
 
 #define LUMS_TASK_MT "ums.task"
 /* The message of a task the runtime cannot run for lack of memory, made

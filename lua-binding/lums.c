@@ -26,7 +26,10 @@
 */
 #define _GNU_SOURCE
 #include "lums.h"
+#include "lalloc.h"
+#include "lintr.h"
 #include "lpark.h"
+#include "lstats.h"
 #include "ltask.h"
 #include "lvm.h"
 
@@ -208,10 +211,7 @@ static bool grow_pool(lvmrun *r) {
 ** stack is empty. */
 static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   if (t->joiners != t->join1) free(t->joiners);
-  if (t->rfbuf) {
-    ums_buf_release(t->rfbuf);
-    t->rfbuf = NULL;
-  }
+  lfs_task_end(&t->fs);
   /* A full pool (many tasks live at once, then ending): the ltask and its
   ** coroutine go at once, with none of the reset below, which only a
   ** pooled one needs. */
@@ -242,11 +242,9 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   t->parking = t->park_begun = t->finish_pending = false;
   t->joiners = NULL;
   t->njoiners = t->capjoiners = 0;
-  t->wait.q = NULL;
-  t->wait.link.prev = t->wait.link.next = NULL;
-  t->ffi_errno = 0;
-  t->ffi_cbframe = NULL;
-  t->req = NULL;
+  lums_wait_reset(&t->wait);
+  lffi_task_reset(&t->ffi);
+  lreq_task_reset(&t->req);
   r->pool[r->npool++] = t;
 }
 
@@ -435,7 +433,8 @@ static int task_step(void *arg) {
   int nargs = 0, nres = 0, st;
   /* A stall report whose step ended before it ran Lua again: delivered
   ** here, outside any task (the handler cannot wait). */
-  if (lums_stall_pending(t->vmrun)) lums_stall_flush(t->vmrun, t->vmrun->SL);
+  if (lums_stall_pending(&t->vmrun->stall))
+    lums_stall_flush(t->vmrun, t->vmrun->SL);
   lums_cur_task = t;
   if (t->finish_pending) {
     /* It ended with a park begun last step (below). */
@@ -469,7 +468,7 @@ static int task_step(void *arg) {
   lvmrun *r = t->vmrun;
   lums_quantum_step(&r->q, t->co);
 #ifdef LUMS_QUANTUM_POLL
-  if ((r->q.preempt && r->q.quantum > 0) || r->stall)
+  if ((r->q.preempt && r->q.quantum > 0) || lums_stall_vm_state(&r->stall))
     lums_quantum_poll(t);
 #endif
   st = lua_resume(t->co, NULL, nargs, &nres);
@@ -776,8 +775,8 @@ lvmrun *lums_vmrun_new(lua_State *L, lrun *run, ums_runtime_t *rt, int sched,
   /* Every VM shares the run's stall state, which the main VM made (set
   ** after this for the main VM itself). */
   lvmrun *m = run ? lums_run_at(run, 0) : NULL;
-  r->stall = m ? m->stall : NULL;
-  atomic_store(&r->stall_custom, lums_stall_has_handler(L));
+  lums_stall_vm_init(&r->stall, m ? lums_stall_vm_state(&m->stall) : NULL,
+                     L);
   /* A VM that runs one short run after another (a test framework, one
   ** per test) takes its scheduler-side thread and its pooled tasks from
   ** the previous run: what each run would otherwise allocate is what the
@@ -828,8 +827,7 @@ void lums_vmrun_free(lua_State *L, lvmrun *r, bool close_vm) {
     r->npool = 0;
   }
   free(r->pool);
-  for (int i = 0; i < r->nffi_free; i++) free(r->ffi_free[i]);
-  free(r->ffi_free);
+  lffi_vm_free(&r->ffi);
   lums_alloc_remove(close_vm ? NULL : L, r->alloc);
   if (!close_vm) {
     lua_pushnil(L);
@@ -1114,7 +1112,7 @@ static int run(lua_State *L, double limit) {
                         "one)", ums_strerror(merr));
     return luaL_error(L, "ums.run: out of memory");
   }
-  r->stall = stall_state;
+  lums_stall_vm_set(&r->stall, stall_state);
   lums_run_set_main(run, r);
   lums_stall_attach(stall_state, run);
   lums_deadlock_attach(deadlock, run);
@@ -1173,14 +1171,14 @@ static int run(lua_State *L, double limit) {
   lums_intr_end(intr);
   lums_monitor_free(mon);
   /* A report the main VM never got to (the run ended first). */
-  if (lums_stall_pending(r)) lums_stall_flush(r, L);
+  if (lums_stall_pending(&r->stall)) lums_stall_flush(r, L);
   swap_os_exit(L, false);
   /* Every scheduler thread has been joined: the other VMs are this
   ** thread's to close, and work never started is cancelled. */
   lums_run_close(L, run);
   /* The runtime's monitor and every VM but this one are gone. */
   lums_stall_free(stall_state);
-  r->stall = NULL;
+  lums_stall_vm_set(&r->stall, NULL);
   /* The report's writer was a scheduler thread, joined by now. */
   char *stuck = lums_deadlock_take(deadlock);
   lums_deadlock_free(deadlock);

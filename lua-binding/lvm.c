@@ -22,6 +22,7 @@
 ** cancelled at the run's end (lums_run_close).
 */
 #define _GNU_SOURCE  /* strdup */
+#include "ltask.h"
 #include "lvm.h"
 
 #include <errno.h>

@@ -11,12 +11,55 @@
 #define LVM_H
 
 #include "lums.h"
+#include "lccall.h"
+#include "lstats.h"
+#include "lquantum.h"
 
 #include <pthread.h>
 
 #include "ldisp.h"
 #include "lreq.h"
 #include "ums-lua.h"
+
+/* One VM's part of a run. A run has one VM per scheduler that runs Lua
+** (the caller's own VM on scheduler 0, the others created by lvm.c), and
+** one lvmrun for each; a VM and its lvmrun are touched only by the thread of
+** their scheduler while the run lasts. What the VMs share (the runtime,
+** work queues, the quantum monitor, os.exit) is in lrun (lvm.c).
+** lums.c fills the lvmrun (lums_vmrun_new) and frees it
+** (lums_vmrun_free); each embedded struct is declared, and its members
+** touched, by the file its comment names. */
+struct lvmrun {
+  ums_runtime_t *rt;
+  lrun *run;             /* [const] the run it is part of (lvm.c) */
+  int sched;             /* [const] index of the scheduler running this VM */
+  lua_State *SL;         /* the run's own thread, for scheduler-side work */
+  lkept *kept;           /* [const] what the VM keeps between runs (its
+                            ltask slab, its anchor table, SL); the run owns
+                            the pool until lums_vmrun_free gives it back */
+  int anchors;           /* [const] registry ref of the VM's anchor
+                            table (see ltask.slot) */
+  lquantum q;            /* lquantum.c: this VM's quantum */
+  lhandle *main;                    /* main VM: the run's first task, set
+                                       before it is spawned (its id is
+                                       stored by the runtime before it
+                                       can start); NULL in other VMs */
+  /* Pool of ltasks, each with its reset coroutine and registry slots
+  ** (no lua_newthread or luaL_ref per task). */
+  ltask **pool;
+  int npool, cappool;
+  /* Tasks of this VM not finished yet. The VM holds the run
+  ** (lums_run_hold) once while it has any, not once per task: the hold
+  ** is an atomic read-modify-write on a word every VM shares, which a
+  ** spawn and a finish each paid. [Lua thread; the main thread for the
+  ** run's first task, before the run starts] */
+  int nlive;
+  lstall_vm stall;       /* lstats.h: this VM's stall reports */
+  lffi_vm ffi;           /* lccall.h: its tasks' ums.ffi calls */
+  /* lalloc.h: the VM's small-block cache, an object of lalloc.c's that
+  ** lums_vmrun_new installs and lums_vmrun_free removes; NULL: none. */
+  lalloc *alloc;
+};
 
 /* ====================================================================== */
 /* The VMs of a run (lvm.c)                                                */

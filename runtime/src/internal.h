@@ -62,7 +62,7 @@ typedef struct ums__worker ums__worker_t;
 typedef struct ums__waiter ums__waiter_t;
 
 /* ====================================================================== */
-/* Spinlock (lock.h is small enough to live here)                          */
+/* Spinlock (its slow path: clock.c)                                      */
 /* ====================================================================== */
 
 /* A test-and-test-and-set lock for the short critical sections of wait
@@ -621,7 +621,8 @@ void ums__park_drop(ums__task_t *t);
 ** no cancel ends it. Unlike ums__park_drop nothing is queued, so the task
 ** goes on without a pass through the scheduler. [owner] (park.c) */
 void ums__park_undo(ums__task_t *t);
-/* Reports a step function breaking the step protocol and aborts. */
+/* Reports a step function breaking the step protocol and aborts
+** (park.c). */
 void ums__step_misuse(ums__task_t *t, const char *what)
     __attribute__((noreturn));
 
@@ -903,7 +904,7 @@ typedef struct ums__buf_cache {
 void ums__buf_cache_clear(ums__buf_cache_t *c);
 
 /* ====================================================================== */
-/* File I/O requests (io.c, io-pool.c, io-uring.c)                         */
+/* I/O requests (io.c, io-pool.c, io-uring.c; io-poll.c, net.c)           */
 /* ====================================================================== */
 
 enum ums__io_op {
@@ -1534,36 +1535,6 @@ static inline int64_t ums__sched_load(const ums__sched_t *s) {
          atomic_load_explicit(&s->ntasks_own, memory_order_relaxed);
 }
 
-/* ====================================================================== */
-/* Observation (waitstats.c, monitor.c, stats.c)                               */
-/* ====================================================================== */
-
-#define UMS__OBS(state, type) ((uint32_t)(state) | (uint32_t)(type) << 8)
-#define UMS__OBS_STATE(obs) ((int)((obs)&0xff))
-#define UMS__OBS_TYPE(obs) ((int)((obs) >> 8))
-#define UMS__LOADR(x) atomic_load_explicit(&(x), memory_order_relaxed)
-#define UMS__STORER(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
-
-/* The clocks waits are timed on (ums__sched_t.stamps). */
-enum {
-  UMS__STAMPS_WAIT_CLOCK = 0, /* rt->wait_clock: one load */
-  UMS__STAMPS_PRECISE = 1,    /* the stamp clock (UMS_STATS_PRECISE) */
-  UMS__STAMPS_VIRTUAL = 2     /* the virtual clock */
-};
-
-/* s's slot record (preempt.c): made with s, freed with it, after the
-** pools. */
-UMS__HIDDEN int ums__preempt_sched_init(ums__sched_t *s);
-UMS__HIDDEN void ums__preempt_sched_destroy(ums__sched_t *s);
-/* The pool work of s's slot record, for ums__pool_set_slots. */
-UMS__HIDDEN ums__pool_work_t *ums__preempt_slot(ums__sched_t *s);
-/* Frees the call records s keeps (preempt.c). [owner, at its end] */
-UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
-/* The pass's step for s->calls_done: unparks the caller of every call
-** returned there, in the order they returned. [owner; or, once every
-** pool thread has ended, the runtime's teardown] */
-UMS__HIDDEN void ums__preempt_reap(ums__sched_t *s);
-
 /* How long a scheduler with preemptive calls in flight spins before its
 ** idle wait sleeps (sched.c), and how long a task spins at the call site
 ** for a call of its own (preempt.c): see sched.c for the reasoning. */
@@ -1581,6 +1552,40 @@ static inline bool ums__sched_posted(ums__sched_t *s) {
          atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
          atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
 }
+
+/* ====================================================================== */
+/* Preemptive calls (preempt.c)                                           */
+/* ====================================================================== */
+
+/* s's slot record (preempt.c): made with s, freed with it, after the
+** pools. */
+UMS__HIDDEN int ums__preempt_sched_init(ums__sched_t *s);
+UMS__HIDDEN void ums__preempt_sched_destroy(ums__sched_t *s);
+/* The pool work of s's slot record, for ums__pool_set_slots. */
+UMS__HIDDEN ums__pool_work_t *ums__preempt_slot(ums__sched_t *s);
+/* Frees the call records s keeps (preempt.c). [owner, at its end] */
+UMS__HIDDEN void ums__preempt_cache_clear(ums__sched_t *s);
+/* The pass's step for s->calls_done: unparks the caller of every call
+** returned there, in the order they returned. [owner; or, once every
+** pool thread has ended, the runtime's teardown] */
+UMS__HIDDEN void ums__preempt_reap(ums__sched_t *s);
+
+/* ====================================================================== */
+/* Observation (waitstats.c, monitor.c, stats.c)                          */
+/* ====================================================================== */
+
+#define UMS__OBS(state, type) ((uint32_t)(state) | (uint32_t)(type) << 8)
+#define UMS__OBS_STATE(obs) ((int)((obs)&0xff))
+#define UMS__OBS_TYPE(obs) ((int)((obs) >> 8))
+#define UMS__LOADR(x) atomic_load_explicit(&(x), memory_order_relaxed)
+#define UMS__STORER(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+
+/* The clocks waits are timed on (ums__sched_t.stamps). */
+enum {
+  UMS__STAMPS_WAIT_CLOCK = 0, /* rt->wait_clock: one load */
+  UMS__STAMPS_PRECISE = 1,    /* the stamp clock (UMS_STATS_PRECISE) */
+  UMS__STAMPS_VIRTUAL = 2     /* the virtual clock */
+};
 
 /* A stamp on s's clock (waitstats.c has the reasoning): by default the wait
 ** clock, a word the monitor sets from the stamp clock every millisecond
