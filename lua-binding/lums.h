@@ -143,10 +143,17 @@ struct ltask {
                             its own on co */
 };
 
+/* Where a task that ended with exactly one result keeps it
+** (lhandle.res): a value the collector need not see is copied into the
+** handle itself, so that the usual end (`return value`) neither finds
+** the handle's Lua value nor stores anything in Lua; any other value
+** goes to the handle's extras (ltask.h) at 1. */
+enum { RES_EXTRAS, RES_NIL, RES_BOOL, RES_INT, RES_FLT, RES_LUD };
+
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
 ** ums.self()). It outlives the task, so it keeps only the outcome; it is
-** kept small (one user value, 40 bytes) because one is allocated and
-** collected per task. */
+** kept small (48 bytes, no user value: see ltask.h's extras) because one
+** is allocated and collected per task. */
 struct lhandle {
   const char *tag;       /* &lums_task_tag: tells a task handle apart */
   ltask *t;              /* the live task; NULL once done */
@@ -158,7 +165,14 @@ struct lhandle {
   bool nomem;            /* done with an error whose value and traceback
                             could not be kept for lack of memory: it
                             reads as "out of memory", with no traceback */
+  uint8_t res;           /* done ok with one result: where it is (RES_*) */
   int nres;              /* done ok: number of results */
+  union {                /* the one result, unless res is RES_EXTRAS */
+    lua_Integer i;
+    lua_Number n;
+    void *p;
+    int b;
+  } r;
 };
 
 
