@@ -1320,6 +1320,11 @@ struct ums__sched {
   ** have taught (net.c, "Receives that wait first"); grown on demand. */
   uint8_t *net_hints;
   uint32_t net_nhints;         /* [owner] */
+  /* [owner] the latest clock reading made on this scheduler's thread
+  ** (clock.c): the pass's when a timer could be due, a deadline being
+  ** computed. The "near" test of those receives reads it instead of the
+  ** clock. */
+  int64_t clock_seen;
 
   /* Constant. */
   int id;
