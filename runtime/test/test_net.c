@@ -998,9 +998,50 @@ static void *deferred_ok(void *arg) {
   return PTR(1);
 }
 
+/* A send or receive whose socket is ready is refused as a park would be,
+** before its system call: inside a park the task has begun (UMS_EBUSY)
+** and in a cancelled task (UMS_ECANCELED), nothing moves. */
+static void *deferred_refused(void *arg) {
+  int family = *(int *)arg;
+  int srv;
+  int c = connected(family, &srv);
+  int64_t dl = ums_deadline(10 * SEC);
+  ums_buf_t *b = ums_buf_new(64);
+  memcpy(ums_buf_data(b), "hello", 5);
+  ums_fs_req_t *q = NULL;
+  CHECK_EQ(ums_net_send(c, b, 0, 5, 0, dl), 5);
+  CHECK_RC(ums_wait_fd(srv, POLLIN, dl), POLLIN);
+  ums_park_token_t tok;
+  CHECK_RC(ums_park_begin(dl, &tok), 0);
+  CHECK_RC(ums_net_send_begin(c, b, 0, 5, 0, dl, &q), UMS_EBUSY);
+  CHECK_RC(ums_net_recv_begin(srv, b, 8, 56, 0, dl, &q), UMS_EBUSY);
+  CHECK_RC(ums_unpark(rt, tok, 7), 0);
+  CHECK_RC(ums_park_wait(), 7);
+  CHECK_RC(ums_task_cancel(rt, ums_self()), 0);
+  CHECK_RC(ums_net_send_begin(c, b, 0, 5, 0, dl, &q), UMS_ECANCELED);
+  CHECK_RC(ums_net_recv_begin(srv, b, 8, 56, 0, dl, &q), UMS_ECANCELED);
+  /* The five bytes sent first are still there, alone. */
+  char got[16];
+  CHECK_EQ(recv(srv, got, sizeof got, MSG_DONTWAIT), 5);
+  CHECK_EQ(recv(c, got, sizeof got, MSG_DONTWAIT), -1);
+  ums_buf_release(b);
+  /* A cancelled task's close still closes (ums_fs_close), reporting the
+  ** cancel where it would have waited (the ring's close). */
+  int rc = ums_net_close(c, dl);
+  CHECK(rc == 0 || rc == UMS_ECANCELED);
+  rc = ums_net_close(srv, dl);
+  CHECK(rc == 0 || rc == UMS_ECANCELED);
+  CHECK_EQ(fcntl(c, F_GETFD), -1);
+  CHECK_EQ(fcntl(srv, F_GETFD), -1);
+  return PTR(1);
+}
+
 static void test_deferred(void) {
-  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++) {
     CHECK(tu_in_task(rt, (int)f % 2, deferred_ok, (void *)&families[f]) == PTR(1));
+    CHECK(tu_in_task(rt, (int)f % 2, deferred_refused,
+                     (void *)&families[f]) == PTR(1));
+  }
   CHECK_EQ(io_pending(), 0);
 }
 
