@@ -535,9 +535,7 @@ static int method_loop(lua_State *L, lop *o) {
     }
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)o, io_k);
-    lums_before_block(me);
-    ums_park_wait();
-    lums_become_current(me);
+    lums_park_block_wait(me);
     io_end(o);
   }
 }
@@ -646,9 +644,8 @@ static int start(lua_State *L, lfile *f, const lmethod *m,
     lums_q_push(&s->waiters, w);
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)m, lock_k);
-    lums_before_block(me);
-    r = ums_park_wait();
-    lums_become_current(me);
+    lums_park_block_wait(me);
+    r = ums_park_result();
     lums_q_unlink(w);
     if (r == UMS_ECANCELED) return cancelled_waiting(L, f, m);
     if (r == UMS_ETIMEDOUT) return lock_fail(L, f, m, UMS_ETIMEDOUT);
@@ -1656,9 +1653,7 @@ static int shared_step(lua_State *L, lfile *f, int64_t r) {
     lua_replace(L, SH_DONE);
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)req, shared_k);
-    lums_before_block(me);
-    ums_park_wait();
-    lums_become_current(me);
+    lums_park_block_wait(me);
     r = ums_fs_end(req);
   }
   return shared_end(L, f, (int64_t)done);

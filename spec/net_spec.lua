@@ -621,6 +621,62 @@ describe("ums.net full duplex", function()
   end)
 end)
 
+describe("ums.net where Lua cannot yield", function()
+  it("a read loses any number of races for its side in one call, and "
+    .. "waits for its data many times, its C stack flat", function()
+    -- A read inside table.sort's comparator (a C call Lua cannot yield
+    -- across) blocks its worker instead of yielding. Each round, the
+    -- side it is woken for is taken again by the task that gave it back,
+    -- before it runs, so it looks again and waits again: N times within
+    -- one call, on the smallest worker stack. Then its read waits for
+    -- each of M bytes sent one at a time. Under TSan, where a round
+    -- takes milliseconds, fewer rounds.
+    local tsan = (os.getenv("LD_PRELOAD") or ""):find("libtsan", 1, true)
+    local N = tsan and 100 or 10000
+    local M = tsan and 20 or 500
+    local prev = ums.config()
+    ums.config{stack_size = ums.STACK_SIZE_MIN, quantum = 0}
+    finally(function()
+      ums.config{stack_size = prev.stack_size, quantum = prev.quantum}
+    end)
+    run(function()
+      local c, peer, srv = pair()
+      local reads = 0
+      -- Holds the read side while each of its reads waits for its byte,
+      -- and takes it again at once when one ends.
+      local h = ums.spawn(function()
+        for _ = 1, N do
+          assert.equal("x", peer:read(1))
+          reads = reads + 1
+        end
+      end)
+      until_net_wait(h)
+      local r = ums.spawn(function()
+        local got
+        table.sort({2, 1}, function(a, b)
+          got = got or peer:read(M)
+          return a < b
+        end)
+        return got
+      end)
+      for i = 1, N do
+        assert.equal(1, c:send("x"))
+        while reads < i do ums.yield() end
+      end
+      results(h)
+      until_net_wait(r)
+      for _ = 1, M do
+        assert.equal(1, c:send("y"))
+        ums.yield()
+      end
+      assert.equal(("y"):rep(M), results(r))
+      c:close()
+      peer:close()
+      srv:close()
+    end, 60)
+  end)
+end)
+
 describe("ums.net close from another task", function()
   it("ends a blocked read, recv, send and accept with 'closed'", function()
     run(function()

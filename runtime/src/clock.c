@@ -31,9 +31,12 @@ int64_t ums__clock_real(void) {
 
 int64_t ums__clock_now(void) {
   ums__sched_t *s = ums__tls_sched;
-  if (UMS__UNLIKELY(s && s->rt->vclock))
-    return atomic_load_explicit(&s->rt->vnow, memory_order_relaxed);
-  return ums__clock_real();
+  if (!s) return ums__clock_real();
+  int64_t now = UMS__UNLIKELY(s->rt->vclock)
+                    ? atomic_load_explicit(&s->rt->vnow, memory_order_relaxed)
+                    : ums__clock_real();
+  s->clock_seen = now;
+  return now;
 }
 
 void ums__clock_advance(ums_runtime_t *rt, int64_t to) {

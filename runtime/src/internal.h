@@ -621,6 +621,11 @@ void ums__park_drop(ums__task_t *t);
 ** no cancel ends it. Unlike ums__park_drop nothing is queued, so the task
 ** goes on without a pass through the scheduler. [owner] (park.c) */
 void ums__park_undo(ums__task_t *t);
+/* Whether the running task t may begin a park with flags now: 0, or what
+** ums_park_begin_ex would refuse it with (UMS_EBUSY inside a park it has
+** begun, UMS_ECANCELED when cancelled, its start error). For work done
+** before a park that it may spare. [owner] (park.c) */
+int ums__park_may_begin(const ums__task_t *t, int flags);
 /* Reports a step function breaking the step protocol and aborts
 ** (park.c). */
 void ums__step_misuse(ums__task_t *t, const char *what)
@@ -1321,6 +1326,11 @@ struct ums__sched {
   ** have taught (net.c, "Receives that wait first"); grown on demand. */
   uint8_t *net_hints;
   uint32_t net_nhints;         /* [owner] */
+  /* [owner] the latest clock reading made on this scheduler's thread
+  ** (clock.c): the pass's when a timer could be due, a deadline being
+  ** computed. The "near" test of those receives reads it instead of the
+  ** clock. */
+  int64_t clock_seen;
 
   /* Constant. */
   int id;

@@ -314,20 +314,35 @@ static bool try_first(ums__sched_t *s, const ums__io_req_t *r) {
   }
 }
 
+/* Makes r's system call now, on the scheduler thread (try_first): its
+** result, or UMS__NET_WAIT when r must wait. */
+static int64_t try_now(ums__sched_t *s, ums__io_req_t *r, int64_t deadline) {
+  int64_t res = ums__net_try(r);
+  ums__net_tried(s, r, res);
+  /* Not ready past the deadline: the deadline's answer, without an
+  ** operation left in the kernel that could still take data after its
+  ** caller has gone (a zero timeout is LuaSocket's non-blocking mode). */
+  if (res == UMS__NET_WAIT && deadline != UMS_FOREVER &&
+      deadline <= ums__clock_now())
+    res = UMS_ETIMEDOUT;
+  return res;
+}
+
 /* Begins the calling task's park and hands r to its backend. r keeps the
 ** caller's reference either way; on failure nothing was started.
 **
-** A socket call that answers at once (try_first) completes r before any
-** backend sees it. With direct (the deferred form), the park begun here
-** is then undone and start returns 1: nobody else can have ended it (its
-** token went nowhere, no timer is armed before the task parks, and a
-** cancel does not end the park of a running task), so the caller takes
-** the result at once (not a connect's, whose deferred form always
-** parks: ums.h), without the switch through its scheduler that an
-** unpark would queue. The binding checks the quantum there as at any
-** call that need not wait. Without direct (the blocking form, whose C
-** callers have no quantum), r completes as from a backend, and the task
-** passes through its scheduler, letting the others run. */
+** A socket call that may answer at once (try_first) is made before any
+** backend sees r. With direct (the deferred form), it is made before the
+** park too, once the checks of a park's beginning have passed: when it
+** answers, r is complete, no park was begun and start returns 1, so the
+** caller takes the result at once (not a connect's, whose deferred form
+** always parks: ums.h), without the switch through its scheduler that
+** an unpark would queue. r's token then names the task's last park,
+** which has ended, so ending r does not wait. The binding checks the
+** quantum there as at any call that need not wait. Without direct (the
+** blocking form, whose C callers have no quantum), the park is begun
+** first and r completes as from a backend, and the task passes through
+** its scheduler, letting the others run. */
 static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
@@ -336,31 +351,35 @@ static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
     int e = ums__poller_new(s);
     if (e) return e;
   }
-  /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
-  ** park the task has begun itself. */
   int type = ums__io_is_net(r->op) ? UMS_WAIT_NET : UMS_WAIT_FILE_IO;
-  int rc = ums_park_begin_wait(deadline, 0, type, NULL, 0, &r->token);
-  if (rc) return rc;
   r->sched = s;
-  UMS__COUNT(s, io_requests);
-  int64_t res = UMS__NET_WAIT;
   bool tryable = try_first(s, r);
-  if (tryable && !ums__net_wait_first(s, r, deadline)) {
-    res = ums__net_try(r);
-    ums__net_tried(s, r, res);
-    /* Not ready past the deadline: the deadline's answer, without an
-    ** operation left in the kernel that could still take data after its
-    ** caller has gone (a zero timeout is LuaSocket's non-blocking mode). */
-    if (res == UMS__NET_WAIT && deadline != UMS_FOREVER &&
-        deadline <= ums__clock_now())
-      res = UMS_ETIMEDOUT;
-    if (res != UMS__NET_WAIT && direct && r->op != UMS__IO_CONNECT) {
+  bool try = tryable && !ums__net_wait_first(s, r, deadline);
+  int64_t res = UMS__NET_WAIT;
+  if (try && direct && r->op != UMS__IO_CONNECT) {
+    /* What ums_park_begin_wait would refuse is refused before the call
+    ** is made: a cancelled task sends and receives nothing. */
+    int rc = ums__park_may_begin(t, 0);
+    if (rc) return rc;
+    UMS__COUNT(s, io_requests);
+    res = try_now(s, r, deadline);
+    if (res != UMS__NET_WAIT) {
+      r->token.task = atomic_load_explicit(&t->id, memory_order_relaxed);
+      r->token.seq = atomic_load_explicit(&t->park_seq, memory_order_relaxed);
       r->res = res;
       atomic_store_explicit(&r->state, UMS__IO_DONE, memory_order_relaxed);
-      ums__park_undo(t);
       return 1;
     }
+    try = false;  /* tried: it waits */
+  } else {
+    UMS__COUNT(s, io_requests);
   }
+  /* Fails with UMS_ECANCELED for a cancelled task, UMS_EBUSY inside a
+  ** park the task has begun itself; after a try that found nothing, that
+  ** try took nothing. */
+  int rc = ums_park_begin_wait(deadline, 0, type, NULL, 0, &r->token);
+  if (rc) return rc;
+  if (try) res = try_now(s, r, deadline);
   atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&s->io_pending, 1, memory_order_relaxed);
   if (res != UMS__NET_WAIT) {

@@ -196,7 +196,15 @@ int64_t ums__net_exec(ums__io_req_t *r) {
 ** answers, one trip through the wait when its reader catches up. A
 ** receive whose deadline is near (or past: LuaSocket's non-blocking mode)
 ** always tries, so data there at the call is never reported as a
-** timeout. It is a hint only, never a result: a number reused by another
+** timeout. Near is judged against the latest clock reading made on the
+** scheduler's thread (sched.clock_seen) rather than a reading of its own:
+** a deadline is computed from the clock just before its call
+** (ums_deadline: the binding's per-call timeouts, LuaSocket's zero), so
+** that reading is at most the deadline's own timeout behind it, and a
+** timeout under 2 ms is near however long the task ran since. A deadline
+** computed long before its receive may have passed unseen; its receive
+** then waits first and may end at its deadline with the data unread. It
+** is a hint only, never a result: a number reused by another
 ** socket inherits a level that costs it a few waits at most, and a close
 ** through the runtime (cancel_fd) clears it.
 **
@@ -215,7 +223,7 @@ bool ums__net_wait_first(ums__sched_t *s, const ums__io_req_t *r,
   if (!hinted_op(r->op) || (uint32_t)r->fd >= s->net_nhints) return false;
   uint8_t *h = &s->net_hints[r->fd];
   if ((*h & HINT_LEFT) == 0) return false;
-  if (deadline != UMS_FOREVER && deadline - ums__clock_now() < HINT_NEAR_NS)
+  if (deadline != UMS_FOREVER && deadline - s->clock_seen < HINT_NEAR_NS)
     return false;
   (*h)--;
   return true;

@@ -42,6 +42,16 @@ int ums_park_begin_ex(int64_t deadline, int flags, ums_park_token_t *token) {
   return ums_park_begin_wait(deadline, flags, UMS_WAIT_PARK, NULL, 0, token);
 }
 
+int ums__park_may_begin(const ums__task_t *t, int flags) {
+  if (t->park_pending) return UMS_EBUSY;
+  /* A step task's last step runs on a stack that is not its own. */
+  if (UMS__UNLIKELY(t->start_err)) return t->start_err;
+  if (!(flags & UMS_PARK_NOCANCEL) &&
+      atomic_load_explicit(&t->cancelled, memory_order_relaxed))
+    return UMS_ECANCELED;
+  return 0;
+}
+
 int ums_park_begin_wait(int64_t deadline, int flags, int type,
                         const void *object, ums_task_t blocker,
                         ums_park_token_t *token) {
@@ -49,12 +59,9 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
   if (!t) return UMS_EPERM;
   if (flags & ~(UMS_PARK_NOCANCEL | UMS_PARK_LOCAL)) return UMS_EINVAL;
   if (type <= UMS_WAIT_NONE || type >= UMS_WAIT_NTYPES) return UMS_EINVAL;
-  if (t->park_pending) return UMS_EBUSY;
-  /* A step task's last step runs on a stack that is not its own. */
-  if (UMS__UNLIKELY(t->start_err)) return t->start_err;
+  int rc = ums__park_may_begin(t, flags);
+  if (rc) return rc;
   bool nocancel = (flags & UMS_PARK_NOCANCEL) != 0;
-  if (!nocancel && atomic_load_explicit(&t->cancelled, memory_order_relaxed))
-    return UMS_ECANCELED;
   /* No lock: the previous park has ended (the task would not be running
   ** otherwise), and nobody changes an ended park. Other threads only look
   ** at it, under t->lock, through ums__park_is, which reads the state
