@@ -7,7 +7,9 @@
 ** Queued parks (park.c's ums__park_begin_queued, what the park-based
 ** forms of these objects are made of) are tested with step tasks on two
 ** schedulers: granted from the other scheduler, timed out, cancelled, and
-** thousands of races of a grant against the deadline and a cancel.
+** thousands of races of a grant against the deadline and a cancel; and so
+** are the objects' park-based forms (_begin/_end), mixed with blocking
+** waiters.
 **
 ** Most tests run in a "driver" task on scheduler 0 of a four-scheduler
 ** runtime. Where the order of events matters, the tasks involved share
@@ -1193,7 +1195,7 @@ static void last_user_frees(void) {
 #define QRACE_ITERS 2000
 #define QCANCEL_TASKS 300
 #else
-#define QRACE_ITERS 5000
+#define QRACE_ITERS 3000
 #define QCANCEL_TASKS 2000
 #endif
 
@@ -1585,6 +1587,423 @@ static void queued_park_grant_cancel_race(void) {
 }
 
 /* ====================================================================== */
+/* Park-based forms (_begin/_end) driven by step tasks                     */
+/* ====================================================================== */
+
+#if defined(__SANITIZE_THREAD__)
+#define PB_ITERS 1000
+#else
+#define PB_ITERS 3000
+#endif
+
+enum { PB_MUTEX, PB_SEM, PB_EVENT, PB_COND, PB_NKINDS };
+static const char *const pb_name[PB_NKINDS] = {"mutex lock", "sem acquire",
+                                               "event wait", "cond wait"};
+
+/* The objects a stepper waits on, one of each kind. */
+typedef struct pbobj {
+  ums_mutex_t *m;
+  ums_sem_t *s;
+  ums_event_t *e;  /* auto reset */
+  ums_cond_t *c;   /* over cm */
+  ums_mutex_t *cm;
+} pbobj_t;
+
+static int pb_begin(int kind, pbobj_t *o, int64_t deadline) {
+  switch (kind) {
+  case PB_MUTEX: return ums_mutex_lock_begin(o->m, deadline);
+  case PB_SEM: return ums_sem_acquire_begin(o->s, deadline);
+  case PB_EVENT: return ums_event_wait_begin(o->e, deadline);
+  default: return ums_cond_wait_begin(o->c, o->cm, deadline);
+  }
+}
+
+static int pb_end(int kind, pbobj_t *o) {
+  switch (kind) {
+  case PB_MUTEX: return ums_mutex_lock_end(o->m);
+  case PB_SEM: return ums_sem_acquire_end(o->s);
+  case PB_EVENT: return ums_event_wait_end(o->e);
+  default: return ums_cond_wait_end(o->c, o->cm);
+  }
+}
+
+/* What a grant of each kind is: what another party does to end a wait. */
+static void pb_grant(int kind, pbobj_t *o) {
+  switch (kind) {
+  case PB_MUTEX: CHECK_OK(ums_mutex_unlock(o->m)); break;
+  case PB_SEM: CHECK_OK(ums_sem_release(o->s, 1)); break;
+  case PB_EVENT: CHECK_OK(ums_event_set(o->e)); break;
+  default:
+    CHECK_OK(ums_mutex_lock(o->cm, UMS_FOREVER));
+    CHECK_OK(ums_cond_signal(o->c));
+    CHECK_OK(ums_mutex_unlock(o->cm));
+    break;
+  }
+}
+
+/* A step task that waits once with the park-based form and records the
+** outcome: `begin` is what _begin returned, `outcome` what _end gave
+** (or _begin's own result when it did not park), `steps` how many steps
+** the wait took. For a cond wait it holds cm first (taking it with the
+** park-based lock too) and checks that it holds it again at the end. */
+typedef struct pbwait {
+  int kind;
+  pbobj_t *o;
+  int64_t deadline;
+  int phase;
+  int begin, outcome, steps;
+  _Atomic int parked;  /* set once the park is begun */
+} pbwait_t;
+
+static int pbwait_step(void *arg) {
+  pbwait_t *w = arg;
+  w->steps++;
+  int r;
+  switch (w->phase) {
+  case 0:
+    if (w->kind == PB_COND) {
+      r = ums_mutex_lock_begin(w->o->cm, UMS_FOREVER);
+      CHECK(r == 0 || r == 1);
+      w->phase = 1;
+      if (r == 1) return UMS_STEP_PARK;
+      /* fall through */
+    } else {
+      w->phase = 1;
+    }
+    /* fall through */
+  case 1:
+    if (w->kind == PB_COND && w->steps > 1 && w->begin == 0)
+      CHECK_OK(ums_mutex_lock_end(w->o->cm));
+    w->begin = r = pb_begin(w->kind, w->o, w->deadline);
+    w->phase = 2;
+    if (r == 1) {
+      /* The task is a waiter now: a second park cannot begin. */
+      CHECK_EQ(ums_park_begin(UMS_FOREVER, NULL), UMS_EBUSY);
+      CHECK_EQ(pb_end(w->kind, w->o), UMS_EBUSY);
+      atomic_store(&w->parked, 1);
+      return UMS_STEP_PARK;
+    }
+    w->outcome = r;
+    break;
+  case 2:
+    r = pb_end(w->kind, w->o);
+    if (r == 1) {
+      CHECK_EQ(w->kind, PB_COND);  /* the re-lock of the mutex */
+      return UMS_STEP_PARK;
+    }
+    w->outcome = r;
+    break;
+  }
+  if (w->kind == PB_COND) {
+    CHECK_EQ(ums_mutex_trylock(w->o->cm), UMS_EBUSY);
+    CHECK_OK(ums_mutex_unlock(w->o->cm)); /* ours again */
+  }
+  if (w->kind == PB_MUTEX && w->outcome == 0)
+    CHECK_OK(ums_mutex_unlock(w->o->m));
+  ums_step_set_result(NULL, 0);
+  return UMS_STEP_DONE;
+}
+
+static void pbobj_init(pbobj_t *o) {
+  o->m = ums_mutex_new();
+  o->s = ums_sem_new(0);
+  o->e = ums_event_new(0, 0);
+  o->c = ums_cond_new();
+  o->cm = ums_mutex_new();
+  CHECK(o->m && o->s && o->e && o->c && o->cm);
+}
+
+static void pbobj_free(pbobj_t *o) {
+  CHECK_OK(ums_mutex_delete(o->m));
+  CHECK_OK(ums_sem_delete(o->s));
+  CHECK_OK(ums_event_delete(o->e));
+  CHECK_OK(ums_cond_delete(o->c));
+  CHECK_OK(ums_mutex_delete(o->cm));
+}
+
+/* Makes the object of `kind` unavailable for a waiter (the mutex held by
+** this host thread; the others are unavailable as made). */
+static void pb_hold(int kind, pbobj_t *o) {
+  if (kind == PB_MUTEX) CHECK_OK(ums_mutex_lock(o->m, UMS_FOREVER));
+}
+
+/* Granted from another scheduler, a host thread, timed out, cancelled,
+** and taken at once, for each kind. */
+static void *pb_grant_task(void *arg) {
+  pbwait_t *w = arg;
+  su_await(&w->parked, 1);
+  su_await_idle(rt, 0);
+  pb_grant(w->kind, w->o);
+  return NULL;
+}
+
+static void begin_end_basic(void) {
+  su_watchdog_start("park-based forms: basic", 60);
+  for (int kind = 0; kind < PB_NKINDS; kind++) {
+    pbobj_t o;
+    pbobj_init(&o);
+    /* Granted by a task of scheduler 1 (the mutex: the unlock is the
+    ** holder's, a task of scheduler 1). */
+    pbwait_t w = {.kind = kind, .o = &o, .deadline = UMS_FOREVER};
+    if (kind == PB_MUTEX) {
+      CHECK_OK(ums_mutex_lock(o.m, UMS_FOREVER)); /* the host holds it */
+      ums_task_t t = spawn_step(0, pbwait_step, &w);
+      su_await(&w.parked, 1);
+      su_await_idle(rt, 0);
+      CHECK_OK(ums_mutex_unlock(o.m)); /* handed straight to the task */
+      su_join(rt, t);
+    } else {
+      ums_task_t t = spawn_step(0, pbwait_step, &w);
+      su_join(rt, su_spawn(rt, 1, pb_grant_task, &w));
+      su_join(rt, t);
+    }
+    CHECK_EQ(w.begin, 1);
+    CHECK_EQ(w.outcome, 0);
+    /* The deadline. */
+    pb_hold(kind, &o);
+    w = (pbwait_t){.kind = kind, .o = &o, .deadline = ums_deadline(2 * MS)};
+    su_join(rt, spawn_step(1, pbwait_step, &w));
+    CHECK_EQ(w.begin, 1);
+    CHECK_EQ(w.outcome, UMS_ETIMEDOUT);
+    /* A cancel. */
+    w = (pbwait_t){.kind = kind, .o = &o, .deadline = UMS_FOREVER};
+    ums_task_t t = spawn_step(1, pbwait_step, &w);
+    su_await(&w.parked, 1);
+    su_await_idle(rt, 1);
+    CHECK_OK(ums_task_cancel(rt, t));
+    su_join(rt, t);
+    CHECK_EQ(w.begin, 1);
+    CHECK_EQ(w.outcome, UMS_ECANCELED);
+    /* A poll (a deadline that has passed) does not park, except a cond
+    ** wait, which lets the mutex go and takes it back. */
+    w = (pbwait_t){.kind = kind, .o = &o, .deadline = ums_now() - MS};
+    su_join(rt, spawn_step(1, pbwait_step, &w));
+    CHECK_EQ(w.begin, kind == PB_COND ? 1 : UMS_ETIMEDOUT);
+    CHECK_EQ(w.outcome, UMS_ETIMEDOUT);
+    if (kind == PB_MUTEX) CHECK_OK(ums_mutex_unlock(o.m));
+    /* Available at once: no park. */
+    if (kind != PB_COND) {
+      if (kind == PB_SEM) CHECK_OK(ums_sem_release(o.s, 1));
+      if (kind == PB_EVENT) CHECK_OK(ums_event_set(o.e));
+      w = (pbwait_t){.kind = kind, .o = &o, .deadline = UMS_FOREVER};
+      su_join(rt, spawn_step(1, pbwait_step, &w));
+      CHECK_EQ(w.begin, 0);
+      CHECK_EQ(w.outcome, 0);
+      CHECK_EQ(w.steps, 1);
+    }
+    /* Outside a task: a wait that would park cannot begin. */
+    pb_hold(kind, &o);
+    if (kind == PB_SEM || kind == PB_EVENT)
+      CHECK_EQ(pb_begin(kind, &o, UMS_FOREVER), UMS_EPERM);
+    if (kind == PB_MUTEX) {
+      CHECK_EQ(ums_mutex_lock_begin(o.m, UMS_FOREVER), UMS_EDEADLK);
+      CHECK_OK(ums_mutex_unlock(o.m));
+    }
+    /* _end with no such wait. */
+    CHECK_EQ(pb_end(kind, &o), UMS_EPERM);
+    pbobj_free(&o);
+  }
+  CHECK_EQ(ums_mutex_lock_begin(NULL, 0), UMS_EINVAL);
+  CHECK_EQ(ums_cond_wait_begin(NULL, NULL, 0), UMS_EINVAL);
+  su_watchdog_stop();
+  printf("  %-44s ok\n", "park-based forms: grant, timeout, cancel, poll");
+}
+
+/* Mutual exclusion with both forms mixed: step tasks of two schedulers
+** (park-based lock) and C tasks (blocking lock) increment a counter under
+** one mutex; a lost handoff hangs, a double grant loses increments. */
+typedef struct pbmx {
+  ums_mutex_t *m;
+  long *counter;
+  int left, phase;
+} pbmx_t;
+
+static int pbmx_step(void *arg) {
+  pbmx_t *x = arg;
+  for (;;) {
+    if (x->phase == 1) {
+      CHECK_OK(ums_mutex_lock_end(x->m));
+    } else {
+      if (x->left == 0) {
+        ums_step_set_result(NULL, 0);
+        return UMS_STEP_DONE;
+      }
+      int r = ums_mutex_lock_begin(x->m, UMS_FOREVER);
+      if (r == 1) {
+        x->phase = 1;
+        return UMS_STEP_PARK;
+      }
+      CHECK_OK(r);
+    }
+    x->phase = 0;
+    long v = *x->counter;
+    if (x->left % 3 == 0) {
+      /* Hold it across a pass of the scheduler sometimes. */
+      *x->counter = v + 1;
+      x->left--;
+      CHECK_OK(ums_mutex_unlock(x->m));
+      return UMS_STEP_YIELD;
+    }
+    *x->counter = v + 1;
+    x->left--;
+    CHECK_OK(ums_mutex_unlock(x->m));
+  }
+}
+
+static ums_mutex_t *pbmx_m;
+static long pbmx_counter;
+
+static void *pbmx_blocking(void *arg) {
+  int n = (int)(intptr_t)arg;
+  for (int i = 0; i < n; i++) {
+    CHECK_OK(ums_mutex_lock(pbmx_m, UMS_FOREVER));
+    pbmx_counter++;
+    if (i % 7 == 0) CHECK_OK(ums_yield());
+    CHECK_OK(ums_mutex_unlock(pbmx_m));
+  }
+  return NULL;
+}
+
+static void begin_end_mutex_exclusion(void) {
+  int64_t t0 = ums_now();
+  su_watchdog_start("park-based forms: mutex exclusion", 120);
+  pbmx_m = ums_mutex_new();
+  pbmx_counter = 0;
+  pbmx_t x[4];
+  ums_task_t t[6];
+  for (int i = 0; i < 4; i++) {
+    x[i] = (pbmx_t){.m = pbmx_m, .counter = &pbmx_counter,
+                    .left = PB_ITERS / 4};
+    t[i] = spawn_step(i % 2, pbmx_step, &x[i]);
+  }
+  t[4] = su_spawn(rt, 0, pbmx_blocking, (void *)(intptr_t)(PB_ITERS / 4));
+  t[5] = su_spawn(rt, 1, pbmx_blocking, (void *)(intptr_t)(PB_ITERS / 4));
+  for (int i = 0; i < 6; i++) su_join(rt, t[i]);
+  CHECK_EQ(pbmx_counter, 6 * (PB_ITERS / 4));
+  CHECK_OK(ums_mutex_delete(pbmx_m));
+  su_watchdog_stop();
+  printf("  %-44s ok (%.1f ms)\n", "park-based forms: mutex, two schedulers",
+         (double)(ums_now() - t0) / 1e6);
+}
+
+/* The race of a grant from another scheduler against the deadline and a
+** cancel, for each kind: a step task of scheduler 0 waits with a deadline
+** from now to 30 us ahead; a C task of scheduler 1 grants after a random
+** spin. A grant that found the waiter must be the wait's outcome (0), a
+** grant that found none must stay with the object (the next wait takes
+** it at once, or, for a cond signal, is lost: a cond keeps no signal),
+** and nothing is granted twice. */
+typedef struct pbrace {
+  int kind;
+  pbobj_t o;
+  pbwait_t w;            /* the current wait; the parker writes */
+  int i;                 /* the parker only */
+  uint64_t rng;          /* the parker only */
+  _Atomic int posted;    /* waits begun */
+  _Atomic int tried;     /* grants made */
+  _Atomic int taken;     /* mutex: waits the granter holds it for */
+  int granted_at_once, granted, timed_out;  /* the parker writes */
+} pbrace_t;
+
+static void *pbrace_granter(void *arg) {
+  pbrace_t *r = arg;
+  uint64_t rng = 31;
+  if (r->kind == PB_MUTEX) {
+    /* The mutex is held by this task whenever a wait begins; its unlock
+    ** is the grant. */
+    CHECK_OK(ums_mutex_lock(r->o.m, UMS_FOREVER));
+    atomic_store(&r->taken, 1);
+  }
+  for (int i = 0; i < PB_ITERS; i++) {
+    while (atomic_load(&r->posted) <= i) CHECK_OK(ums_yield());
+    qspin((int64_t)(qrng(&rng) % 40000));
+    pb_grant(r->kind, &r->o);
+    atomic_store(&r->tried, i + 1);
+    if (r->kind == PB_MUTEX && i + 1 < PB_ITERS) {
+      CHECK_OK(ums_mutex_lock(r->o.m, UMS_FOREVER));
+      atomic_store(&r->taken, i + 2);
+    }
+  }
+  return NULL;
+}
+
+static int pbrace_parker(void *arg) {
+  pbrace_t *r = arg;
+  pbwait_t *w = &r->w;
+  if (w->phase == 2) {
+    int st = pbwait_step(w);
+    if (st != UMS_STEP_DONE) return st;
+    if (w->outcome == 0)
+      r->granted++;
+    else if (w->outcome == UMS_ETIMEDOUT)
+      r->timed_out++;
+    else
+      CHECK_EQ(w->outcome, 0);
+    w->phase = 3;
+  }
+  if (w->phase == 3) {
+    /* The granter must be done with this wait before the next begins. */
+    if (atomic_load(&r->tried) <= r->i) return UMS_STEP_YIELD;
+    /* A grant that found no waiter stays with the object: take it now,
+    ** so that the next wait starts from an unavailable object. */
+    if (r->kind == PB_SEM && ums_sem_tryacquire(r->o.s) == 0)
+      r->granted_at_once++;
+    if (r->kind == PB_EVENT && ums_event_wait_begin(r->o.e, 0) == 0)
+      r->granted_at_once++;
+    r->i++;
+    w->phase = 4;
+  }
+  if (r->i == PB_ITERS) {
+    ums_step_set_result(NULL, 0);
+    return UMS_STEP_DONE;
+  }
+  if (r->kind == PB_MUTEX && atomic_load(&r->taken) <= r->i)
+    return UMS_STEP_YIELD;
+  int64_t dl = ums_now() + (int64_t)(qrng(&r->rng) % 30000);
+  *w = (pbwait_t){.kind = r->kind, .o = &r->o, .deadline = dl, .phase = 1};
+  if (r->kind == PB_COND) CHECK_OK(ums_mutex_trylock(r->o.cm));
+  int st = pbwait_step(w);
+  atomic_store(&r->posted, r->i + 1);
+  if (st == UMS_STEP_DONE) {
+    /* Not parked: only a deadline that passed at once does that here. */
+    CHECK_EQ(w->outcome, UMS_ETIMEDOUT);
+    r->timed_out++;
+    w->phase = 3;
+    return UMS_STEP_YIELD;
+  }
+  return st;
+}
+
+static void begin_end_races(void) {
+  for (int kind = 0; kind < PB_NKINDS; kind++) {
+    int64_t t0 = ums_now();
+    su_watchdog_start(pb_name[kind], 180);
+    pbrace_t *r = calloc(1, sizeof *r);
+    CHECK(r != NULL);
+    r->kind = kind;
+    r->rng = 1000 + (uint64_t)kind;
+    pbobj_init(&r->o);
+    ums_task_t g = su_spawn(rt, 1, pbrace_granter, r);
+    ums_task_t p = spawn_step(0, pbrace_parker, r);
+    su_join(rt, p);
+    su_join(rt, g);
+    su_watchdog_stop();
+    CHECK_EQ(r->granted + r->timed_out, PB_ITERS);
+    CHECK(r->granted > 0 && r->timed_out > 0);
+    if (kind == PB_SEM || kind == PB_EVENT)
+      CHECK_EQ(r->granted + r->granted_at_once, PB_ITERS);
+    CHECK_EQ(ums_sem_value(r->o.s), 0);
+    CHECK_EQ(ums_mutex_is_locked(r->o.m), 0);
+    CHECK_EQ(ums_mutex_is_locked(r->o.cm), 0);
+    pbobj_free(&r->o);
+    printf("  park-based %-33s ok (%.1f ms; %d granted, %d timed out)\n",
+           pb_name[kind], (double)(ums_now() - t0) / 1e6, r->granted,
+           r->timed_out);
+    free(r);
+  }
+}
+
+/* ====================================================================== */
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1614,6 +2033,9 @@ int main(void) {
   queued_park_basic();
   queued_park_grant_timeout_race();
   queued_park_grant_cancel_race();
+  begin_end_basic();
+  begin_end_mutex_exclusion();
+  begin_end_races();
 
   cancel_same_sched = 1;
   drive("every wait: cancel, same scheduler", cancel_from_task);
