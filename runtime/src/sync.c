@@ -59,16 +59,15 @@ static int park_on(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
   return r ? r : 1;
 }
 
-/* The outcome of the current task's park on obj, a wait of the given type
-** that has ended: UMS_EINVAL when its last park was not that one,
-** UMS_EBUSY while it goes on. *w (if w) is the park's waiter. */
-static int park_outcome(int type, const void *obj, ums__waiter_t **w) {
+/* The outcome of the current task's park on q, which has ended:
+** UMS_EINVAL when its last park was not on q, UMS_EBUSY while it goes on.
+** *w (if w) is the park's waiter. (An ended park keeps its queue.) */
+static int park_outcome(const ums__wq_t *q, ums__waiter_t **w) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
-  if (t->park.type != type || t->park.obj != obj || t->park_pending)
-    return t->park_pending ? UMS_EBUSY : UMS_EINVAL;
+  if (t->park.wq != q) return t->park_pending ? UMS_EBUSY : UMS_EINVAL;
   uint32_t st = atomic_load_explicit(&t->park.state, memory_order_acquire);
-  if (st == UMS__WAITING) return UMS_EBUSY;
+  if (t->park_pending || st == UMS__WAITING) return UMS_EBUSY;
   if (w) *w = &t->park;
   return (int)st;
 }
@@ -111,6 +110,16 @@ int ums_mutex_delete(ums_mutex_t *m) {
   if (!m) return UMS_EINVAL;
   ums__lock(&m->lock);
   bool busy = m->wq.n || m->owner;
+  ums__unlock(&m->lock);
+  if (busy) return UMS_EBUSY;
+  free(m);
+  return 0;
+}
+
+int ums_mutex_delete_held(ums_mutex_t *m) {
+  if (!m) return UMS_EINVAL;
+  ums__lock(&m->lock);
+  bool busy = m->wq.n != 0;
   ums__unlock(&m->lock);
   if (busy) return UMS_EBUSY;
   free(m);
@@ -193,7 +202,7 @@ int ums_mutex_lock_begin(ums_mutex_t *m, int64_t deadline) {
 
 int ums_mutex_lock_end(ums_mutex_t *m) {
   if (!m) return UMS_EINVAL;
-  return park_outcome(UMS_WAIT_MUTEX, m, NULL);
+  return park_outcome(&m->wq, NULL);
 }
 
 int ums_mutex_is_locked(ums_mutex_t *m) {
@@ -297,7 +306,7 @@ int ums_sem_acquire_begin(ums_sem_t *s, int64_t deadline) {
 
 int ums_sem_acquire_end(ums_sem_t *s) {
   if (!s) return UMS_EINVAL;
-  return park_outcome(UMS_WAIT_SEMAPHORE, s, NULL);
+  return park_outcome(&s->wq, NULL);
 }
 
 int ums_sem_tryacquire(ums_sem_t *s) {
@@ -420,7 +429,13 @@ int ums_event_wait(ums_event_t *e, int64_t deadline) {
 }
 
 int ums_event_wait_begin(ums_event_t *e, int64_t deadline) {
-  if (!e) return UMS_EINVAL;
+  return ums_event_wait_begin_as(e, deadline, UMS_WAIT_EVENT, e);
+}
+
+int ums_event_wait_begin_as(ums_event_t *e, int64_t deadline, int type,
+                            const void *object) {
+  if (!e || type <= UMS_WAIT_NONE || type >= UMS_WAIT_NTYPES)
+    return UMS_EINVAL;
   ums__lock(&e->lock);
   if (e->set) {
     if (!e->manual) e->set = false;
@@ -432,13 +447,12 @@ int ums_event_wait_begin(ums_event_t *e, int64_t deadline) {
     return UMS_ETIMEDOUT;
   }
   /* Granted means a set came (for an auto-reset event, consumed for us). */
-  return park_on(&e->wq, &e->lock, deadline, 0, UMS_WAIT_EVENT, e, 0, NULL,
-                 0);
+  return park_on(&e->wq, &e->lock, deadline, 0, type, object, 0, NULL, 0);
 }
 
 int ums_event_wait_end(ums_event_t *e) {
   if (!e) return UMS_EINVAL;
-  return park_outcome(UMS_WAIT_EVENT, e, NULL);
+  return park_outcome(&e->wq, NULL);
 }
 
 int ums_event_is_set(ums_event_t *e) {
@@ -525,14 +539,14 @@ int ums_cond_wait_begin(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
 int ums_cond_wait_end(ums_cond_t *c, ums_mutex_t *m) {
   if (!c || !m) return UMS_EINVAL;
   ums__waiter_t *w;
-  int r = park_outcome(UMS_WAIT_MUTEX, m, &w);
+  int r = park_outcome(&m->wq, &w);
   if (r != UMS_EINVAL) {
     /* The re-lock's park ended: the mutex is ours (granted), or the
     ** deadlock detector ended it (UMS_EDEADLK); aux holds the wait's own
     ** outcome. */
     return r ? r : (int)w->aux;
   }
-  r = park_outcome(UMS_WAIT_COND, c, NULL);
+  r = park_outcome(&c->wq, NULL);
   if (r == UMS_EBUSY || r == UMS_EINVAL || r == UMS_EPERM) return r;
   /* The wait ended (signalled, timed out or cancelled); the mutex comes
   ** back whatever happened, through a park that cancellation does not
