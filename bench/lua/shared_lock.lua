@@ -20,5 +20,6 @@ ums.run(function()
   local ml = best(function() for _ = 1, N do m:lock(); m:unlock() end end)
   local sa = best(function() for _ = 1, N do s:acquire(); s:release() end end)
   local ew = best(function() for _ = 1, N do e:wait() end end)
-  print(("shared mutex lock+unlock %.1f ns; semaphore acquire+release %.1f ns; set event wait %.1f ns"):format(ml, sa, ew))
+  print(("shared mutex lock+unlock %.1f ns; semaphore acquire+release "
+         .. "%.1f ns; set event wait %.1f ns"):format(ml, sa, ew))
 end)
