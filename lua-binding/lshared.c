@@ -34,8 +34,8 @@
 ** the outcome.
 **
 ** Lock order: an object's lock, then the runtime's task locks inside
-** ums_unpark and ums_park_begin. No two object locks are ever held at
-** once.
+** ums_unpark and ums_park_begin, or (a wait group) the lock of its
+** runtime event. No two shared objects' locks are ever held at once.
 */
 #define _GNU_SOURCE /* clock_gettime */
 #include "lvm.h"
