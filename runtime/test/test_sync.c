@@ -1192,10 +1192,10 @@ static void last_user_frees(void) {
 /* ====================================================================== */
 
 #if defined(__SANITIZE_THREAD__)
-#define QRACE_ITERS 2000
+#define QRACE_ITERS 1500
 #define QCANCEL_TASKS 300
 #else
-#define QRACE_ITERS 3000
+#define QRACE_ITERS 2000
 #define QCANCEL_TASKS 2000
 #endif
 
@@ -1593,7 +1593,7 @@ static void queued_park_grant_cancel_race(void) {
 #if defined(__SANITIZE_THREAD__)
 #define PB_ITERS 1000
 #else
-#define PB_ITERS 3000
+#define PB_ITERS 1500
 #endif
 
 enum { PB_MUTEX, PB_SEM, PB_EVENT, PB_COND, PB_NKINDS };
