@@ -18,6 +18,7 @@
 #include <string.h>
 
 void lums_req_clear(lreq *r) {
+  if (r->done) ums_event_delete(r->done);
   free(r->name);
   free(r->chunk);
   free(r->chunkname);
@@ -35,8 +36,10 @@ void lums_req_finish(lreq *r, int outcome, lmsg *results, const char *tb) {
   r->results = results;
   r->traceback = tbcopy;
   r->state = R_DONE;
-  lshared_grant_all(&r->joiners, 0);
   pthread_mutex_unlock(&r->h.lock);
+  /* After the state: a joiner that finds the request not done under the
+  ** lock begins its wait before this set, or finds the event set. */
+  if (r->done) ums_event_set(r->done);
   pthread_mutex_lock(&v->reqs.lock);
   ums_list_remove(&v->reqs.active, &r->llink);
   /* A host request's outcome always reaches the host (on_finish); only

@@ -42,7 +42,9 @@ struct lreq {
   bool joined;           /* somebody took the outcome */
   ums_task_t task;       /* R_RUNNING: its task */
   int sched;             /* where it runs or ran; -1 before */
-  lswaitq joiners;
+  /* [const] set (manual reset) once the request is done; its joiners
+  ** wait on it. NULL for a host's request, which nobody joins. */
+  ums_event_t *done;
   /* [h.lock; const once R_DONE] */
   int outcome;           /* O_* */
   lmsg *results;         /* the results (O_OK) or the error value */

@@ -13,7 +13,13 @@
 ** a buffered channel moves them through a lock-free ring and takes its
 ** lock only for waiters (the rule is at the channel's section).
 **
-** Waits. A task that must wait allocates an lswait, begins its park and
+** The mutex, semaphore, event and wait group are the runtime's objects
+** (sync.c) behind the reference count, waited on with their park-based
+** forms (ums.h: _begin, then _end in the continuation): their waiters,
+** Lua's and C's alike, are on the runtime object's one queue. A work
+** request's join (lwork.c) waits on a runtime event the same way.
+**
+** Channel waits. A task that must wait allocates an lswait, begins its park and
 ** queues the waiter, all under the object's lock, then yields (or blocks
 ** its worker where Lua cannot yield) through lums_park_finish, with the
 ** waiter as the continuation's context. A waker, under the same lock,
@@ -28,8 +34,8 @@
 ** the outcome.
 **
 ** Lock order: an object's lock, then the runtime's task locks inside
-** ums_unpark and ums_park_begin. No two object locks are ever held at
-** once.
+** ums_unpark and ums_park_begin, or (a wait group) the lock of its
+** runtime event. No two shared objects' locks are ever held at once.
 */
 #define _GNU_SOURCE /* clock_gettime */
 #include "lvm.h"
@@ -171,21 +177,6 @@ static int push_wait_result(lua_State *L, int r) {
   if (r < 0) return push_timeout(L);
   lua_pushboolean(L, 1);
   return 1;
-}
-
-static int simple_k(lua_State *L, int status, lua_KContext ctx) {
-  (void)status;
-  return push_wait_result(L, lshared_wait_end((lswait *)ctx, NULL));
-}
-
-/* With o locked: queues the current task on q and parks; the wait
-** returns true when granted, nil, "timeout" or raises CANCELLED. */
-static int park_simple(lua_State *L, lshared *o, lswaitq *q,
-                       int64_t deadline, const char *fname) {
-  ltask *me = wait_task(L, o, fname, NULL);
-  lswait *w = lshared_wait_begin(L, me, o, q, deadline);
-  pthread_mutex_unlock(&o->lock);
-  return lums_park_finish(L, me, (lua_KContext)w, simple_k);
 }
 
 static int64_t check_count(lua_State *L, int idx, const char *fname) {
@@ -1095,27 +1086,60 @@ static const luaL_Reg chan_methods[] = {
     {NULL, NULL}};
 
 /* ---------------------------------------------------------------------- */
-/* Mutex                                                                   */
+/* Mutex, semaphore, event and wait group: the runtime's objects          */
 /* ---------------------------------------------------------------------- */
+
+/* Each is a runtime object (ums.h, "Synchronisation") behind the shared
+** object's reference count: a task of any VM waits on it with its
+** park-based form, in the one FIFO queue of that object, and Lua's
+** outcomes are the runtime's. */
+
+/* After a park-based _begin (r): 0 taken at once, 1 a park begun (the
+** task yields, or blocks where Lua cannot yield, and k calls the _end
+** half), else the wait is over without a park. */
+static int begun(lua_State *L, int r, ltask *me, lua_KContext ctx,
+                 lua_KFunction k) {
+  if (r == 1) return lums_park_finish(L, me, ctx, k);
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  if (r == UMS_ETIMEDOUT) return push_timeout(L);
+  if (r != 0) return luaL_error(L, "ums: cannot wait: %s", ums_strerror(r));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* The deadline a park-based _begin takes for a Lua timeout: a poll is a
+** deadline that has passed. */
+static int64_t begin_deadline(int64_t deadline, bool poll) {
+  return poll ? 0 : deadline;
+}
 
 /* FIFO, not recursive, owned by a task (of any VM); unlock hands it to
 ** the first waiter, so nobody barges in. A task that ends holding it
 ** leaves it locked, as in C. */
 typedef struct smutex {
   lshared h;
-  ums_task_t owner;      /* [h.lock] 0: unlocked */
-  lswaitq q;             /* [h.lock] */
+  ums_mutex_t *m;        /* [const] */
 } smutex;
 
-static void plain_destroy(lshared *o) { free(o); }
-
 static const luaL_Reg mutex_methods[];
-static const lshared_kind mutex_kind = {"ums.shared.mutex", plain_destroy,
+static void mutex_destroy(lshared *o) {
+  /* No task waits: each would hold a reference. */
+  ums_mutex_delete_held(((smutex *)o)->m);
+  free(o);
+}
+static const lshared_kind mutex_kind = {"ums.shared.mutex", mutex_destroy,
                                         mutex_methods};
 
 static int mutex_new(lua_State *L) {
-  lshared_new(L, sizeof(smutex), &mutex_kind);
+  smutex *m = lshared_new(L, sizeof(smutex), &mutex_kind);
+  if (!(m->m = ums_mutex_new())) return luaL_error(L, "ums: out of memory");
   return 1;
+}
+
+static int mutex_lock_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  /* Granted means unlock made us the owner. */
+  return push_wait_result(L, ums_mutex_lock_end((ums_mutex_t *)ctx));
 }
 
 /* m:lock([timeout]) -> true | nil, "timeout" | nil, msg (already ours) */
@@ -1124,60 +1148,34 @@ static int mutex_lock(lua_State *L) {
   smutex *m = (smutex *)lshared_check(L, 1, &mutex_kind, "lock");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "lock", &poll);
-  ums_task_t me = ums_self();
-  if (!me) lums_need_task(L, "mutex:lock");
-  pthread_mutex_lock(&m->h.lock);
-  if (m->owner == 0) {
-    m->owner = me;
-    pthread_mutex_unlock(&m->h.lock);
-    lua_pushboolean(L, 1);
-    return 1;
-  }
-  if (m->owner == me) {
-    pthread_mutex_unlock(&m->h.lock);
+  ltask *me = lums_need_task(L, "mutex:lock");
+  int r = ums_mutex_lock_begin(m->m, begin_deadline(deadline, poll));
+  if (r == UMS_EDEADLK) {
     lua_pushnil(L);
     lua_pushliteral(L, "would deadlock: the mutex is already locked by this "
                        "task");
     return 2;
   }
-  if (poll) {
-    pthread_mutex_unlock(&m->h.lock);
-    return push_timeout(L);
-  }
-  /* Granted means unlock made us the owner. */
-  return park_simple(L, &m->h, &m->q, deadline, "mutex:lock");
+  return begun(L, r, me, (lua_KContext)m->m, mutex_lock_k);
 }
 
 /* m:trylock() -> true | false */
 static int mutex_trylock(lua_State *L) {
   smutex *m = (smutex *)lshared_check(L, 1, &mutex_kind, "trylock");
-  ums_task_t me = ums_self();
-  if (!me) lums_need_task(L, "mutex:trylock");
-  pthread_mutex_lock(&m->h.lock);
-  bool ok = m->owner == 0;
-  if (ok) m->owner = me;
-  pthread_mutex_unlock(&m->h.lock);
-  lua_pushboolean(L, ok);
+  lums_need_task(L, "mutex:trylock");
+  lua_pushboolean(L, ums_mutex_trylock(m->m) == 0);
   return 1;
 }
 
 /* m:unlock() -> true; raises unless the calling task holds it. */
 static int mutex_unlock(lua_State *L) {
   smutex *m = (smutex *)lshared_check(L, 1, &mutex_kind, "unlock");
-  ums_task_t me = ums_self();
-  if (!me) lums_need_task(L, "mutex:unlock");
-  pthread_mutex_lock(&m->h.lock);
-  ums_task_t owner = m->owner;
-  if (owner == me) {
-    lswait *w = lshared_grant(&m->q, GRANTED, NULL);
-    m->owner = w ? w->task : 0;
-  }
-  pthread_mutex_unlock(&m->h.lock);
-  if (owner != me)
-    return luaL_error(L, owner == 0
-                             ? "ums.mutex:unlock: the mutex is not locked"
-                             : "ums.mutex:unlock: the mutex is locked by "
-                               "another task");
+  lums_need_task(L, "mutex:unlock");
+  if (ums_mutex_unlock(m->m) != 0)
+    return luaL_error(L, ums_mutex_is_locked(m->m) == 1
+                             ? "ums.mutex:unlock: the mutex is locked by "
+                               "another task"
+                             : "ums.mutex:unlock: the mutex is not locked");
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -1187,20 +1185,19 @@ static const luaL_Reg mutex_methods[] = {{"lock", mutex_lock},
                                          {"unlock", mutex_unlock},
                                          {NULL, NULL}};
 
-/* ---------------------------------------------------------------------- */
-/* Semaphore                                                               */
-/* ---------------------------------------------------------------------- */
-
 /* Release hands units straight to waiters, FIFO: a positive count means
 ** nobody is waiting. */
 typedef struct ssem {
   lshared h;
-  int64_t count;         /* [h.lock] */
-  lswaitq q;             /* [h.lock] */
+  ums_sem_t *s;          /* [const] */
 } ssem;
 
 static const luaL_Reg sem_methods[];
-static const lshared_kind sem_kind = {"ums.shared.semaphore", plain_destroy,
+static void sem_destroy(lshared *o) {
+  ums_sem_delete(((ssem *)o)->s);
+  free(o);
+}
+static const lshared_kind sem_kind = {"ums.shared.semaphore", sem_destroy,
                                       sem_methods};
 
 static int sem_new(lua_State *L) {
@@ -1208,8 +1205,13 @@ static int sem_new(lua_State *L) {
   if (n < 0)
     lums_argerr(L, 1, "semaphore", "initial value must not be negative");
   ssem *s = lshared_new(L, sizeof(ssem), &sem_kind);
-  s->count = n;  /* not yet visible to any other thread */
+  if (!(s->s = ums_sem_new(n))) return luaL_error(L, "ums: out of memory");
   return 1;
+}
+
+static int sem_acquire_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return push_wait_result(L, ums_sem_acquire_end((ums_sem_t *)ctx));
 }
 
 /* s:acquire([timeout]) -> true | nil, "timeout" */
@@ -1218,18 +1220,14 @@ static int sem_acquire(lua_State *L) {
   ssem *s = (ssem *)lshared_check(L, 1, &sem_kind, "acquire");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "acquire", &poll);
-  pthread_mutex_lock(&s->h.lock);
-  if (s->count > 0) {
-    s->count--;
-    pthread_mutex_unlock(&s->h.lock);
+  if (ums_sem_tryacquire(s->s) == 0) {
     lua_pushboolean(L, 1);
     return 1;
   }
-  if (poll) {
-    pthread_mutex_unlock(&s->h.lock);
-    return push_timeout(L);
-  }
-  return park_simple(L, &s->h, &s->q, deadline, "semaphore:acquire");
+  if (poll) return push_timeout(L);
+  ltask *me = lums_need_task(L, "semaphore:acquire");
+  int r = ums_sem_acquire_begin(s->s, deadline);
+  return begun(L, r, me, (lua_KContext)s->s, sem_acquire_k);
 }
 
 /* s:release([n]) -> true | nil, msg (the value would overflow) */
@@ -1240,26 +1238,18 @@ static int sem_release(lua_State *L) {
     n = check_count(L, 2, "release");
     if (n < 1) lums_argerr(L, 2, "release", "count must be positive");
   }
-  pthread_mutex_lock(&s->h.lock);
-  if (n > INT64_MAX - s->count) {
-    pthread_mutex_unlock(&s->h.lock);
+  if (ums_sem_release(s->s, n) == UMS_ERANGE) {
     lua_pushnil(L);
     lua_pushliteral(L, "semaphore value out of range");
     return 2;
   }
-  while (n > 0 && lshared_grant(&s->q, GRANTED, NULL)) n--;
-  s->count += n;
-  pthread_mutex_unlock(&s->h.lock);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int sem_value(lua_State *L) {
   ssem *s = (ssem *)lshared_check(L, 1, &sem_kind, "value");
-  pthread_mutex_lock(&s->h.lock);
-  int64_t n = s->count;
-  pthread_mutex_unlock(&s->h.lock);
-  lua_pushinteger(L, (lua_Integer)n);
+  lua_pushinteger(L, (lua_Integer)ums_sem_value(s->s));
   return 1;
 }
 
@@ -1268,21 +1258,19 @@ static const luaL_Reg sem_methods[] = {{"acquire", sem_acquire},
                                        {"value", sem_value},
                                        {NULL, NULL}};
 
-/* ---------------------------------------------------------------------- */
-/* Event                                                                   */
-/* ---------------------------------------------------------------------- */
-
 /* Manual reset: set wakes every waiter and stays set until reset. Auto
 ** reset: set wakes one waiter, or stays set until one wait consumes it. */
 typedef struct sevent {
   lshared h;
-  bool manual;           /* [const] */
-  bool set;              /* [h.lock] */
-  lswaitq q;             /* [h.lock] */
+  ums_event_t *e;        /* [const] */
 } sevent;
 
 static const luaL_Reg event_methods[];
-static const lshared_kind event_kind = {"ums.shared.event", plain_destroy,
+static void event_destroy(lshared *o) {
+  ums_event_delete(((sevent *)o)->e);
+  free(o);
+}
+static const lshared_kind event_kind = {"ums.shared.event", event_destroy,
                                         event_methods};
 
 static int event_new(lua_State *L) {
@@ -1290,40 +1278,34 @@ static int event_new(lua_State *L) {
     lums_typeerr(L, 1, "event", "boolean");
   bool manual = lua_toboolean(L, 1);
   sevent *e = lshared_new(L, sizeof(sevent), &event_kind);
-  e->manual = manual;
+  if (!(e->e = ums_event_new(manual, 0)))
+    return luaL_error(L, "ums: out of memory");
   return 1;
 }
 
 static int event_set(lua_State *L) {
   sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "set");
-  pthread_mutex_lock(&e->h.lock);
-  if (e->manual) {
-    e->set = true;
-    lshared_grant_all(&e->q, GRANTED);
-  } else if (!lshared_grant(&e->q, GRANTED, NULL)) {
-    e->set = true;
-  }
-  pthread_mutex_unlock(&e->h.lock);
+  ums_event_set(e->e);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int event_reset(lua_State *L) {
   sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "reset");
-  pthread_mutex_lock(&e->h.lock);
-  e->set = false;
-  pthread_mutex_unlock(&e->h.lock);
+  ums_event_reset(e->e);
   lua_pushboolean(L, 1);
   return 1;
 }
 
 static int event_is_set(lua_State *L) {
   sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "is_set");
-  pthread_mutex_lock(&e->h.lock);
-  bool set = e->set;
-  pthread_mutex_unlock(&e->h.lock);
-  lua_pushboolean(L, set);
+  lua_pushboolean(L, ums_event_is_set(e->e) == 1);
   return 1;
+}
+
+static int event_wait_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return push_wait_result(L, ums_event_wait_end((ums_event_t *)ctx));
 }
 
 /* e:wait([timeout]) -> true | nil, "timeout" */
@@ -1332,18 +1314,13 @@ static int event_wait(lua_State *L) {
   sevent *e = (sevent *)lshared_check(L, 1, &event_kind, "wait");
   bool poll;
   int64_t deadline = lums_opt_timeout(L, 2, "wait", &poll);
-  pthread_mutex_lock(&e->h.lock);
-  if (e->set) {
-    if (!e->manual) e->set = false;
-    pthread_mutex_unlock(&e->h.lock);
-    lua_pushboolean(L, 1);
-    return 1;
-  }
-  if (poll) {
-    pthread_mutex_unlock(&e->h.lock);
-    return push_timeout(L);
-  }
-  return park_simple(L, &e->h, &e->q, deadline, "event:wait");
+  ltask *me = lums_cur_task;
+  bool task = me && me->vmrun;
+  /* Outside a task only a set event or a poll has an answer. */
+  int r = ums_event_wait_begin(e->e, task ? begin_deadline(deadline, poll)
+                                          : 0);
+  if (r == UMS_ETIMEDOUT && !task && !poll) lums_need_task(L, "event:wait");
+  return begun(L, r, me, (lua_KContext)e->e, event_wait_k);
 }
 
 static const luaL_Reg event_methods[] = {{"set", event_set},
@@ -1352,22 +1329,28 @@ static const luaL_Reg event_methods[] = {{"set", event_set},
                                          {"wait", event_wait},
                                          {NULL, NULL}};
 
-/* ---------------------------------------------------------------------- */
-/* Wait group                                                              */
-/* ---------------------------------------------------------------------- */
-
+/* A counter and a manual-reset event that is set exactly while the
+** counter is 0: a wait is a wait on the event. Both change together
+** under h.lock, and a wait begins under it too (lock order: h.lock, then
+** the event's), so no wait begins on a stale event. */
 typedef struct swg {
   lshared h;
   int64_t count;         /* [h.lock] */
-  lswaitq q;             /* [h.lock] */
+  ums_event_t *zero;     /* [const] set iff count == 0 (under h.lock) */
 } swg;
 
 static const luaL_Reg wg_methods[];
-static const lshared_kind wg_kind = {"ums.shared.waitgroup", plain_destroy,
+static void wg_destroy(lshared *o) {
+  ums_event_delete(((swg *)o)->zero);
+  free(o);
+}
+static const lshared_kind wg_kind = {"ums.shared.waitgroup", wg_destroy,
                                      wg_methods};
 
 static int wg_new(lua_State *L) {
-  lshared_new(L, sizeof(swg), &wg_kind);
+  swg *g = lshared_new(L, sizeof(swg), &wg_kind);
+  if (!(g->zero = ums_event_new(1, 1)))
+    return luaL_error(L, "ums: out of memory");
   return 1;
 }
 
@@ -1375,9 +1358,12 @@ static int wg_change(lua_State *L, swg *g, int64_t n, const char *fname) {
   pthread_mutex_lock(&g->h.lock);
   int64_t c = g->count;
   bool bad = n < 0 ? c + n < 0 : c > INT64_MAX - n;
-  if (!bad) {
+  if (!bad && n != 0) {
     g->count = c + n;
-    if (g->count == 0) lshared_grant_all(&g->q, GRANTED);
+    if (g->count == 0)
+      ums_event_set(g->zero);
+    else if (c == 0)
+      ums_event_reset(g->zero);
   }
   pthread_mutex_unlock(&g->h.lock);
   if (bad)
@@ -1397,6 +1383,11 @@ static int wg_done(lua_State *L) {
   return wg_change(L, g, -1, "done");
 }
 
+static int wg_wait_k(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  return push_wait_result(L, ums_event_wait_end((ums_event_t *)ctx));
+}
+
 /* g:wait([timeout]) -> true | nil, "timeout" */
 static int wg_wait(lua_State *L) {
   LUMS_YIELD_POINT(L, wg_wait);
@@ -1413,7 +1404,10 @@ static int wg_wait(lua_State *L) {
     pthread_mutex_unlock(&g->h.lock);
     return push_timeout(L);
   }
-  return park_simple(L, &g->h, &g->q, deadline, "waitgroup:wait");
+  ltask *me = wait_task(L, &g->h, "waitgroup:wait", NULL);
+  int r = ums_event_wait_begin_as(g->zero, deadline, UMS_WAIT_WAITGROUP, g);
+  pthread_mutex_unlock(&g->h.lock);
+  return begun(L, r, me, (lua_KContext)g->zero, wg_wait_k);
 }
 
 static int wg_count(lua_State *L) {

@@ -57,6 +57,8 @@ static int submit(lua_State *L, int target, int fidx, const char *fname) {
   r->run = v;
   r->sched = -1;
   r->state = R_QUEUED;
+  if (!(r->done = ums_event_new(1, 0)))
+    return luaL_error(L, "ums.%s: out of memory", fname);
   if (name && !(r->name = strdup(name)))
     return luaL_error(L, "ums.%s: out of memory", fname);
   if (!name) {
@@ -140,7 +142,7 @@ static int push_outcome(lua_State *L, lreq *r) {
 static int join_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   lreq *r = (lreq *)lshared_test(L, 1);
-  int res = lshared_wait_end((lswait *)ctx, NULL);
+  int res = ums_event_wait_end((ums_event_t *)ctx);
   if (res == UMS_ECANCELED) return lums_raise_cancelled(L);
   pthread_mutex_lock(&r->h.lock);
   bool done = r->state == R_DONE;
@@ -181,9 +183,13 @@ static int work_join(lua_State *L) {
     if (self) return luaL_error(L, "ums.work:join: work cannot join itself");
     lums_need_task(L, "work:join");
   }
-  lswait *w = lshared_wait_begin(L, me, &r->h, &r->joiners, deadline);
+  int rc = ums_event_wait_begin_as(r->done, deadline, UMS_WAIT_JOIN, r);
   pthread_mutex_unlock(&r->h.lock);
-  return lums_park_finish(L, me, (lua_KContext)w, join_k);
+  if (rc == 1) return lums_park_finish(L, me, (lua_KContext)r->done, join_k);
+  /* Done since the look above (0), or no wait could begin. */
+  if (rc == 0) return join_k(L, LUA_OK, (lua_KContext)r->done);
+  if (rc == UMS_ECANCELED) return lums_raise_cancelled(L);
+  return luaL_error(L, "ums: cannot wait: %s", ums_strerror(rc));
 }
 
 /* w:cancel() -> true if the request was not done: one not started never

@@ -44,6 +44,19 @@ UMS_API void ums_runtime_watch_period(ums_runtime_t *rt, int64_t period);
 ** scheduler's tasks use, such as the Lua binding's channels. */
 #define UMS_PARK_LOCAL 2
 
+/* For a binding's objects built on the runtime's (ums.h,
+** "Synchronisation"). ums_event_wait_begin_as is ums_event_wait_begin
+** with the wait described as `type` on `object` (as ums_park_begin_wait
+** describes a park), for objects made of an event, such as the Lua
+** binding's wait group and its work requests' join; end it with
+** ums_event_wait_end. ums_mutex_delete_held frees m even while a task
+** holds it, which a binding whose tasks may end holding a mutex needs
+** when the mutex's last user lets go: UMS_EBUSY only while tasks wait on
+** it. */
+UMS_API int ums_event_wait_begin_as(ums_event_t *e, int64_t deadline,
+                                    int type, const void *object);
+UMS_API int ums_mutex_delete_held(ums_mutex_t *m);
+
 /* ums_preempt_begin with ums_preempt's spin at the call site: returns 1
 ** when the call returned during that spin (no park was begun: the caller
 ** skips the park and calls ums_preempt_end at once, which returns 0), 0

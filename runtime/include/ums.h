@@ -524,6 +524,8 @@ UMS_API int ums_mutex_delete(ums_mutex_t *m);
 UMS_API int ums_mutex_lock(ums_mutex_t *m, int64_t deadline);
 UMS_API int ums_mutex_trylock(ums_mutex_t *m);  /* 0 or UMS_EBUSY */
 UMS_API int ums_mutex_unlock(ums_mutex_t *m);   /* UMS_EPERM: not owner */
+/* 1 while someone (a task or a host thread) holds m, else 0. */
+UMS_API int ums_mutex_is_locked(ums_mutex_t *m);
 
 /* Counting semaphore. */
 UMS_API ums_sem_t *ums_sem_new(int64_t initial);
@@ -554,6 +556,41 @@ UMS_API int ums_cond_delete(ums_cond_t *c);
 UMS_API int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline);
 UMS_API int ums_cond_signal(ums_cond_t *c);
 UMS_API int ums_cond_broadcast(ums_cond_t *c);
+
+/* Park-based forms, for step tasks (and any task that would rather not
+** block its worker): the same waits, in two halves around a park (see
+** "Step tasks and parking"). _begin returns 0 when the object was taken
+** at once (no park begun: the wait is over, successfully), 1 when a park
+** of the calling task was begun on the object's queue, or an error with
+** no park begun: those of the blocking form, UMS_ETIMEDOUT at once when
+** the object is not available and the deadline has passed (a poll; a cond
+** wait, which always lets the mutex go, parks and times out instead),
+** UMS_EBUSY when the task has a park begun already, UMS_EPERM outside a
+** task. After a 1, the task ends the park as any other (its step returns
+** UMS_STEP_PARK and is stepped again once the park has ended, or it calls
+** ums_park_wait()) and then calls _end, which gives the outcome of the
+** wait as the blocking form would have returned it: 0 (the mutex is the
+** task's, the unit or the event's signal was handed to it), UMS_ETIMEDOUT
+** or UMS_ECANCELED; UMS_EBUSY while the park goes on, UMS_EINVAL when the
+** task's last park was not that wait. Between the halves, the object
+** counts the task among its waiters exactly as a blocked one: granters
+** hand it the mutex or the unit in FIFO order. The park's token is not
+** for ums_unpark (UMS_EPERM): only the object, the deadline and a cancel
+** end it.
+**
+** ums_cond_wait_end may return 1: the wait has ended, and a park to take
+** the mutex back was begun (one that cancellation does not end); end it
+** like the first, then call ums_cond_wait_end again, which returns the
+** wait's outcome with the mutex held (or UMS_EDEADLK, as ums_cond_wait). */
+UMS_API int ums_mutex_lock_begin(ums_mutex_t *m, int64_t deadline);
+UMS_API int ums_mutex_lock_end(ums_mutex_t *m);
+UMS_API int ums_sem_acquire_begin(ums_sem_t *s, int64_t deadline);
+UMS_API int ums_sem_acquire_end(ums_sem_t *s);
+UMS_API int ums_event_wait_begin(ums_event_t *e, int64_t deadline);
+UMS_API int ums_event_wait_end(ums_event_t *e);
+UMS_API int ums_cond_wait_begin(ums_cond_t *c, ums_mutex_t *m,
+                                int64_t deadline);
+UMS_API int ums_cond_wait_end(ums_cond_t *c, ums_mutex_t *m);
 
 /* Channel of fixed-size elements. capacity 0 is unbuffered (a send
 ** completes when a receiver takes the value). After close, sends fail with

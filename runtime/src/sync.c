@@ -9,6 +9,13 @@
 ** waker has woken anyone it never touches the object again, since the
 ** woken party may free it: several grants are gathered in a wake list
 ** and run after the one unlock.
+**
+** Every wait also has a park-based form (_begin/_end) for step tasks,
+** which have no stack to wait on: _begin takes the object at once (0) or
+** puts the task's own park waiter on the object's queue (1), a queued park
+** (park.c), and _end reads how that park ended. The queue, the grant and
+** the handoff are the blocking form's: a granter cannot tell the two kinds
+** of waiter apart.
 */
 #include "internal.h"
 
@@ -27,6 +34,42 @@ static void *holder(void) {
 ** host thread. */
 static uint64_t task_id(ums__task_t *t) {
   return t ? atomic_load_explicit(&t->id, memory_order_relaxed) : 0;
+}
+
+/* Whether a park-based wait whose object is not available gives up at
+** once: its deadline has passed (a poll). Read only when the wait would
+** park, so the fast paths read no clock. */
+static bool deadline_passed(int64_t deadline) {
+  return deadline != UMS_FOREVER && deadline <= ums_now();
+}
+
+/* Begins the current task's queued park on q (lock held, and released
+** here whatever happens): 1, or the error with nothing queued. */
+static int park_on(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
+                   int flags, int type, const void *obj, uint64_t blocker,
+                   void *data, int64_t aux) {
+  ums__waiter_t *w;
+  int r = ums__park_begin_queued(q, lock, deadline, flags, type, obj,
+                                 blocker, &w, NULL);
+  if (r == 0) {
+    w->data = data;
+    w->aux = aux;
+  }
+  ums__unlock(lock);
+  return r ? r : 1;
+}
+
+/* The outcome of the current task's park on q, which has ended:
+** UMS_EINVAL when its last park was not on q, UMS_EBUSY while it goes on.
+** *w (if w) is the park's waiter. (An ended park keeps its queue.) */
+static int park_outcome(const ums__wq_t *q, ums__waiter_t **w) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return UMS_EPERM;
+  if (t->park.wq != q) return t->park_pending ? UMS_EBUSY : UMS_EINVAL;
+  uint32_t st = atomic_load_explicit(&t->park.state, memory_order_acquire);
+  if (t->park_pending || st == UMS__WAITING) return UMS_EBUSY;
+  if (w) *w = &t->park;
+  return (int)st;
 }
 
 /* Grants the first waiter of q (if any) with outcome and wakes it after
@@ -73,6 +116,16 @@ int ums_mutex_delete(ums_mutex_t *m) {
   return 0;
 }
 
+int ums_mutex_delete_held(ums_mutex_t *m) {
+  if (!m) return UMS_EINVAL;
+  ums__lock(&m->lock);
+  bool busy = m->wq.n != 0;
+  ums__unlock(&m->lock);
+  if (busy) return UMS_EBUSY;
+  free(m);
+  return 0;
+}
+
 static int mutex_lock(ums_mutex_t *m, int64_t deadline, bool cancellable) {
   void *self = holder();
   ums__waiter_t w;
@@ -109,6 +162,55 @@ static int mutex_lock(ums_mutex_t *m, int64_t deadline, bool cancellable) {
 int ums_mutex_lock(ums_mutex_t *m, int64_t deadline) {
   if (!m) return UMS_EINVAL;
   return mutex_lock(m, deadline, true);
+}
+
+/* The mutex fast path: takes m for self if free. Call with m->lock held;
+** returns 0 (taken), UMS_EDEADLK (self holds it) or 1 (busy). */
+static int mutex_take(ums_mutex_t *m, void *self) {
+  if (!m->owner) {
+    m->owner = self;
+    m->owner_id = task_id(ums__task_current());
+    return 0;
+  }
+  return m->owner == self ? UMS_EDEADLK : 1;
+}
+
+/* Begins a lock with a queued park (flags: 0 or UMS_PARK_NOCANCEL), aux
+** kept in the park for the caller. */
+static int mutex_lock_begin(ums_mutex_t *m, int64_t deadline, int flags,
+                            int64_t aux) {
+  void *self = holder();
+  ums__lock(&m->lock);
+  int r = mutex_take(m, self);
+  if (r <= 0) {
+    ums__unlock(&m->lock);
+    return r;
+  }
+  if (deadline_passed(deadline)) {
+    ums__unlock(&m->lock);
+    return UMS_ETIMEDOUT;
+  }
+  /* Granted means the unlocker made us the owner, as for ums_mutex_lock. */
+  return park_on(&m->wq, &m->lock, deadline, flags, UMS_WAIT_MUTEX, m,
+                 m->owner_id, self, aux);
+}
+
+int ums_mutex_lock_begin(ums_mutex_t *m, int64_t deadline) {
+  if (!m) return UMS_EINVAL;
+  return mutex_lock_begin(m, deadline, 0, 0);
+}
+
+int ums_mutex_lock_end(ums_mutex_t *m) {
+  if (!m) return UMS_EINVAL;
+  return park_outcome(&m->wq, NULL);
+}
+
+int ums_mutex_is_locked(ums_mutex_t *m) {
+  if (!m) return UMS_EINVAL;
+  ums__lock(&m->lock);
+  int v = m->owner != NULL;
+  ums__unlock(&m->lock);
+  return v;
 }
 
 int ums_mutex_trylock(ums_mutex_t *m) {
@@ -183,6 +285,28 @@ int ums_sem_acquire(ums_sem_t *s, int64_t deadline) {
   w.obj = s;
   ums__wq_push(&s->wq, &w);
   return ums__wait(&w, deadline);
+}
+
+int ums_sem_acquire_begin(ums_sem_t *s, int64_t deadline) {
+  if (!s) return UMS_EINVAL;
+  ums__lock(&s->lock);
+  if (s->value > 0) {
+    s->value--;
+    ums__unlock(&s->lock);
+    return 0;
+  }
+  if (deadline_passed(deadline)) {
+    ums__unlock(&s->lock);
+    return UMS_ETIMEDOUT;
+  }
+  /* Granted means a release handed us its unit. */
+  return park_on(&s->wq, &s->lock, deadline, 0, UMS_WAIT_SEMAPHORE, s, 0,
+                 NULL, 0);
+}
+
+int ums_sem_acquire_end(ums_sem_t *s) {
+  if (!s) return UMS_EINVAL;
+  return park_outcome(&s->wq, NULL);
 }
 
 int ums_sem_tryacquire(ums_sem_t *s) {
@@ -304,6 +428,33 @@ int ums_event_wait(ums_event_t *e, int64_t deadline) {
   return ums__wait(&w, deadline);
 }
 
+int ums_event_wait_begin(ums_event_t *e, int64_t deadline) {
+  return ums_event_wait_begin_as(e, deadline, UMS_WAIT_EVENT, e);
+}
+
+int ums_event_wait_begin_as(ums_event_t *e, int64_t deadline, int type,
+                            const void *object) {
+  if (!e || type <= UMS_WAIT_NONE || type >= UMS_WAIT_NTYPES)
+    return UMS_EINVAL;
+  ums__lock(&e->lock);
+  if (e->set) {
+    if (!e->manual) e->set = false;
+    ums__unlock(&e->lock);
+    return 0;
+  }
+  if (deadline_passed(deadline)) {
+    ums__unlock(&e->lock);
+    return UMS_ETIMEDOUT;
+  }
+  /* Granted means a set came (for an auto-reset event, consumed for us). */
+  return park_on(&e->wq, &e->lock, deadline, 0, type, object, 0, NULL, 0);
+}
+
+int ums_event_wait_end(ums_event_t *e) {
+  if (!e) return UMS_EINVAL;
+  return park_outcome(&e->wq, NULL);
+}
+
 int ums_event_is_set(ums_event_t *e) {
   if (!e) return UMS_EINVAL;
   ums__lock(&e->lock);
@@ -365,6 +516,43 @@ int ums_cond_wait(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
   ** this wait otherwise (UMS_EDEADLK: the caller does not hold m). */
   int relock = mutex_lock(m, UMS_FOREVER, false);
   return relock ? relock : r;
+}
+
+int ums_cond_wait_begin(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
+  if (!c || !m) return UMS_EINVAL;
+  ums__lock(&m->lock);
+  bool owner = m->owner == holder();
+  ums__unlock(&m->lock);
+  if (!owner) return UMS_EPERM;
+  /* As in ums_cond_wait: on the queue first, then the mutex goes, so a
+  ** signaller (who must hold the mutex to change the predicate) cannot
+  ** signal before we wait. A poll still lets the mutex go and takes it
+  ** back, as a wait that times out at once would. */
+  ums__lock(&c->lock);
+  int r = park_on(&c->wq, &c->lock, deadline, 0, UMS_WAIT_COND, c, 0, NULL,
+                  0);
+  if (r < 0) return r;
+  if (ums_mutex_unlock(m) != 0) abort();  /* owner checked above */
+  return 1;
+}
+
+int ums_cond_wait_end(ums_cond_t *c, ums_mutex_t *m) {
+  if (!c || !m) return UMS_EINVAL;
+  ums__waiter_t *w;
+  int r = park_outcome(&m->wq, &w);
+  if (r != UMS_EINVAL) {
+    /* The re-lock's park ended: the mutex is ours (granted), or the
+    ** deadlock detector ended it (UMS_EDEADLK); aux holds the wait's own
+    ** outcome. */
+    return r ? r : (int)w->aux;
+  }
+  r = park_outcome(&c->wq, NULL);
+  if (r == UMS_EBUSY || r == UMS_EINVAL || r == UMS_EPERM) return r;
+  /* The wait ended (signalled, timed out or cancelled); the mutex comes
+  ** back whatever happened, through a park that cancellation does not
+  ** end. */
+  int relock = mutex_lock_begin(m, UMS_FOREVER, UMS_PARK_NOCANCEL, r);
+  return relock == 0 ? r : relock;
 }
 
 int ums_cond_signal(ums_cond_t *c) {

@@ -4,6 +4,8 @@
 ** one of granted, timed out and cancelled, and a wait that timed out or
 ** was cancelled has left its queue.
 **
+** The park-based forms (_begin/_end) are test_sync_park.c's.
+**
 ** Most tests run in a "driver" task on scheduler 0 of a four-scheduler
 ** runtime. Where the order of events matters, the tasks involved share
 ** scheduler 0 with the driver: scheduling there is cooperative, so once a
