@@ -407,7 +407,10 @@ static bool take_now(ums_chan_t *ch, void *dst) {
   size_t n = atomic_load_explicit(&ch->nspill, memory_order_relaxed);
   bool ok = ring_take(ch, dst, &woke);
   if (ok && woke) atomic_fetch_sub(&ch->waking, 1);
-  if (!ok && n > 0) {
+  /* The spill's elements are newer than any in the ring, but a slot
+  ** claimed before the spill began may still be unpublished with older
+  ** elements behind it: the spill waits until the ring is empty. */
+  if (!ok && n > 0 && ring_len(ch) == 0) {
     move_elem(ch, dst, spill_elem(ch, 0));
     ch->spill_head = (ch->spill_head + 1) % ch->spill_slots;
     atomic_store_explicit(&ch->nspill, n - 1, memory_order_relaxed);

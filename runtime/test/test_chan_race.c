@@ -148,6 +148,58 @@ static void stream(size_t cap, int n, bool timeouts) {
 }
 
 /* ---------------------------------------------------------------------- */
+/* The unbuffered spinner: claimed as it withdraws                         */
+/* ---------------------------------------------------------------------- */
+
+typedef struct spin_arg {
+  ums_chan_t *ch;
+  int n;
+} spin_arg_t;
+
+/* Sends after pauses around the receiver's spin (a few microseconds), so
+** that many sends claim the spinner just as its spin ends and it
+** withdraws. */
+static void *spin_sender(void *arg) {
+  spin_arg_t *a = arg;
+  uint32_t seed = 31337u;
+  for (int64_t i = 0; i < a->n; i++) {
+    busy(&seed, 8000);
+    CHECK_OK(ums_chan_send(a->ch, &i, UMS_FOREVER));
+  }
+  return NULL;
+}
+
+/* A move that takes a while widens the window between a sender's claim
+** of the spinner and its publishing the element. */
+static void slow_move(void *dst, void *src) {
+  uint32_t seed = 7u;
+  busy(&seed, 2000);
+  memcpy(dst, src, sizeof(int64_t));
+}
+
+static const ums_chan_ops_t slow_ops = {slow_move, NULL};
+
+static void spinner_races(int n) {
+  const char *what = "unbuffered: spinner claimed as it withdraws";
+  int64_t t0 = ums_now();
+  su_watchdog_start(what, 100);
+  ums_chan_t *ch = ums_chan_new_ex(sizeof(int64_t), 0, &slow_ops);
+  spin_arg_t a = {ch, n};
+  ums_task_t t = su_spawn(rt, 1, spin_sender, &a);
+  for (int64_t i = 0; i < n; i++) {
+    /* A value from an earlier round would show a receive that returned
+    ** before its element was moved in. */
+    int64_t v = -1;
+    CHECK_OK(ums_chan_recv(ch, &v, UMS_FOREVER));
+    CHECK_EQ(v, i);
+  }
+  su_join(rt, t);
+  CHECK_OK(ums_chan_delete(ch));
+  su_watchdog_stop();
+  printf("  %-46s ok (%.1f ms)\n", what, (double)(ums_now() - t0) / 1e6);
+}
+
+/* ---------------------------------------------------------------------- */
 /* Close racing sends                                                      */
 /* ---------------------------------------------------------------------- */
 
@@ -390,6 +442,7 @@ static void moved_elements(size_t cap, int n) {
 
 static void *driver(void *unused) {
   int n = 20000 / SCALE;
+  spinner_races(n);
   stream(0, n, false);  /* the spinner, claimed while it withdraws */
   stream(1, n, false);  /* the ring full and empty at every value */
   stream(4, n, false);
