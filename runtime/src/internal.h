@@ -602,6 +602,9 @@ static inline uint64_t ums__task_id_locked(ums__task_t *t) {
 ** go, before it reads anything of the task. The count below it advances
 ** by one a park, local or not. */
 #define UMS__PARK_SEQ_LOCAL ((uint64_t)1 << 63)
+/* The next bit says the park is queued (ums__park_begin_queued): only the
+** object's granters, the task's timer and its cancel end it. */
+#define UMS__PARK_SEQ_QUEUED ((uint64_t)1 << 62)
 
 static inline bool ums__park_is(ums__task_t *t, ums_park_token_t token) {
   return atomic_load_explicit(&t->park.state, memory_order_acquire) ==
@@ -610,6 +613,25 @@ static inline bool ums__park_is(ums__task_t *t, ums_park_token_t token) {
          atomic_load_explicit(&t->park_seq, memory_order_relaxed) ==
              token.seq;
 }
+
+/* Begins the running task's park as a wait on an object's queue: t->park
+** goes on q, guarded by lock, which the caller holds (and releases after,
+** before the task parks). The object's granters end it like any waiter
+** (ums__wq_grant_first/_all: 0 is granted), and so do the deadline
+** (UMS_ETIMEDOUT) and a cancel (UMS_ECANCELED; not with
+** UMS_PARK_NOCANCEL, the only flag): exactly one wins, under lock. The
+** task then ends the park as any other (its step returns UMS_STEP_PARK and
+** reads ums_park_result() when stepped again, or ums_park_wait()). type,
+** object and blocker describe the wait (ums_park_begin_wait). *wp (if
+** wp) is the waiter, for the caller's payload (w->data, w->aux) under
+** lock; *token (if token) its park's token, which ums_unpark accepts only
+** from the task itself. Returns 0, or as ums_park_begin_wait (UMS_EPERM
+** outside a task, UMS_EBUSY with a park begun, UMS_ECANCELED), with
+** nothing queued. (park.c) */
+int ums__park_begin_queued(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
+                           int flags, int type, const void *object,
+                           ums_task_t blocker, ums__waiter_t **wp,
+                           ums_park_token_t *token);
 
 /* After a step returned UMS_STEP_PARK: parks t unless its park has
 ** already ended (then its winner has queued it). [owner] (park.c) */

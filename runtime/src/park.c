@@ -17,6 +17,19 @@
 ** harmless. A channel message between two tasks of one scheduler thus
 ** costs one uncontended lock instead of three.
 **
+** A queued park (ums__park_begin_queued) is a wait on an object's queue
+** (a mutex, a semaphore, a channel): t->park itself sits on the object's
+** ums__wq_t, with w->lock the object's lock and not t->lock, so the
+** object's granters end it with ums__wq_grant_first/_all like any other
+** waiter of wait.c, and the task's timer and cancel (ums__waiter_abort)
+** take the object's lock too. Its token carries UMS__PARK_SEQ_QUEUED;
+** ums_unpark, which holds t->lock, could not order itself with a granter,
+** so it refuses that token (UMS_EPERM) except from the task itself on its
+** own thread, which takes the object's lock like a timer would (the
+** binding ends a park its step left begun that way). The outcome the
+** task reads is the granter's (0: granted; ums_park_result), the
+** timer's or the cancel's.
+**
 ** A local park (UMS_PARK_LOCAL) is ended without the lock at all. Its
 ** token stays on the task's scheduler thread, and so does everything
 ** else that may end it: the task's timer, its cancel (delivered on that
@@ -42,12 +55,13 @@ int ums_park_begin_ex(int64_t deadline, int flags, ums_park_token_t *token) {
   return ums_park_begin_wait(deadline, flags, UMS_WAIT_PARK, NULL, 0, token);
 }
 
-int ums_park_begin_wait(int64_t deadline, int flags, int type,
-                        const void *object, ums_task_t blocker,
-                        ums_park_token_t *token) {
-  ums__task_t *t = ums__task_current();
-  if (!t) return UMS_EPERM;
-  if (flags & ~(UMS_PARK_NOCANCEL | UMS_PARK_LOCAL)) return UMS_EINVAL;
+/* Begins t's park with the sequence bits `kind` (UMS__PARK_SEQ_LOCAL or
+** UMS__PARK_SEQ_QUEUED, or none) on queue q under lock (a plain park: no
+** queue, t->lock). */
+static int park_begin(ums__task_t *t, int64_t deadline, int flags, int type,
+                      const void *object, ums_task_t blocker, uint64_t kind,
+                      ums__wq_t *q, ums__lock_t *lock,
+                      ums_park_token_t *token) {
   if (type <= UMS_WAIT_NONE || type >= UMS_WAIT_NTYPES) return UMS_EINVAL;
   if (t->park_pending) return UMS_EBUSY;
   /* A step task's last step runs on a stack that is not its own. */
@@ -59,8 +73,8 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
   ** otherwise), and nobody changes an ended park. Other threads only look
   ** at it, under t->lock, through ums__park_is, which reads the state
   ** before the sequence; so the sequence goes first and the state that
-  ** opens the park last, with release. (task, lock and wq of the waiter
-  ** were set when the task was allocated.) */
+  ** opens the park last, with release. (task was set when the task was
+  ** allocated; wq and lock say which lock guards this park's state.) */
   ums__waiter_t *w = &t->park;
   w->data = NULL;
   w->aux = 0;
@@ -68,10 +82,12 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
   w->type = (uint8_t)type;
   w->obj = object;
   w->blocker = blocker;
+  w->wq = q;
+  w->lock = lock;
   uint64_t seq =
       ((atomic_load_explicit(&t->park_seq, memory_order_relaxed) + 1) &
-       ~UMS__PARK_SEQ_LOCAL) |
-      ((flags & UMS_PARK_LOCAL) ? UMS__PARK_SEQ_LOCAL : 0);
+       ~(UMS__PARK_SEQ_LOCAL | UMS__PARK_SEQ_QUEUED)) |
+      kind;
   atomic_store_explicit(&t->park_seq, seq, memory_order_relaxed);
   if (token) {
     token->task = atomic_load_explicit(&t->id, memory_order_relaxed);
@@ -80,6 +96,35 @@ int ums_park_begin_wait(int64_t deadline, int flags, int type,
   atomic_store_explicit(&w->state, UMS__WAITING, memory_order_release);
   t->park_deadline = deadline;
   t->park_pending = true;
+  return 0;
+}
+
+int ums_park_begin_wait(int64_t deadline, int flags, int type,
+                        const void *object, ums_task_t blocker,
+                        ums_park_token_t *token) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return UMS_EPERM;
+  if (flags & ~(UMS_PARK_NOCANCEL | UMS_PARK_LOCAL)) return UMS_EINVAL;
+  return park_begin(t, deadline, flags, type, object, blocker,
+                    (flags & UMS_PARK_LOCAL) ? UMS__PARK_SEQ_LOCAL : 0,
+                    NULL, &t->lock, token);
+}
+
+int ums__park_begin_queued(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
+                           int flags, int type, const void *object,
+                           ums_task_t blocker, ums__waiter_t **wp,
+                           ums_park_token_t *token) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return UMS_EPERM;
+  if (flags & ~UMS_PARK_NOCANCEL) return UMS_EINVAL;
+  int r = park_begin(t, deadline, flags, type, object, blocker,
+                     UMS__PARK_SEQ_QUEUED, q, lock, token);
+  if (r) return r;
+  /* On the queue with the state open: from here a granter holding lock
+  ** may end the park, and the task may not have parked yet; whoever ends
+  ** it queues the task, exactly as ums_unpark does for a plain park. */
+  ums__wq_push(q, &t->park);
+  if (wp) *wp = &t->park;
   return 0;
 }
 
@@ -93,7 +138,7 @@ static int park_consume(ums__task_t *t, int64_t deadline) {
   ** task of its scheduler) left it to this wait point. */
   if (atomic_load(&t->cancelled) && !t->park.nocancel)
     ums__waiter_abort(&t->park, UMS_ECANCELED);
-  ums__lock(&t->lock);
+  ums__lock(t->park.lock);
   return ums__wait(&t->park, deadline);
 }
 
@@ -114,9 +159,9 @@ void ums__park_undo(ums__task_t *t) {
   ** token_live (sched.c) sees a settled park; but the wake-up is not
   ** delivered: nobody parked, nothing must be queued. */
   ums__wake_t unused;
-  ums__lock(&t->lock);
+  ums__lock(t->park.lock);
   ums__waiter_finish(&t->park, 0, &unused);
-  ums__unlock(&t->lock);
+  ums__unlock(t->park.lock);
   t->park_pending = false;
 }
 
@@ -140,6 +185,24 @@ static inline void unpark_queue(ums__sched_t *cur, ums__task_t *t) {
   }
 }
 
+/* ums_unpark of a queued park's current token (see the top of the file):
+** only the task itself, on its own thread, may end it this way; its
+** object's granters end it through the queue. The owner wrote the park's
+** lock, so it may read it; the object's lock decides the race with a
+** granter. */
+static __attribute__((noinline)) int unpark_queued(ums__sched_t *cur,
+                                                   ums__task_t *t,
+                                                   int outcome) {
+  if (!cur || cur->cur_task != t) return UMS_EPERM;
+  ums__wake_t wk;
+  ums__lock(t->park.lock);
+  bool won = ums__waiter_finish(&t->park, outcome, &wk);
+  ums__unlock(t->park.lock);
+  if (!won) return UMS_ESRCH;
+  ums__wake(&wk);
+  return 0;
+}
+
 /* Ends t's park with outcome if token names it. The park waiter is on no
 ** queue and wakes a task, so this is ums__waiter_finish and ums__wake
 ** written out for it: the same-scheduler wake takes one lock and goes
@@ -155,6 +218,10 @@ static inline int unpark(ums__sched_t *cur, ums__task_t *t,
     /* A local park's current token, off its scheduler's thread. */
     ums__unlock(&t->lock);
     return UMS_EPERM;
+  }
+  if (UMS__UNLIKELY(token.seq & UMS__PARK_SEQ_QUEUED)) {
+    ums__unlock(&t->lock);
+    return unpark_queued(cur, t, outcome);
   }
   atomic_store_explicit(&t->park.state, (uint32_t)outcome,
                         memory_order_release);

@@ -4,6 +4,11 @@
 ** one of granted, timed out and cancelled, and a wait that timed out or
 ** was cancelled has left its queue.
 **
+** Queued parks (park.c's ums__park_begin_queued, what the park-based
+** forms of these objects are made of) are tested with step tasks on two
+** schedulers: granted from the other scheduler, timed out, cancelled, and
+** thousands of races of a grant against the deadline and a cancel.
+**
 ** Most tests run in a "driver" task on scheduler 0 of a four-scheduler
 ** runtime. Where the order of events matters, the tasks involved share
 ** scheduler 0 with the driver: scheduling there is cooperative, so once a
@@ -1181,6 +1186,405 @@ static void last_user_frees(void) {
 }
 
 /* ====================================================================== */
+/* Queued parks (park.c): a step task's park on an object's queue          */
+/* ====================================================================== */
+
+#if defined(__SANITIZE_THREAD__)
+#define QRACE_ITERS 2000
+#define QCANCEL_TASKS 300
+#else
+#define QRACE_ITERS 5000
+#define QCANCEL_TASKS 2000
+#endif
+
+/* An object of the test's own: a lock and the queue it guards, as sync.c's
+** objects have. */
+typedef struct qobj {
+  ums__lock_t lock;
+  ums__wq_t wq;
+} qobj_t;
+
+static size_t qobj_waiters(qobj_t *o) {
+  ums__lock(&o->lock);
+  size_t n = o->wq.n;
+  ums__unlock(&o->lock);
+  return n;
+}
+
+/* Grants o's first waiter with outcome, as a sync object's release does;
+** returns whether there was one. */
+static bool qobj_grant(qobj_t *o, int outcome) {
+  ums__wake_t wk;
+  ums__lock(&o->lock);
+  bool any = ums__wq_grant_first(&o->wq, outcome, &wk) != NULL;
+  ums__unlock(&o->lock);
+  if (any) ums__wake(&wk);
+  return any;
+}
+
+/* One queued park of a step task: begun with `flags` and `deadline` in the
+** first step (and, with self_unpark, ended there by the task itself
+** through its token), read in the second. */
+typedef struct qone {
+  qobj_t *o;
+  int64_t deadline;
+  int flags;
+  int self_unpark;       /* the outcome to unpark itself with, or -1 */
+  int phase;             /* the step only */
+  ums_park_token_t tok;  /* written before `begun` */
+  _Atomic int begun;
+  int result;            /* the outcome; read after the join */
+  size_t left;           /* waiters left on o when the park ended */
+} qone_t;
+
+static int qone_step(void *arg) {
+  qone_t *q = arg;
+  if (q->phase == 0) {
+    ums__waiter_t *w = NULL;
+    ums__lock(&q->o->lock);
+    CHECK_OK(ums__park_begin_queued(&q->o->wq, &q->o->lock, q->deadline,
+                                    q->flags, UMS_WAIT_EVENT, q->o, 0, &w,
+                                    &q->tok));
+    CHECK(w != NULL && w->linked);
+    /* A second park, queued or not, waits for the end of this one. */
+    CHECK_EQ(ums__park_begin_queued(&q->o->wq, &q->o->lock, UMS_FOREVER, 0,
+                                    UMS_WAIT_EVENT, q->o, 0, NULL, NULL),
+             UMS_EBUSY);
+    CHECK_EQ(ums_park_begin(UMS_FOREVER, NULL), UMS_EBUSY);
+    ums__unlock(&q->o->lock);
+    if (q->self_unpark >= 0)
+      CHECK_OK(ums_unpark(rt, q->tok, q->self_unpark));
+    q->phase = 1;
+    atomic_store(&q->begun, 1);
+    return UMS_STEP_PARK;
+  }
+  q->result = ums_park_result();
+  q->left = qobj_waiters(q->o);
+  ums_step_set_result(NULL, 0);
+  return UMS_STEP_DONE;
+}
+
+static ums_task_t spawn_step(int sched, ums_step_fn fn, void *arg) {
+  ums_spawn_opts_t o = {0};
+  ums_task_t t = 0;
+  o.sched = sched;
+  CHECK_OK(ums_task_spawn_step(rt, &o, fn, arg, &t));
+  return t;
+}
+
+static void *qgrant_task(void *arg) {
+  qone_t *q = arg;
+  su_await(&q->begun, 1);
+  su_await_idle(rt, 0); /* the step task is parked */
+  /* Only its granters may end a queued park: another task's unpark of
+  ** its token is refused. */
+  CHECK_EQ(ums_unpark(rt, q->tok, 3), UMS_EPERM);
+  CHECK(qobj_grant(q->o, 0));
+  return NULL;
+}
+
+/* A C task's queued park, ended by ums_park_wait. */
+static void *qwait_task(void *arg) {
+  qone_t *q = arg;
+  ums__lock(&q->o->lock);
+  CHECK_OK(ums__park_begin_queued(&q->o->wq, &q->o->lock, q->deadline, 0,
+                                  UMS_WAIT_EVENT, q->o, 0, NULL, &q->tok));
+  ums__unlock(&q->o->lock);
+  atomic_store(&q->begun, 1);
+  q->result = ums_park_wait();
+  q->left = qobj_waiters(q->o);
+  return NULL;
+}
+
+static void queued_park_basic(void) {
+  qobj_t o;
+  memset(&o, 0, sizeof o);
+  su_watchdog_start("queued park: grant, timeout, cancel, tokens", 60);
+  /* Granted by a task of another scheduler. */
+  qone_t q = {.o = &o, .deadline = UMS_FOREVER, .self_unpark = -1};
+  ums_task_t t = spawn_step(0, qone_step, &q);
+  su_join(rt, su_spawn(rt, 1, qgrant_task, &q));
+  su_join(rt, t);
+  CHECK_EQ(q.result, 0);
+  CHECK_EQ(q.left, 0);
+  /* A host thread's unpark is refused the same way; the park's end then
+  ** makes the token stale. */
+  CHECK_EQ(ums_unpark(rt, q.tok, 0), UMS_ESRCH);
+  q = (qone_t){.o = &o, .deadline = UMS_FOREVER, .self_unpark = -1};
+  t = spawn_step(0, qone_step, &q);
+  su_await(&q.begun, 1);
+  CHECK_EQ(ums_unpark(rt, q.tok, 0), UMS_EPERM);
+  su_await_idle(rt, 0);
+  CHECK(qobj_grant(&o, 0));
+  su_join(rt, t);
+  CHECK_EQ(q.result, 0);
+  CHECK_EQ(q.left, 0);
+  /* The deadline: the park leaves the queue with UMS_ETIMEDOUT. */
+  q = (qone_t){.o = &o, .deadline = ums_deadline(2 * MS), .self_unpark = -1};
+  su_join(rt, spawn_step(1, qone_step, &q));
+  CHECK_EQ(q.result, UMS_ETIMEDOUT);
+  CHECK_EQ(q.left, 0);
+  CHECK(!qobj_grant(&o, 0));
+  /* The task itself ends its park through its token (the binding's way
+  ** out of a step that ends with a park begun). */
+  q = (qone_t){.o = &o, .deadline = UMS_FOREVER, .self_unpark = 5};
+  su_join(rt, spawn_step(1, qone_step, &q));
+  CHECK_EQ(q.result, 5);
+  CHECK_EQ(q.left, 0);
+  /* A cancel ends it with UMS_ECANCELED, off the queue. */
+  q = (qone_t){.o = &o, .deadline = UMS_FOREVER, .self_unpark = -1};
+  t = spawn_step(1, qone_step, &q);
+  su_await(&q.begun, 1);
+  su_await_idle(rt, 1);
+  CHECK_OK(ums_task_cancel(rt, t));
+  su_join(rt, t);
+  CHECK_EQ(q.result, UMS_ECANCELED);
+  CHECK_EQ(q.left, 0);
+  /* UMS_PARK_NOCANCEL: the cancel waits for the grant. */
+  q = (qone_t){.o = &o, .deadline = UMS_FOREVER, .flags = UMS_PARK_NOCANCEL,
+               .self_unpark = -1};
+  t = spawn_step(1, qone_step, &q);
+  su_await(&q.begun, 1);
+  su_await_idle(rt, 1);
+  CHECK_OK(ums_task_cancel(rt, t));
+  su_await_idle(rt, 1);
+  CHECK_EQ(qobj_waiters(&o), 1);
+  CHECK(qobj_grant(&o, 0));
+  su_join(rt, t);
+  CHECK_EQ(q.result, 0);
+  CHECK_EQ(q.left, 0);
+  /* A C task waits for its queued park in ums_park_wait. */
+  q = (qone_t){.o = &o, .deadline = UMS_FOREVER};
+  t = su_spawn(rt, 1, qwait_task, &q);
+  su_await(&q.begun, 1);
+  su_await_idle(rt, 1);
+  CHECK(qobj_grant(&o, 0));
+  su_join(rt, t);
+  CHECK_EQ(q.result, 0);
+  CHECK_EQ(q.left, 0);
+  q = (qone_t){.o = &o, .deadline = ums_deadline(2 * MS)};
+  su_join(rt, su_spawn(rt, 1, qwait_task, &q));
+  CHECK_EQ(q.result, UMS_ETIMEDOUT);
+  CHECK_EQ(q.left, 0);
+  /* Outside a task, and with a flag it does not take. */
+  ums__lock(&o.lock);
+  CHECK_EQ(ums__park_begin_queued(&o.wq, &o.lock, UMS_FOREVER, 0,
+                                  UMS_WAIT_EVENT, &o, 0, NULL, NULL),
+           UMS_EPERM);
+  ums__unlock(&o.lock);
+  su_watchdog_stop();
+  printf("  %-44s ok\n", "queued park: grant, timeout, cancel, tokens");
+}
+
+/* The race of a grant from another scheduler against the deadline, one
+** park at a time: a step task on scheduler 0 parks on the queue with a
+** deadline from now to 30 us ahead; a C task on scheduler 1 grants after
+** a random spin. Exactly one may win: the grant finds the waiter if and
+** only if the park's outcome is 0, the park is never left on the queue,
+** and the parker is stepped once per park (a second queueing would step
+** it while it is parked again: ums_park_result() == UMS_EBUSY). */
+typedef struct qrace {
+  qobj_t o;
+  int i, phase;          /* the parker only */
+  uint64_t rng;          /* the parker only */
+  _Atomic int posted;    /* parks begun */
+  _Atomic int tried;     /* grants tried */
+  int results[QRACE_ITERS];  /* the parker writes */
+  char granted[QRACE_ITERS]; /* the granter writes */
+  _Atomic int left;      /* parks that found a waiter left on the queue */
+} qrace_t;
+
+static uint64_t qrng(uint64_t *s) {
+  uint64_t x = *s ? *s : 0x9e3779b97f4a7c15u;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *s = x;
+}
+
+static void qspin(int64_t ns) {
+  int64_t until = ums_now() + ns;
+  while (ums_now() < until) {
+  }
+}
+
+static int qrace_parker(void *arg) {
+  qrace_t *r = arg;
+  if (r->phase == 1) {
+    int res = ums_park_result();
+    CHECK(res != UMS_EBUSY);
+    if (qobj_waiters(&r->o)) atomic_fetch_add(&r->left, 1);
+    r->results[r->i] = res;
+    r->phase = 2;
+  }
+  if (r->phase == 2) {
+    /* The granter must be done with this park before the next begins. */
+    if (atomic_load(&r->tried) <= r->i) return UMS_STEP_YIELD;
+    r->i++;
+    r->phase = 0;
+  }
+  if (r->i == QRACE_ITERS) {
+    ums_step_set_result(NULL, 0);
+    return UMS_STEP_DONE;
+  }
+  int64_t dl = ums_now() + (int64_t)(qrng(&r->rng) % 30000);
+  ums__lock(&r->o.lock);
+  CHECK_OK(ums__park_begin_queued(&r->o.wq, &r->o.lock, dl, 0,
+                                  UMS_WAIT_MUTEX, &r->o, 0, NULL, NULL));
+  ums__unlock(&r->o.lock);
+  r->phase = 1;
+  atomic_store(&r->posted, r->i + 1);
+  return UMS_STEP_PARK;
+}
+
+static void *qrace_granter(void *arg) {
+  qrace_t *r = arg;
+  uint64_t rng = 77;
+  for (int i = 0; i < QRACE_ITERS; i++) {
+    while (atomic_load(&r->posted) <= i) CHECK_OK(ums_yield());
+    qspin((int64_t)(qrng(&rng) % 40000));
+    r->granted[i] = qobj_grant(&r->o, 0);
+    atomic_store(&r->tried, i + 1);
+  }
+  return NULL;
+}
+
+static void queued_park_grant_timeout_race(void) {
+  int64_t t0 = ums_now();
+  qrace_t *r = calloc(1, sizeof *r);
+  CHECK(r != NULL);
+  r->rng = 12345;
+  su_watchdog_start("queued park: grant/timeout race", 120);
+  ums_task_t p = spawn_step(0, qrace_parker, r);
+  su_join(rt, su_spawn(rt, 1, qrace_granter, r));
+  su_join(rt, p);
+  su_watchdog_stop();
+  int won = 0, timed_out = 0;
+  for (int i = 0; i < QRACE_ITERS; i++) {
+    if (r->granted[i] && r->results[i] == 0)
+      won++;
+    else if (!r->granted[i] && r->results[i] == UMS_ETIMEDOUT)
+      timed_out++;
+    else {
+      fprintf(stderr, "park %d: granted %d, outcome %d (%s)\n", i,
+              r->granted[i], r->results[i], su_name(r->results[i]));
+      exit(1);
+    }
+  }
+  CHECK_EQ(atomic_load(&r->left), 0);
+  CHECK(won > 0 && timed_out > 0);
+  printf("  %-44s ok (%.1f ms; %d granted, %d timed out)\n",
+         "queued park: grant races the deadline",
+         (double)(ums_now() - t0) / 1e6, won, timed_out);
+  free(r);
+}
+
+/* The race of a grant against a cancel: many step tasks of scheduler 0
+** park on one queue for ever; a task of scheduler 1 grants them one by one
+** while this host thread cancels them all. Each park ends exactly once:
+** as many parks were granted as grants found a waiter, the rest were
+** cancelled, and the queue is empty at the end. */
+typedef struct qcancel {
+  qobj_t *o;
+  int phase;
+  _Atomic int *begun;
+  int result;
+} qcancel_t;
+
+static int qcancel_step(void *arg) {
+  qcancel_t *c = arg;
+  if (c->phase == 0) {
+    ums__lock(&c->o->lock);
+    int r = ums__park_begin_queued(&c->o->wq, &c->o->lock, UMS_FOREVER, 0,
+                                   UMS_WAIT_SEMAPHORE, c->o, 0, NULL, NULL);
+    ums__unlock(&c->o->lock);
+    atomic_fetch_add(c->begun, 1);
+    if (r) {  /* cancelled before it began */
+      c->result = r;
+      ums_step_set_result(NULL, 0);
+      return UMS_STEP_DONE;
+    }
+    c->phase = 1;
+    return UMS_STEP_PARK;
+  }
+  c->result = ums_park_result();
+  ums_step_set_result(NULL, 0);
+  return UMS_STEP_DONE;
+}
+
+static qobj_t qc_obj;
+static _Atomic int qc_begun, qc_grants, qc_stop;
+
+static void *qcancel_granter(void *unused) {
+  uint64_t rng = 9;
+  while (!atomic_load(&qc_stop) || qobj_waiters(&qc_obj)) {
+    qspin((int64_t)(qrng(&rng) % 10000));
+    if (qobj_grant(&qc_obj, 0))
+      atomic_fetch_add(&qc_grants, 1);
+    else
+      CHECK_OK(ums_yield());
+  }
+  return NULL;
+}
+
+/* One round: returns through *granted and *cancelled how the parks
+** ended. */
+static void qcancel_round(uint64_t seed, int *granted, int *cancelled) {
+  qcancel_t *c = calloc(QCANCEL_TASKS, sizeof *c);
+  ums_task_t *t = calloc(QCANCEL_TASKS, sizeof *t);
+  CHECK(c && t);
+  memset(&qc_obj, 0, sizeof qc_obj);
+  atomic_store(&qc_begun, 0);
+  atomic_store(&qc_grants, 0);
+  atomic_store(&qc_stop, 0);
+  ums_task_t g = su_spawn(rt, 1, qcancel_granter, NULL);
+  for (int i = 0; i < QCANCEL_TASKS; i++) {
+    c[i] = (qcancel_t){.o = &qc_obj, .begun = &qc_begun};
+    t[i] = spawn_step(0, qcancel_step, &c[i]);
+  }
+  uint64_t rng = seed;
+  for (int i = 0; i < QCANCEL_TASKS; i++) {
+    if (qrng(&rng) % 4 == 0) qspin((int64_t)(qrng(&rng) % 10000));
+    CHECK_OK(ums_task_cancel(rt, t[i]));
+  }
+  for (int i = 0; i < QCANCEL_TASKS; i++) su_join(rt, t[i]);
+  atomic_store(&qc_stop, 1);
+  su_join(rt, g);
+  int ng = 0;
+  for (int i = 0; i < QCANCEL_TASKS; i++) {
+    if (c[i].result == 0) {
+      ng++;
+      (*granted)++;
+    } else if (c[i].result == UMS_ECANCELED) {
+      (*cancelled)++;
+    } else {
+      fprintf(stderr, "task %d: outcome %d (%s)\n", i, c[i].result,
+              su_name(c[i].result));
+      exit(1);
+    }
+  }
+  CHECK_EQ(ng, atomic_load(&qc_grants));
+  CHECK_EQ(qobj_waiters(&qc_obj), 0);
+  free(c);
+  free(t);
+}
+
+static void queued_park_grant_cancel_race(void) {
+  int64_t t0 = ums_now();
+  int granted = 0, cancelled = 0, rounds = 0;
+  su_watchdog_start("queued park: grant/cancel race", 120);
+  /* Rounds until both outcomes were seen: how the two threads interleave
+  ** depends on the machine's load. */
+  while (rounds < 20 && (granted == 0 || cancelled == 0))
+    qcancel_round(5 + (uint64_t)rounds++, &granted, &cancelled);
+  su_watchdog_stop();
+  CHECK(granted > 0 && cancelled > 0);
+  printf("  %-44s ok (%.1f ms; %d rounds, %d granted, %d cancelled)\n",
+         "queued park: grant races a cancel", (double)(ums_now() - t0) / 1e6,
+         rounds, granted, cancelled);
+}
+
+/* ====================================================================== */
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1206,6 +1610,10 @@ int main(void) {
   cond_producer_consumer();
 
   null_arguments();
+
+  queued_park_basic();
+  queued_park_grant_timeout_race();
+  queued_park_grant_cancel_race();
 
   cancel_same_sched = 1;
   drive("every wait: cancel, same scheduler", cancel_from_task);
