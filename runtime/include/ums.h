@@ -583,6 +583,26 @@ UMS_API int ums_chan_try_send(ums_chan_t *ch, const void *elem); /* EAGAIN */
 UMS_API int ums_chan_try_recv(ums_chan_t *ch, void *elem);       /* EAGAIN */
 UMS_API int ums_chan_close(ums_chan_t *ch);
 UMS_API int ums_chan_closed(ums_chan_t *ch);  /* 1 once closed */
+/* Park-based forms, for step tasks (and C tasks): _begin does what the
+** blocking call does, but where that call would wait it begins the
+** task's park on the channel's queue and returns 1; the task then parks
+** (its step returns UMS_STEP_PARK, or ums_park_wait()) and, once the park
+** has ended, calls _end with the same arguments, which returns what the
+** blocking call would have, or 1 when it began another park (a woken
+** party of a buffered channel looks again and may find the room or the
+** value taken). Each park ends with exactly one of the channel's wake-up,
+** the deadline and a cancel; token (may be NULL) is the park's, which
+** ums_unpark refuses from anyone but the task itself. elem must stay
+** valid and untouched until the operation ends: while a task is parked on
+** an unbuffered channel the other side moves its element in or out. */
+UMS_API int ums_chan_send_begin(ums_chan_t *ch, void *elem, int64_t deadline,
+                                ums_park_token_t *token);
+UMS_API int ums_chan_send_end(ums_chan_t *ch, void *elem, int64_t deadline,
+                              ums_park_token_t *token);
+UMS_API int ums_chan_recv_begin(ums_chan_t *ch, void *elem, int64_t deadline,
+                                ums_park_token_t *token);
+UMS_API int ums_chan_recv_end(ums_chan_t *ch, void *elem, int64_t deadline,
+                              ums_park_token_t *token);
 UMS_API size_t ums_chan_len(ums_chan_t *ch);
 UMS_API size_t ums_chan_cap(ums_chan_t *ch);
 

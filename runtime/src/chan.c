@@ -631,11 +631,31 @@ static bool recv_locked(ums_chan_t *ch, void *dst, ums__wake_t *wk) {
 /* Blocking calls                                                          */
 /* ---------------------------------------------------------------------- */
 
-/* Queues the caller on q (with the lock held) and waits; the lock is
-** released. Returns the outcome, or the error of a wait that cannot
-** begin. */
-static int park_on(ums_chan_t *ch, ums__wq_t *q, void *data, int type,
-                   int64_t deadline) {
+/* How a call waits: a blocking call parks in ums__wait and gets the
+** outcome; a _begin/_end call begins the task's park on the queue and
+** returns PARKED, and its _end reads the outcome after the park. */
+#define PARKED 1
+typedef struct how {
+  bool begin;               /* the park-based form */
+  ums_park_token_t *token;  /* its park's token, for the caller (or NULL) */
+} how_t;
+
+static const how_t blocking = {false, NULL};
+
+/* Queues the caller on q (with the lock held) and waits, or begins its
+** park there; the lock is released. Returns the outcome, PARKED, or the
+** error of a wait that cannot begin. data is where the other side of an
+** unbuffered channel moves the element to or from. */
+static int wait_on(ums_chan_t *ch, ums__wq_t *q, void *data, int type,
+                   int64_t deadline, const how_t *how) {
+  if (how->begin) {
+    ums__waiter_t *w;
+    int r = ums__park_begin_queued(q, &ch->lock, deadline, 0, type, ch, 0,
+                                   &w, how->token);
+    if (r == 0) w->data = data;
+    ums__unlock(&ch->lock);
+    return r ? r : PARKED;
+  }
   ums__waiter_t w;
   int r = ums__waiter_init(&w, q, &ch->lock);
   if (r) {
@@ -650,7 +670,7 @@ static int park_on(ums_chan_t *ch, ums__wq_t *q, void *data, int type,
 }
 
 static int send_buffered(ums_chan_t *ch, void *src, int64_t deadline,
-                         bool poll) {
+                         bool poll, const how_t *how) {
   for (int looks = 0;; looks++) {
     int r = put_now(ch, src);
     if (r == PUT_FULL && !poll && looks == 0 &&
@@ -667,14 +687,14 @@ static int send_buffered(ums_chan_t *ch, void *src, int64_t deadline,
       if (looks > 0) sched_yield();
       continue;
     }
-    r = park_on(ch, &ch->sendq, NULL, UMS_WAIT_CHAN_SEND, deadline);
-    if (r < 0) return r; /* ECLOSED, ETIMEDOUT, ECANCELED */
+    r = wait_on(ch, &ch->sendq, NULL, UMS_WAIT_CHAN_SEND, deadline, how);
+    if (r != 0) return r; /* PARKED, ECLOSED, ETIMEDOUT, ECANCELED */
     looks = 0;
   }
 }
 
 static int recv_buffered(ums_chan_t *ch, void *dst, int64_t deadline,
-                         bool poll) {
+                         bool poll, const how_t *how) {
   for (int looks = 0;; looks++) {
     if (take_now(ch, dst)) return 0;
     if (is_closed(ch)) {
@@ -695,16 +715,16 @@ static int recv_buffered(ums_chan_t *ch, void *dst, int64_t deadline,
       if (looks > 1) sched_yield();
       continue;
     }
-    int r = park_on(ch, &ch->recvq, NULL, UMS_WAIT_CHAN_RECV, deadline);
+    int r = wait_on(ch, &ch->recvq, NULL, UMS_WAIT_CHAN_RECV, deadline, how);
     /* Granted or closed: look again (a close still lets the ring
     ** drain). */
-    if (r < 0 && r != UMS_ECLOSED) return r;
+    if (r == PARKED || (r < 0 && r != UMS_ECLOSED)) return r;
     looks = 0;
   }
 }
 
 static int send_unbuffered(ums_chan_t *ch, void *src, int64_t deadline,
-                           bool poll) {
+                           bool poll, const how_t *how) {
   int r = send_to_spinner(ch, src);
   if (r == PUT_OK) return 0;
   if (r == PUT_CLOSED) return UMS_ECLOSED;
@@ -717,11 +737,11 @@ static int send_unbuffered(ums_chan_t *ch, void *src, int64_t deadline,
     if (wake) ums__wake(&wk);
     return r == PUT_OK ? 0 : r == PUT_CLOSED ? UMS_ECLOSED : UMS_EAGAIN;
   }
-  return park_on(ch, &ch->sendq, src, UMS_WAIT_CHAN_SEND, deadline);
+  return wait_on(ch, &ch->sendq, src, UMS_WAIT_CHAN_SEND, deadline, how);
 }
 
 static int recv_unbuffered(ums_chan_t *ch, void *dst, int64_t deadline,
-                           bool poll) {
+                           bool poll, const how_t *how) {
   spinner sp;
   atomic_init(&sp.state, SPIN_WAITING);
   sp.dst = dst;
@@ -762,39 +782,81 @@ static int recv_unbuffered(ums_chan_t *ch, void *dst, int64_t deadline,
     ums__unlock(&ch->lock);
     return closed ? UMS_ECLOSED : UMS_EAGAIN;
   }
-  return park_on(ch, &ch->recvq, dst, UMS_WAIT_CHAN_RECV, deadline);
+  return wait_on(ch, &ch->recvq, dst, UMS_WAIT_CHAN_RECV, deadline, how);
 }
 
 static int chan_send(ums_chan_t *ch, void *elem, int64_t deadline,
-                     bool poll) {
+                     bool poll, const how_t *how) {
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
   note_side(&ch->send_sched);
-  return ch->ring ? send_buffered(ch, elem, deadline, poll)
-                  : send_unbuffered(ch, elem, deadline, poll);
+  return ch->ring ? send_buffered(ch, elem, deadline, poll, how)
+                  : send_unbuffered(ch, elem, deadline, poll, how);
 }
 
 static int chan_recv(ums_chan_t *ch, void *elem, int64_t deadline,
-                     bool poll) {
+                     bool poll, const how_t *how) {
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
   note_side(&ch->recv_sched);
-  return ch->ring ? recv_buffered(ch, elem, deadline, poll)
-                  : recv_unbuffered(ch, elem, deadline, poll);
+  return ch->ring ? recv_buffered(ch, elem, deadline, poll, how)
+                  : recv_unbuffered(ch, elem, deadline, poll, how);
 }
 
 int ums_chan_send(ums_chan_t *ch, const void *elem, int64_t deadline) {
-  return chan_send(ch, (void *)elem, deadline, false);
+  return chan_send(ch, (void *)elem, deadline, false, &blocking);
 }
 
 int ums_chan_recv(ums_chan_t *ch, void *elem, int64_t deadline) {
-  return chan_recv(ch, elem, deadline, false);
+  return chan_recv(ch, elem, deadline, false, &blocking);
 }
 
 int ums_chan_try_send(ums_chan_t *ch, const void *elem) {
-  return chan_send(ch, (void *)elem, 0, true);
+  return chan_send(ch, (void *)elem, 0, true, &blocking);
 }
 
 int ums_chan_try_recv(ums_chan_t *ch, void *elem) {
-  return chan_recv(ch, elem, 0, true);
+  return chan_recv(ch, elem, 0, true, &blocking);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Park-based calls                                                        */
+/* ---------------------------------------------------------------------- */
+
+/* The same paths, with the park begun on the channel's queue instead of
+** waited for (ums__park_begin_queued): the task's own park waiter sits on
+** sendq or recvq, and every granter above ends it as it ends a blocking
+** waiter. An unbuffered channel's parked side has its element moved by
+** the other side (hence elem must outlive the park); a buffered one's
+** wake-up is "look again", which _end does, perhaps beginning another
+** park. */
+
+int ums_chan_send_begin(ums_chan_t *ch, void *elem, int64_t deadline,
+                        ums_park_token_t *token) {
+  how_t how = {true, token};
+  return chan_send(ch, elem, deadline, false, &how);
+}
+
+int ums_chan_send_end(ums_chan_t *ch, void *elem, int64_t deadline,
+                      ums_park_token_t *token) {
+  if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
+  int r = ums_park_result();
+  if (!ch->ring || r != 0) return r;
+  how_t how = {true, token};
+  return send_buffered(ch, elem, deadline, false, &how);
+}
+
+int ums_chan_recv_begin(ums_chan_t *ch, void *elem, int64_t deadline,
+                        ums_park_token_t *token) {
+  how_t how = {true, token};
+  return chan_recv(ch, elem, deadline, false, &how);
+}
+
+int ums_chan_recv_end(ums_chan_t *ch, void *elem, int64_t deadline,
+                      ums_park_token_t *token) {
+  if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
+  int r = ums_park_result();
+  if (!ch->ring || (r != 0 && r != UMS_ECLOSED)) return r;
+  how_t how = {true, token};
+  return recv_buffered(ch, elem, deadline, false, &how);
 }
 
 int ums_chan_close(ums_chan_t *ch) {

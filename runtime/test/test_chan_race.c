@@ -114,10 +114,81 @@ static void *consumer(void *arg) {
   return NULL;
 }
 
-static void stream(size_t cap, int n, bool timeouts) {
+/* The same parties as step tasks, through the park-based calls: the
+** operation in flight and its element live in the party, not on a stack
+** (an unbuffered channel's other side moves the element while the task is
+** parked). */
+typedef struct step_party {
+  stream_t *st;
+  int id;
+  bool sending;
+  uint32_t seed;
+  int i;                 /* values sent */
+  int64_t v;             /* the element in flight */
+  int64_t deadline;
+  bool parked;           /* an operation's park has begun */
+  int64_t last[PRODUCERS];
+} step_party_t;
+
+static int step_stream(void *arg) {
+  step_party_t *p = arg;
+  stream_t *st = p->st;
+  for (int ops = 0; ops < 64; ops++) {
+    if (p->sending && p->i == st->n) break;
+    int r;
+    if (!p->parked) {
+      p->deadline = st->timeouts && p->id == 1
+                        ? ums_deadline((rnd(&p->seed) % 50) * US)
+                        : UMS_FOREVER;
+      if (p->sending) p->v = ((int64_t)p->id << 32) | p->i;
+      r = p->sending ? ums_chan_send_begin(st->ch, &p->v, p->deadline, NULL)
+                     : ums_chan_recv_begin(st->ch, &p->v, p->deadline, NULL);
+    } else {
+      r = p->sending ? ums_chan_send_end(st->ch, &p->v, p->deadline, NULL)
+                     : ums_chan_recv_end(st->ch, &p->v, p->deadline, NULL);
+    }
+    p->parked = r == 1;
+    if (p->parked) return UMS_STEP_PARK;
+    if (r == UMS_ETIMEDOUT) continue;
+    if (p->sending) {
+      CHECK_OK(r);
+      p->i++;
+      continue;
+    }
+    if (r == UMS_ECLOSED) {
+      ums_step_set_result(NULL, 0);
+      return UMS_STEP_DONE;
+    }
+    CHECK_OK(r);
+    int who = (int)(p->v >> 32);
+    int64_t seq = p->v & 0xffffffff;
+    CHECK(who >= 0 && who < PRODUCERS && seq < st->n);
+    CHECK(seq > p->last[who]);
+    p->last[who] = seq;
+    CHECK_EQ(atomic_fetch_add(&st->seen[who * st->n + seq], 1), 0);
+    atomic_fetch_add(&st->got, 1);
+  }
+  if (p->sending && p->i == st->n) {
+    ums_step_set_result(NULL, 0);
+    return UMS_STEP_DONE;
+  }
+  return UMS_STEP_YIELD; /* let the scheduler's other tasks run */
+}
+
+static ums_task_t spawn_step(int sched, ums_step_fn fn, void *arg) {
+  ums_spawn_opts_t o = {0};
+  ums_task_t t = 0;
+  o.sched = sched;
+  CHECK_OK(ums_task_spawn_step(rt, &o, fn, arg, &t));
+  return t;
+}
+
+/* With steps, the first producer and the first consumer are step tasks
+** and the others fibers. */
+static void stream(size_t cap, int n, bool timeouts, bool steps) {
   char what[80];
-  snprintf(what, sizeof what, "stream cap %zu%s", cap,
-           timeouts ? ", timeouts" : "");
+  snprintf(what, sizeof what, "stream cap %zu%s%s", cap,
+           timeouts ? ", timeouts" : "", steps ? ", step tasks" : "");
   int64_t t0 = ums_now();
   su_watchdog_start(what, 100);
   stream_t st = {0};
@@ -127,14 +198,25 @@ static void stream(size_t cap, int n, bool timeouts) {
   st.timeouts = timeouts;
   st.seen = calloc((size_t)(PRODUCERS * n), 1);
   party_t pp[PRODUCERS], cp[CONSUMERS];
+  step_party_t sp[2];
   ums_task_t pt[PRODUCERS], ct[CONSUMERS];
   for (int i = 0; i < CONSUMERS; i++) {
     cp[i] = (party_t){&st, i};
-    ct[i] = su_spawn(rt, i % 2, consumer, &cp[i]);
+    if (steps && i == 0) {
+      sp[0] = (step_party_t){&st, i, false, 17u, 0, 0, 0, false, {-1, -1}};
+      ct[i] = spawn_step(i % 2, step_stream, &sp[0]);
+    } else {
+      ct[i] = su_spawn(rt, i % 2, consumer, &cp[i]);
+    }
   }
   for (int i = 0; i < PRODUCERS; i++) {
     pp[i] = (party_t){&st, i};
-    pt[i] = su_spawn(rt, (i + 1) % 2, producer, &pp[i]);
+    if (steps && i == 0) {
+      sp[1] = (step_party_t){&st, i, true, 23u, 0, 0, 0, false, {-1, -1}};
+      pt[i] = spawn_step((i + 1) % 2, step_stream, &sp[1]);
+    } else {
+      pt[i] = su_spawn(rt, (i + 1) % 2, producer, &pp[i]);
+    }
   }
   for (int i = 0; i < PRODUCERS; i++) su_join(rt, pt[i]);
   CHECK_OK(ums_chan_close(st.ch));
@@ -298,6 +380,29 @@ static void *cx_receiver(void *arg) {
   return NULL;
 }
 
+/* The receiver as a step task: the park-based calls. */
+typedef struct cx_step {
+  cancel_race_t *c;
+  bool parked;
+} cx_step_t;
+
+static int cx_step_receiver(void *arg) {
+  cx_step_t *s = arg;
+  cancel_race_t *c = s->c;
+  int r;
+  if (!s->parked) {
+    atomic_store(&c->started, 1);
+    r = ums_chan_recv_begin(c->ch, &c->v, UMS_FOREVER, NULL);
+  } else {
+    r = ums_chan_recv_end(c->ch, &c->v, UMS_FOREVER, NULL);
+  }
+  s->parked = r == 1;
+  if (s->parked) return UMS_STEP_PARK;
+  c->rc = r;
+  ums_step_set_result(NULL, 0);
+  return UMS_STEP_DONE;
+}
+
 /* A receiver on the other scheduler, cancelled while a value is sent to
 ** it: either it got the value, or the value is still to be had (buffered)
 ** or the send failed (unbuffered, with a deadline), never both and never
@@ -312,7 +417,10 @@ static void cancel_races(size_t cap, int iters) {
   int got = 0, kept = 0;
   for (int it = 0; it < iters; it++) {
     cancel_race_t c = {ch, -1, 1, 0};
-    ums_task_t t = su_spawn(rt, 1, cx_receiver, &c);
+    cx_step_t cs = {&c, false};
+    /* Every other pair of rounds, the receiver is a step task. */
+    ums_task_t t = (it / 2) % 2 ? spawn_step(1, cx_step_receiver, &cs)
+                                : su_spawn(rt, 1, cx_receiver, &c);
     su_await(&c.started, 1);
     busy(&seed, 5000);
     int64_t v = it;
@@ -443,13 +551,15 @@ static void moved_elements(size_t cap, int n) {
 static void *driver(void *unused) {
   int n = 20000 / SCALE;
   spinner_races(n);
-  stream(0, n, false);  /* the spinner, claimed while it withdraws */
-  stream(1, n, false);  /* the ring full and empty at every value */
-  stream(4, n, false);
-  stream(300, n, false); /* beyond the ring: the spill */
-  stream(0, n / 4, true);
-  stream(4, n / 4, true);
-  stream(300, n / 4, true);
+  for (int steps = 0; steps < 2; steps++) {
+    stream(0, n, false, steps);  /* the spinner, claimed while it withdraws */
+    stream(1, n, false, steps);  /* the ring full and empty at every value */
+    stream(4, n, false, steps);
+    stream(300, n, false, steps); /* beyond the ring: the spill */
+    stream(0, n / 4, true, steps);
+    stream(4, n / 4, true, steps);
+    stream(300, n / 4, true, steps);
+  }
   close_races(0, 400 / SCALE);
   close_races(2, 400 / SCALE);
   close_races(300, 400 / SCALE);
