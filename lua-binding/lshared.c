@@ -219,6 +219,7 @@ static const ums_chan_ops_t msg_ops = {msg_move, msg_clear};
 typedef struct schan {
   lshared h;
   ums_chan_t *ch;        /* [const] */
+  bool buffered;         /* [const] */
 } schan;
 
 static void chan_destroy(lshared *o) {
@@ -249,6 +250,7 @@ int lums_shared_channel(lua_State *L) {
   if (!ch) luaL_error(L, "ums: out of memory");
   schan *c = lshared_new(L, sizeof *c, &chan_kind);
   c->ch = ch;
+  c->buffered = size > 0;
   return 1;
 }
 
@@ -293,14 +295,13 @@ static int send_k(lua_State *L, int status, lua_KContext ctx);
 ** inside send_k (which would grow the C stack a level per lost race). */
 static int send_after(lua_State *L, schan *c, lmsg *h, int r,
                       ums_park_token_t *tok) {
-  int64_t deadline = (int64_t)lua_tointeger(L, 3);
   while (r == 1) {
     ltask *me = lums_cur_task;
     note_park(me, tok);
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)h, send_k);
     lums_park_block_wait(me);
-    r = ums_chan_send_end(c->ch, h, deadline, tok);
+    r = ums_chan_send_end(c->ch, h, (int64_t)lua_tointeger(L, 3), tok);
   }
   if (r == 0) {
     free(h); /* its value moved into the channel */
@@ -360,14 +361,13 @@ static int recv_k(lua_State *L, int status, lua_KContext ctx);
 ** the caller's stack for a buffered channel). */
 static int recv_after(lua_State *L, schan *c, lmsg *h, lmsg *dst, int r,
                       ums_park_token_t *tok) {
-  int64_t deadline = (int64_t)lua_tointeger(L, 2);
   while (r == 1) {
     ltask *me = lums_cur_task;
     note_park(me, tok);
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)h, recv_k);
     lums_park_block_wait(me);
-    r = ums_chan_recv_end(c->ch, dst, deadline, tok);
+    r = ums_chan_recv_end(c->ch, dst, (int64_t)lua_tointeger(L, 2), tok);
   }
   if (r == 0) {
     if (h) return lcopy_decode_free(L, h);
@@ -402,9 +402,8 @@ static int chan_recv(lua_State *L) {
   }
   /* An unbuffered channel's sender moves its value into a parked
   ** receiver's destination, which must outlive the yield. */
-  bool buffered = ums_chan_cap(c->ch) > 0;
   lmsg *h = NULL;
-  if (!buffered && !(h = malloc(sizeof *h)))
+  if (!c->buffered && !(h = malloc(sizeof *h)))
     return luaL_error(L, "ums: out of memory");
   lmsg *dst = h ? h : &m;
   lua_pushinteger(L, (lua_Integer)deadline);
