@@ -592,9 +592,10 @@ UMS_API int ums_chan_closed(ums_chan_t *ch);  /* 1 once closed */
 ** party of a buffered channel looks again and may find the room or the
 ** value taken). Each park ends with exactly one of the channel's wake-up,
 ** the deadline and a cancel; token (may be NULL) is the park's, which
-** ums_unpark refuses from anyone but the task itself. elem must stay
-** valid and untouched until the operation ends: while a task is parked on
-** an unbuffered channel the other side moves its element in or out. */
+** ums_unpark refuses from anyone but the task itself. While a task is
+** parked on an unbuffered channel the other side moves its element in or
+** out, so elem must stay valid and untouched until the operation ends; a
+** buffered channel touches elem only inside the calls. */
 UMS_API int ums_chan_send_begin(ums_chan_t *ch, void *elem, int64_t deadline,
                                 ums_park_token_t *token);
 UMS_API int ums_chan_send_end(ums_chan_t *ch, void *elem, int64_t deadline,
