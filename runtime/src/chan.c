@@ -77,6 +77,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The lock-free steps sit on every message's path, below two or three
+** calls already: inlined into their callers, and the slow paths kept
+** out of line. */
+#define FAST static inline __attribute__((always_inline))
+#define SLOW static __attribute__((noinline))
+
 /* Slots in a buffered channel's ring, at most. */
 #define RING_MAX 256
 
@@ -224,7 +230,7 @@ ums_chan_t *ums_chan_new(size_t elem_size, size_t capacity) {
 ** (the ring is empty, or its oldest slot is claimed but not yet
 ** published). With *woke set when the claim saw H_SWAIT: the caller
 ** then owes a wake-up and is counted in ch->waking. */
-static bool ring_take(ums_chan_t *ch, void *dst, bool *woke) {
+FAST bool ring_take(ums_chan_t *ch, void *dst, bool *woke) {
   size_t h = atomic_load_explicit(&ch->head, memory_order_relaxed);
   for (;;) {
     size_t pos = H_POS(h);
@@ -252,7 +258,7 @@ static bool ring_take(ums_chan_t *ch, void *dst, bool *woke) {
 
 /* Moves src into a free slot: PUT_OK, PUT_FULL or PUT_CLOSED (src still
 ** the caller's). *woke as in ring_take, for T_RWAIT. */
-static int ring_put(ums_chan_t *ch, void *src, bool *woke) {
+FAST int ring_put(ums_chan_t *ch, void *src, bool *woke) {
   size_t t = atomic_load_explicit(&ch->tail, memory_order_relaxed);
   for (;;) {
     if (t & T_CLOSED) return PUT_CLOSED;
@@ -328,7 +334,7 @@ static bool grant_look(ums_chan_t *ch, ums__wq_t *q, _Atomic size_t *word,
 /* Pays the wake-up a lock-free move owed (ring_put, ring_take): grants
 ** one waiter of q under the lock, then leaves ch->waking, the last touch
 ** of the channel. */
-static void pay_wake(ums_chan_t *ch, ums__wq_t *q, _Atomic size_t *word,
+SLOW void pay_wake(ums_chan_t *ch, ums__wq_t *q, _Atomic size_t *word,
                      size_t flag) {
   ums__wake_t wk;
   ums__lock(&ch->lock);
@@ -358,7 +364,7 @@ static bool spill_grow(ums_chan_t *ch) {
 
 /* Without parking: moves src into a buffered channel. PUT_FULL leaves
 ** src the caller's; so does PUT_CLOSED. */
-static int put_now(ums_chan_t *ch, void *src) {
+FAST int put_now(ums_chan_t *ch, void *src) {
   bool woke;
   if (atomic_load_explicit(&ch->nspill, memory_order_relaxed) == 0) {
     int r = ring_put(ch, src, &woke);
@@ -395,7 +401,7 @@ static int put_now(ums_chan_t *ch, void *src) {
 
 /* Without parking: moves the next element of a buffered channel into
 ** dst; false if there is none. */
-static bool take_now(ums_chan_t *ch, void *dst) {
+FAST bool take_now(ums_chan_t *ch, void *dst) {
   bool woke;
   if (ring_take(ch, dst, &woke)) {
     if (woke) pay_wake(ch, &ch->sendq, &ch->head, H_SWAIT);
@@ -785,7 +791,7 @@ static int recv_unbuffered(ums_chan_t *ch, void *dst, int64_t deadline,
   return wait_on(ch, &ch->recvq, dst, UMS_WAIT_CHAN_RECV, deadline, how);
 }
 
-static int chan_send(ums_chan_t *ch, void *elem, int64_t deadline,
+FAST int chan_send(ums_chan_t *ch, void *elem, int64_t deadline,
                      bool poll, const how_t *how) {
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
   note_side(&ch->send_sched);
@@ -793,7 +799,7 @@ static int chan_send(ums_chan_t *ch, void *elem, int64_t deadline,
                   : send_unbuffered(ch, elem, deadline, poll, how);
 }
 
-static int chan_recv(ums_chan_t *ch, void *elem, int64_t deadline,
+FAST int chan_recv(ums_chan_t *ch, void *elem, int64_t deadline,
                      bool poll, const how_t *how) {
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
   note_side(&ch->recv_sched);
