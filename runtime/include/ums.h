@@ -595,14 +595,52 @@ UMS_API int ums_cond_wait_end(ums_cond_t *c, ums_mutex_t *m);
 /* Channel of fixed-size elements. capacity 0 is unbuffered (a send
 ** completes when a receiver takes the value). After close, sends fail with
 ** UMS_ECLOSED, receives drain the buffer and then fail with UMS_ECLOSED.
-** Values are copied (elem_size bytes) from/to the caller's memory. */
+** Values are copied (elem_size bytes) from/to the caller's memory. Send
+** and receive take no lock while a buffered channel has room or a value,
+** or while an unbuffered channel's receiver on another scheduler is
+** spinning for a sender; a woken waiter looks again, so a parked sender's
+** value enters the buffer when it runs. A party that received a value or
+** saw the close may delete the channel at once. */
 UMS_API ums_chan_t *ums_chan_new(size_t elem_size, size_t capacity);
+/* Elements that cannot move with memcpy (they point into themselves):
+** move(dst, src) moves src's element into dst (src is then forgotten, not
+** cleared); clear(e) releases an element still in the channel at delete.
+** Either may be NULL (memcpy; nothing to release). A send moves the
+** caller's element into the channel only when it succeeds. */
+typedef struct ums_chan_ops {
+  void (*move)(void *dst, void *src);
+  void (*clear)(void *elem);
+} ums_chan_ops_t;
+UMS_API ums_chan_t *ums_chan_new_ex(size_t elem_size, size_t capacity,
+                                    const ums_chan_ops_t *ops);
 UMS_API int ums_chan_delete(ums_chan_t *ch);
 UMS_API int ums_chan_send(ums_chan_t *ch, const void *elem, int64_t deadline);
 UMS_API int ums_chan_recv(ums_chan_t *ch, void *elem, int64_t deadline);
 UMS_API int ums_chan_try_send(ums_chan_t *ch, const void *elem); /* EAGAIN */
 UMS_API int ums_chan_try_recv(ums_chan_t *ch, void *elem);       /* EAGAIN */
 UMS_API int ums_chan_close(ums_chan_t *ch);
+UMS_API int ums_chan_closed(ums_chan_t *ch);  /* 1 once closed */
+/* Park-based forms, for step tasks (and C tasks): _begin does what the
+** blocking call does, but where that call would wait it begins the
+** task's park on the channel's queue and returns 1; the task then parks
+** (its step returns UMS_STEP_PARK, or ums_park_wait()) and, once the park
+** has ended, calls _end with the same arguments, which returns what the
+** blocking call would have, or 1 when it began another park (a woken
+** party of a buffered channel looks again and may find the room or the
+** value taken). Each park ends with exactly one of the channel's wake-up,
+** the deadline and a cancel; token (may be NULL) is the park's, which
+** ums_unpark refuses from anyone but the task itself. While a task is
+** parked on an unbuffered channel the other side moves its element in or
+** out, so elem must stay valid and untouched until the operation ends; a
+** buffered channel touches elem only inside the calls. */
+UMS_API int ums_chan_send_begin(ums_chan_t *ch, void *elem, int64_t deadline,
+                                ums_park_token_t *token);
+UMS_API int ums_chan_send_end(ums_chan_t *ch, void *elem, int64_t deadline,
+                              ums_park_token_t *token);
+UMS_API int ums_chan_recv_begin(ums_chan_t *ch, void *elem, int64_t deadline,
+                                ums_park_token_t *token);
+UMS_API int ums_chan_recv_end(ums_chan_t *ch, void *elem, int64_t deadline,
+                              ums_park_token_t *token);
 UMS_API size_t ums_chan_len(ums_chan_t *ch);
 UMS_API size_t ums_chan_cap(ums_chan_t *ch);
 

@@ -346,7 +346,8 @@ int ums__timer_expire(ums__sched_t *s, ums__timer_heap_t *h, int64_t now);
 /* A FIFO of waiters, guarded by the lock of the object that owns it. */
 typedef struct ums__wq {
   ums_list_t list;             /* [lock] of ums__waiter_t.link */
-  size_t n;                    /* [lock] */
+  _Atomic size_t n;            /* [lock] to write; any thread may read
+                                  it (a channel's lock-free paths) */
 } ums__wq_t;
 
 /* One wait of one task (or host thread) on one queue. It lives on the

@@ -20,7 +20,7 @@
 
 void ums__wq_push(ums__wq_t *q, ums__waiter_t *w) {
   ums_list_push_back(&q->list, &w->link);
-  q->n++;
+  atomic_fetch_add_explicit(&q->n, 1, memory_order_relaxed);
   w->linked = true;
 }
 
@@ -28,7 +28,7 @@ void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w) {
   if (!w->linked) return;
   ums_list_remove(&q->list, &w->link);
   w->linked = false;
-  q->n--;
+  atomic_fetch_sub_explicit(&q->n, 1, memory_order_relaxed);
 }
 
 void ums__waiter_init_nocancel(ums__waiter_t *w, ums__wq_t *wq,

@@ -15,6 +15,7 @@
 #include "sync-util.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -196,10 +197,12 @@ static void *buffered(void *unused) {
   }
   CHECK_EQ(ums_chan_len(ch), 4);
   CHECK_EQ(ums_chan_delete(ch), UMS_EBUSY);
-  /* Receiving drains the buffer and refills it from the senders: 1..7. */
+  /* Receiving drains the buffer, and each receive wakes the first parked
+  ** sender, which puts its value in when it runs: 1..7 in order. */
   for (int64_t want = 1; want <= 7; want++) {
     CHECK_OK(ums_chan_recv(ch, &v, UMS_FOREVER));
     CHECK_EQ(v, want);
+    su_settle();
     CHECK_EQ(ums_chan_len(ch), (size_t)(want <= 3 ? 4 : 7 - want));
   }
   for (int i = 0; i < 3; i++) {
@@ -208,13 +211,13 @@ static void *buffered(void *unused) {
   }
   CHECK_EQ(ums_chan_try_recv(ch, &v), UMS_EAGAIN);
 
-  /* A parked receiver gets the next send directly; nothing is buffered. */
+  /* A parked receiver is woken by the next send and takes its value. */
   op_init(&o[0], ch, 0);
   t[0] = park(receiver, &o[0]);
   v = 21;
   CHECK_OK(ums_chan_send(ch, &v, UMS_FOREVER));
-  CHECK_EQ(ums_chan_len(ch), 0);
   su_join(rt, t[0]);
+  CHECK_EQ(ums_chan_len(ch), 0);
   CHECK_EQ(o[0].value, 21);
 
   /* The ring wraps around many times with order intact. */
@@ -601,24 +604,40 @@ static void task_producers_host_consumer(void) {
 ** the party alternates between a task and this host thread. ASan or TSan
 ** report a touch after the free; other builds corrupt the heap or spin
 ** on the freed lock word, which the watchdog turns into a failure.
+** LC_SEND_POLL: a buffered channel whose receiver timed out once (it
+** left the "receiver waits" flag behind) and then polls: the sender that
+** saw the flag still owes a wake-up when the receiver takes the value.
 */
 
-enum { LC_SEND, LC_RECV, LC_CLOSE_RECEIVER, LC_CLOSE_SENDER, LC_N };
+enum {
+  LC_SEND,
+  LC_RECV,
+  LC_CLOSE_RECEIVER,
+  LC_CLOSE_SENDER,
+  LC_SEND_POLL,
+  LC_N
+};
 static const char *const lc_name[LC_N] = {
     "send wakes receiver", "recv wakes sender", "close wakes receiver",
-    "close wakes sender"};
+    "close wakes sender", "send to a polling receiver"};
 
 #define LC_ITERS 20000
 static ums_chan_t *lc_obj; /* ums_chan_t *: the channel, party -> waker */
 static int lc_kind;
 
+/* Polling costs a CPU the other party may need: fewer rounds. */
+static int lc_iters(void) {
+  return lc_kind == LC_SEND_POLL ? LC_ITERS / 4 : LC_ITERS;
+}
+
 static void *lc_waker(void *arg) {
-  for (int i = 0; i < LC_ITERS; i++) {
+  for (int i = 0; i < lc_iters(); i++) {
     ums_chan_t *c = NULL;
     int64_t v = 5;
     CHECK_OK(ums_chan_recv(lc_obj, &c, UMS_FOREVER));
     switch (lc_kind) {
     case LC_SEND:
+    case LC_SEND_POLL:
       CHECK_OK(ums_chan_send(c, &v, UMS_FOREVER));
       break;
     case LC_RECV:
@@ -634,10 +653,19 @@ static void *lc_waker(void *arg) {
 }
 
 static void lc_one(void) {
-  ums_chan_t *c = ums_chan_new(sizeof(int64_t), 0);
+  ums_chan_t *c = ums_chan_new(sizeof(int64_t), lc_kind == LC_SEND_POLL);
   int64_t v = 6;
+  if (lc_kind == LC_SEND_POLL)
+    CHECK_EQ(ums_chan_recv(c, &v, ums_now() - 1), UMS_ETIMEDOUT);
   CHECK_OK(ums_chan_send(lc_obj, &c, UMS_FOREVER));
   switch (lc_kind) {
+  case LC_SEND_POLL: {
+    int r;
+    while ((r = ums_chan_try_recv(c, &v)) == UMS_EAGAIN) sched_yield();
+    CHECK_OK(r);
+    CHECK_EQ(v, 5);
+    break;
+  }
   case LC_SEND:
     CHECK_OK(ums_chan_recv(c, &v, UMS_FOREVER));
     CHECK_EQ(v, 5);
@@ -666,7 +694,7 @@ static void last_user_frees(void) {
     int64_t t0 = ums_now();
     su_watchdog_start(lc_name[lc_kind], 30);
     ums_task_t w = su_spawn(rt, S(1), lc_waker, NULL);
-    for (int i = 0; i < LC_ITERS; i++) {
+    for (int i = 0; i < lc_iters(); i++) {
       if (i % 2)
         lc_one(); /* this host thread */
       else
