@@ -18,19 +18,10 @@
 ** Lua's and C's alike, are on the runtime object's one queue. A work
 ** request's join (lwork.c) waits on a runtime event the same way.
 **
-** Channel waits. A task that must wait allocates an lswait, begins its park and
-** queues the waiter, all under the object's lock, then yields (or blocks
-** its worker where Lua cannot yield) through lums_park_finish, with the
-** waiter as the continuation's context. A waker, under the same lock,
-** takes waiters off the queue and ends their parks with ums_unpark, which
-** puts a task of another scheduler on that scheduler's completion list;
-** an unpark that fails means that park already ended (timeout, cancel),
-** and the waker drops that waiter and tries the next. The woken task's
-** continuation takes the lock once more to leave the queue (if a timeout
-** ended its park, it is still on it) and to take what it was handed. The
-** lock orders every access to a waiter between the two threads, and the
-** park protocol (exactly one of unpark, timeout and cancel wins) decides
-** the outcome.
+** A channel's waits are the runtime channel's own (chan.c): a task that
+** must wait begins its park on the channel's queue with the park-based
+** forms (ums_chan_send_begin/_recv_begin), and yields (or blocks its
+** worker where Lua cannot yield) until the other side ends it.
 **
 ** Lock order: an object's lock, then the runtime's task locks inside
 ** ums_unpark and ums_park_begin, or (a wait group) the lock of its
@@ -50,96 +41,6 @@ enum { GRANTED = 0, CLOSED = 1 };
 /* ---------------------------------------------------------------------- */
 /* Waiters                                                                 */
 /* ---------------------------------------------------------------------- */
-
-static void q_push(lswaitq *q, lswait *w) {
-  w->q = q;
-  ums_list_push_back(&q->list, &w->link);
-  atomic_fetch_add_explicit(&q->n, 1, memory_order_relaxed);
-}
-
-static void q_unlink(lswait *w) {
-  lswaitq *q = w->q;
-  if (!q) return;
-  ums_list_remove(&q->list, &w->link);
-  atomic_fetch_sub_explicit(&q->n, 1, memory_order_relaxed);
-  w->q = NULL;
-}
-
-/* What a wait on o is, for ums.tasks() and ums.waits(): a send is the
-** only wait that carries a message. */
-static int wait_type(const lshared *o, bool sending) {
-  static const struct { const char *kind; int type; } types[] = {
-      {"ums.shared.mutex", UMS_WAIT_MUTEX},
-      {"ums.shared.semaphore", UMS_WAIT_SEMAPHORE},
-      {"ums.shared.event", UMS_WAIT_EVENT},
-      {"ums.shared.waitgroup", UMS_WAIT_WAITGROUP},
-      {"ums.work", UMS_WAIT_JOIN}};
-  if (strcmp(o->kind->name, "ums.shared.channel") == 0)
-    return sending ? UMS_WAIT_CHAN_SEND : UMS_WAIT_CHAN_RECV;
-  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-    if (strcmp(o->kind->name, types[i].kind) == 0) return types[i].type;
-  return UMS_WAIT_PARK;
-}
-
-/* Besides the lock, a failed wait_begin gives up msg (freed). */
-static lswait *wait_begin_msg(lua_State *L, ltask *me, lshared *o,
-                              lswaitq *q, int64_t deadline, lmsg *msg) {
-  lswait *w = malloc(sizeof *w);
-  int rc = w ? lums_park_try_begin_wait(me, deadline, 0,
-                                        wait_type(o, msg != NULL), o,
-                                        &w->tok)
-             : UMS_ENOMEM;
-  if (rc) {
-    pthread_mutex_unlock(&o->lock);
-    free(w);
-    lcopy_free(msg);
-    if (rc == UMS_ECANCELED) lums_raise_cancelled(L);
-    luaL_error(L, "ums: cannot wait: %s", ums_strerror(rc));
-  }
-  w->obj = o;
-  w->rt = me->vmrun->rt;
-  w->task = ums_self();
-  w->msg = msg;
-  q_push(q, w);
-  return w;
-}
-
-lswait *lshared_wait_begin(lua_State *L, ltask *me, lshared *o, lswaitq *q,
-                           int64_t deadline) {
-  return wait_begin_msg(L, me, o, q, deadline, NULL);
-}
-
-int lshared_wait_end(lswait *w, lmsg **msg) {
-  lshared *o = w->obj;
-  pthread_mutex_lock(&o->lock);
-  q_unlink(w);
-  lmsg *m = w->msg;
-  w->msg = NULL;
-  pthread_mutex_unlock(&o->lock);
-  int r = ums_park_result();
-  free(w);
-  if (msg)
-    *msg = m;
-  else
-    lcopy_free(m);
-  return r;
-}
-
-lswait *lshared_grant(lswaitq *q, int outcome, lmsg *msg) {
-  lswait *w;
-  while ((w = lshared_first(q)) != NULL) {
-    q_unlink(w);
-    if (msg) w->msg = msg;
-    if (ums_unpark(w->rt, w->tok, outcome) == 0) return w;
-    if (msg) w->msg = NULL;
-  }
-  return NULL;
-}
-
-void lshared_grant_all(lswaitq *q, int outcome) {
-  while (lshared_grant(q, outcome, NULL)) {
-  }
-}
 
 /* The current task for a wait that must park, or raises (after
 ** releasing o's lock and freeing msg) outside tasks. */
