@@ -499,8 +499,9 @@ static inline void note_side(_Atomic int *side) {
 ** clock does not move while a party spins), when the peer (the latest
 ** party of the other side) runs on another scheduler. Returns whether it
 ** saw that; the caller then tries again. */
-static bool spin_until(ums_chan_t *ch, _Atomic int *peer_side,
-                       bool (*ready)(ums_chan_t *, void *), void *arg) {
+/* Whether a spin may pay: the peer runs on another scheduler, and spins
+** have been paying (or this one probes whether they pay again). */
+static bool spin_worth(ums_chan_t *ch, _Atomic int *peer_side) {
   int peer = atomic_load_explicit(peer_side, memory_order_relaxed);
   if (peer < 0 || peer == ums_current_sched()) return false;
   if (atomic_load_explicit(&ch->spin_misses, memory_order_relaxed) >=
@@ -509,6 +510,12 @@ static bool spin_until(ums_chan_t *ch, _Atomic int *peer_side,
             SPIN_PROBE != 0)
       return false;
   }
+  return true;
+}
+
+/* The spin of spin_until, once spin_worth said yes. */
+static bool spin_loop(ums_chan_t *ch, bool (*ready)(ums_chan_t *, void *),
+                      void *arg) {
   /* The clock starts at the first check rather than before the loop: a
   ** peer that answers within a few turns costs no clock reading. */
   int64_t until = 0;
@@ -535,6 +542,11 @@ static bool spin_until(ums_chan_t *ch, _Atomic int *peer_side,
   if (misses != was)
     atomic_store_explicit(&ch->spin_misses, misses, memory_order_relaxed);
   return seen;
+}
+
+static bool spin_until(ums_chan_t *ch, _Atomic int *peer_side,
+                       bool (*ready)(ums_chan_t *, void *), void *arg) {
+  return spin_worth(ch, peer_side) && spin_loop(ch, ready, arg);
 }
 
 static bool ready_room(ums_chan_t *ch, void *arg) {
@@ -755,7 +767,7 @@ static int recv_unbuffered(ums_chan_t *ch, void *dst, int64_t deadline,
   if (!poll &&
       atomic_load_explicit(&ch->sendq.n, memory_order_relaxed) == 0 &&
       !is_closed(ch) &&
-      atomic_load_explicit(&ch->send_sched, memory_order_relaxed) >= 0 &&
+      spin_worth(ch, &ch->send_sched) &&
       atomic_compare_exchange_strong_explicit(&ch->spinner, &none, &sp,
                                               memory_order_seq_cst,
                                               memory_order_relaxed)) {
@@ -763,7 +775,7 @@ static int recv_unbuffered(ums_chan_t *ch, void *dst, int64_t deadline,
     ** element over, then withdraw unless one did. A sender that parks
     ** meanwhile (it found no spinner) is seen by the spin, and after it
     ** the receiver looks for parked senders under the lock. */
-    spin_until(ch, &ch->send_sched, ready_handed, &sp);
+    spin_loop(ch, ready_handed, &sp);
     spinner *mine = &sp;
     if (!atomic_compare_exchange_strong_explicit(&ch->spinner, &mine, NULL,
                                                  memory_order_seq_cst,
