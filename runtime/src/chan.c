@@ -322,9 +322,8 @@ static bool drained(ums_chan_t *ch) {
 
 /* Grants the first waiter of q (look again) and clears flag in *word
 ** when q is left empty. With the lock held. */
-static bool grant_look(ums_chan_t *ch, ums__wq_t *q, _Atomic size_t *word,
-                       size_t flag, ums__wake_t *wk) {
-  (void)ch;
+static bool grant_look(ums__wq_t *q, _Atomic size_t *word, size_t flag,
+                       ums__wake_t *wk) {
   bool any = ums__wq_grant_first(q, 0, wk) != NULL;
   if (atomic_load_explicit(&q->n, memory_order_relaxed) == 0)
     atomic_fetch_and_explicit(word, ~flag, memory_order_relaxed);
@@ -338,7 +337,7 @@ SLOW void pay_wake(ums_chan_t *ch, ums__wq_t *q, _Atomic size_t *word,
                      size_t flag) {
   ums__wake_t wk;
   ums__lock(&ch->lock);
-  bool any = grant_look(ch, q, word, flag, &wk);
+  bool any = grant_look(q, word, flag, &wk);
   atomic_fetch_sub(&ch->waking, 1);
   ums__unlock(&ch->lock);
   if (any) ums__wake(&wk);
@@ -392,8 +391,7 @@ FAST int put_now(ums_chan_t *ch, void *src) {
     r = PUT_OK;
   }
   ums__wake_t wk;
-  bool any = r == PUT_OK && grant_look(ch, &ch->recvq, &ch->tail, T_RWAIT,
-                                       &wk);
+  bool any = r == PUT_OK && grant_look(&ch->recvq, &ch->tail, T_RWAIT, &wk);
   ums__unlock(&ch->lock);
   if (any) ums__wake(&wk);
   return r;
@@ -423,7 +421,7 @@ FAST bool take_now(ums_chan_t *ch, void *dst) {
     ok = true;
   }
   ums__wake_t wk;
-  bool any = ok && grant_look(ch, &ch->sendq, &ch->head, H_SWAIT, &wk);
+  bool any = ok && grant_look(&ch->sendq, &ch->head, H_SWAIT, &wk);
   ums__unlock(&ch->lock);
   if (any) ums__wake(&wk);
   return ok;
@@ -495,10 +493,6 @@ static inline void note_side(_Atomic int *side) {
     atomic_store_explicit(side, me, memory_order_relaxed);
 }
 
-/* Spins until ready(ch, arg), up to SPIN_NS of real time (a virtual
-** clock does not move while a party spins), when the peer (the latest
-** party of the other side) runs on another scheduler. Returns whether it
-** saw that; the caller then tries again. */
 /* Whether a spin may pay: the peer runs on another scheduler, and spins
 ** have been paying (or this one probes whether they pay again). */
 static bool spin_worth(ums_chan_t *ch, _Atomic int *peer_side) {
@@ -544,6 +538,10 @@ static bool spin_loop(ums_chan_t *ch, bool (*ready)(ums_chan_t *, void *),
   return seen;
 }
 
+/* Spins until ready(ch, arg), up to SPIN_NS of real time (a virtual
+** clock does not move while a party spins), when the peer (the latest
+** party of the other side) runs on another scheduler. Returns whether it
+** saw that; the caller then tries again. */
 static bool spin_until(ums_chan_t *ch, _Atomic int *peer_side,
                        bool (*ready)(ums_chan_t *, void *), void *arg) {
   return spin_worth(ch, peer_side) && spin_loop(ch, ready, arg);
@@ -666,14 +664,9 @@ static const how_t blocking = {false, NULL};
 ** unbuffered channel moves the element to or from. */
 static int wait_on(ums_chan_t *ch, ums__wq_t *q, void *data, int type,
                    int64_t deadline, const how_t *how) {
-  if (how->begin) {
-    ums__waiter_t *w;
-    int r = ums__park_begin_queued(q, &ch->lock, deadline, 0, type, ch, 0,
-                                   &w, how->token);
-    if (r == 0) w->data = data;
-    ums__unlock(&ch->lock);
-    return r ? r : PARKED;
-  }
+  if (how->begin)
+    return ums__park_on(q, &ch->lock, deadline, 0, type, ch, 0, data, 0,
+                        how->token);
   ums__waiter_t w;
   int r = ums__waiter_init(&w, q, &ch->lock);
   if (r) {
@@ -856,7 +849,7 @@ int ums_chan_send_begin(ums_chan_t *ch, void *elem, int64_t deadline,
 int ums_chan_send_end(ums_chan_t *ch, void *elem, int64_t deadline,
                       ums_park_token_t *token) {
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
-  int r = ums_park_result();
+  int r = ums__park_outcome(&ch->sendq, NULL);
   if (!ch->ring || r != 0) return r;
   how_t how = {true, token};
   return send_buffered(ch, elem, deadline, false, &how);
@@ -871,7 +864,7 @@ int ums_chan_recv_begin(ums_chan_t *ch, void *elem, int64_t deadline,
 int ums_chan_recv_end(ums_chan_t *ch, void *elem, int64_t deadline,
                       ums_park_token_t *token) {
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
-  int r = ums_park_result();
+  int r = ums__park_outcome(&ch->recvq, NULL);
   if (!ch->ring || (r != 0 && r != UMS_ECLOSED)) return r;
   how_t how = {true, token};
   return recv_buffered(ch, elem, deadline, false, &how);

@@ -632,6 +632,18 @@ int ums__park_begin_queued(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
                            int flags, int type, const void *object,
                            ums_task_t blocker, ums__waiter_t **wp,
                            ums_park_token_t *token);
+/* The begin half of every park-based wait on an object (sync.c, chan.c):
+** with lock held, begins the queued park on q with the waiter's payload
+** (data, aux) and releases lock whatever happens. Returns 1 (parked) or
+** ums__park_begin_queued's error, with nothing queued. (park.c) */
+int ums__park_on(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
+                 int flags, int type, const void *object, ums_task_t blocker,
+                 void *data, int64_t aux, ums_park_token_t *token);
+/* The end half: how the current task's park on q ended (0 granted, or
+** the error that ended it); UMS_EBUSY while it goes on, UMS_EINVAL when
+** the task's last park was not on q, UMS_EPERM outside a task. *w (if
+** w) is the park's waiter, for its payload. (park.c) */
+int ums__park_outcome(const ums__wq_t *q, ums__waiter_t **w);
 
 /* After a step returned UMS_STEP_PARK: parks t unless its park has
 ** already ended (then its winner has queued it). [owner] (park.c) */

@@ -135,6 +135,30 @@ int ums__park_begin_queued(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
   return 0;
 }
 
+int ums__park_on(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
+                 int flags, int type, const void *object, ums_task_t blocker,
+                 void *data, int64_t aux, ums_park_token_t *token) {
+  ums__waiter_t *w;
+  int r = ums__park_begin_queued(q, lock, deadline, flags, type, object,
+                                 blocker, &w, token);
+  if (r == 0) {
+    w->data = data;
+    w->aux = aux;
+  }
+  ums__unlock(lock);
+  return r ? r : 1;
+}
+
+int ums__park_outcome(const ums__wq_t *q, ums__waiter_t **w) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return UMS_EPERM;
+  if (t->park.wq != q) return t->park_pending ? UMS_EBUSY : UMS_EINVAL;
+  uint32_t st = atomic_load_explicit(&t->park.state, memory_order_acquire);
+  if (t->park_pending || st == UMS__WAITING) return UMS_EBUSY;
+  if (w) *w = &t->park;
+  return (int)st;
+}
+
 /* Parks the running task until its park ends. Whoever ended the park (an
 ** unpark that came before this call included) queued the task exactly
 ** once, so the task always goes through the scheduler to take that one

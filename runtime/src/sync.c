@@ -43,35 +43,6 @@ static bool deadline_passed(int64_t deadline) {
   return deadline != UMS_FOREVER && deadline <= ums_now();
 }
 
-/* Begins the current task's queued park on q (lock held, and released
-** here whatever happens): 1, or the error with nothing queued. */
-static int park_on(ums__wq_t *q, ums__lock_t *lock, int64_t deadline,
-                   int flags, int type, const void *obj, uint64_t blocker,
-                   void *data, int64_t aux) {
-  ums__waiter_t *w;
-  int r = ums__park_begin_queued(q, lock, deadline, flags, type, obj,
-                                 blocker, &w, NULL);
-  if (r == 0) {
-    w->data = data;
-    w->aux = aux;
-  }
-  ums__unlock(lock);
-  return r ? r : 1;
-}
-
-/* The outcome of the current task's park on q, which has ended:
-** UMS_EINVAL when its last park was not on q, UMS_EBUSY while it goes on.
-** *w (if w) is the park's waiter. (An ended park keeps its queue.) */
-static int park_outcome(const ums__wq_t *q, ums__waiter_t **w) {
-  ums__task_t *t = ums__task_current();
-  if (!t) return UMS_EPERM;
-  if (t->park.wq != q) return t->park_pending ? UMS_EBUSY : UMS_EINVAL;
-  uint32_t st = atomic_load_explicit(&t->park.state, memory_order_acquire);
-  if (t->park_pending || st == UMS__WAITING) return UMS_EBUSY;
-  if (w) *w = &t->park;
-  return (int)st;
-}
-
 /* Grants the first waiter of q (if any) with outcome and wakes it after
 ** unlocking l. Returns whether one was granted. */
 static bool grant_one_unlock(ums__lock_t *l, ums__wq_t *q, int outcome) {
@@ -106,25 +77,21 @@ struct ums_mutex {
 
 ums_mutex_t *ums_mutex_new(void) { return calloc(1, sizeof(ums_mutex_t)); }
 
-int ums_mutex_delete(ums_mutex_t *m) {
+/* Frees m unless a task waits on it, or (unless held_ok) someone holds
+** it. */
+static int mutex_delete(ums_mutex_t *m, bool held_ok) {
   if (!m) return UMS_EINVAL;
   ums__lock(&m->lock);
-  bool busy = m->wq.n || m->owner;
+  bool busy = m->wq.n || (!held_ok && m->owner);
   ums__unlock(&m->lock);
   if (busy) return UMS_EBUSY;
   free(m);
   return 0;
 }
 
-int ums_mutex_delete_held(ums_mutex_t *m) {
-  if (!m) return UMS_EINVAL;
-  ums__lock(&m->lock);
-  bool busy = m->wq.n != 0;
-  ums__unlock(&m->lock);
-  if (busy) return UMS_EBUSY;
-  free(m);
-  return 0;
-}
+int ums_mutex_delete(ums_mutex_t *m) { return mutex_delete(m, false); }
+
+int ums_mutex_delete_held(ums_mutex_t *m) { return mutex_delete(m, true); }
 
 static int mutex_lock(ums_mutex_t *m, int64_t deadline, bool cancellable) {
   void *self = holder();
@@ -191,8 +158,8 @@ static int mutex_lock_begin(ums_mutex_t *m, int64_t deadline, int flags,
     return UMS_ETIMEDOUT;
   }
   /* Granted means the unlocker made us the owner, as for ums_mutex_lock. */
-  return park_on(&m->wq, &m->lock, deadline, flags, UMS_WAIT_MUTEX, m,
-                 m->owner_id, self, aux);
+  return ums__park_on(&m->wq, &m->lock, deadline, flags, UMS_WAIT_MUTEX, m,
+                      m->owner_id, self, aux, NULL);
 }
 
 int ums_mutex_lock_begin(ums_mutex_t *m, int64_t deadline) {
@@ -202,7 +169,7 @@ int ums_mutex_lock_begin(ums_mutex_t *m, int64_t deadline) {
 
 int ums_mutex_lock_end(ums_mutex_t *m) {
   if (!m) return UMS_EINVAL;
-  return park_outcome(&m->wq, NULL);
+  return ums__park_outcome(&m->wq, NULL);
 }
 
 int ums_mutex_is_locked(ums_mutex_t *m) {
@@ -300,13 +267,13 @@ int ums_sem_acquire_begin(ums_sem_t *s, int64_t deadline) {
     return UMS_ETIMEDOUT;
   }
   /* Granted means a release handed us its unit. */
-  return park_on(&s->wq, &s->lock, deadline, 0, UMS_WAIT_SEMAPHORE, s, 0,
-                 NULL, 0);
+  return ums__park_on(&s->wq, &s->lock, deadline, 0, UMS_WAIT_SEMAPHORE, s,
+                      0, NULL, 0, NULL);
 }
 
 int ums_sem_acquire_end(ums_sem_t *s) {
   if (!s) return UMS_EINVAL;
-  return park_outcome(&s->wq, NULL);
+  return ums__park_outcome(&s->wq, NULL);
 }
 
 int ums_sem_tryacquire(ums_sem_t *s) {
@@ -447,12 +414,13 @@ int ums_event_wait_begin_as(ums_event_t *e, int64_t deadline, int type,
     return UMS_ETIMEDOUT;
   }
   /* Granted means a set came (for an auto-reset event, consumed for us). */
-  return park_on(&e->wq, &e->lock, deadline, 0, type, object, 0, NULL, 0);
+  return ums__park_on(&e->wq, &e->lock, deadline, 0, type, object, 0, NULL,
+                      0, NULL);
 }
 
 int ums_event_wait_end(ums_event_t *e) {
   if (!e) return UMS_EINVAL;
-  return park_outcome(&e->wq, NULL);
+  return ums__park_outcome(&e->wq, NULL);
 }
 
 int ums_event_is_set(ums_event_t *e) {
@@ -529,8 +497,8 @@ int ums_cond_wait_begin(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
   ** signal before we wait. A poll still lets the mutex go and takes it
   ** back, as a wait that times out at once would. */
   ums__lock(&c->lock);
-  int r = park_on(&c->wq, &c->lock, deadline, 0, UMS_WAIT_COND, c, 0, NULL,
-                  0);
+  int r = ums__park_on(&c->wq, &c->lock, deadline, 0, UMS_WAIT_COND, c, 0,
+                       NULL, 0, NULL);
   if (r < 0) return r;
   if (ums_mutex_unlock(m) != 0) abort();  /* owner checked above */
   return 1;
@@ -539,14 +507,14 @@ int ums_cond_wait_begin(ums_cond_t *c, ums_mutex_t *m, int64_t deadline) {
 int ums_cond_wait_end(ums_cond_t *c, ums_mutex_t *m) {
   if (!c || !m) return UMS_EINVAL;
   ums__waiter_t *w;
-  int r = park_outcome(&m->wq, &w);
+  int r = ums__park_outcome(&m->wq, &w);
   if (r != UMS_EINVAL) {
     /* The re-lock's park ended: the mutex is ours (granted), or the
     ** deadlock detector ended it (UMS_EDEADLK); aux holds the wait's own
     ** outcome. */
     return r ? r : (int)w->aux;
   }
-  r = park_outcome(&c->wq, NULL);
+  r = ums__park_outcome(&c->wq, NULL);
   if (r == UMS_EBUSY || r == UMS_EINVAL || r == UMS_EPERM) return r;
   /* The wait ended (signalled, timed out or cancelled); the mutex comes
   ** back whatever happened, through a park that cancellation does not
