@@ -1066,8 +1066,12 @@ UMS_API int ums_wait_fd(int fd, int events, int64_t deadline);
 ** recently found nothing when tried and then got their data by waiting
 ** (an exchange of requests and answers) may skip the try and wait for
 ** readiness at once, returning 0 although data may be there; one whose
-** deadline is less than 2 ms away or past always tries. A binding that yields its coroutine at its quantum
-** does so there too, as at any call that need not wait. */
+** deadline is less than 2 ms away or past always tries. "Away" is judged
+** against the scheduler thread's latest clock reading (the one
+** ums_deadline made), so a deadline computed long before its call, with
+** no clock reading since, may pass unseen: compute it just before the
+** call. A binding that yields its coroutine at its quantum does so there
+** too, as at any call that need not wait. */
 UMS_API int ums_net_accept_begin(int fd, int64_t deadline,
                                  ums_fs_req_t **req);
 UMS_API int ums_net_connect_begin(int fd, const struct sockaddr *addr,

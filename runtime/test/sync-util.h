@@ -104,6 +104,17 @@ static SU_UNUSED ums_task_t su_spawn(ums_runtime_t *rt, int sched,
   return t;
 }
 
+/* su_spawn for a step task. */
+static SU_UNUSED ums_task_t su_spawn_step(ums_runtime_t *rt, int sched,
+                                          ums_step_fn fn, void *arg) {
+  ums_spawn_opts_t o = {0};
+  ums_task_t t = 0;
+  o.sched = sched;
+  CHECK_OK(ums_task_spawn_step(rt, &o, fn, arg, &t));
+  CHECK(t != 0);
+  return t;
+}
+
 /* Joins t and returns its result; its status must be 0. The bound turns
 ** a task stuck on a lost wake-up into a failure at the join's line rather
 ** than a ctest timeout. */

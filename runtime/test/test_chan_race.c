@@ -178,14 +178,6 @@ static int step_stream(void *arg) {
   return UMS_STEP_YIELD; /* let the scheduler's other tasks run */
 }
 
-static ums_task_t spawn_step(int sched, ums_step_fn fn, void *arg) {
-  ums_spawn_opts_t o = {0};
-  ums_task_t t = 0;
-  o.sched = sched;
-  CHECK_OK(ums_task_spawn_step(rt, &o, fn, arg, &t));
-  return t;
-}
-
 /* With steps, the first producer and the first consumer are step tasks
 ** and the others fibers. */
 static void stream(size_t cap, int n, bool timeouts, bool steps) {
@@ -207,7 +199,7 @@ static void stream(size_t cap, int n, bool timeouts, bool steps) {
     cp[i] = (party_t){&st, i};
     if (steps && i == 0) {
       sp[0] = (step_party_t){&st, i, false, 17u, 0, 0, 0, false, {-1, -1}};
-      ct[i] = spawn_step(i % 2, step_stream, &sp[0]);
+      ct[i] = su_spawn_step(rt, i % 2, step_stream, &sp[0]);
     } else {
       ct[i] = su_spawn(rt, i % 2, consumer, &cp[i]);
     }
@@ -216,7 +208,7 @@ static void stream(size_t cap, int n, bool timeouts, bool steps) {
     pp[i] = (party_t){&st, i};
     if (steps && i == 0) {
       sp[1] = (step_party_t){&st, i, true, 23u, 0, 0, 0, false, {-1, -1}};
-      pt[i] = spawn_step((i + 1) % 2, step_stream, &sp[1]);
+      pt[i] = su_spawn_step(rt, (i + 1) % 2, step_stream, &sp[1]);
     } else {
       pt[i] = su_spawn(rt, (i + 1) % 2, producer, &pp[i]);
     }
@@ -422,7 +414,7 @@ static void cancel_races(size_t cap, int iters) {
     cancel_race_t c = {ch, -1, 1, 0};
     cx_step_t cs = {&c, false};
     /* Every other pair of rounds, the receiver is a step task. */
-    ums_task_t t = (it / 2) % 2 ? spawn_step(1, cx_step_receiver, &cs)
+    ums_task_t t = (it / 2) % 2 ? su_spawn_step(rt, 1, cx_step_receiver, &cs)
                                 : su_spawn(rt, 1, cx_receiver, &c);
     su_await(&c.started, 1);
     busy(&seed, 5000);

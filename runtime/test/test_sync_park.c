@@ -102,14 +102,6 @@ static int qone_step(void *arg) {
   return UMS_STEP_DONE;
 }
 
-static ums_task_t spawn_step(int sched, ums_step_fn fn, void *arg) {
-  ums_spawn_opts_t o = {0};
-  ums_task_t t = 0;
-  o.sched = sched;
-  CHECK_OK(ums_task_spawn_step(rt, &o, fn, arg, &t));
-  return t;
-}
-
 static void *qgrant_task(void *arg) {
   qone_t *q = arg;
   su_await(&q->begun, 1);
@@ -140,7 +132,7 @@ static void queued_park_basic(void) {
   su_watchdog_start("queued park: grant, timeout, cancel, tokens", 60);
   /* Granted by a task of another scheduler. */
   qone_t q = {.o = &o, .deadline = UMS_FOREVER, .self_unpark = -1};
-  ums_task_t t = spawn_step(0, qone_step, &q);
+  ums_task_t t = su_spawn_step(rt, 0, qone_step, &q);
   su_join(rt, su_spawn(rt, 1, qgrant_task, &q));
   su_join(rt, t);
   CHECK_EQ(q.result, 0);
@@ -149,7 +141,7 @@ static void queued_park_basic(void) {
   ** makes the token stale. */
   CHECK_EQ(ums_unpark(rt, q.tok, 0), UMS_ESRCH);
   q = (qone_t){.o = &o, .deadline = UMS_FOREVER, .self_unpark = -1};
-  t = spawn_step(0, qone_step, &q);
+  t = su_spawn_step(rt, 0, qone_step, &q);
   su_await(&q.begun, 1);
   CHECK_EQ(ums_unpark(rt, q.tok, 0), UMS_EPERM);
   su_await_idle(rt, 0);
@@ -159,19 +151,19 @@ static void queued_park_basic(void) {
   CHECK_EQ(q.left, 0);
   /* The deadline: the park leaves the queue with UMS_ETIMEDOUT. */
   q = (qone_t){.o = &o, .deadline = ums_deadline(2 * MS), .self_unpark = -1};
-  su_join(rt, spawn_step(1, qone_step, &q));
+  su_join(rt, su_spawn_step(rt, 1, qone_step, &q));
   CHECK_EQ(q.result, UMS_ETIMEDOUT);
   CHECK_EQ(q.left, 0);
   CHECK(!qobj_grant(&o, 0));
   /* The task itself ends its park through its token (the binding's way
   ** out of a step that ends with a park begun). */
   q = (qone_t){.o = &o, .deadline = UMS_FOREVER, .self_unpark = 5};
-  su_join(rt, spawn_step(1, qone_step, &q));
+  su_join(rt, su_spawn_step(rt, 1, qone_step, &q));
   CHECK_EQ(q.result, 5);
   CHECK_EQ(q.left, 0);
   /* A cancel ends it with UMS_ECANCELED, off the queue. */
   q = (qone_t){.o = &o, .deadline = UMS_FOREVER, .self_unpark = -1};
-  t = spawn_step(1, qone_step, &q);
+  t = su_spawn_step(rt, 1, qone_step, &q);
   su_await(&q.begun, 1);
   su_await_idle(rt, 1);
   CHECK_OK(ums_task_cancel(rt, t));
@@ -181,7 +173,7 @@ static void queued_park_basic(void) {
   /* UMS_PARK_NOCANCEL: the cancel waits for the grant. */
   q = (qone_t){.o = &o, .deadline = UMS_FOREVER, .flags = UMS_PARK_NOCANCEL,
                .self_unpark = -1};
-  t = spawn_step(1, qone_step, &q);
+  t = su_spawn_step(rt, 1, qone_step, &q);
   su_await(&q.begun, 1);
   su_await_idle(rt, 1);
   CHECK_OK(ums_task_cancel(rt, t));
@@ -293,7 +285,7 @@ static void queued_park_grant_timeout_race(void) {
   CHECK(r != NULL);
   r->rng = 12345;
   su_watchdog_start("queued park: grant/timeout race", 120);
-  ums_task_t p = spawn_step(0, qrace_parker, r);
+  ums_task_t p = su_spawn_step(rt, 0, qrace_parker, r);
   su_join(rt, su_spawn(rt, 1, qrace_granter, r));
   su_join(rt, p);
   su_watchdog_stop();
@@ -378,7 +370,7 @@ static void qcancel_round(uint64_t seed, int *granted, int *cancelled) {
   ums_task_t g = su_spawn(rt, 1, qcancel_granter, NULL);
   for (int i = 0; i < QCANCEL_TASKS; i++) {
     c[i] = (qcancel_t){.o = &qc_obj, .begun = &qc_begun};
-    t[i] = spawn_step(0, qcancel_step, &c[i]);
+    t[i] = su_spawn_step(rt, 0, qcancel_step, &c[i]);
   }
   uint64_t rng = seed;
   for (int i = 0; i < QCANCEL_TASKS; i++) {
@@ -583,13 +575,13 @@ static void begin_end_basic(void) {
     pbwait_t w = {.kind = kind, .o = &o, .deadline = UMS_FOREVER};
     if (kind == PB_MUTEX) {
       CHECK_OK(ums_mutex_lock(o.m, UMS_FOREVER)); /* the host holds it */
-      ums_task_t t = spawn_step(0, pbwait_step, &w);
+      ums_task_t t = su_spawn_step(rt, 0, pbwait_step, &w);
       su_await(&w.parked, 1);
       su_await_idle(rt, 0);
       CHECK_OK(ums_mutex_unlock(o.m)); /* handed straight to the task */
       su_join(rt, t);
     } else {
-      ums_task_t t = spawn_step(0, pbwait_step, &w);
+      ums_task_t t = su_spawn_step(rt, 0, pbwait_step, &w);
       su_join(rt, su_spawn(rt, 1, pb_grant_task, &w));
       su_join(rt, t);
     }
@@ -598,12 +590,12 @@ static void begin_end_basic(void) {
     /* The deadline. */
     pb_hold(kind, &o);
     w = (pbwait_t){.kind = kind, .o = &o, .deadline = ums_deadline(2 * MS)};
-    su_join(rt, spawn_step(1, pbwait_step, &w));
+    su_join(rt, su_spawn_step(rt, 1, pbwait_step, &w));
     CHECK_EQ(w.begin, 1);
     CHECK_EQ(w.outcome, UMS_ETIMEDOUT);
     /* A cancel. */
     w = (pbwait_t){.kind = kind, .o = &o, .deadline = UMS_FOREVER};
-    ums_task_t t = spawn_step(1, pbwait_step, &w);
+    ums_task_t t = su_spawn_step(rt, 1, pbwait_step, &w);
     su_await(&w.parked, 1);
     su_await_idle(rt, 1);
     CHECK_OK(ums_task_cancel(rt, t));
@@ -613,7 +605,7 @@ static void begin_end_basic(void) {
     /* A poll (a deadline that has passed) does not park, except a cond
     ** wait, which lets the mutex go and takes it back. */
     w = (pbwait_t){.kind = kind, .o = &o, .deadline = ums_now() - MS};
-    su_join(rt, spawn_step(1, pbwait_step, &w));
+    su_join(rt, su_spawn_step(rt, 1, pbwait_step, &w));
     CHECK_EQ(w.begin, kind == PB_COND ? 1 : UMS_ETIMEDOUT);
     CHECK_EQ(w.outcome, UMS_ETIMEDOUT);
     if (kind == PB_MUTEX) CHECK_OK(ums_mutex_unlock(o.m));
@@ -622,7 +614,7 @@ static void begin_end_basic(void) {
       if (kind == PB_SEM) CHECK_OK(ums_sem_release(o.s, 1));
       if (kind == PB_EVENT) CHECK_OK(ums_event_set(o.e));
       w = (pbwait_t){.kind = kind, .o = &o, .deadline = UMS_FOREVER};
-      su_join(rt, spawn_step(1, pbwait_step, &w));
+      su_join(rt, su_spawn_step(rt, 1, pbwait_step, &w));
       CHECK_EQ(w.begin, 0);
       CHECK_EQ(w.outcome, 0);
       CHECK_EQ(w.steps, 1);
@@ -710,7 +702,7 @@ static void begin_end_mutex_exclusion(void) {
   for (int i = 0; i < 4; i++) {
     x[i] = (pbmx_t){.m = pbmx_m, .counter = &pbmx_counter,
                     .left = PB_ITERS / 4};
-    t[i] = spawn_step(i % 2, pbmx_step, &x[i]);
+    t[i] = su_spawn_step(rt, i % 2, pbmx_step, &x[i]);
   }
   t[4] = su_spawn(rt, 0, pbmx_blocking, (void *)(intptr_t)(PB_ITERS / 4));
   t[5] = su_spawn(rt, 1, pbmx_blocking, (void *)(intptr_t)(PB_ITERS / 4));
@@ -820,7 +812,7 @@ static void begin_end_races(void) {
     r->rng = 1000 + (uint64_t)kind;
     pbobj_init(&r->o);
     ums_task_t g = su_spawn(rt, 1, pbrace_granter, r);
-    ums_task_t p = spawn_step(0, pbrace_parker, r);
+    ums_task_t p = su_spawn_step(rt, 0, pbrace_parker, r);
     su_join(rt, p);
     su_join(rt, g);
     su_watchdog_stop();
