@@ -171,13 +171,6 @@ static int push_failed(lua_State *L, int r, const char *fname) {
   }
 }
 
-/* Records the park a _begin or _end call began (r == 1) as the task's
-** own, as lums_park_begin does. */
-static void note_park(ltask *me, const ums_park_token_t *tok) {
-  me->park_begun = true;
-  me->park_tok = *tok;
-}
-
 /* Stack of a send that waits: 1 the channel, 2 the value, 3 the
 ** deadline. ctx is the heap message (ours until the send succeeds). */
 static int send_k(lua_State *L, int status, lua_KContext ctx);
@@ -185,15 +178,13 @@ static int send_k(lua_State *L, int status, lua_KContext ctx);
 /* Finishes a send whose _begin or _end returned r: parks again while it
 ** returns 1, where Lua cannot yield by looping here rather than from
 ** inside send_k (which would grow the C stack a level per lost race). */
-static int send_after(lua_State *L, schan *c, lmsg *h, int r,
-                      ums_park_token_t *tok) {
+static int send_after(lua_State *L, schan *c, lmsg *h, int r) {
   while (r == 1) {
     ltask *me = lums_cur_task;
-    note_park(me, tok);
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)h, send_k);
     lums_park_block_wait(me);
-    r = ums_chan_send_end(c->ch, h, (int64_t)lua_tointeger(L, 3), tok);
+    r = ums_chan_send_end(c->ch, h, (int64_t)lua_tointeger(L, 3), NULL);
   }
   if (r == 0) {
     free(h); /* its value moved into the channel */
@@ -208,9 +199,8 @@ static int send_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   schan *c = (schan *)lshared_test(L, 1);
   lmsg *h = (lmsg *)ctx;
-  ums_park_token_t tok;
-  int r = ums_chan_send_end(c->ch, h, (int64_t)lua_tointeger(L, 3), &tok);
-  return send_after(L, c, h, r, &tok);
+  int r = ums_chan_send_end(c->ch, h, (int64_t)lua_tointeger(L, 3), NULL);
+  return send_after(L, c, h, r);
 }
 
 /* ch:send(v [, timeout]) -> true | nil, "timeout" | nil, "closed" */
@@ -238,9 +228,8 @@ static int chan_send(lua_State *L) {
   }
   lcopy_move(h, &m);
   lua_pushinteger(L, (lua_Integer)deadline);
-  ums_park_token_t tok;
-  r = ums_chan_send_begin(c->ch, h, deadline, &tok);
-  return send_after(L, c, h, r, &tok);
+  r = ums_chan_send_begin(c->ch, h, deadline, NULL);
+  return send_after(L, c, h, r);
 }
 
 /* Stack of a receive that waits: 1 the channel, 2 the deadline. ctx is
@@ -251,15 +240,14 @@ static int recv_k(lua_State *L, int status, lua_KContext ctx);
 
 /* Finishes a receive whose _begin or _end returned r into dst (h, or
 ** the caller's stack for a buffered channel). */
-static int recv_after(lua_State *L, schan *c, lmsg *h, lmsg *dst, int r,
-                      ums_park_token_t *tok) {
+static int recv_after(lua_State *L, schan *c, lmsg *h, lmsg *dst,
+                      int r) {
   while (r == 1) {
     ltask *me = lums_cur_task;
-    note_park(me, tok);
     if (lums_can_yield(L, me))
       return lums_park_finish(L, me, (lua_KContext)h, recv_k);
     lums_park_block_wait(me);
-    r = ums_chan_recv_end(c->ch, dst, (int64_t)lua_tointeger(L, 2), tok);
+    r = ums_chan_recv_end(c->ch, dst, (int64_t)lua_tointeger(L, 2), NULL);
   }
   if (r == 0) {
     if (h) return lcopy_decode_free(L, h);
@@ -274,9 +262,8 @@ static int recv_k(lua_State *L, int status, lua_KContext ctx) {
   schan *c = (schan *)lshared_test(L, 1);
   lmsg *h = (lmsg *)ctx, m;
   lmsg *dst = h ? h : &m;
-  ums_park_token_t tok;
-  int r = ums_chan_recv_end(c->ch, dst, (int64_t)lua_tointeger(L, 2), &tok);
-  return recv_after(L, c, h, dst, r, &tok);
+  int r = ums_chan_recv_end(c->ch, dst, (int64_t)lua_tointeger(L, 2), NULL);
+  return recv_after(L, c, h, dst, r);
 }
 
 /* ch:recv([timeout]) -> v | nil, "timeout" | nil, "closed" */
@@ -299,9 +286,8 @@ static int chan_recv(lua_State *L) {
     return luaL_error(L, "ums: out of memory");
   lmsg *dst = h ? h : &m;
   lua_pushinteger(L, (lua_Integer)deadline);
-  ums_park_token_t tok;
-  int r = ums_chan_recv_begin(c->ch, dst, deadline, &tok);
-  return recv_after(L, c, h, dst, r, &tok);
+  int r = ums_chan_recv_begin(c->ch, dst, deadline, NULL);
+  return recv_after(L, c, h, dst, r);
 }
 
 /* ch:try_send(v) -> true | false, "full" | false, "closed" */
