@@ -146,10 +146,9 @@ struct ums_chan {
                                   still touch the channel (top) */
   _Atomic int32_t spin_misses; /* [atomic] how the spins fare (spin_until) */
   _Atomic uint32_t spin_skips; /* [atomic] */
-  _Atomic int send_sched;      /* [atomic] the scheduler of the latest
-                                  sender, -1 before the first or for a
-                                  host thread */
-  _Atomic int recv_sched;      /* [atomic] the same for receivers */
+  /* [atomic] the scheduler of the latest sender, NULL before the first
+  ** or for a host thread; the same for receivers */
+  _Atomic(ums__sched_t *) send_sched, recv_sched;
   char pad3[LINE];
   /* [atomic] a receiver of an unbuffered channel spinning for an
   ** element; on a line of its own, the one line both sides write per
@@ -163,10 +162,18 @@ struct ums_chan {
 /* ---------------------------------------------------------------------- */
 
 static inline void move_elem(ums_chan_t *ch, void *dst, void *src) {
-  if (ch->ops.move)
+  if (ch->ops.move) {
     ch->ops.move(dst, src);
-  else if (ch->elem)
-    memcpy(dst, src, ch->elem);
+    return;
+  }
+  /* Words and pointers, the usual elements, are copied in place: the call
+  ** to memcpy would cost more than the copy. */
+  switch (ch->elem) {
+    case 0: return;
+    case 4: memcpy(dst, src, 4); return;
+    case 8: memcpy(dst, src, 8); return;
+    default: memcpy(dst, src, ch->elem);
+  }
 }
 
 static inline void clear_elem(ums_chan_t *ch, void *e) {
@@ -217,8 +224,8 @@ ums_chan_t *ums_chan_new_ex(size_t elem_size, size_t capacity,
     for (size_t i = 0; i < nring; i++)
       atomic_init(&slot_at(ch, i)->seq, 2 * i);
   }
-  atomic_init(&ch->send_sched, -1);
-  atomic_init(&ch->recv_sched, -1);
+  atomic_init(&ch->send_sched, NULL);
+  atomic_init(&ch->recv_sched, NULL);
   return ch;
 }
 
@@ -485,19 +492,23 @@ static bool may_park_send(ums_chan_t *ch) {
 /* A bound on the spin besides the clock. */
 #define SPIN_MAX_LOOPS 100000
 
-/* Remembers the caller's scheduler as the latest of one side. Written
-** only when it changes, so a steady stream does not dirty the line. */
-static inline void note_side(_Atomic int *side) {
-  int me = ums_current_sched();
+/* Remembers the caller's scheduler (me) as the latest of one side.
+** Written only when it changes, so a steady stream does not dirty the
+** line. */
+static inline void note_side(_Atomic(ums__sched_t *) *side,
+                             ums__sched_t *me) {
   if (atomic_load_explicit(side, memory_order_relaxed) != me)
     atomic_store_explicit(side, me, memory_order_relaxed);
 }
 
-/* Whether a spin may pay: the peer runs on another scheduler, and spins
-** have been paying (or this one probes whether they pay again). */
-static bool spin_worth(ums_chan_t *ch, _Atomic int *peer_side) {
-  int peer = atomic_load_explicit(peer_side, memory_order_relaxed);
-  if (peer < 0 || peer == ums_current_sched()) return false;
+/* Whether a spin may pay for a party of scheduler me: the peer runs on
+** another scheduler, and spins have been paying (or this one probes
+** whether they pay again). */
+static inline bool spin_worth(ums_chan_t *ch,
+                              _Atomic(ums__sched_t *) *peer_side,
+                              ums__sched_t *me) {
+  ums__sched_t *peer = atomic_load_explicit(peer_side, memory_order_relaxed);
+  if (!peer || peer == me) return false;
   if (atomic_load_explicit(&ch->spin_misses, memory_order_relaxed) >=
       SPIN_MISS_MAX) {
     if (atomic_fetch_add_explicit(&ch->spin_skips, 1, memory_order_relaxed) %
@@ -542,9 +553,10 @@ static bool spin_loop(ums_chan_t *ch, bool (*ready)(ums_chan_t *, void *),
 ** clock does not move while a party spins), when the peer (the latest
 ** party of the other side) runs on another scheduler. Returns whether it
 ** saw that; the caller then tries again. */
-static bool spin_until(ums_chan_t *ch, _Atomic int *peer_side,
+static bool spin_until(ums_chan_t *ch, _Atomic(ums__sched_t *) *peer_side,
                        bool (*ready)(ums_chan_t *, void *), void *arg) {
-  return spin_worth(ch, peer_side) && spin_loop(ch, ready, arg);
+  return spin_worth(ch, peer_side, ums__sched_current()) &&
+         spin_loop(ch, ready, arg);
 }
 
 static bool ready_room(ums_chan_t *ch, void *arg) {
@@ -574,7 +586,7 @@ static bool ready_handed(ums_chan_t *ch, void *arg) {
 
 /* Takes the spinner of ch, if one is registered, out of the channel: the
 ** caller then owns it until it publishes its state. */
-static spinner *claim_spinner(ums_chan_t *ch) {
+static inline spinner *claim_spinner(ums_chan_t *ch) {
   spinner *sp = atomic_load_explicit(&ch->spinner, memory_order_relaxed);
   while (sp && !atomic_compare_exchange_weak_explicit(
                    &ch->spinner, &sp, NULL, memory_order_seq_cst,
@@ -583,27 +595,33 @@ static spinner *claim_spinner(ums_chan_t *ch) {
   return sp;
 }
 
+/* Moves src to sp, a spinner the caller claimed, and publishes it: the
+** caller's last touch of sp. */
+static inline void give_spinner(ums_chan_t *ch, spinner *sp, void *src) {
+  move_elem(ch, sp->dst, src);
+  atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
+}
+
 /* Without the lock: moves src to the receiver spinning on an unbuffered
 ** channel. PUT_FULL when none spins. The close check comes after the
 ** claim, so that a send either sees the close or took the spinner before
 ** close could. */
-static int send_to_spinner(ums_chan_t *ch, void *src) {
+FAST int send_to_spinner(ums_chan_t *ch, void *src) {
   spinner *sp = claim_spinner(ch);
   if (!sp) return PUT_FULL;
   if (atomic_load_explicit(&ch->tail, memory_order_seq_cst) & T_CLOSED) {
     atomic_store_explicit(&sp->state, SPIN_CLOSED, memory_order_release);
     return PUT_CLOSED;
   }
-  move_elem(ch, sp->dst, src);
-  atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
+  give_spinner(ch, sp, src);
   return PUT_OK;
 }
 
 /* With the lock held: hands src to a waiting receiver of an unbuffered
 ** channel (parked or spinning); PUT_FULL when there is none. *wake says
 ** whether wk holds a receiver to wake after the unlock. */
-static int send_locked(ums_chan_t *ch, void *src, ums__wake_t *wk,
-                       bool *wake) {
+FAST int send_locked(ums_chan_t *ch, void *src, ums__wake_t *wk,
+                     bool *wake) {
   *wake = false;
   if (is_closed(ch)) return PUT_CLOSED;
   ums__waiter_t *r;
@@ -623,14 +641,13 @@ static int send_locked(ums_chan_t *ch, void *src, ums__wake_t *wk,
   }
   spinner *sp = claim_spinner(ch);
   if (!sp) return PUT_FULL;
-  move_elem(ch, sp->dst, src);
-  atomic_store_explicit(&sp->state, SPIN_GOT, memory_order_release);
+  give_spinner(ch, sp, src);
   return PUT_OK;
 }
 
 /* With the lock held: takes the element of the first parked sender of an
 ** unbuffered channel into dst; false if there is none. */
-static bool recv_locked(ums_chan_t *ch, void *dst, ums__wake_t *wk) {
+FAST bool recv_locked(ums_chan_t *ch, void *dst, ums__wake_t *wk) {
   ums__waiter_t *s;
   while ((s = ums__wq_first(&ch->sendq)) != NULL) {
     if (atomic_load_explicit(&s->state, memory_order_relaxed) ==
@@ -643,30 +660,66 @@ static bool recv_locked(ums_chan_t *ch, void *dst, ums__wake_t *wk) {
   return false;
 }
 
+/* The spin of a receiver of an unbuffered channel that saw no parked
+** sender and no close: registers as the channel's spinner, spins for a
+** sender to hand the element to dst, then withdraws unless one did.
+** Returns false when nothing ended the receive (it could not register,
+** or withdrew: the caller looks under the lock), true with *rc set when
+** a sender handed it an element (0) or close ended it (UMS_ECLOSED). */
+SLOW bool recv_spin(ums_chan_t *ch, void *dst, int *rc) {
+  spinner sp;
+  atomic_init(&sp.state, SPIN_WAITING);
+  sp.dst = dst;
+  spinner *none = NULL;
+  if (!atomic_compare_exchange_strong_explicit(&ch->spinner, &none, &sp,
+                                               memory_order_seq_cst,
+                                               memory_order_relaxed))
+    return false;
+  /* A sender that parks meanwhile (it found no spinner) is seen by the
+  ** spin, and after it the receiver looks for parked senders under the
+  ** lock. */
+  spin_loop(ch, ready_handed, &sp);
+  spinner *mine = &sp;
+  if (atomic_compare_exchange_strong_explicit(&ch->spinner, &mine, NULL,
+                                              memory_order_seq_cst,
+                                              memory_order_relaxed))
+    return false;
+  /* Claimed: the claimer publishes state next, holding no lock. */
+  int st;
+  while ((st = atomic_load_explicit(&sp.state, memory_order_acquire)) ==
+         SPIN_WAITING)
+    sched_yield();
+  *rc = st == SPIN_GOT ? 0 : UMS_ECLOSED;
+  return true;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Blocking calls                                                          */
 /* ---------------------------------------------------------------------- */
 
 /* How a call waits: a blocking call parks in ums__wait and gets the
 ** outcome; a _begin/_end call begins the task's park on the queue and
-** returns PARKED, and its _end reads the outcome after the park. */
+** returns PARKED, and its _end reads the outcome after the park. Passed
+** by value into inlined paths, so that each entry point's form is known
+** where it is compiled. */
 #define PARKED 1
 typedef struct how {
   bool begin;               /* the park-based form */
   ums_park_token_t *token;  /* its park's token, for the caller (or NULL) */
 } how_t;
 
-static const how_t blocking = {false, NULL};
+#define BLOCKING ((how_t){false, NULL})
+#define BEGIN(token) ((how_t){true, (token)})
 
 /* Queues the caller on q (with the lock held) and waits, or begins its
 ** park there; the lock is released. Returns the outcome, PARKED, or the
 ** error of a wait that cannot begin. data is where the other side of an
 ** unbuffered channel moves the element to or from. */
-static int wait_on(ums_chan_t *ch, ums__wq_t *q, void *data, int type,
-                   int64_t deadline, const how_t *how) {
-  if (how->begin)
+FAST int wait_on(ums_chan_t *ch, ums__wq_t *q, void *data, int type,
+                 int64_t deadline, how_t how) {
+  if (how.begin)
     return ums__park_on(q, &ch->lock, deadline, 0, type, ch, 0, data, 0,
-                        how->token);
+                        how.token);
   ums__waiter_t w;
   int r = ums__waiter_init(&w, q, &ch->lock);
   if (r) {
@@ -681,7 +734,7 @@ static int wait_on(ums_chan_t *ch, ums__wq_t *q, void *data, int type,
 }
 
 static int send_buffered(ums_chan_t *ch, void *src, int64_t deadline,
-                         bool poll, const how_t *how) {
+                         bool poll, how_t how) {
   for (int looks = 0;; looks++) {
     int r = put_now(ch, src);
     if (r == PUT_FULL && !poll && looks == 0 &&
@@ -705,7 +758,7 @@ static int send_buffered(ums_chan_t *ch, void *src, int64_t deadline,
 }
 
 static int recv_buffered(ums_chan_t *ch, void *dst, int64_t deadline,
-                         bool poll, const how_t *how) {
+                         bool poll, how_t how) {
   for (int looks = 0;; looks++) {
     if (take_now(ch, dst)) return 0;
     if (is_closed(ch)) {
@@ -734,8 +787,8 @@ static int recv_buffered(ums_chan_t *ch, void *dst, int64_t deadline,
   }
 }
 
-static int send_unbuffered(ums_chan_t *ch, void *src, int64_t deadline,
-                           bool poll, const how_t *how) {
+FAST int send_unbuffered(ums_chan_t *ch, void *src, int64_t deadline,
+                         bool poll, how_t how) {
   int r = send_to_spinner(ch, src);
   if (r == PUT_OK) return 0;
   if (r == PUT_CLOSED) return UMS_ECLOSED;
@@ -751,36 +804,14 @@ static int send_unbuffered(ums_chan_t *ch, void *src, int64_t deadline,
   return wait_on(ch, &ch->sendq, src, UMS_WAIT_CHAN_SEND, deadline, how);
 }
 
-static int recv_unbuffered(ums_chan_t *ch, void *dst, int64_t deadline,
-                           bool poll, const how_t *how) {
-  spinner sp;
-  atomic_init(&sp.state, SPIN_WAITING);
-  sp.dst = dst;
-  spinner *none = NULL;
-  if (!poll &&
+/* me: the caller's scheduler. */
+FAST int recv_unbuffered(ums_chan_t *ch, void *dst, int64_t deadline,
+                         bool poll, how_t how, ums__sched_t *me) {
+  int rc;
+  if (!poll && spin_worth(ch, &ch->send_sched, me) &&
       atomic_load_explicit(&ch->sendq.n, memory_order_relaxed) == 0 &&
-      !is_closed(ch) &&
-      spin_worth(ch, &ch->send_sched) &&
-      atomic_compare_exchange_strong_explicit(&ch->spinner, &none, &sp,
-                                              memory_order_seq_cst,
-                                              memory_order_relaxed)) {
-    /* No sender yet: spin as the channel's spinner for one to hand the
-    ** element over, then withdraw unless one did. A sender that parks
-    ** meanwhile (it found no spinner) is seen by the spin, and after it
-    ** the receiver looks for parked senders under the lock. */
-    spin_loop(ch, ready_handed, &sp);
-    spinner *mine = &sp;
-    if (!atomic_compare_exchange_strong_explicit(&ch->spinner, &mine, NULL,
-                                                 memory_order_seq_cst,
-                                                 memory_order_relaxed)) {
-      /* Claimed: the claimer publishes state next, holding no lock. */
-      int st;
-      while ((st = atomic_load_explicit(&sp.state, memory_order_acquire)) ==
-             SPIN_WAITING)
-        sched_yield();
-      return st == SPIN_GOT ? 0 : UMS_ECLOSED;
-    }
-  }
+      !is_closed(ch) && recv_spin(ch, dst, &rc))
+    return rc;
   ums__wake_t wk;
   ums__lock(&ch->lock);
   if (recv_locked(ch, dst, &wk)) {
@@ -796,36 +827,37 @@ static int recv_unbuffered(ums_chan_t *ch, void *dst, int64_t deadline,
   return wait_on(ch, &ch->recvq, dst, UMS_WAIT_CHAN_RECV, deadline, how);
 }
 
-FAST int chan_send(ums_chan_t *ch, void *elem, int64_t deadline,
-                     bool poll, const how_t *how) {
+FAST int chan_send(ums_chan_t *ch, void *elem, int64_t deadline, bool poll,
+                   how_t how) {
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
-  note_side(&ch->send_sched);
+  note_side(&ch->send_sched, ums__sched_current());
   return ch->ring ? send_buffered(ch, elem, deadline, poll, how)
                   : send_unbuffered(ch, elem, deadline, poll, how);
 }
 
-FAST int chan_recv(ums_chan_t *ch, void *elem, int64_t deadline,
-                     bool poll, const how_t *how) {
+FAST int chan_recv(ums_chan_t *ch, void *elem, int64_t deadline, bool poll,
+                   how_t how) {
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
-  note_side(&ch->recv_sched);
+  ums__sched_t *me = ums__sched_current();
+  note_side(&ch->recv_sched, me);
   return ch->ring ? recv_buffered(ch, elem, deadline, poll, how)
-                  : recv_unbuffered(ch, elem, deadline, poll, how);
+                  : recv_unbuffered(ch, elem, deadline, poll, how, me);
 }
 
 int ums_chan_send(ums_chan_t *ch, const void *elem, int64_t deadline) {
-  return chan_send(ch, (void *)elem, deadline, false, &blocking);
+  return chan_send(ch, (void *)elem, deadline, false, BLOCKING);
 }
 
 int ums_chan_recv(ums_chan_t *ch, void *elem, int64_t deadline) {
-  return chan_recv(ch, elem, deadline, false, &blocking);
+  return chan_recv(ch, elem, deadline, false, BLOCKING);
 }
 
 int ums_chan_try_send(ums_chan_t *ch, const void *elem) {
-  return chan_send(ch, (void *)elem, 0, true, &blocking);
+  return chan_send(ch, (void *)elem, 0, true, BLOCKING);
 }
 
 int ums_chan_try_recv(ums_chan_t *ch, void *elem) {
-  return chan_recv(ch, elem, 0, true, &blocking);
+  return chan_recv(ch, elem, 0, true, BLOCKING);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -842,8 +874,7 @@ int ums_chan_try_recv(ums_chan_t *ch, void *elem) {
 
 int ums_chan_send_begin(ums_chan_t *ch, void *elem, int64_t deadline,
                         ums_park_token_t *token) {
-  how_t how = {true, token};
-  return chan_send(ch, elem, deadline, false, &how);
+  return chan_send(ch, elem, deadline, false, BEGIN(token));
 }
 
 int ums_chan_send_end(ums_chan_t *ch, void *elem, int64_t deadline,
@@ -851,14 +882,12 @@ int ums_chan_send_end(ums_chan_t *ch, void *elem, int64_t deadline,
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
   int r = ums__park_outcome(&ch->sendq, NULL);
   if (!ch->ring || r != 0) return r;
-  how_t how = {true, token};
-  return send_buffered(ch, elem, deadline, false, &how);
+  return send_buffered(ch, elem, deadline, false, BEGIN(token));
 }
 
 int ums_chan_recv_begin(ums_chan_t *ch, void *elem, int64_t deadline,
                         ums_park_token_t *token) {
-  how_t how = {true, token};
-  return chan_recv(ch, elem, deadline, false, &how);
+  return chan_recv(ch, elem, deadline, false, BEGIN(token));
 }
 
 int ums_chan_recv_end(ums_chan_t *ch, void *elem, int64_t deadline,
@@ -866,8 +895,7 @@ int ums_chan_recv_end(ums_chan_t *ch, void *elem, int64_t deadline,
   if (!ch || (!elem && ch->elem)) return UMS_EINVAL;
   int r = ums__park_outcome(&ch->recvq, NULL);
   if (!ch->ring || (r != 0 && r != UMS_ECLOSED)) return r;
-  how_t how = {true, token};
-  return recv_buffered(ch, elem, deadline, false, &how);
+  return recv_buffered(ch, elem, deadline, false, BEGIN(token));
 }
 
 int ums_chan_close(ums_chan_t *ch) {

@@ -380,8 +380,24 @@ struct ums__waiter {
   uint64_t blocker;            /* [const during the wait] a task id */
 };
 
-void ums__wq_push(ums__wq_t *q, ums__waiter_t *w);
-void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w);
+/* Queue and unlink w, with q's lock held. n changes only under that lock,
+** so a plain load and store update it: other threads only read it, and
+** an atomic store is all they need to see whole values. */
+static inline void ums__wq_push(ums__wq_t *q, ums__waiter_t *w) {
+  ums_list_push_back(&q->list, &w->link);
+  atomic_store_explicit(
+      &q->n, atomic_load_explicit(&q->n, memory_order_relaxed) + 1,
+      memory_order_relaxed);
+  w->linked = true;
+}
+static inline void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w) {
+  if (!w->linked) return;
+  ums_list_remove(&q->list, &w->link);
+  w->linked = false;
+  atomic_store_explicit(
+      &q->n, atomic_load_explicit(&q->n, memory_order_relaxed) - 1,
+      memory_order_relaxed);
+}
 static inline ums__waiter_t *ums__wq_first(const ums__wq_t *q) {
   return UMS_LIST_ENTRY(q->list.head, ums__waiter_t, link);
 }
@@ -392,14 +408,8 @@ typedef struct ums__wake {
   _Atomic uint32_t *futex;
 } ums__wake_t;
 
-/* Prepares a wait by the caller (the current task, or the host thread).
-** Returns 0, or UMS_ECANCELED when the current task has been cancelled,
-** in which case nothing was set up. Call with *lock held (lock may be NULL
-** for a wait on no queue, such as a sleep). */
-int ums__waiter_init(ums__waiter_t *w, ums__wq_t *wq, ums__lock_t *lock);
-/* The same for a wait that cancellation must not interrupt. */
-void ums__waiter_init_nocancel(ums__waiter_t *w, ums__wq_t *wq,
-                               ums__lock_t *lock);
+/* ums__waiter_init, ums__waiter_init_nocancel: prepare a wait by the
+** caller (below, after the task). */
 
 /* Parks the caller until an outcome wins or the deadline passes (then
 ** UMS_ETIMEDOUT). Call with *w->lock held and w already pushed on its wq;
@@ -409,15 +419,26 @@ int ums__wait(ums__waiter_t *w, int64_t deadline);
 /* Tries to end the wait with outcome (0 = granted). Call with *w->lock
 ** held. On success unlinks w, fills *wk, returns true; the caller must call
 ** ums__wake(wk) after releasing the lock. */
-bool ums__waiter_finish(ums__waiter_t *w, int outcome, ums__wake_t *wk);
+static inline bool ums__waiter_finish(ums__waiter_t *w, int outcome,
+                                      ums__wake_t *wk) {
+  if (atomic_load_explicit(&w->state, memory_order_relaxed) != UMS__WAITING)
+    return false;
+  /* Read everything the wake needs before publishing the outcome: a host
+  ** thread may return, and its stack frame (w) die, right after. */
+  wk->task = w->task;
+  wk->futex = w->task ? NULL : &w->state;
+  if (w->wq) ums__wq_remove(w->wq, w);
+  atomic_store_explicit(&w->state, (uint32_t)outcome, memory_order_release);
+  return true;
+}
 
 /* Pops waiters from q until one can be granted; returns it (unlinked,
 ** outcome set, *wk filled) or NULL. Call with the lock held. */
 ums__waiter_t *ums__wq_grant_first(ums__wq_t *q, int outcome,
                                    ums__wake_t *wk);
 
-/* Wakes what ums__waiter_finish captured. Call without locks held. */
-void ums__wake(const ums__wake_t *wk);
+/* ums__wake: wakes what ums__waiter_finish captured (below, after
+** ums__task_ready). */
 
 /* Wake-ups gathered under an object's lock and run after the last unlock.
 ** A woken waiter may free the object at once (a completion semaphore on
@@ -1537,6 +1558,47 @@ static inline ums__task_t *ums__task_current(void) {
   return s ? s->cur_task : NULL;
 }
 
+/* Prepares a wait by the caller (the current task, or the host thread)
+** that cancellation must not interrupt. Call with *lock held (lock may be
+** NULL for a wait on no queue, such as a sleep). */
+static inline void ums__waiter_init_nocancel(ums__waiter_t *w,
+                                             ums__wq_t *wq,
+                                             ums__lock_t *lock) {
+  ums__task_t *t = ums__task_current();
+  w->link.prev = w->link.next = NULL;
+  w->linked = false;
+  w->wq = wq;
+  w->lock = lock;
+  w->task = t;
+  w->data = NULL;
+  w->aux = 0;
+  w->nocancel = true;
+  w->type = UMS_WAIT_PARK;
+  w->obj = NULL;
+  w->blocker = 0;
+  atomic_store_explicit(&w->state, UMS__WAITING, memory_order_relaxed);
+}
+
+/* The same for a wait that cancellation ends. Returns 0, or
+** UMS_ECANCELED when the current task has been cancelled (UMS_EBUSY with
+** a park begun, a step task's start error), in which case nothing was
+** set up. */
+static inline int ums__waiter_init(ums__waiter_t *w, ums__wq_t *wq,
+                                   ums__lock_t *lock) {
+  ums__task_t *t = ums__task_current();
+  if (t && atomic_load_explicit(&t->cancelled, memory_order_relaxed))
+    return UMS_ECANCELED;
+  /* A begun park must end first: its unpark would queue the task while it
+  ** waits here. (ums_park_begin itself initialises t->park before it sets
+  ** park_pending.) */
+  if (t && t->park_pending) return UMS_EBUSY;
+  /* A step task's last step runs on a stack that is not its own. */
+  if (t && UMS__UNLIKELY(t->start_err)) return t->start_err;
+  ums__waiter_init_nocancel(w, wq, lock);
+  w->nocancel = false;
+  return 0;
+}
+
 #define UMS__URGENT_STREAK 64
 /* Queues a runnable task. [owner] */
 void ums__sched_push_runnable(ums__sched_t *s, ums__task_t *t);
@@ -1572,6 +1634,17 @@ void ums__sched_task_ended(ums__sched_t *s);
 void ums__sched_cancel_pending(ums__sched_t *s, ums__task_t *t);
 /* Makes a parked or new task runnable from any thread. */
 void ums__task_ready(ums__task_t *t);
+
+/* Wakes what ums__waiter_finish captured. Call without locks held. */
+static inline void ums__wake(const ums__wake_t *wk) {
+  if (wk->task)
+    ums__task_ready(wk->task);
+  else if (wk->futex)
+    /* The address may belong to a frame that has already returned; a
+    ** private futex wake does not touch the memory, so at worst another
+    ** futex user sees a spurious wake-up, which all of them tolerate. */
+    ums__futex_wake(wk->futex, 1);
+}
 
 /* The load placement compares (task.c's least_loaded), also reported as
 ** the scheduler's load factor. */

@@ -13,67 +13,14 @@
 **
 ** A task parks by running the scheduler pass on its own fiber; a host
 ** thread parks on a futex on the waiter's state word.
+**
+** The steps on every message's path (queueing a waiter, ums__waiter_init,
+** ums__waiter_finish, ums__wake) are inline in internal.h; this file has
+** the wait itself and the rest.
 */
 #include "internal.h"
 
 #include <errno.h>
-
-void ums__wq_push(ums__wq_t *q, ums__waiter_t *w) {
-  ums_list_push_back(&q->list, &w->link);
-  atomic_fetch_add_explicit(&q->n, 1, memory_order_relaxed);
-  w->linked = true;
-}
-
-void ums__wq_remove(ums__wq_t *q, ums__waiter_t *w) {
-  if (!w->linked) return;
-  ums_list_remove(&q->list, &w->link);
-  w->linked = false;
-  atomic_fetch_sub_explicit(&q->n, 1, memory_order_relaxed);
-}
-
-void ums__waiter_init_nocancel(ums__waiter_t *w, ums__wq_t *wq,
-                               ums__lock_t *lock) {
-  ums__task_t *t = ums__task_current();
-  w->link.prev = w->link.next = NULL;
-  w->linked = false;
-  w->wq = wq;
-  w->lock = lock;
-  w->task = t;
-  w->data = NULL;
-  w->aux = 0;
-  w->nocancel = true;
-  w->type = UMS_WAIT_PARK;
-  w->obj = NULL;
-  w->blocker = 0;
-  atomic_store_explicit(&w->state, UMS__WAITING, memory_order_relaxed);
-}
-
-int ums__waiter_init(ums__waiter_t *w, ums__wq_t *wq, ums__lock_t *lock) {
-  ums__task_t *t = ums__task_current();
-  if (t && atomic_load_explicit(&t->cancelled, memory_order_relaxed))
-    return UMS_ECANCELED;
-  /* A begun park must end first: its unpark would queue the task while it
-  ** waits here. (ums_park_begin itself initialises t->park before it sets
-  ** park_pending.) */
-  if (t && t->park_pending) return UMS_EBUSY;
-  /* A step task's last step runs on a stack that is not its own. */
-  if (t && UMS__UNLIKELY(t->start_err)) return t->start_err;
-  ums__waiter_init_nocancel(w, wq, lock);
-  w->nocancel = false;
-  return 0;
-}
-
-bool ums__waiter_finish(ums__waiter_t *w, int outcome, ums__wake_t *wk) {
-  if (atomic_load_explicit(&w->state, memory_order_relaxed) != UMS__WAITING)
-    return false;
-  /* Read everything the wake needs before publishing the outcome: a host
-  ** thread may return, and its stack frame (w) die, right after. */
-  wk->task = w->task;
-  wk->futex = w->task ? NULL : &w->state;
-  if (w->wq) ums__wq_remove(w->wq, w);
-  atomic_store_explicit(&w->state, (uint32_t)outcome, memory_order_release);
-  return true;
-}
 
 ums__waiter_t *ums__wq_grant_first(ums__wq_t *q, int outcome,
                                    ums__wake_t *wk) {
@@ -85,16 +32,6 @@ ums__waiter_t *ums__wq_grant_first(ums__wq_t *q, int outcome,
     ums__wq_remove(q, w);
   }
   return NULL;
-}
-
-void ums__wake(const ums__wake_t *wk) {
-  if (wk->task)
-    ums__task_ready(wk->task);
-  else if (wk->futex)
-    /* The address may belong to a frame that has already returned; a
-    ** private futex wake does not touch the memory, so at worst another
-    ** futex user sees a spurious wake-up, which all of them tolerate. */
-    ums__futex_wake(wk->futex, 1);
 }
 
 void ums__wakelist_add(ums__wakelist_t *wl, const ums__wake_t *wk) {
