@@ -113,10 +113,20 @@ typedef struct slot {
 ** from the moment it sees SPIN_GOT. A receiver whose spin ends withdraws
 ** with the same swap, and if someone else's swap came first it waits for
 ** state, which that side publishes right after (it holds no lock
-** meanwhile). */
+** meanwhile).
+**
+** An element of up to SPIN_INLINE bytes goes into the spinner's own buf,
+** beside the state the sender publishes, so the lines the receiver reads
+** back are the ones it spins on; the receiver then moves it into its own
+** memory. A larger one goes straight to the receiver's memory. */
+#define SPIN_INLINE 128
+
 typedef struct spinner {
   _Atomic int state; /* [atomic] SPIN_*: published by the claimer */
-  void *dst;         /* [const] the receiver's memory for the element */
+  void *dst;         /* [const] where the element goes: buf, or the
+                        receiver's memory */
+  /* [the claimer until SPIN_GOT, then the receiver] */
+  _Alignas(max_align_t) unsigned char buf[SPIN_INLINE];
 } spinner;
 
 enum { SPIN_WAITING, SPIN_GOT, SPIN_CLOSED };
@@ -667,9 +677,9 @@ FAST bool recv_locked(ums_chan_t *ch, void *dst, ums__wake_t *wk) {
 ** or withdrew: the caller looks under the lock), true with *rc set when
 ** a sender handed it an element (0) or close ended it (UMS_ECLOSED). */
 SLOW bool recv_spin(ums_chan_t *ch, void *dst, int *rc) {
-  spinner sp;
+  _Alignas(LINE) spinner sp;
   atomic_init(&sp.state, SPIN_WAITING);
-  sp.dst = dst;
+  sp.dst = ch->elem <= SPIN_INLINE ? sp.buf : dst;
   spinner *none = NULL;
   if (!atomic_compare_exchange_strong_explicit(&ch->spinner, &none, &sp,
                                                memory_order_seq_cst,
@@ -689,6 +699,7 @@ SLOW bool recv_spin(ums_chan_t *ch, void *dst, int *rc) {
   while ((st = atomic_load_explicit(&sp.state, memory_order_acquire)) ==
          SPIN_WAITING)
     sched_yield();
+  if (st == SPIN_GOT && sp.dst != dst) move_elem(ch, dst, sp.buf);
   *rc = st == SPIN_GOT ? 0 : UMS_ECLOSED;
   return true;
 }

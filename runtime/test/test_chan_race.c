@@ -228,9 +228,15 @@ static void stream(size_t cap, int n, bool timeouts, bool steps) {
 /* The unbuffered spinner: claimed as it withdraws                         */
 /* ---------------------------------------------------------------------- */
 
+/* Elements of one word, which a spinner holds itself, and of BIG_WORDS,
+** beyond what it holds (chan.c SPIN_INLINE), which a sender moves
+** straight into the receiver's memory. Word k of element i is i + k. */
+#define BIG_WORDS 40
+
 typedef struct spin_arg {
   ums_chan_t *ch;
   int n;
+  int words;
 } spin_arg_t;
 
 /* Sends after pauses around the receiver's spin (a few microseconds), so
@@ -240,8 +246,10 @@ static void *spin_sender(void *arg) {
   spin_arg_t *a = arg;
   uint32_t seed = 31337u;
   for (int64_t i = 0; i < a->n; i++) {
+    int64_t e[BIG_WORDS];
+    for (int k = 0; k < a->words; k++) e[k] = i + k;
     busy(&seed, 8000);
-    CHECK_OK(ums_chan_send(a->ch, &i, UMS_FOREVER));
+    CHECK_OK(ums_chan_send(a->ch, e, UMS_FOREVER));
   }
   return NULL;
 }
@@ -254,21 +262,32 @@ static void slow_move(void *dst, void *src) {
   memcpy(dst, src, sizeof(int64_t));
 }
 
-static const ums_chan_ops_t slow_ops = {slow_move, NULL};
+static void slow_move_big(void *dst, void *src) {
+  uint32_t seed = 7u;
+  busy(&seed, 2000);
+  memcpy(dst, src, BIG_WORDS * sizeof(int64_t));
+}
 
-static void spinner_races(int n) {
-  const char *what = "unbuffered: spinner claimed as it withdraws";
+static const ums_chan_ops_t slow_ops = {slow_move, NULL};
+static const ums_chan_ops_t slow_big_ops = {slow_move_big, NULL};
+
+static void spinner_races(int n, int words) {
+  char what[80];
+  snprintf(what, sizeof what,
+           "unbuffered: spinner claimed as it withdraws, %d B", words * 8);
   int64_t t0 = ums_now();
   su_watchdog_start(what, 100);
-  ums_chan_t *ch = ums_chan_new_ex(sizeof(int64_t), 0, &slow_ops);
-  spin_arg_t a = {ch, n};
+  ums_chan_t *ch = ums_chan_new_ex(words * sizeof(int64_t), 0,
+                                   words == 1 ? &slow_ops : &slow_big_ops);
+  spin_arg_t a = {ch, n, words};
   ums_task_t t = su_spawn(rt, 1, spin_sender, &a);
   for (int64_t i = 0; i < n; i++) {
     /* A value from an earlier round would show a receive that returned
     ** before its element was moved in. */
-    int64_t v = -1;
-    CHECK_OK(ums_chan_recv(ch, &v, UMS_FOREVER));
-    CHECK_EQ(v, i);
+    int64_t e[BIG_WORDS];
+    for (int k = 0; k < words; k++) e[k] = -1;
+    CHECK_OK(ums_chan_recv(ch, e, UMS_FOREVER));
+    for (int k = 0; k < words; k++) CHECK_EQ(e[k], i + k);
   }
   su_join(rt, t);
   CHECK_OK(ums_chan_delete(ch));
@@ -545,7 +564,8 @@ static void moved_elements(size_t cap, int n) {
 
 static void *driver(void *unused) {
   int n = 20000 / SCALE;
-  spinner_races(n);
+  spinner_races(n, 1);
+  spinner_races(n / 4, BIG_WORDS);
   for (int steps = 0; steps < 2; steps++) {
     /* Step tasks' parks are far slower under TSan than fibers' waits. */
     if (steps) n /= STEP_SCALE;
