@@ -414,6 +414,11 @@ static void task_finish(ltask *t, int st, int nres) {
 static __attribute__((noinline)) void task_fail(ltask *t, int err) {
   lua_State *co = t->co;
   bool fresh = t->h->state == T_NEW;
+  /* A task back from a park that a timeout or cancel ended does not
+  ** resume, so its continuation cannot take its wait off the queue it
+  ** was on (lwaitq.h): that is done here, while its coroutine still
+  ** holds what it waited on. */
+  lums_q_unlink(&t->wait);
   lums_req_task_failed(t, fresh, ums_strerror(err));
   if (fresh) {
     t->h->state = T_LIVE;
