@@ -11,12 +11,13 @@
 #include "lums.h"
 #include "lquantum.h"
 
-/* The park state of one task, embedded in its ltask (ltask.park). Its
-** members are written by this header and lpark.c, and read by the step
-** (lums.c) and the quantum (lquantum.c), which must not yield or end a
-** step inside a begun park; the task's life cycle (lums.c) only clears
-** it, with lpark_task_reset, before the record runs another task.
-** Scheduler thread. */
+/* Where one task stands in a park, embedded in its ltask (ltask.park).
+** The waits (this header, lpark.c, ltask.c's) set it as a park begins
+** and finishes; a yield that is no park (ums.yield, the quantum) clears
+** parking; the step (lums.c) reads it to answer UMS_STEP_PARK and ends a
+** park a step left begun; the quantum does not yield inside a begun one.
+** The task's life cycle (lums.c) clears it with lpark_task_reset before
+** the record runs another task. Scheduler thread. */
 typedef struct lpark_task {
   bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
   bool begun;            /* between park_begin and park_wait: the quantum

@@ -10,7 +10,6 @@
 #include "ltask.h"
 #include "lpark.h"
 
-
 const char lums_task_tag = 0;
 
 lhandle *lums_to_task(lua_State *L, int idx) {

@@ -7,9 +7,9 @@
 ** task's waits.
 */
 /* Outside the guard: struct ltask embeds lpark.h's lpark_task, and
-** lpark.h's inline calls need struct ltask, so lpark.h declares its
-** struct, then includes this header (whose second entry, skipping this
-** line, completes struct ltask), then defines them. */
+** lpark.h's inline calls need struct ltask. lpark.h declares lpark_task,
+** includes this header, then defines its calls: whichever of the two a
+** file includes first, each finds what it needs complete. */
 #include "lpark.h"
 
 #ifndef LTASK_H
