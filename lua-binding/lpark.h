@@ -2,8 +2,10 @@
 ** lpark.h: parking a Lua task (lpark.c). Every wait of the binding is a
 ** park: lums_park_begin (or _begin_wait, saying what is waited for), then
 ** lums_park_finish, whose continuation reads ums_park_result(); any thread
-** of the run ends a park with lums_unpark. core.park_begin, park_wait,
-** unpark, yield, sleep and run_until_idle are the Lua side (ltask.c).
+** of the run ends a park with lums_unpark, and the owner of a wait queue
+** (lwaitq.h) its waiters' parks with lums_q_wake_first. core.park_begin,
+** park_wait, unpark, yield, sleep and run_until_idle are the Lua side
+** (ltask.c).
 */
 #ifndef LPARK_H
 #define LPARK_H
