@@ -311,8 +311,8 @@ describe("ums.spawn and task:join", function()
   end)
 
   -- More tasks live at once than the pool of finished coroutines keeps:
-  -- those ending beyond it are freed at once, joiner lists and failed
-  -- outcomes included (a sanitizer build reports anything left behind).
+  -- those ending beyond it are freed at once, with their joiners and
+  -- failed outcomes (a sanitizer build reports anything left behind).
   it("tasks ending while the pool is full keep their outcomes for every "
      .. "joiner", function()
     -- spec/pool_full.lua holds the scenario (ctest also runs it strictly,
