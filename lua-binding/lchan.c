@@ -82,23 +82,6 @@ typedef struct lchan {
 /* Wait queues                                                             */
 /* ---------------------------------------------------------------------- */
 
-/* Ends the park of the first live waiter of q with status and returns it
-** (off the queue), or NULL when q holds no live waiter. Stale waiters met
-** on the way are dropped. */
-static inline lwait *wake_first(lwaitq *q, int status) {
-  lwait *w;
-  while ((w = lums_q_first(q)) != NULL) {
-    lums_q_unlink(w);
-    if (lums_unpark(w->task, w->tok, w->kase * 2 + status)) return w;
-  }
-  return NULL;
-}
-
-static void wake_all(lwaitq *q, int status) {
-  while (wake_first(q, status)) {
-  }
-}
-
 /* Copies the value at index idx of L onto the stack of waiter r; with
 ** vtop, the value is at the top of L and is moved (popped) instead. A
 ** plain receive (kase 0) parked in l_recv, whose frame uses one of the
@@ -188,7 +171,7 @@ static void buf_push(lua_State *L, lchan *ch, int buf) {
 ** send's fast path is this. */
 static inline bool send_to_waiter(lua_State *L, lchan *ch, int v,
                                   bool vtop) {
-  lwait *r = wake_first(&ch->recvq, GRANTED);
+  lwait *r = lums_q_wake_first(&ch->recvq, GRANTED);
   if (r) give(L, v, vtop, r);
   return r != NULL;
 }
@@ -197,7 +180,7 @@ static inline bool send_to_waiter(lua_State *L, lchan *ch, int v,
 ** there is one: its value is pushed on L. Inline: the bound recv's fast
 ** path is this. */
 static inline bool recv_from_waiter(lua_State *L, lchan *ch) {
-  lwait *s = wake_first(&ch->sendq, GRANTED);
+  lwait *s = lums_q_wake_first(&ch->sendq, GRANTED);
   if (s) take(s, L);
   return s != NULL;
 }
@@ -227,7 +210,7 @@ static int recv_now(lua_State *L, lchan *ch, int chi) {
     ch->count--;
     /* A slot came free: the first parked sender's value moves in behind
     ** the others. */
-    lwait *s = wake_first(&ch->sendq, GRANTED);
+    lwait *s = lums_q_wake_first(&ch->sendq, GRANTED);
     if (s) {
       take(s, L);
       buf_push(L, ch, buf);
@@ -549,8 +532,8 @@ static int l_close(lua_State *L) {
   lchan *ch = check_chan(L, 1, "close");
   if (ch->closed) return push_closed(L);
   ch->closed = true;
-  wake_all(&ch->recvq, CLOSED);
-  wake_all(&ch->sendq, CLOSED);
+  lums_q_wake_all(&ch->recvq, CLOSED);
+  lums_q_wake_all(&ch->sendq, CLOSED);
   lua_pushboolean(L, 1);
   return 1;
 }

@@ -16,7 +16,7 @@ bool lums_can_yield(lua_State *L, ltask *t) {
 }
 
 void lums_park_block_wait(ltask *t) {
-  t->park_begun = false;
+  t->park.begun = false;
   lums_before_block(t);
   ums_park_wait();
   lums_become_current(t);
@@ -39,8 +39,8 @@ int lums_park_try_begin_wait(ltask *t, int64_t deadline, int flags,
                              ums_park_token_t *tok) {
   int r = ums_park_begin_wait(deadline, flags, type, object, 0, tok);
   if (r) return r;
-  t->park_begun = true;
-  t->park_tok = *tok;
+  t->park.begun = true;
+  t->park.tok = *tok;
   return 0;
 }
 

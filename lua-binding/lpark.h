@@ -2,14 +2,37 @@
 ** lpark.h: parking a Lua task (lpark.c). Every wait of the binding is a
 ** park: lums_park_begin (or _begin_wait, saying what is waited for), then
 ** lums_park_finish, whose continuation reads ums_park_result(); any thread
-** of the run ends a park with lums_unpark. core.park_begin, park_wait,
-** unpark, yield, sleep and run_until_idle are the Lua side (ltask.c).
+** of the run ends a park with lums_unpark, and the owner of a wait queue
+** (lwaitq.h) its waiters' parks with lums_q_wake_first. core.park_begin,
+** park_wait, unpark, yield, sleep and run_until_idle are the Lua side
+** (ltask.c).
 */
 #ifndef LPARK_H
 #define LPARK_H
 
 #include "lums.h"
 #include "lquantum.h"
+
+/* Where one task stands in a park, embedded in its ltask (ltask.park).
+** The waits (this header, lpark.c, ltask.c's) set it as a park begins
+** and finishes; a yield that is no park (ums.yield, the quantum) clears
+** parking; the step (lums.c) reads it to answer UMS_STEP_PARK and ends a
+** park a step left begun; the quantum does not yield inside a begun one.
+** The task's life cycle (lums.c) clears it with lpark_task_reset before
+** the record runs another task. Scheduler thread. */
+typedef struct lpark_task {
+  bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
+  bool begun;            /* between park_begin and park_wait: the quantum
+                            must not yield here */
+  ums_park_token_t tok;  /* the begun park; written before it is read */
+} lpark_task;
+
+static inline void lpark_task_reset(lpark_task *p) {
+  p->parking = p->begun = false;
+}
+
+/* After lpark_task, which struct ltask embeds: ltask.h includes this
+** header first, for it. */
 #include "ltask.h"
 
 /* The current task, or raises "ums.<fname>: not inside a task". Inline:
@@ -37,8 +60,8 @@ static inline int lums_park_begin_wait(lua_State *L, ltask *t,
                                        ums_park_token_t *tok) {
   int r = ums_park_begin_wait(deadline, flags, type, object, blocker, tok);
   if (__builtin_expect(r != 0, 0)) return lums_park_failed(L, r);
-  t->park_begun = true;
-  t->park_tok = *tok;
+  t->park.begun = true;
+  t->park.tok = *tok;
   return 0;
 }
 /* Whether a wait of task t, made on Lua thread L, yields to the scheduler
@@ -64,9 +87,9 @@ LUMS_HIDDEN int lums_park_block(lua_State *L, ltask *t, lua_KContext ctx,
 ** is on the path of every channel message. */
 static inline int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
                                    lua_KFunction k) {
-  t->park_begun = false;
+  t->park.begun = false;
   if (__builtin_expect(L == t->co, 1) && lua_isyieldable(L)) {
-    t->parking = true;
+    t->park.parking = true;
     return lua_yieldk(L, 0, ctx, k);
   }
   return lums_park_block(L, t, ctx, k);
@@ -77,6 +100,28 @@ static inline int lums_park_finish(lua_State *L, ltask *t, lua_KContext ctx,
 static inline bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
   if (!t->vmrun) return false;
   return ums_unpark(t->vmrun->rt, tok, outcome) == 0;
+}
+
+/* Ends the park of the first live waiter of q with outcome
+** w->kase * 2 + status and returns that waiter (off the queue), or NULL
+** when q holds no live waiter. Stale waiters met on the way (their park
+** ended otherwise, and they unlink themselves when they resume) are
+** dropped. The waking half of lwaitq.h's protocol, for every queue's
+** owner. Inline: a channel message makes one. */
+static inline lwait *lums_q_wake_first(lwaitq *q, int status) {
+  lwait *w;
+  while ((w = lums_q_first(q)) != NULL) {
+    lums_q_unlink(w);
+    if (lums_unpark(w->task, w->tok, w->kase * 2 + status)) return w;
+  }
+  return NULL;
+}
+
+/* Ends the parks of all live waiters of q (lums_q_wake_first), leaving
+** q empty. */
+static inline void lums_q_wake_all(lwaitq *q, int status) {
+  while (lums_q_wake_first(q, status)) {
+  }
 }
 
 /* Begins a park of t like lums_park_begin, but returns the runtime's

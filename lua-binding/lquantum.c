@@ -295,13 +295,13 @@ static void quantum_fire(lua_State *L, ltask *t) {
   /* A task that computes without ever waiting learns of its cancellation
   ** here, the first time its quantum runs out; raising is allowed even
   ** where yielding is not. */
-  if (ums_cancelled() && !t->park_begun &&
+  if (ums_cancelled() && !t->park.begun &&
       !in_nopreempt_chunk(L, r->q.nopreempt)) {
     lums_hook_disarm(L, t);
     lums_raise_cancelled(L);
     return;
   }
-  if (t->park_begun || !lua_isyieldable(L) ||
+  if (t->park.begun || !lua_isyieldable(L) ||
       in_nopreempt_chunk(L, r->q.nopreempt)) {
     hook_arm(L, t, QUANTUM_RETRY_COUNT);
     return;
@@ -311,7 +311,7 @@ static void quantum_fire(lua_State *L, ltask *t) {
   ** qhook knows to do nothing then. */
   atomic_fetch_add_explicit(&r->q.preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();
-  t->parking = false;
+  t->park.parking = false;
   lua_yield(L, 0);
 }
 
@@ -372,11 +372,11 @@ int lums_quantum_again_k(lua_State *L, int status, lua_KContext ctx) {
 int lums_quantum_yield(lua_State *L, lua_KContext ctx, lua_KFunction k) {
   ltask *t = lums_cur_task;
   lvmrun *r = t->vmrun;
-  if (t->park_begun) return -1;
+  if (t->park.begun) return -1;
   atomic_fetch_add_explicit(&r->q.preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();
   if (L == t->co && lua_isyieldable(L)) {
-    t->parking = false;
+    t->park.parking = false;
     return lua_yieldk(L, 0, ctx, k);
   }
   /* Where Lua cannot yield, the task's worker yields instead (as

@@ -10,9 +10,6 @@
 #include "ltask.h"
 #include "lpark.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 const char lums_task_tag = 0;
 
 lhandle *lums_to_task(lua_State *L, int idx) {
@@ -26,17 +23,6 @@ lhandle *lums_check_task(lua_State *L, int idx) {
   lhandle *h = lums_to_task(L, idx);
   if (!h) luaL_checkudata(L, idx, LUMS_TASK_MT);  /* the usual error */
   return h;
-}
-
-/* A joiner that timed out takes its entry back, so that polling join with
-** a timeout does not grow the list. */
-static void drop_joiner(ltask *t, ums_task_t who, uint64_t seq) {
-  for (int i = 0; i < t->njoiners; i++) {
-    if (t->joiners[i].tok.task == who && t->joiners[i].tok.seq == seq) {
-      t->joiners[i] = t->joiners[--t->njoiners];
-      return;
-    }
-  }
 }
 
 static int l_self(lua_State *L) {
@@ -58,7 +44,7 @@ static int l_self(lua_State *L) {
 ** it); blocker: the task holding it (a task handle or nil). */
 static int l_park_begin(lua_State *L) {
   ltask *t = lums_need_task(L, "park_begin");
-  if (t->park_begun)
+  if (t->park.begun)
     return luaL_error(L, "ums.park_begin: a park is already in progress "
                          "(call ums.park_wait first)");
   ums_park_token_t tok;
@@ -97,7 +83,7 @@ static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
 /* core.park_wait() -> outcome | nil, "timeout" */
 static int l_park_wait(lua_State *L) {
   ltask *t = lums_need_task(L, "park_wait");
-  if (!t->park_begun)
+  if (!t->park.begun)
     return luaL_error(L, "ums.park_wait: no park in progress (call "
                          "ums.park_begin first)");
   return lums_park_finish(L, t, 0, park_wait_k);
@@ -124,12 +110,12 @@ static int yield_k(lua_State *L, int status, lua_KContext ctx) {
 
 static int l_yield(lua_State *L) {
   ltask *t = lums_need_task(L, "yield");
-  if (t->park_begun)
+  if (t->park.begun)
     return luaL_error(L, "ums.yield: cannot yield between park_begin and "
                          "park_wait");
   if (ums_cancelled()) return lums_raise_cancelled(L);
   if (L == t->co && lua_isyieldable(L)) {
-    t->parking = false;
+    t->park.parking = false;
     return lua_yieldk(L, 0, 0, yield_k);
   }
   int r = ums_yield();
@@ -177,13 +163,13 @@ static int idle_k(lua_State *L, int status, lua_KContext ctx) {
 static int l_run_until_idle(lua_State *L) {
   int64_t deadline = lums_check_timeout(L, 1);
   ltask *t = lums_need_task(L, "run_until_idle");
-  if (t->park_begun)
+  if (t->park.begun)
     return luaL_error(L, "ums.run_until_idle: cannot wait between "
                          "park_begin and park_wait");
-  int r = ums_park_begin_idle(deadline, &t->park_tok);
+  int r = ums_park_begin_idle(deadline, &t->park.tok);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (r) return luaL_error(L, "ums.run_until_idle: %s", ums_strerror(r));
-  t->park_begun = true;
+  t->park.begun = true;
   return lums_park_finish(L, t, 0, idle_k);
 }
 
@@ -229,11 +215,12 @@ int lums_handle_push_outcome(lua_State *L, int idx, lhandle *h) {
 
 /* What a join and an end wait do once their park is over: -1 when the
 ** task has ended, else what they return (a timeout's nil, "timeout"). A
-** cancellation raises. */
-static int join_over(lua_State *L, lhandle *h, lua_KContext ctx) {
+** cancellation raises. A joiner whose park ended otherwise than by the
+** task's end (timeout, cancel) takes its waiter off the task's joiners
+** itself; one woken by the end is off already (lwaitq.h). */
+static int join_over(lua_State *L, lhandle *h) {
   int r = ums_park_result();
-  if (h->state != T_DONE)
-    drop_joiner(h->t, lums_cur_task->h->id, (uint64_t)ctx);
+  lums_q_unlink(&lums_cur_task->wait);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   if (h->state != T_DONE) {
     lua_pushnil(L);
@@ -246,14 +233,16 @@ static int join_over(lua_State *L, lhandle *h, lua_KContext ctx) {
 static int join_k(lua_State *L, int status, lua_KContext ctx) {
   lhandle *h = (lhandle *)lua_touserdata(L, 1);
   (void)status;
-  int n = join_over(L, h, ctx);
+  (void)ctx;
+  int n = join_over(L, h);
   return n >= 0 ? n : lums_handle_push_outcome(L, 1, h);
 }
 
 static int wait_end_k(lua_State *L, int status, lua_KContext ctx) {
   lhandle *h = (lhandle *)lua_touserdata(L, 1);
   (void)status;
-  int n = join_over(L, h, ctx);
+  (void)ctx;
+  int n = join_over(L, h);
   if (n >= 0) return n;
   lua_pushboolean(L, 1);
   return 1;
@@ -270,19 +259,15 @@ static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
   if (t->vmrun != me->vmrun)
     return luaL_error(L, "ums: cannot join a task of another run");
-  if (t->njoiners == t->capjoiners) {
-    int cap = t->capjoiners * 2;
-    joiner_t *j = malloc((size_t)cap * sizeof *j);
-    if (!j) return luaL_error(L, "ums: out of memory");
-    memcpy(j, t->joiners, (size_t)t->njoiners * sizeof *j);
-    if (t->joiners != t->join1) free(t->joiners);
-    t->joiners = j;
-    t->capjoiners = cap;
-  }
-  ums_park_token_t tok;
-  lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id, &tok);
-  t->joiners[t->njoiners++].tok = tok;
-  return lums_park_finish(L, me, (lua_KContext)tok.seq, k);
+  /* A local park: t's end (lums.c), the joiner's timer and its
+  ** cancellation all run on this VM's scheduler thread. */
+  lwait *w = &me->wait;
+  lums_park_begin_wait(L, me, deadline, UMS_PARK_LOCAL, UMS_WAIT_JOIN, h,
+                       h->id, &w->tok);
+  w->task = me;
+  w->kase = 0;
+  lums_q_push(&t->joiners, w);
+  return lums_park_finish(L, me, 0, k);
 }
 
 static int l_task_join(lua_State *L) {

@@ -6,6 +6,12 @@
 ** handle's methods, the joins that wait for a task's end, and the current
 ** task's waits.
 */
+/* Outside the guard: struct ltask embeds lpark.h's lpark_task, and
+** lpark.h's inline calls need struct ltask. lpark.h declares lpark_task,
+** includes this header, then defines its calls: whichever of the two a
+** file includes first, each finds what it needs complete. */
+#include "lpark.h"
+
 #ifndef LTASK_H
 #define LTASK_H
 
@@ -18,10 +24,6 @@
 #include "lwaitq.h"
 
 enum { T_NEW, T_LIVE, T_DONE };
-
-typedef struct joiner {
-  ums_park_token_t tok;
-} joiner_t;
 
 /* A live task: everything its run needs while it runs or waits. Not a
 ** Lua object: ltasks are records of their VM's slab (lums.c, struct
@@ -40,17 +42,17 @@ struct ltask {
                             and, while the task is live, its handle at
                             LUMS_ANCHOR_HANDLE(slot) */
   int nargs;             /* arguments waiting for the first resume */
-  bool parking;          /* a wait yielded: the step returns UMS_STEP_PARK */
-  bool park_begun;       /* between park_begin and park_wait: the quantum
-                            must not yield here */
-  ums_park_token_t park_tok;  /* the begun park */
+  lpark_task park;       /* lpark.h: its park */
   bool finish_pending;   /* ended with a park begun: finish next step */
   int finish_st, finish_nres;
-  joiner_t *joiners;     /* tasks waiting in join: join1 or malloc'ed */
-  int njoiners, capjoiners;
-  joiner_t join1[2];     /* room for the usual one or two joiners */
+  lwaitq joiners;        /* ltask.c: the tasks waiting for its end (join,
+                            wait_end), each on its own ltask.wait; the
+                            life cycle (lums.c) wakes them all when it
+                            ends, so it is empty while the record is
+                            pooled */
   lwait wait;            /* lwaitq.h: its place on a wait queue (a
-                            channel's side, a stream's lock) */
+                            channel's side, a stream's lock, the joiners
+                            of the task it joins) */
   lffi_task ffi;         /* lccall.h: its ums.ffi calls */
   lfs_task fs;           /* lfs.h: its ums.fs calls */
   lreq_task req;         /* lreq.h: the work request it runs */
@@ -130,14 +132,6 @@ static inline void lums_handle_extras(lua_State *L, int idx, int narr) {
     lua_pushvalue(L, -1);
     lua_setiuservalue(L, idx < 0 ? idx - 2 : idx, 1);
   }
-}
-
-/* Wakes every task joining t (t has ended). Inline: every task's end
-** passes here. */
-static inline void lums_task_wake_joiners(ltask *t) {
-  for (int i = 0; i < t->njoiners; i++)
-    ums_unpark(t->vmrun->rt, t->joiners[i].tok, 0);
-  t->njoiners = 0;
 }
 
 /* Pushes the error and the traceback of the failed task whose handle h is

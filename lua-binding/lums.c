@@ -210,7 +210,6 @@ static bool grow_pool(lvmrun *r) {
 ** unanchors the handle t had. empty: the caller knows the coroutine's
 ** stack is empty. */
 static void give_back_task(lvmrun *r, ltask *t, bool empty) {
-  if (t->joiners != t->join1) free(t->joiners);
   lfs_task_end(&t->fs);
   /* A full pool (many tasks live at once, then ending): the ltask and its
   ** coroutine go at once, with none of the reset below, which only a
@@ -233,15 +232,15 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   lua_pop(r->SL, 1);
   /* Back to what take_task hands out: zero but for the coroutine and its
   ** slot. Field by field, not a memset of the whole ltask plus
-  ** a copy of what it keeps: this runs once per task. park_tok, finish_st
-  ** and finish_nres are written before they are read; the wait is off
-  ** every queue once the task has ended. */
+  ** a copy of what it keeps: this runs once per task. finish_st and
+  ** finish_nres are written before they are read; the joiners were all
+  ** woken (task_finish), and the wait is off every queue once the task
+  ** has ended. */
   t->h = NULL;
   t->vmrun = NULL;
   t->nargs = 0;
-  t->parking = t->park_begun = t->finish_pending = false;
-  t->joiners = NULL;
-  t->njoiners = t->capjoiners = 0;
+  t->finish_pending = false;
+  lpark_task_reset(&t->park);
   lums_wait_reset(&t->wait);
   lffi_task_reset(&t->ffi);
   lreq_task_reset(&t->req);
@@ -400,7 +399,7 @@ static void task_finish(ltask *t, int st, int nres) {
   }
   h->state = T_DONE;
   h->t = NULL;
-  lums_task_wake_joiners(t);
+  lums_q_wake_all(&t->joiners, 0);
   /* core.run, running the scheduler itself, looks at the run again. */
   if (h == r->main) ums_runtime_pause(r->rt);
   give_back_task(r, t, empty);
@@ -415,6 +414,11 @@ static void task_finish(ltask *t, int st, int nres) {
 static __attribute__((noinline)) void task_fail(ltask *t, int err) {
   lua_State *co = t->co;
   bool fresh = t->h->state == T_NEW;
+  /* A task back from a park that a timeout or cancel ended does not
+  ** resume, so its continuation cannot take its wait off the queue it
+  ** was on (lwaitq.h): that is done here, while its coroutine still
+  ** holds what it waited on. */
+  lums_q_unlink(&t->wait);
   lums_req_task_failed(t, fresh, ums_strerror(err));
   if (fresh) {
     t->h->state = T_LIVE;
@@ -464,7 +468,7 @@ static int task_step(void *arg) {
     }
     nargs = t->nargs;
   }
-  t->parking = false;
+  t->park.parking = false;
   lvmrun *r = t->vmrun;
   lums_quantum_step(&r->q, t->co);
 #ifdef LUMS_QUANTUM_POLL
@@ -476,13 +480,13 @@ static int task_step(void *arg) {
   /* A preemption signalled just as the step ended set a hook nobody
   ** needs any more: the user's is put back. */
   if (st == LUA_YIELD) lums_hook_disarm(t->co, t);
-  if (t->park_begun && !(st == LUA_YIELD && t->parking)) {
+  if (t->park.begun && !(st == LUA_YIELD && t->park.parking)) {
     /* The step ends (the task ended, or a bare coroutine.yield) between
     ** park_begin and park_wait: end that park on the task's behalf. The
     ** unpark queues the task, so the step must say PARK; a task that
     ** ended is finished when it is stepped again. */
-    t->park_begun = false;
-    ums_unpark(r->rt, t->park_tok, 0);
+    t->park.begun = false;
+    ums_unpark(r->rt, t->park.tok, 0);
     if (st == LUA_YIELD) {
       lua_pop(t->co, nres);
     } else {
@@ -498,7 +502,7 @@ static int task_step(void *arg) {
     /* A wait yields no values: only a bare coroutine.yield in the task
     ** body leaves some to drop. */
     if (nres) lua_pop(t->co, nres);
-    return t->parking ? UMS_STEP_PARK : UMS_STEP_YIELD;
+    return t->park.parking ? UMS_STEP_PARK : UMS_STEP_YIELD;
   }
   task_finish(t, st, nres);
   lums_cur_task = prev;
@@ -529,8 +533,6 @@ static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
   lua_setmetatable(L, -2);
   t->h = h;
   t->vmrun = r;
-  t->joiners = t->join1;
-  t->capjoiners = 2;
   if (pooled) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
     lua_pushvalue(L, first);

@@ -1,8 +1,9 @@
 /*
 ** lwaitq.h: the wait queues of one VM (a channel's sides, a stream's
-** lock): FIFOs of parked tasks, each waiter an lwait. The queue's owner
-** (lchan.c, lstream.c) pushes and wakes; a waiter unlinks itself when its
-** park ended otherwise.
+** lock, a task's joiners): FIFOs of parked tasks, each waiter an lwait.
+** The queue's owner (lchan.c, lstream.c, ltask.c) pushes, and wakes with
+** lums_q_wake_first (lpark.h); a waiter unlinks itself when its park
+** ended otherwise.
 */
 #ifndef LWAITQ_H
 #define LWAITQ_H
@@ -12,14 +13,16 @@
 
 typedef struct lwait lwait;
 
-/* A FIFO of waiters (one side of a channel, a stream's lock). Every
-** Lua task of a VM runs on that VM's one scheduler thread, so queues
-** need no lock: the code between two waits runs as one atomic step. */
+/* A FIFO of waiters (one side of a channel, a stream's lock, the tasks
+** joining a task). Every Lua task of a VM runs on that VM's one
+** scheduler thread, so queues need no lock: the code between two waits
+** runs as one atomic step. */
 typedef struct lwaitq {
   ums_list_t list;       /* of lwait.link, FIFO */
 } lwaitq;
 
-/* A task waiting on one channel operation (one per select case). It lives
+/* A task waiting on one queue: a channel operation (one per select
+** case), a stream's lock, or the end of a task it joins. It lives
 ** in the waiting task (ltask.wait) or, for select, in a userdata on the
 ** waiting thread's stack, so it outlives the yield. A waker unlinks it
 ** and unparks its task with outcome kase * 2 + status; a waiter whose park
@@ -30,7 +33,7 @@ struct lwait {
   lwaitq *q;             /* the queue it is on; NULL once off */
   ltask *task;           /* the waiting task */
   ums_park_token_t tok;  /* its park */
-  lua_State *L;          /* the Lua thread that waits: a send's value is at
+  lua_State *L;          /* a channel wait's Lua thread: a send's value is at
                             index vidx of its stack; a receive gets its
                             value pushed on it, above the waiting frame */
   int vidx;

@@ -1,7 +1,6 @@
 -- More tasks live at once than the pool of finished coroutines keeps
--- (4,096): those ending beyond it are freed at once, their joiner lists
--- (three joiners each, more than an ltask holds inline) and failed
--- outcomes included.
+-- (4,096): those ending beyond it are freed at once, with three joiners
+-- each waiting on their queues, and failed outcomes.
 --
 -- One scenario, two users:
 -- * spec/task_spec.lua requires this file and runs it in every build,

@@ -193,6 +193,89 @@ describe("ums.spawn and task:join", function()
     end)
   end)
 
+  -- Each joiner waits on the joined task's queue with its own wait node;
+  -- one whose join timed out or was cancelled takes its node off before
+  -- it goes on. The ended joiners' records then serve tasks that wait on
+  -- a channel with the same node: a node left behind on the joined
+  -- task's queue would get those tasks woken by its end, or its queue
+  -- walked into the channel's.
+  it("1,000 joiners of one task, half timed out and a quarter cancelled "
+     .. "before its end: each of the rest gets its results", function()
+    ums.run(function()
+      local n = 1000
+      local go = ums.event()
+      local t = ums.spawn(function() go:wait(); return "v", 2 end)
+      local js = {}
+      for i = 1, n do
+        if i % 2 == 0 then
+          js[i] = ums.spawn(function() return t:join(0.001) end)
+        else
+          js[i] = ums.spawn(function() return t:join() end)
+        end
+      end
+      for i = 2, n, 2 do
+        local r = table.pack(js[i]:join())
+        assert.same({n = 3, true, nil, "timeout"}, r)
+      end
+      for i = 1, n, 4 do assert.is_true(js[i]:cancel()) end
+      for i = 1, n, 4 do
+        local ok, err = js[i]:join()
+        assert.is_false(ok)
+        assert.is_true(rawequal(ums.CANCELLED, err))
+      end
+      local ch = ums.channel()
+      local rs = {}
+      for i = 1, n // 2 do
+        rs[i] = ums.spawn(function() return ch:recv() end)
+      end
+      ums.yield()
+      go:set()
+      for i = 3, n, 4 do
+        local r = table.pack(js[i]:join())
+        assert.same({n = 4, true, true, "v", 2}, r)
+      end
+      assert.same({true, "v", 2}, {t:join()})
+      -- Each receiver gets one of the values (which one depends on the
+      -- order the receivers reached the channel), none twice.
+      for i = 1, n // 2 do ch:send(i) end
+      local got = {}
+      for i = 1, n // 2 do
+        local ok, v = rs[i]:join()
+        assert.is_true(ok)
+        assert.is_nil(got[v])
+        got[v] = true
+      end
+      for i = 1, n // 2 do assert.is_true(got[i]) end
+    end)
+  end)
+
+  it("a join that timed out leaves nothing behind for a later join, "
+     .. "wait or end of the task", function()
+    ums.run(function()
+      local go = ums.event()
+      local t = ums.spawn(function() go:wait(); return "late" end)
+      -- The same task joins with a timeout, then waits on a channel (the
+      -- same wait node), then joins again.
+      local ch = ums.channel()
+      local j = ums.spawn(function()
+        local r1 = table.pack(t:join(0.001))
+        local v = ch:recv()
+        return r1, v, t:join()
+      end)
+      ums.sleep(0.01)
+      go:set()
+      ums.yield()
+      assert.equal("done", t:status())
+      ch:send("sent")
+      local ok, r1, v, ok2, late = j:join()
+      assert.is_true(ok)
+      assert.same({n = 2, nil, "timeout"}, r1)
+      assert.equal("sent", v)
+      assert.is_true(ok2)
+      assert.equal("late", late)
+    end)
+  end)
+
   it("join of a finished task works after its run ended", function()
     local t = ums.run(function()
       local t = ums.spawn(function() return 7 end)
@@ -237,8 +320,8 @@ describe("ums.spawn and task:join", function()
   end)
 
   -- More tasks live at once than the pool of finished coroutines keeps:
-  -- those ending beyond it are freed at once, joiner lists and failed
-  -- outcomes included (a sanitizer build reports anything left behind).
+  -- those ending beyond it are freed at once, with their joiners and
+  -- failed outcomes (a sanitizer build reports anything left behind).
   it("tasks ending while the pool is full keep their outcomes for every "
      .. "joiner", function()
     -- spec/pool_full.lua holds the scenario (ctest also runs it strictly,
