@@ -79,6 +79,19 @@ static inline bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
   return ums_unpark(t->vmrun->rt, tok, outcome) == 0;
 }
 
+/* Ends the park of the first live waiter of q with outcome
+** kase * 2 + status (status itself for every waiter but a select's) and
+** returns it, off the queue; NULL when q holds no live waiter. Stale
+** waiters met on the way are dropped. */
+static inline lwait *lums_q_wake(lwaitq *q, int status) {
+  lwait *w;
+  while ((w = lums_q_first(q)) != NULL) {
+    lums_q_unlink(w);
+    if (lums_unpark(w->task, w->tok, w->kase * 2 + status)) return w;
+  }
+  return NULL;
+}
+
 /* Begins a park of t like lums_park_begin, but returns the runtime's
 ** error code (UMS_ECANCELED, ...) instead of raising: for callers that
 ** hold a lock they must release first. */

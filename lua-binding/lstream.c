@@ -259,12 +259,7 @@ static lside *busy_side(lfile *f, int sides) {
 /* The first task still waiting for side s tries again. Returns whether
 ** one was woken (then it is about to take the side). */
 static bool side_wake(lside *s) {
-  lwait *w;
-  while ((w = lums_q_first(&s->waiters)) != NULL) {
-    lums_q_unlink(w);
-    if (lums_unpark(w->task, w->tok, 0)) return true;
-  }
-  return false;
+  return lums_q_wake(&s->waiters, 0) != NULL;
 }
 
 static void close_left_now(lfile *f);

@@ -1185,13 +1185,13 @@ describe("ums.sync", function()
 
   -- -------------------------------------------------------------------
   describe("wait queues", function()
-    -- White-box: peeks at the queues of ums/sync.lua and of the C
-    -- channels (core.channel_queues), to prove that waiters that time
-    -- out, are cancelled or lose a select leave no entry behind (else a
-    -- select loop over an idle channel would grow its queue without
-    -- bound).
+    -- White-box: peeks at the queues of ums/sync.lua (core.waitq_len)
+    -- and of the channels (core.channel_queues), to prove that waiters
+    -- that time out, are cancelled or lose a select leave no entry behind
+    -- (else a select loop over an idle channel would grow its queue
+    -- without bound).
     local core = require "ums.core"
-    local function empty(q) return q.head == nil and q.tail == nil end
+    local function empty(q) return core.waitq_len(q) == 0 end
     local function idle(ch)
       local r, s = core.channel_queues(ch)
       return r == 0 and s == 0
