@@ -248,7 +248,7 @@ local function wait_members(g, me, timeout, nocancel)
       -- nobody: look again once every runnable task has had its turn.
       wq.pass(nocancel)
     else
-      local ok, msg = wq.wait(g.q, me, left, nil, nocancel)
+      local ok, msg = wq.wait(g.q, left, nocancel)
       if not ok then return nil, msg end
     end
   end
