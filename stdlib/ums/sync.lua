@@ -445,7 +445,7 @@ return {
   cond = cond,
   -- In C (lua-binding/lchan.c): the channel is the hot path of task
   -- communication, and there a value moves from one task's stack to the
-  -- other's without a waiter table or a pcall per operation.
+  -- other's with no call back into Lua.
   channel = core.channel,
   select = core.select,
   waitgroup = waitgroup,
