@@ -24,6 +24,10 @@ static inline ltask *lums_need_task(lua_State *L, const char *fname) {
 ** core.CANCELLED if t was cancelled, or an error. */
 LUMS_HIDDEN int lums_park_begin(lua_State *L, ltask *t, int64_t deadline,
                                 int flags, ums_park_token_t *tok);
+/* The result r of a park as Lua sees it (core.park_wait's): pushes the
+** outcome, or nil, "timeout"; raises core.CANCELLED, or an error for a
+** wait the deadlock detector ended. */
+LUMS_HIDDEN int lums_push_park_result(lua_State *L, int r);
 /* Raises for a park that could not begin (r from ums_park_begin_*). */
 LUMS_HIDDEN int lums_park_failed(lua_State *L, int r);
 /* The same as lums_park_begin, saying what the task waits for

@@ -78,18 +78,8 @@ static int wait_k(lua_State *L, int status, lua_KContext ctx) {
   int r = ums_park_result();
   (void)status;
   (void)ctx;
-  if (r >= 0) {
-    lua_pushinteger(L, r);
-    return 1;
-  }
-  lums_q_unlink(&lums_cur_task->wait);
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  if (r == UMS_EDEADLK)
-    return luaL_error(L, "deadlock: nothing could ever end this wait "
-                         "(ended by the deadlock detector)");
-  lua_pushnil(L);
-  lua_pushliteral(L, "timeout");
-  return 2;
+  if (r < 0) lums_q_unlink(&lums_cur_task->wait);
+  return lums_push_park_result(L, r);
 }
 
 /* core.waitq_wait(q [, timeout [, nocancel [, wait_type [, object
