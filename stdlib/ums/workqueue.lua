@@ -448,7 +448,7 @@ function Queue:wait(timeout)
   quantum_point()
   if self.outstanding > 0 then
     if timeout == 0 then return nil, "timeout" end
-    local me = need_task("workqueue:wait")
+    need_task("workqueue:wait")
     local deadline = timeout and core.now() + timeout
     while self.outstanding > 0 do
       local left = deadline and deadline - core.now()
@@ -503,7 +503,7 @@ function Item:result(timeout)
   local st = self.status_
   if st == "queued" or st == "waiting" or st == "running" then
     if timeout == 0 then return nil, "timeout" end
-    local me = need_task("workqueue item:result")
+    need_task("workqueue item:result")
     local ok, msg = wq.wait(self.waiters, timeout)
     if not ok then return nil, msg end
   end
