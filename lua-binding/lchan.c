@@ -171,7 +171,7 @@ static void buf_push(lua_State *L, lchan *ch, int buf) {
 ** send's fast path is this. */
 static inline bool send_to_waiter(lua_State *L, lchan *ch, int v,
                                   bool vtop) {
-  lwait *r = lums_q_wake_first(&ch->recvq, GRANTED);
+  lwait *r = lums_q_wake(&ch->recvq, GRANTED);
   if (r) give(L, v, vtop, r);
   return r != NULL;
 }
@@ -180,7 +180,7 @@ static inline bool send_to_waiter(lua_State *L, lchan *ch, int v,
 ** there is one: its value is pushed on L. Inline: the bound recv's fast
 ** path is this. */
 static inline bool recv_from_waiter(lua_State *L, lchan *ch) {
-  lwait *s = lums_q_wake_first(&ch->sendq, GRANTED);
+  lwait *s = lums_q_wake(&ch->sendq, GRANTED);
   if (s) take(s, L);
   return s != NULL;
 }
@@ -210,7 +210,7 @@ static int recv_now(lua_State *L, lchan *ch, int chi) {
     ch->count--;
     /* A slot came free: the first parked sender's value moves in behind
     ** the others. */
-    lwait *s = lums_q_wake_first(&ch->sendq, GRANTED);
+    lwait *s = lums_q_wake(&ch->sendq, GRANTED);
     if (s) {
       take(s, L);
       buf_push(L, ch, buf);
@@ -707,19 +707,13 @@ static int l_select(lua_State *L) {
   return lums_park_finish(L, me, (lua_KContext)n, select_k);
 }
 
-static int q_len(const lwaitq *q) {
-  int n = 0;
-  for (const ums_link_t *l = q->list.head; l; l = l->next) n++;
-  return n;
-}
-
 /* core.channel_queues(ch) -> receivers, senders queued (stale included):
 ** lets specs check that waits which ended without a grant leave nothing
 ** behind. */
 static int l_channel_queues(lua_State *L) {
   lchan *ch = check_chan(L, 1, "channel_queues");
-  lua_pushinteger(L, q_len(&ch->recvq));
-  lua_pushinteger(L, q_len(&ch->sendq));
+  lua_pushinteger(L, lums_q_len(&ch->recvq));
+  lua_pushinteger(L, lums_q_len(&ch->sendq));
   return 2;
 }
 

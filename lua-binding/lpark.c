@@ -50,6 +50,22 @@ int lums_park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
                               tok);
 }
 
+int lums_push_park_result(lua_State *L, int r) {
+  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
+  /* Only a park that cancellation cannot end gets this (ums.h,
+  ** "Deadlocks"). */
+  if (r == UMS_EDEADLK)
+    return luaL_error(L, "deadlock: nothing could ever end this wait "
+                         "(ended by the deadlock detector)");
+  if (r == UMS_ETIMEDOUT) {
+    lua_pushnil(L);
+    lua_pushliteral(L, "timeout");
+    return 2;
+  }
+  lua_pushinteger(L, r);
+  return 1;
+}
+
 int lums_park_failed(lua_State *L, int r) {
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   return luaL_error(L, "ums: cannot park: %s", ums_strerror(r));

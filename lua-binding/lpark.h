@@ -3,7 +3,7 @@
 ** park: lums_park_begin (or _begin_wait, saying what is waited for), then
 ** lums_park_finish, whose continuation reads ums_park_result(); any thread
 ** of the run ends a park with lums_unpark, and the owner of a wait queue
-** (lwaitq.h) its waiters' parks with lums_q_wake_first. core.park_begin,
+** (lwaitq.h) its waiters' parks with lums_q_wake. core.park_begin,
 ** park_wait, unpark, yield, sleep and run_until_idle are the Lua side
 ** (ltask.c).
 */
@@ -47,6 +47,10 @@ static inline ltask *lums_need_task(lua_State *L, const char *fname) {
 ** core.CANCELLED if t was cancelled, or an error. */
 LUMS_HIDDEN int lums_park_begin(lua_State *L, ltask *t, int64_t deadline,
                                 int flags, ums_park_token_t *tok);
+/* The result r of a park as Lua sees it (core.park_wait's): pushes the
+** outcome, or nil, "timeout"; raises core.CANCELLED, or an error for a
+** wait the deadlock detector ended. */
+LUMS_HIDDEN int lums_push_park_result(lua_State *L, int r);
 /* Raises for a park that could not begin (r from ums_park_begin_*). */
 LUMS_HIDDEN int lums_park_failed(lua_State *L, int r);
 /* The same as lums_park_begin, saying what the task waits for
@@ -103,12 +107,10 @@ static inline bool lums_unpark(ltask *t, ums_park_token_t tok, int outcome) {
 }
 
 /* Ends the park of the first live waiter of q with outcome
-** w->kase * 2 + status and returns that waiter (off the queue), or NULL
-** when q holds no live waiter. Stale waiters met on the way (their park
-** ended otherwise, and they unlink themselves when they resume) are
-** dropped. The waking half of lwaitq.h's protocol, for every queue's
-** owner. Inline: a channel message makes one. */
-static inline lwait *lums_q_wake_first(lwaitq *q, int status) {
+** kase * 2 + status (status itself for every waiter but a select's) and
+** returns it, off the queue; NULL when q holds no live waiter. Stale
+** waiters met on the way are dropped. */
+static inline lwait *lums_q_wake(lwaitq *q, int status) {
   lwait *w;
   while ((w = lums_q_first(q)) != NULL) {
     lums_q_unlink(w);
@@ -117,10 +119,10 @@ static inline lwait *lums_q_wake_first(lwaitq *q, int status) {
   return NULL;
 }
 
-/* Ends the parks of all live waiters of q (lums_q_wake_first), leaving
+/* Ends the parks of all live waiters of q (lums_q_wake), leaving
 ** q empty. */
 static inline void lums_q_wake_all(lwaitq *q, int status) {
-  while (lums_q_wake_first(q, status)) {
+  while (lums_q_wake(q, status)) {
   }
 }
 

@@ -259,7 +259,7 @@ static lside *busy_side(lfile *f, int sides) {
 /* The first task still waiting for side s tries again. Returns whether
 ** one was woken (then it is about to take the side). */
 static bool side_wake(lside *s) {
-  return lums_q_wake_first(&s->waiters, 0) != NULL;
+  return lums_q_wake(&s->waiters, 0) != NULL;
 }
 
 static void close_left_now(lfile *f);

@@ -62,22 +62,9 @@ static int l_park_begin(lua_State *L) {
 }
 
 static int park_wait_k(lua_State *L, int status, lua_KContext ctx) {
-  int r = ums_park_result();
   (void)status;
   (void)ctx;
-  if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
-  /* Only a park that cancellation cannot end gets this (ums.h,
-  ** "Deadlocks"). */
-  if (r == UMS_EDEADLK)
-    return luaL_error(L, "deadlock: nothing could ever end this wait "
-                         "(ended by the deadlock detector)");
-  if (r == UMS_ETIMEDOUT) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "timeout");
-    return 2;
-  }
-  lua_pushinteger(L, r);
-  return 1;
+  return lums_push_park_result(L, ums_park_result());
 }
 
 /* core.park_wait() -> outcome | nil, "timeout" */

@@ -1391,6 +1391,7 @@ int lums_open(lua_State *L) {
   lums_open_quantum(L);
   lums_open_task(L);
   lums_open_chan(L);
+  lums_open_waitq(L);
   lums_open_stats(L);
   lums_open_fs(L);
   lums_open_net(L);

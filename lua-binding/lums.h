@@ -69,6 +69,9 @@ LUMS_HIDDEN void lums_open_ext(lua_State *L);
 /* lchan.c: adds channel and select to the module table at the top. */
 LUMS_HIDDEN void lums_open_chan(lua_State *L);
 
+/* lwaitq.c: adds core.waitq and its functions to the module table. */
+LUMS_HIDDEN void lums_open_waitq(lua_State *L);
+
 /* lshared.c: shared objects (ums.shared.*), registered in every VM. */
 LUMS_HIDDEN void lums_open_shared(lua_State *L);
 /* lwork.c: ums.submit and the rest of the many-VM API. */

@@ -1,9 +1,26 @@
 /*
 ** lwaitq.h: the wait queues of one VM (a channel's sides, a stream's
-** lock, a task's joiners): FIFOs of parked tasks, each waiter an lwait.
-** The queue's owner (lchan.c, lstream.c, ltask.c) pushes, and wakes with
-** lums_q_wake_first (lpark.h); a waiter unlinks itself when its park
-** ended otherwise.
+** lock, a task's joiners, and through core.waitq (lwaitq.c) the standard
+** library's mutex, semaphore, event, condition variable, wait group, group
+** and work queue): FIFOs of parked tasks, each waiter an lwait.
+**
+** The protocol, the one every queue of a VM follows:
+**   * all tasks of a VM run on its one scheduler thread, and the code
+**     between two waits runs as one atomic step, so a queue has no lock;
+**   * a waiter begins its park (which raises, with nothing queued, for a
+**     cancelled task), pushes its lwait and parks, with nothing between
+**     that can yield or be preempted (lpark's park_begun);
+**   * a waker takes the first waiter off and unparks it (lums_q_wake,
+**     lpark.h); a failed unpark means that park already ended (timed
+**     out, cancelled), so that waiter was stale and the next is tried.
+**     Exactly one of waker, timer and cancel ends a park: the runtime's
+**     unpark decides;
+**   * a waiter whose park ended otherwise (timeout, cancel, deadlock
+**     break, another select case) unlinks itself when it resumes, so a
+**     queue keeps no stale waiter past its task's next step.
+** A task waits on one thing at a time, so its own lwait (ltask.wait)
+** serves every plain wait and waiting allocates nothing; only a select,
+** which waits on several, has an array of them (lchan.c).
 */
 #ifndef LWAITQ_H
 #define LWAITQ_H
@@ -13,10 +30,9 @@
 
 typedef struct lwait lwait;
 
-/* A FIFO of waiters (one side of a channel, a stream's lock, the tasks
-** joining a task). Every Lua task of a VM runs on that VM's one
-** scheduler thread, so queues need no lock: the code between two waits
-** runs as one atomic step. */
+/* A FIFO of waiters; its owner (a channel, a stream, a joined task, a
+** core.waitq userdata) keeps it, and a queued waiter's task keeps that
+** owner alive (its waiting frame holds it). */
 typedef struct lwaitq {
   ums_list_t list;       /* of lwait.link, FIFO */
 } lwaitq;
@@ -26,8 +42,8 @@ typedef struct lwaitq {
 ** in the waiting task (ltask.wait) or, for select, in a userdata on the
 ** waiting thread's stack, so it outlives the yield. A waker unlinks it
 ** and unparks its task with outcome kase * 2 + status; a waiter whose park
-** ended otherwise (timeout, cancel, another select case) unlinks it when
-** it resumes. All fields are the scheduler thread's. */
+** ended otherwise unlinks it when it resumes. All fields are the
+** scheduler thread's. */
 struct lwait {
   ums_link_t link;       /* on q's list */
   lwaitq *q;             /* the queue it is on; NULL once off */
@@ -65,6 +81,13 @@ static inline void lums_q_unlink(lwait *w) {
   if (!q) return;
   ums_list_remove(&q->list, &w->link);
   w->q = NULL;
+}
+
+/* The number of waiters on q, stale ones included. */
+static inline int lums_q_len(const lwaitq *q) {
+  int n = 0;
+  for (const ums_link_t *l = q->list.head; l; l = l->next) n++;
+  return n;
 }
 
 #endif

@@ -1185,13 +1185,13 @@ describe("ums.sync", function()
 
   -- -------------------------------------------------------------------
   describe("wait queues", function()
-    -- White-box: peeks at the queues of ums/sync.lua and of the C
-    -- channels (core.channel_queues), to prove that waiters that time
-    -- out, are cancelled or lose a select leave no entry behind (else a
-    -- select loop over an idle channel would grow its queue without
-    -- bound).
+    -- White-box: peeks at the queues of ums/sync.lua (core.waitq_len)
+    -- and of the channels (core.channel_queues), to prove that waiters
+    -- that time out, are cancelled or lose a select leave no entry behind
+    -- (else a select loop over an idle channel would grow its queue
+    -- without bound).
     local core = require "ums.core"
-    local function empty(q) return q.head == nil and q.tail == nil end
+    local function empty(q) return core.waitq_len(q) == 0 end
     local function idle(ch)
       local r, s = core.channel_queues(ch)
       return r == 0 and s == 0
@@ -1229,6 +1229,153 @@ describe("ums.sync", function()
         end)
         results(w)
         assert.is_true(empty(m.q) and empty(s.q) and empty(e.q))
+      end)
+    end)
+  end)
+
+  -- -------------------------------------------------------------------
+  describe("core.waitq", function()
+    -- The binding's wait queue under the objects above (lwaitq.c).
+    local newq, qwait, qwake, qwake_all, qlen = core.waitq,
+      core.waitq_wait, core.waitq_wake, core.waitq_wake_all, core.waitq_len
+
+    it("wakes in FIFO order, with the outcome given, and names the task",
+      function()
+      run(function()
+        local q = newq()
+        local order = {}
+        local ws = {}
+        for i = 1, 3 do
+          ws[i] = ums.spawn(function()
+            local o = qwait(q)
+            order[#order + 1] = i
+            return o
+          end)
+        end
+        settle()
+        assert.equal(3, qlen(q))
+        assert.equal(ws[1], qwake(q, 7))
+        assert.equal(2, qwake_all(q, 9))
+        assert.is_nil(qwake(q))
+        assert.equal(0, qlen(q))
+        assert.equal(7, results(ws[1]))
+        assert.equal(9, results(ws[2]))
+        assert.equal(9, results(ws[3]))
+        assert.same({ 1, 2, 3 }, order)
+      end)
+    end)
+
+    it("drops a waiter that timed out or was cancelled, never waking it",
+      function()
+      run(function()
+        local q = newq()
+        local timed_out = ums.spawn(function() return qwait(q, 0.01) end)
+        local victim = ums.spawn(function() return qwait(q) end)
+        local live = ums.spawn(function() return qwait(q) end)
+        settle()
+        assert.equal(3, qlen(q))
+        victim:cancel()
+        ums.sleep(0.05)
+        -- Both left by themselves when their park ended.
+        assert.equal(1, qlen(q))
+        assert.same({ nil, "timeout" }, { results(timed_out) })
+        assert_cancelled(victim)
+        assert.equal(live, qwake(q, 3))
+        assert.equal(3, results(live))
+        assert.equal(0, qwake_all(q))
+      end)
+    end)
+
+    it("refuses a cancelled task before queueing it; nocancel waits on",
+      function()
+      run(function()
+        local q = newq()
+        local early = ums.spawn(function()
+          ums.self():cancel()
+          return qwait(q)
+        end)
+        assert_cancelled(early)
+        assert.equal(0, qlen(q))
+        local stubborn = ums.spawn(function() return qwait(q, nil, true) end)
+        settle()
+        stubborn:cancel()
+        settle()
+        assert.equal("suspended", stubborn:status())
+        assert.equal(stubborn, qwake(q, 1))
+        assert.equal(1, results(stubborn))
+      end)
+    end)
+
+    it("waits in two halves around the caller's own step", function()
+      run(function()
+        local q, other = newq(), newq()
+        local peer = ums.spawn(function() return qwait(other) end)
+        settle()
+        local w = ums.spawn(function()
+          core.waitq_wait_begin(q, nil, false, core.WAIT.cond, q)
+          -- Queued already: a wake-up from here on is not lost.
+          assert.equal(1, qlen(q))
+          qwake(other, 5)
+          return core.waitq_wait_end()
+        end)
+        assert.equal(5, results(peer))
+        settle()
+        assert.equal(w, qwake(q, 4))
+        assert.equal(4, results(w))
+        local ok, err = pcall(core.waitq_wait_end)
+        assert.is_false(ok)
+        assert.matches("no wait begun", err)
+      end)
+    end)
+
+    it("says what a task waits on, and for whom", function()
+      run(function()
+        local q, obj = newq(), {}
+        local holder = ums.self()
+        local w = ums.spawn(function()
+          return qwait(q, nil, false, core.WAIT.mutex, obj, holder)
+        end)
+        settle()
+        local row
+        for _, r in ipairs(ums.tasks()) do
+          if r.id == w:id() then row = r end
+        end
+        assert.equal("mutex", row.wait_type)
+        assert.equal(tostring(obj):match("0x%x+"),
+          tostring(row.wait_object):match("0x%x+"))
+        assert.equal(holder:id(), row.blocker)
+        qwake(q)
+        results(w)
+      end)
+    end)
+
+    it("allocates nothing per wait", function()
+      run(function()
+        local e1, e2 = ums.event(), ums.event()
+        local n = 2000
+        local peer = ums.spawn(function()
+          for _ = 1, n do e1:wait(); e2:set() end
+        end)
+        settle()
+        collectgarbage("collect")
+        collectgarbage("stop")
+        local before = collectgarbage("count")
+        for _ = 1, n do e1:set(); e2:wait() end
+        local grown = collectgarbage("count") - before
+        collectgarbage("restart")
+        results(peer)
+        -- A table per wait would be n * 2 of them (both tasks wait).
+        assert.is_true(grown < 16, ("grew %.1f KiB"):format(grown))
+      end)
+    end)
+
+    it("checks its arguments", function()
+      run(function()
+        assert.has_error(function() qwake({}) end,
+          "bad argument #1 to 'waitq_wake' (ums.waitq expected, got table)")
+        assert.has_error(function() qwake(newq(), -1) end,
+          "bad argument #2 to 'waitq_wake' (outcome must be a non-negative "
+          .. "integer)")
       end)
     end)
   end)

@@ -2,9 +2,15 @@
 bench_ums.lua: ums (Lua 5.4) next to its floors, in one run.
 
 Usage: lua5.4 bench/lua/bench_ums.lua [--quick] [--json] [--reps N]
+                                       [--only GROUP or GROUP.SHAPE] [--n N]
   --quick  every count scaled down 100x (ctest bench_lua_smoke)
   --json   one JSON object on stdout instead of the table
   --reps   repetitions per figure (default 5); figures are medians
+  --only   only that group (spawn, switch, channel, sync, memory,
+           quantum), or only one shape of the sync group (sync.mutex,
+           ...): with --reps 1 and two values of --n, the difference of
+           two callgrind counts is the instructions per operation
+  --n      the count of the sync shapes (default 200000)
 Needs ums.core and bench_floor.so on LUA_CPATH and stdlib/ on LUA_PATH
 (bench/lua/run.sh sets them up). Without bench_floor the C floors are
 skipped.
@@ -38,6 +44,15 @@ Figures
            the rest; stats.*_cost = time on / time off per repetition
            (target <= 1.05). bench/lua/stats_cost.sh counts instructions
            instead, which this VM's noise does not move.
+  sync     the objects of ums.sync, ns per round trip between two
+           tasks: mutex (each locks, yields holding it, unlocks: every
+           lock waits for the other's unlock), event (two auto-reset
+           events: set one, wait the other), semaphore (the same with two
+           semaphores of 0), cond (a turn variable under a mutex, one
+           condition variable, signal and wait), waitgroup (add, done by
+           the other, wait) and group (ums.group: spawn one task and
+           wait for the group; N/10 of them). Floor: the switch floor
+           (two raw coroutines) for one round trip.
   memory   N tasks parked in ums.sleep, each in a fresh child process:
            Lua heap (collectgarbage "count") and RSS (/proc/self/status)
            growth per task; the same for N bare coroutines parked in
@@ -83,6 +98,16 @@ do
         io.stderr:write("bench_ums: --reps needs a positive integer\n")
         os.exit(2)
       end
+    elseif a == "--only" then
+      i = i + 1
+      opt.only = arg[i]
+    elseif a == "--n" then
+      i = i + 1
+      opt.n = math.tointeger(tonumber(arg[i]))
+      if not opt.n or opt.n < 1 then
+        io.stderr:write("bench_ums: --n needs a positive integer\n")
+        os.exit(2)
+      end
     elseif a == "--child" then
       i = i + 1
       opt.child = arg[i]
@@ -104,6 +129,7 @@ local N = {
   spawn = 1000000 // scale,
   switch = 10000000 // scale,
   channel = 1000000 // scale,
+  sync = opt.n or 200000 // scale,
   memory = 1000000 // scale,
   loop = 200000000 // scale,
   fib = opt.quick and 20 or 30,
@@ -525,6 +551,140 @@ local function bench_channel()
 end
 
 -- ---------------------------------------------------------------------
+-- (c2) sync: ums.sync's objects, a round trip between two tasks
+-- ---------------------------------------------------------------------
+
+-- Two raw coroutines, one round trip per iteration: the floor of a
+-- hand-off there and back.
+local function floor_roundtrip()
+  local n = N.sync
+  local yield, resume = coroutine.yield, coroutine.resume
+  local co = coroutine.create(function()
+    while true do yield() end
+  end)
+  local w0, c0 = now(), clock()
+  for _ = 1, n do resume(co) end
+  return per(n, w0, c0)
+end
+
+-- Runs a and b (each given n) as two tasks, ns per iteration.
+local function two_tasks(a, b)
+  return in_run(function()
+    local n = N.sync
+    local w0, c0 = now(), clock()
+    local ta, tb = ums.spawn(a, n), ums.spawn(b, n)
+    assert(ta:join())
+    assert(tb:join())
+    return per(n, w0, c0)
+  end)
+end
+
+local SYNC = {}
+
+SYNC.mutex = function()
+  local m = ums.mutex()
+  local yield = ums.yield
+  local function body(n)
+    for _ = 1, n do
+      m:lock()
+      yield()
+      m:unlock()
+    end
+  end
+  return two_tasks(body, body)
+end
+
+SYNC.event = function()
+  local e1, e2 = ums.event(), ums.event()
+  return two_tasks(function(n)
+    for _ = 1, n do e1:set(); e2:wait() end
+  end, function(n)
+    for _ = 1, n do e1:wait(); e2:set() end
+  end)
+end
+
+SYNC.semaphore = function()
+  local s1, s2 = ums.semaphore(0), ums.semaphore(0)
+  return two_tasks(function(n)
+    for _ = 1, n do s1:release(); s2:acquire() end
+  end, function(n)
+    for _ = 1, n do s1:acquire(); s2:release() end
+  end)
+end
+
+SYNC.cond = function()
+  local m, c = ums.mutex(), ums.cond()
+  local turn = 0
+  local function body(me)
+    return function(n)
+      for _ = 1, n do
+        m:lock()
+        while turn ~= me do c:wait(m) end
+        turn = 1 - me
+        c:signal()
+        m:unlock()
+      end
+    end
+  end
+  return two_tasks(body(0), body(1))
+end
+
+SYNC.waitgroup = function()
+  local wg, go = ums.waitgroup(), ums.event()
+  return two_tasks(function(n)
+    for _ = 1, n do
+      wg:add(1)
+      go:set()
+      wg:wait()
+    end
+  end, function(n)
+    for _ = 1, n do
+      go:wait()
+      wg:done()
+    end
+  end)
+end
+
+SYNC.group = function()
+  return in_run(function()
+    local n = N.sync // 10
+    local w0, c0 = now(), clock()
+    for _ = 1, n do
+      local g = ums.group()
+      g:spawn(empty)
+      assert(g:wait())
+    end
+    return per(n, w0, c0)
+  end)
+end
+
+local SYNC_ORDER = { "mutex", "event", "semaphore", "cond", "waitgroup",
+  "group" }
+
+local function bench_sync(only)
+  progress(fmt("sync: %d round trips", N.sync))
+  local fns = { {"floor", floor_roundtrip} }
+  for _, k in ipairs(SYNC_ORDER) do
+    if not only or only == k then fns[#fns + 1] = { k, SYNC[k] } end
+  end
+  local s, sw = interleaved(fns)
+  add { id = "floor.roundtrip", group = "sync", kind = "floor",
+        what = "two raw coroutines: resume, yield back",
+        n = N.sync, unit = "ns/op", samples = s.floor,
+        wall_samples = sw.floor }
+  for _, k in ipairs(SYNC_ORDER) do
+    if s[k] then
+      add { id = "ums.sync_" .. k, group = "sync", kind = "ums",
+            what = k == "group" and "ums.group: spawn one task, wait for it"
+              or "ums." .. k .. ": a round trip between two tasks",
+            n = k == "group" and N.sync // 10 or N.sync, unit = "ns/op",
+            samples = s[k], wall_samples = sw[k], floor = "floor.roundtrip",
+            ratio_samples = ratios(s[k], s.floor) }
+    end
+  end
+end
+
+-- ---------------------------------------------------------------------
 -- (d) memory per parked task: measured in child processes
 -- ---------------------------------------------------------------------
 
@@ -815,6 +975,7 @@ local function print_table(cmdline)
     .. "per-repetition ratios);")
   print("  floors: spawn -> floor.spawn, switch -> floor.switch_lua, "
     .. "channel -> floor.message,")
+  print("  sync -> floor.roundtrip,")
   print("  memory -> the bare coroutine, quantum.*_on/off -> the same work "
     .. "on the main thread.")
   local sc = by_id["ums.switch"]
@@ -844,11 +1005,20 @@ end
 cmdline = table.concat(cmdline, " ")
 
 local t_start = now()
-bench_spawn()
-bench_switch()
-bench_channel()
-bench_memory()
-bench_quantum()
+local only_group, only_shape = nil, nil
+if opt.only then
+  only_group, only_shape = opt.only:match("^([%w_]+)%.?([%w_]*)$")
+  if not only_group or (only_shape ~= "" and not SYNC[only_shape]) then
+    io.stderr:write("bench_ums: --only: unknown " .. opt.only .. "\n")
+    os.exit(2)
+  end
+  if only_shape == "" then only_shape = nil end
+end
+for _, b in ipairs{ {"spawn", bench_spawn}, {"switch", bench_switch},
+    {"channel", bench_channel}, {"sync", bench_sync},
+    {"memory", bench_memory}, {"quantum", bench_quantum} } do
+  if not only_group or only_group == b[1] then b[2](only_shape) end
+end
 
 if opt.json then
   local clean = {}

@@ -64,6 +64,69 @@ local argerror, typename, opt_timeout, need_task =
 local M = {}
 
 -- ---------------------------------------------------------------------
+-- Request lists: each resource's waiting requests, FIFO, doubly linked
+-- nodes { task, seq, q, prev, next, owner, mode, ... }. Not a core.waitq:
+-- a release grants every compatible request from the head in one go,
+-- and the deadlock check and M.locks read the requests' modes and owners.
+-- Waiting on one follows the protocol of lua-binding/lwaitq.h all the
+-- same: the granter unlinks a node, then unparks its task (a failed
+-- unpark means that park already ended: the node was stale); a request
+-- whose park ended otherwise unlinks its own node.
+-- ---------------------------------------------------------------------
+
+local park_wait, unpark = core.park_wait, core.unpark
+
+local function newq()
+  return { head = nil, tail = nil }
+end
+
+-- Appends node (for its task's park, seq set later).
+local function push(q, node)
+  node.q = q
+  local tail = q.tail
+  node.prev, node.next = tail, nil
+  if tail then tail.next = node else q.head = node end
+  q.tail = node
+end
+
+-- Puts node just before `at`, a queued node.
+local function insert_before(at, node)
+  local q = at.q
+  node.q = q
+  node.prev, node.next = at.prev, at
+  if at.prev then at.prev.next = node else q.head = node end
+  at.prev = node
+end
+
+-- Takes node off its list, if it is still on one.
+local function unlink(node)
+  local q = node.q
+  if q == nil then return end
+  local prev, nxt = node.prev, node.next
+  if prev then prev.next = nxt else q.head = nxt end
+  if nxt then nxt.prev = prev else q.tail = prev end
+  node.q, node.prev, node.next = nil, nil, nil
+end
+
+-- Ends the park of node's task; false when that park had already ended
+-- (the node is stale). The node leaves its list either way.
+local function grant(node)
+  unlink(node)
+  return unpark(node.task, node.seq, 0)
+end
+
+-- Waits for the park begun for node (queued) to end. Returns the
+-- outcome, or nil, "timeout"; on a timeout or a cancellation the node
+-- leaves its list, and a cancellation is raised again unchanged.
+local function await(node)
+  local ok, outcome, msg = pcall(park_wait)
+  if ok and outcome then return outcome end
+  unlink(node)
+  if not ok then error(outcome, 0) end
+  return nil, msg
+end
+
+-- ---------------------------------------------------------------------
 -- Modes and SQL Server's compatibility matrix
 -- ---------------------------------------------------------------------
 
@@ -171,7 +234,7 @@ Lock.__index = Lock
 local function resource(name)
   local r = resources[name]
   if not r then
-    r = { name = name, grants = {}, q = wq.newq() }
+    r = { name = name, grants = {}, q = newq() }
     resources[name] = r
   end
   return r
@@ -245,7 +308,7 @@ local function grant_waiters(r)
     if not compatible_with_others(r, node.owner, node.mode) then break end
     local g = add_grant(r, node.owner, node.mode, node.task)
     node.grant = g
-    if not wq.grant(node, wq.GRANTED) then
+    if not grant(node) then
       node.grant = nil
       remove_grant(g)
     end
@@ -412,16 +475,16 @@ function M.acquire(name, mode, timeout, owner)
     while before and before.conversion do before = before.next end
   end
   if before then
-    wq.insert_before(before, me, nil, node)
+    insert_before(before, node)
   else
-    wq.push(r.q, me, nil, node)
+    push(r.q, node)
   end
   waiting[me] = node
   local can = proceeding()
   if not can[me] then
     local why = describe_cycle(me, can)
     waiting[me] = nil
-    wq.unlink(node)
+    unlink(node)
     drop_if_unused(r)
     return nil, "deadlock", "ums.applock.acquire: deadlock, this task is "
       .. "the victim: " .. why
@@ -430,13 +493,13 @@ function M.acquire(name, mode, timeout, owner)
   local ok, seq = pcall(core.park_begin, timeout)
   if not ok then  -- cancelled already
     waiting[me] = nil
-    wq.unlink(node)
+    unlink(node)
     grant_waiters(r)
     drop_if_unused(r)
     error(seq, 0)
   end
   node.seq = seq
-  local okw, outcome, msg = pcall(wq.await, node)
+  local okw, outcome, msg = pcall(await, node)
   waiting[me] = nil
   if okw and outcome then return node.grant end
   -- Timed out or cancelled: the node is off the queue, which may let the

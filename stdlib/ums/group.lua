@@ -235,7 +235,7 @@ end
 -- Waits until no member is live: true, or nil, "timeout". nocancel: the
 -- caller's cancellation does not end the wait (a cancelled task closing
 -- its group waits for the tasks it cancelled); otherwise it raises.
-local function wait_members(g, me, timeout, nocancel)
+local function wait_members(g, timeout, nocancel)
   local deadline = timeout and core.now() + timeout
   while true do
     local unstarted = reap(g)
@@ -248,7 +248,7 @@ local function wait_members(g, me, timeout, nocancel)
       -- nobody: look again once every runnable task has had its turn.
       wq.pass(nocancel)
     else
-      local ok, msg = wq.wait(g.q, me, left, nil, nocancel)
+      local ok, msg = wq.wait(g.q, left, nocancel)
       if not ok then return nil, msg end
     end
   end
@@ -265,7 +265,7 @@ function Group:wait(timeout)
     if timeout == 0 then return nil, "timeout" end
     local me = need_task("group:wait")
     check_not_member(self, me, "wait")
-    local ok, msg = wait_members(self, me, timeout)
+    local ok, msg = wait_members(self, timeout)
     if not ok then return nil, msg end
   end
   collect(self, true)
@@ -316,14 +316,14 @@ local function close(g, err)
     if err ~= nil then
       g.cancelled = true
       cancel_members(g)
-      wait_members(g, me, nil, true)
+      wait_members(g, nil, true)
     else
-      local ok, e = pcall(wait_members, g, me, nil)
+      local ok, e = pcall(wait_members, g, nil)
       if not ok then
         -- Cancelled while waiting: the tasks go with us.
         g.cancelled = true
         cancel_members(g)
-        wait_members(g, me, nil, true)
+        wait_members(g, nil, true)
         collect(g, false)
         release_locks(g)
         error(e, 0)

@@ -2,10 +2,10 @@
 -- for the tasks of one ums run (channel and select are in C: lchan.c,
 -- re-exported here).
 --
--- Everything here is plain Lua on three calls of ums.core (see
--- lua-binding/CORE-API.md): `core.park_begin`, `core.park_wait` and
--- `core.unpark`. All tasks of a VM run on that VM's one scheduler
--- thread, and nothing in this file yields except `park_wait` and a
+-- Everything here is plain Lua on the wait queues of ums.core
+-- (`core.waitq`, see lua-binding/CORE-API.md). All tasks of a VM run on
+-- that VM's one scheduler
+-- thread, and nothing in this file yields except a queue's wait and a
 -- wait's yield point (`core.quantum_point`, before the wait looks at its
 -- object), so the state of a primitive needs no lock: the code between
 -- two waits runs as one atomic step. For the same reason these objects
@@ -22,27 +22,25 @@
 --     would park it; a wait that can complete at once still succeeds;
 --   * operations that only change state return true.
 --
--- Waiters. Each primitive keeps FIFO wait queues of nodes
---   { task = <task>, seq = <park seq>, q, prev, next }.
--- A waiter begins its park, queues its node and waits. A waker takes
--- nodes from the head and calls `core.unpark` on each until one succeeds:
--- a failed unpark means that park already ended (timed out or cancelled),
--- so the node is stale and dropped. The waiter also unlinks its own node
--- when its park ends without a grant, so queues never keep garbage for
--- long. lchan.c keeps its channel queues by the same rules, in C.
+-- Waiters. Each primitive keeps FIFO wait queues (core.waitq), whose
+-- protocol is written once, at the top of lua-binding/lwaitq.h: a waker
+-- ends the park of the first live waiter; a waiter whose park ended
+-- otherwise (timeout, cancellation) leaves its queue by itself.
 
 local core = require "ums.core"
 local wq = require "ums.waitq"
 
 -- The atomicity above must hold against the quantum too: a task preempted
 -- half-way through a semaphore release lets another task see it torn
--- (units lost or handed twice), and one preempted between park_begin
--- and park_wait breaks the park protocol. core.nopreempt_chunk() asks the
+-- (units lost or handed twice), and one preempted between
+-- waitq_wait_begin and waitq_wait_end breaks the park protocol.
+-- core.nopreempt_chunk() asks the
 -- core to defer preemption while any function of this chunk runs.
 core.nopreempt_chunk()
 
-local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
-  core.unpark
+local newq, qwait, qwake, qwake_all = core.waitq, core.waitq_wait,
+  core.waitq_wake, core.waitq_wake_all
+local qwait_begin, qwait_end = core.waitq_wait_begin, core.waitq_wait_end
 -- Wait types, so that ums.tasks() and ums.waits() say what a task waits
 -- for (and on which object, held by whom).
 local W = core.WAIT
@@ -130,63 +128,6 @@ local function need_task(fname)
 end
 
 -- ---------------------------------------------------------------------
--- Wait queues: doubly linked FIFOs, so a node can leave from anywhere in
--- O(1) when its park ends without a grant.
--- ---------------------------------------------------------------------
-
-local function newq()
-  return { head = nil, tail = nil }
-end
-
-local function push(q, task, seq)
-  local tail = q.tail
-  local node = { task = task, seq = seq, q = q, prev = tail }
-  if tail then tail.next = node else q.head = node end
-  q.tail = node
-  return node
-end
-
--- Unlinks node from its queue, if it is still on one.
-local function unlink(node)
-  local q = node.q
-  if q == nil then return end
-  local prev, nxt = node.prev, node.next
-  if prev then prev.next = nxt else q.head = nxt end
-  if nxt then nxt.prev = prev else q.tail = prev end
-  node.q, node.prev, node.next = nil, nil, nil
-end
-
--- Ends the park of the first live waiter of q with status and returns its
--- node (off the queue), or nil when q holds no live waiter. Stale nodes
--- met on the way are dropped.
-local function wake_first(q, status)
-  local node = q.head
-  while node do
-    unlink(node)
-    if unpark(node.task, node.seq, status) then
-      return node
-    end
-    node = q.head
-  end
-  return nil
-end
-
-local function wake_all(q, status)
-  while wake_first(q, status) do end
-end
-
--- Waits for the caller's park, begun with node queued, to end. Returns
--- the outcome, or nil, "timeout". On a timeout or a cancellation the node
--- leaves its queue here; a cancellation is then raised again unchanged.
-local function await(node)
-  local ok, outcome, msg = pcall(park_wait)
-  if ok and outcome then return outcome end
-  unlink(node)
-  if not ok then error(outcome, 0) end
-  return nil, msg
-end
-
--- ---------------------------------------------------------------------
 -- Mutex: FIFO, not recursive, owned by the task that locked it. Unlock
 -- hands ownership straight to the first live waiter, so a task that
 -- arrives later cannot barge in and no waiter starves. A task that ends
@@ -219,8 +160,7 @@ function Mutex:lock(timeout)
     return nil, "would deadlock: the mutex is already locked by this task"
   end
   if timeout == 0 then return nil, "timeout" end
-  local seq = park_begin(timeout, false, W.mutex, self, owner)
-  local outcome, msg = await(push(self.q, me, seq))
+  local outcome, msg = qwait(self.q, timeout, false, W.mutex, self, owner)
   if not outcome then return nil, msg end
   -- Granted: unlock already made us the owner.
   return true
@@ -238,8 +178,7 @@ function Mutex:trylock()
 end
 
 local function unlock(m)
-  local node = wake_first(m.q, GRANTED)
-  m.owner = node and node.task or nil
+  m.owner = qwake(m.q, GRANTED)
 end
 
 --- Unlocks the mutex; raises unless the calling task holds it.
@@ -285,8 +224,7 @@ function Semaphore:acquire(timeout)
   end
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("semaphore:acquire")
-  local seq = park_begin(timeout, false, W.semaphore, self)
-  local outcome, msg = await(push(self.q, me, seq))
+  local outcome, msg = qwait(self.q, timeout, false, W.semaphore, self)
   if not outcome then return nil, msg end
   return true
 end
@@ -304,7 +242,7 @@ function Semaphore:release(n)
   if n > maxinteger - self.count then
     return nil, "semaphore value out of range"
   end
-  while n > 0 and wake_first(self.q, GRANTED) do n = n - 1 end
+  while n > 0 and qwake(self.q, GRANTED) do n = n - 1 end
   self.count = self.count + n
   return true
 end
@@ -337,8 +275,8 @@ function Event:set()
   check_self(self, Event, "set")
   if self.manual then
     self.set_ = true
-    wake_all(self.q, GRANTED)
-  elseif not wake_first(self.q, GRANTED) then
+    qwake_all(self.q, GRANTED)
+  elseif not qwake(self.q, GRANTED) then
     self.set_ = true
   end
   return true
@@ -367,8 +305,7 @@ function Event:wait(timeout)
   end
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("event:wait")
-  local seq = park_begin(timeout, false, W.event, self)
-  local outcome, msg = await(push(self.q, me, seq))
+  local outcome, msg = qwait(self.q, timeout, false, W.event, self)
   if not outcome then return nil, msg end
   return true
 end
@@ -398,11 +335,8 @@ local function relock(m, me, err)
     m.owner = me
   elseif m.owner ~= me then
     local owner = m.owner
-    local seq = park_begin(nil, true, W.mutex, m, owner)
-    local node = push(m.q, me, seq)
     -- Only unlock, which makes us the owner, or the detector ends it.
-    if not pcall(park_wait) then
-      unlink(node)
+    if not pcall(qwait, m.q, nil, true, W.mutex, m, owner) then
       wq.raise(3, ("ums.cond:wait: deadlock: the mutex cannot be locked " ..
         "again (its holder, task %d, %s); wait returns without it"):format(
         owner:id(), owner:status() == "suspended" and "waits for ever"
@@ -428,13 +362,11 @@ function Cond:wait(m, timeout)
   end
   -- Nobody can signal between here and the end of a zero wait.
   if timeout == 0 then return nil, "timeout" end
-  -- Begin the park before giving up m: if the task is already cancelled
+  -- Queue the wait before giving up m: if the task is already cancelled
   -- it raises here, with m still held as the caller expects.
-  local seq = park_begin(timeout, false, W.cond, self)
-  local node = push(self.q, me, seq)
+  qwait_begin(self.q, timeout, false, W.cond, self)
   unlock(m)
-  local ok, outcome, msg = pcall(park_wait)
-  if not (ok and outcome) then unlink(node) end
+  local ok, outcome, msg = pcall(qwait_end)
   local err = relock(m, me, not ok and outcome or nil)
   if err ~= nil then error(err, 0) end
   if not outcome then return nil, msg end
@@ -443,13 +375,13 @@ end
 
 function Cond:signal()
   check_self(self, Cond, "signal")
-  wake_first(self.q, GRANTED)
+  qwake(self.q, GRANTED)
   return true
 end
 
 function Cond:broadcast()
   check_self(self, Cond, "broadcast")
-  wake_all(self.q, GRANTED)
+  qwake_all(self.q, GRANTED)
   return true
 end
 
@@ -472,7 +404,7 @@ local function wg_add(wg, n, fname)
       fname))
   end
   wg.count = c
-  if c == 0 then wake_all(wg.q, GRANTED) end
+  if c == 0 then qwake_all(wg.q, GRANTED) end
 end
 
 --- Adds n (may be negative) to the counter; raises if it would go below 0.
@@ -497,8 +429,7 @@ function WaitGroup:wait(timeout)
   if self.count == 0 then return true end
   if timeout == 0 then return nil, "timeout" end
   local me = need_task("waitgroup:wait")
-  local seq = park_begin(timeout, false, W.waitgroup, self)
-  local outcome, msg = await(push(self.q, me, seq))
+  local outcome, msg = qwait(self.q, timeout, false, W.waitgroup, self)
   if not outcome then return nil, msg end
   return true
 end
@@ -514,7 +445,7 @@ return {
   cond = cond,
   -- In C (lua-binding/lchan.c): the channel is the hot path of task
   -- communication, and there a value moves from one task's stack to the
-  -- other's without a waiter table or a pcall per operation.
+  -- other's with no call back into Lua.
   channel = core.channel,
   select = core.select,
   waitgroup = waitgroup,

@@ -1,15 +1,12 @@
 --- ums.waitq: what ums.applock, ums.group and ums.workqueue share: FIFO
--- wait queues on the park calls of ums.core, argument checks worded like
--- lauxlib's, and a way to run user code where the quantum may preempt it.
+-- wait queues (core.waitq), argument checks worded like lauxlib's, and a
+-- way to run user code where the quantum may preempt it.
 -- Internal to the standard library; the conventions are those of
--- ums.sync (read its header first):
---   * all tasks of a run share one Lua VM and one scheduler thread, and
---     nothing here yields except core.park_wait, so the code between two
---     waits is one atomic step;
---   * a waiter begins its park, queues a node and waits; a waker takes
---     nodes from the head and unparks each until one succeeds (a failed
---     unpark means that park already ended, so the node is stale);
---   * a waiter whose park ends without a grant unlinks its own node.
+-- ums.sync (read its header first). All tasks of a run share one Lua VM
+-- and one scheduler thread, and nothing here yields except a queue's
+-- wait and M.pass, so the code between two waits is one atomic step. The
+-- queues are core.waitq's; their protocol is written once, at the top of
+-- lua-binding/lwaitq.h.
 local core = require "ums.core"
 
 -- The atomicity above must hold against the quantum too: no function of
@@ -20,8 +17,8 @@ core.nopreempt_chunk()
 local park_begin, park_wait, unpark = core.park_begin, core.park_wait,
   core.unpark
 
-local error, getmetatable, load, pairs, pcall, rawget, setmetatable, type =
-  error, getmetatable, load, pairs, pcall, rawget, setmetatable, type
+local error, getmetatable, load, pairs, rawget, setmetatable, type =
+  error, getmetatable, load, pairs, rawget, setmetatable, type
 local format = string.format
 local getinfo = debug.getinfo
 local huge = math.huge
@@ -138,88 +135,24 @@ function M.need_task(fname)
 end
 
 -- ---------------------------------------------------------------------
--- Wait queues: doubly linked FIFOs of { task, seq, q, prev, next, ... }
+-- Wait queues: core.waitq, the binding's own (lua-binding/lwaitq.h)
 -- ---------------------------------------------------------------------
 
-function M.newq()
-  return { head = nil, tail = nil, n = 0 }
-end
+--- A FIFO wait queue.
+M.newq = core.waitq
 
---- Appends a node (a table the caller may fill further) for task's park
--- seq.
-function M.push(q, task, seq, node)
-  node = node or {}
-  node.task, node.seq, node.q = task, seq, q
-  local tail = q.tail
-  node.prev, node.next = tail, nil
-  if tail then tail.next = node else q.head = node end
-  q.tail = node
-  q.n = q.n + 1
-  return node
-end
+--- Parks the calling task on q until woken, timeout seconds (nil:
+-- forever): M.wait(q, timeout, nocancel). nocancel: cancellation does
+-- not end the wait (it must be woken or time out). Returns the outcome
+-- or nil, "timeout"; raises a cancellation with the task off q.
+M.wait = core.waitq_wait
 
---- Puts node (for task's park seq) just before `at`, a queued node.
-function M.insert_before(at, task, seq, node)
-  local q = at.q
-  node.task, node.seq, node.q = task, seq, q
-  node.prev, node.next = at.prev, at
-  if at.prev then at.prev.next = node else q.head = node end
-  at.prev = node
-  q.n = q.n + 1
-  return node
-end
+--- Ends the park of the first live waiter of q with outcome (default
+-- 0); returns its task, or nil.
+M.wake_first = core.waitq_wake
 
---- Takes node off its queue, if it is still on one.
-function M.unlink(node)
-  local q = node.q
-  if q == nil then return end
-  local prev, nxt = node.prev, node.next
-  if prev then prev.next = nxt else q.head = nxt end
-  if nxt then nxt.prev = prev else q.tail = prev end
-  node.q, node.prev, node.next = nil, nil, nil
-  q.n = q.n - 1
-end
-local unlink = M.unlink
-
---- Ends the park of node with outcome; false when that park had already
--- ended (the node is stale). The node leaves its queue either way.
-function M.grant(node, outcome)
-  unlink(node)
-  return unpark(node.task, node.seq, outcome or 0)
-end
-
---- Ends the park of the first live waiter of q; returns its node, or nil.
-function M.wake_first(q, outcome)
-  local node = q.head
-  while node do
-    if M.grant(node, outcome) then return node end
-    node = q.head
-  end
-  return nil
-end
-
-function M.wake_all(q, outcome)
-  while M.wake_first(q, outcome) do end
-end
-
---- Waits for the park begun for node (queued) to end. Returns the
--- outcome, or nil, "timeout"; on a timeout or a cancellation the node
--- leaves its queue, and a cancellation is raised again unchanged.
-function M.await(node)
-  local ok, outcome, msg = pcall(park_wait)
-  if ok and outcome then return outcome end
-  unlink(node)
-  if not ok then error(outcome, 0) end
-  return nil, msg
-end
-
---- Parks the calling task (me) on q until woken, timeout seconds (nil:
--- forever). nocancel: cancellation does not end the wait (it must be
--- woken or time out). Returns the outcome or nil, "timeout".
-function M.wait(q, me, timeout, node, nocancel)
-  local seq = park_begin(timeout, nocancel)
-  return M.await(M.push(q, me, seq, node))
-end
+--- The same for every live waiter; returns how many.
+M.wake_all = core.waitq_wake_all
 
 --- Lets every task runnable now take its turn before the caller goes on
 -- (a yield through a park that the caller ends itself, so that with

@@ -244,7 +244,7 @@ local function take(q, me)
       return nil
     end
     q.nidle = q.nidle + 1
-    local ok, got = pcall(wq.wait, q.idleq, me, q.idle_timeout)
+    local ok, got = pcall(wq.wait, q.idleq, q.idle_timeout)
     q.nidle = q.nidle - 1
     if not ok then
       reader_stops(q)
@@ -448,12 +448,12 @@ function Queue:wait(timeout)
   quantum_point()
   if self.outstanding > 0 then
     if timeout == 0 then return nil, "timeout" end
-    local me = need_task("workqueue:wait")
+    need_task("workqueue:wait")
     local deadline = timeout and core.now() + timeout
     while self.outstanding > 0 do
       local left = deadline and deadline - core.now()
       if left and left < 0 then left = 0 end
-      local ok, msg = wq.wait(self.doneq, me, left)
+      local ok, msg = wq.wait(self.doneq, left)
       if not ok then return nil, msg end
     end
   end
@@ -503,8 +503,8 @@ function Item:result(timeout)
   local st = self.status_
   if st == "queued" or st == "waiting" or st == "running" then
     if timeout == 0 then return nil, "timeout" end
-    local me = need_task("workqueue item:result")
-    local ok, msg = wq.wait(self.waiters, me, timeout)
+    need_task("workqueue item:result")
+    local ok, msg = wq.wait(self.waiters, timeout)
     if not ok then return nil, msg end
   end
   return outcome(self)
