@@ -51,7 +51,7 @@ static int l_waitq(lua_State *L) {
 ** queued, if the task was cancelled. */
 static ltask *wait_begin(lua_State *L, lwaitq *q, const char *fname) {
   ltask *me = lums_need_task(L, fname);
-  if (me->park_begun)
+  if (me->park.begun)
     return luaL_error(L, "ums.%s: a park is already in progress", fname),
            NULL;
   int64_t deadline = lums_check_timeout(L, 2);
@@ -100,7 +100,7 @@ static int l_waitq_wait_begin(lua_State *L) {
 
 static int l_waitq_wait_end(lua_State *L) {
   ltask *me = lums_need_task(L, "waitq_wait_end");
-  if (!me->park_begun)
+  if (!me->park.begun)
     return luaL_error(L, "ums.waitq_wait_end: no wait begun (call "
                          "core.waitq_wait_begin first)");
   return lums_park_finish(L, me, 0, wait_k);

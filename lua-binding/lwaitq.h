@@ -9,7 +9,7 @@
 **     between two waits runs as one atomic step, so a queue has no lock;
 **   * a waiter begins its park (which raises, with nothing queued, for a
 **     cancelled task), pushes its lwait and parks, with nothing between
-**     that can yield or be preempted (lpark's park_begun);
+**     that can yield or be preempted (lpark_task.begun);
 **   * a waker takes the first waiter off and unparks it (lums_q_wake,
 **     lpark.h); a failed unpark means that park already ended (timed
 **     out, cancelled), so that waiter was stale and the next is tried.
