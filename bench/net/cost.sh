@@ -85,7 +85,7 @@ for s in "${servers[@]}"; do
   load "$port"
   callgrind_control -d "$server_pid" >/dev/null 2>&1
   net_stop
-  dump=$(ls "$out".* 2>/dev/null | head -1)
+  dump=$(find "$net_tmp" -maxdepth 1 -name "cg.*" | head -1)
   ir=$(sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$dump" | head -1)
   [[ -n "$ir" ]] || ir=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$dump" | head -1)
 
