@@ -462,7 +462,10 @@ static int method_end(lua_State *L, lop *o, int nres) {
   int sides = o->sides;
   if (err == UMS_ECANCELED) forget_buffers(o);
   if (f->sock && err == UMS_ETIMEDOUT) keep_after_timeout(o);
-  op_clear(o);
+  /* Only the accumulator goes now: nothing reads an op whose side is
+  ** free, and the next method's start clears it (op_clear). */
+  ums_buf_release(o->acc);
+  o->acc = NULL;
   sides_give(f, sides);
   int n = m->done(L, f, nres, err);
   /* A write failed: a failure result (nil, message, errno; the methods
@@ -2106,18 +2109,24 @@ int lstream_recv(lua_State *L) {
   return lstream_start(L, f, &m_recv);
 }
 
-/* Stack: stream, data, i, j (checked). Pending writes first, then
-** data[i, j] unbuffered; the result counts data's bytes only. */
+/* Stack: stream, data, i, j (checked): the bytes to send are data[i, j]
+** (the string stays on the stack for the method's whole run). */
+static void send_init(lua_State *L, lop *o) {
+  const char *s = lua_tostring(L, 2);
+  size_t i = (size_t)lua_tointeger(L, 3), j = (size_t)lua_tointeger(L, 4);
+  o->src = s + i - 1;
+  o->srclen = j - i + 1;
+}
+
+/* Pending writes first, then the bytes send_init found, unbuffered; the
+** result counts those bytes only. */
 static int step_send(lua_State *L, lop *o) {
   if (o->phase == 0) {
     int st = flush_first(o);
     if (st != 1) return st;
     o->wrote = 0;
   }
-  size_t len;
-  const char *s = lua_tolstring(L, 2, &len);
-  size_t i = (size_t)lua_tointeger(L, 3), j = (size_t)lua_tointeger(L, 4);
-  int64_t r = write_chunks(o, s + i - 1, j - i + 1, UMS_FS_CUR);
+  int64_t r = write_chunks(o, o->src, o->srclen, UMS_FS_CUR);
   if (r == AGAIN) return STEP_IO;
   if (r) {
     o->err = r;
@@ -2127,7 +2136,7 @@ static int step_send(lua_State *L, lop *o) {
   return 1;
 }
 
-static const lmethod m_send = {NULL, step_send,
+static const lmethod m_send = {send_init, step_send,
                                done_result, false, LSIDE_WRITE};
 
 /* conn:send(data [, i [, j]]) -> count | nil, msg, errno, sent; i and j

@@ -112,6 +112,9 @@ struct lop {
   int64_t wrote;         /* bytes this method wrote into the file */
   int64_t err2;          /* close: the flush's error */
   const char *path;      /* open: the path (on the stack) */
+  const char *src;       /* send: the bytes to send (in a string on the
+                            stack) */
+  size_t srclen;
   int oflags, omode;     /* open */
   ums_buf_t *acc;        /* data being gathered for a result, or a chunk
                             being written: the op's reference, dropped at

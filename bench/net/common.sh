@@ -73,8 +73,9 @@ net_port() {
 }
 
 # net_start PORT CMD...: starts CMD in the background (output to a log in
-# the scratch folder), waits until 127.0.0.1:PORT accepts a connection (10
-# s at most) and sets server_pid. Fails, printing the log, if the server
+# the scratch folder), waits until 127.0.0.1:PORT accepts a connection
+# (net_start_wait tenths of a second, 10 s unless set) and sets
+# server_pid. Fails, printing the log, if the server
 # dies or never listens.
 net_start() {
   local port=$1 i
@@ -82,7 +83,7 @@ net_start() {
   "$@" >"$net_tmp/server.log" 2>&1 &
   server_pid=$!
   net_pids+=("$server_pid")
-  for ((i = 0; i < 100; i++)); do
+  for ((i = 0; i < ${net_start_wait:-100}; i++)); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       return 0
     fi

@@ -1049,13 +1049,9 @@ struct ums_fs_req {
 
   /* Sockets (net.c) and readiness, [const] once submitted except where
   ** said. A deadline for the calls of host threads, which wait with
-  ** poll(2). The address is the one to connect or send to, or the one
-  ** accept and recvfrom fill in (the completer writes it and addrlen
-  ** before the state CAS). */
+  ** poll(2). addrlen: the length of addr (below), 0 without one. */
   int64_t deadline;
-  struct sockaddr_storage addr;
   socklen_t addrlen;
-  struct msghdr msg;            /* RECVMSG, SENDMSG: over iov and addr */
   uint32_t events;              /* POLL: POLLIN, POLLOUT, ... */
   bool connecting;              /* [the executor] a non-blocking connect
                                    is in progress: wait, then SO_ERROR */
@@ -1078,8 +1074,16 @@ struct ums_fs_req {
   ** same descriptor (io-poll.c). */
   ums_link_t poll_link;
 
-  /* Inline room, not zeroed when a request is made (io.c: req_new). A
-  ** stat has no buffers, a read or write no statx. */
+  /* Not zeroed when a request is made (io.c: req_new): each is written
+  ** before it is read, by the builder of the operations that use it
+  ** (net.c, mk_net) or by the kernel. The address is the one to connect
+  ** or send to, or the one accept and recvfrom fill in (the completer
+  ** writes it and addrlen before the state CAS). */
+  struct sockaddr_storage addr;
+  struct msghdr msg;            /* RECVMSG, SENDMSG: over iov and addr */
+
+  /* Inline room, not zeroed either. A stat has no buffers, a read or
+  ** write no statx. */
   union {
     struct {
       struct iovec iov_inline[UMS__IO_INLINE_IOV];

@@ -72,8 +72,10 @@ ums__io_req_t *ums__io_req_new(int op) {
   } else if (!(r = malloc(sizeof *r))) {
     return NULL;
   }
-  /* The inline room is the bulk of the struct; zero only the head. */
-  memset(r, 0, offsetof(ums__io_req_t, iov_inline));
+  /* Zero only the head: the socket address, the message header and the
+  ** inline room, the bulk of the struct, are written before they are
+  ** read (internal.h). */
+  memset(r, 0, offsetof(ums__io_req_t, addr));
   r->op = op;
   r->fd = -1;
   atomic_store_explicit(&r->refs, 1, memory_order_relaxed);
@@ -284,6 +286,15 @@ static bool use_poller(ums__sched_t *s, const ums__io_req_t *r) {
   return !s->ring && ums__io_is_net(r->op);
 }
 
+enum { BACKEND_POOL, BACKEND_RING, BACKEND_POLLER };
+
+/* Where r waits on s: decided once per request, since use_ring may make
+** system calls. */
+static int backend_of(ums__sched_t *s, const ums__io_req_t *r) {
+  if (use_poller(s, r)) return BACKEND_POLLER;
+  return use_ring(s, r) ? BACKEND_RING : BACKEND_POOL;
+}
+
 /* Whether a socket request's system call is made at once on the
 ** scheduler thread, before anything waits, so that a socket that is ready
 ** answers without a trip through the kernel's queue or the epoll set:
@@ -297,10 +308,10 @@ static bool use_poller(ums__sched_t *s, const ums__io_req_t *r) {
 ** (net.c). A call on a ring that lacks the operation goes to the pool,
 ** which makes it there. A receive whose descriptor's recent receives
 ** all had to wait skips its try and waits for readiness at once (net.c,
-** "Receives that wait first"). */
-static bool try_first(ums__sched_t *s, const ums__io_req_t *r) {
-  if (use_poller(s, r)) return true;
-  if (!use_ring(s, r)) return false;
+** "Receives that wait first"). backend: backend_of's answer for r. */
+static bool try_first(int backend, const ums__io_req_t *r) {
+  if (backend == BACKEND_POLLER) return true;
+  if (backend != BACKEND_RING) return false;
   switch (r->op) {
     case UMS__IO_RECV: case UMS__IO_SEND: case UMS__IO_RECVMSG:
     case UMS__IO_SENDMSG: case UMS__IO_POLL:
@@ -347,13 +358,14 @@ static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
   ums__task_t *t = ums__task_current();
   if (!t) return UMS_EPERM;
   ums__sched_t *s = t->sched;
-  if (use_poller(s, r)) {
+  int backend = backend_of(s, r);
+  if (backend == BACKEND_POLLER) {
     int e = ums__poller_new(s);
     if (e) return e;
   }
   int type = ums__io_is_net(r->op) ? UMS_WAIT_NET : UMS_WAIT_FILE_IO;
   r->sched = s;
-  bool tryable = try_first(s, r);
+  bool tryable = try_first(backend, r);
   bool try = tryable && !ums__net_wait_first(s, r, deadline);
   int64_t res = UMS__NET_WAIT;
   if (try && direct && r->op != UMS__IO_CONNECT) {
@@ -384,7 +396,7 @@ static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
   atomic_fetch_add_explicit(&s->io_pending, 1, memory_order_relaxed);
   if (res != UMS__NET_WAIT) {
     ums__io_complete(r, res);
-  } else if (use_ring(s, r)) {
+  } else if (backend == BACKEND_RING) {
     r->on_ring = true;
     /* A call that may be tried at once cannot block: the ring waits for
     ** readiness and the call is made here (a poll itself is already
@@ -392,7 +404,7 @@ static int start(ums__io_req_t *r, int64_t deadline, bool direct) {
     ** (net.c, "Receives that wait first"). */
     r->ring_ready = tryable && r->op != UMS__IO_POLL;
     ums__ring_submit(s, r);
-  } else if (use_poller(s, r)) {
+  } else if (backend == BACKEND_POLLER) {
     /* Tried above, or waiting first: it waits for readiness. */
     r->on_poller = true;
     ums__poller_submit(s, r);

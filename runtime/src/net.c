@@ -288,6 +288,7 @@ static int mk_net(ums__io_req_t **out, int op, int fd, ums_buf_t *buf,
     r->addrlen = addrlen;
   }
   if (op == UMS__IO_RECVMSG || op == UMS__IO_SENDMSG) {
+    memset(&r->msg, 0, sizeof r->msg);
     r->msg.msg_iov = r->iov;
     r->msg.msg_iovlen = 1;
     r->msg.msg_name = &r->addr;

@@ -352,7 +352,12 @@ typedef struct dgram {
   int family;
   int fd;             /* the receiver's */
   addr_t addr;        /* its address */
-  addr_t from;        /* the sender's bound address */
+  addr_t from;        /* the sender's bound address, written before
+                         from_set */
+  atomic_int from_set;  /* from is written: the receiver, which finds the
+                           datagrams through the kernel, learns it here
+                           (ThreadSanitizer sees no order through the
+                           kernel) */
   atomic_int timed_out; /* the receiver's first call has timed out */
 } dgram_t;
 
@@ -372,6 +377,7 @@ static void *dgram_receiver(void *arg) {
                                  ums_deadline(30 * SEC));
     CHECK_EQ(n, 100 + i);
     CHECK(same(b, (size_t)n, (uint8_t)i));
+    CHECK_EQ(atomic_load(&d->from_set), 1);  /* sent after it was set */
     CHECK_EQ(from.ss_family, d->family);
     CHECK_EQ(flen, d->from.len);
     CHECK(memcmp(&from, &d->from.ss, flen) == 0);
@@ -393,6 +399,7 @@ static void *dgram_sender2(void *arg) {
   addr_t me;
   int fd = bound(d->family, SOCK_DGRAM, &me);
   d->from = me;
+  atomic_store(&d->from_set, 1);
   ums_buf_t *b = ums_buf_new(2048);
   /* Past the receiver's timeout: waited for rather than slept past, so
   ** that a scheduler held up longer than the sleep by a loaded machine
