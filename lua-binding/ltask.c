@@ -199,7 +199,7 @@ void lums_handle_push_failure(lua_State *L, int idx, lhandle *h) {
     lua_pushnil(L);
     return;
   }
-  lua_getiuservalue(L, idx, 1);
+  lums_handle_get_extras(L, idx);
   lua_getfield(L, -1, X_ERR);
   lua_getfield(L, -2, X_TB);
   lua_remove(L, -3);
@@ -212,10 +212,20 @@ int lums_handle_push_outcome(lua_State *L, int idx, lhandle *h) {
     lua_pushboolean(L, 1);
     if (h->nres == 0) return 1;
     if (h->nres == 1) {
-      lua_getiuservalue(L, idx, LUMS_UV_RESULT);
+      switch (h->res) {
+        case RES_NIL: lua_pushnil(L); break;
+        case RES_BOOL: lua_pushboolean(L, h->r.b); break;
+        case RES_INT: lua_pushinteger(L, h->r.i); break;
+        case RES_FLT: lua_pushnumber(L, h->r.n); break;
+        case RES_LUD: lua_pushlightuserdata(L, h->r.p); break;
+        default:
+          lums_handle_get_extras(L, idx);
+          lua_rawgeti(L, -1, 1);
+          lua_remove(L, -2);
+      }
       return 2;
     }
-    lua_getiuservalue(L, idx, 1);
+    lums_handle_get_extras(L, idx);
     int tbl = lua_gettop(L);
     luaL_checkstack(L, h->nres, "too many results");
     for (int i = 1; i <= h->nres; i++) lua_rawgeti(L, tbl, i);
@@ -357,7 +367,7 @@ static int l_task_status(lua_State *L) {
 
 /* Pushes the name of the task at (absolute) idx: "" when it has none. */
 static void push_name(lua_State *L, int idx) {
-  if (lua_getiuservalue(L, idx, 1) == LUA_TTABLE) {
+  if (lums_handle_get_extras(L, idx) == LUA_TTABLE) {
     if (lua_getfield(L, -1, X_NAME) == LUA_TSTRING) {
       lua_remove(L, -2);
       return;
@@ -426,6 +436,12 @@ void lums_task_metatable(lua_State *L) {
       {"id", l_task_id},         {"locals", l_task_locals},
       {NULL, NULL}};
   if (luaL_newmetatable(L, LUMS_TASK_MT)) {
+    lua_createtable(L, 0, 0);
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, LUMS_EXTRAS_KEY);
     luaL_newlib(L, task_methods);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_task_tostring);

@@ -58,6 +58,13 @@ struct ltask {
                             its own on co */
 };
 
+/* Where a task that ended with exactly one result keeps it
+** (lhandle.res): a value the collector need not see is copied into the
+** handle itself, so that the usual end (`return value`) neither finds
+** the handle's Lua value nor stores anything in Lua; any other value
+** goes to the handle's extras (below) at 1. */
+enum { RES_EXTRAS, RES_NIL, RES_BOOL, RES_INT, RES_FLT, RES_LUD };
+
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
 ** ums.self()). It outlives the task, so it keeps only the outcome; it is
 ** kept small (one user value, 40 bytes) because one is allocated and
@@ -73,7 +80,14 @@ struct lhandle {
   bool nomem;            /* done with an error whose value and traceback
                             could not be kept for lack of memory: it
                             reads as "out of memory", with no traceback */
+  uint8_t res;           /* done ok with one result: where it is (RES_*) */
   int nres;              /* done ok: number of results */
+  union {                /* the one result, unless res is RES_EXTRAS */
+    lua_Integer i;
+    lua_Number n;
+    void *p;
+    int b;
+  } r;
 };
 
 /* Where a task's values sit in its VM's anchor table (ltask.slot). */
@@ -104,31 +118,43 @@ static inline bool lums_quantum_due(ltask *t) {
 ** for why not luaL_checkudata). */
 LUMS_HIDDEN extern const char lums_task_tag;
 
-/* The handle's one user value, created when first needed: a table with
-** the results at 1..nres, and the fields below. */
+/* A handle's extras: a table made when first needed, with the results of
+** a task that ended with more than one, or with one the handle cannot
+** hold itself (lhandle.res), at 1..nres, and the fields below. Handles
+** have no user value: a full userdata with one is traversed by the
+** collector on its own, and that cost more than the rest of a task's
+** life; the extras sit instead in a table of the VM, weak in its keys
+** (LUMS_EXTRAS_KEY), so that a handle and its extras go together. */
 #define X_ERR "err"        /* done with an error: the error value */
 #define X_TB "traceback"   /* done with an error: its traceback */
 #define X_LOCALS "locals"  /* task-local storage */
 #define X_NAME "name"      /* the task's name */
+#define LUMS_EXTRAS_KEY "ums.extras"
 
-
-/* A task handle's user values: 1, its extras table (the X_* fields and
-** the results), made when first needed; 2, the result of a task that
-** ended with exactly one, kept there instead of in a table so that the
-** usual "return a value" end allocates nothing. */
-#define LUMS_HANDLE_UVS 2
-#define LUMS_UV_RESULT 2
+/* Pushes the extras table of the handle at idx (nil if it has none);
+** returns its type. Allocates nothing. */
+static inline int lums_handle_get_extras(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUMS_EXTRAS_KEY);
+  lua_pushvalue(L, idx);
+  int type = lua_rawget(L, -2);
+  lua_remove(L, -2);
+  return type;
+}
 
 /* Pushes the extras table of the handle at idx, creating it if needed
 ** with room for narr results (a table grown one result at a time costs
-** a resize per result: more than the rest of a task's end). Inline: a
-** task's end fills it. */
+** a resize per result: more than the rest of a task's end). */
 static inline void lums_handle_extras(lua_State *L, int idx, int narr) {
-  if (lua_getiuservalue(L, idx, 1) != LUA_TTABLE) {
+  idx = lua_absindex(L, idx);
+  if (lums_handle_get_extras(L, idx) != LUA_TTABLE) {
     lua_pop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, LUMS_EXTRAS_KEY);
     lua_createtable(L, narr, 0);
-    lua_pushvalue(L, -1);
-    lua_setiuservalue(L, idx < 0 ? idx - 2 : idx, 1);
+    lua_pushvalue(L, idx);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4);
+    lua_remove(L, -2);
   }
 }
 

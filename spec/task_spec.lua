@@ -92,6 +92,67 @@ describe("ums.spawn and task:join", function()
     end)
   end)
 
+  it("returns one number, boolean or nil exactly, integer and float kept "
+     .. "apart", function()
+    ums.run(function()
+      local cases = {0, 1, -1, math.maxinteger, math.mininteger, 1.0, -0.0,
+                     0.5, math.huge, -math.huge, true, false}
+      local tasks = {}
+      for i, v in ipairs(cases) do
+        tasks[i] = ums.spawn(function() return v end)
+      end
+      local nan = ums.spawn(function() return 0 / 0 end)
+      local none = ums.spawn(function() return nil end)
+      collectgarbage("collect")
+      for i, v in ipairs(cases) do
+        local r = table.pack(tasks[i]:join())
+        assert.equal(2, r.n)
+        assert.is_true(r[1])
+        assert.equal(math.type(v), math.type(r[2]))
+        assert.is_true(rawequal(v, r[2]))
+        if v == 0 then assert.equal(1 / v, 1 / r[2]) end  -- -0.0 stays
+      end
+      local ok, v = nan:join()
+      assert.is_true(ok)
+      assert.is_true(v ~= v)
+      local r = table.pack(none:join())
+      assert.equal(2, r.n)
+      assert.is_nil(r[2])
+    end)
+  end)
+
+  it("keeps a handle's name, locals and collectable result no longer than "
+     .. "the handle", function()
+    local extras = debug.getregistry()["ums.extras"]
+    local function count()
+      local n = 0
+      for _ in pairs(extras) do n = n + 1 end
+      return n
+    end
+    ums.run(function()
+      collectgarbage("collect")
+      local before = count()
+      local kept = {}
+      for i = 1, 100 do
+        local t = ums.spawn(function() return {i} end)
+        t:name("t" .. i)
+        t:locals().i = i
+        if i % 10 == 0 then kept[#kept + 1] = t end
+      end
+      for _, t in ipairs(kept) do t:join() end
+      collectgarbage("collect")
+      collectgarbage("collect")
+      assert.equal(before + #kept, count())
+      for j, t in ipairs(kept) do
+        local ok, v = t:join()
+        assert.is_true(ok)
+        assert.equal(10 * j, v[1])
+        assert.equal("t" .. 10 * j, t:name())
+        assert.equal(10 * j, t:locals().i)
+      end
+    end)
+  end)
+
   it("passes tables by identity", function()
     ums.run(function()
       local arg = {}
