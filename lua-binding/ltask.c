@@ -191,6 +191,27 @@ static int l_run_until_idle(lua_State *L) {
 /* Task methods                                                            */
 /* ---------------------------------------------------------------------- */
 
+void lums_handle_extras(lua_State *L, int idx, int narr) {
+  lhandle *h = (lhandle *)lua_touserdata(L, idx);
+  if (h->extras) {
+    lua_getmetatable(L, idx);
+    return;
+  }
+  idx = lua_absindex(L, idx);
+  lua_createtable(L, narr, 4);
+  lua_getmetatable(L, idx);  /* the shared one, copied field by field */
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -5);
+  }
+  lua_pop(L, 1);
+  lua_pushvalue(L, -1);
+  lua_setmetatable(L, idx);
+  h->extras = true;
+}
+
 /* Pushes the error and the traceback of the failed task whose handle h is
 ** at idx. */
 void lums_handle_push_failure(lua_State *L, int idx, lhandle *h) {
@@ -436,12 +457,6 @@ void lums_task_metatable(lua_State *L) {
       {"id", l_task_id},         {"locals", l_task_locals},
       {NULL, NULL}};
   if (luaL_newmetatable(L, LUMS_TASK_MT)) {
-    lua_createtable(L, 0, 0);
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "k");
-    lua_setfield(L, -2, "__mode");
-    lua_setmetatable(L, -2);
-    lua_setfield(L, LUA_REGISTRYINDEX, LUMS_EXTRAS_KEY);
     luaL_newlib(L, task_methods);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_task_tostring);

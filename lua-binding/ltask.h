@@ -67,7 +67,7 @@ enum { RES_EXTRAS, RES_NIL, RES_BOOL, RES_INT, RES_FLT, RES_LUD };
 
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
 ** ums.self()). It outlives the task, so it keeps only the outcome; it is
-** kept small (one user value, 40 bytes) because one is allocated and
+** kept small (no user value, 48 bytes) because one is allocated and
 ** collected per task. */
 struct lhandle {
   const char *tag;       /* &lums_task_tag: tells a task handle apart */
@@ -80,6 +80,7 @@ struct lhandle {
   bool nomem;            /* done with an error whose value and traceback
                             could not be kept for lack of memory: it
                             reads as "out of memory", with no traceback */
+  bool extras;           /* its metatable is its own extras table (below) */
   uint8_t res;           /* done ok with one result: where it is (RES_*) */
   int nres;              /* done ok: number of results */
   union {                /* the one result, unless res is RES_EXTRAS */
@@ -120,43 +121,43 @@ LUMS_HIDDEN extern const char lums_task_tag;
 
 /* A handle's extras: a table made when first needed, with the results of
 ** a task that ended with more than one, or with one the handle cannot
-** hold itself (lhandle.res), at 1..nres, and the fields below. Handles
-** have no user value: a full userdata with one is traversed by the
-** collector on its own, and that cost more than the rest of a task's
-** life; the extras sit instead in a table of the VM, weak in its keys
-** (LUMS_EXTRAS_KEY), so that a handle and its extras go together. */
+** hold itself (lhandle.res), at 1..nres, and the fields below.
+**
+** Handles have no user value: the collector traverses a full userdata
+** with user values on its own, after the gray list, and that cost more
+** than the rest of a task's life; one without them it marks at once,
+** with its metatable. So the extras table is the handle's own
+** metatable: it starts as a copy of the fields of the metatable the
+** handle shares (LUMS_TASK_MT, or lums.c's metatable of failed handles),
+** so the handle's methods and __name stay, and holds the X_* fields and
+** the results beside them. The collector reaches it from the handle as
+** it reaches any metatable, and it goes with the handle; nothing else
+** refers to it, so no table of the VM is keyed by handles (a weak-keyed
+** one is an ephemeron table, which the collector re-traverses to
+** convergence at every cycle, and a run short of memory makes one cycle
+** per failed allocation). A handle without extras (lhandle.extras false)
+** shares its metatable with every other. */
 #define X_ERR "err"        /* done with an error: the error value */
 #define X_TB "traceback"   /* done with an error: its traceback */
 #define X_LOCALS "locals"  /* task-local storage */
 #define X_NAME "name"      /* the task's name */
-#define LUMS_EXTRAS_KEY "ums.extras"
 
 /* Pushes the extras table of the handle at idx (nil if it has none);
 ** returns its type. Allocates nothing. */
 static inline int lums_handle_get_extras(lua_State *L, int idx) {
-  idx = lua_absindex(L, idx);
-  lua_getfield(L, LUA_REGISTRYINDEX, LUMS_EXTRAS_KEY);
-  lua_pushvalue(L, idx);
-  int type = lua_rawget(L, -2);
-  lua_remove(L, -2);
-  return type;
+  const lhandle *h = (const lhandle *)lua_touserdata(L, idx);
+  if (!h->extras) {
+    lua_pushnil(L);
+    return LUA_TNIL;
+  }
+  lua_getmetatable(L, idx);
+  return LUA_TTABLE;
 }
 
 /* Pushes the extras table of the handle at idx, creating it if needed
 ** with room for narr results (a table grown one result at a time costs
 ** a resize per result: more than the rest of a task's end). */
-static inline void lums_handle_extras(lua_State *L, int idx, int narr) {
-  idx = lua_absindex(L, idx);
-  if (lums_handle_get_extras(L, idx) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_getfield(L, LUA_REGISTRYINDEX, LUMS_EXTRAS_KEY);
-    lua_createtable(L, narr, 0);
-    lua_pushvalue(L, idx);
-    lua_pushvalue(L, -2);
-    lua_rawset(L, -4);
-    lua_remove(L, -2);
-  }
-}
+LUMS_HIDDEN void lums_handle_extras(lua_State *L, int idx, int narr);
 
 /* Wakes every task joining t (t has ended). Inline: every task's end
 ** passes here. */

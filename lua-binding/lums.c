@@ -279,6 +279,15 @@ static int keep_protected(lua_State *SL) {
     ** it at its end if it is still unjoined then (the set is weak, so it
     ** does not keep the handle alive). */
     lua_getfield(SL, LUA_REGISTRYINDEX, FAILED_MT);
+    if (t->h->extras) {
+      /* Its own metatable takes the finalizer, and is set again so that
+      ** Lua sees it has one. */
+      lua_getfield(SL, -1, "__gc");
+      lua_getmetatable(SL, -3);
+      lua_insert(SL, -2);
+      lua_setfield(SL, -2, "__gc");
+      lua_replace(SL, -2);
+    }
     lua_setmetatable(SL, -2);
     lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
     lua_pushvalue(SL, -2);
