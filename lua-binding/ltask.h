@@ -124,7 +124,7 @@ LUMS_HIDDEN extern const char lums_task_tag;
 ** hold itself (lhandle.res), at 1..nres, and the fields below.
 **
 ** Handles have no user value: the collector traverses a full userdata
-** with user values on its own, after the gray list, and that cost more
+** with user values on its own, after the gray list, and that costs more
 ** than the rest of a task's life; one without them it marks at once,
 ** with its metatable. So the extras table is the handle's own
 ** metatable: it starts as a copy of the fields of the metatable the
@@ -136,7 +136,9 @@ LUMS_HIDDEN extern const char lums_task_tag;
 ** one is an ephemeron table, which the collector re-traverses to
 ** convergence at every cycle, and a run short of memory makes one cycle
 ** per failed allocation). A handle without extras (lhandle.extras false)
-** shares its metatable with every other. */
+** shares its metatable with every other. A failed handle's finalizer
+** goes into its own metatable too (lums.c, keep_protected). Lua code
+** that calls getmetatable on a handle sees its extras. */
 #define X_ERR "err"        /* done with an error: the error value */
 #define X_TB "traceback"   /* done with an error: its traceback */
 #define X_LOCALS "locals"  /* task-local storage */
