@@ -773,7 +773,7 @@ static int l_task_info(lua_State *L) {
     return 1;
   }
   set_int(L, "id", (lua_Integer)h->id);
-  if (lua_getiuservalue(L, 1, 1) == LUA_TTABLE)
+  if (lums_handle_get_extras(L, 1) == LUA_TTABLE)
     lua_getfield(L, -1, X_NAME);
   else
     lua_pushnil(L);

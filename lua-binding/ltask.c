@@ -164,6 +164,27 @@ static int l_run_until_idle(lua_State *L) {
 /* Task methods                                                            */
 /* ---------------------------------------------------------------------- */
 
+void lums_handle_extras(lua_State *L, int idx, int narr) {
+  lhandle *h = (lhandle *)lua_touserdata(L, idx);
+  if (h->extras) {
+    lua_getmetatable(L, idx);
+    return;
+  }
+  idx = lua_absindex(L, idx);
+  lua_createtable(L, narr, 4);
+  lua_getmetatable(L, idx);  /* the shared one, copied field by field */
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -5);
+  }
+  lua_pop(L, 1);
+  lua_pushvalue(L, -1);
+  lua_setmetatable(L, idx);
+  h->extras = true;
+}
+
 /* Pushes the error and the traceback of the failed task whose handle h is
 ** at idx. */
 void lums_handle_push_failure(lua_State *L, int idx, lhandle *h) {
@@ -172,7 +193,7 @@ void lums_handle_push_failure(lua_State *L, int idx, lhandle *h) {
     lua_pushnil(L);
     return;
   }
-  lua_getiuservalue(L, idx, 1);
+  lums_handle_get_extras(L, idx);
   lua_getfield(L, -1, X_ERR);
   lua_getfield(L, -2, X_TB);
   lua_remove(L, -3);
@@ -185,10 +206,20 @@ int lums_handle_push_outcome(lua_State *L, int idx, lhandle *h) {
     lua_pushboolean(L, 1);
     if (h->nres == 0) return 1;
     if (h->nres == 1) {
-      lua_getiuservalue(L, idx, LUMS_UV_RESULT);
+      switch (h->res) {
+        case RES_NIL: lua_pushnil(L); break;
+        case RES_BOOL: lua_pushboolean(L, h->r.b); break;
+        case RES_INT: lua_pushinteger(L, h->r.i); break;
+        case RES_FLT: lua_pushnumber(L, h->r.n); break;
+        case RES_LUD: lua_pushlightuserdata(L, h->r.p); break;
+        default:
+          lums_handle_get_extras(L, idx);
+          lua_rawgeti(L, -1, 1);
+          lua_remove(L, -2);
+      }
       return 2;
     }
-    lua_getiuservalue(L, idx, 1);
+    lums_handle_get_extras(L, idx);
     int tbl = lua_gettop(L);
     luaL_checkstack(L, h->nres, "too many results");
     for (int i = 1; i <= h->nres; i++) lua_rawgeti(L, tbl, i);
@@ -329,7 +360,7 @@ static int l_task_status(lua_State *L) {
 
 /* Pushes the name of the task at (absolute) idx: "" when it has none. */
 static void push_name(lua_State *L, int idx) {
-  if (lua_getiuservalue(L, idx, 1) == LUA_TTABLE) {
+  if (lums_handle_get_extras(L, idx) == LUA_TTABLE) {
     if (lua_getfield(L, -1, X_NAME) == LUA_TSTRING) {
       lua_remove(L, -2);
       return;

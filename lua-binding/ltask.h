@@ -60,9 +60,16 @@ struct ltask {
                             its own on co */
 };
 
+/* Where a task that ended with exactly one result keeps it
+** (lhandle.res): a value the collector need not see is copied into the
+** handle itself, so that the usual end (`return value`) neither finds
+** the handle's Lua value nor stores anything in Lua; any other value
+** goes to the handle's extras (below) at 1. */
+enum { RES_EXTRAS, RES_NIL, RES_BOOL, RES_INT, RES_FLT, RES_LUD };
+
 /* A task's handle: the full userdata Lua code holds (ums.spawn's result,
 ** ums.self()). It outlives the task, so it keeps only the outcome; it is
-** kept small (one user value, 40 bytes) because one is allocated and
+** kept small (no user value, 48 bytes) because one is allocated and
 ** collected per task. */
 struct lhandle {
   const char *tag;       /* &lums_task_tag: tells a task handle apart */
@@ -75,7 +82,15 @@ struct lhandle {
   bool nomem;            /* done with an error whose value and traceback
                             could not be kept for lack of memory: it
                             reads as "out of memory", with no traceback */
+  bool extras;           /* its metatable is its own extras table (below) */
+  uint8_t res;           /* done ok with one result: where it is (RES_*) */
   int nres;              /* done ok: number of results */
+  union {                /* the one result, unless res is RES_EXTRAS */
+    lua_Integer i;
+    lua_Number n;
+    void *p;
+    int b;
+  } r;
 };
 
 /* Where a task's values sit in its VM's anchor table (ltask.slot). */
@@ -106,33 +121,47 @@ static inline bool lums_quantum_due(ltask *t) {
 ** for why not luaL_checkudata). */
 LUMS_HIDDEN extern const char lums_task_tag;
 
-/* The handle's one user value, created when first needed: a table with
-** the results at 1..nres, and the fields below. */
+/* A handle's extras: a table made when first needed, with the results of
+** a task that ended with more than one, or with one the handle cannot
+** hold itself (lhandle.res), at 1..nres, and the fields below.
+**
+** Handles have no user value: the collector traverses a full userdata
+** with user values on its own, after the gray list, and that costs more
+** than the rest of a task's life; one without them it marks at once,
+** with its metatable. So the extras table is the handle's own
+** metatable: it starts as a copy of the fields of the metatable the
+** handle shares (LUMS_TASK_MT, or lums.c's metatable of failed handles),
+** so the handle's methods and __name stay, and holds the X_* fields and
+** the results beside them. The collector reaches it from the handle as
+** it reaches any metatable, and it goes with the handle; nothing else
+** refers to it, so no table of the VM is keyed by handles (a weak-keyed
+** one is an ephemeron table, which the collector re-traverses to
+** convergence at every cycle, and a run short of memory makes one cycle
+** per failed allocation). A handle without extras (lhandle.extras false)
+** shares its metatable with every other. A failed handle's finalizer
+** goes into its own metatable too (lums.c, keep_protected). Lua code
+** that calls getmetatable on a handle sees its extras. */
 #define X_ERR "err"        /* done with an error: the error value */
 #define X_TB "traceback"   /* done with an error: its traceback */
 #define X_LOCALS "locals"  /* task-local storage */
 #define X_NAME "name"      /* the task's name */
 
-
-/* A task handle's user values: 1, its extras table (the X_* fields and
-** the results), made when first needed; 2, the result of a task that
-** ended with exactly one, kept there instead of in a table so that the
-** usual "return a value" end allocates nothing. */
-#define LUMS_HANDLE_UVS 2
-#define LUMS_UV_RESULT 2
+/* Pushes the extras table of the handle at idx (nil if it has none);
+** returns its type. Allocates nothing. */
+static inline int lums_handle_get_extras(lua_State *L, int idx) {
+  const lhandle *h = (const lhandle *)lua_touserdata(L, idx);
+  if (!h->extras) {
+    lua_pushnil(L);
+    return LUA_TNIL;
+  }
+  lua_getmetatable(L, idx);
+  return LUA_TTABLE;
+}
 
 /* Pushes the extras table of the handle at idx, creating it if needed
 ** with room for narr results (a table grown one result at a time costs
-** a resize per result: more than the rest of a task's end). Inline: a
-** task's end fills it. */
-static inline void lums_handle_extras(lua_State *L, int idx, int narr) {
-  if (lua_getiuservalue(L, idx, 1) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_createtable(L, narr, 0);
-    lua_pushvalue(L, -1);
-    lua_setiuservalue(L, idx < 0 ? idx - 2 : idx, 1);
-  }
-}
+** a resize per result: more than the rest of a task's end). */
+LUMS_HIDDEN void lums_handle_extras(lua_State *L, int idx, int narr);
 
 /* Pushes the error and the traceback of the failed task whose handle h is
 ** at idx (the traceback nil for a task that ran out of memory). */

@@ -278,6 +278,15 @@ static int keep_protected(lua_State *SL) {
     ** it at its end if it is still unjoined then (the set is weak, so it
     ** does not keep the handle alive). */
     lua_getfield(SL, LUA_REGISTRYINDEX, FAILED_MT);
+    if (t->h->extras) {
+      /* Its own metatable takes the finalizer, and is set again so that
+      ** Lua sees it has one. */
+      lua_getfield(SL, -1, "__gc");
+      lua_getmetatable(SL, -3);
+      lua_insert(SL, -2);
+      lua_setfield(SL, -2, "__gc");
+      lua_replace(SL, -2);
+    }
     lua_setmetatable(SL, -2);
     lua_getfield(SL, LUA_REGISTRYINDEX, ERRORS_KEY);
     lua_pushvalue(SL, -2);
@@ -322,6 +331,36 @@ static bool top_is_cancelled(lua_State *co) {
   return c;
 }
 
+/* Copies the one result at the top of co into h when it is a value the
+** collector need not see (lhandle.res); false for any other. The value
+** stays on co, which give_back_task empties. */
+static bool keep_plain(lhandle *h, lua_State *co) {
+  switch (lua_type(co, -1)) {
+    case LUA_TNUMBER:
+      if (lua_isinteger(co, -1)) {
+        h->res = RES_INT;
+        h->r.i = lua_tointeger(co, -1);
+      } else {
+        h->res = RES_FLT;
+        h->r.n = lua_tonumber(co, -1);
+      }
+      return true;
+    case LUA_TBOOLEAN:
+      h->res = RES_BOOL;
+      h->r.b = lua_toboolean(co, -1);
+      return true;
+    case LUA_TNIL:
+      h->res = RES_NIL;
+      return true;
+    case LUA_TLIGHTUSERDATA:
+      h->res = RES_LUD;
+      h->r.p = lua_touserdata(co, -1);
+      return true;
+    default:
+      return false;
+  }
+}
+
 /* task_finish for any end but the usual one (results, an error, a
 ** cancellation): keeps the outcome in the handle and closes the
 ** coroutine. An outcome that cannot be kept for lack of memory becomes
@@ -336,15 +375,8 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
   if (st == LUA_OK) {
     h->ok = true;
     h->nres = nres;
-    if (nres == 1 && lua_checkstack(SL, 2)) {
-      /* Moving one value and storing it in a user value the handle
-      ** already has allocates nothing: no protection needed. */
-      lums_push_handle(SL, t);
-      lua_xmove(co, SL, 1);
-      lua_setiuservalue(SL, -2, LUMS_UV_RESULT);
-      lua_pop(SL, 1);
-      return;
-    }
+    if (nres == 1 && keep_plain(h, co)) return;
+    h->res = RES_EXTRAS;
     if (nres > 0 && !keep_run(SL, &k)) {
       h->ok = false;
       h->nres = 0;
@@ -362,10 +394,10 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
     ** the original, as in plain Lua. */
     if (lua_resetthread(co) != LUA_OK) {
       cancelled = top_is_cancelled(co);
-      if (!h->nomem && lua_checkstack(SL, 3)) {
+      if (!h->nomem && lua_checkstack(SL, 4)) {
         /* X_ERR is already in the extras: setting it allocates nothing. */
         lums_push_handle(SL, t);
-        lua_getiuservalue(SL, -1, 1);
+        lums_handle_get_extras(SL, -1);
         lua_xmove(co, SL, 1);
         lua_setfield(SL, -2, X_ERR);
         lua_pop(SL, 2);
@@ -518,7 +550,7 @@ static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
   int n = lua_gettop(L) - first;  /* arguments */
   /* The handle first, then the ltask: running out of memory in either
   ** raises with nothing taken that the collector cannot get back. */
-  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, LUMS_HANDLE_UVS);
+  lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 0);
   bool pooled;
   ltask *t = take_task(L, r, &pooled);
   /* The handle goes to `first`, below the function and arguments, which

@@ -92,6 +92,90 @@ describe("ums.spawn and task:join", function()
     end)
   end)
 
+  it("returns one number, boolean or nil exactly, integer and float kept "
+     .. "apart", function()
+    ums.run(function()
+      local cases = {0, 1, -1, math.maxinteger, math.mininteger, 1.0, -0.0,
+                     0.5, math.huge, -math.huge, true, false}
+      local tasks = {}
+      for i, v in ipairs(cases) do
+        tasks[i] = ums.spawn(function() return v end)
+      end
+      local nan = ums.spawn(function() return 0 / 0 end)
+      local none = ums.spawn(function() return nil end)
+      collectgarbage("collect")
+      for i, v in ipairs(cases) do
+        local r = table.pack(tasks[i]:join())
+        assert.equal(2, r.n)
+        assert.is_true(r[1])
+        assert.equal(math.type(v), math.type(r[2]))
+        assert.is_true(rawequal(v, r[2]))
+        if v == 0 then assert.equal(1 / v, 1 / r[2]) end  -- -0.0 stays
+      end
+      local ok, v = nan:join()
+      assert.is_true(ok)
+      assert.is_true(v ~= v)
+      local r = table.pack(none:join())
+      assert.equal(2, r.n)
+      assert.is_nil(r[2])
+    end)
+  end)
+
+  it("keeps a handle's name, locals and collectable result as long as the "
+     .. "handle, and no longer", function()
+    -- Weak in its values: what is still in it after a full collection is
+    -- kept by something.
+    local results = setmetatable({}, {__mode = "v"})
+    ums.run(function()
+      local kept = {}
+      for i = 1, 100 do
+        local t = ums.spawn(function()
+          local r = {i}
+          results[i] = r
+          return r
+        end)
+        t:name("t" .. i)
+        t:locals().i = i
+        if i % 10 == 0 then kept[#kept + 1] = t end
+      end
+      for _, t in ipairs(kept) do t:join() end
+      collectgarbage("collect")
+      collectgarbage("collect")
+      local n = 0
+      for _ in pairs(results) do n = n + 1 end
+      assert.equal(#kept, n)
+      for j, t in ipairs(kept) do
+        local ok, v = t:join()
+        assert.is_true(ok)
+        assert.equal(10 * j, v[1])
+        assert.equal("t" .. 10 * j, t:name())
+        assert.equal(10 * j, t:locals().i)
+        assert.equal("ums.task", getmetatable(t).__name)
+      end
+    end)
+  end)
+
+  it("collects a handle whose results and locals refer to itself",
+     function()
+    local handles = setmetatable({}, {__mode = "k"})
+    ums.run(function()
+      for i = 1, 50 do
+        local t = ums.spawn(function()
+          local me = ums.self()
+          me:locals().me = me
+          if i % 2 == 0 then return me, {me} end
+          return me
+        end)
+        handles[t] = true
+      end
+      ums.yield()
+      for t in pairs(handles) do assert.equal("done", t:status()) end
+      collectgarbage("collect")
+      collectgarbage("collect")
+      assert.is_nil(next(handles))
+    end)
+  end)
+
   it("passes tables by identity", function()
     ums.run(function()
       local arg = {}
@@ -919,6 +1003,33 @@ describe("ums.on_error", function()
       end)
     end)
     assert.equal(1, #calls)  -- and not a second time at the end
+  end)
+
+  it("reports a dropped failed task that was named before or after it "
+     .. "failed, once", function()
+    local calls = {}
+    with_on_error(function(err, _, task)
+      calls[#calls + 1] = task:name() .. ": " .. tostring(err)
+    end, function()
+      ums.run(function()
+        ums.spawn(function()
+          ums.self():name("before")
+          ums.self():locals().x = 1
+          error("first")
+        end)
+        local after = ums.spawn(function() error("second") end)
+        ums.yield()  -- both fail
+        after:name("after")
+        after = nil
+        collectgarbage()
+        collectgarbage()
+        table.sort(calls)
+        assert.equal(2, #calls)
+        assert.matches("^after: .*second", calls[1])
+        assert.matches("^before: .*first", calls[2])
+      end)
+    end)
+    assert.equal(2, #calls)  -- and not again at the end
   end)
 
   it("is not given the first task's error: ums.run raises it", function()

@@ -23,9 +23,9 @@
 /* Local free lists are capped so tasks spawned on one scheduler and
 ** finished on another do not pile up on one side. */
 #define LOCAL_FREE_MAX 4096
-/* Fresh records a scheduler takes at once when its own free list is
-** empty: a burst of spawns then takes the table lock once per batch, not
-** once per task. */
+/* Records a scheduler moves at once between the table and its own free
+** list: fresh ones taken when its list is empty, freed ones given back
+** when its list is full. */
 #define FRESH_BATCH 32
 
 /* Adds a chunk of fresh tasks, handed out from rt->fresh on. Its zeroed
@@ -114,14 +114,23 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
 static void task_free(ums_runtime_t *rt, ums__task_t *t) {
   ums__sched_t *s = ums__sched_current();
   t->state = UMS__T_FREE;
-  if (s && s->rt == rt && s->nfree_tasks < LOCAL_FREE_MAX) {
+  ums__task_t *last = t;  /* t..last go to the shared list */
+  if (s && s->rt == rt) {
     t->next = s->free_tasks;
     s->free_tasks = t;
-    s->nfree_tasks++;
-    return;
+    if (s->nfree_tasks < LOCAL_FREE_MAX) {
+      s->nfree_tasks++;
+      return;
+    }
+    /* Full: the FRESH_BATCH most recent records, t first, leave under one
+    ** lock, so that a burst of ends past the cap takes the table lock
+    ** once per batch, not once per task. */
+    for (int i = 1; i < FRESH_BATCH; i++) last = last->next;
+    s->free_tasks = last->next;
+    s->nfree_tasks -= FRESH_BATCH - 1;
   }
   pthread_mutex_lock(&rt->table_lock);
-  t->next = rt->free_tasks;
+  last->next = rt->free_tasks;
   rt->free_tasks = t;
   pthread_mutex_unlock(&rt->table_lock);
 }

@@ -1252,6 +1252,48 @@ static void test_join_releases_handle(void) {
   tu_runtime_shutdown(rt);
 }
 
+/* Records freed past a scheduler's local cap go to the shared list in
+** batches: none may be lost on the way (a lost record is never reused,
+** so every wave would take fresh ones and the table would grow), and
+** both lists must still hand out sound records. Each wave spawns more
+** detached step tasks at once than the local cap, from a task on the
+** same scheduler, so that all are live before any ends. */
+#define RECYCLE_WAVE 5000
+#define RECYCLE_WAVES 8
+
+static atomic_int recycle_done;
+
+static int recycle_step(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&recycle_done, 1);
+  return UMS_STEP_DONE;
+}
+
+static void *recycle_waves_fn(void *arg) {
+  uint32_t *slots = arg;
+  ums_spawn_opts_t o = {.sched = 0, .detached = 1};
+  for (int w = 0; w < RECYCLE_WAVES; w++) {
+    atomic_store(&recycle_done, 0);
+    for (int i = 0; i < RECYCLE_WAVE; i++)
+      CHECK_RC(ums_task_spawn_step(rt, &o, recycle_step, NULL, NULL), 0);
+    while (atomic_load(&recycle_done) < RECYCLE_WAVE) ums_yield();
+    /* The last ended task's record is freed after its step returns. */
+    ums_yield();
+    slots[w] = atomic_load_explicit(&rt->nslots, memory_order_acquire);
+  }
+  return NULL;
+}
+
+static void test_freed_records_reused(void) {
+  rt = tu_runtime_new(1);
+  uint32_t slots[RECYCLE_WAVES];
+  ums_task_t t = spawn_on(0, recycle_waves_fn, slots);
+  join_expect(t, NULL, 0);
+  CHECK_GE(slots[0], RECYCLE_WAVE);
+  for (int w = 1; w < RECYCLE_WAVES; w++) CHECK_EQ(slots[w], slots[0]);
+  tu_runtime_shutdown(rt);
+}
+
 int main(void) {
   RUN(test_spawn_join_result);
   RUN(test_join_timeout_stays_joinable);
@@ -1277,5 +1319,6 @@ int main(void) {
   RUN(test_yield_round_robin);
   RUN(test_sleep_order);
   RUN(test_host_join_and_sleep);
+  RUN(test_freed_records_reused);
   return 0;
 }
