@@ -171,19 +171,25 @@ struct ums_chan {
 /* Elements and slots                                                      */
 /* ---------------------------------------------------------------------- */
 
-static inline void move_elem(ums_chan_t *ch, void *dst, void *src) {
-  if (ch->ops.move) {
-    ch->ops.move(dst, src);
+/* Moves an element of elem bytes with move (NULL: memcpy). */
+static inline void move_as(void (*move)(void *, void *), size_t elem,
+                           void *dst, void *src) {
+  if (move) {
+    move(dst, src);
     return;
   }
   /* Words and pointers, the usual elements, are copied in place: the call
   ** to memcpy would cost more than the copy. */
-  switch (ch->elem) {
+  switch (elem) {
     case 0: return;
     case 4: memcpy(dst, src, 4); return;
     case 8: memcpy(dst, src, 8); return;
-    default: memcpy(dst, src, ch->elem);
+    default: memcpy(dst, src, elem);
   }
+}
+
+static inline void move_elem(ums_chan_t *ch, void *dst, void *src) {
+  move_as(ch->ops.move, ch->elem, dst, src);
 }
 
 static inline void clear_elem(ums_chan_t *ch, void *e) {
@@ -677,9 +683,14 @@ FAST bool recv_locked(ums_chan_t *ch, void *dst, ums__wake_t *wk) {
 ** or withdrew: the caller looks under the lock), true with *rc set when
 ** a sender handed it an element (0) or close ended it (UMS_ECLOSED). */
 SLOW bool recv_spin(ums_chan_t *ch, void *dst, int *rc) {
+  /* Once a sender has claimed it, the receiver touches only its stack
+  ** ("Who may free the channel", at the top): what moving the element
+  ** out of buf needs is read now. */
+  void (*move)(void *, void *) = ch->ops.move;
+  size_t elem = ch->elem;
   _Alignas(LINE) spinner sp;
   atomic_init(&sp.state, SPIN_WAITING);
-  sp.dst = ch->elem <= SPIN_INLINE ? sp.buf : dst;
+  sp.dst = elem <= SPIN_INLINE ? sp.buf : dst;
   spinner *none = NULL;
   if (!atomic_compare_exchange_strong_explicit(&ch->spinner, &none, &sp,
                                                memory_order_seq_cst,
@@ -699,7 +710,7 @@ SLOW bool recv_spin(ums_chan_t *ch, void *dst, int *rc) {
   while ((st = atomic_load_explicit(&sp.state, memory_order_acquire)) ==
          SPIN_WAITING)
     sched_yield();
-  if (st == SPIN_GOT && sp.dst != dst) move_elem(ch, dst, sp.buf);
+  if (st == SPIN_GOT && sp.dst != dst) move_as(move, elem, dst, sp.buf);
   *rc = st == SPIN_GOT ? 0 : UMS_ECLOSED;
   return true;
 }
