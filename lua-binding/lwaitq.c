@@ -55,7 +55,10 @@ static ltask *wait_begin(lua_State *L, lwaitq *q, const char *fname) {
     return luaL_error(L, "ums.%s: a park is already in progress", fname),
            NULL;
   int64_t deadline = lums_check_timeout(L, 2);
-  int flags = UMS_PARK_LOCAL;
+  /* Not UMS_PARK_LOCAL: a wait where Lua cannot yield blocks the task's
+  ** own worker (lums_park_block), and its waker may run on another
+  ** worker of the scheduler, from which a local park's token is refused. */
+  int flags = 0;
   if (lua_toboolean(L, 3)) flags |= UMS_PARK_NOCANCEL;
   lua_Integer type = luaL_optinteger(L, 4, UMS_WAIT_PARK);
   luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, 4,
