@@ -277,11 +277,9 @@ static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
   if (t->vmrun != me->vmrun)
     return luaL_error(L, "ums: cannot join a task of another run");
-  /* A local park: t's end (lums.c), the joiner's timer and its
-  ** cancellation all run on this VM's scheduler thread. */
   lwait *w = &me->wait;
-  lums_park_begin_wait(L, me, deadline, UMS_PARK_LOCAL, UMS_WAIT_JOIN, h,
-                       h->id, &w->tok);
+  lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id,
+                       &w->tok);
   w->task = me;
   w->kase = 0;
   lums_q_push(&t->joiners, w);
