@@ -55,9 +55,9 @@ static ltask *wait_begin(lua_State *L, lwaitq *q, const char *fname) {
     return luaL_error(L, "ums.%s: a park is already in progress", fname),
            NULL;
   int64_t deadline = lums_check_timeout(L, 2);
-  /* Not UMS_PARK_LOCAL: a wait where Lua cannot yield blocks the task's
-  ** own worker (lums_park_block), and its waker may run on another
-  ** worker of the scheduler, from which a local park's token is refused. */
+  /* An ordinary park, as a join's: every waker of these queues runs on
+  ** this VM's scheduler thread, so UMS_PARK_LOCAL (lchan.c's) would be
+  ** correct too; only lchan.c's message path uses it. */
   int flags = 0;
   if (lua_toboolean(L, 3)) flags |= UMS_PARK_NOCANCEL;
   lua_Integer type = luaL_optinteger(L, 4, UMS_WAIT_PARK);
