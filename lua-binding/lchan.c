@@ -238,14 +238,10 @@ static int push_timeout(lua_State *L) {
 ** tail of send and recv; type says which (UMS_WAIT_CHAN_*). */
 static int park_on(lua_State *L, ltask *me, lchan *ch, lwaitq *q, int type,
                    int64_t deadline, int vidx, lua_KFunction k) {
-  lwait *w = &me->wait;
-  lums_park_begin_wait(L, me, deadline, UMS_PARK_LOCAL, type, ch->self, 0,
-                       &w->tok);
-  w->task = me;
+  lwait *w = lums_q_park_begin(L, me, q, deadline, UMS_PARK_LOCAL, type,
+                               ch->self, 0);
   w->L = L;
   w->vidx = vidx;
-  w->kase = 0;
-  lums_q_push(q, w);
   return lums_park_finish(L, me, 0, k);
 }
 

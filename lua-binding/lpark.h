@@ -120,11 +120,42 @@ static inline lwait *lums_q_wake(lwaitq *q, int status) {
 }
 
 /* Ends the parks of all live waiters of q (lums_q_wake), leaving
-** q empty. */
-static inline void lums_q_wake_all(lwaitq *q, int status) {
-  while (lums_q_wake(q, status)) {
-  }
+** q empty; returns how many were woken. */
+static inline int lums_q_wake_all(lwaitq *q, int status) {
+  int n = 0;
+  while (lums_q_wake(q, status)) n++;
+  return n;
 }
+
+/* The waiting half of lwaitq.h's protocol for one queue: begins t's park
+** (as lums_park_begin_wait, raising with nothing queued) and queues t's
+** own waiter on q. The caller sets what else its queue's owner reads in
+** the waiter (w->L, w->vidx), then calls lums_park_finish. */
+static inline lwait *lums_q_park_begin(lua_State *L, ltask *t, lwaitq *q,
+                                       int64_t deadline, int flags,
+                                       int type, const void *object,
+                                       ums_task_t blocker) {
+  lwait *w = &t->wait;
+  lums_park_begin_wait(L, t, deadline, flags, type, object, blocker,
+                       &w->tok);
+  w->task = t;
+  w->kase = 0;
+  lums_q_push(q, w);
+  return w;
+}
+
+/* Reads the arguments of a park from idx on, as core.park_begin takes
+** them: timeout, nocancel, wait type (a value of core.WAIT), object (any
+** value; its address names it) and blocker (a task handle or nil).
+** Raises on a bad one. */
+typedef struct lpark_args {
+  int64_t deadline;
+  int flags;
+  int type;
+  const void *object;
+  ums_task_t blocker;
+} lpark_args;
+LUMS_HIDDEN lpark_args lums_check_park_args(lua_State *L, int idx);
 
 /* Begins a park of t like lums_park_begin, but returns the runtime's
 ** error code (UMS_ECANCELED, ...) instead of raising: for callers that

@@ -48,15 +48,9 @@ static int l_park_begin(lua_State *L) {
     return luaL_error(L, "ums.park_begin: a park is already in progress "
                          "(call ums.park_wait first)");
   ums_park_token_t tok;
-  int64_t deadline = lums_check_timeout(L, 1);
-  lua_Integer type = luaL_optinteger(L, 3, UMS_WAIT_PARK);
-  luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, 3,
-                "not a wait type (see ums.WAIT)");
-  lhandle *blocker = lua_isnoneornil(L, 5) ? NULL : lums_check_task(L, 5);
-  lums_park_begin_wait(L, t, deadline,
-                       lua_toboolean(L, 2) ? UMS_PARK_NOCANCEL : 0,
-                       (int)type, lua_topointer(L, 4),
-                       blocker ? blocker->id : 0, &tok);
+  lpark_args a = lums_check_park_args(L, 1);
+  lums_park_begin_wait(L, t, a.deadline, a.flags, a.type, a.object,
+                       a.blocker, &tok);
   lua_pushinteger(L, (lua_Integer)tok.seq);
   return 1;
 }
@@ -277,12 +271,8 @@ static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
   if (t->vmrun != me->vmrun)
     return luaL_error(L, "ums: cannot join a task of another run");
-  lwait *w = &me->wait;
-  lums_park_begin_wait(L, me, deadline, 0, UMS_WAIT_JOIN, h, h->id,
-                       &w->tok);
-  w->task = me;
-  w->kase = 0;
-  lums_q_push(&t->joiners, w);
+  lums_q_park_begin(L, me, &t->joiners, deadline, 0, UMS_WAIT_JOIN, h,
+                    h->id);
   return lums_park_finish(L, me, 0, k);
 }
 

@@ -54,24 +54,12 @@ static ltask *wait_begin(lua_State *L, lwaitq *q, const char *fname) {
   if (me->park.begun)
     return luaL_error(L, "ums.%s: a park is already in progress", fname),
            NULL;
-  int64_t deadline = lums_check_timeout(L, 2);
   /* An ordinary park, as a join's: every waker of these queues runs on
   ** this VM's scheduler thread, so UMS_PARK_LOCAL (lchan.c's) would be
   ** correct too; only lchan.c's message path uses it. */
-  int flags = 0;
-  if (lua_toboolean(L, 3)) flags |= UMS_PARK_NOCANCEL;
-  lua_Integer type = luaL_optinteger(L, 4, UMS_WAIT_PARK);
-  luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, 4,
-                "not a wait type (see ums.WAIT)");
-  lhandle *blocker = lua_isnoneornil(L, 6) ? NULL : lums_check_task(L, 6);
-  lwait *w = &me->wait;
-  lums_park_begin_wait(L, me, deadline, flags, (int)type,
-                       lua_topointer(L, 5), blocker ? blocker->id : 0,
-                       &w->tok);
-  w->task = me;
-  w->L = L;
-  w->kase = 0;
-  lums_q_push(q, w);
+  lpark_args a = lums_check_park_args(L, 2);
+  lums_q_park_begin(L, me, q, a.deadline, a.flags, a.type, a.object,
+                    a.blocker);
   return me;
 }
 
@@ -126,9 +114,7 @@ static int l_waitq_wake(lua_State *L) {
 static int l_waitq_wake_all(lua_State *L) {
   lwaitq *q = check_waitq(L, "waitq_wake_all");
   int outcome = check_outcome(L, 2, "waitq_wake_all");
-  lua_Integer n = 0;
-  while (lums_q_wake(q, outcome)) n++;
-  lua_pushinteger(L, n);
+  lua_pushinteger(L, lums_q_wake_all(q, outcome));
   return 1;
 }
 
