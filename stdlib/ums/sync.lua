@@ -4,10 +4,9 @@
 --
 -- Everything here is plain Lua on the wait queues of ums.core
 -- (`core.waitq`, see lua-binding/CORE-API.md). All tasks of a VM run on
--- that VM's one scheduler
--- thread, and nothing in this file yields except a queue's wait and a
--- wait's yield point (`core.quantum_point`, before the wait looks at its
--- object), so the state of a primitive needs no lock: the code between
+-- that VM's one scheduler thread, and nothing in this file yields except
+-- a queue's wait and a wait's yield point (`core.quantum_point`, before
+-- the wait looks at its object), so the state of a primitive needs no lock: the code between
 -- two waits runs as one atomic step. For the same reason these objects
 -- belong to the VM that created them; work on other cores talks through
 -- shared objects (core.shared, lua-binding/lshared.c), which the
@@ -34,8 +33,8 @@ local wq = require "ums.waitq"
 -- half-way through a semaphore release lets another task see it torn
 -- (units lost or handed twice), and one preempted between
 -- waitq_wait_begin and waitq_wait_end breaks the park protocol.
--- core.nopreempt_chunk() asks the
--- core to defer preemption while any function of this chunk runs.
+-- core.nopreempt_chunk() asks the core to defer preemption while any
+-- function of this chunk runs.
 core.nopreempt_chunk()
 
 local newq, qwait, qwake, qwake_all = core.waitq, core.waitq_wait,
@@ -223,7 +222,7 @@ function Semaphore:acquire(timeout)
     return true
   end
   if timeout == 0 then return nil, "timeout" end
-  local me = need_task("semaphore:acquire")
+  need_task("semaphore:acquire")  -- its error names this call
   local outcome, msg = qwait(self.q, timeout, false, W.semaphore, self)
   if not outcome then return nil, msg end
   return true
@@ -304,7 +303,7 @@ function Event:wait(timeout)
     return true
   end
   if timeout == 0 then return nil, "timeout" end
-  local me = need_task("event:wait")
+  need_task("event:wait")  -- its error names this call
   local outcome, msg = qwait(self.q, timeout, false, W.event, self)
   if not outcome then return nil, msg end
   return true
@@ -428,7 +427,7 @@ function WaitGroup:wait(timeout)
   quantum_point()
   if self.count == 0 then return true end
   if timeout == 0 then return nil, "timeout" end
-  local me = need_task("waitgroup:wait")
+  need_task("waitgroup:wait")  -- its error names this call
   local outcome, msg = qwait(self.q, timeout, false, W.waitgroup, self)
   if not outcome then return nil, msg end
   return true
