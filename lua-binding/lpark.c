@@ -50,21 +50,6 @@ int lums_park_begin(lua_State *L, ltask *t, int64_t deadline, int flags,
                               tok);
 }
 
-lpark_args lums_check_park_args(lua_State *L, int idx) {
-  lpark_args a;
-  a.deadline = lums_check_timeout(L, idx);
-  a.flags = lua_toboolean(L, idx + 1) ? UMS_PARK_NOCANCEL : 0;
-  lua_Integer type = luaL_optinteger(L, idx + 2, UMS_WAIT_PARK);
-  luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, idx + 2,
-                "not a wait type (see ums.WAIT)");
-  a.type = (int)type;
-  a.object = lua_topointer(L, idx + 3);
-  lhandle *blocker =
-      lua_isnoneornil(L, idx + 4) ? NULL : lums_check_task(L, idx + 4);
-  a.blocker = blocker ? blocker->id : 0;
-  return a;
-}
-
 int lums_push_park_result(lua_State *L, int r) {
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   /* Only a park that cancellation cannot end gets this (ums.h,

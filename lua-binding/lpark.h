@@ -144,18 +144,6 @@ static inline lwait *lums_q_park_begin(lua_State *L, ltask *t, lwaitq *q,
   return w;
 }
 
-/* Reads the arguments of a park from idx on, as core.park_begin takes
-** them: timeout, nocancel, wait type (a value of core.WAIT), object (any
-** value; its address names it) and blocker (a task handle or nil).
-** Raises on a bad one. */
-typedef struct lpark_args {
-  int64_t deadline;
-  int flags;
-  int type;
-  const void *object;
-  ums_task_t blocker;
-} lpark_args;
-LUMS_HIDDEN lpark_args lums_check_park_args(lua_State *L, int idx);
 
 /* Begins a park of t like lums_park_begin, but returns the runtime's
 ** error code (UMS_ECANCELED, ...) instead of raising: for callers that

@@ -38,6 +38,21 @@ static int l_self(lua_State *L) {
 /* The current task's waits                                                */
 /* ---------------------------------------------------------------------- */
 
+lpark_args lums_check_park_args(lua_State *L, int idx) {
+  lpark_args a;
+  a.deadline = lums_check_timeout(L, idx);
+  a.flags = lua_toboolean(L, idx + 1) ? UMS_PARK_NOCANCEL : 0;
+  lua_Integer type = luaL_optinteger(L, idx + 2, UMS_WAIT_PARK);
+  luaL_argcheck(L, type > UMS_WAIT_NONE && type < UMS_WAIT_NTYPES, idx + 2,
+                "not a wait type (see ums.WAIT)");
+  a.type = (int)type;
+  a.object = lua_topointer(L, idx + 3);
+  lhandle *blocker =
+      lua_isnoneornil(L, idx + 4) ? NULL : lums_check_task(L, idx + 4);
+  a.blocker = blocker ? blocker->id : 0;
+  return a;
+}
+
 /* core.park_begin([timeout [, nocancel [, wait_type [, object
 ** [, blocker]]]]]) -> seq. wait_type: a value of core.WAIT (default
 ** "park"); object: what the task waits on (any value; its address names

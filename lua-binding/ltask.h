@@ -175,6 +175,19 @@ LUMS_HIDDEN lhandle *lums_to_task(lua_State *L, int idx);
 /* The same, raising the usual bad-argument error for anything else. */
 LUMS_HIDDEN lhandle *lums_check_task(lua_State *L, int idx);
 
+/* Reads the arguments of a park from idx on, as core.park_begin takes
+** them: timeout, nocancel, wait type (a value of core.WAIT), object (any
+** value; its address names it) and blocker (a task handle or nil).
+** Raises on a bad one. */
+typedef struct lpark_args {
+  int64_t deadline;
+  int flags;
+  int type;
+  const void *object;
+  ums_task_t blocker;
+} lpark_args;
+LUMS_HIDDEN lpark_args lums_check_park_args(lua_State *L, int idx);
+
 /* Pushes the task metatable (LUMS_TASK_MT), with the handle methods in
 ** its __index, creating it on the first call in a VM. */
 LUMS_HIDDEN void lums_task_metatable(lua_State *L);
