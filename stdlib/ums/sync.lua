@@ -49,8 +49,8 @@ local current_task = core.self
 -- past its quantum yields there, also when the wait need not wait.
 local quantum_point = core.quantum_point
 
-local error, getmetatable, pcall, rawget, setmetatable, type =
-  error, getmetatable, pcall, rawget, setmetatable, type
+local error, getmetatable, pcall, setmetatable, type =
+  error, getmetatable, pcall, setmetatable, type
 local format = string.format
 local maxinteger = math.maxinteger
 local tointeger = math.tointeger
@@ -59,28 +59,15 @@ local GRANTED = 0
 
 -- ---------------------------------------------------------------------
 -- Argument checks, worded like lauxlib's so that Lua and C functions of
--- ums read alike.
+-- ums read alike: ums.waitq's, shared by the standard library's modules.
 -- ---------------------------------------------------------------------
 
-local function typename(v)
-  local mt = getmetatable(v)
-  if type(mt) == "table" then
-    local name = rawget(mt, "__name")
-    if type(name) == "string" then return name end
-  end
-  return type(v)
-end
+local typename, check_self = wq.typename, wq.check_self
 
 -- Raises "bad argument #narg to 'fname' (extramsg)" at the caller of the
 -- public function `level` frames up (2: it called argerror directly; 3:
 -- through one check helper), numbering as luaL_argerror does: ums.waitq's.
 local argerror = wq.argerror
-
-local function check_self(obj, mt, fname)
-  if getmetatable(obj) ~= mt then
-    argerror(3, 1, fname, mt.__name .. " expected, got " .. typename(obj))
-  end
-end
 
 local function check_integer(v, narg, fname)
   if type(v) ~= "number" then
@@ -115,16 +102,9 @@ end
 -- Returns the timeout in seconds, or nil for "forever" (nil or math.huge).
 local opt_timeout = wq.opt_timeout
 
--- The calling task. Every wait needs it, and a mutex records it as owner;
--- outside a task there is nothing that could park, so say so clearly.
-local function need_task(fname)
-  local me = current_task()
-  if me == nil then
-    wq.raise(3, format("ums.%s: not inside a task (call it from a function "
-      .. "run by ums.run or ums.spawn)", fname))
-  end
-  return me
-end
+-- The calling task (every wait needs it, and a mutex records it as
+-- owner), or a clear error outside a task.
+local need_task = wq.need_task
 
 -- ---------------------------------------------------------------------
 -- Mutex: FIFO, not recursive, owned by the task that locked it. Unlock
