@@ -174,7 +174,6 @@ static ltask *take_task(lua_State *L, lvmrun *r, bool *pooled) {
   *pooled = r->npool > 0;
   if (r->npool) return r->pool[--r->npool];
   lkept *k = r->kept;
-  luaL_checkstack(L, 3, "ums.spawn");
   lua_State *co = lua_newthread(L);
   /* After lua_newthread, which may run finalizers, and one of them may
   ** spawn and take the free records there were. Nothing below runs any
@@ -566,7 +565,8 @@ static int task_step(void *arg) {
 
 /* Creates a task running the function at index `first` with the values
 ** above it as arguments (all popped); its handle is left at `first`, the
-** top of the stack. L is the caller's thread; mt is the index of the task
+** top of the stack. It pushes up to 4 values above the arguments: L must
+** have room for them (a C function such as l_spawn has LUA_MINSTACK). L is the caller's thread; mt is the index of the task
 ** metatable. The task runs on r's scheduler, where r's VM lives. */
 static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
                          int mt) {
@@ -620,6 +620,7 @@ void lums_task_start(lvmrun *r, int nargs) {
   lua_State *L = r->SL;
   lums_monitor_want(&r->q);
   int first = lua_gettop(L) - nargs;
+  luaL_checkstack(L, 5, "ums.spawn");  /* the metatable, then task_new's */
   luaL_getmetatable(L, LUMS_TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
   task_new(L, r, first + 1, false, first);
