@@ -558,25 +558,26 @@ static bool blocked(const ums_task_info_t *t) {
 }
 
 /* Leaves a table id -> coroutine of the live tasks of r's VM (L is a
-** thread of it) on top: their handles and coroutines sit in the VM's
-** anchor table (lvmrun.anchors) while they live. */
+** thread of it) on top: their handles and coroutines sit in the anchor
+** threads of the VM's slab (ltask.h) while they live. */
 static void push_coroutines(lua_State *L, lvmrun *r) {
   lua_newtable(L);
   int map = lua_gettop(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
-  int anchors = map + 1;
-  lua_pushnil(L);
-  while (lua_next(L, anchors)) {
-    lhandle *h = lua_type(L, -1) == LUA_TUSERDATA
-                     ? (lhandle *)lua_touserdata(L, -1) : NULL;
-    if (h && lua_rawlen(L, -1) == sizeof *h && h->tag == &lums_task_tag &&
-        h->t && h->t->co) {
-      lua_rawgeti(L, anchors, LUMS_ANCHOR_CO(h->t->slot));
-      lua_rawseti(L, map, (lua_Integer)h->id);
-    }
+  for (lua_Integer c = 1; lua_rawgeti(L, map + 1, c) == LUA_TTHREAD; c++) {
+    lua_State *A = lua_tothread(L, -1);
     lua_pop(L, 1);
+    for (int idx = LUMS_ANCHOR_CO(0) + 1; idx <= lua_gettop(A); idx += 2) {
+      lhandle *h = lua_type(A, idx) == LUA_TUSERDATA
+                       ? (lhandle *)lua_touserdata(A, idx) : NULL;
+      if (h && lua_rawlen(A, idx) == sizeof *h &&
+          h->tag == &lums_task_tag && h->t && h->t->co) {
+        lums_push_anchored(L, h->t, h->t->aidx);
+        lua_rawseti(L, map, (lua_Integer)h->id);
+      }
+    }
   }
-  lua_pop(L, 1);
+  lua_pop(L, 2);
 }
 
 /* A report lists each blocked task in full up to DL_GROUPS different

@@ -286,8 +286,11 @@ static __attribute__((noinline)) int join_wait(lua_State *L, lhandle *h,
   if (me == t) return luaL_error(L, "ums: a task cannot join itself");
   if (t->vmrun != me->vmrun)
     return luaL_error(L, "ums: cannot join a task of another run");
-  lums_q_park_begin(L, me, &t->joiners, deadline, 0, UMS_WAIT_JOIN, h,
-                    h->id);
+  /* Local (UMS_PARK_LOCAL): the joined task is of this VM (checked
+  ** above), and its end, the only waker of its joiners, runs on this
+  ** VM's scheduler thread, as do the joiner's own timer and cancel. */
+  lums_q_park_begin(L, me, &t->joiners, deadline, UMS_PARK_LOCAL,
+                    UMS_WAIT_JOIN, h, h->id);
   return lums_park_finish(L, me, 0, k);
 }
 

@@ -37,10 +37,12 @@ struct ltask {
                             pooled */
   lvmrun *vmrun;         /* its VM's part of a run; NULL while pooled */
   lua_State *co;         /* its coroutine (kept while pooled) */
-  int slot;              /* [const] its number in the VM's slab: the VM's
-                            anchor table holds co at LUMS_ANCHOR_CO(slot)
+  lua_State *anchor;     /* [const] the anchor thread of its slab chunk
+                            (below): its stack holds co at index aidx
                             and, while the task is live, its handle at
-                            LUMS_ANCHOR_HANDLE(slot) */
+                            aidx + 1 */
+  int aidx;              /* [const] LUMS_ANCHOR_CO(slot) */
+  int slot;              /* [const] its number in the VM's slab */
   int nargs;             /* arguments waiting for the first resume */
   lpark_task park;       /* lpark.h: its park */
   bool finish_pending;   /* ended with a park begun: finish next step */
@@ -93,15 +95,32 @@ struct lhandle {
   } r;
 };
 
-/* Where a task's values sit in its VM's anchor table (ltask.slot). */
-#define LUMS_ANCHOR_CO(slot) (2 * (lua_Integer)(slot) + 1)
-#define LUMS_ANCHOR_HANDLE(slot) (2 * (lua_Integer)(slot) + 2)
+/* A VM's ltask records are made LTASK_CHUNK at a time (lums.c, struct
+** lkept), and each chunk has an anchor thread: a Lua thread that never
+** runs, whose stack holds the values the chunk's records keep from the
+** collector (their coroutines and live tasks' handles) at fixed
+** indices, 2 a record from 2 on, with a nil at LUMS_ANCHOR_NIL that
+** clears an entry by lua_copy. Storing into a stack slot (lua_xmove,
+** lua_replace) costs a fraction of lua_rawseti into a table, which also
+** rehashes as the table grows; the stack is made with the chunk, with
+** one free slot above its top for lua_xmove, so storing never
+** allocates. The VM's anchor table (lvmrun.anchors) holds the chunks'
+** anchor threads at 1, 2, ... */
+#define LTASK_CHUNK 256
+#define LUMS_ANCHOR_NIL 1
+#define LUMS_ANCHOR_CO(slot) (2 + 2 * ((slot) % LTASK_CHUNK))
+#define LUMS_ANCHOR_TOP (LUMS_ANCHOR_NIL + 2 * LTASK_CHUNK)
+
+/* Pushes the value at anchor index idx of t's chunk onto L. */
+static inline void lums_push_anchored(lua_State *L, const ltask *t,
+                                      int idx) {
+  lua_pushvalue(t->anchor, idx);
+  lua_xmove(t->anchor, L, 1);
+}
 
 /* Pushes the handle of live task t (ums.self()'s result). */
 static inline void lums_push_handle(lua_State *L, const ltask *t) {
-  lua_rawgeti(L, LUA_REGISTRYINDEX, t->vmrun->anchors);
-  lua_rawgeti(L, -1, LUMS_ANCHOR_HANDLE(t->slot));
-  lua_replace(L, -2);
+  lums_push_anchored(L, t, t->aidx + 1);
 }
 
 /* Whether the quantum monitor has found task t's running step past its

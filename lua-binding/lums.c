@@ -61,17 +61,15 @@
 ** of a test, without holding a big run's coroutines for the process. */
 #define KEPT_POOL_MAX 64
 
-/* A VM's ltask records are made LTASK_CHUNK at a time and numbered
-** across their chunks (ltask.slot): a spawn takes one off a free list or
-** bumps a count instead of calling malloc, and a task's end puts it back
-** instead of calling free. The slot also names the record's two entries
-** in the VM's anchor table, a Lua table that keeps its coroutine and its
-** live handle from the collector; storing at a known index costs a
-** fraction of luaL_ref and luaL_unref, which look for a free registry
-** slot in Lua. A record's entries are made when the record is first
-** handed out and stay (false when empty), so that storing a task's values
-** later never allocates. */
-#define LTASK_CHUNK 256
+/* A VM's ltask records are made LTASK_CHUNK at a time (ltask.h) and
+** numbered across their chunks (ltask.slot): a spawn takes one off a
+** free list or bumps a count instead of calling malloc, and a task's end
+** puts it back instead of calling free. The slot also names the record's
+** two entries in its chunk's anchor thread (ltask.h), which keep its
+** coroutine and its live handle from the collector; storing at a known
+** index costs a fraction of luaL_ref and luaL_unref, which look for a
+** free registry slot in Lua. A chunk's entries are made with the chunk
+** (nil when empty), so that storing a task's values never allocates. */
 
 /* What a VM keeps from one run to the next, in a registry userdata
 ** (KEPT_KEY) whose user value anchors SL: the scheduler-side thread, its
@@ -86,6 +84,9 @@ struct lkept {
   int npool, cappool;
   ltask **chunks;        /* capchunks entries: nchunks chunks of
                             LTASK_CHUNK records, then NULL */
+  lua_State **athreads;  /* capchunks entries: each chunk's anchor
+                            thread (ltask.h), which the anchor table
+                            anchors */
   int nchunks, capchunks;
   int nslots;            /* records handed out so far, in use or free */
   int *free;             /* slots of free records (no coroutine), taken
@@ -93,7 +94,8 @@ struct lkept {
                             capchunks chunks, so that freeing never
                             fails */
   int nfree;
-  int anchors;           /* registry ref of the anchor table */
+  int anchors;           /* registry ref of the anchor table: the
+                            chunks' anchor threads at 1..nchunks */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -116,28 +118,54 @@ static ltask *slot_record(lkept *k, int slot) {
   return &k->chunks[slot / LTASK_CHUNK][slot % LTASK_CHUNK];
 }
 
+/* Pushes a new anchor thread (ltask.h) onto L: every entry nil, with
+** room for the one value above them that lua_xmove puts there before
+** lua_replace stores it. Raises when out of memory. */
+static lua_State *push_anchor_thread(lua_State *L) {
+  lua_State *A = lua_newthread(L);
+  if (!lua_checkstack(A, LUMS_ANCHOR_TOP + 1))
+    luaL_error(L, "ums.spawn: out of memory");
+  lua_settop(A, LUMS_ANCHOR_TOP);
+  return A;
+}
+
 /* Adds a chunk of LTASK_CHUNK records to k. Raises when out of memory,
-** leaving k as it was but for room made for the chunk. */
+** leaving k as it was but for room made for the chunk (and its anchor
+** thread in the anchor table, which the next chunk's replaces). */
 static void grow_slab(lua_State *L, lkept *k) {
+  /* First the anchor thread, whose lua_newthread may run finalizers, and
+  ** one of them may spawn and grow k itself: k is read after it, and
+  ** nothing after it runs any. */
+  lua_State *A = push_anchor_thread(L);
+  int c = k->nchunks;
+  /* Anchored before the chunk is made: lua_rawseti may raise. */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, k->anchors);
+  lua_insert(L, -2);
+  lua_rawseti(L, -2, c + 1);
+  lua_pop(L, 1);
   if (k->nchunks == k->capchunks) {
     int cap = k->capchunks ? k->capchunks * 2 : 4;
     int *f = realloc(k->free, (size_t)cap * LTASK_CHUNK * sizeof *f);
     if (!f) luaL_error(L, "ums.spawn: out of memory");
     k->free = f;
-    ltask **c = realloc(k->chunks, (size_t)cap * sizeof *c);
-    if (!c) luaL_error(L, "ums.spawn: out of memory");
-    for (int i = k->capchunks; i < cap; i++) c[i] = NULL;
-    k->chunks = c;
+    lua_State **a = realloc(k->athreads, (size_t)cap * sizeof *a);
+    if (!a) luaL_error(L, "ums.spawn: out of memory");
+    k->athreads = a;
+    ltask **cs = realloc(k->chunks, (size_t)cap * sizeof *cs);
+    if (!cs) luaL_error(L, "ums.spawn: out of memory");
+    for (int i = k->capchunks; i < cap; i++) cs[i] = NULL;
+    k->chunks = cs;
     k->capchunks = cap;
   }
-  ltask *c = malloc(LTASK_CHUNK * sizeof *c);
-  if (!c) luaL_error(L, "ums.spawn: out of memory");
-  LUMS_POISON(c, LTASK_CHUNK * sizeof *c);
-  k->chunks[k->nchunks++] = c;
+  ltask *chunk = malloc(LTASK_CHUNK * sizeof *chunk);
+  if (!chunk) luaL_error(L, "ums.spawn: out of memory");
+  LUMS_POISON(chunk, LTASK_CHUNK * sizeof *chunk);
+  k->athreads[c] = A;
+  k->chunks[k->nchunks++] = chunk;
 }
 
 /* Takes an ltask with a reset coroutine from the pool (*pooled: its
-** handle entry holds false), or makes one whose handle entry holds the
+** handle entry holds nil), or makes one whose handle entry holds the
 ** value at the top of L, the new task's handle. L is the caller's
 ** thread, running protected: the coroutine and its record are made
 ** there, so that running out of memory raises in the caller rather than
@@ -146,24 +174,23 @@ static ltask *take_task(lua_State *L, lvmrun *r, bool *pooled) {
   *pooled = r->npool > 0;
   if (r->npool) return r->pool[--r->npool];
   lkept *k = r->kept;
-  luaL_checkstack(L, 3, "ums.spawn");
-  lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
-  int anchors = lua_gettop(L);
   lua_State *co = lua_newthread(L);
   /* After lua_newthread, which may run finalizers, and one of them may
-  ** spawn and take the free records there were. lua_rawseti runs none
-  ** (nor does the emergency collection of an allocation that fails), so
-  ** the slot chosen here is still free when it is taken below; the
-  ** stores may raise for lack of memory, and that before anything is
-  ** taken. */
+  ** spawn and take the free records there were. Nothing below runs any
+  ** (grow_slab's own may, but k is read after it), so the slot chosen
+  ** here is still free when it is taken. grow_slab is the last call
+  ** that may raise. */
   if (k->nfree == 0 && k->nslots == k->nchunks * LTASK_CHUNK) grow_slab(L, k);
   int slot = k->nfree ? k->free[k->nfree - 1] : k->nslots;
-  lua_rawseti(L, anchors, LUMS_ANCHOR_CO(slot));
+  lua_State *A = k->athreads[slot / LTASK_CHUNK];
+  int aidx = LUMS_ANCHOR_CO(slot);
+  lua_xmove(L, A, 1);
+  lua_replace(A, aidx);
   /* The handle task_new made is just below: its entry is filled now,
   ** which saves task_new a store for every ltask not from the pool. */
-  lua_pushvalue(L, anchors - 1);
-  lua_rawseti(L, anchors, LUMS_ANCHOR_HANDLE(slot));
-  lua_settop(L, anchors - 1);
+  lua_pushvalue(L, -1);
+  lua_xmove(L, A, 1);
+  lua_replace(A, aidx + 1);
   if (k->nfree)
     k->nfree--;
   else
@@ -173,20 +200,18 @@ static ltask *take_task(lua_State *L, lvmrun *r, bool *pooled) {
   memset(t, 0, sizeof *t);
   t->slot = slot;
   t->co = co;
+  t->anchor = A;
+  t->aidx = aidx;
   return t;
 }
 
-/* Gives t's record back to its VM, unanchoring its coroutine. L: a
-** thread of r's VM. */
-static void free_task(lua_State *L, lvmrun *r, ltask *t) {
+/* Gives t's record back to its VM, unanchoring its coroutine and its
+** handle. */
+static void free_task(lvmrun *r, ltask *t) {
   lkept *k = r->kept;
   int slot = t->slot;
-  lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
-  lua_pushboolean(L, 0);
-  lua_rawseti(L, -2, LUMS_ANCHOR_CO(slot));
-  lua_pushboolean(L, 0);
-  lua_rawseti(L, -2, LUMS_ANCHOR_HANDLE(slot));
-  lua_pop(L, 1);
+  lua_copy(t->anchor, LUMS_ANCHOR_NIL, t->aidx);
+  lua_copy(t->anchor, LUMS_ANCHOR_NIL, t->aidx + 1);
   LUMS_POISON(t, sizeof *t);
   k->free[k->nfree++] = slot;
 }
@@ -215,7 +240,7 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   ** coroutine go at once, with none of the reset below, which only a
   ** pooled one needs. */
   if (r->npool == r->cappool && !grow_pool(r)) {
-    free_task(r->SL, r, t);
+    free_task(r, t);
     return;
   }
   /* A coroutine that returned nothing has nothing left on its stack (the
@@ -226,10 +251,7 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   ** coroutine's state is in the cache, not at the next spawn. */
   if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   t->hook.uhook = NULL;
-  lua_rawgeti(r->SL, LUA_REGISTRYINDEX, r->anchors);
-  lua_pushboolean(r->SL, 0);
-  lua_rawseti(r->SL, -2, LUMS_ANCHOR_HANDLE(t->slot));
-  lua_pop(r->SL, 1);
+  lua_copy(t->anchor, LUMS_ANCHOR_NIL, t->aidx + 1);
   /* Back to what take_task hands out: zero but for the coroutine and its
   ** slot. Field by field, not a memset of the whole ltask plus
   ** a copy of what it keeps: this runs once per task. finish_st and
@@ -334,7 +356,7 @@ static bool top_is_cancelled(lua_State *co) {
 /* Copies the one result at the top of co into h when it is a value the
 ** collector need not see (lhandle.res); false for any other. The value
 ** stays on co, which give_back_task empties. */
-static bool keep_plain(lhandle *h, lua_State *co) {
+static inline bool keep_plain(lhandle *h, lua_State *co) {
   switch (lua_type(co, -1)) {
     case LUA_TNUMBER:
       if (lua_isinteger(co, -1)) {
@@ -361,8 +383,9 @@ static bool keep_plain(lhandle *h, lua_State *co) {
   }
 }
 
-/* task_finish for any end but the usual one (results, an error, a
-** cancellation): keeps the outcome in the handle and closes the
+/* task_finish for any end but the usual ones (no result, or one that
+** keep_plain keeps): results, an error, a cancellation: keeps the
+** outcome in the handle and closes the
 ** coroutine. An outcome that cannot be kept for lack of memory becomes
 ** the error "out of memory" (h->nomem). Out of line, so that the usual
 ** end needs no stack frame of its size. */
@@ -375,7 +398,6 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
   if (st == LUA_OK) {
     h->ok = true;
     h->nres = nres;
-    if (nres == 1 && keep_plain(h, co)) return;
     h->res = RES_EXTRAS;
     if (nres > 0 && !keep_run(SL, &k)) {
       h->ok = false;
@@ -421,11 +443,11 @@ static void task_finish(ltask *t, int st, int nres) {
   lvmrun *r = t->vmrun;
   lhandle *h = t->h;
   bool empty = st == LUA_OK && nres == 0;
-  if (empty) {
-    /* The usual end: nothing to keep but the flag (the handle itself is
-    ** not needed on the stack), and nothing on the coroutine. */
+  if (empty || (st == LUA_OK && nres == 1 && keep_plain(h, t->co))) {
+    /* The usual ends: nothing to keep but the flag and a plain result
+    ** (the handle itself is not needed on the stack). */
     h->ok = true;
-    h->nres = 0;
+    h->nres = nres;
   } else {
     keep_outcome(t, st, nres);
   }
@@ -543,7 +565,8 @@ static int task_step(void *arg) {
 
 /* Creates a task running the function at index `first` with the values
 ** above it as arguments (all popped); its handle is left at `first`, the
-** top of the stack. L is the caller's thread; mt is the index of the task
+** top of the stack. It pushes up to 4 values above the arguments: L must
+** have room for them (a C function such as l_spawn has LUA_MINSTACK). L is the caller's thread; mt is the index of the task
 ** metatable. The task runs on r's scheduler, where r's VM lives. */
 static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
                          int mt) {
@@ -566,10 +589,9 @@ static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
   t->h = h;
   t->vmrun = r;
   if (pooled) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, r->anchors);
     lua_pushvalue(L, first);
-    lua_rawseti(L, -2, LUMS_ANCHOR_HANDLE(t->slot));
-    lua_pop(L, 1);
+    lua_xmove(L, t->anchor, 1);
+    lua_replace(t->anchor, t->aidx + 1);
   }
   /* Detached: the binding keeps each task's outcome in its handle, so
   ** the runtime may recycle the task's slot as soon as it ends (a
@@ -598,6 +620,7 @@ void lums_task_start(lvmrun *r, int nargs) {
   lua_State *L = r->SL;
   lums_monitor_want(&r->q);
   int first = lua_gettop(L) - nargs;
+  luaL_checkstack(L, 5, "ums.spawn");  /* the metatable, then task_new's */
   luaL_getmetatable(L, LUMS_TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
   task_new(L, r, first + 1, false, first);
@@ -735,21 +758,19 @@ static void free_slab(lkept *k) {
     free(k->chunks[i]);
   }
   free(k->chunks);
+  free(k->athreads);
   free(k->free);
   k->chunks = NULL;
+  k->athreads = NULL;
   k->free = NULL;
   k->nchunks = k->capchunks = k->nslots = k->nfree = 0;
 }
 
-/* Makes a new anchor table with room for n records' entries, the
-** handles' false. */
+/* Makes a new anchor table with the anchor thread of one chunk. */
 static int new_anchors(lua_State *L) {
-  int n = (int)lua_tointeger(L, 1);
-  lua_createtable(L, 2 * n, 0);
-  for (int s = 0; s < n; s++) {
-    lua_pushboolean(L, 0);
-    lua_rawseti(L, -2, LUMS_ANCHOR_HANDLE(s));
-  }
+  lua_createtable(L, 4, 0);
+  push_anchor_thread(L);
+  lua_rawseti(L, -2, 1);
   return 1;
 }
 
@@ -766,33 +787,39 @@ static void compact_slab(lvmrun *r, lkept *k) {
       !lua_checkstack(SL, 4))
     return;
   ltask **chunks = calloc(4, sizeof *chunks);
+  lua_State **athreads = calloc(4, sizeof *athreads);
   int *fr = malloc(4 * LTASK_CHUNK * sizeof *fr);
   ltask *c = malloc(LTASK_CHUNK * sizeof *c);
   lua_pushcfunction(SL, new_anchors);
-  lua_pushinteger(SL, r->npool);
-  if (!chunks || !fr || !c || lua_pcall(SL, 1, 1, 0) != LUA_OK) {
+  if (!chunks || !athreads || !fr || !c ||
+      lua_pcall(SL, 0, 1, 0) != LUA_OK) {
     lua_settop(SL, 0);
     free(chunks);
+    free(athreads);
     free(fr);
     free(c);
     return;
   }
-  int anchors = lua_gettop(SL);
-  lua_rawgeti(SL, LUA_REGISTRYINDEX, r->anchors);
+  lua_rawgeti(SL, -1, 1);
+  lua_State *A = lua_tothread(SL, -1);
+  lua_pop(SL, 1);
   for (int i = 0; i < r->npool; i++) {
     ltask *t = r->pool[i];
-    lua_rawgeti(SL, -1, LUMS_ANCHOR_CO(t->slot));
-    lua_rawseti(SL, anchors, LUMS_ANCHOR_CO(i));
+    lums_push_anchored(A, t, t->aidx);
+    lua_replace(A, LUMS_ANCHOR_CO(i));
     c[i] = *t;
     c[i].slot = i;
+    c[i].anchor = A;
+    c[i].aidx = LUMS_ANCHOR_CO(i);
     r->pool[i] = &c[i];
   }
   LUMS_POISON(c + r->npool, (LTASK_CHUNK - r->npool) * sizeof *c);
-  lua_pop(SL, 1);
   lua_rawseti(SL, LUA_REGISTRYINDEX, r->anchors);
   free_slab(k);
   chunks[0] = c;
+  athreads[0] = A;
   k->chunks = chunks;
+  k->athreads = athreads;
   k->capchunks = 4;
   k->nchunks = 1;
   k->nslots = r->npool;
@@ -850,7 +877,7 @@ void lums_vmrun_free(lua_State *L, lvmrun *r, bool close_vm) {
     lua_settop(r->SL, 0);
     if (r->npool > KEPT_POOL_MAX) {
       for (int i = KEPT_POOL_MAX; i < r->npool; i++)
-        free_task(r->SL, r, r->pool[i]);
+        free_task(r, r->pool[i]);
       r->npool = KEPT_POOL_MAX;
     }
     compact_slab(r, k);

@@ -38,7 +38,8 @@ struct lvmrun {
                             ltask slab, its anchor table, SL); the run owns
                             the pool until lums_vmrun_free gives it back */
   int anchors;           /* [const] registry ref of the VM's anchor
-                            table (see ltask.slot) */
+                            table, which holds the anchor threads of
+                            its task records' chunks (ltask.h) */
   lquantum q;            /* lquantum.c: this VM's quantum */
   lhandle *main;                    /* main VM: the run's first task, set
                                        before it is spawned (its id is

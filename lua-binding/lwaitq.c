@@ -54,12 +54,12 @@ static ltask *wait_begin(lua_State *L, lwaitq *q, const char *fname) {
   if (me->park.begun)
     return luaL_error(L, "ums.%s: a park is already in progress", fname),
            NULL;
-  /* An ordinary park, as a join's: every waker of these queues runs on
-  ** this VM's scheduler thread, so UMS_PARK_LOCAL (lchan.c's) would be
-  ** correct too; only lchan.c's message path uses it. */
+  /* Local (UMS_PARK_LOCAL), as a channel's or a join's: a waitq is a
+  ** value of this VM, so every waker of its queue is a task of this VM,
+  ** running on this VM's scheduler thread. */
   lpark_args a = lums_check_park_args(L, 2);
-  lums_q_park_begin(L, me, q, a.deadline, a.flags, a.type, a.object,
-                    a.blocker);
+  lums_q_park_begin(L, me, q, a.deadline, a.flags | UMS_PARK_LOCAL, a.type,
+                    a.object, a.blocker);
   return me;
 }
 

@@ -1,8 +1,8 @@
 -- Task records and their anchors (lua-binding/lums.c, "Task life cycle"):
 -- a VM hands out task records from a free list of slots, anchors each
--- task's coroutine and handle at its slot in one table, and keeps its
--- pooled records and that table from one run to the next, renumbered
--- when a run made many. Every generation below has N tasks live at once
+-- task's coroutine and handle at its slot's stack slots in its chunk's
+-- anchor thread, and keeps its pooled records and their anchors from one
+-- run to the next, renumbered when a run made many. Every generation below has N tasks live at once
 -- (more than one chunk of records, and by default more than the pool of
 -- finished coroutines keeps, so that records are freed and reused too)
 -- while the handles of the generation before, whose slots they reuse,
