@@ -2109,10 +2109,17 @@ int lstream_recv(lua_State *L) {
   return lstream_start(L, f, &m_recv);
 }
 
-/* Stack: stream, data, i, j (checked): the bytes to send are data[i, j]
-** (the string stays on the stack for the method's whole run). */
+/* Stack: stream, data[, i, j] (checked): the bytes to send are data[i, j],
+** or the whole string without i and j (the string stays on the stack for
+** the method's whole run). */
 static void send_init(lua_State *L, lop *o) {
-  const char *s = lua_tostring(L, 2);
+  size_t len;
+  const char *s = lua_tolstring(L, 2, &len);
+  if (lua_isnoneornil(L, 3)) {
+    o->src = s;
+    o->srclen = len;
+    return;
+  }
   size_t i = (size_t)lua_tointeger(L, 3), j = (size_t)lua_tointeger(L, 4);
   o->src = s + i - 1;
   o->srclen = j - i + 1;
@@ -2145,6 +2152,11 @@ int lstream_send(lua_State *L) {
   lfile *f = check_file(L, 1);
   size_t len;
   luaL_checklstring(L, 2, &len);
+  if (lua_gettop(L) == 2 && len > 0) {
+    /* The whole string, the usual call: send_init needs no range. */
+    sock_need_task(L, f, "net.send");
+    return lstream_start(L, f, &m_send);
+  }
   lua_Integer i = luaL_optinteger(L, 3, 1);
   lua_Integer j = luaL_optinteger(L, 4, -1);
   if (i < 0) i = (lua_Integer)len + i + 1 > 0 ? (lua_Integer)len + i + 1 : 1;
