@@ -2062,8 +2062,9 @@ int lstream_setvbuf(lua_State *L) {
 /* Raw reads and writes of sockets                                         */
 /* ---------------------------------------------------------------------- */
 
-/* Stack: stream, max. What the buffer holds, else one receive into it:
-** up to max bytes, nil at the end of the stream. */
+/* Stack: stream[, max] (checked; BUF_SIZE without it). What the buffer
+** holds, else one receive into it: up to max bytes, nil at the end of the
+** stream. */
 static int step_recv(lua_State *L, lop *o) {
   lfile *f = o->f;
   if (o->phase == 0) {
@@ -2087,7 +2088,8 @@ static int step_recv(lua_State *L, lop *o) {
       return 1;
     }
   }
-  size_t max = (size_t)lua_tointeger(L, 2);
+  size_t max =
+      lua_isnoneornil(L, 2) ? BUF_SIZE : (size_t)lua_tointeger(L, 2);
   size_t avail = f->rlen - f->rpos;
   size_t k = avail < max ? avail : max;
   lua_pushlstring(L, (char *)ums_buf_data(f->buf) + f->rpos, k);
@@ -2101,6 +2103,11 @@ static const lmethod m_recv = {NULL, step_recv, done_result, false,
 /* conn:recv([max]) -> string | nil (end of stream) | nil, msg, errno */
 int lstream_recv(lua_State *L) {
   lfile *f = check_file(L, 1);
+  if (lua_gettop(L) == 1) {
+    /* No size, the usual call: step_recv takes BUF_SIZE itself. */
+    sock_need_task(L, f, "net.recv");
+    return lstream_start(L, f, &m_recv);
+  }
   lua_Integer max = luaL_optinteger(L, 2, BUF_SIZE);
   luaL_argcheck(L, max > 0, 2, "size must be positive");
   sock_need_task(L, f, "net.recv");
