@@ -54,8 +54,9 @@
 ** and writes larger than the buffer go straight between the kernel and a
 ** page-aligned ums_buf (the method's accumulator), then one copy into (or
 ** from) the Lua string. A socket's two directions are independent: its
-** read-ahead and its pending writes have a buffer each; a read sends
-** what earlier writes left buffered when no other task is writing
+** read-ahead and its pending writes have a buffer each (a raw send that
+** fits passes through the write buffer too, and leaves it empty); a read
+** sends what earlier writes left buffered when no other task is writing
 ** (flush_first); a read that times out keeps what it received for the
 ** next one (keep_after_timeout).
 **
@@ -2062,8 +2063,9 @@ int lstream_setvbuf(lua_State *L) {
 /* Raw reads and writes of sockets                                         */
 /* ---------------------------------------------------------------------- */
 
-/* Stack: stream, max. What the buffer holds, else one receive into it:
-** up to max bytes, nil at the end of the stream. */
+/* Stack: stream[, max] (checked; BUF_SIZE without it). What the buffer
+** holds, else one receive into it: up to max bytes, nil at the end of the
+** stream. */
 static int step_recv(lua_State *L, lop *o) {
   lfile *f = o->f;
   if (o->phase == 0) {
@@ -2087,7 +2089,8 @@ static int step_recv(lua_State *L, lop *o) {
       return 1;
     }
   }
-  size_t max = (size_t)lua_tointeger(L, 2);
+  size_t max =
+      lua_isnoneornil(L, 2) ? BUF_SIZE : (size_t)lua_tointeger(L, 2);
   size_t avail = f->rlen - f->rpos;
   size_t k = avail < max ? avail : max;
   lua_pushlstring(L, (char *)ums_buf_data(f->buf) + f->rpos, k);
@@ -2101,6 +2104,11 @@ static const lmethod m_recv = {NULL, step_recv, done_result, false,
 /* conn:recv([max]) -> string | nil (end of stream) | nil, msg, errno */
 int lstream_recv(lua_State *L) {
   lfile *f = check_file(L, 1);
+  if (lua_gettop(L) == 1) {
+    /* No size, the usual call: step_recv takes BUF_SIZE itself. */
+    sock_need_task(L, f, "net.recv");
+    return lstream_start(L, f, &m_recv);
+  }
   lua_Integer max = luaL_optinteger(L, 2, BUF_SIZE);
   luaL_argcheck(L, max > 0, 2, "size must be positive");
   sock_need_task(L, f, "net.recv");
@@ -2109,24 +2117,42 @@ int lstream_recv(lua_State *L) {
   return lstream_start(L, f, &m_recv);
 }
 
-/* Stack: stream, data, i, j (checked): the bytes to send are data[i, j]
-** (the string stays on the stack for the method's whole run). */
+/* Stack: stream, data[, i, j] (checked): the bytes to send are data[i, j],
+** or the whole string without i and j (the string stays on the stack for
+** the method's whole run). */
 static void send_init(lua_State *L, lop *o) {
-  const char *s = lua_tostring(L, 2);
+  size_t len;
+  const char *s = lua_tolstring(L, 2, &len);
+  if (lua_isnoneornil(L, 3)) {
+    o->src = s;
+    o->srclen = len;
+    return;
+  }
   size_t i = (size_t)lua_tointeger(L, 3), j = (size_t)lua_tointeger(L, 4);
   o->src = s + i - 1;
   o->srclen = j - i + 1;
 }
 
-/* Pending writes first, then the bytes send_init found, unbuffered; the
-** result counts those bytes only. */
+/* Pending writes first, then the bytes send_init found, sent before the
+** call returns; the result counts those bytes only. They go out as a
+** write's do (lstream_write_bytes): a string that fits is copied into
+** the socket's write buffer, which the stream keeps from call to call,
+** and sent from there (phase 2); a longer one is sent in chunks. */
 static int step_send(lua_State *L, lop *o) {
   if (o->phase == 0) {
     int st = flush_first(o);
     if (st != 1) return st;
+    int64_t r = ensure_wbuf(o->f);
+    if (r) {
+      o->err = r;
+      return 0;
+    }
     o->wrote = 0;
   }
-  int64_t r = write_chunks(o, o->src, o->srclen, UMS_FS_CUR);
+  int64_t r = 0;
+  if (o->phase == 1 && (r = lstream_write_bytes(o, o->src, o->srclen)) == 0)
+    o->phase = 2;
+  if (o->phase == 2) r = sub_flush(o);
   if (r == AGAIN) return STEP_IO;
   if (r) {
     o->err = r;
@@ -2145,6 +2171,11 @@ int lstream_send(lua_State *L) {
   lfile *f = check_file(L, 1);
   size_t len;
   luaL_checklstring(L, 2, &len);
+  if (lua_gettop(L) == 2 && len > 0) {
+    /* The whole string, the usual call: send_init needs no range. */
+    sock_need_task(L, f, "net.send");
+    return lstream_start(L, f, &m_send);
+  }
   lua_Integer i = luaL_optinteger(L, 3, 1);
   lua_Integer j = luaL_optinteger(L, 4, -1);
   if (i < 0) i = (lua_Integer)len + i + 1 > 0 ? (lua_Integer)len + i + 1 : 1;

@@ -619,6 +619,81 @@ describe("ums.net full duplex", function()
       srv:close()
     end)
   end)
+
+  it("recv returns at most max bytes and keeps the rest", function()
+    run(function()
+      local c, peer, srv = pair()
+      assert.equal(8, peer:send("abcdefgh"))
+      assert.equal("abc", c:recv(3))
+      assert.equal("de", c:recv(2))
+      assert.equal("fgh", c:recv())
+      peer:close()
+      assert.is_nil(c:recv())
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("small sends that wait deliver every byte they count, in order",
+     function()
+    run(function()
+      local c, peer, srv = pair()
+      c:setoption("sndbuf", 4096)
+      -- Sends of a few bytes to a few KiB, more than the socket's buffers
+      -- hold while the peer is not reading: many of them wait, some
+      -- after a part went out.
+      local parts = {}
+      for i = 1, 1500 do
+        parts[i] = string.format("<%d:", i) .. ("x"):rep(i * 7 % 3000) .. ">"
+      end
+      local want = table.concat(parts)
+      local got = ums.spawn(function()
+        ums.sleep(0.05)
+        return peer:read("a")
+      end)
+      local total = 0
+      for i = 1, #parts do
+        -- every third one through a range, the rest whole
+        if i % 3 == 0 then
+          local p = "--" .. parts[i] .. "--"
+          total = total + assert(c:send(p, 3, -3))
+        else
+          total = total + assert(c:send(parts[i]))
+        end
+      end
+      c:shutdown("w")
+      assert.equal(#want, total)
+      assert.is_true(results(got) == want, "the peer got other bytes")
+      peer:close()
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("small sends that time out count exactly the bytes the peer gets",
+     function()
+    run(function()
+      local c, peer, srv = pair()
+      c:setoption("sndbuf", 4096)
+      c:settimeout(0.05)
+      local sent, i, v, msg, part = {}, 0, nil, nil, nil
+      repeat
+        i = i + 1
+        part = string.format("<%d:", i) .. ("y"):rep(i * 13 % 2000) .. ">"
+        local n, m, _, k = c:send(part)
+        v, msg = n, m
+        sent[#sent + 1] = part:sub(1, n or k)
+      until not v
+      assert.equal("timeout", msg)
+      c:shutdown("w")
+      local all = assert(peer:read("a"))
+      assert.is_true(all == table.concat(sent),
+                     "the bytes counted are not the bytes the peer got")
+      peer:close()
+      c:close()
+      srv:close()
+    end)
+  end)
 end)
 
 describe("ums.net where Lua cannot yield", function()

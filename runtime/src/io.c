@@ -88,12 +88,17 @@ static bool inline_path(const ums__io_req_t *r, const char *p) {
 }
 
 static void req_free(ums__io_req_t *r) {
-  for (int i = 0; i < r->iovcnt; i++) ums_buf_release(r->bufs[i]);
-  if (r->bufs != r->bufs_inline) free(r->bufs);
-  if (r->iov != r->iov_inline) free(r->iov);
-  if (r->path && !inline_path(r, r->path)) free(r->path);
-  if (r->path2 && !inline_path(r, r->path2)) free(r->path2);
-  if (r->list) ums_dirlist_free(r->list);
+  if (r->iovcnt) {
+    for (int i = 0; i < r->iovcnt; i++) ums_buf_release(r->bufs[i]);
+    if (r->bufs != r->bufs_inline) free(r->bufs);
+    if (r->iov != r->iov_inline) free(r->iov);
+  }
+  /* Paths and listings are file operations' only. */
+  if (!ums__io_is_net(r->op)) {
+    if (r->path && !inline_path(r, r->path)) free(r->path);
+    if (r->path2 && !inline_path(r, r->path2)) free(r->path2);
+    if (r->list) ums_dirlist_free(r->list);
+  }
   /* The last reference may go on a pool thread (an abandoned request), or
   ** after this scheduler emptied its cache at exit (it no longer runs
   ** then): only a scheduler thread keeps the struct. */
@@ -140,19 +145,42 @@ static int req_paths(ums__io_req_t *r, const char *a, const char *b) {
   return 0;
 }
 
-/* Takes buffer references and builds the iovec array. */
+/* Whether v is a range of its buffer that keeps the total of a request's
+** ranges, total before it, within a signed size (like readv(2)). */
+static inline bool iov_ok(const ums_iov_t *v, size_t total) {
+  return v->buf && v->pos <= v->buf->size &&
+         v->len <= v->buf->size - v->pos && v->len <= UMS_FS_MAX_RW - total;
+}
+
+/* Entry i of r's iovec is v, whose buffer r holds a reference to. */
+static inline void iov_set(ums__io_req_t *r, int i, const ums_iov_t *v) {
+  r->iov[i].iov_base = (char *)v->buf->data + v->pos;
+  r->iov[i].iov_len = v->len;
+  ums_buf_retain(v->buf);
+  r->bufs[i] = v->buf;
+}
+
+/* Takes buffer references and builds the iovec array. One range (every
+** socket call, most file calls) goes straight to the inline room. */
 int ums__io_req_iov(ums__io_req_t *r, const ums_iov_t *iov, int n) {
   if (n <= 0 || n > UMS_FS_IOV_MAX || !iov) return UMS_EINVAL;
+  if (n == 1) {
+    if (!iov_ok(iov, 0)) return UMS_EINVAL;
+    r->iov = r->iov_inline;
+    r->bufs = r->bufs_inline;
+    iov_set(r, 0, iov);
+    r->iovcnt = 1;
+    return 0;
+  }
   size_t total = 0;
   for (int i = 0; i < n; i++) {
-    const ums_iov_t *v = &iov[i];
-    if (!v->buf || v->pos > v->buf->size || v->len > v->buf->size - v->pos)
-      return UMS_EINVAL;
-    /* Like readv(2): the total must fit in a signed size. */
-    if (v->len > UMS_FS_MAX_RW - total) return UMS_EINVAL;
-    total += v->len;
+    if (!iov_ok(&iov[i], total)) return UMS_EINVAL;
+    total += iov[i].len;
   }
-  if (n > UMS__IO_INLINE_IOV) {
+  if (n <= UMS__IO_INLINE_IOV) {
+    r->iov = r->iov_inline;
+    r->bufs = r->bufs_inline;
+  } else {
     r->iov = malloc(sizeof *r->iov * (size_t)n);
     r->bufs = malloc(sizeof *r->bufs * (size_t)n);
     if (!r->iov || !r->bufs) {
@@ -162,16 +190,8 @@ int ums__io_req_iov(ums__io_req_t *r, const ums_iov_t *iov, int n) {
       r->bufs = NULL;
       return UMS_ENOMEM;
     }
-  } else {
-    r->iov = r->iov_inline;
-    r->bufs = r->bufs_inline;
   }
-  for (int i = 0; i < n; i++) {
-    r->iov[i].iov_base = (char *)iov[i].buf->data + iov[i].pos;
-    r->iov[i].iov_len = iov[i].len;
-    ums_buf_retain(iov[i].buf);
-    r->bufs[i] = iov[i].buf;
-  }
+  for (int i = 0; i < n; i++) iov_set(r, i, &iov[i]);
   r->iovcnt = n;
   return 0;
 }
