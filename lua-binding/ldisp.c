@@ -19,6 +19,28 @@
 ** ones move. A request passed over for STARVE_NS starts anyway, so a
 ** scheduler whose tasks keep yielding cannot starve its queue.
 **
+** The steal grace. A request queued for a scheduler that is running (not
+** in its idle wait) is not stolen until it has been queued for
+** STEAL_GRACE_NS. The usual reason a running scheduler has not started its
+** request yet is that the task that queued it is still on its way to its
+** next wait (submit_on(0, f), submit_on(1, g), then the joins): its
+** scheduler starts the request within microseconds, and a thief that took
+** it would move the work to a VM that is cold for it, for nothing, and make
+** submit_on useless for spreading work. Go's runqsteal waits for a running
+** P's runnext the same way. A scheduler in its idle wait is on its way too
+** (queueing the request woke it to spawn its dispatcher), but waking takes
+** a while: a request the placement policy put there (ums.submit) is
+** stolen at once, as any scheduler will do for it, while one whose caller
+** named its scheduler (ums.submit_on) waits the grace for that one. A
+** request older than the grace is stolen in any case: a scheduler busy
+** with one long computation still has its queue emptied by the others,
+** one grace later. A thief that finds only young
+** requests parks its dispatcher until the oldest of them comes of age (no
+** polling: the scheduler sleeps in its idle wait meanwhile), and work
+** queued for its own scheduler ends that park at once (lums_req_queue:
+** exactly one of that unpark and the deadline ends it, ums.h "Step tasks
+** and parking"; the one that loses finds the park over and does nothing).
+**
 ** Every queued request and every dispatcher holds the run (lrun.live): a
 ** dispatcher must be able to spawn, which nothing may once
 ** ums_runtime_shutdown begins. On a failed run dispatchers start nothing
@@ -33,10 +55,16 @@
 
 /* A request passed over this long by a busy scheduler starts anyway. */
 #define STARVE_NS (100 * UMS_NSEC_PER_MSEC)
+/* Another scheduler leaves a running scheduler's request this long to it.
+** Far longer than a task takes from its submit to its next wait, also on
+** a loaded machine or under a sanitizer; short beside any work worth
+** moving to another core. */
+#define STEAL_GRACE_NS (1 * UMS_NSEC_PER_MSEC)
 
 #define REQ_OF_Q(l) UMS_LIST_ENTRY(l, lreq, qlink)
 
 static void q_push(lreqq *q, lreq *r) {
+  r->queued_at = ums_runtime_now(r->rt);
   ums_list_push_back(&q->list, &r->qlink);
   q->n++;
 }
@@ -106,7 +134,7 @@ typedef struct ldisp_task {
   int sched;             /* [const] */
   int64_t busy_since;    /* [owner] when it first found the scheduler
                             busy since it last started work; 0: not */
-  ums_sched_stats_t *rows; /* [owner] sched + 1 rows of scratch */
+  ums_sched_stats_t *rows; /* [owner] a row per scheduler of scratch */
 } ldisp_task;
 
 /* Whether scheduler d->sched should start a request now: nothing else is
@@ -123,17 +151,39 @@ static bool sched_free(ldisp_task *d) {
   return now - d->busy_since >= STARVE_NS;
 }
 
+/* Whether dispatcher d may steal r, the oldest request of another
+** scheduler's queue, now: r is past the steal grace, or placed by the
+** policy on a scheduler in its idle wait. If not, lowers *wake to when r
+** comes of age. [v->reqs.lock] */
+static bool may_steal(ldisp_task *d, lreq *r, int64_t now, int64_t *wake) {
+  int64_t ripe = r->queued_at + STEAL_GRACE_NS;
+  if (now >= ripe) return true;
+  if (!r->named) {
+    ums_runtime_stats(d->v->rt, d->rows, r->home + 1);
+    if (d->rows[r->home].idle) return true;
+  }
+  if (ripe < *wake) *wake = ripe;
+  return false;
+}
+
 /* Takes the next request for scheduler s: the oldest of its own queue,
-** else the oldest of the longest other queue. [v->reqs.lock] */
-static lreq *take_request(lrun *v, int s) {
+** else the oldest of the longest other queue whose oldest may be stolen
+** (may_steal; d NULL: any). NULL when there is none; then *wake is when
+** a young request of another queue comes of age (UMS_FOREVER: none
+** waits). [v->reqs.lock] */
+static lreq *take_request(lrun *v, int s, ldisp_task *d, int64_t *wake) {
   lreqq *qs = v->disp.q;
   lreqq *q = &qs[s];
+  *wake = UMS_FOREVER;
   if (ums_list_empty(&q->list)) {
+    int64_t now = d ? ums_runtime_now(v->rt) : 0;
     int best = -1;
     for (int i = 0; i < v->nsched; i++)
-      if (i != s && qs[i].n > 0 && (best < 0 || qs[i].n > qs[best].n))
+      if (i != s && qs[i].n > 0 && (best < 0 || qs[i].n > qs[best].n) &&
+          (!d || may_steal(d, REQ_OF_Q(qs[i].list.head), now, wake)))
         best = i;
     if (best < 0) return NULL;
+    *wake = UMS_FOREVER;
     q = &qs[best];
   }
   lreq *r = REQ_OF_Q(q->list.head);
@@ -162,8 +212,10 @@ static int disp_fail(ldisp_task *d, int err) {
   lrun *v = d->v;
   int s = d->sched;
   const char *msg = ums_strerror(err);
+  int64_t wake;
   pthread_mutex_lock(&v->reqs.lock);
-  lreq *r = take_request(v, s);
+  v->disp.graced[s] = false;
+  lreq *r = take_request(v, s, NULL, &wake);
   if (!r) v->disp.running[s] = false;
   pthread_mutex_unlock(&v->reqs.lock);
   if (r) {
@@ -196,8 +248,24 @@ static int disp_step(void *arg) {
   ** way the requests left are cancelled by lums_disp_close. */
   bool cancelled = ums_cancelled() || atomic_load(&v->stopping);
   if (!cancelled && !sched_free(d)) return UMS_STEP_YIELD;
+  int64_t wake = UMS_FOREVER;
   pthread_mutex_lock(&v->reqs.lock);
-  lreq *r = cancelled || v->disp.refused[s] ? NULL : take_request(v, s);
+  /* Whatever ended a grace park (work for s, or the deadline), it is over:
+  ** nobody may unpark its token any more. */
+  v->disp.graced[s] = false;
+  lreq *r = cancelled || v->disp.refused[s] ? NULL
+                                            : take_request(v, s, d, &wake);
+  if (!r && wake != UMS_FOREVER) {
+    /* Only young requests of running schedulers: wait for them to come of
+    ** age, or for work of s's own. A park that cannot begin (the run is
+    ** being cancelled, or memory is short) leaves the requests to their
+    ** own schedulers, which always have dispatchers while they have work. */
+    if (ums_park_begin(wake, &v->disp.grace[s]) == 0) {
+      v->disp.graced[s] = true;
+      pthread_mutex_unlock(&v->reqs.lock);
+      return UMS_STEP_PARK;
+    }
+  }
   if (!r) v->disp.running[s] = false;
   pthread_mutex_unlock(&v->reqs.lock);
   if (!r) {
@@ -214,7 +282,7 @@ static int disp_step(void *arg) {
 ** cleared again). */
 static int disp_spawn(lrun *v, int s) {
   ldisp_task *d = calloc(1, sizeof *d);
-  ums_sched_stats_t *rows = calloc((size_t)s + 1, sizeof *rows);
+  ums_sched_stats_t *rows = calloc((size_t)v->nsched, sizeof *rows);
   int rc = UMS_ENOMEM;
   if (d && rows) {
     d->v = v;
@@ -297,11 +365,13 @@ static void refuse(lrun *v, int s, lreq *r, const char *err) {
     while ((q = REQ_OF_Q(v->disp.q[s].list.head)) != NULL) {
       q_remove(&v->disp.q[s], q);
       q->home = place(v, -1);
+      q->named = false;
       q_push(&v->disp.q[q->home], q);
     }
     if (!cancel) {
       lums_run_hold(v);  /* the new queue's */
       r->home = t;
+      r->named = false;
       r->queued = true;
       q_push(&v->disp.q[t], r);
     }
@@ -337,7 +407,8 @@ int lums_req_queue(lrun *v, lreq *r, int target, int here) {
   lums_run_hold(v);    /* the queue's, until started or cancelled */
   pthread_mutex_lock(&v->reqs.lock);
   /* A scheduler that refused work passes what is meant for it on. */
-  if (target < 0 || v->disp.refused[target]) target = place(v, here);
+  r->named = target >= 0 && !v->disp.refused[target];
+  if (!r->named) target = place(v, here);
   ums_list_push_front(&v->reqs.active, &r->llink);
   if (target < 0) {
     /* Every scheduler refused: the work fails as theirs did. */
@@ -351,7 +422,13 @@ int lums_req_queue(lrun *v, lreq *r, int target, int here) {
   r->queued = true;
   q_push(&v->disp.q[target], r);
   mark_dispatchers(v, spawn);
+  /* Its scheduler's dispatcher, waiting out another's grace, starts it now
+  ** rather than at the end of that grace. */
+  bool unpark = v->disp.graced[target];
+  v->disp.graced[target] = false;
+  ums_park_token_t tok = v->disp.grace[target];
   pthread_mutex_unlock(&v->reqs.lock);
+  if (unpark) (void)ums_unpark(v->rt, tok, 0);
   int rc = spawn_marked(v, spawn);
   if (rc == UMS_ESHUTDOWN) {
     /* The run is ending: nothing will start it. */
