@@ -19,27 +19,31 @@
 ** ones move. A request passed over for STARVE_NS starts anyway, so a
 ** scheduler whose tasks keep yielding cannot starve its queue.
 **
-** The steal grace. A request queued for a scheduler that is running (not
-** in its idle wait) is not stolen until it has been queued for
-** STEAL_GRACE_NS. The usual reason a running scheduler has not started its
-** request yet is that the task that queued it is still on its way to its
-** next wait (submit_on(0, f), submit_on(1, g), then the joins): its
-** scheduler starts the request within microseconds, and a thief that took
-** it would move the work to a VM that is cold for it, for nothing, and make
-** submit_on useless for spreading work. Go's runqsteal waits for a running
-** P's runnext the same way. A scheduler in its idle wait is on its way too
-** (queueing the request woke it to spawn its dispatcher), but waking takes
-** a while: a request the placement policy put there (ums.submit) is
-** stolen at once, as any scheduler will do for it, while one whose caller
-** named its scheduler (ums.submit_on) waits the grace for that one. A
-** request older than the grace is stolen in any case: a scheduler busy
-** with one long computation still has its queue emptied by the others,
-** one grace later. A thief that finds only young
-** requests parks its dispatcher until the oldest of them comes of age (no
-** polling: the scheduler sleeps in its idle wait meanwhile), and work
-** queued for its own scheduler ends that park at once (lums_req_queue:
-** exactly one of that unpark and the deadline ends it, ums.h "Step tasks
-** and parking"; the one that loses finds the park over and does nothing).
+** The steal grace. The usual reason a scheduler has not started a request
+** queued for it yet is that it is about to: the task that queued it is
+** still on its way to its next wait (submit_on(0, f), submit_on(1, g),
+** then the joins), or the scheduler was asleep and is waking up (queueing
+** the request woke it to spawn its dispatcher; on a loaded machine its
+** thread may wait a scheduler tick or more for a CPU). A thief that took
+** the request meanwhile would move the work to a VM that is cold for it,
+** for nothing, and make submit_on useless for spreading work. So another
+** scheduler steals a request only when its owner has had the time
+** (Go's runqsteal waits for a running P's runnext the same way):
+**   - none is stolen before it has been queued for STEAL_GRACE_NS, except
+**     one the placement policy put on a scheduler in its idle wait
+**     (ums.submit: any scheduler will do for it, and the thief is awake);
+**   - past the grace, one whose caller named its scheduler (ums.submit_on)
+**     is stolen only while that scheduler is running: in its idle wait it
+**     is still waking up. Running and past the grace, it is busy with
+**     something else (one long computation, or tasks ahead of its
+**     dispatcher), and its queue is emptied by the others.
+** A thief that finds no request it may steal, but some it may later,
+** parks its dispatcher until the first of them comes of age (a grace
+** more for a named one whose scheduler is waking up): the scheduler
+** sleeps in its idle wait meanwhile, no polling. Work queued for the
+** thief's own scheduler ends that park at once (lums_req_queue; exactly
+** one of that unpark and the deadline ends a park, ums.h "Step tasks and
+** parking", and an unpark that loses finds the park over).
 **
 ** Every queued request and every dispatcher holds the run (lrun.live): a
 ** dispatcher must be able to spawn, which nothing may once
@@ -152,17 +156,20 @@ static bool sched_free(ldisp_task *d) {
 }
 
 /* Whether dispatcher d may steal r, the oldest request of another
-** scheduler's queue, now: r is past the steal grace, or placed by the
-** policy on a scheduler in its idle wait. If not, lowers *wake to when r
-** comes of age. [v->reqs.lock] */
+** scheduler's queue, now (the rules above). If not, lowers *wake to when
+** it may look again. [v->reqs.lock] */
 static bool may_steal(ldisp_task *d, lreq *r, int64_t now, int64_t *wake) {
   int64_t ripe = r->queued_at + STEAL_GRACE_NS;
-  if (now >= ripe) return true;
-  if (!r->named) {
-    ums_runtime_stats(d->v->rt, d->rows, r->home + 1);
-    if (d->rows[r->home].idle) return true;
+  bool young = now < ripe;
+  if (young && r->named) {
+    if (ripe < *wake) *wake = ripe;
+    return false;
   }
-  if (ripe < *wake) *wake = ripe;
+  ums_runtime_stats(d->v->rt, d->rows, r->home + 1);
+  bool idle = d->rows[r->home].idle != 0;
+  if (young ? idle : !r->named || !idle) return true;
+  int64_t again = young ? ripe : now + STEAL_GRACE_NS;
+  if (again < *wake) *wake = again;
   return false;
 }
 
