@@ -19,31 +19,30 @@
 ** ones move. A request passed over for STARVE_NS starts anyway, so a
 ** scheduler whose tasks keep yielding cannot starve its queue.
 **
-** The steal grace. The usual reason a scheduler has not started a request
-** queued for it yet is that it is about to: the task that queued it is
-** still on its way to its next wait (submit_on(0, f), submit_on(1, g),
-** then the joins), or the scheduler was asleep and is waking up (queueing
-** the request woke it to spawn its dispatcher; on a loaded machine its
-** thread may wait a scheduler tick or more for a CPU). A thief that took
-** the request meanwhile would move the work to a VM that is cold for it,
-** for nothing, and make submit_on useless for spreading work. So another
-** scheduler steals a request only when its owner has had the time
-** (Go's runqsteal waits for a running P's runnext the same way):
-**   - none is stolen before it has been queued for STEAL_GRACE_NS, except
-**     one the placement policy put on a scheduler in its idle wait
-**     (ums.submit: any scheduler will do for it, and the thief is awake);
-**   - past the grace, one whose caller named its scheduler (ums.submit_on)
-**     is stolen only while that scheduler is running: in its idle wait it
-**     is still waking up. Running and past the grace, it is busy with
-**     something else (one long computation, or tasks ahead of its
-**     dispatcher), and its queue is emptied by the others.
+** The steal grace. A request whose caller named its scheduler
+** (ums.submit_on) is left to that scheduler for a while. The usual reason
+** a scheduler has not started such a request yet is that it is about to:
+** the task that queued it is still on its way to its next wait
+** (submit_on(0, f), submit_on(1, g), then the joins), or the scheduler
+** was asleep and is waking up (queueing the request woke it to spawn its
+** dispatcher; on a loaded machine its thread may wait a scheduler tick or
+** more for a CPU). A thief that took the request meanwhile would move the
+** work to a VM that is cold for it, against its caller's choice, and make
+** submit_on useless for spreading work. So such a request is stolen only
+** once it has been queued for STEAL_GRACE_NS, and then only while its
+** scheduler is running: one in its idle wait is still waking up, and one
+** running past the grace is busy with something else (one long
+** computation, or tasks ahead of its dispatcher), so its queue is emptied
+** by the others. Go's runqsteal waits for a running P's runnext the same
+** way. A request the placement policy put somewhere (ums.submit) has no
+** grace: any scheduler will do for it, and a free thief is the quickest.
 ** A thief that finds no request it may steal, but some it may later,
-** parks its dispatcher until the first of them comes of age (a grace
-** more for a named one whose scheduler is waking up): the scheduler
-** sleeps in its idle wait meanwhile, no polling. Work queued for the
-** thief's own scheduler ends that park at once (lums_req_queue; exactly
-** one of that unpark and the deadline ends a park, ums.h "Step tasks and
-** parking", and an unpark that loses finds the park over).
+** parks its dispatcher until the first of them comes of age (or, for one
+** whose scheduler is waking up, one grace more): its scheduler sleeps in
+** its idle wait meanwhile, no polling. Work queued for the thief's own
+** scheduler ends that park at once (lums_req_queue; exactly one of that
+** unpark and the deadline ends a park, ums.h "Step tasks and parking",
+** and an unpark that loses finds the park over).
 **
 ** Every queued request and every dispatcher holds the run (lrun.live): a
 ** dispatcher must be able to spawn, which nothing may once
@@ -59,16 +58,15 @@
 
 /* A request passed over this long by a busy scheduler starts anyway. */
 #define STARVE_NS (100 * UMS_NSEC_PER_MSEC)
-/* Another scheduler leaves a running scheduler's request this long to it.
-** Far longer than a task takes from its submit to its next wait, also on
-** a loaded machine or under a sanitizer; short beside any work worth
+/* Another scheduler leaves a request named for a scheduler this long to
+** it. Far longer than a task takes from its submit to its next wait, also
+** on a loaded machine or under a sanitizer; short beside any work worth
 ** moving to another core. */
 #define STEAL_GRACE_NS (1 * UMS_NSEC_PER_MSEC)
 
 #define REQ_OF_Q(l) UMS_LIST_ENTRY(l, lreq, qlink)
 
 static void q_push(lreqq *q, lreq *r) {
-  r->queued_at = ums_runtime_now(r->rt);
   ums_list_push_back(&q->list, &r->qlink);
   q->n++;
 }
@@ -158,17 +156,15 @@ static bool sched_free(ldisp_task *d) {
 /* Whether dispatcher d may steal r, the oldest request of another
 ** scheduler's queue, now (the rules above). If not, lowers *wake to when
 ** it may look again. [v->reqs.lock] */
-static bool may_steal(ldisp_task *d, lreq *r, int64_t now, int64_t *wake) {
-  int64_t ripe = r->queued_at + STEAL_GRACE_NS;
-  bool young = now < ripe;
-  if (young && r->named) {
-    if (ripe < *wake) *wake = ripe;
-    return false;
+static bool may_steal(ldisp_task *d, lreq *r, int64_t *wake) {
+  if (!r->named) return true;
+  int64_t now = ums_runtime_now(d->v->rt);
+  int64_t again = r->queued_at + STEAL_GRACE_NS;
+  if (now >= again) {
+    ums_runtime_stats(d->v->rt, d->rows, r->home + 1);
+    if (!d->rows[r->home].idle) return true;
+    again = now + STEAL_GRACE_NS;
   }
-  ums_runtime_stats(d->v->rt, d->rows, r->home + 1);
-  bool idle = d->rows[r->home].idle != 0;
-  if (young ? idle : !r->named || !idle) return true;
-  int64_t again = young ? ripe : now + STEAL_GRACE_NS;
   if (again < *wake) *wake = again;
   return false;
 }
@@ -183,11 +179,10 @@ static lreq *take_request(lrun *v, int s, ldisp_task *d, int64_t *wake) {
   lreqq *q = &qs[s];
   *wake = UMS_FOREVER;
   if (ums_list_empty(&q->list)) {
-    int64_t now = d ? ums_runtime_now(v->rt) : 0;
     int best = -1;
     for (int i = 0; i < v->nsched; i++)
       if (i != s && qs[i].n > 0 && (best < 0 || qs[i].n > qs[best].n) &&
-          (!d || may_steal(d, REQ_OF_Q(qs[i].list.head), now, wake)))
+          (!d || may_steal(d, REQ_OF_Q(qs[i].list.head), wake)))
         best = i;
     if (best < 0) return NULL;
     *wake = UMS_FOREVER;
@@ -427,6 +422,7 @@ int lums_req_queue(lrun *v, lreq *r, int target, int here) {
   }
   r->home = target;
   r->queued = true;
+  if (r->named) r->queued_at = ums_runtime_now(v->rt);
   q_push(&v->disp.q[target], r);
   mark_dispatchers(v, spawn);
   /* Its scheduler's dispatcher, waiting out another's grace, starts it now

@@ -4,7 +4,7 @@
 ** starts them; a request goes to the queue the runtime's placement
 ** policy picks (ums_runtime_place), or to the one ums.submit_on names,
 ** and an idle scheduler steals what has not started from a busy one
-** (after a grace when that one is running: ldisp.c).
+** (one named with submit_on only after a grace: ldisp.c).
 */
 #ifndef LDISP_H
 #define LDISP_H

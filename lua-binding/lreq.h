@@ -53,9 +53,9 @@ struct lreq {
   ums_link_t qlink;      /* in run->disp.q[home] while queued (ldisp.c) */
   int home;              /* the queue it is in */
   bool queued;
-  int64_t queued_at;     /* when it entered that queue (the runtime's
-                            clock): the steal grace runs from there */
   bool named;            /* its queue is the scheduler its maker named */
+  int64_t queued_at;     /* named: when it was queued (the runtime's
+                            clock), where its steal grace starts */
   ums_link_t llink;      /* in run->reqs.active or run->reqs.failed */
 };
 
