@@ -157,7 +157,8 @@ static bool sched_free(ldisp_task *d) {
 ** scheduler's queue, now (the rules above). If not, lowers *wake to when
 ** it may look again. [v->reqs.lock] */
 static bool may_steal(ldisp_task *d, lreq *r, int64_t *wake) {
-  if (!r->named) return true;
+  /* A scheduler without a dispatcher (its spawn failed) gets to nothing. */
+  if (!r->named || !d->v->disp.running[r->home]) return true;
   int64_t now = ums_runtime_now(d->v->rt);
   int64_t again = r->queued_at + STEAL_GRACE_NS;
   if (now >= again) {
@@ -258,8 +259,8 @@ static int disp_step(void *arg) {
   lreq *r = cancelled || v->disp.refused[s] ? NULL
                                             : take_request(v, s, d, &wake);
   if (!r && wake != UMS_FOREVER) {
-    /* Only young requests of running schedulers: wait for them to come of
-    ** age, or for work of s's own. A park that cannot begin (the run is
+    /* Only requests named for other schedulers, which may not be stolen
+    ** yet: wait until one may, or for work of s's own. A park that cannot begin (the run is
     ** being cancelled, or memory is short) leaves the requests to their
     ** own schedulers, which always have dispatchers while they have work. */
     if (ums_park_begin(wake, &v->disp.grace[s]) == 0) {
