@@ -24,25 +24,29 @@
 ** a scheduler has not started such a request yet is that it is about to:
 ** the task that queued it is still on its way to its next wait
 ** (submit_on(0, f), submit_on(1, g), then the joins), or the scheduler
-** was asleep and is waking up (queueing the request woke it to spawn its
-** dispatcher; on a loaded machine its thread may wait a scheduler tick or
-** more for a CPU). A thief that took the request meanwhile would move the
-** work to a VM that is cold for it, against its caller's choice, and make
-** submit_on useless for spreading work. So such a request is stolen only
-** once it has been queued for STEAL_GRACE_NS, and then only while its
-** scheduler is running: one in its idle wait is still waking up, and one
-** running past the grace is busy with something else (one long
-** computation, or tasks ahead of its dispatcher), so its queue is emptied
-** by the others. Go's runqsteal waits for a running P's runnext the same
-** way. A request the placement policy put somewhere (ums.submit) has no
-** grace: any scheduler will do for it, and a free thief is the quickest.
+** was asleep or spinning and is on its way (queueing the request posted
+** its dispatcher to it; on a loaded machine its thread may wait a
+** scheduler tick or more for a CPU). A thief that took the request
+** meanwhile would move the work to a VM that is cold for it, against its
+** caller's choice, and make submit_on useless for spreading work. So
+** another scheduler steals such a request only when its owner has shown
+** it is busy with something else:
+**   - never in the first STEAL_GRACE_NS after it was queued (Go's
+**     runqsteal waits for a running P's runnext the same way), nor while
+**     its scheduler is in its idle wait (it is waking up for it);
+**   - once the owner has picked another task since a thief first looked
+**     (it runs tasks queued ahead of its dispatcher);
+**   - or once it has been queued for STUCK_NS while its owner picked
+**     nothing: one long computation that never yields, so the queue of a
+**     scheduler stuck that way is still emptied by the others.
+** A request the placement policy put somewhere (ums.submit) has no grace:
+** any scheduler will do for it, and a free thief is the quickest.
 ** A thief that finds no request it may steal, but some it may later,
-** parks its dispatcher until the first of them comes of age (or, for one
-** whose scheduler is waking up, one grace more): its scheduler sleeps in
-** its idle wait meanwhile, no polling. Work queued for the thief's own
-** scheduler ends that park at once (lums_req_queue; exactly one of that
-** unpark and the deadline ends a park, ums.h "Step tasks and parking",
-** and an unpark that loses finds the park over).
+** parks its dispatcher until the first time one may be: its scheduler
+** sleeps in its idle wait meanwhile, no polling. Work queued for the
+** thief's own scheduler ends that park at once (lums_req_queue; exactly
+** one of that unpark and the deadline ends a park, ums.h "Step tasks and
+** parking", and an unpark that loses finds the park over).
 **
 ** Every queued request and every dispatcher holds the run (lrun.live): a
 ** dispatcher must be able to spawn, which nothing may once
@@ -63,6 +67,10 @@
 ** on a loaded machine or under a sanitizer; short beside any work worth
 ** moving to another core. */
 #define STEAL_GRACE_NS (1 * UMS_NSEC_PER_MSEC)
+/* A running scheduler that has picked no task for this long, a request
+** named for it waiting, is stuck in one task (or its thread has had no
+** CPU): a quantum or two, far less than STARVE_NS. */
+#define STUCK_NS (10 * UMS_NSEC_PER_MSEC)
 
 #define REQ_OF_Q(l) UMS_LIST_ENTRY(l, lreq, qlink)
 
@@ -157,14 +165,25 @@ static bool sched_free(ldisp_task *d) {
 ** scheduler's queue, now (the rules above). If not, lowers *wake to when
 ** it may look again. [v->reqs.lock] */
 static bool may_steal(ldisp_task *d, lreq *r, int64_t *wake) {
+  lrun *v = d->v;
   /* A scheduler without a dispatcher (its spawn failed) gets to nothing. */
-  if (!r->named || !d->v->disp.running[r->home]) return true;
-  int64_t now = ums_runtime_now(d->v->rt);
+  if (!r->named || !v->disp.running[r->home]) return true;
+  int64_t now = ums_runtime_now(v->rt);
+  ums_runtime_stats(v->rt, d->rows, r->home + 1);
+  const ums_sched_stats_t *row = &d->rows[r->home];
+  if (!r->looked) {
+    r->looked = true;
+    r->picks = row->context_switches;
+  }
   int64_t again = r->queued_at + STEAL_GRACE_NS;
   if (now >= again) {
-    ums_runtime_stats(d->v->rt, d->rows, r->home + 1);
-    if (!d->rows[r->home].idle) return true;
-    again = now + STEAL_GRACE_NS;
+    if (row->idle)
+      again = now + STEAL_GRACE_NS;
+    else if (row->context_switches != r->picks ||
+             now >= r->queued_at + STUCK_NS)
+      return true;
+    else
+      again = r->queued_at + STUCK_NS;
   }
   if (again < *wake) *wake = again;
   return false;
@@ -423,7 +442,10 @@ int lums_req_queue(lrun *v, lreq *r, int target, int here) {
   }
   r->home = target;
   r->queued = true;
-  if (r->named) r->queued_at = ums_runtime_now(v->rt);
+  if (r->named) {
+    r->queued_at = ums_runtime_now(v->rt);
+    r->looked = false;
+  }
   q_push(&v->disp.q[target], r);
   mark_dispatchers(v, spawn);
   /* Its scheduler's dispatcher, waiting out another's grace, starts it now

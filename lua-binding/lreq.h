@@ -56,6 +56,9 @@ struct lreq {
   bool named;            /* its queue is the scheduler its maker named */
   int64_t queued_at;     /* named: when it was queued (the runtime's
                             clock), where its steal grace starts */
+  bool looked;           /* named: a thief has looked at it (ldisp.c) */
+  uint64_t picks;        /* named: its scheduler's context_switches at
+                            that first look */
   ums_link_t llink;      /* in run->reqs.active or run->reqs.failed */
 };
 
