@@ -1038,11 +1038,11 @@ describe("placement and stealing", function()
     -- (its own work parks at once), but scheduler 0 reaches its join, and
     -- starts its work, within the steal grace (ldisp.c), so each work runs
     -- where it was queued, whether scheduler 1 is running or still waking
-    -- up. A round goes wrong only when scheduler 0 is held up for longer
-    -- than the grace (a millisecond) between a submit and its join, its
-    -- thread descheduled right there on a loaded machine; the assertion
-    -- allows that in half the rounds. Without the grace nearly every round
-    -- goes wrong.
+    -- up. A round goes wrong only when a scheduler is held up for longer
+    -- than the grace (a millisecond) between a submit and its dispatcher's
+    -- step and runs another task first, or for 10 ms (ldisp.c, "The steal
+    -- grace"); the assertion allows that in half the rounds. Without the
+    -- grace nearly every round goes wrong.
     local ROUNDS = 20
     run(function()
       local function where()
