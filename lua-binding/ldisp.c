@@ -42,8 +42,9 @@
 ** A request the placement policy put somewhere (ums.submit) has no grace:
 ** any scheduler will do for it, and a free thief is the quickest.
 ** A thief that finds no request it may steal, but some it may later,
-** parks its dispatcher until the first time one may be: its scheduler
-** sleeps in its idle wait meanwhile, no polling. Work queued for the
+** parks its dispatcher until the first time one may be (while an owner
+** is waking up, a grace later): its scheduler sleeps in its idle wait
+** meanwhile, no polling. Work queued for the
 ** thief's own scheduler ends that park at once (lums_req_queue; exactly
 ** one of that unpark and the deadline ends a park, ums.h "Step tasks and
 ** parking", and an unpark that loses finds the park over).
