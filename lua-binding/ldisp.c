@@ -19,6 +19,36 @@
 ** ones move. A request passed over for STARVE_NS starts anyway, so a
 ** scheduler whose tasks keep yielding cannot starve its queue.
 **
+** The steal grace. A request whose caller named its scheduler
+** (ums.submit_on) is left to that scheduler for a while. The usual reason
+** a scheduler has not started such a request yet is that it is about to:
+** the task that queued it is still on its way to its next wait
+** (submit_on(0, f), submit_on(1, g), then the joins), or the scheduler
+** was asleep or spinning and is on its way (queueing the request posted
+** its dispatcher to it; on a loaded machine its thread may wait a
+** scheduler tick or more for a CPU). A thief that took the request
+** meanwhile would move the work to a VM that is cold for it, against its
+** caller's choice, and make submit_on useless for spreading work. So
+** another scheduler steals such a request only when its owner has shown
+** it is busy with something else:
+**   - never in the first STEAL_GRACE_NS after it was queued (Go's
+**     runqsteal waits for a running P's runnext the same way), nor while
+**     its scheduler is in its idle wait (it is waking up for it);
+**   - once the owner has picked another task since a thief first looked
+**     (it runs tasks queued ahead of its dispatcher);
+**   - or once it has been queued for STUCK_NS while its owner picked
+**     nothing: one long computation that never yields, so the queue of a
+**     scheduler stuck that way is still emptied by the others.
+** A request the placement policy put somewhere (ums.submit) has no grace:
+** any scheduler will do for it, and a free thief is the quickest.
+** A thief that finds no request it may steal, but some it may later,
+** parks its dispatcher until the first time one may be (while an owner
+** is waking up, a grace later): its scheduler sleeps in its idle wait
+** meanwhile, no polling. Work queued for the
+** thief's own scheduler ends that park at once (lums_req_queue; exactly
+** one of that unpark and the deadline ends a park, ums.h "Step tasks and
+** parking", and an unpark that loses finds the park over).
+**
 ** Every queued request and every dispatcher holds the run (lrun.live): a
 ** dispatcher must be able to spawn, which nothing may once
 ** ums_runtime_shutdown begins. On a failed run dispatchers start nothing
@@ -33,6 +63,15 @@
 
 /* A request passed over this long by a busy scheduler starts anyway. */
 #define STARVE_NS (100 * UMS_NSEC_PER_MSEC)
+/* Another scheduler leaves a request named for a scheduler this long to
+** it. Far longer than a task takes from its submit to its next wait, also
+** on a loaded machine or under a sanitizer; short beside any work worth
+** moving to another core. */
+#define STEAL_GRACE_NS (1 * UMS_NSEC_PER_MSEC)
+/* A running scheduler that has picked no task for this long, a request
+** named for it waiting, is stuck in one task (or its thread has had no
+** CPU): a quantum or two, far less than STARVE_NS. */
+#define STUCK_NS (10 * UMS_NSEC_PER_MSEC)
 
 #define REQ_OF_Q(l) UMS_LIST_ENTRY(l, lreq, qlink)
 
@@ -106,7 +145,7 @@ typedef struct ldisp_task {
   int sched;             /* [const] */
   int64_t busy_since;    /* [owner] when it first found the scheduler
                             busy since it last started work; 0: not */
-  ums_sched_stats_t *rows; /* [owner] sched + 1 rows of scratch */
+  ums_sched_stats_t *rows; /* [owner] a row per scheduler of scratch */
 } ldisp_task;
 
 /* Whether scheduler d->sched should start a request now: nothing else is
@@ -123,17 +162,51 @@ static bool sched_free(ldisp_task *d) {
   return now - d->busy_since >= STARVE_NS;
 }
 
+/* Whether dispatcher d may steal r, the oldest request of another
+** scheduler's queue, now (the rules above). If not, lowers *wake to when
+** it may look again. [v->reqs.lock] */
+static bool may_steal(ldisp_task *d, lreq *r, int64_t *wake) {
+  lrun *v = d->v;
+  /* A scheduler without a dispatcher (its spawn failed) gets to nothing. */
+  if (!r->named || !v->disp.running[r->home]) return true;
+  int64_t now = ums_runtime_now(v->rt);
+  ums_runtime_stats(v->rt, d->rows, r->home + 1);
+  const ums_sched_stats_t *row = &d->rows[r->home];
+  if (!r->looked) {
+    r->looked = true;
+    r->picks = row->context_switches;
+  }
+  int64_t again = r->queued_at + STEAL_GRACE_NS;
+  if (now >= again) {
+    if (row->idle)
+      again = now + STEAL_GRACE_NS;
+    else if (row->context_switches != r->picks ||
+             now >= r->queued_at + STUCK_NS)
+      return true;
+    else
+      again = r->queued_at + STUCK_NS;
+  }
+  if (again < *wake) *wake = again;
+  return false;
+}
+
 /* Takes the next request for scheduler s: the oldest of its own queue,
-** else the oldest of the longest other queue. [v->reqs.lock] */
-static lreq *take_request(lrun *v, int s) {
+** else the oldest of the longest other queue whose oldest may be stolen
+** (may_steal; d NULL: any). NULL when there is none; then *wake is when
+** a young request of another queue comes of age (UMS_FOREVER: none
+** waits). [v->reqs.lock] */
+static lreq *take_request(lrun *v, int s, ldisp_task *d, int64_t *wake) {
   lreqq *qs = v->disp.q;
   lreqq *q = &qs[s];
+  *wake = UMS_FOREVER;
   if (ums_list_empty(&q->list)) {
     int best = -1;
     for (int i = 0; i < v->nsched; i++)
-      if (i != s && qs[i].n > 0 && (best < 0 || qs[i].n > qs[best].n))
+      if (i != s && qs[i].n > 0 && (best < 0 || qs[i].n > qs[best].n) &&
+          (!d || may_steal(d, REQ_OF_Q(qs[i].list.head), wake)))
         best = i;
     if (best < 0) return NULL;
+    *wake = UMS_FOREVER;
     q = &qs[best];
   }
   lreq *r = REQ_OF_Q(q->list.head);
@@ -162,8 +235,10 @@ static int disp_fail(ldisp_task *d, int err) {
   lrun *v = d->v;
   int s = d->sched;
   const char *msg = ums_strerror(err);
+  int64_t wake;
   pthread_mutex_lock(&v->reqs.lock);
-  lreq *r = take_request(v, s);
+  v->disp.graced[s] = false;
+  lreq *r = take_request(v, s, NULL, &wake);
   if (!r) v->disp.running[s] = false;
   pthread_mutex_unlock(&v->reqs.lock);
   if (r) {
@@ -196,8 +271,24 @@ static int disp_step(void *arg) {
   ** way the requests left are cancelled by lums_disp_close. */
   bool cancelled = ums_cancelled() || atomic_load(&v->stopping);
   if (!cancelled && !sched_free(d)) return UMS_STEP_YIELD;
+  int64_t wake = UMS_FOREVER;
   pthread_mutex_lock(&v->reqs.lock);
-  lreq *r = cancelled || v->disp.refused[s] ? NULL : take_request(v, s);
+  /* Whatever ended a grace park (work for s, or the deadline), it is over:
+  ** nobody may unpark its token any more. */
+  v->disp.graced[s] = false;
+  lreq *r = cancelled || v->disp.refused[s] ? NULL
+                                            : take_request(v, s, d, &wake);
+  if (!r && wake != UMS_FOREVER) {
+    /* Only requests named for other schedulers, which may not be stolen
+    ** yet: wait until one may, or for work of s's own. A park that cannot begin (the run is
+    ** being cancelled, or memory is short) leaves the requests to their
+    ** own schedulers, which always have dispatchers while they have work. */
+    if (ums_park_begin(wake, &v->disp.grace[s]) == 0) {
+      v->disp.graced[s] = true;
+      pthread_mutex_unlock(&v->reqs.lock);
+      return UMS_STEP_PARK;
+    }
+  }
   if (!r) v->disp.running[s] = false;
   pthread_mutex_unlock(&v->reqs.lock);
   if (!r) {
@@ -214,7 +305,7 @@ static int disp_step(void *arg) {
 ** cleared again). */
 static int disp_spawn(lrun *v, int s) {
   ldisp_task *d = calloc(1, sizeof *d);
-  ums_sched_stats_t *rows = calloc((size_t)s + 1, sizeof *rows);
+  ums_sched_stats_t *rows = calloc((size_t)v->nsched, sizeof *rows);
   int rc = UMS_ENOMEM;
   if (d && rows) {
     d->v = v;
@@ -297,11 +388,13 @@ static void refuse(lrun *v, int s, lreq *r, const char *err) {
     while ((q = REQ_OF_Q(v->disp.q[s].list.head)) != NULL) {
       q_remove(&v->disp.q[s], q);
       q->home = place(v, -1);
+      q->named = false;
       q_push(&v->disp.q[q->home], q);
     }
     if (!cancel) {
       lums_run_hold(v);  /* the new queue's */
       r->home = t;
+      r->named = false;
       r->queued = true;
       q_push(&v->disp.q[t], r);
     }
@@ -337,7 +430,8 @@ int lums_req_queue(lrun *v, lreq *r, int target, int here) {
   lums_run_hold(v);    /* the queue's, until started or cancelled */
   pthread_mutex_lock(&v->reqs.lock);
   /* A scheduler that refused work passes what is meant for it on. */
-  if (target < 0 || v->disp.refused[target]) target = place(v, here);
+  r->named = target >= 0 && !v->disp.refused[target];
+  if (!r->named) target = place(v, here);
   ums_list_push_front(&v->reqs.active, &r->llink);
   if (target < 0) {
     /* Every scheduler refused: the work fails as theirs did. */
@@ -349,9 +443,19 @@ int lums_req_queue(lrun *v, lreq *r, int target, int here) {
   }
   r->home = target;
   r->queued = true;
+  if (r->named) {
+    r->queued_at = ums_runtime_now(v->rt);
+    r->looked = false;
+  }
   q_push(&v->disp.q[target], r);
   mark_dispatchers(v, spawn);
+  /* Its scheduler's dispatcher, waiting out another's grace, starts it now
+  ** rather than at the end of that grace. */
+  bool unpark = v->disp.graced[target];
+  v->disp.graced[target] = false;
+  ums_park_token_t tok = v->disp.grace[target];
   pthread_mutex_unlock(&v->reqs.lock);
+  if (unpark) (void)ums_unpark(v->rt, tok, 0);
   int rc = spawn_marked(v, spawn);
   if (rc == UMS_ESHUTDOWN) {
     /* The run is ending: nothing will start it. */

@@ -3,7 +3,8 @@
 ** queues until a dispatcher (a C step task, at most one per scheduler)
 ** starts them; a request goes to the queue the runtime's placement
 ** policy picks (ums_runtime_place), or to the one ums.submit_on names,
-** and an idle scheduler steals what has not started from a busy one.
+** and an idle scheduler steals what has not started from a busy one
+** (one named with submit_on only after a grace: ldisp.c).
 */
 #ifndef LDISP_H
 #define LDISP_H
@@ -31,6 +32,9 @@ typedef struct ldispatch {
                             init_err, freed with the run) */
   int64_t *extra;        /* scratch for placement: what each scheduler
                             has beyond its tasks */
+  bool *graced;          /* its dispatcher is parked waiting out the steal
+                            grace of another's request (ldisp.c) */
+  ums_park_token_t *grace; /* that park, while graced */
 } ldispatch;
 
 /* Allocates d's arrays for n schedulers (d zeroed); false when out of
@@ -41,7 +45,10 @@ static inline bool ldispatch_init(ldispatch *d, int n) {
   d->running = (bool *)calloc((size_t)n, sizeof *d->running);
   d->refused = (bool *)calloc((size_t)n, sizeof *d->refused);
   d->extra = (int64_t *)calloc((size_t)n, sizeof *d->extra);
-  return d->q && d->running && d->refused && d->extra;
+  d->graced = (bool *)calloc((size_t)n, sizeof *d->graced);
+  d->grace = (ums_park_token_t *)calloc((size_t)n, sizeof *d->grace);
+  return d->q && d->running && d->refused && d->extra && d->graced &&
+         d->grace;
 }
 
 static inline void ldispatch_free(ldispatch *d) {
@@ -49,6 +56,8 @@ static inline void ldispatch_free(ldispatch *d) {
   free(d->running);
   free(d->refused);
   free(d->extra);
+  free(d->graced);
+  free(d->grace);
 }
 
 /* Queues r, filled by its maker (rt, run, the work, state R_QUEUED,

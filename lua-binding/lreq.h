@@ -53,6 +53,12 @@ struct lreq {
   ums_link_t qlink;      /* in run->disp.q[home] while queued (ldisp.c) */
   int home;              /* the queue it is in */
   bool queued;
+  bool named;            /* its queue is the scheduler its maker named */
+  int64_t queued_at;     /* named: when it was queued (the runtime's
+                            clock), where its steal grace starts */
+  bool looked;           /* named: a thief has looked at it (ldisp.c) */
+  uint64_t picks;        /* named: its scheduler's context_switches at
+                            that first look */
   ums_link_t llink;      /* in run->reqs.active or run->reqs.failed */
 };
 
