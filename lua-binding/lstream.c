@@ -2133,26 +2133,15 @@ static void send_init(lua_State *L, lop *o) {
   o->srclen = j - i + 1;
 }
 
-/* Pending writes first, then the bytes send_init found, sent before the
-** call returns; the result counts those bytes only. They go out as a
-** write's do (lstream_write_bytes): a string that fits is copied into
-** the socket's write buffer, which the stream keeps from call to call,
-** and sent from there (phase 2); a longer one is sent in chunks. */
+/* Pending writes first, then the bytes send_init found, unbuffered; the
+** result counts those bytes only. */
 static int step_send(lua_State *L, lop *o) {
   if (o->phase == 0) {
     int st = flush_first(o);
     if (st != 1) return st;
-    int64_t r = ensure_wbuf(o->f);
-    if (r) {
-      o->err = r;
-      return 0;
-    }
     o->wrote = 0;
   }
-  int64_t r = 0;
-  if (o->phase == 1 && (r = lstream_write_bytes(o, o->src, o->srclen)) == 0)
-    o->phase = 2;
-  if (o->phase == 2) r = sub_flush(o);
+  int64_t r = write_chunks(o, o->src, o->srclen, UMS_FS_CUR);
   if (r == AGAIN) return STEP_IO;
   if (r) {
     o->err = r;
