@@ -54,9 +54,10 @@
 ** and writes larger than the buffer go straight between the kernel and a
 ** page-aligned ums_buf (the method's accumulator), then one copy into (or
 ** from) the Lua string. A socket's two directions are independent: its
-** read-ahead and its pending writes have a buffer each (a raw send that
-** fits passes through the write buffer too, and leaves it empty); a read
-** sends what earlier writes left buffered when no other task is writing
+** read-ahead and its pending writes have a buffer each (a raw send
+** takes no write buffer, so a connection that only sends and receives
+** keeps none while it waits); a read sends what earlier writes left
+** buffered when no other task is writing
 ** (flush_first); a read that times out keeps what it received for the
 ** next one (keep_after_timeout).
 **
