@@ -93,12 +93,9 @@ static void req_free(ums__io_req_t *r) {
     if (r->bufs != r->bufs_inline) free(r->bufs);
     if (r->iov != r->iov_inline) free(r->iov);
   }
-  /* Paths and listings are file operations' only. */
-  if (!ums__io_is_net(r->op)) {
-    if (r->path && !inline_path(r, r->path)) free(r->path);
-    if (r->path2 && !inline_path(r, r->path2)) free(r->path2);
-    if (r->list) ums_dirlist_free(r->list);
-  }
+  if (r->path && !inline_path(r, r->path)) free(r->path);
+  if (r->path2 && !inline_path(r, r->path2)) free(r->path2);
+  if (r->list) ums_dirlist_free(r->list);
   /* The last reference may go on a pool thread (an abandoned request), or
   ** after this scheduler emptied its cache at exit (it no longer runs
   ** then): only a scheduler thread keeps the struct. */
