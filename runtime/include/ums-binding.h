@@ -14,6 +14,7 @@
 #define UMS_BINDING_H
 
 #include "ums.h"
+#include "ums-list.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -129,8 +130,8 @@ UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
                                   const char *what);
 
 /* The runtime's placement policy, for a binding that keeps work of its
-** own per scheduler before that work becomes tasks (the Lua binding's
-** submitted requests, queued until a dispatcher starts them): the
+** own per scheduler before that work becomes tasks (work items below use
+** it, with each scheduler's queued items as extra): the
 ** scheduler with the fewest live tasks plus extra[i] (extra: one entry
 ** per scheduler, or NULL for none) is chosen, here's own winning ties (a
 ** scheduler index; -1: none), then the lowest index. A scheduler whose
@@ -142,6 +143,80 @@ UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
 #define UMS_PLACE_SKIP INT64_MIN
 UMS_API int ums_runtime_place(ums_runtime_t *rt, int here,
                               const int64_t *extra);
+
+/* Work items: work that has not started yet and may start on any
+** scheduler, for a binding whose work needs the scheduler it runs on
+** before it can become a task (the Lua binding's submitted requests,
+** which start in that scheduler's VM). The runtime keeps them in one
+** queue per scheduler and starts them where the cores are free
+** (work.c):
+**   - a scheduler starts the oldest item of its own queue when it has no
+**     runnable task left, or once that item has waited
+**     UMS_WORK_STARVE_NS while its tasks kept it busy;
+**   - a scheduler with nothing runnable and an empty queue steals the
+**     oldest item of the longest other queue, in this order: items
+**     queued with UMS_ANY_SCHED at once; items queued for a named
+**     scheduler only once that scheduler has shown it is busy with
+**     something else: never in the first UMS_WORK_GRACE_NS nor while it
+**     sleeps in its idle wait (it is on its way), then once it has picked
+**     another task since a thief first looked, or after UMS_WORK_STUCK_NS
+**     with no pick at all (one task that never yields). A thief that may
+**     steal later sleeps until then; no scheduler polls.
+** Once started, the item's work is the binding's (it usually spawns a
+** task on that scheduler), and nothing moves it any more.
+**
+** start(w, sched) is called exactly once for every item queued, unless
+** ums_work_cancel took it back:
+**   - sched >= 0: scheduler sched took it; on that scheduler's thread,
+**     between two tasks and inside none (ums_self() is 0, waits fail with
+**     UMS_EPERM), on the stack of whatever ran last: it must be short and
+**     never wait. A spawn onto sched from here is local. It returns 0, or
+**     UMS_WORK_REFUSE when this scheduler cannot take such work (its
+**     binding could not set it up): the runtime then never gives sched an
+**     item again, moves sched's queue to the schedulers that take work,
+**     and queues w there too (the start of w comes later, elsewhere);
+**   - sched == UMS_WORK_REFUSED: every scheduler has refused, on the
+**     thread of the last refusal or of the ums_work_queue that finds them
+**     all refused; the return value is ignored;
+**   - sched == UMS_WORK_ENDED: the runtime shut down before any scheduler
+**     took it (items are not handed out once ums_runtime_shutdown has
+**     begun); on the thread of ums_runtime_shutdown, after the schedulers
+**     have stopped; the return value is ignored.
+** The caller owns w (fills start, then leaves the other members to the
+** runtime) and keeps it alive until its start is called or
+** ums_work_cancel returns true. */
+typedef struct ums_work ums_work_t;
+typedef int (*ums_work_fn)(ums_work_t *w, int sched);
+#define UMS_WORK_REFUSE 1
+#define UMS_WORK_ENDED (-1)
+#define UMS_WORK_REFUSED (-2)
+#define UMS_WORK_GRACE_NS (1 * UMS_NSEC_PER_MSEC)
+#define UMS_WORK_STUCK_NS (10 * UMS_NSEC_PER_MSEC)
+#define UMS_WORK_STARVE_NS (100 * UMS_NSEC_PER_MSEC)
+struct ums_work {
+  ums_work_fn start;     /* [const: the caller's] */
+  /* The runtime's, guarded by the lock of the queue it is in. */
+  ums_link_t link;       /* in its scheduler's queue */
+  int64_t queued_at;     /* when it was queued (real clock, ns) */
+  uint64_t picks;        /* named: its scheduler's task picks when a thief
+                            first looked */
+  int home;              /* the scheduler whose queue holds it */
+  bool named;            /* queued for a scheduler its caller named */
+  bool looked;           /* named: a thief has looked at it */
+  bool queued;           /* in a queue (false once taken or cancelled) */
+};
+/* Queues w for scheduler sched, or with UMS_ANY_SCHED where the runtime's
+** placement puts it (ums_runtime_place, counting each scheduler's queued
+** items as its tasks, the caller's own scheduler winning ties). A
+** scheduler that refused work passes a named item on as if placed. Any
+** thread. Returns 0 (start will be called), UMS_EINVAL (NULL, no start,
+** a bad index) or UMS_ESHUTDOWN (the shutdown has begun; start will not
+** be called). */
+UMS_API int ums_work_queue(ums_runtime_t *rt, ums_work_t *w, int sched);
+/* Takes w back if no scheduler has taken it yet: true, and its start is
+** never called; false when it was taken (its start runs or has run) or
+** was never queued. Any thread. */
+UMS_API bool ums_work_cancel(ums_runtime_t *rt, ums_work_t *w);
 
 #ifdef __cplusplus
 }

@@ -1260,6 +1260,17 @@ struct ums__sched {
   ** cache lines stay with its scheduler. */
   _Atomic(struct ums_preempt_call *) calls_done; /* [atomic] */
   _Atomic uint32_t idle_state; /* [atomic] 0 running, 1 idle, 2 woken */
+  /* Work items placed or named here (work.c), in two FIFOs: those queued
+  ** for this scheduler by name, which other schedulers steal only after
+  ** a grace, and those the placement put here, which any may take. */
+  ums__lock_t work_lock;
+  ums_list_t work_named;       /* [work_lock] of ums_work_t.link */
+  ums_list_t work_free;        /* [work_lock] of ums_work_t.link */
+  _Atomic uint32_t nwork;      /* [atomic, written under work_lock] items
+                                  in both */
+  _Atomic uint32_t nwork_free; /* [atomic, written under work_lock] */
+  _Atomic int work_refused;    /* [atomic, written under every work_lock]
+                                  it takes no items any more */
   /* Live tasks placed here, in two parts so that a spawn and a finish on
   ** the owner's thread (the usual case) make no read-modify-write: other
   ** threads' spawns add to ntasks_in; the owner adds its own spawns to
@@ -1322,6 +1333,14 @@ struct ums__sched {
   ** pass"). */
   ums__task_t *urgent_head, *urgent_tail; /* [owner] */
   uint32_t urgent_streak;      /* [owner] urgent picks in a row */
+  int64_t work_look;           /* [owner] when an item of another queue
+                                  may be stolen next (real clock);
+                                  UMS_FOREVER: none waits (work.c) */
+  uint32_t work_seen;          /* [owner] rt->work_seq when it last
+                                  looked at the queues */
+  int64_t work_starve_at;      /* [owner] when its own oldest item starts
+                                  though tasks are runnable; 0: not
+                                  counting (work.c) */
   bool expiring;               /* [owner] inside timer expiry */
   ums_list_t pending;          /* [owner] FIFO of ums__task_t.pend beyond
                                   max_workers */
@@ -1445,6 +1464,12 @@ struct ums_runtime {
                                   frees nothing until this is zero */
   _Atomic uint32_t nspinning;  /* [atomic] schedulers spinning for a
                                   peer's post (sched.c, spin_for_peers) */
+  /* Work items (work.c): the sums of the schedulers' counts. */
+  _Atomic uint32_t nwork;      /* [atomic] items queued anywhere */
+  _Atomic uint32_t nwork_free; /* [atomic] of them, placed ones */
+  _Atomic uint32_t work_seq;   /* [atomic] items queued so far: a thief
+                                  that has not looked since sleeps no more */
+  _Atomic int nwork_refused;   /* [atomic] schedulers that refused */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks (those of
                                   sched.nlive_own count as one per
                                   scheduler); futex word */
@@ -1665,15 +1690,43 @@ static inline int64_t ums__sched_load(const ums__sched_t *s) {
 ** is running tasks (sched.c, spin_for_peers). */
 #define UMS__SCHED_PEER_SPIN_NS (50 * UMS_NSEC_PER_USEC)
 
-/* What a spinning scheduler watches for: a task posted to it, a cancel,
-** the runtime exiting. Relaxed: a hit is then drained with the lists' own
-** ordering. Any thread may look; only the owner acts on it. */
+/* What a spinning scheduler watches for: a task posted to it, a work item
+** queued for it, a cancel, the runtime exiting. Relaxed: a hit is then
+** drained with the lists' own ordering. Any thread may look; only the
+** owner acts on it. */
 static inline bool ums__sched_posted(ums__sched_t *s) {
   return atomic_load_explicit(&s->inbox, memory_order_relaxed) ||
+         atomic_load_explicit(&s->nwork, memory_order_relaxed) ||
          atomic_load_explicit(&s->calls_done, memory_order_relaxed) ||
          atomic_load_explicit(&s->cancels, memory_order_relaxed) ||
          atomic_load_explicit(&s->rt->exiting, memory_order_relaxed);
 }
+
+/* ====================================================================== */
+/* Work items (work.c, ums-binding.h)                                     */
+/* ====================================================================== */
+
+/* Whether s has an item of its own to start, may take a placed item from
+** another queue, or has not looked at the queues since an item was
+** queued: what ends its idle wait (work.c, "Who is woken"). [owner] */
+static inline bool ums__work_ready(ums__sched_t *s) {
+  ums_runtime_t *rt = s->rt;
+  return atomic_load(&rt->nwork) &&
+         !atomic_load_explicit(&s->work_refused, memory_order_relaxed) &&
+         (atomic_load(&s->nwork) || atomic_load(&rt->nwork_free) ||
+          atomic_load(&rt->work_seq) != s->work_seen) &&
+         !atomic_load(&rt->stopping);
+}
+/* Called by s's pass when nothing is runnable (starving: its own oldest
+** item only, when it has waited UMS_WORK_STARVE_NS): takes an item and
+** starts it. Returns true when it started (or passed on) one; else sets
+** s->work_look. [owner] */
+bool ums__work_take(ums__sched_t *s, bool starving);
+/* Whether s's own oldest item has waited UMS_WORK_STARVE_NS. [owner] */
+bool ums__work_starving(ums__sched_t *s);
+/* At the end of ums_runtime_shutdown: the items never taken get their
+** start with UMS_WORK_ENDED. */
+void ums__work_end(ums_runtime_t *rt);
 
 /* ====================================================================== */
 /* Preemptive calls (preempt.c)                                           */

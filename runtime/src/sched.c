@@ -376,7 +376,8 @@ static bool work_in_flight(ums__sched_t *s) {
 
 static bool wake_pending(ums__sched_t *s) {
   return atomic_load(&s->inbox) || atomic_load(&s->calls_done) ||
-         atomic_load(&s->cancels) || atomic_load(&s->rt->exiting);
+         atomic_load(&s->cancels) || atomic_load(&s->rt->exiting) ||
+         ums__work_ready(s);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -390,6 +391,7 @@ static bool stuck_now(ums__sched_t *s) {
   /* Sequentially consistent loads of the counts, after the store of
   ** idle_state: see ums__sched_inflight_done. */
   return s->rt->cfg.on_deadlock && s->timers.n == 0 &&
+         s->work_look == UMS_FOREVER &&
          s->nidle_waiters == 0 && !atomic_load(&s->io_pending) &&
          !atomic_load(&s->preempt_pending) &&
          !atomic_load(&s->io_pool_pending) &&
@@ -666,6 +668,8 @@ static void idle_wait(ums__sched_t *s) {
   if (until <= now) return;
   int64_t deadline = ums__timer_next(&s->timers);
   if (until < deadline) deadline = until;
+  /* Real time, as ums__clock_now is without a virtual clock. */
+  if (s->work_look < deadline) deadline = s->work_look;
   if (idle_timeout(s) >= 0 &&
       s->nidle + (s->cur && !s->cur->task) >
           (uint32_t)rt->cfg.idle_workers_kept &&
@@ -766,9 +770,23 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
     if (atomic_load_explicit(&s->inbox, memory_order_relaxed))
       drain_inbox(s);
     ums__task_t *t = runq_pop(s);
-    if (t) return t;
+    if (t) {
+      /* Work items of its own wait while tasks keep it busy: the oldest
+      ** starts anyway once passed over long enough (work.c). */
+      if (UMS__UNLIKELY(atomic_load_explicit(&s->nwork,
+                                             memory_order_relaxed)) &&
+          ums__work_starving(s))
+        ums__work_take(s, true);
+      return t;
+    }
     if (atomic_load(&s->rt->exiting) && s->nlocal == 0) return NULL;
     if (s->nidle_waiters && wake_idle_waiters(s)) continue;
+    /* Nothing runnable: start a work item, its own or another's. */
+    if (atomic_load_explicit(&s->rt->nwork, memory_order_relaxed)) {
+      if (ums__work_take(s, false)) continue;
+    } else {
+      s->work_look = UMS_FOREVER;
+    }
     idle_wait(s);
   }
 }
@@ -906,6 +924,7 @@ static int sched_init(ums_runtime_t *rt, ums__sched_t *s, int id) {
   ums__timer_heap_init(&s->timers);
   s->next_trim = 0;
   atomic_init(&s->run_deadline, UMS_FOREVER);
+  s->work_look = UMS_FOREVER;
   int e = ums__preempt_sched_init(s);
   if (e == 0 && (e = ums__stack_pool_init(&s->stacks, rt->cfg.stack_size)))
     ums__preempt_sched_destroy(s);
@@ -1341,6 +1360,8 @@ int ums_runtime_shutdown(ums_runtime_t *rt, int64_t deadline) {
   /* Host threads may still be finishing a call that began while tasks
   ** were alive (a wake-up they posted, a join that just returned). */
   while (atomic_load(&rt->inflight)) sched_yield();
+  /* Work items no scheduler took: the runtime stopped first. */
+  ums__work_end(rt);
   runtime_free(rt);
   return ret;
 }
