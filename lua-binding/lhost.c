@@ -16,7 +16,7 @@
 ** outcome of each request goes to the host through lreq.on_finish
 ** instead of to a main VM's on_error.
 **
-** A request is an lreq (ldisp.c queues, places and steals it, lreq.c
+** A request is an lreq (ldisp.c makes it a work item of the runtime, lreq.c
 ** runs it, exactly as they do ums.submit's) inside a struct ums_lua_req
 ** that adds what the host sees: its callback, its outcome as C values,
 ** and an event that waiters (host threads or C tasks) wait on.
@@ -315,7 +315,7 @@ static int submit_in(ums_lua_host_t *h, const char *fname, const char *name,
   ** submit inside, which the host's shutdown never lets happen; if it
   ** did, the request has ended cancelled and its callback was called,
   ** so it counts as accepted either way. */
-  (void)lums_req_queue(h->run, r, sched, -1);
+  (void)lums_req_queue(h->run, r, sched);
   lshared_unref(&r->h);  /* the maker's: the run and the handle hold it */
   if (out) *out = q;
   return 0;

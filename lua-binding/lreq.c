@@ -1,8 +1,8 @@
 /*
 ** lreq.c: work requests, what ums.submit (lwork.c) and a C host (lhost.c)
 ** make. A request carries its work by value (lcopy.c), so that it may
-** start in any scheduler's VM; a dispatcher (ldisp.c) takes it off its
-** queue and starts it here as a task of that VM (lums_req_start), whose
+** start in any scheduler's VM; the scheduler the runtime gives it to
+** (ldisp.c) starts it here as a task of that VM (lums_req_start), whose
 ** body runs the work under a message handler that keeps the traceback,
 ** catches every error and copies the results or the error out. Whatever
 ** ends a request (its task, a cancel, a refusal, the end of the run) ends

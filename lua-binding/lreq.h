@@ -2,7 +2,7 @@
 ** lreq.h: work requests (lreq.c). A request is what ums.submit and a C
 ** host's ums_lua_submit make: a function (bytecode, a "module.function"
 ** name, or a host's chunk of source) and its arguments copied into C
-** memory, queued until a dispatcher starts it (ldisp.h), run as a task of
+** memory, queued as a work item of the runtime (ldisp.h), run as a task of
 ** the VM of the scheduler that takes it, and its outcome kept for
 ** whoever joins (lwork.c's handles, lhost.c).
 */
@@ -49,22 +49,14 @@ struct lreq {
   int outcome;           /* O_* */
   lmsg *results;         /* the results (O_OK) or the error value */
   char *traceback;
+  ums_work_t work;       /* [the runtime's while queued] its work item
+                            (ldisp.c) */
   /* [run->reqs.lock] */
-  ums_link_t qlink;      /* in run->disp.q[home] while queued (ldisp.c) */
-  int home;              /* the queue it is in */
-  bool queued;
-  bool named;            /* its queue is the scheduler its maker named */
-  int64_t queued_at;     /* named: when it was queued (the runtime's
-                            clock), where its steal grace starts */
-  bool looked;           /* named: a thief has looked at it (ldisp.c) */
-  uint64_t picks;        /* named: its scheduler's context_switches at
-                            that first look */
   ums_link_t llink;      /* in run->reqs.active or run->reqs.failed */
 };
 
 /* The requests of a run: embedded in it (lrun.reqs). The lock also
-** guards the dispatchers' state (ldispatch, ldisp.h), since a request
-** moves between a queue and these lists in one step. */
+** guards the placement's state (ldispatch, ldisp.h). */
 typedef struct lreqs {
   pthread_mutex_t lock;  /* never held while a request's own lock is
                             taken */

@@ -12,14 +12,14 @@
 ** the VMs on the main thread (lums_run_close, lums_run_free), where
 ** nothing else can touch them any more.
 **
-** Ending a run. Every VM with a Lua task left, every queued request and
-** every dispatcher holds the run (lrun.live); core.run waits until
-** nothing holds it before it shuts the runtime down, because once
-** ums_runtime_shutdown begins, nothing may spawn, and a dispatcher must.
+** Ending a run. Every VM with a Lua task left and every queued request
+** holds the run (lrun.live); core.run waits until nothing holds it
+** before it shuts the runtime down, because once ums_runtime_shutdown
+** begins, nothing may spawn, and starting a request spawns its task.
 ** On a failed run (the first task raised, os.exit, or core.run_limit's
-** time limit passed) dispatchers start nothing more (lums_run_stop), the
-** runtime cancels every task, and the requests never started are
-** cancelled at the run's end (lums_run_close).
+** time limit passed) requests are cancelled instead of started
+** (lums_run_stop, ldisp.c), the runtime cancels every task, and the
+** requests it never gave to a scheduler are ended by its shutdown.
 */
 #define _GNU_SOURCE  /* strdup */
 #include "ltask.h"
@@ -154,7 +154,6 @@ static lrun *run_alloc(ums_runtime_t *rt) {
   v->nsched = n;
   v->vm = calloc((size_t)n, sizeof *v->vm);
   v->slot = calloc((size_t)n, sizeof *v->slot);
-  bool disp_ok = ldispatch_init(&v->disp, n);
   pthread_mutex_init(&v->reqs.lock, NULL);
   pthread_mutex_init(&v->quiet_lock, NULL);
   /* Deadlines are ums_now() readings: CLOCK_MONOTONIC. */
@@ -163,7 +162,7 @@ static lrun *run_alloc(ums_runtime_t *rt) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&v->quiet_cond, &ca);
   pthread_condattr_destroy(&ca);
-  if (!v->vm || !v->slot || !disp_ok) {
+  if (!v->vm || !v->slot) {
     lums_run_free(v);
     return NULL;
   }
@@ -353,6 +352,17 @@ lvmrun *lums_run_ready(lrun *v, int s, const char **err, bool *refuse) {
   return *err ? NULL : vm;
 }
 
+bool lums_run_vm_ready(lrun *v, int s) {
+  return atomic_load_explicit(&v->vm[s], memory_order_relaxed) &&
+         (!v->init || v->slot[s].init_state == 1);
+}
+
+const char *lums_run_refusal(lrun *v, int s) {
+  lvmslot *sl = &v->slot[s];
+  if (!sl->failed && sl->init_state != 2) return NULL;
+  return sl->init_err ? sl->init_err : "ums: cannot set up a Lua VM";
+}
+
 lua_State *lums_run_report_state(lrun *v, lua_State *L) {
   for (int i = 0; !v->main && v->slot && i < v->nsched && !L; i++)
     L = v->slot[i].L;
@@ -390,7 +400,6 @@ void lums_run_free(lrun *v) {
   if (v->slot && first == 1) free(v->slot[0].init_err);
   free(v->vm);
   free(v->slot);
-  ldispatch_free(&v->disp);
   free(v->path);
   free(v->cpath);
   free(v->init);

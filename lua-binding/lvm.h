@@ -160,7 +160,7 @@ LUMS_HIDDEN int lums_run_count(lrun *v);
 LUMS_HIDDEN lvmrun *lums_run_at(lrun *v, int i);
 /* Counts work that may still start other work: each VM with a Lua task
 ** not finished (lums.c holds once per VM, not per task), each request
-** not started, each dispatcher. Any thread. */
+** not started. Any thread. */
 LUMS_HIDDEN void lums_run_hold(lrun *v);
 LUMS_HIDDEN void lums_run_release(lrun *v);
 /* Blocks the main thread until nothing is held any more, an os.exit
@@ -195,8 +195,15 @@ LUMS_HIDDEN lua_State *lums_run_report_state(lrun *v, lua_State *L);
 /* The VM of scheduler s, made if need be, with the init module loaded:
 ** NULL with *err set when it cannot be had, and *refuse true when it
 ** never will (its setup or its init module failed; err then lives as
-** long as v). On s's thread, outside any task. */
+** long as v). On s's thread, outside any Lua task (ldisp.c's
+** "ums.vmstart" step task). */
 LUMS_HIDDEN lvmrun *lums_run_ready(lrun *v, int s, const char **err,
                                  bool *refuse);
+/* Whether scheduler s's VM is made and its init module loaded, so that
+** lums_run_ready would return it at once. On s's thread. */
+LUMS_HIDDEN bool lums_run_vm_ready(lrun *v, int s);
+/* Why scheduler s refuses work (its VM or init module failed; lives as
+** long as v), or NULL. On s's thread. */
+LUMS_HIDDEN const char *lums_run_refusal(lrun *v, int s);
 
 #endif

@@ -70,7 +70,7 @@ static int submit(lua_State *L, int target, int fidx, const char *fname) {
                          &bad);
   if (!r->args) lums_argerr(L, ufidx + 1 + bad, fname, err);
 
-  if (lums_req_queue(v, r, target, me->vmrun->sched) == UMS_ESHUTDOWN)
+  if (lums_req_queue(v, r, target) == UMS_ESHUTDOWN)
     return luaL_error(L, "ums.%s: the run is ending", fname);
   lua_settop(L, fidx - 1);  /* the handle */
   return 1;

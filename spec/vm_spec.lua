@@ -1036,11 +1036,11 @@ describe("placement and stealing", function()
     -- Scheduler 0's task queues one work for itself and one for
     -- scheduler 1, then joins both. Scheduler 1 is free to steal the first
     -- (its own work parks at once), but scheduler 0 reaches its join, and
-    -- starts its work, within the steal grace (ldisp.c), so each work runs
+    -- starts its work, within the steal grace (runtime/src/work.c), so each work runs
     -- where it was queued, whether scheduler 1 is running or still waking
     -- up. A round goes wrong only when a scheduler is held up for longer
-    -- than the grace (a millisecond) between a submit and its dispatcher's
-    -- step and runs another task first, or for 10 ms (ldisp.c, "The steal
+    -- than the grace (a millisecond) between a submit and its next idle
+    -- moment and runs another task first, or for 10 ms (work.c, "The steal
     -- grace"); the assertion allows that in half the rounds. Without the
     -- grace nearly every round goes wrong.
     local ROUNDS = 20
