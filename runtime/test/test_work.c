@@ -84,18 +84,8 @@ static void *spin_fn(void *arg) {
   return NULL;
 }
 
-static ums_task_t spawn_on(int sched, ums_task_fn fn, void *arg) {
-  ums_spawn_opts_t o = {.sched = sched};
-  ums_task_t t = 0;
-  CHECK_RC(ums_task_spawn(rt, &o, fn, arg, &t), 0);
-  return t;
-}
-
-static void join_ok(ums_task_t t) {
-  CHECK_RC(ums_task_join(rt, t, ums_deadline(30 * UMS_NSEC_PER_SEC), NULL,
-                         NULL),
-           0);
-}
+#define spawn_on(sched, fn, arg) tu_spawn_named(rt, sched, NULL, fn, arg)
+#define join_ok(t) tu_join_ok(rt, t)
 
 static ums_task_t start_spinner(int sched, int ms) {
   atomic_store(&stop_spin, 0);
