@@ -399,6 +399,29 @@ describe("the init module", function()
     package.loaded.vm_init = nil
   end)
 
+  it("that fails in one VM leaves that scheduler's work to the others",
+     function()
+    package.loaded.vm_init_fail1 = nil
+    G.VM_MAIN = true
+    run(function()
+      -- Named for scheduler 1, or placed: scheduler 1 refuses each once its
+      -- VM failed, and scheduler 0 runs them all; none fails.
+      local ws = {}
+      for i = 1, 30 do
+        ws[#ws + 1] = i % 3 == 0 and ums.submit("vm_work.where")
+                      or ums.submit_on(1, "vm_work.where")
+      end
+      for i = 1, #ws do
+        local r = results(ws[i])
+        assert.equal(0, r[1])
+      end
+      -- Later work named for scheduler 1 goes to scheduler 0 at once.
+      assert.equal(0, results(ums.submit_on(1, "vm_work.where"))[1])
+    end, {init = "vm_init_fail1", quantum = 0})
+    package.loaded.vm_init_fail1 = nil
+    G.VM_MAIN = nil
+  end)
+
   it("that fails fails the work with its error", function()
     run(function()
       local ok, err = ums.submit_on(1, echo, 1):join(20)
