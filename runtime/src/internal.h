@@ -1055,6 +1055,11 @@ struct ums_fs_req {
   uint32_t events;              /* POLL: POLLIN, POLLOUT, ... */
   bool connecting;              /* [the executor] a non-blocking connect
                                    is in progress: wait, then SO_ERROR */
+  bool take_buf;                /* [const] a receive that holds no buffer
+                                   while it waits: its executor takes one
+                                   (bufs[0], iov[0]) for each try and keeps
+                                   it only when data came (net.c,
+                                   "Receives that take their buffer") */
   bool net_learn;               /* [const once submitted] a receive that was
                                    tried at once and found nothing: its
                                    result teaches its descriptor's hint
