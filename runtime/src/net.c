@@ -650,11 +650,11 @@ int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
                     socklen_t *len) {
   if (!req) return UMS_EINVAL;
   if (!ums__io_is_net(req->op)) return UMS_EINVAL;
-  /* Read before ums_fs_end drops the caller's reference: the request is
-  ** DONE or ABANDONED only once the end call has settled it, so the copy
-  ** is made from a request kept alive by one more reference. */
-  atomic_fetch_add_explicit(&req->refs, 1, memory_order_relaxed);
-  int64_t res = ums_fs_end(req);
+  /* The address is read once the request is settled, before the
+  ** caller's reference goes. An end refused leaves the request alone. */
+  int64_t res;
+  int rc = ums__io_settle(req, &res);
+  if (rc) return rc;
   if (res >= 0) addr_out(req, addr, len);
   ums__io_req_unref(req);
   return res;
@@ -663,10 +663,10 @@ int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
 int64_t ums_net_recv_take_end(ums_fs_req_t *req, ums_buf_t **buf) {
   if (!req || !buf || !req->take_buf) return UMS_EINVAL;
   *buf = NULL;
-  /* One more reference, as ums_net_end: the buffer is taken from a
-  ** request that ums_fs_end has settled. */
-  atomic_fetch_add_explicit(&req->refs, 1, memory_order_relaxed);
-  int64_t res = ums_fs_end(req);
+  /* As ums_net_end: the buffer is taken from the settled request. */
+  int64_t res;
+  int rc = ums__io_settle(req, &res);
+  if (rc) return rc;
   *buf = take_out(req, res);
   ums__io_req_unref(req);
   return res;
