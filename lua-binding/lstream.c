@@ -56,7 +56,12 @@
 ** from) the Lua string. A socket's two directions are independent: its
 ** read-ahead and its pending writes have a buffer each (a raw send
 ** takes no write buffer, so a connection that only sends and receives
-** keeps none while it waits); a read sends what earlier writes left
+** keeps none while it waits). A socket's read buffer exists only while
+** it holds unread bytes: a read that finds it empty receives into one
+** the runtime takes when the data comes (sub_fill), and a method that
+** leaves it empty gives it back (drop_empty_buf), so a connection that
+** waits, for its peer or for anything else, holds no read buffer
+** either. A read sends what earlier writes left
 ** buffered when no other task is writing
 ** (flush_first); a read that times out keeps what it received for the
 ** next one (keep_after_timeout).
