@@ -1294,6 +1294,9 @@ void lums_open_net(lua_State *L) {
   }
   lua_pop(L, 1);
 
+  lua_pushcfunction(L, lstream_buffers);
+  lua_setfield(L, -2, "stream_buffers");
+
   luaL_newlib(L, funcs);
   /* ums.net.errno: the names of the codes failures return. */
   static const struct {

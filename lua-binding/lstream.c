@@ -56,7 +56,12 @@
 ** from) the Lua string. A socket's two directions are independent: its
 ** read-ahead and its pending writes have a buffer each (a raw send
 ** takes no write buffer, so a connection that only sends and receives
-** keeps none while it waits); a read sends what earlier writes left
+** keeps none while it waits). A socket's read buffer exists only while
+** it holds unread bytes: a read that finds it empty receives into one
+** the runtime takes when the data comes (sub_fill), and a method that
+** leaves it empty gives it back (drop_empty_buf), so a connection that
+** waits, for its peer or for anything else, holds no read buffer
+** either. A read sends what earlier writes left
 ** buffered when no other task is writing
 ** (flush_first); a read that times out keeps what it received for the
 ** next one (keep_after_timeout).
@@ -324,6 +329,7 @@ static lfile *check_file(lua_State *L, int idx) {
 /* Forgets the method's state; drops the accumulator. */
 static void op_clear(lop *o) {
   ums_buf_release(o->acc);
+  ums_buf_release(o->taken);
   memset(o, 0, sizeof *o);
 }
 
@@ -337,6 +343,9 @@ static int io_begin(lop *o) {
   lio *io = &o->io;
   if (f->sock && io->kind == IO_CLOSE)
     return ums_net_close_begin(io->fd, UMS_FOREVER, &o->req);
+  if (f->sock && io->kind == IO_READ && io->take)
+    return ums_net_recv_take_begin(io->fd, io->len, 0, o->deadline,
+                                   &o->req);
   if (f->sock && io->kind == IO_READ)
     return ums_net_recv_begin(io->fd, io->buf, io->pos, io->len, 0,
                               o->deadline, &o->req);
@@ -364,6 +373,8 @@ static int io_begin(lop *o) {
 static int64_t io_now(lop *o) {
   lfile *f = o->f;
   lio *io = &o->io;
+  if (f->sock && io->kind == IO_READ && io->take)
+    return ums_net_recv_take(io->fd, io->len, 0, o->deadline, &o->taken);
   if (f->sock && io->kind == IO_READ)
     return ums_net_recv(io->fd, io->buf, io->pos, io->len, 0,
                         o->deadline);
@@ -403,7 +414,8 @@ static void track_pos(lop *o) {
 
 /* The request's park has ended: its result answers the step. */
 static void io_end(lop *o) {
-  o->res = ums_fs_end(o->req);
+  o->res = o->io.take ? ums_net_recv_take_end(o->req, &o->taken)
+                      : ums_fs_end(o->req);
   o->req = NULL;
   o->answered = true;
   track_pos(o);
@@ -431,7 +443,9 @@ static void keep_after_timeout(lop *o) {
   size_t gathered = reads(o->m) ? o->acclen : 0;
   size_t unread = f->buf ? f->rlen - f->rpos : 0;
   size_t keep = gathered + unread;
-  ums_buf_t *b = ums_buf_new(keep > BUF_SIZE ? keep : BUF_SIZE);
+  /* Nothing to keep: no buffer, as for a read that waits (sub_fill). */
+  ums_buf_t *b =
+      keep ? ums_buf_new(keep > BUF_SIZE ? keep : BUF_SIZE) : NULL;
   if (b) {
     char *d = ums_buf_data(b);
     if (gathered) memcpy(d, ums_buf_data(o->acc), gathered);
@@ -443,6 +457,19 @@ static void keep_after_timeout(lop *o) {
   f->rpos = 0;
   f->rlen = b ? keep : 0;
   o->acclen = 0;
+}
+
+/* A socket's read buffer exists only while it holds unread bytes: a
+** connection that waits (for its peer, or its task for anything else)
+** holds none, and a read that waits reads into one the runtime takes
+** when the data comes (sub_fill). Empty, it goes back to the scheduler's
+** cache, whence the next read takes it again without a malloc. */
+static void drop_empty_buf(lfile *f) {
+  if (f->buf && f->rpos == f->rlen) {
+    ums_buf_release(f->buf);
+    f->buf = NULL;
+    f->rpos = f->rlen = 0;
+  }
 }
 
 /* Continuation of a yield for an I/O. The stream (and so its op) is
@@ -464,6 +491,7 @@ static int method_end(lua_State *L, lop *o, int nres) {
   int sides = o->sides;
   if (err == UMS_ECANCELED) forget_buffers(o);
   if (f->sock && err == UMS_ETIMEDOUT) keep_after_timeout(o);
+  if (f->sock && (sides & LSIDE_READ)) drop_empty_buf(f);
   /* Only the accumulator goes now: nothing reads an op whose side is
   ** free, and the next method's start clears it (op_clear). */
   ums_buf_release(o->acc);
@@ -815,14 +843,36 @@ static int64_t sub_write_acc(lop *o, int64_t off) {
 
 /* Reads into the file buffer after its unread bytes (moved to its start
 ** first; the caller leaves room): > 0 bytes, 0 at end of file, or an
-** error. */
+** error. The buffer may be another one afterwards: callers take its data
+** pointer again.
+**
+** A socket whose buffer is empty gives it back while it waits and reads
+** into one the runtime takes when the data comes (ums_net_recv_take):
+** a connection waiting for its peer holds no read buffer. After any
+** answer the stream has a buffer again, as the reading methods expect. */
 static int64_t sub_fill(lop *o) {
   lfile *f = o->f;
   int64_t r;
   if (lstream_answer(o, &r)) {
+    if (o->io.take) {
+      if (o->taken) {
+        ums_buf_release(f->buf);
+        f->buf = o->taken;
+        o->taken = NULL;
+      } else {
+        int64_t e = lstream_ensure_buf(f);
+        if (e) return e;
+      }
+    }
     if (r > 0) f->rlen += (size_t)r;
     if (r == 0) o->hit_eof = true;
     return r;
+  }
+  if (f->sock && f->rpos == f->rlen) {
+    drop_empty_buf(f);
+    ask_rw(o, IO_READ, NULL, 0, BUF_SIZE, UMS_FS_CUR);
+    o->io.take = true;
+    return AGAIN;
   }
   if (f->rpos > 0) {
     char *data = ums_buf_data(f->buf);
@@ -1023,6 +1073,7 @@ static int64_t fmt_count(lua_State *L, lop *o, size_t n) {
       }
       size_t avail = f->rlen - f->rpos;
       size_t k = avail < want ? avail : want;
+      data = ums_buf_data(f->buf);  /* sub_fill may have changed it */
       if ((r = acc_add(o, data + f->rpos, k))) return r;
       f->rpos += k;
     } else {
@@ -1072,7 +1123,8 @@ int64_t lstream_fmt_all(lua_State *L, lop *o) {
     o->end_at = known_end(f);
   }
   while (o->sub == 0) {
-    if (f->rlen - f->rpos == ums_buf_size(f->buf)) {
+    data = ums_buf_data(f->buf);  /* sub_fill may have changed it */
+    if (f->buf && f->rlen - f->rpos == ums_buf_size(f->buf)) {
       /* Full: its bytes go to the accumulator. */
       if ((r = acc_add(o, data + f->rpos, f->rlen - f->rpos))) return r;
       f->rpos = f->rlen;
@@ -1087,6 +1139,7 @@ int64_t lstream_fmt_all(lua_State *L, lop *o) {
     if (r == 0 || (f->pos_known && f->kpos == o->end_at &&
                    (size_t)r < o->io.len)) {
       size_t avail = f->rlen - f->rpos;
+      data = ums_buf_data(f->buf);
       if (o->acclen == 0) {
         lua_pushlstring(L, data + f->rpos, avail);
       } else {
@@ -2060,6 +2113,17 @@ int lstream_setvbuf(lua_State *L) {
   return 1;
 }
 
+/* core.stream_buffers(stream) -> bytes of the read buffer and of the
+** write buffer the stream holds (0 for one it holds none of), for specs
+** that check what an idle connection keeps. */
+int lstream_buffers(lua_State *L) {
+  lfile *f = lstream_to(L, 1);
+  if (!f) return luaL_typeerror(L, 1, "ums.net connection or ums.fs file");
+  lua_pushinteger(L, (lua_Integer)ums_buf_size(f->buf));
+  lua_pushinteger(L, (lua_Integer)ums_buf_size(f->wbuf));
+  return 2;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Raw reads and writes of sockets                                         */
 /* ---------------------------------------------------------------------- */
@@ -2072,12 +2136,9 @@ static int step_recv(lua_State *L, lop *o) {
   if (o->phase == 0) {
     int st = flush_first(o);
     if (st != 1) return st;
-    int64_t r = lstream_ensure_buf(f);
-    if (r) {
-      o->err = r;
-      return 0;
-    }
   }
+  /* Nothing read ahead (and then a socket has no buffer): sub_fill's
+  ** receive takes one. */
   if (f->rpos == f->rlen) {
     int64_t r = sub_fill(o);
     if (r == AGAIN) return STEP_IO;

@@ -48,6 +48,8 @@ typedef struct lio {
   int64_t off;           /* >= 0, or UMS_FS_CUR */
   bool at_pos;           /* read, write: at the file's position (off is
                             kpos, or UMS_FS_CUR while it is not known) */
+  bool take;             /* a socket's read without a buffer: the runtime
+                            takes one when data comes (op.taken) */
   const char *path;      /* open: anchored on the caller's Lua stack */
   int flags, mode;       /* open */
 } lio;
@@ -124,6 +126,9 @@ struct lop {
   bool answered;         /* res answers io, for the one who asked */
   int64_t res;
   ums_fs_req_t *req;     /* io in flight (a task), between begin and end */
+  ums_buf_t *taken;      /* io.take answered with data: the buffer that
+                            holds it, the op's reference until sub_fill
+                            makes it the stream's */
 };
 
 /* One side of a stream: its lock (a FIFO of parked tasks) and the method
@@ -139,7 +144,9 @@ struct lfile {
   const char *tag;       /* &file_tag */
   int fd;                /* -1 once closed (and before an open ends) */
   bool readable, writable;
-  ums_buf_t *buf;        /* BUF_SIZE bytes, made on first use */
+  ums_buf_t *buf;        /* BUF_SIZE bytes, made on first use; a
+                            socket's goes while a read waits with it
+                            empty (sub_fill) */
   size_t rpos, rlen;     /* unread read-ahead: buf[rpos, rlen) */
   size_t wlen;           /* pending writes: buf[0, wlen), or a socket's
                             wbuf[0, wlen) */
@@ -256,5 +263,6 @@ LUMS_HIDDEN int lstream_file_tostring(lua_State *L);
 LUMS_HIDDEN int lstream_recv(lua_State *L);
 LUMS_HIDDEN int lstream_send(lua_State *L);
 LUMS_HIDDEN int lstream_drain(lua_State *L);
+LUMS_HIDDEN int lstream_buffers(lua_State *L);
 
 #endif

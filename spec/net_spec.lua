@@ -696,6 +696,126 @@ describe("ums.net full duplex", function()
   end)
 end)
 
+-- What a connection keeps while it waits: no read buffer (core.stream_buffers
+-- says how many bytes of buffer a stream holds), whatever read it waits in,
+-- and no byte lost for it.
+describe("ums.net idle connections", function()
+  local core = require "ums.core"
+  local function rbuf(c) return (core.stream_buffers(c)) end
+
+  it("a receive that waits holds no read buffer, after traffic too",
+     function()
+    run(function()
+      local c, peer, srv = pair()
+      for _ = 1, 3 do
+        assert.equal(4, peer:send("ping"))
+        assert.equal("ping", c:recv())
+        assert.equal(0, rbuf(c))
+        local t = ums.spawn(function() return c:recv() end)
+        until_net_wait(t)
+        assert.equal(0, rbuf(c))
+        assert.equal(4, peer:send("pong"))
+        assert.equal("pong", results(t))
+        assert.equal(0, rbuf(c))
+      end
+      -- A line read waiting for the rest of its line, and recv(n) after
+      -- a short read, hold none either.
+      local t = ums.spawn(function() return c:read("l") end)
+      peer:send("ab")
+      until_net_wait(t)
+      ums.sleep(0.01)
+      assert.equal(0, rbuf(c))
+      peer:send("c\nrest")
+      assert.equal("abc", results(t))
+      assert.is_true(rbuf(c) > 0)  -- "rest" waits in it, unread
+      assert.equal("re", c:recv(2))
+      assert.equal("st", c:recv(2))
+      assert.equal(0, rbuf(c))
+      t = ums.spawn(function() return c:recv(5) end)
+      until_net_wait(t)
+      assert.equal(0, rbuf(c))
+      peer:send("123456789")
+      assert.equal("12345", results(t))
+      assert.equal("6789", c:recv())
+      assert.equal(0, rbuf(c))
+      peer:close()
+      assert.is_nil(c:recv())
+      assert.equal(0, rbuf(c))
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("a receive that times out keeps no buffer and loses nothing",
+     function()
+    run(function()
+      local c, peer, srv = pair()
+      c:settimeout(0.02)
+      for _ = 1, 3 do
+        local v, msg = c:recv()
+        assert.is_nil(v)
+        assert.equal("timeout", msg)
+        assert.equal(0, rbuf(c))
+      end
+      peer:send("x1")
+      c:settimeout(nil)
+      assert.equal("x1", c:recv())
+      -- A line cut by the timeout: its start comes back with the rest.
+      c:settimeout(0.02)
+      peer:send("par")
+      local v, msg = c:read("l")
+      assert.is_nil(v)
+      assert.equal("timeout", msg)
+      assert.is_true(rbuf(c) > 0)
+      c:settimeout(nil)
+      peer:send("tial\n")
+      assert.equal("partial", c:read("l"))
+      assert.equal(0, rbuf(c))
+      c:close()
+      peer:close()
+      srv:close()
+    end)
+  end)
+
+  it("200 connections waiting after an echo each hold no buffer",
+     function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      local conns, servers, clients = {}, {}, {}
+      local acceptor = ums.spawn(function()
+        for i = 1, 200 do
+          local c = assert(srv:accept(10))
+          conns[i] = c
+          servers[i] = ums.spawn(function()
+            while true do
+              local data = c:recv()
+              if not data or not c:send(data) then break end
+            end
+            c:close()
+          end)
+        end
+      end)
+      for i = 1, 200 do
+        local c = assert(net.connect("127.0.0.1", port))
+        assert(c:send("hello " .. i))
+        assert.equal("hello " .. i, c:recv())
+        clients[i] = c
+      end
+      results(acceptor)
+      for _, t in ipairs(servers) do until_net_wait(t) end
+      local held = 0
+      for i = 1, 200 do
+        held = held + rbuf(conns[i]) + rbuf(clients[i])
+      end
+      assert.equal(0, held)
+      for i = 1, 200 do clients[i]:close() end
+      for _, t in ipairs(servers) do results(t) end
+      srv:close()
+    end, 60)
+  end)
+end)
+
 describe("ums.net where Lua cannot yield", function()
   it("a read loses any number of races for its side in one call, and "
     .. "waits for its data many times, its C stack flat", function()

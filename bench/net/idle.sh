@@ -15,6 +15,11 @@
 #   C epoll floor, luv, Go (GOMAXPROCS 1): the same shapes in the peers
 #
 #   bench/net/idle.sh [--conns N] [--reps N] [--build-dir DIR]
+#                     [--echo-first]
+#
+# --echo-first: each connection first makes one 64-byte round trip, then
+# waits (the echo servers only: the HTTP server is left out): what an
+# idle connection costs after it has carried traffic.
 #
 # N defaults to 10,000: the server and the load generator each need N
 # descriptors (the limit here is 20,000 per process).
@@ -23,13 +28,15 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build="$root/build-release"
 conns=10000
 reps=3
+echo_first=0
 while (($#)); do
   case "$1" in
     --quick) conns=500; reps=1 ;;
     --conns) conns=$2; shift ;;
     --reps) reps=$2; shift ;;
     --build-dir) build=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --echo-first) echo_first=1 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "idle.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -45,9 +52,10 @@ if (($(ulimit -n) < conns + 100)); then
   exit 2
 fi
 
-servers=(
-  "ums Lua echo, recv|lua5.4 $root/bench/net/echo_ums.lua PORT 1"
-  "ums Lua http, read(\"l\")|lua5.4 $root/examples/http_server.lua --port PORT --schedulers 1"
+servers=("ums Lua echo, recv|lua5.4 $root/bench/net/echo_ums.lua PORT 1")
+((echo_first)) ||
+  servers+=("ums Lua http, read(\"l\")|lua5.4 $root/examples/http_server.lua --port PORT --schedulers 1")
+servers+=(
   "ums C|$net/echo_ums PORT 1"
   "C epoll floor|$net/echo_epoll PORT")
 lua5.4 -e "require 'luv'" 2>/dev/null &&
@@ -57,7 +65,7 @@ servers+=("Go, GOMAXPROCS 1|env GOMAXPROCS=1 $net/goserver -mode echo -addr 127.
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 fd_count() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 | wc -l; }
 
-echo "command: $0 --conns $conns --reps $reps (build: $build)"
+echo "command: $0 --conns $conns --reps $reps$( ((echo_first)) && echo " --echo-first") (build: $build)"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), load average" \
      "$(cut -d' ' -f1-3 /proc/loadavg)"
 echo
@@ -77,7 +85,7 @@ for s in "${servers[@]}"; do
     b=$(rss_kib "$pid")
     fd0=$(fd_count "$pid")
     "$loadgen" -mode idle -addr "127.0.0.1:$port" -c "$conns" -hold 120 \
-      -timeout 150 >"$net_tmp/idle.out" &
+      -timeout 150 -echo-first="$((echo_first))" >"$net_tmp/idle.out" &
     lg=$!
     net_pids+=("$lg")
     # Wait (60 s at most) until the server holds every connection.

@@ -1023,6 +1023,15 @@ UMS_API int ums_net_connect(int fd, const struct sockaddr *addr,
 ** recv(2)'s (MSG_PEEK, MSG_WAITALL, ...). */
 UMS_API int64_t ums_net_recv(int fd, ums_buf_t *buf, size_t pos, size_t len,
                              int flags, int64_t deadline);
+/* A receive that holds no buffer while it waits, for connections that
+** spend most of their life waiting for their peer: receives up to len
+** bytes (len > 0) into a new buffer the runtime takes (ums_buf_new(len),
+** from the scheduler's cache) only once data is there, and hands it to
+** the caller in *buf (one reference, the caller's; its data starts with
+** the bytes received). Returns what ums_net_recv would; *buf is set only
+** for a count > 0, else NULL. */
+UMS_API int64_t ums_net_recv_take(int fd, size_t len, int flags,
+                                  int64_t deadline, ums_buf_t **buf);
 /* Sends up to len bytes of buf's data at [pos, pos + len); returns the
 ** count, which may be less than len on a stream socket (send the rest
 ** with another call), or -errno (UMS_EPIPE, UMS_ECONNRESET). */
@@ -1080,6 +1089,13 @@ UMS_API int ums_net_connect_begin(int fd, const struct sockaddr *addr,
 UMS_API int ums_net_recv_begin(int fd, ums_buf_t *buf, size_t pos,
                                size_t len, int flags, int64_t deadline,
                                ums_fs_req_t **req);
+/* Deferred ums_net_recv_take, ended by ums_net_recv_take_end (which
+** returns the result and sets *buf as ums_net_recv_take does; UMS_EINVAL
+** for a request of another call) or by ums_fs_end (the buffer then goes
+** with the request). */
+UMS_API int ums_net_recv_take_begin(int fd, size_t len, int flags,
+                                    int64_t deadline, ums_fs_req_t **req);
+UMS_API int64_t ums_net_recv_take_end(ums_fs_req_t *req, ums_buf_t **buf);
 UMS_API int ums_net_send_begin(int fd, ums_buf_t *buf, size_t pos,
                                size_t len, int flags, int64_t deadline,
                                ums_fs_req_t **req);

@@ -17,15 +17,20 @@
 #include <string.h>
 
 #define PAGE 4096
-/* Bytes a class may keep cached per scheduler, and a cap on the count. */
+/* Bytes a class may keep cached per scheduler, and a cap on the count.
+** The count covers a socket server's receives (ums_net_recv_take), which
+** take a 64 KiB buffer each when their data comes and give it back once
+** their task has taken the data: one pass may hand out one per ready
+** connection. */
 #define CACHE_BYTES_PER_CLASS (8u << 20)
-#define CACHE_MAX_PER_CLASS 64u
+#define CACHE_MAX_PER_CLASS 128u
 
 static int size_class(size_t size) {
-  size_t c = (size_t)1 << UMS__BUF_MIN_SHIFT;
-  for (int i = 0; i < UMS__BUF_CLASSES; i++, c <<= 1)
-    if (size <= c) return i;
-  return -1;
+  if (size <= (size_t)1 << UMS__BUF_MIN_SHIFT) return 0;
+  /* The smallest class whose size (4 KiB << class) holds size. */
+  int cls = 64 - __builtin_clzll((unsigned long long)size - 1) -
+            UMS__BUF_MIN_SHIFT;
+  return cls < UMS__BUF_CLASSES ? cls : -1;
 }
 
 static uint32_t cache_limit(int cls) {

@@ -1055,6 +1055,11 @@ struct ums_fs_req {
   uint32_t events;              /* POLL: POLLIN, POLLOUT, ... */
   bool connecting;              /* [the executor] a non-blocking connect
                                    is in progress: wait, then SO_ERROR */
+  bool take_buf;                /* [const] a receive that holds no buffer
+                                   while it waits: its executor takes one
+                                   (bufs[0], iov[0]) for each try and keeps
+                                   it only when data came (net.c,
+                                   "Receives that take their buffer") */
   bool net_learn;               /* [const once submitted] a receive that was
                                    tried at once and found nothing: its
                                    result teaches its descriptor's hint
@@ -1129,6 +1134,11 @@ ums__io_req_t *ums__io_req_new(int op);
 int ums__io_req_iov(ums__io_req_t *r, const ums_iov_t *iov, int n);
 int64_t ums__io_run(ums__io_req_t *r, int64_t deadline);
 int ums__io_begin(ums__io_req_t *r, int64_t deadline, ums_fs_req_t **out);
+/* ums_fs_end without dropping the caller's reference, for the socket
+** calls that take more than the result from r (an address, a buffer):
+** 0 with the result in *res, or the error of an end refused (r left
+** alone then). */
+int ums__io_settle(ums__io_req_t *r, int64_t *res);
 /* Whether op is a socket operation or a readiness wait. */
 static inline bool ums__io_is_net(int op) {
   return op >= UMS__IO_ACCEPT && op <= UMS__IO_POLL;

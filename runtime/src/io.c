@@ -509,12 +509,18 @@ int ums__io_begin(ums__io_req_t *r, int64_t deadline, ums_fs_req_t **out) {
   return rc;
 }
 
-int64_t ums_fs_end(ums_fs_req_t *r) {
-  if (!r) return UMS_EINVAL;
+int ums__io_settle(ums__io_req_t *r, int64_t *res) {
   ums__task_t *t = ums__task_current();
   int rc = check_end(r, t);
+  if (!rc) *res = collect(r, t);
+  return rc;
+}
+
+int64_t ums_fs_end(ums_fs_req_t *r) {
+  if (!r) return UMS_EINVAL;
+  int64_t res;
+  int rc = ums__io_settle(r, &res);
   if (rc) return rc;
-  int64_t res = collect(r, t);
   if (r->op == UMS__IO_READFILE) res = readfile_take(r, res, NULL);
   ums__io_req_unref(r);
   return res;

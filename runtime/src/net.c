@@ -110,6 +110,39 @@ static int64_t connect_result(ums__io_req_t *r) {
   return -err;
 }
 
+/* ---------------------------------------------------------------------- */
+/* Receives that take their buffer                                         */
+/* ---------------------------------------------------------------------- */
+
+/* A connection that waits for its peer (a server's idle keep-alive
+** connection, a client waiting for a reply) must not hold a read buffer
+** while it waits: with thousands of them the buffers' touched pages
+** would be most of the server's memory. So a receive may leave the
+** buffer to the runtime (ums_net_recv_take): the request carries no
+** buffer while it waits, and each try (the first one at the call, the
+** one after the ring's poll or the epoll set's readiness, the pool's)
+** takes a buffer of the asked length from its thread's cache, receives
+** into it, and keeps it in the request (bufs[0], iov[0]) only when data
+** came; otherwise the buffer goes back at once. A try is made at most
+** once per readiness, so a waiting request never holds one. The caller
+** takes the buffer from a request that ended with data
+** (ums_net_recv_take_end); one whose caller has gone frees it with the
+** request. */
+static int64_t recv_taking(ums__io_req_t *r) {
+  size_t len = r->iov[0].iov_len;
+  ums_buf_t *b = ums_buf_new(len);
+  if (!b) return UMS_ENOMEM;
+  int64_t rc = wait_if_again(NOINTR(SOCK_RECV(r->fd, ums_buf_data(b), len,
+                                              r->flags | MSG_DONTWAIT)));
+  if (rc > 0) {
+    r->bufs[0] = b;
+    r->iov[0].iov_base = ums_buf_data(b);
+  } else {
+    ums_buf_release(b);
+  }
+  return rc;
+}
+
 int64_t ums__net_try(ums__io_req_t *r) {
   const struct iovec *v = r->iov;
   switch (r->op) {
@@ -131,6 +164,7 @@ int64_t ums__net_try(ums__io_req_t *r) {
       return rc;
     }
     case UMS__IO_RECV:
+      if (r->take_buf) return recv_taking(r);
       return wait_if_again(NOINTR(SOCK_RECV(r->fd, v->iov_base, v->iov_len,
                                             r->flags | MSG_DONTWAIT)));
     case UMS__IO_SEND:
@@ -301,6 +335,37 @@ static int mk_net(ums__io_req_t **out, int op, int fd, ums_buf_t *buf,
   return 0;
 }
 
+/* A receive of up to len bytes whose buffer its tries take
+** (recv_taking): one iovec entry without a buffer until data comes. */
+static int mk_recv_take(ums__io_req_t **out, int fd, size_t len, int flags,
+                        int64_t deadline) {
+  if (fd < 0) return UMS_EBADF;
+  if (len == 0) return UMS_EINVAL;
+  ums__io_req_t *r = ums__io_req_new(UMS__IO_RECV);
+  if (!r) return UMS_ENOMEM;
+  r->iov = r->iov_inline;
+  r->bufs = r->bufs_inline;
+  r->iov[0].iov_base = NULL;
+  r->iov[0].iov_len = len > UMS_FS_MAX_RW ? UMS_FS_MAX_RW : len;
+  r->bufs[0] = NULL;
+  r->iovcnt = 1;
+  r->take_buf = true;
+  r->fd = fd;
+  r->flags = flags;
+  r->deadline = deadline;
+  *out = r;
+  return 0;
+}
+
+/* The buffer of a receive that took it, for its caller: r's when res
+** says data came, else NULL. The caller holds a reference on r. */
+static ums_buf_t *take_out(ums__io_req_t *r, int64_t res) {
+  if (res <= 0) return NULL;
+  ums_buf_t *b = r->bufs[0];
+  r->bufs[0] = NULL;
+  return b;
+}
+
 /* Copies the address an accept or a recvfrom received to the caller: at
 ** most *len bytes, *len set to the address's whole length, as accept(2)
 ** does. */
@@ -456,6 +521,19 @@ int64_t ums_net_recv(int fd, ums_buf_t *buf, size_t pos, size_t len,
   return rc ? rc : net_run(r, NULL, NULL);
 }
 
+int64_t ums_net_recv_take(int fd, size_t len, int flags, int64_t deadline,
+                          ums_buf_t **buf) {
+  if (!buf) return UMS_EINVAL;
+  *buf = NULL;
+  ums__io_req_t *r;
+  int rc = mk_recv_take(&r, fd, len, flags, deadline);
+  if (rc) return rc;
+  int64_t res = ums__io_run(r, deadline);
+  *buf = take_out(r, res);
+  ums__io_req_unref(r);
+  return res;
+}
+
 int64_t ums_net_send(int fd, ums_buf_t *buf, size_t pos, size_t len,
                      int flags, int64_t deadline) {
   ums__io_req_t *r;
@@ -520,6 +598,14 @@ int ums_net_recv_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
   return rc ? rc : ums__io_begin(r, deadline, req);
 }
 
+int ums_net_recv_take_begin(int fd, size_t len, int flags, int64_t deadline,
+                            ums_fs_req_t **req) {
+  if (!req) return UMS_EINVAL;
+  ums__io_req_t *r = NULL;
+  int rc = mk_recv_take(&r, fd, len, flags, deadline);
+  return rc ? rc : ums__io_begin(r, deadline, req);
+}
+
 int ums_net_send_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
                        int flags, int64_t deadline, ums_fs_req_t **req) {
   if (!req) return UMS_EINVAL;
@@ -564,12 +650,24 @@ int64_t ums_net_end(ums_fs_req_t *req, struct sockaddr *addr,
                     socklen_t *len) {
   if (!req) return UMS_EINVAL;
   if (!ums__io_is_net(req->op)) return UMS_EINVAL;
-  /* Read before ums_fs_end drops the caller's reference: the request is
-  ** DONE or ABANDONED only once the end call has settled it, so the copy
-  ** is made from a request kept alive by one more reference. */
-  atomic_fetch_add_explicit(&req->refs, 1, memory_order_relaxed);
-  int64_t res = ums_fs_end(req);
+  /* The address is read once the request is settled, before the
+  ** caller's reference goes. An end refused leaves the request alone. */
+  int64_t res;
+  int rc = ums__io_settle(req, &res);
+  if (rc) return rc;
   if (res >= 0) addr_out(req, addr, len);
+  ums__io_req_unref(req);
+  return res;
+}
+
+int64_t ums_net_recv_take_end(ums_fs_req_t *req, ums_buf_t **buf) {
+  if (!req || !buf || !req->take_buf) return UMS_EINVAL;
+  *buf = NULL;
+  /* As ums_net_end: the buffer is taken from the settled request. */
+  int64_t res;
+  int rc = ums__io_settle(req, &res);
+  if (rc) return rc;
+  *buf = take_out(req, res);
   ums__io_req_unref(req);
   return res;
 }

@@ -1418,6 +1418,91 @@ static void test_near_deadline_tries(void) {
   CHECK(tu_in_task(rt, 0, near_deadline_ok, NULL) == PTR(1));
 }
 
+/* A receive that takes its buffer (ums_net_recv_take) holds none while
+** it waits, on either backend: data comes in a buffer of the asked
+** length, in order; a timeout and the end of the stream hand none. */
+typedef struct take_wait {
+  ums_fs_req_t *_Atomic q;
+  int fd;
+  uint8_t seed;
+} take_wait_t;
+
+/* Sends 5 bytes on w->fd once w->q waits, after checking that it holds
+** no buffer (the same scheduler: its thread owns the request). */
+static void *take_sender(void *arg) {
+  take_wait_t *w = arg;
+  ums_fs_req_t *q;
+  while (!(q = atomic_load(&w->q))) CHECK_RC(ums_yield(), 0);
+  CHECK_RC(ums_sleep(tu_ms(5)), 0);
+  CHECK(q->take_buf);
+  CHECK(q->bufs[0] == NULL);
+  CHECK(q->iov[0].iov_base == NULL);
+  ums_buf_t *b = ums_buf_new(8);
+  fill(b, 5, w->seed);
+  CHECK_RC(send_all(w->fd, b, 5, ums_deadline(10 * SEC)), 0);
+  ums_buf_release(b);
+  return PTR(1);
+}
+
+static void *recv_take_ok(void *arg) {
+  int family = *(int *)arg;
+  int srv;
+  int c = connected(family, &srv);
+  int64_t dl = ums_deadline(10 * SEC);
+  ums_buf_t *got = ums_buf_new(8);
+  ums_buf_t *stale = got;
+  CHECK_EQ(ums_net_recv_take(srv, 100, 0, ums_deadline(tu_ms(20)), &got),
+           UMS_ETIMEDOUT);
+  CHECK(got == NULL);
+  ums_buf_release(stale);
+  for (int i = 0; i < 4; i++) {
+    take_wait_t w = {.fd = c, .seed = (uint8_t)(i * 13)};
+    ums_task_t t = spawn_on(0, take_sender, &w);
+    ums_fs_req_t *q = NULL;
+    CHECK_RC(ums_net_recv_take_begin(srv, 100, 0, dl, &q), 0);
+    atomic_store(&w.q, q);
+    CHECK_RC(ums_park_wait(), 0);
+    CHECK_EQ(ums_net_recv_take_end(q, &got), 5);
+    CHECK(got != NULL);
+    CHECK_EQ(ums_buf_size(got), 100);
+    CHECK(same(got, 5, w.seed));
+    ums_buf_release(got);
+    CHECK(join(t) == PTR(1));
+  }
+  /* Data already there: the blocking form answers at once. */
+  ums_buf_t *b = ums_buf_new(8);
+  fill(b, 8, 3);
+  CHECK_RC(send_all(c, b, 8, dl), 0);
+  CHECK_RC(ums_wait_fd(srv, POLLIN, dl), POLLIN);
+  CHECK_EQ(ums_net_recv_take(srv, 8, 0, dl, &got), 8);
+  CHECK(same(got, 8, 3));
+  ums_buf_release(got);
+  /* A request of another call is refused; the end of the stream hands
+  ** no buffer. */
+  ums_fs_req_t *q = NULL;
+  CHECK_RC(ums_net_send_begin(c, b, 0, 1, 0, dl, &q), 1);
+  CHECK_EQ(ums_net_recv_take_end(q, &got), UMS_EINVAL);
+  CHECK_EQ(ums_fs_end(q), 1);
+  CHECK_EQ(ums_net_recv_take_end(NULL, &got), UMS_EINVAL);
+  CHECK_EQ(ums_net_recv_take(srv, 0, 0, dl, &got), UMS_EINVAL);
+  CHECK_RC(ums_net_shutdown(c, SHUT_WR), 0);
+  CHECK_EQ(ums_net_recv_take(srv, 8, 0, dl, &got), 1);
+  ums_buf_release(got);
+  got = b;
+  CHECK_EQ(ums_net_recv_take(srv, 8, 0, dl, &got), 0);
+  CHECK(got == NULL);
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(c, dl), 0);
+  CHECK_RC(ums_net_close(srv, dl), 0);
+  return PTR(1);
+}
+
+static void test_recv_take(void) {
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    CHECK(tu_in_task(rt, 0, recv_take_ok, (void *)&families[f]) == PTR(1));
+  CHECK_EQ(io_pending(), 0);
+}
+
 int main(int argc, char **argv) {
   bool quick = false;
   for (int i = 1; i < argc; i++) {
@@ -1452,6 +1537,7 @@ int main(int argc, char **argv) {
   RUN_NET(test_no_sigpipe);
   RUN_NET(test_wait_fd);
   RUN_NET(test_deferred);
+  RUN_NET(test_recv_take);
   RUN_NET(test_expired);
   if (!quick) {
     RUN_NET(test_timeout_takes_nothing);

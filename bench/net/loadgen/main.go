@@ -35,6 +35,7 @@ func main() {
 	rounds := flag.Int("n", 100, "round trips per client (echo)")
 	size := flag.Int("size", 64, "message size in bytes (echo)")
 	hold := flag.Float64("hold", 60, "seconds to hold idle connections at most")
+	echoFirst := flag.Bool("echo-first", false, "idle: each connection makes one round trip of -size bytes before it holds")
 	timeout := flag.Float64("timeout", 60, "seconds before the whole run gives up")
 	flag.Parse()
 	// A server that stops answering must not hang the driver.
@@ -46,7 +47,7 @@ func main() {
 	case "echo":
 		echo(*addr, *clients, *rounds, *size)
 	case "idle":
-		idle(*addr, *clients, *hold)
+		idle(*addr, *clients, *hold, *echoFirst, *size)
 	default:
 		fmt.Fprintln(os.Stderr, "loadgen: unknown mode", *mode)
 		os.Exit(2)
@@ -128,10 +129,24 @@ func echo(addr string, clients, rounds, size int) {
 		clients, rounds)
 }
 
-func idle(addr string, n int, hold float64) {
+func idle(addr string, n int, hold float64, echoFirst bool, size int) {
 	conns := make([]net.Conn, 0, n)
+	msg := bytes.Repeat([]byte{'x'}, size)
+	buf := make([]byte, size)
 	for i := 0; i < n; i++ {
-		conns = append(conns, dial(addr))
+		c := dial(addr)
+		// An echo server's connection that has carried traffic, then
+		// waits for more: what a server keeps for an idle keep-alive
+		// connection.
+		if echoFirst {
+			if _, err := c.Write(msg); err != nil {
+				fail("write: %v", err)
+			}
+			if _, err := io.ReadFull(c, buf); err != nil {
+				fail("read: %v", err)
+			}
+		}
+		conns = append(conns, c)
 	}
 	// Established in the kernel; the server may still be accepting: the
 	// driver waits until the server holds them (its descriptor count).
