@@ -597,16 +597,23 @@ static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
   /* Detached: the binding keeps each task's outcome in its handle, so
   ** the runtime may recycle the task's slot as soon as it ends (a
   ** joinable one would stay allocated until the run's end). Only the
-  ** run's first task is joined, by core.run itself. */
-  ums_spawn_opts_t opts = {r->sched, joinable ? 0 : 1, NULL};
-  /* The run's first task is the joinable one; the main thread must not
-  ** write anything the task may read once the spawn has started it. */
-  if (joinable) r->main = h;
-  /* The id goes straight into the handle: the runtime stores it before the
-  ** task can start, and for the run's first task the scheduler thread may
-  ** start it (and ums.self() read the id) before this call returns. */
+  ** run's first task is joined, by core.run itself. The id goes straight
+  ** into the handle: the runtime stores it before the task can start,
+  ** and for the run's first task the scheduler thread may start it (and
+  ** ums.self() read the id) before this call returns. */
   run_task_added(r);  /* ended by task_finish */
-  int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &h->id);
+  int rc;
+  if (joinable) {
+    ums_spawn_opts_t opts = {r->sched, 0, NULL};
+    /* The main thread must not write anything the task may read once
+    ** the spawn has started it. */
+    r->main = h;
+    rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &h->id);
+  } else {
+    /* Usually on r's scheduler thread (a task's ums.spawn): the
+    ** runtime's short path there, its general spawn elsewhere. */
+    rc = ums_task_spawn_step_here(r->rt, r->sched, task_step, t, &h->id);
+  }
   if (rc) {
     h->t = NULL;
     h->state = T_DONE;
