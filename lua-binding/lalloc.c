@@ -70,17 +70,24 @@ static void cache_flush(lalloc *a) {
   a->bytes = 0;
 }
 
+/* An allocation the allocator underneath refused while the cache holds
+** blocks: they go back first, and it is tried again. Out of line and
+** cold, so that cache_miss saves no registers for the flush's loop. */
+static __attribute__((noinline, cold)) void *cache_retry(lalloc *a, void *ptr,
+                                                         size_t osize,
+                                                         size_t nsize) {
+  cache_flush(a);
+  return a->f(a->ud, ptr, osize, nsize);
+}
+
 /* What the cache cannot serve: the allocator underneath. Out of line,
 ** so that the hits below need no stack frame. */
 static __attribute__((noinline)) void *cache_miss(lalloc *a, void *ptr,
                                                   size_t osize,
                                                   size_t nsize) {
   void *p = a->f(a->ud, ptr, osize, nsize);
-  if (!p && nsize && a->bytes) {
-    /* Memory is short: what the cache holds goes back first. */
-    cache_flush(a);
-    p = a->f(a->ud, ptr, osize, nsize);
-  }
+  if (__builtin_expect(!p && nsize && a->bytes, 0))
+    return cache_retry(a, ptr, osize, nsize);
   return p;
 }
 

@@ -100,11 +100,11 @@ struct lhandle {
 ** runs, whose stack holds the values the chunk's records keep from the
 ** collector (their coroutines and live tasks' handles) at fixed
 ** indices, 2 a record from 2 on, with a nil at LUMS_ANCHOR_NIL that
-** clears an entry by lua_copy. Storing into a stack slot (lua_xmove,
-** lua_replace) costs a fraction of lua_rawseti into a table, which also
-** rehashes as the table grows; the stack is made with the chunk, with
-** one free slot above its top for lua_xmove, so storing never
-** allocates. The VM's anchor table (lvmrun.anchors) holds the chunks'
+** clears an entry by lua_copy. Storing into a stack slot (lua_xmove
+** above the top, then lua_copy) costs a fraction of lua_rawseti into a
+** table, which also rehashes as the table grows; the stack is made with
+** the chunk, with two free slots above its top for lua_xmove, so
+** storing never allocates. The VM's anchor table (lvmrun.anchors) holds the chunks'
 ** anchor threads at 1, 2, ... */
 #define LTASK_CHUNK 256
 #define LUMS_ANCHOR_NIL 1

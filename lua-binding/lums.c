@@ -119,11 +119,11 @@ static ltask *slot_record(lkept *k, int slot) {
 }
 
 /* Pushes a new anchor thread (ltask.h) onto L: every entry nil, with
-** room for the one value above them that lua_xmove puts there before
-** lua_replace stores it. Raises when out of memory. */
+** room for the two values above them that take_task puts there before
+** it stores them. Raises when out of memory. */
 static lua_State *push_anchor_thread(lua_State *L) {
   lua_State *A = lua_newthread(L);
-  if (!lua_checkstack(A, LUMS_ANCHOR_TOP + 1))
+  if (!lua_checkstack(A, LUMS_ANCHOR_TOP + 2))
     luaL_error(L, "ums.spawn: out of memory");
   lua_settop(A, LUMS_ANCHOR_TOP);
   return A;
@@ -164,15 +164,22 @@ static void grow_slab(lua_State *L, lkept *k) {
   k->chunks[k->nchunks++] = chunk;
 }
 
-/* Takes an ltask with a reset coroutine from the pool (*pooled: its
-** handle entry holds nil), or makes one whose handle entry holds the
-** value at the top of L, the new task's handle. L is the caller's
-** thread, running protected: the coroutine and its record are made
-** there, so that running out of memory raises in the caller rather than
-** on r->SL, which no protected call covers. */
-static ltask *take_task(lua_State *L, lvmrun *r, bool *pooled) {
-  *pooled = r->npool > 0;
-  if (r->npool) return r->pool[--r->npool];
+/* Takes an ltask with a reset coroutine from the pool, or makes one,
+** and anchors the value at the top of L, the new task's handle, in its
+** entry. The handle moves to the top of the ltask's anchor thread, one
+** slot above LUMS_ANCHOR_TOP, where the caller takes it back: moved
+** there, not copied, it is stored with one lua_copy and leaves L
+** without a rotation. L is the caller's thread, running protected: the
+** coroutine and its record are made there, so that running out of
+** memory raises in the caller rather than on r->SL, which no protected
+** call covers. */
+static ltask *take_task(lua_State *L, lvmrun *r) {
+  if (r->npool) {
+    ltask *t = r->pool[--r->npool];
+    lua_xmove(L, t->anchor, 1);
+    lua_copy(t->anchor, -1, t->aidx + 1);
+    return t;
+  }
   lkept *k = r->kept;
   lua_State *co = lua_newthread(L);
   /* After lua_newthread, which may run finalizers, and one of them may
@@ -184,13 +191,12 @@ static ltask *take_task(lua_State *L, lvmrun *r, bool *pooled) {
   int slot = k->nfree ? k->free[k->nfree - 1] : k->nslots;
   lua_State *A = k->athreads[slot / LTASK_CHUNK];
   int aidx = LUMS_ANCHOR_CO(slot);
-  lua_xmove(L, A, 1);
-  lua_replace(A, aidx);
-  /* The handle task_new made is just below: its entry is filled now,
-  ** which saves task_new a store for every ltask not from the pool. */
-  lua_pushvalue(L, -1);
-  lua_xmove(L, A, 1);
-  lua_replace(A, aidx + 1);
+  /* The handle and the coroutine above it, together: the coroutine is
+  ** stored and dropped, the handle stored and left on top. */
+  lua_xmove(L, A, 2);
+  lua_copy(A, -1, aidx);
+  lua_pop(A, 1);
+  lua_copy(A, -1, aidx + 1);
   if (k->nfree)
     k->nfree--;
   else
@@ -565,47 +571,49 @@ static int task_step(void *arg) {
 
 /* Creates a task running the function at index `first` with the values
 ** above it as arguments (all popped); its handle is left at `first`, the
-** top of the stack. It pushes up to 4 values above the arguments: L must
-** have room for them (a C function such as l_spawn has LUA_MINSTACK). L is the caller's thread; mt is the index of the task
-** metatable. The task runs on r's scheduler, where r's VM lives. */
+** top of the stack. It pushes up to 3 values above the arguments: L must
+** have room for them (a C function such as l_spawn has LUA_MINSTACK). L
+** is the caller's thread; mt is the index of the task metatable. The
+** task runs on r's scheduler, where r's VM lives. */
 static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
                          int mt) {
   int n = lua_gettop(L) - first;  /* arguments */
   /* The handle first, then the ltask: running out of memory in either
   ** raises with nothing taken that the collector cannot get back. */
   lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 0);
-  bool pooled;
-  ltask *t = take_task(L, r, &pooled);
-  /* The handle goes to `first`, below the function and arguments, which
-  ** go onto the coroutine. */
-  lua_rotate(L, first, 1);
-  lua_xmove(L, t->co, n + 1);
-  t->nargs = n;
   memset(h, 0, sizeof *h);
   h->tag = &lums_task_tag;
-  h->t = t;
   lua_pushvalue(L, mt);
   lua_setmetatable(L, -2);
+  ltask *t = take_task(L, r);
+  /* The function and arguments go onto the coroutine; the handle, on top
+  ** of the anchor thread (take_task), comes back to `first`. */
+  lua_xmove(L, t->co, n + 1);
+  lua_xmove(t->anchor, L, 1);
+  t->nargs = n;
+  h->t = t;
   t->h = h;
   t->vmrun = r;
-  if (pooled) {
-    lua_pushvalue(L, first);
-    lua_xmove(L, t->anchor, 1);
-    lua_replace(t->anchor, t->aidx + 1);
-  }
   /* Detached: the binding keeps each task's outcome in its handle, so
   ** the runtime may recycle the task's slot as soon as it ends (a
   ** joinable one would stay allocated until the run's end). Only the
-  ** run's first task is joined, by core.run itself. */
-  ums_spawn_opts_t opts = {r->sched, joinable ? 0 : 1, NULL};
-  /* The run's first task is the joinable one; the main thread must not
-  ** write anything the task may read once the spawn has started it. */
-  if (joinable) r->main = h;
-  /* The id goes straight into the handle: the runtime stores it before the
-  ** task can start, and for the run's first task the scheduler thread may
-  ** start it (and ums.self() read the id) before this call returns. */
+  ** run's first task is joined, by core.run itself. The id goes straight
+  ** into the handle: the runtime stores it before the task can start,
+  ** and for the run's first task the scheduler thread may start it (and
+  ** ums.self() read the id) before this call returns. */
   run_task_added(r);  /* ended by task_finish */
-  int rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &h->id);
+  int rc;
+  if (joinable) {
+    ums_spawn_opts_t opts = {r->sched, 0, NULL};
+    /* The main thread must not write anything the task may read once
+    ** the spawn has started it. */
+    r->main = h;
+    rc = ums_task_spawn_step(r->rt, &opts, task_step, t, &h->id);
+  } else {
+    /* Usually on r's scheduler thread (a task's ums.spawn): the
+    ** runtime's short path there, its general spawn elsewhere. */
+    rc = ums_task_spawn_step_here(r->rt, r->sched, task_step, t, &h->id);
+  }
   if (rc) {
     h->t = NULL;
     h->state = T_DONE;
@@ -620,7 +628,7 @@ void lums_task_start(lvmrun *r, int nargs) {
   lua_State *L = r->SL;
   lums_monitor_want(&r->q);
   int first = lua_gettop(L) - nargs;
-  luaL_checkstack(L, 5, "ums.spawn");  /* the metatable, then task_new's */
+  luaL_checkstack(L, 4, "ums.spawn");  /* the metatable, then task_new's */
   luaL_getmetatable(L, LUMS_TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
   task_new(L, r, first + 1, false, first);

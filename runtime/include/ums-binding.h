@@ -129,6 +129,16 @@ UMS_API int ums_preempt_end_copy(ums_preempt_call_t *call, void *out,
 UMS_API void ums_preempt_set_what(ums_preempt_call_t *call,
                                   const char *what);
 
+/* ums_task_spawn_step (ums.h) with the options {sched, detached, no
+** name}, for a binding's tasks spawned by a task of scheduler `sched`
+** onto that scheduler, its usual spawn: called on that scheduler's
+** thread, it skips the checks and the placement the general spawn makes
+** (the arguments are trusted); called anywhere else, it is the general
+** spawn. Same results as ums_task_spawn_step. */
+UMS_API int ums_task_spawn_step_here(ums_runtime_t *rt, int sched,
+                                     ums_step_fn step, void *arg,
+                                     ums_task_t *out);
+
 /* The runtime's placement policy, for a binding that keeps work of its
 ** own per scheduler before that work becomes tasks (work items below use
 ** it, with each scheduler's queued items as extra): the

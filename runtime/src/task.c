@@ -229,20 +229,15 @@ static void live_sub(ums_runtime_t *rt, ums__sched_t *s, bool own) {
   if (!own || --s->nlive_own == 0) live_dec(rt);
 }
 
-static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
-                           ums_task_fn fn, ums_step_fn step, void *arg,
-                           ums_task_t *out) {
-  static const ums_spawn_opts_t defaults = {UMS_ANY_SCHED, 0, NULL};
-  if (!opts) opts = &defaults;
-  if (!rt || (!fn && !step)) return UMS_EINVAL;
-  if (opts->sched != UMS_ANY_SCHED &&
-      (opts->sched < 0 || opts->sched >= rt->nsched))
-    return UMS_EINVAL;
-
-  ums__sched_t *s = opts->sched == UMS_ANY_SCHED ? least_loaded(rt)
-                                                 : &rt->scheds[opts->sched];
-  /* A task placed on the spawner's own scheduler ends on this thread. */
-  bool own = ums__sched_current() == s;
+/* Spawns a task onto s, which the caller has chosen (own: s is the
+** calling thread's own scheduler): what every spawn does once its
+** options are checked and its scheduler placed. Inline into its two
+** callers, the general spawn and ums_task_spawn_step_here, so that the
+** latter pays for none of the checks it does not need. */
+static inline __attribute__((always_inline)) int
+spawn_on(ums_runtime_t *rt, ums__sched_t *s, bool own, ums_task_fn fn,
+         ums_step_fn step, void *arg, bool detached, const char *name,
+         ums_task_t *out) {
   if (!live_add(rt, s, own)) return UMS_ESHUTDOWN;
   ums__task_t *t = task_alloc(rt);
   if (!t) {
@@ -254,16 +249,16 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   t->fn = fn;
   t->step = step;
   t->arg = arg;
-  t->detached = opts->detached != 0;
+  t->detached = detached;
   t->state = UMS__T_NEW;
-  if (opts->name) {
-    strncpy(t->name, opts->name, UMS__TASK_NAME_MAX - 1);
+  if (name) {
+    strncpy(t->name, name, UMS__TASK_NAME_MAX - 1);
     t->name[UMS__TASK_NAME_MAX - 1] = '\0';
   }
   ums__task_t *parent = ums__task_current();
   if (parent && parent->sched->rt == rt)
     t->spawner = atomic_load_explicit(&parent->id, memory_order_relaxed);
-  atomic_store_explicit(&t->refs, t->detached ? 1 : 2, memory_order_relaxed);
+  atomic_store_explicit(&t->refs, detached ? 1 : 2, memory_order_relaxed);
   if (own)
     ntasks_own_add(s, 1);
   else
@@ -291,6 +286,24 @@ static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   else
     ums__sched_post(s, t);
   return 0;
+}
+
+static int task_spawn_impl(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
+                           ums_task_fn fn, ums_step_fn step, void *arg,
+                           ums_task_t *out) {
+  static const ums_spawn_opts_t defaults = {UMS_ANY_SCHED, 0, NULL};
+  if (!opts) opts = &defaults;
+  if (!rt || (!fn && !step)) return UMS_EINVAL;
+  if (opts->sched != UMS_ANY_SCHED &&
+      (opts->sched < 0 || opts->sched >= rt->nsched))
+    return UMS_EINVAL;
+
+  ums__sched_t *s = opts->sched == UMS_ANY_SCHED ? least_loaded(rt)
+                                                 : &rt->scheds[opts->sched];
+  /* A task placed on the spawner's own scheduler ends on this thread. */
+  bool own = ums__sched_current() == s;
+  return spawn_on(rt, s, own, fn, step, arg, opts->detached != 0,
+                  opts->name, out);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -488,6 +501,18 @@ int ums_task_spawn_step(ums_runtime_t *rt, const ums_spawn_opts_t *opts,
   int r = step ? task_spawn_impl(rt, opts, NULL, step, arg, out) : UMS_EINVAL;
   ums__rt_leave_ext(rt, ext);
   return r;
+}
+
+int ums_task_spawn_step_here(ums_runtime_t *rt, int sched, ums_step_fn step,
+                             void *arg, ums_task_t *out) {
+  ums__sched_t *s = ums__sched_current();
+  if (UMS__UNLIKELY(!s || s->rt != rt || s->id != sched || !step)) {
+    ums_spawn_opts_t opts = {sched, 1, NULL};
+    return ums_task_spawn_step(rt, &opts, step, arg, out);
+  }
+  /* On one of rt's scheduler threads, inside rt: no shutdown bracket
+  ** (ums__rt_enter_ext takes none there either). */
+  return spawn_on(rt, s, true, NULL, step, arg, true, NULL, out);
 }
 
 int ums_step_error(void) {

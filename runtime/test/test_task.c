@@ -653,6 +653,84 @@ static void test_own_spawns_counted(void) {
   WAIT_UNTIL(tu_thread_count() == tu_thread_baseline(), 5000);
 }
 
+/* ums_task_spawn_step_here (ums-binding.h): from a task of the chosen
+** scheduler it takes the short path, anywhere else the general spawn;
+** either way the task is detached, runs on the chosen scheduler and
+** counts as its spawner's child. */
+#define HERE_TASKS 4
+
+static atomic_int here_sched[HERE_TASKS];
+static atomic_int here_ran;
+
+static int here_step(void *arg) {
+  atomic_store(&here_sched[NUM(arg)], ums_current_sched());
+  atomic_fetch_add(&here_ran, 1);
+  return UMS_STEP_DONE;
+}
+
+typedef struct here_report {
+  int rc[HERE_TASKS], bad_sched, no_step;
+  ums_task_t id[HERE_TASKS], spawner[HERE_TASKS], self;
+  bool own[HERE_TASKS];
+  int64_t load_before, load_after;
+} here_report_t;
+
+/* Records what the runtime keeps of spawned task i while it is pending
+** (it cannot start before its spawner, on the same thread, waits). */
+static void here_record(here_report_t *r, int i) {
+  ums__task_t *t = ums__task_lookup(rt, r->id[i]);
+  CHECK(t != NULL);
+  r->spawner[i] = t->spawner;
+  r->own[i] = t->live_own;
+}
+
+static void *here_spawner_fn(void *arg) {
+  here_report_t *r = arg;
+  r->self = ums_self();
+  r->load_before = tu_stats(rt, 1).tasks;
+  /* On its own scheduler (1): the short path, twice. */
+  for (int i = 0; i < 2; i++) {
+    r->rc[i] = ums_task_spawn_step_here(rt, 1, here_step, PTR(i), &r->id[i]);
+    here_record(r, i);
+  }
+  r->load_after = tu_stats(rt, 1).tasks;
+  /* Onto the other scheduler: the general spawn. */
+  r->rc[2] = ums_task_spawn_step_here(rt, 0, here_step, PTR(2), &r->id[2]);
+  r->bad_sched = ums_task_spawn_step_here(rt, 2, here_step, PTR(0), NULL);
+  r->no_step = ums_task_spawn_step_here(rt, 1, NULL, NULL, NULL);
+  return NULL;
+}
+
+static void test_spawn_step_here(void) {
+  rt = tu_runtime_new(2);
+  atomic_store(&here_ran, 0);
+  for (int i = 0; i < HERE_TASKS; i++) atomic_store(&here_sched[i], -1);
+  here_report_t r;
+  memset(&r, 0, sizeof r);
+  join_expect(spawn_on(1, here_spawner_fn, &r), NULL, 0);
+  /* From the host thread: the general spawn. */
+  r.rc[3] = ums_task_spawn_step_here(rt, 1, here_step, PTR(3), &r.id[3]);
+  WAIT_UNTIL(atomic_load(&here_ran) == HERE_TASKS, 5000);
+  for (int i = 0; i < HERE_TASKS; i++) {
+    CHECK_RC(r.rc[i], 0);
+    CHECK_NE(r.id[i], 0);
+    CHECK_EQ(atomic_load(&here_sched[i]), i == 2 ? 0 : 1);
+    /* Detached: nobody can join it, during or after its run. */
+    CHECK_RC(ums_task_join(rt, r.id[i], UMS_FOREVER, NULL, NULL),
+             UMS_ESRCH);
+  }
+  CHECK_NE(r.id[0], r.id[1]);
+  for (int i = 0; i < 2; i++) {
+    CHECK_EQ(r.spawner[i], r.self);
+    CHECK(r.own[i]);
+  }
+  CHECK_EQ(r.load_after, r.load_before + 2);
+  CHECK_RC(r.bad_sched, UMS_EINVAL);
+  CHECK_RC(r.no_step, UMS_EINVAL);
+  WAIT_UNTIL(tu_stats(rt, 1).tasks == 0 && tu_stats(rt, 0).tasks == 0, 5000);
+  tu_runtime_shutdown(rt);
+}
+
 /* A detached task that ends holds the only reference to itself, and
 ** ums__task_finish retires its handle on the spot (task.c): the handle
 ** then reaches nothing. */
@@ -1308,6 +1386,7 @@ int main(void) {
   RUN(test_place);
   RUN(test_spawn_from_task_and_hosts);
   RUN(test_own_spawns_counted);
+  RUN(test_spawn_step_here);
   RUN(test_detached_end_retires_handle);
   RUN(test_cancel_sleeping);
   RUN(test_cancel_unlinks_waiter);
