@@ -1270,6 +1270,9 @@ struct ums__sched {
   ** cache lines stay with its scheduler. */
   _Atomic(struct ums_preempt_call *) calls_done; /* [atomic] */
   _Atomic uint32_t idle_state; /* [atomic] 0 running, 1 idle, 2 woken */
+  /* What the pass must look at besides its lists (UMS__ATTN_*), in one
+  ** word so that a pass with none of them reads one. [atomic] */
+  _Atomic uint32_t attn;
   /* Work items placed or named here (work.c), in two FIFOs: those queued
   ** for this scheduler by name, which other schedulers steal only after
   ** a grace, and those the placement put here, which any may take. */
@@ -1427,10 +1430,9 @@ struct ums__sched {
   ums__thread_t *thread;       /* NULL until started (thread.c) */
   _Atomic int tid;             /* [atomic] the thread's kernel id, for the
                                   monitor; 0 until it has started */
-  /* A scheduler run by its runtime's caller (ums_runtime_run). */
-  _Atomic int pause;           /* [atomic] return to the caller at the
-                                  next pass; the owner clears it as it
-                                  returns */
+  /* A scheduler run by its runtime's caller (ums_runtime_run); whether
+  ** to return to the caller at the next pass is attn's UMS__ATTN_PAUSE,
+  ** which the owner clears as it returns. */
   _Atomic int64_t run_deadline; /* [atomic, the caller writes] real time
                                   at which ums_runtime_run returns; the
                                   monitor reads it to pause a busy one */
@@ -1715,6 +1717,13 @@ static inline bool ums__sched_posted(ums__sched_t *s) {
 /* ====================================================================== */
 /* Work items (work.c, ums-binding.h)                                     */
 /* ====================================================================== */
+
+/* Bits of ums__sched_t.attn. */
+#define UMS__ATTN_DEADLINE 1u  /* run_deadline is set (the caller's, by
+                                  ums_runtime_run: written by the owner) */
+#define UMS__ATTN_PAUSE 2u     /* return to the caller (ums_runtime_run) */
+#define UMS__ATTN_WORK 4u      /* its own queue holds work items (set and
+                                  cleared under work_lock, work.c) */
 
 /* Whether s has an item of its own to start, may take a placed item from
 ** another queue, or has not looked at the queues since an item was

@@ -530,7 +530,7 @@ static void block(ums__sched_t *s, int64_t deadline, int64_t now) {
 static int64_t run_until(ums__sched_t *s, int64_t now) {
   int64_t until = atomic_load_explicit(&s->run_deadline,
                                        memory_order_relaxed);
-  if (UMS__UNLIKELY(until <= now)) atomic_store(&s->pause, 1);
+  if (UMS__UNLIKELY(until <= now)) atomic_fetch_or(&s->attn, UMS__ATTN_PAUSE);
   return until;
 }
 
@@ -750,14 +750,14 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
     /* Only a scheduler run by its caller is ever asked to pause
     ** (ums_runtime_run); checked first, so that tasks that keep yielding
     ** cannot hold the caller past its deadline. */
-    if (UMS__UNLIKELY(atomic_load_explicit(&s->run_deadline,
-                                           memory_order_relaxed) !=
-                      UMS_FOREVER))
-      run_until(s, ums__clock_real());
-    if (UMS__UNLIKELY(atomic_load_explicit(&s->pause,
-                                           memory_order_relaxed)) &&
-        atomic_exchange(&s->pause, 0))
-      return NULL;
+    uint32_t attn = atomic_load_explicit(&s->attn, memory_order_relaxed);
+    if (UMS__UNLIKELY(attn & (UMS__ATTN_DEADLINE | UMS__ATTN_PAUSE))) {
+      if (attn & UMS__ATTN_DEADLINE) run_until(s, ums__clock_real());
+      if ((atomic_load_explicit(&s->attn, memory_order_relaxed) &
+           UMS__ATTN_PAUSE) &&
+          (atomic_fetch_and(&s->attn, ~UMS__ATTN_PAUSE) & UMS__ATTN_PAUSE))
+        return NULL;
+    }
     if (atomic_load_explicit(&s->cancels, memory_order_relaxed))
       drain_cancels(s);
     if (s->ring) ums__ring_poll(s);
@@ -773,9 +773,7 @@ static ums__task_t *next_runnable(ums__sched_t *s) {
     if (t) {
       /* Work items of its own wait while tasks keep it busy: the oldest
       ** starts anyway once passed over long enough (work.c). */
-      if (UMS__UNLIKELY(atomic_load_explicit(&s->nwork,
-                                             memory_order_relaxed)) &&
-          ums__work_starving(s))
+      if (UMS__UNLIKELY(attn & UMS__ATTN_WORK) && ums__work_starving(s))
         ums__work_take(s, true);
       return t;
     }
@@ -1315,6 +1313,7 @@ int ums_runtime_run(ums_runtime_t *rt, int64_t deadline) {
     s->main_ready = true;
   }
   atomic_store_explicit(&s->run_deadline, deadline, memory_order_relaxed);
+  if (deadline != UMS_FOREVER) atomic_fetch_or(&s->attn, UMS__ATTN_DEADLINE);
   atomic_store(&s->away, 0);
   ums__monitor_busy(rt);
   ums__tls_sched = s;
@@ -1324,6 +1323,7 @@ int ums_runtime_run(ums_runtime_t *rt, int64_t deadline) {
   ums__sched_schedule(s);
   ums__tls_sched = NULL;
   atomic_store(&s->away, 1);
+  atomic_fetch_and(&s->attn, ~UMS__ATTN_DEADLINE);
   atomic_store_explicit(&s->run_deadline, UMS_FOREVER, memory_order_relaxed);
   return deadline != UMS_FOREVER && ums__clock_real() >= deadline ?
          UMS_ETIMEDOUT : 0;
@@ -1332,7 +1332,7 @@ int ums_runtime_run(ums_runtime_t *rt, int64_t deadline) {
 void ums_runtime_pause(ums_runtime_t *rt) {
   if (!rt || !rt->cfg.run_on_caller) return;
   ums__sched_t *s = &rt->scheds[0];
-  atomic_store(&s->pause, 1);
+  atomic_fetch_or(&s->attn, UMS__ATTN_PAUSE);
   /* From another thread while the caller sits in its idle wait; from the
   ** scheduler itself this finds it busy and makes no system call. */
   ums__sched_wake(s);

@@ -111,20 +111,16 @@ static inline ums__task_t *task_alloc(ums_runtime_t *rt) {
   return t;
 }
 
-static void task_free(ums_runtime_t *rt, ums__task_t *t) {
-  ums__sched_t *s = ums__sched_current();
-  t->state = UMS__T_FREE;
+/* task_free past the local cap, or on a thread of no scheduler of rt:
+** the record, with the FRESH_BATCH - 1 most recent of the local list when
+** it is full, goes to the shared list, so that a burst of ends past the
+** cap takes the table lock once per batch, not once per task. Cold and
+** out of line: task_free, inlined into every unref, stays small. */
+static __attribute__((noinline, cold)) void task_free_shared(
+    ums_runtime_t *rt, ums__sched_t *s, ums__task_t *t) {
   ums__task_t *last = t;  /* t..last go to the shared list */
   if (s && s->rt == rt) {
     t->next = s->free_tasks;
-    s->free_tasks = t;
-    if (s->nfree_tasks < LOCAL_FREE_MAX) {
-      s->nfree_tasks++;
-      return;
-    }
-    /* Full: the FRESH_BATCH most recent records, t first, leave under one
-    ** lock, so that a burst of ends past the cap takes the table lock
-    ** once per batch, not once per task. */
     for (int i = 1; i < FRESH_BATCH; i++) last = last->next;
     s->free_tasks = last->next;
     s->nfree_tasks -= FRESH_BATCH - 1;
@@ -133,6 +129,18 @@ static void task_free(ums_runtime_t *rt, ums__task_t *t) {
   last->next = rt->free_tasks;
   rt->free_tasks = t;
   pthread_mutex_unlock(&rt->table_lock);
+}
+
+static void task_free(ums_runtime_t *rt, ums__task_t *t) {
+  ums__sched_t *s = ums__sched_current();
+  t->state = UMS__T_FREE;
+  if (s && s->rt == rt && s->nfree_tasks < LOCAL_FREE_MAX) {
+    t->next = s->free_tasks;
+    s->free_tasks = t;
+    s->nfree_tasks++;
+    return;
+  }
+  task_free_shared(rt, s, t);
 }
 
 void ums__task_unref(ums_runtime_t *rt, ums__task_t *t) {

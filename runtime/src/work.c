@@ -72,7 +72,8 @@ static void q_push(ums__sched_t *s, ums_work_t *w) {
   ums_list_push_back(w->named ? &s->work_named : &s->work_free, &w->link);
   __atomic_store_n(&w->home, s->id, __ATOMIC_RELAXED);
   w->queued = true;
-  add_u32(&s->nwork, 1);
+  if (atomic_fetch_add(&s->nwork, 1) == 0)
+    atomic_fetch_or(&s->attn, UMS__ATTN_WORK);
   add_u32(&s->rt->nwork, 1);
   if (!w->named) {
     add_u32(&s->nwork_free, 1);
@@ -84,7 +85,8 @@ static void q_push(ums__sched_t *s, ums_work_t *w) {
 static void q_unlink(ums__sched_t *s, ums_work_t *w) {
   ums_list_remove(w->named ? &s->work_named : &s->work_free, &w->link);
   w->queued = false;
-  add_u32(&s->nwork, -1);
+  if (atomic_fetch_sub(&s->nwork, 1) == 1)
+    atomic_fetch_and(&s->attn, ~UMS__ATTN_WORK);
   add_u32(&s->rt->nwork, -1);
   if (!w->named) {
     add_u32(&s->nwork_free, -1);
