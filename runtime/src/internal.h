@@ -1282,7 +1282,7 @@ struct ums__sched {
   _Atomic uint32_t nwork;      /* [atomic, written under work_lock] items
                                   in both */
   _Atomic uint32_t nwork_free; /* [atomic, written under work_lock] */
-  _Atomic int work_refused;    /* [atomic, written under every work_lock]
+  _Atomic int work_refused;    /* [atomic, written under its work_lock]
                                   it takes no items any more */
   /* Live tasks placed here, in two parts so that a spawn and a finish on
   ** the owner's thread (the usual case) make no read-modify-write: other
@@ -1481,7 +1481,6 @@ struct ums_runtime {
   _Atomic uint32_t nwork_free; /* [atomic] of them, placed ones */
   _Atomic uint32_t work_seq;   /* [atomic] items queued so far: a thief
                                   that has not looked since sleeps no more */
-  _Atomic int nwork_refused;   /* [atomic] schedulers that refused */
   _Atomic uint32_t live;       /* [atomic] unfinished tasks (those of
                                   sched.nlive_own count as one per
                                   scheduler); futex word */

@@ -60,11 +60,19 @@
 
 #define WORK_OF(l) UMS_LIST_ENTRY(l, ums_work_t, link)
 
-static inline void add_u32(_Atomic uint32_t *a, int d) {
-  if (d > 0)
-    atomic_fetch_add(a, (uint32_t)d);
-  else
-    atomic_fetch_sub(a, (uint32_t)-d);
+/* Counts w in (d = 1) or out of (d = -1) the queues of s, and keeps s's
+** UMS__ATTN_WORK with whether its own queue holds any. [s->work_lock] */
+static void q_count(ums__sched_t *s, const ums_work_t *w, int d) {
+  uint32_t n = atomic_fetch_add(&s->nwork, (uint32_t)d) + (uint32_t)d;
+  if (d > 0 && n == 1)
+    atomic_fetch_or(&s->attn, UMS__ATTN_WORK);
+  else if (d < 0 && n == 0)
+    atomic_fetch_and(&s->attn, ~UMS__ATTN_WORK);
+  atomic_fetch_add(&s->rt->nwork, (uint32_t)d);
+  if (!w->named) {
+    atomic_fetch_add(&s->nwork_free, (uint32_t)d);
+    atomic_fetch_add(&s->rt->nwork_free, (uint32_t)d);
+  }
 }
 
 /* Puts w at the end of its queue on s. [s->work_lock] */
@@ -72,26 +80,14 @@ static void q_push(ums__sched_t *s, ums_work_t *w) {
   ums_list_push_back(w->named ? &s->work_named : &s->work_free, &w->link);
   __atomic_store_n(&w->home, s->id, __ATOMIC_RELAXED);
   w->queued = true;
-  if (atomic_fetch_add(&s->nwork, 1) == 0)
-    atomic_fetch_or(&s->attn, UMS__ATTN_WORK);
-  add_u32(&s->rt->nwork, 1);
-  if (!w->named) {
-    add_u32(&s->nwork_free, 1);
-    add_u32(&s->rt->nwork_free, 1);
-  }
+  q_count(s, w, 1);
 }
 
 /* Takes w off its queue on s. [s->work_lock] */
 static void q_unlink(ums__sched_t *s, ums_work_t *w) {
   ums_list_remove(w->named ? &s->work_named : &s->work_free, &w->link);
   w->queued = false;
-  if (atomic_fetch_sub(&s->nwork, 1) == 1)
-    atomic_fetch_and(&s->attn, ~UMS__ATTN_WORK);
-  add_u32(&s->rt->nwork, -1);
-  if (!w->named) {
-    add_u32(&s->nwork_free, -1);
-    add_u32(&s->rt->nwork_free, -1);
-  }
+  q_count(s, w, -1);
 }
 
 /* s's oldest item, of either queue, or NULL. [s->work_lock] */
@@ -295,8 +291,7 @@ static void refuse(ums__sched_t *s, ums_work_t *w) {
   ums_runtime_t *rt = s->rt;
   ums_list_t moved = {NULL, NULL};
   ums__lock(&s->work_lock);
-  if (!atomic_exchange(&s->work_refused, 1))
-    atomic_fetch_add(&rt->nwork_refused, 1);
+  atomic_store(&s->work_refused, 1);
   for (ums_work_t *x; (x = q_oldest(s)) != NULL;) {
     q_unlink(s, x);
     ums_list_push_back(&moved, &x->link);
