@@ -12,8 +12,9 @@
 ** in none: it spawns the request's task in the VM, which is cheap. The
 ** first request of a scheduler also makes its VM and runs the init
 ** module, which is Lua code of any depth: that runs in a task of its own
-** (a step task, "ums.vmstart"), on a fresh stack, which then starts the
-** request.
+** (a step task, "ums.vmstart"), on a fresh stack, which then hands the
+** request back to the runtime for that scheduler, whose start finds the
+** VM ready (or refused) like any other's.
 **
 ** A scheduler whose VM cannot be set up (or whose init module failed)
 ** refuses work for good (UMS_WORK_REFUSE): the runtime passes its
@@ -35,7 +36,7 @@
 #define REQ_OF_W(w) UMS_CONTAINER_OF(w, lreq, work)
 
 /* Starts request r on scheduler s, whose VM is ready: a new task of that
-** VM. On s's thread, in no task or in the "ums.vmstart" task. */
+** VM. On s's thread, in no task. */
 static void start_in(lrun *v, lvmrun *vm, lreq *r) {
   /* Lua code may run here outside any task (finalizers): ums waits must
   ** see "not inside a task", not a task blocked on another worker of
@@ -80,22 +81,20 @@ static bool claim(lrun *v, lreq *r, int s) {
   return !cancel && !stopping;
 }
 
-/* Scheduler s could not set up its VM (err says why; it lives as long as
-** v): r goes back to being queued, and the runtime passes it on. */
-static int refuse(lrun *v, lreq *r, const char *err) {
+/* A scheduler could not set up its VM (err says why; it lives as long as
+** v): the request it was given stays queued, and the runtime passes it
+** on. */
+static int refuse(lrun *v, const char *err) {
   pthread_mutex_lock(&v->reqs.lock);
   v->disp.refusal = err;
   pthread_mutex_unlock(&v->reqs.lock);
-  pthread_mutex_lock(&r->h.lock);
-  r->state = R_QUEUED;
-  r->sched = -1;
-  pthread_mutex_unlock(&r->h.lock);
   return UMS_WORK_REFUSE;
 }
 
 /* The "ums.vmstart" task of scheduler s: makes s's VM (and runs the init
-** module) for request r, then starts r, or passes it on when the VM
-** cannot be had. One step. */
+** module) for request r, then queues r for s again, whose start finds
+** the VM ready or refused for good (req_start). A VM that cannot be had
+** for now (memory) fails r. One step. */
 typedef struct vmstart {
   lrun *v;
   lreq *r;
@@ -103,38 +102,25 @@ typedef struct vmstart {
 } vmstart;
 
 static int vmstart_step(void *arg) {
-  vmstart *b = arg;
-  lrun *v = b->v;
-  lreq *r = b->r;
-  int s = b->sched;
-  free(b);
+  vmstart b = *(vmstart *)arg;
+  free(arg);
   int err = ums_step_error();
-  if (err) {
-    lums_req_fail(r, ums_strerror(err));
-    lums_run_release(v);
-    return UMS_STEP_DONE;
+  const char *msg = err ? ums_strerror(err) : NULL;
+  if (!err) {
+    ltask *prev = lums_cur_task;
+    lums_cur_task = NULL;
+    bool refused = false;
+    if (lums_run_ready(b.v, b.sched, &msg, &refused) || refused) msg = NULL;
+    lums_cur_task = prev;
   }
-  ltask *prev = lums_cur_task;
-  lums_cur_task = NULL;
-  const char *msg = NULL;
-  bool refused = false;
-  lvmrun *vm = lums_run_ready(v, s, &msg, &refused);
-  lums_cur_task = prev;
-  if (refused) {
-    /* Back to the runtime; the hold stays with the request. The runtime
-    ** learns of the refusal from s's next start (lums_run_refusal). */
-    (void)refuse(v, r, msg);
-    if (ums_work_queue(v->rt, &r->work, UMS_ANY_SCHED) != 0) {
-      lums_req_finish(r, O_CANCELLED, NULL, "the run ended before it started");
-      lums_run_release(v);
-    }
-    return UMS_STEP_DONE;
+  /* The queue's hold stays with the request while it is queued again. */
+  if (msg) {
+    lums_req_fail(b.r, msg);
+    lums_run_release(b.v);
+  } else if (ums_work_queue(b.v->rt, &b.r->work, b.sched) != 0) {
+    lums_req_finish(b.r, O_CANCELLED, NULL, "the run ended before it started");
+    lums_run_release(b.v);
   }
-  if (!vm)
-    lums_req_fail(r, msg);
-  else if (claim(v, r, s))
-    start_in(v, vm, r);
-  lums_run_release(v);
   return UMS_STEP_DONE;
 }
 
@@ -149,29 +135,25 @@ static int req_start(ums_work_t *w, int s) {
     const char *err = v->disp.refusal;
     pthread_mutex_unlock(&v->reqs.lock);
     lums_req_fail(r, err ? err : "ums: no scheduler takes work");
-  } else {
-    lvmrun *vm = atomic_load_explicit(&v->vm[s], memory_order_acquire);
-    if (!vm || !lums_run_vm_ready(v, s)) {
-      /* A refusal known already needs no task. */
-      const char *msg = lums_run_refusal(v, s);
-      if (msg) return refuse(v, r, msg);
-      vmstart *b = malloc(sizeof *b);
-      int rc = UMS_ENOMEM;
-      if (b) {
-        *b = (vmstart){v, r, s};
-        ums_spawn_opts_t opts = {s, 1, "ums.vmstart"};
-        rc = ums_task_spawn_step(v->rt, &opts, vmstart_step, b, NULL);
-        if (rc == 0) return 0;  /* the task lets go of the hold */
-        free(b);
-      }
-      if (rc == UMS_ESHUTDOWN || atomic_load(&v->stopping))
-        lums_req_finish(r, O_CANCELLED, NULL,
-                        "the run ended before it started");
-      else
-        lums_req_fail(r, ums_strerror(rc));
-    } else if (claim(v, r, s)) {
-      start_in(v, vm, r);
+  } else if (!lums_run_vm_ready(v, s)) {
+    const char *msg = lums_run_refusal(v, s);
+    if (msg) return refuse(v, msg);
+    vmstart *b = malloc(sizeof *b);
+    int rc = UMS_ENOMEM;
+    if (b) {
+      *b = (vmstart){v, r, s};
+      ums_spawn_opts_t opts = {s, 1, "ums.vmstart"};
+      rc = ums_task_spawn_step(v->rt, &opts, vmstart_step, b, NULL);
+      if (rc == 0) return 0;  /* the task has the hold now */
+      free(b);
     }
+    if (rc == UMS_ESHUTDOWN || atomic_load(&v->stopping))
+      lums_req_finish(r, O_CANCELLED, NULL,
+                      "the run ended before it started");
+    else
+      lums_req_fail(r, ums_strerror(rc));
+  } else if (claim(v, r, s)) {
+    start_in(v, atomic_load_explicit(&v->vm[s], memory_order_relaxed), r);
   }
   lums_run_release(v);  /* the queue's */
   return 0;
