@@ -1044,11 +1044,14 @@ static int64_t fmt_count(lua_State *L, lop *o, size_t n) {
     }
   }
   if (o->sub == COUNT_DIRECT) {
-    /* Until n bytes or the end of file; an error after some data ends
-    ** the read with that data. */
+    /* Until n bytes or the end of file. On a file an error after some
+    ** data ends the read with that data, as io's read does; on a socket
+    ** it is the method's failure (a timeout keeps the data for the next
+    ** read: keep_after_timeout), as in COUNT_GATHER, so a short count is
+    ** always the end of the stream. */
     if (lstream_answer(o, &r)) {
       if (r > 0) o->acclen += (size_t)r;
-      if (r < 0 && o->acclen == 0) return r;
+      if (r < 0 && (o->acclen == 0 || f->sock)) return r;
       if (r <= 0) n = o->acclen;
     }
     if (o->acclen < n)

@@ -250,6 +250,38 @@ describe("ums.net streams", function()
     end)
   end)
 
+  it("keeps what came of a count past the read buffer on a timeout",
+    function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local go = ums.channel()
+      local N = 300000
+      local t = serve_one(srv, function(c)
+        c:write(string.rep("a", N))
+        go:recv()
+        c:write(string.rep("b", N))
+        return true
+      end)
+      local c = assert(kinds[1].connect(srv))
+      c:settimeout(0.2)
+      -- Read straight into the result (no bytes buffered, a count past
+      -- the buffer): a short count would mean the end of the stream.
+      local v, msg, code = c:read(2 * N)
+      assert.is_nil(v and #v)
+      assert.equal("timeout", msg)
+      assert.equal(net.errno.ETIMEDOUT, code)
+      go:send(true)
+      c:settimeout(nil)
+      local all = assert(c:read(2 * N))
+      assert.equal(2 * N, #all)
+      assert.is_true(all == string.rep("a", N) .. string.rep("b", N))
+      results(t)
+      assert.is_nil(c:read(1))
+      c:close()
+      srv:close()
+    end)
+  end)
+
   it("half-closes: shutdown('w'), then the reply", function()
     run(function()
       local srv = assert(net.listen("127.0.0.1", 0))
