@@ -117,16 +117,19 @@ local function script(socket)
   end
 
   local srv = assert(socket.bind("127.0.0.1", 0))
-  rec(srv)
+  rec(srv, srv.class)
   local ip, port, family = srv:getsockname()
   rec(ip, math.type(port), family)
   local c = socket.tcp()
   rec(c, c:getfd(), c:gettimeout())
   rec(c:settimeout(5))
+  rec(c.class)
   rec(c:connect(ip, port))
-  rec(c, c:getfamily())
+  rec(c, c:getfamily(), c.class)
   local a = srv:accept()
-  rec(a, a:gettimeout())
+  rec(a, a:gettimeout(), a.class)
+  local u = socket.udp()
+  rec(u.class, u:close())
   rec(select(3, c:getpeername()), c:getpeername() == "127.0.0.1")
 
   -- send's indices and results

@@ -180,10 +180,21 @@ end
 local tcp = {}
 local udp = {}
 
+-- Each class has its own method table, as LuaSocket's, with the field
+-- `class` naming it (sock.class == "tcp{client}"); the methods are copied
+-- in from the shared table once they are all defined (fill_classes).
+local classes = {}
 local function class(name, methods)
-  local mt = { __name = name, __index = methods }
+  local mt = { __name = name, __index = { class = name } }
   mt.__tostring = function(s) return format("%s: %p", name, s) end
+  classes[mt] = methods
   return mt
+end
+
+local function fill_classes()
+  for mt, methods in pairs(classes) do
+    for k, f in pairs(methods) do mt.__index[k] = f end
+  end
 end
 
 local MASTER = class("tcp{master}", tcp)
@@ -1075,6 +1086,7 @@ local function load_helpers()
 end
 load_helpers()
 if M.try == nil then M.try = M.newtry() end
+fill_classes()
 
 -- ---------------------------------------------------------------------
 -- install: LuaSocket's module names, for libraries that require them
