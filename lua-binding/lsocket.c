@@ -10,18 +10,43 @@
 **   wait(fd, what [, t])   parks the task until the descriptor is
 **                          readable ("r") or writable ("w"): true, or
 **                          nil, "timeout" (select's readiness)
+**   select(rfds, wfds [, t])
+**                          LuaSocket's select over descriptors: the
+**                          positions in rfds and in wfds of those that
+**                          are ready, as two arrays; both empty when t
+**                          (seconds, default none) passed first
 **
 ** buffered reads the connection's stream (lstream.h); wait is the C
 ** modules' ums_lua_wait_fd (ums-lua.h: the runtime's readiness request on
 ** the sockets' io_uring poll or epoll set): the task holds no worker
 ** while it waits, and a task cancelled or timed out takes nothing from
-** the socket.
+** the socket. select looks at every descriptor with one poll(2) and, when
+** none is ready, waits once for all of them:
+**   - one descriptor: the runtime's readiness wait on it;
+**   - up to SEL_SET_MAX: that wait on an epoll set of them made for the
+**     call (its owner is the call: a userdata on its stack, closed when
+**     the wait ends, and by its finalizer when the task is cancelled
+**     meanwhile);
+**   - more: poll(2) of them all on the C-call pool (going preemptive, as
+**     for a blocking C call: one pool thread per such select, none per
+**     socket), since the kernel's cost of an epoll set grows with every
+**     descriptor added while poll(2) registers none; the pool thread
+**     polls in slices of SEL_SLICE_MS to see when the task gave up.
+** A program that selects over a thousand sockets thus costs one park per
+** call, not one per socket.
 */
+#define _GNU_SOURCE /* clock_gettime */
 #include "lstream.h"
 #include "ums-lua.h"
 
 #include <errno.h>
 #include <poll.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
 
 static int l_buffered(lua_State *L) {
   lfile *f = lstream_to(L, 1);
@@ -72,10 +97,226 @@ static int l_wait(lua_State *L) {
   return ums_lua_wait_fd(L, fd, events[what], t, wait_done, NULL);
 }
 
+/* ---- select ---- */
+
+/* The call's state, a userdata at SEL_STATE of its stack: the poll(2)
+** entries (the read list's, then the write list's) and the epoll set the
+** wait uses when there are several. The set is the call's own: closed
+** when the wait ends, or by __gc/__close if the task is cancelled (or the
+** call raises) meanwhile, after the runtime has let go of it. */
+#define SEL_STATE 4
+#define SEL_MT "ums.socket.select"
+typedef struct {
+  int ep;              /* the epoll set, or -1 */
+  int nr, n;           /* entries of the read list, of both */
+  double deadline;     /* sel_now() seconds, or < 0: none */
+  struct pollfd p[];
+} lselect;
+
+/* The runtime's clock in seconds (the virtual one under a virtual run). */
+static double sel_now(void) { return (double)ums_now() * 1e-9; }
+
+static void sel_close_set(lselect *s) {
+  if (s->ep >= 0) {
+    close(s->ep);
+    s->ep = -1;
+  }
+}
+
+static int sel_gc(lua_State *L) {
+  sel_close_set(luaL_checkudata(L, 1, SEL_MT));
+  return 0;
+}
+
+/* The descriptors of list (an array of integers) into p; returns the
+** count. */
+static int sel_fds(lua_State *L, int list, struct pollfd *p, short ev) {
+  int n = (int)lua_rawlen(L, list);
+  for (int i = 0; i < n; i++) {
+    lua_rawgeti(L, list, i + 1);
+    int ok;
+    lua_Integer fd = lua_tointegerx(L, -1, &ok);
+    if (!ok || fd < 0 || fd > INT32_MAX)
+      luaL_error(L, "select: descriptor %d of argument #%d is not a "
+                 "non-negative integer", i + 1, list);
+    lua_pop(L, 1);
+    if (p) p[i] = (struct pollfd){(int)fd, ev, 0};
+  }
+  return n;
+}
+
+/* Pushes the positions of the ready entries of p[from, to) as an array. */
+static void sel_push_ready(lua_State *L, const lselect *s, int from,
+                           int to) {
+  lua_createtable(L, 0, 0);
+  lua_Integer k = 0;
+  for (int i = from; i < to; i++)
+    if (s->p[i].revents) {
+      lua_pushinteger(L, i - from + 1);
+      lua_rawseti(L, -2, ++k);
+    }
+}
+
+/* One look at every descriptor (a hang-up, an error or a closed
+** descriptor counts as ready: the next call reports it). Pushes the two
+** arrays and returns true when something is ready. */
+static bool sel_look(lua_State *L, lselect *s) {
+  int r;
+  do r = poll(s->p, (nfds_t)s->n, 0); while (r < 0 && errno == EINTR);
+  if (r < 0) luaL_error(L, "select: %s", strerror(errno));
+  if (r == 0) return false;
+  sel_push_ready(L, s, 0, s->nr);
+  sel_push_ready(L, s, s->nr, s->n);
+  return true;
+}
+
+static int sel_timeout(lua_State *L) {
+  lua_createtable(L, 0, 0);
+  lua_createtable(L, 0, 0);
+  return 2;
+}
+
+static int sel_wait(lua_State *L, lselect *s);
+
+static int sel_woken(lua_State *L, int revents, void *ctx) {
+  lselect *s = ctx;
+  sel_close_set(s);
+  if (sel_look(L, s)) return 2;
+  /* Woken by what another task took first, or the timeout. */
+  if (revents == 0 || (s->deadline >= 0 && sel_now() >= s->deadline))
+    return sel_timeout(L);
+  return sel_wait(L, s);
+}
+
+/* The pool's poll: a copy of the entries (the task may give up and its
+** stack go while the thread still polls); owned by the call
+** (ums_lua_preempt releases it). */
+#define SEL_SET_MAX 16
+#define SEL_SLICE_MS 100
+typedef struct {
+  int n;
+  int64_t deadline;  /* CLOCK_MONOTONIC ns, for a call outside a task */
+  struct pollfd p[];
+} lselect_work;
+
+static int64_t real_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void sel_poll_work(void *ud, const ums_lua_work_t *w) {
+  lselect_work *sw = ud;
+  while (!ums_lua_abandoned(w)) {
+    int slice = SEL_SLICE_MS;
+    if (sw->deadline >= 0) {
+      int64_t left = sw->deadline - real_now();
+      if (left <= 0) return;
+      if (left < (int64_t)slice * 1000000) slice = (int)(left / 1000000) + 1;
+    }
+    int r = poll(sw->p, (nfds_t)sw->n, slice);
+    if (r > 0 || (r < 0 && errno != EINTR)) return;
+  }
+}
+
+static int sel_polled(lua_State *L, int status, void *ud) {
+  lselect *s = lua_touserdata(L, SEL_STATE);
+  if (status == UMS_LUA_OK) {
+    /* The pool's poll answered for the same entries: its revents are
+    ** the look (none set when it stopped at the deadline). */
+    lselect_work *sw = ud;
+    bool any = false;
+    for (int i = 0; i < s->n; i++) {
+      s->p[i].revents = sw->p[i].revents;
+      any |= sw->p[i].revents != 0;
+    }
+    if (any) {
+      sel_push_ready(L, s, 0, s->nr);
+      sel_push_ready(L, s, s->nr, s->n);
+      return 2;
+    }
+  }
+  return sel_woken(L, status == UMS_LUA_OK, s);
+}
+
+static int sel_wait(lua_State *L, lselect *s) {
+  double t = UMS_LUA_NOTIMEOUT;
+  if (s->deadline >= 0) {
+    t = s->deadline - sel_now();
+    if (t <= 0) return sel_timeout(L);
+  }
+  if (s->n == 1)
+    return ums_lua_wait_fd(L, s->p[0].fd, s->p[0].events, t, sel_woken, s);
+  if (s->n > SEL_SET_MAX) {
+    size_t size = (size_t)s->n * sizeof(struct pollfd);
+    lselect_work *sw = malloc(sizeof *sw + size);
+    if (!sw) luaL_error(L, "select: not enough memory");
+    sw->n = s->n;
+    sw->deadline = t < 0 ? -1 : real_now() + (int64_t)(t * 1e9);
+    memcpy(sw->p, s->p, size);
+    return ums_lua_preempt(L, sel_poll_work, sw, free, sel_polled, t, 0);
+  }
+  s->ep = epoll_create1(EPOLL_CLOEXEC);
+  if (s->ep < 0) luaL_error(L, "select: %s", strerror(errno));
+  for (int i = 0; i < s->n; i++) {
+    struct epoll_event e = {0};
+    e.events = s->p[i].events == POLLIN ? EPOLLIN : EPOLLOUT;
+    e.data.fd = s->p[i].fd;
+    if (epoll_ctl(s->ep, EPOLL_CTL_ADD, s->p[i].fd, &e) == 0) continue;
+    if (errno == EEXIST) {
+      /* In both lists: wake for either. */
+      e.events = EPOLLIN | EPOLLOUT;
+      if (epoll_ctl(s->ep, EPOLL_CTL_MOD, s->p[i].fd, &e) == 0) continue;
+    }
+    /* A descriptor epoll refuses (a regular file: always ready, so the
+    ** look above found it) or one closed since the look: the next look
+    ** reports it. Anything else is a failure of the call. */
+    if (errno != EPERM && errno != EBADF) {
+      int err = errno;
+      sel_close_set(s);
+      luaL_error(L, "select: %s", strerror(err));
+    }
+  }
+  return ums_lua_wait_fd(L, s->ep, POLLIN, t, sel_woken, s);
+}
+
+static int l_select(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  double t = luaL_optnumber(L, 3, UMS_LUA_NOTIMEOUT);
+  luaL_argcheck(L, t == t, 3, "timeout is NaN");
+  lua_settop(L, 3);
+  int nr = sel_fds(L, 1, NULL, 0), nw = sel_fds(L, 2, NULL, 0);
+  lselect *s = lua_newuserdatauv(
+      L, sizeof *s + (size_t)(nr + nw) * sizeof(struct pollfd), 0);
+  s->ep = -1;
+  s->nr = nr;
+  s->n = nr + nw;
+  s->deadline = t < 0 ? -1.0 : sel_now() + t;
+  luaL_setmetatable(L, SEL_MT);
+  lua_toclose(L, SEL_STATE);
+  sel_fds(L, 1, s->p, POLLIN);
+  sel_fds(L, 2, s->p + nr, POLLOUT);
+  if (sel_look(L, s)) return 2;
+  if (t == 0 || s->n == 0) {
+    /* Nothing to wait for: select sleeps out its timeout (Lua does). */
+    return sel_timeout(L);
+  }
+  return sel_wait(L, s);
+}
+
 void lums_open_socket(lua_State *L) {
+  if (luaL_newmetatable(L, SEL_MT)) {
+    lua_pushcfunction(L, sel_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, sel_gc);
+    lua_setfield(L, -2, "__close");
+  }
+  lua_pop(L, 1);
   static const luaL_Reg fns[] = {
       {"buffered", l_buffered},
       {"ready", l_ready},
+      {"select", l_select},
       {"wait", l_wait},
       {NULL, NULL}};
   luaL_newlib(L, fns);

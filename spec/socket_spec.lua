@@ -635,6 +635,77 @@ describe("ums.socket.select", function()
     end)
   end)
 
+  -- One socket waits on itself, up to 16 on an epoll set made for the
+  -- call, more on the C-call pool's poll(2) (lua-binding/lsocket.c).
+  local function nfds()
+    local n = 0
+    local ls <close> = io.popen("ls /proc/" .. ums.ffi.C.getpid() .. "/fd")
+    for _ in ls:lines() do n = n + 1 end
+    return n
+  end
+  ums.ffi.cdef("int getpid(void);")
+
+  for _, n in ipairs({ 1, 5, 40 }) do
+    it("waits once for any of " .. n .. " sockets, and times out", function()
+      run(function()
+        -- (the backend's own descriptors exist once a socket has waited)
+        local c0, p0 = pair()
+        p0:write("w")
+        assert.equal("w", c0:receive(1))
+        c0:close(); p0:close()
+        local before = nfds()
+        local cs, ps = {}, {}
+        for i = 1, n do cs[i], ps[i] = pair() end
+        for _, k in ipairs({ n, 1, (n + 1) // 2 }) do
+          local writer = ums.spawn(function()
+            ums.sleep(0.02)
+            ps[k]:write("x")
+            ps[k]:flush()
+          end)
+          local r, w, err = socket.select(cs, nil, 10)
+          assert.is_nil(err)
+          assert.equal(1, #r)
+          assert.equal(cs[k], r[1])
+          assert.equal(1, r[cs[k]])
+          assert.same({}, w)
+          writer:join()
+          assert.equal("x", cs[k]:receive(1))
+        end
+        -- readable and writable lists together: every socket is
+        -- writable, so the look answers at once
+        local r, w = socket.select(cs, cs, 10)
+        assert.same({}, r)
+        assert.equal(n, #w)
+        -- the timeout, with no data anywhere
+        local t0 = ums.now()
+        local r2, w2, err = socket.select(cs, nil, 0.05)
+        assert.same({}, r2)
+        assert.same({}, w2)
+        assert.equal("timeout", err)
+        assert.is_true(ums.now() - t0 >= 0.045)
+        -- a task cancelled in the wait: nothing of the call is left
+        local waiter = ums.spawn(socket.select, cs, nil, 30)
+        ums.sleep(0.02)
+        waiter:cancel()
+        local ok, e = waiter:join()
+        assert.is_false(ok)
+        assert.equal(ums.CANCELLED, e)
+        -- and data that comes after a wait ended early still wakes
+        -- the next one
+        local writer = ums.spawn(function()
+          ums.sleep(0.02)
+          ps[1]:write("y")
+          ps[1]:flush()
+        end)
+        r = socket.select(cs, nil, 10)
+        assert.equal(cs[1], r[1])
+        writer:join()
+        for i = 1, n do cs[i]:close(); ps[i]:close() end
+        assert.equal(before, nfds())
+      end)
+    end)
+  end
+
   it("skips closed sockets", function()
     run(function()
       local a, pa = pair()

@@ -205,6 +205,9 @@ local CONNECTED = class("udp{connected}", udp)
 
 local TCP_ANY = { [MASTER] = true, [CLIENT] = true, [SERVER] = true }
 local UDP_ANY = { [UNCONNECTED] = true, [CONNECTED] = true }
+-- Every class of this module (select reads their fields directly).
+local OURS = { [MASTER] = true, [CLIENT] = true, [SERVER] = true,
+               [UNCONNECTED] = true, [CONNECTED] = true }
 
 -- Checks that self is of class mt (or of a group: a set of classes).
 local function check(s, want, fname, what)
@@ -218,6 +221,8 @@ end
 
 local function new(mt, family)
   return setmetatable({
+    -- fd: the descriptor of the ums.net object it holds (conn, server or
+    -- udp), kept beside it for select; nil without one.
     family = family,     -- "inet", "inet6" or nil (the first that works)
     block = -1, total = -1,
     received = 0, sent = 0, birthday = gettime(),
@@ -370,7 +375,7 @@ local function open(s, host, port)
     nodelay = nodelay ~= nil and not not nodelay or nil,
   })
   if not conn then return nil, message(msg, code) end
-  s.conn = conn
+  s.conn, s.fd = conn, conn:fileno()
   s.family = select(3, conn:getsockname()) or s.family
   for name, value in pairs(o) do
     local net_name = option_names[name]
@@ -407,7 +412,7 @@ function tcp.bind(s, host, port)
     reuseport = not not o.reuseport,
   })
   if not server then return nil, message(msg, code) end
-  s.server = server
+  s.server, s.fd = server, server:fileno()
   s.family = select(3, server:getsockname()) or s.family
   return ONE
 end
@@ -432,7 +437,7 @@ function tcp.accept(s)
   local conn, msg, code = s.server:accept(call_timeout(s))
   if not conn then return nil, message(msg, code) end
   local c = new(CLIENT, s.family)
-  c.conn = conn
+  c.conn, c.fd = conn, conn:fileno()
   return c
 end
 
@@ -555,7 +560,7 @@ end
 function tcp.close(s)
   check(s, TCP_ANY, "close", "tcp{any}")
   local o = handle(s)
-  s.conn, s.server, s.closed = nil, nil, true
+  s.conn, s.server, s.fd, s.closed = nil, nil, nil, true
   if o then o:close() end
   return ONE
 end
@@ -716,7 +721,7 @@ local function udp_create(family)
     local u, msg, code = net.udp({ family = family or "inet" })
     if not u then return nil, message(msg, code) end
     local s = new(UNCONNECTED, family or "inet")
-    s.udp = u
+    s.udp, s.fd = u, u:fileno()
     return s
   end
 end
@@ -814,7 +819,7 @@ end
 function udp.close(s)
   check(s, UDP_ANY, "close", "udp{any}")
   local u = s.udp
-  s.udp, s.closed = nil, true
+  s.udp, s.fd, s.closed = nil, nil, true
   if u then u:close() end
   return ONE
 end
@@ -884,29 +889,35 @@ end
 -- select
 -- ---------------------------------------------------------------------
 
--- Parks the calling task until descriptor fd is ready ("r" or "w") or t
--- seconds have passed: true, or nil, "timeout".
-local wait_fd, ready = helpers.wait, helpers.ready
+-- The descriptors' readiness: one look at all of them, then one park
+-- (lua-binding/lsocket.c).
+local select_fds = helpers.select
 
--- Collects the sockets of a select list: { {sock, fd}, ... }, skipping
--- objects without a descriptor (closed ones), as LuaSocket does.
+-- Collects the sockets of a select list and their descriptors, skipping
+-- objects without one (closed ones), as LuaSocket does.
 local function gather(list, narg)
-  local out = {}
-  if list == nil then return out end
+  local socks, fds = {}, {}
+  if list == nil then return socks, fds end
   if type(list) ~= "table" then
     argerror(3, narg, "select", "table expected, got " .. typename(list))
   end
-  local i = 1
+  local i, n = 1, 0
   while true do
     local sock = list[i]
     if sock == nil then break end
-    local fd = sock:getfd()
-    if type(fd) == "number" and fd >= 0 then
-      out[#out + 1] = { sock, fd }
+    local fd
+    if OURS[getmetatable(sock)] then fd = sock.fd  -- no method call
+    else
+      fd = sock:getfd()
+      if type(fd) ~= "number" or fd < 0 then fd = nil else fd = floor(fd) end
+    end
+    if fd then
+      n = n + 1
+      socks[n], fds[n] = sock, fd
     end
     i = i + 1
   end
-  return out
+  return socks, fds
 end
 
 local function add(t, sock)
@@ -917,60 +928,33 @@ local function add(t, sock)
 end
 
 function M.select(recvt, sendt, timeout)
-  local rs = gather(recvt, 1)
-  local ws = gather(sendt, 2)
+  local rs, rfds = gather(recvt, 1)
+  local ws, wfds = gather(sendt, 2)
   if timeout ~= nil and type(timeout) ~= "number" then
     argerror(2, 3, "select", "number expected, got " .. typename(timeout))
   end
   if timeout == nil or timeout < 0 or timeout == huge then timeout = nil end
   local rout, wout = {}, {}
   -- A socket whose buffer holds data is readable without a wait.
-  for _, e in ipairs(rs) do
-    local sock = e[1]
-    if sock.dirty and sock:dirty() then add(rout, sock) end
+  for _, sock in ipairs(rs) do
+    local mt = getmetatable(sock)
+    if OURS[mt] then
+      if TCP_ANY[mt] and dirty(sock) then add(rout, sock) end
+    elseif sock.dirty and sock:dirty() then add(rout, sock)
+    end
   end
   if #rout > 0 then return rout, wout end
-  -- Then what is ready now (all of a select with a zero timeout).
-  for _, e in ipairs(rs) do
-    if ready(e[2], "r") then add(rout, e[1]) end
-  end
-  for _, e in ipairs(ws) do
-    if ready(e[2], "w") then add(wout, e[1]) end
-  end
-  if #rout > 0 or #wout > 0 then return rout, wout end
-  if timeout == 0 then return rout, wout, "timeout" end
   if #rs == 0 and #ws == 0 then
     -- Nothing to wait for: LuaSocket's select sleeps out its timeout
     -- (forever without one).
+    if timeout == 0 then return rout, wout, "timeout" end
     if timeout == nil then ums.event():wait() end
     ums.sleep(timeout)
     return rout, wout, "timeout"
   end
-  -- One waiting task per descriptor; the first that is ready ends the
-  -- wait, then the others are cancelled (a readiness wait takes no data,
-  -- so cancelling one loses nothing).
-  local done = ums.event(true)
-  local watchers = {}
-  local function watch(e, what, out)
-    local ok = wait_fd(e[2], what, timeout)
-    if ok then
-      add(out, e[1])
-      done:set()
-    end
-  end
-  for _, e in ipairs(rs) do
-    watchers[#watchers + 1] = ums.spawn(watch, e, "r", rout)
-  end
-  for _, e in ipairs(ws) do
-    watchers[#watchers + 1] = ums.spawn(watch, e, "w", wout)
-  end
-  local ok, err = pcall(done.wait, done, timeout)
-  -- Helpers that became ready in the same pass add themselves before
-  -- they are cancelled: let them run once.
-  if ok then ums.yield() end
-  for _, h in ipairs(watchers) do h:cancel() end
-  for _, h in ipairs(watchers) do h:join() end
-  if not ok then error(err, 0) end
+  local rready, wready = select_fds(rfds, wfds, timeout)
+  for _, i in ipairs(rready) do add(rout, rs[i]) end
+  for _, i in ipairs(wready) do add(wout, ws[i]) end
   if #rout == 0 and #wout == 0 then return rout, wout, "timeout" end
   return rout, wout
 end
