@@ -250,6 +250,76 @@ local function script(socket)
   return out
 end
 
+-- The same for socket.unix (LuaSocket's Unix-domain module): stream and
+-- datagram sockets on paths under base.
+local function unix_script(unix, base)
+  local out = {}
+  local function rec(...)
+    local t = table.pack(...)
+    for i = 1, t.n do t[i] = norm(t[i]) end
+    out[#out + 1] = t
+  end
+  local path = base .. ".s"
+  os.remove(path)
+  local m = unix.stream()
+  rec(m, m.class)
+  rec(m:bind(path))
+  rec(m:listen(5))
+  rec(m, m.class)
+  rec(m:getsockname() == path)
+  local c = unix()
+  rec(c:settimeout(5))
+  rec(c:connect(path))
+  rec(c, c.class)
+  local a = m:accept()
+  rec(a, a.class)
+  rec(c:send("line one\r\nrest"))
+  rec(a:receive())
+  rec(a:settimeout(0.05))
+  rec(a:receive())
+  rec(c:send("abcdef"))
+  rec(a:receive(3))
+  rec(a:receive(10, "x"))
+  rec(c:send("tail"))
+  rec(c:close())
+  rec(a:receive("*a"))
+  rec(a:receive())
+  rec(a:close(), m:close())
+  os.remove(path)
+  -- a path nobody listens on, one too long
+  local d = unix()
+  rec(d:connect(path))
+  rec(d:connect(string.rep("x", 200)))
+  rec(d:bind(string.rep("x", 200)))
+  rec(d:close())
+  -- datagrams
+  local p1, p2 = base .. ".d1", base .. ".d2"
+  os.remove(p1)
+  os.remove(p2)
+  local u1 = unix.dgram()
+  rec(u1, u1.class)
+  rec(u1:bind(p1))
+  local u2 = unix.udp()
+  rec(u2:setsockname(p2))
+  rec(u2:sendto("hello", p1))
+  rec(u1:settimeout(1))
+  rec(u1:receivefrom())
+  rec(u1:sendto("back", p2))
+  rec(u2:settimeout(1))
+  rec(u2:receive())
+  rec(u2:connect(p1))
+  rec(u2, u2.class)
+  rec(u2:send("conn"))
+  rec(u1:receive())
+  rec(u1:settimeout(0.05))
+  rec(u1:receive())
+  rec(u1:sendto("x", base .. ".nobody"))
+  rec(u1:close(), u2:close())
+  os.remove(p1)
+  os.remove(p2)
+  return out
+end
+
 -- Where the two records differ, by design (docs/stdlib.md, "ums.socket").
 local function known_differences(rec)
   return rec
@@ -273,6 +343,33 @@ describe("ums.socket against LuaSocket", function()
     local got
     run(function() got = script(socket) end)
     want, got = known_differences(want), known_differences(got)
+    local diffs = {}
+    local function show(t)
+      if not t then return "(none)" end
+      local parts = {}
+      for i = 1, t.n do parts[i] = tostring(t[i]) end
+      return "(" .. table.concat(parts, ", ") .. ")"
+    end
+    for i = 1, math.max(#want, #got) do
+      local a, b = show(want[i]), show(got[i])
+      if a ~= b then
+        diffs[#diffs + 1] = ("#%d LuaSocket %s, ums.socket %s"):format(i, a, b)
+      end
+    end
+    assert(#diffs == 0, table.concat(diffs, "\n"))
+  end)
+
+  it("gives socket.unix's results for the same script", function()
+    local ok, real_unix = pcall(require, "socket.unix")
+    if not ok then
+      pending("Debian's lua-socket has no socket.unix")
+      return
+    end
+    local base = os.tmpname()
+    local want = unix_script(real_unix, base)
+    local got
+    run(function() got = unix_script(socket.unix, base) end)
+    os.remove(base)
     local diffs = {}
     local function show(t)
       if not t then return "(none)" end
@@ -471,11 +568,13 @@ describe("ums.socket.install", function()
     if not has_real then pending("no lua-socket") return end
     local before_socket = package.loaded.socket
     local before_http = package.loaded["socket.http"]
+    local before_unix = package.loaded["socket.unix"]
     run(function()
       local port, halt = http_server()
       local undo = socket.install()
       assert.equal(socket, require "socket")
       assert.equal(socket, require "socket.core")
+      assert.equal(socket.unix, require "socket.unix")
       local http = require "socket.http"
       assert.are_not.equal(real_http, http)
       -- The simple string form uses the module's default socket.tcp.
@@ -487,6 +586,7 @@ describe("ums.socket.install", function()
       undo()
       halt()
       assert.equal(before_socket, package.loaded.socket)
+      assert.equal(before_unix, package.loaded["socket.unix"])
     end)
     assert.equal(before_http, package.loaded["socket.http"])
     assert.equal(real, require "socket")
@@ -637,11 +737,19 @@ describe("ums.socket.select", function()
 
   -- One socket waits on itself, up to 16 on an epoll set made for the
   -- call, more on the C-call pool's poll(2) (lua-binding/lsocket.c).
+  -- The process's sockets and epoll sets, as "fd what" lines (what a
+  -- select could leave behind).
   local function nfds()
-    local n = 0
-    local ls <close> = io.popen("ls /proc/" .. ums.ffi.C.getpid() .. "/fd")
-    for _ in ls:lines() do n = n + 1 end
-    return n
+    local ls <close> = io.popen("ls -l /proc/" .. ums.ffi.C.getpid() ..
+                                "/fd | awk 'NR > 1 {print $9, $11}'")
+    local kept = {}
+    for line in ls:lines() do
+      if line:find("socket:", 1, true) or line:find("eventpoll", 1, true)
+      then
+        kept[#kept + 1] = line
+      end
+    end
+    return table.concat(kept, "\n")
   end
   ums.ffi.cdef("int getpid(void);")
 

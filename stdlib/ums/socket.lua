@@ -13,7 +13,8 @@
 --
 -- This file holds no socket code of its own: every object wraps an
 -- ums.net connection, server or datagram socket and only translates
--- names, results and timeouts to LuaSocket's (3.1, lunarmodules). The
+-- names, results and timeouts to LuaSocket's (3.1, lunarmodules), and
+-- M.unix is its socket.unix over ums.net's Unix sockets. The
 -- read buffer is the ums.net connection's; `receive` takes its partial
 -- result out of it with conn:drain(). LuaSocket's own Lua helpers
 -- (socket.lua: sink, source, choose, connect4/6, try) are loaded over
@@ -76,8 +77,13 @@ local function message(msg, code)
   -- ums.net's end of stream (nil without a message) is LuaSocket's
   -- "closed".
   if msg == nil then return "closed" end
-  if msg == "timeout" then return "timeout" end
-  return (code and words[code]) or msg
+  -- ums.net's own words: its timeout, and "closed" for a socket another
+  -- task closed.
+  if msg == "timeout" or msg == "closed" then return msg end
+  if not code then return msg end
+  -- The other system errors are strerror's words, as LuaSocket gives
+  -- them (ums.net's are the same in lower case).
+  return words[code] or (gsub(msg, "^%l", string.upper))
 end
 
 -- LuaSocket answers with lua_pushnumber: floats, in Lua 5.4.
@@ -182,18 +188,21 @@ local udp = {}
 
 -- Each class has its own method table, as LuaSocket's, with the field
 -- `class` naming it (sock.class == "tcp{client}"); the methods are copied
--- in from the shared table once they are all defined (fill_classes).
+-- in from the shared table once they are all defined (fill_classes),
+-- with the class's own aliases (alias name -> method name).
 local classes = {}
-local function class(name, methods)
+local function class(name, methods, aliases)
   local mt = { __name = name, __index = { class = name } }
   mt.__tostring = function(s) return format("%s: %p", name, s) end
-  classes[mt] = methods
+  classes[mt] = { methods, aliases }
   return mt
 end
 
 local function fill_classes()
-  for mt, methods in pairs(classes) do
+  for mt, c in pairs(classes) do
+    local methods, aliases = c[1], c[2]
     for k, f in pairs(methods) do mt.__index[k] = f end
+    for k, name in pairs(aliases or {}) do mt.__index[k] = methods[name] end
   end
 end
 
@@ -202,12 +211,42 @@ local CLIENT = class("tcp{client}", tcp)
 local SERVER = class("tcp{server}", tcp)
 local UNCONNECTED = class("udp{unconnected}", udp)
 local CONNECTED = class("udp{connected}", udp)
+-- socket.unix's classes (LuaSocket's unixstream.c and unixdgram.c): the
+-- same methods over Unix paths, on ums.net's Unix sockets.
+local UMASTER = class("unixstream{master}", tcp)
+local UCLIENT = class("unixstream{client}", tcp)
+local USERVER = class("unixstream{server}", tcp)
+-- unixdgram objects also have bind and connect, as LuaSocket's do.
+local dgram_aliases = { bind = "setsockname", connect = "setpeername" }
+local UUNCONNECTED = class("unixdgram{unconnected}", udp, dgram_aliases)
+local UCONNECTED = class("unixdgram{connected}", udp, dgram_aliases)
 
-local TCP_ANY = { [MASTER] = true, [CLIENT] = true, [SERVER] = true }
-local UDP_ANY = { [UNCONNECTED] = true, [CONNECTED] = true }
+-- The classes of each role, over IP and over Unix paths; methods check
+-- the role.
+local IS_MASTER = { [MASTER] = true, [UMASTER] = true }
+local IS_CLIENT = { [CLIENT] = true, [UCLIENT] = true }
+local IS_SERVER = { [SERVER] = true, [USERVER] = true }
+local IS_UNCONNECTED = { [UNCONNECTED] = true, [UUNCONNECTED] = true }
+local IS_CONNECTED = { [CONNECTED] = true, [UCONNECTED] = true }
+local TCP_ANY = { [MASTER] = true, [CLIENT] = true, [SERVER] = true,
+                  [UMASTER] = true, [UCLIENT] = true, [USERVER] = true }
+local UDP_ANY = { [UNCONNECTED] = true, [CONNECTED] = true,
+                  [UUNCONNECTED] = true, [UCONNECTED] = true }
 -- Every class of this module (select reads their fields directly).
-local OURS = { [MASTER] = true, [CLIENT] = true, [SERVER] = true,
-               [UNCONNECTED] = true, [CONNECTED] = true }
+local OURS = {}
+for mt in pairs(TCP_ANY) do OURS[mt] = true end
+for mt in pairs(UDP_ANY) do OURS[mt] = true end
+
+-- The class of role `role` for s's kind (IP or Unix).
+local ROLES = {
+  [false] = { client = CLIENT, server = SERVER, connected = CONNECTED },
+  [true] = { client = UCLIENT, server = USERVER, connected = UCONNECTED },
+}
+local function class_of(s, role)
+  -- (the key computed apart: Lua 5.4.4 miscompiles t[a == b])
+  local unix = s.unix == true
+  return ROLES[unix][role]
+end
 
 -- Checks that self is of class mt (or of a group: a set of classes).
 local function check(s, want, fname, what)
@@ -215,6 +254,9 @@ local function check(s, want, fname, what)
   if mt == want or (type(want) == "table" and want[mt] and not want.__name)
   then
     return s
+  end
+  if type(s) == "table" and s.unix then
+    what = gsub(gsub(what, "^tcp", "unixstream"), "^udp", "unixdgram")
   end
   argerror(3, 1, fname, what .. " expected")
 end
@@ -363,17 +405,31 @@ local function check_port(p, narg, fname)
   return p
 end
 
--- Opens s's connection (s: a master) to host, port; returns 1 or nil, err.
+-- A Unix socket's path: LuaSocket's answer for one that does not fit in
+-- sockaddr_un's sun_path (108 bytes with its NUL), else nil.
+local function path_error(path)
+  if #path >= 108 then return "path too long" end
+end
+
+-- Opens s's connection (s: a master) to host, port (a Unix socket: to
+-- the path host); returns 1 or nil, err.
 local function open(s, host, port)
   local o = s.options
   local t = call_timeout(s)
   -- A zero timeout connects all the same (see the header).
   if t == 0 then t = nil end
-  local nodelay = o["tcp-nodelay"]
-  local conn, msg, code = net.connect(host, port, {
-    timeout = t, family = s.family,
-    nodelay = nodelay ~= nil and not not nodelay or nil,
-  })
+  local conn, msg, code
+  if s.unix then
+    local bad = path_error(host)
+    if bad then return nil, bad end
+    conn, msg, code = net.connect_unix(host, { timeout = t })
+  else
+    local nodelay = o["tcp-nodelay"]
+    conn, msg, code = net.connect(host, port, {
+      timeout = t, family = s.family,
+      nodelay = nodelay ~= nil and not not nodelay or nil,
+    })
+  end
   if not conn then return nil, message(msg, code) end
   s.conn, s.fd = conn, conn:fileno()
   s.family = select(3, conn:getsockname()) or s.family
@@ -383,14 +439,14 @@ local function open(s, host, port)
       conn:setoption(net_name, to_net(name, value))
     end
   end
-  setmetatable(s, CLIENT)
+  setmetatable(s, class_of(s, "client"))
   return ONE
 end
 
 function tcp.connect(s, host, port)
   check(s, TCP_ANY, "connect", "tcp{any}")
   host = check_host(host, 2, "connect")
-  port = check_port(port, 3, "connect")
+  if not s.unix then port = check_port(port, 3, "connect") end
   if s.closed then return nil, "closed" end
   if s.conn then return nil, "already connected" end
   if s.server then return nil, "ums.socket: a bound socket cannot connect" end
@@ -399,18 +455,25 @@ end
 tcp.setpeername = tcp.connect
 
 function tcp.bind(s, host, port)
-  check(s, MASTER, "bind", "tcp{master}")
+  check(s, IS_MASTER, "bind", "tcp{master}")
   host = check_host(host, 2, "bind")
-  port = check_port(port, 3, "bind")
+  if not s.unix then port = check_port(port, 3, "bind") end
   if s.server then return nil, "ums.socket: the socket is bound already" end
   if s.closed then return nil, "closed" end
-  if host == "*" then host = s.family == "inet6" and "::" or "0.0.0.0" end
-  local o = s.options
-  local server, msg, code = net.listen(host, port, {
-    family = s.family,
-    reuseaddr = not not o.reuseaddr,
-    reuseport = not not o.reuseport,
-  })
+  local server, msg, code
+  if s.unix then
+    local bad = path_error(host)
+    if bad then return nil, bad end
+    server, msg, code = net.listen_unix(host)
+  else
+    if host == "*" then host = s.family == "inet6" and "::" or "0.0.0.0" end
+    local o = s.options
+    server, msg, code = net.listen(host, port, {
+      family = s.family,
+      reuseaddr = not not o.reuseaddr,
+      reuseport = not not o.reuseport,
+    })
+  end
   if not server then return nil, message(msg, code) end
   s.server, s.fd = server, server:fileno()
   s.family = select(3, server:getsockname()) or s.family
@@ -419,7 +482,7 @@ end
 tcp.setsockname = tcp.bind
 
 function tcp.listen(s, backlog)
-  check(s, MASTER, "listen", "tcp{master}")
+  check(s, IS_MASTER, "listen", "tcp{master}")
   if backlog ~= nil and type(backlog) ~= "number" then
     argerror(2, 2, "listen", "number expected, got " .. typename(backlog))
   end
@@ -427,16 +490,17 @@ function tcp.listen(s, backlog)
     return nil, "ums.socket: bind before listen (ums.net binds and " ..
       "listens in one call)"
   end
-  setmetatable(s, SERVER)
+  setmetatable(s, class_of(s, "server"))
   return ONE
 end
 
 function tcp.accept(s)
-  check(s, SERVER, "accept", "tcp{server}")
+  check(s, IS_SERVER, "accept", "tcp{server}")
   if s.closed then return nil, "closed" end
   local conn, msg, code = s.server:accept(call_timeout(s))
   if not conn then return nil, message(msg, code) end
-  local c = new(CLIENT, s.family)
+  local c = new(class_of(s, "client"), s.family)
+  c.unix = s.unix
   c.conn, c.fd = conn, conn:fileno()
   return c
 end
@@ -455,7 +519,7 @@ local function partial(s, prefix, msg, code, got, cr)
 end
 
 function tcp.receive(s, pattern, prefix)
-  check(s, CLIENT, "receive", "tcp{client}")
+  check(s, IS_CLIENT, "receive", "tcp{client}")
   if prefix == nil then prefix = ""
   elseif type(prefix) == "number" then prefix = tostring(prefix)
   elseif type(prefix) ~= "string" then
@@ -508,7 +572,7 @@ function tcp.receive(s, pattern, prefix)
 end
 
 function tcp.send(s, data, i, j)
-  check(s, CLIENT, "send", "tcp{client}")
+  check(s, IS_CLIENT, "send", "tcp{client}")
   if type(data) == "number" then data = tostring(data)
   elseif type(data) ~= "string" then
     argerror(2, 2, "send", "string expected, got " .. typename(data))
@@ -542,7 +606,7 @@ function tcp.send(s, data, i, j)
 end
 
 function tcp.shutdown(s, how)
-  check(s, CLIENT, "shutdown", "tcp{client}")
+  check(s, IS_CLIENT, "shutdown", "tcp{client}")
   local map = { receive = "r", send = "w", both = "rw" }
   if how == nil then how = "both" end
   local h = map[how]
@@ -606,6 +670,8 @@ local function names(s, which, fname)
   if not o or not o[which] then return nil, "Bad file descriptor" end
   local addr, port, family = o[which](o)
   if not addr then return nil, message(port, family) end
+  -- socket.unix answers the path alone.
+  if family == "unix" then return addr end
   -- LuaSocket 3.1 gives the port as getnameinfo's string.
   return addr, tostring(port), family
 end
@@ -636,12 +702,12 @@ local function setstats(s, received, sent, age)
 end
 
 function tcp.getstats(s)
-  check(s, CLIENT, "getstats", "tcp{client}")
+  check(s, IS_CLIENT, "getstats", "tcp{client}")
   return getstats(s)
 end
 
 function tcp.setstats(s, received, sent, age)
-  check(s, CLIENT, "setstats", "tcp{client}")
+  check(s, IS_CLIENT, "setstats", "tcp{client}")
   return setstats(s, received, sent, age)
 end
 
@@ -729,6 +795,27 @@ M.udp = udp_create(nil)
 M.udp4 = udp_create("inet")
 M.udp6 = udp_create("inet6")
 
+-- socket.unix: LuaSocket's Unix-domain module (require "socket.unix"),
+-- unix.stream() and unix.dgram() (aliases tcp and udp; calling the
+-- module is stream()), over ums.net's Unix sockets; addresses are paths.
+local unix = {}
+function unix.stream()
+  local s = new(UMASTER, "unix")
+  s.unix = true
+  return s
+end
+function unix.dgram()
+  local u, msg, code = net.udp_unix()
+  if not u then return nil, message(msg, code) end
+  local s = new(UUNCONNECTED, "unix")
+  s.unix = true
+  s.udp, s.fd = u, u:fileno()
+  return s
+end
+unix.tcp, unix.udp = unix.stream, unix.dgram
+setmetatable(unix, { __call = function(_, ...) return unix.stream(...) end })
+M.unix = unix
+
 -- LuaSocket's UDP_DATAGRAMSIZE, the default receive size.
 local DATAGRAM = 8192
 
@@ -741,10 +828,16 @@ local function check_size(size, narg, fname)
 end
 
 function udp.setsockname(s, host, port)
-  check(s, UNCONNECTED, "setsockname", "udp{unconnected}")
+  check(s, IS_UNCONNECTED, "setsockname", "udp{unconnected}")
   host = check_host(host, 2, "setsockname")
-  port = check_port(port, 3, "setsockname")
-  if host == "*" then host = s.family == "inet6" and "::" or "0.0.0.0" end
+  if s.unix then
+    port = nil
+    local bad = path_error(host)
+    if bad then return nil, bad end
+  else
+    port = check_port(port, 3, "setsockname")
+    if host == "*" then host = s.family == "inet6" and "::" or "0.0.0.0" end
+  end
   if not s.udp then return nil, "closed" end
   local ok, msg, code = s.udp:bind(host, port)
   if not ok then return nil, message(msg, code) end
@@ -758,15 +851,21 @@ function udp.setpeername(s, host, port)
   if host == "*" then
     return nil, "ums.socket: ums.net cannot disconnect a UDP socket"
   end
-  port = check_port(port, 3, "setpeername")
+  if s.unix then
+    port = nil
+    local bad = path_error(host)
+    if bad then return nil, bad end
+  else
+    port = check_port(port, 3, "setpeername")
+  end
   local ok, msg, code = s.udp:connect(host, port)
   if not ok then return nil, message(msg, code) end
-  setmetatable(s, CONNECTED)
+  setmetatable(s, class_of(s, "connected"))
   return ONE
 end
 
 function udp.send(s, data)
-  check(s, CONNECTED, "send", "udp{connected}")
+  check(s, IS_CONNECTED, "send", "udp{connected}")
   if type(data) ~= "string" then
     argerror(2, 2, "send", "string expected, got " .. typename(data))
   end
@@ -778,12 +877,18 @@ function udp.send(s, data)
 end
 
 function udp.sendto(s, data, host, port)
-  check(s, UNCONNECTED, "sendto", "udp{unconnected}")
+  check(s, IS_UNCONNECTED, "sendto", "udp{unconnected}")
   if type(data) ~= "string" then
     argerror(2, 2, "sendto", "string expected, got " .. typename(data))
   end
   host = check_host(host, 3, "sendto")
-  port = check_port(port, 4, "sendto")
+  if s.unix then
+    port = nil
+    local bad = path_error(host)
+    if bad then return nil, bad end
+  else
+    port = check_port(port, 4, "sendto")
+  end
   if not s.udp then return nil, "closed" end
   arm(s, s.udp, call_timeout(s))
   local n, msg, code = s.udp:sendto(data, host, port)
@@ -797,7 +902,7 @@ function udp.receive(s, size)
   if not s.udp then return nil, "closed" end
   arm(s, s.udp, call_timeout(s))
   local data, msg, code
-  if getmetatable(s) == CONNECTED then
+  if IS_CONNECTED[getmetatable(s)] then
     data, msg, code = s.udp:recv(size)
   else
     data, msg, code = s.udp:recvfrom(size)
@@ -807,12 +912,14 @@ function udp.receive(s, size)
 end
 
 function udp.receivefrom(s, size)
-  check(s, UNCONNECTED, "receivefrom", "udp{unconnected}")
+  check(s, IS_UNCONNECTED, "receivefrom", "udp{unconnected}")
   size = check_size(size, 2, "receivefrom")
   if not s.udp then return nil, "closed" end
   arm(s, s.udp, call_timeout(s))
   local data, host, port = s.udp:recvfrom(size)
   if not data then return nil, message(host, port) end
+  -- socket.unix's datagrams come from a path alone.
+  if s.unix then return data, host end
   return data, host, port
 end
 
@@ -850,7 +957,7 @@ function udp.getsockname(s)
 end
 
 function udp.getpeername(s)
-  check(s, CONNECTED, "getpeername", "udp{connected}")
+  check(s, IS_CONNECTED, "getpeername", "udp{connected}")
   return names(s, "getpeername")
 end
 
@@ -1081,7 +1188,8 @@ fill_classes()
 local users = { "socket.http", "socket.smtp", "socket.ftp", "socket.tp" }
 
 --- Makes require "socket" and require "socket.core" give ums.socket in
--- this VM, and makes the next require of socket.http, socket.smtp,
+-- this VM, require "socket.unix" its unix module (M.unix), and makes the
+-- next require of socket.http, socket.smtp,
 -- socket.ftp and socket.tp load them over it. Returns a function that
 -- puts back what package.loaded held before.
 function M.install()
@@ -1091,9 +1199,11 @@ function M.install()
   end
   keep("socket")
   keep("socket.core")
+  keep("socket.unix")
   for _, name in ipairs(users) do keep(name) end
   package.loaded["socket"] = M
   package.loaded["socket.core"] = M
+  package.loaded["socket.unix"] = M.unix
   for _, name in ipairs(users) do package.loaded[name] = nil end
   local restored = false
   return function()
