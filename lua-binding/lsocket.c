@@ -26,7 +26,8 @@
 **   - up to SEL_SET_MAX: that wait on an epoll set of them made for the
 **     call (its owner is the call: a userdata on its stack, closed when
 **     the wait ends, and by its finalizer when the task is cancelled
-**     meanwhile);
+**     meanwhile); when the kernel refuses the set (no descriptor free),
+**     as for more:
 **   - more: poll(2) of them all on the C-call pool (going preemptive, as
 **     for a blocking C call: one pool thread per such select, none per
 **     socket), since the kernel's cost of an epoll set grows with every
@@ -195,6 +196,7 @@ static int sel_woken(lua_State *L, int revents, void *ctx) {
 #define SEL_SLICE_MS 100
 typedef struct {
   int n;
+  int err;           /* poll(2)'s errno when it failed, else 0 */
   int64_t deadline;  /* CLOCK_MONOTONIC ns, for a call outside a task */
   struct pollfd p[];
 } lselect_work;
@@ -215,7 +217,11 @@ static void sel_poll_work(void *ud, const ums_lua_work_t *w) {
       if (left < (int64_t)slice * 1000000) slice = (int)(left / 1000000) + 1;
     }
     int r = poll(sw->p, (nfds_t)sw->n, slice);
-    if (r > 0 || (r < 0 && errno != EINTR)) return;
+    if (r > 0) return;
+    if (r < 0 && errno != EINTR) {
+      sw->err = errno;
+      return;
+    }
   }
 }
 
@@ -225,6 +231,7 @@ static int sel_polled(lua_State *L, int status, void *ud) {
     /* The pool's poll answered for the same entries: its revents are
     ** the look (none set when it stopped at the deadline). */
     lselect_work *sw = ud;
+    if (sw->err) luaL_error(L, "select: %s", strerror(sw->err));
     bool any = false;
     for (int i = 0; i < s->n; i++) {
       s->p[i].revents = sw->p[i].revents;
@@ -239,6 +246,8 @@ static int sel_polled(lua_State *L, int status, void *ud) {
   return sel_woken(L, status == UMS_LUA_OK, s);
 }
 
+static bool sel_make_set(lselect *s);
+
 static int sel_wait(lua_State *L, lselect *s) {
   double t = UMS_LUA_NOTIMEOUT;
   if (s->deadline >= 0) {
@@ -247,17 +256,24 @@ static int sel_wait(lua_State *L, lselect *s) {
   }
   if (s->n == 1)
     return ums_lua_wait_fd(L, s->p[0].fd, s->p[0].events, t, sel_woken, s);
-  if (s->n > SEL_SET_MAX) {
-    size_t size = (size_t)s->n * sizeof(struct pollfd);
-    lselect_work *sw = malloc(sizeof *sw + size);
-    if (!sw) luaL_error(L, "select: not enough memory");
-    sw->n = s->n;
-    sw->deadline = t < 0 ? -1 : real_now() + (int64_t)(t * 1e9);
-    memcpy(sw->p, s->p, size);
-    return ums_lua_preempt(L, sel_poll_work, sw, free, sel_polled, t, 0);
-  }
+  if (s->n <= SEL_SET_MAX && sel_make_set(s))
+    return ums_lua_wait_fd(L, s->ep, POLLIN, t, sel_woken, s);
+  size_t size = (size_t)s->n * sizeof(struct pollfd);
+  lselect_work *sw = malloc(sizeof *sw + size);
+  if (!sw) luaL_error(L, "select: not enough memory");
+  sw->n = s->n;
+  sw->err = 0;
+  sw->deadline = t < 0 ? -1 : real_now() + (int64_t)(t * 1e9);
+  memcpy(sw->p, s->p, size);
+  return ums_lua_preempt(L, sel_poll_work, sw, free, sel_polled, t, 0);
+}
+
+/* The epoll set of s's descriptors, in s->ep: true, or false (nothing
+** left open) when the kernel refuses one (no descriptor free, out of
+** memory or watches): the pool's poll needs neither. */
+static bool sel_make_set(lselect *s) {
   s->ep = epoll_create1(EPOLL_CLOEXEC);
-  if (s->ep < 0) luaL_error(L, "select: %s", strerror(errno));
+  if (s->ep < 0) return false;
   for (int i = 0; i < s->n; i++) {
     struct epoll_event e = {0};
     e.events = s->p[i].events == POLLIN ? EPOLLIN : EPOLLOUT;
@@ -270,14 +286,13 @@ static int sel_wait(lua_State *L, lselect *s) {
     }
     /* A descriptor epoll refuses (a regular file: always ready, so the
     ** look above found it) or one closed since the look: the next look
-    ** reports it. Anything else is a failure of the call. */
+    ** reports it. */
     if (errno != EPERM && errno != EBADF) {
-      int err = errno;
       sel_close_set(s);
-      luaL_error(L, "select: %s", strerror(err));
+      return false;
     }
   }
-  return ums_lua_wait_fd(L, s->ep, POLLIN, t, sel_woken, s);
+  return true;
 }
 
 static int l_select(lua_State *L) {
