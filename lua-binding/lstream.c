@@ -2198,6 +2198,26 @@ static void send_init(lua_State *L, lop *o) {
   o->srclen = j - i + 1;
 }
 
+/* A task's send goes straight from its string (send_init's bytes, which
+** stay on the task's stack for the whole call) when the socket has room
+** now (ums_net_send_now): no buffer to copy into, no request. What it
+** sent counts as done; the rest, all of it when the socket had no room,
+** goes through write_chunks, which copies it into a buffer the request
+** can own while it waits. Returns 0, or the send's error. */
+static int64_t send_now(lop *o) {
+  lfile *f = o->f;
+  if (!o->owner || f->closing || o->srclen == 0) return 0;
+  int64_t n = ums_net_send_now(f->fd, o->src, o->srclen, 0);
+  if (n == UMS_EAGAIN) return 0;
+  if (n <= 0) {
+    o->werr = true;
+    return n < 0 ? n : UMS_EIO;
+  }
+  o->done = (size_t)n;
+  o->wrote = n;
+  return 0;
+}
+
 /* Pending writes first, then the bytes send_init found, unbuffered; the
 ** result counts those bytes only. */
 static int step_send(lua_State *L, lop *o) {
@@ -2205,6 +2225,14 @@ static int step_send(lua_State *L, lop *o) {
     int st = flush_first(o);
     if (st != 1) return st;
     o->wrote = 0;
+  }
+  if (o->phase == 1) {
+    o->phase = 2;
+    int64_t e = send_now(o);
+    if (e) {
+      o->err = e;
+      return 0;
+    }
   }
   int64_t r = write_chunks(o, o->src, o->srclen, UMS_FS_CUR);
   if (r == AGAIN) return STEP_IO;

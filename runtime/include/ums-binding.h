@@ -139,6 +139,18 @@ UMS_API int ums_task_spawn_step_here(ums_runtime_t *rt, int sched,
                                      ums_step_fn step, void *arg,
                                      ums_task_t *out);
 
+/* A socket send made now from the caller's own bytes, for a binding
+** whose bytes stay put for the whole call (a Lua string on the calling
+** task's stack): one send(2) with MSG_DONTWAIT | MSG_NOSIGNAL (and
+** flags), on the calling task's scheduler thread, with no request, no
+** park and no copy. Returns the bytes sent (possibly fewer than len),
+** UMS_EAGAIN when the socket has no room (nothing sent: the caller then
+** waits through ums_net_send_begin, whose own try comes first), a send's
+** error, UMS_ECANCELED for a cancelled task (nothing sent, as
+** ums_net_send_begin refuses), or UMS_EPERM outside a task. */
+UMS_API int64_t ums_net_send_now(int fd, const void *data, size_t len,
+                                 int flags);
+
 /* The runtime's placement policy, for a binding that keeps work of its
 ** own per scheduler before that work becomes tasks (work items below use
 ** it, with each scheduler's queued items as extra): the

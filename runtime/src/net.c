@@ -95,6 +95,12 @@ static int64_t wait_if_again(int64_t rc) {
   return rc == -EAGAIN ? UMS__NET_WAIT : rc;
 }
 
+/* One send that does not wait: bytes sent, UMS_EAGAIN when the socket
+** has no room, or the error. */
+static int64_t send_nowait(int fd, const void *data, size_t len, int flags) {
+  return NOINTR(SOCK_SEND(fd, data, len, flags | MSG_DONTWAIT | MSG_NOSIGNAL));
+}
+
 /* A non-blocking connect in progress has ended when the socket is
 ** writable; SO_ERROR then says how. */
 static int64_t connect_result(ums__io_req_t *r) {
@@ -168,9 +174,8 @@ int64_t ums__net_try(ums__io_req_t *r) {
       return wait_if_again(NOINTR(SOCK_RECV(r->fd, v->iov_base, v->iov_len,
                                             r->flags | MSG_DONTWAIT)));
     case UMS__IO_SEND:
-      return wait_if_again(NOINTR(SOCK_SEND(r->fd, v->iov_base, v->iov_len,
-                                            r->flags | MSG_DONTWAIT |
-                                                MSG_NOSIGNAL)));
+      return wait_if_again(send_nowait(r->fd, v->iov_base, v->iov_len,
+                                       r->flags));
     case UMS__IO_RECVMSG:
       r->msg.msg_namelen = sizeof r->addr;
       return wait_if_again(
@@ -613,6 +618,18 @@ int ums_net_send_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,
   int rc = mk_net(&r, UMS__IO_SEND, fd, buf, pos, len, flags, NULL, 0,
                   deadline);
   return rc ? rc : ums__io_begin(r, deadline, req);
+}
+
+int64_t ums_net_send_now(int fd, const void *data, size_t len, int flags) {
+  ums__task_t *t = ums__task_current();
+  if (!t) return UMS_EPERM;
+  /* As at the try of a request's start (io.c): a cancelled task sends
+  ** nothing. */
+  int rc = ums__park_may_begin(t, 0);
+  if (rc) return rc;
+  int64_t n = send_nowait(fd, data, len, flags);
+  if (n != UMS_EAGAIN) UMS__COUNT(t->sched, io_requests);
+  return n;
 }
 
 int ums_net_recvfrom_begin(int fd, ums_buf_t *buf, size_t pos, size_t len,

@@ -1007,7 +1007,8 @@ static void *deferred_ok(void *arg) {
 
 /* A send or receive whose socket is ready is refused as a park would be,
 ** before its system call: inside a park the task has begun (UMS_EBUSY)
-** and in a cancelled task (UMS_ECANCELED), nothing moves. */
+** and in a cancelled task (UMS_ECANCELED), nothing moves. ums_net_send_now
+** too, which has no park of its own. */
 static void *deferred_refused(void *arg) {
   int family = *(int *)arg;
   int srv;
@@ -1021,11 +1022,13 @@ static void *deferred_refused(void *arg) {
   ums_park_token_t tok;
   CHECK_RC(ums_park_begin(dl, &tok), 0);
   CHECK_RC(ums_net_send_begin(c, b, 0, 5, 0, dl, &q), UMS_EBUSY);
+  CHECK_EQ(ums_net_send_now(c, "inpark", 6, 0), UMS_EBUSY);
   CHECK_RC(ums_net_recv_begin(srv, b, 8, 56, 0, dl, &q), UMS_EBUSY);
   CHECK_RC(ums_unpark(rt, tok, 7), 0);
   CHECK_RC(ums_park_wait(), 7);
   CHECK_RC(ums_task_cancel(rt, ums_self()), 0);
   CHECK_RC(ums_net_send_begin(c, b, 0, 5, 0, dl, &q), UMS_ECANCELED);
+  CHECK_EQ(ums_net_send_now(c, "cancel", 6, 0), UMS_ECANCELED);
   CHECK_RC(ums_net_recv_begin(srv, b, 8, 56, 0, dl, &q), UMS_ECANCELED);
   /* The five bytes sent first are still there, alone. */
   char got[16];
@@ -1497,6 +1500,52 @@ static void *recv_take_ok(void *arg) {
   return PTR(1);
 }
 
+/* ums_net_send_now: a send from the caller's bytes that answers now or
+** not at all. Bytes it counts arrive; a socket without room answers
+** UMS_EAGAIN having sent nothing. (Its refusals: deferred_refused.) */
+static void *send_now_in_task(void *arg) {
+  int family = *(int *)arg;
+  int srv;
+  int c = connected(family, &srv);
+  int64_t dl = ums_deadline(10 * SEC);
+  CHECK_EQ(ums_net_send_now(c, "hello", 5, 0), 5);
+  ums_buf_t *b = ums_buf_new(65536);
+  CHECK_EQ(ums_net_recv(srv, b, 0, 65536, 0, dl), 5);
+  CHECK(memcmp(ums_buf_data(b), "hello", 5) == 0);
+  CHECK_EQ(ums_net_send_now(-1, "x", 1, 0), UMS_EBADF);
+  /* Fill the connection while its peer does not read: every byte counted
+  ** is one the peer gets, and the last answer is UMS_EAGAIN. */
+  static char chunk[65536];
+  memset(chunk, 'z', sizeof chunk);
+  int64_t total = 0, n = 0;
+  for (int i = 0; i < 100000 && (n = ums_net_send_now(c, chunk, sizeof chunk,
+                                                      0)) > 0;
+       i++)
+    total += n;
+  CHECK_EQ(n, UMS_EAGAIN);
+  CHECK(total > 0);
+  int64_t got = 0;
+  while (got < total) {
+    int64_t k = ums_net_recv(srv, b, 0, 65536, 0, dl);
+    CHECK(k > 0);
+    for (int64_t i = 0; i < k; i++) CHECK(((char *)ums_buf_data(b))[i] == 'z');
+    got += k;
+  }
+  CHECK_EQ(got, total);
+  ums_buf_release(b);
+  CHECK_RC(ums_net_close(c, dl), 0);
+  CHECK_RC(ums_net_close(srv, dl), 0);
+  return PTR(1);
+}
+
+static void test_send_now(void) {
+  CHECK_EQ(ums_net_send_now(0, "x", 1, 0), UMS_EPERM);
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    CHECK(tu_in_task(rt, (int)f % 2, send_now_in_task,
+                     (void *)&families[f]) == PTR(1));
+  CHECK_EQ(io_pending(), 0);
+}
+
 static void test_recv_take(void) {
   for (size_t f = 0; f < sizeof families / sizeof *families; f++)
     CHECK(tu_in_task(rt, 0, recv_take_ok, (void *)&families[f]) == PTR(1));
@@ -1538,6 +1587,7 @@ int main(int argc, char **argv) {
   RUN_NET(test_wait_fd);
   RUN_NET(test_deferred);
   RUN_NET(test_recv_take);
+  RUN_NET(test_send_now);
   RUN_NET(test_expired);
   if (!quick) {
     RUN_NET(test_timeout_takes_nothing);
