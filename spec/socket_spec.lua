@@ -333,6 +333,24 @@ describe("ums.socket, the field", function()
   end)
 end)
 
+-- Fails with every record where ums.socket's differs from LuaSocket's.
+local function same_records(want, got)
+  local diffs = {}
+  local function show(t)
+    if not t then return "(none)" end
+    local parts = {}
+    for i = 1, t.n do parts[i] = tostring(t[i]) end
+    return "(" .. table.concat(parts, ", ") .. ")"
+  end
+  for i = 1, math.max(#want, #got) do
+    local a, b = show(want[i]), show(got[i])
+    if a ~= b then
+      diffs[#diffs + 1] = ("#%d LuaSocket %s, ums.socket %s"):format(i, a, b)
+    end
+  end
+  assert(#diffs == 0, table.concat(diffs, "\n"))
+end
+
 describe("ums.socket against LuaSocket", function()
   it("gives LuaSocket's results for the same script", function()
     if not has_real then
@@ -343,20 +361,7 @@ describe("ums.socket against LuaSocket", function()
     local got
     run(function() got = script(socket) end)
     want, got = known_differences(want), known_differences(got)
-    local diffs = {}
-    local function show(t)
-      if not t then return "(none)" end
-      local parts = {}
-      for i = 1, t.n do parts[i] = tostring(t[i]) end
-      return "(" .. table.concat(parts, ", ") .. ")"
-    end
-    for i = 1, math.max(#want, #got) do
-      local a, b = show(want[i]), show(got[i])
-      if a ~= b then
-        diffs[#diffs + 1] = ("#%d LuaSocket %s, ums.socket %s"):format(i, a, b)
-      end
-    end
-    assert(#diffs == 0, table.concat(diffs, "\n"))
+    same_records(want, got)
   end)
 
   it("gives socket.unix's results for the same script", function()
@@ -370,20 +375,7 @@ describe("ums.socket against LuaSocket", function()
     local got
     run(function() got = unix_script(socket.unix, base) end)
     os.remove(base)
-    local diffs = {}
-    local function show(t)
-      if not t then return "(none)" end
-      local parts = {}
-      for i = 1, t.n do parts[i] = tostring(t[i]) end
-      return "(" .. table.concat(parts, ", ") .. ")"
-    end
-    for i = 1, math.max(#want, #got) do
-      local a, b = show(want[i]), show(got[i])
-      if a ~= b then
-        diffs[#diffs + 1] = ("#%d LuaSocket %s, ums.socket %s"):format(i, a, b)
-      end
-    end
-    assert(#diffs == 0, table.concat(diffs, "\n"))
+    same_records(want, got)
   end)
 
   it("prints its objects as LuaSocket does", function()

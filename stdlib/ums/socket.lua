@@ -411,6 +411,14 @@ local function path_error(path)
   if #path >= 108 then return "path too long" end
 end
 
+-- A datagram method's port argument (argument narg of fname): nil for a
+-- Unix socket, whose host is its path (then bad is LuaSocket's answer for
+-- a path too long), else the checked port.
+local function dgram_port(s, host, port, narg, fname)
+  if s.unix then return nil, path_error(host) end
+  return check_port(port, narg, fname)
+end
+
 -- Opens s's connection (s: a master) to host, port (a Unix socket: to
 -- the path host); returns 1 or nil, err.
 local function open(s, host, port)
@@ -830,13 +838,11 @@ end
 function udp.setsockname(s, host, port)
   check(s, IS_UNCONNECTED, "setsockname", "udp{unconnected}")
   host = check_host(host, 2, "setsockname")
-  if s.unix then
-    port = nil
-    local bad = path_error(host)
-    if bad then return nil, bad end
-  else
-    port = check_port(port, 3, "setsockname")
-    if host == "*" then host = s.family == "inet6" and "::" or "0.0.0.0" end
+  local bad
+  port, bad = dgram_port(s, host, port, 3, "setsockname")
+  if bad then return nil, bad end
+  if host == "*" and not s.unix then
+    host = s.family == "inet6" and "::" or "0.0.0.0"
   end
   if not s.udp then return nil, "closed" end
   local ok, msg, code = s.udp:bind(host, port)
@@ -851,13 +857,9 @@ function udp.setpeername(s, host, port)
   if host == "*" then
     return nil, "ums.socket: ums.net cannot disconnect a UDP socket"
   end
-  if s.unix then
-    port = nil
-    local bad = path_error(host)
-    if bad then return nil, bad end
-  else
-    port = check_port(port, 3, "setpeername")
-  end
+  local bad
+  port, bad = dgram_port(s, host, port, 3, "setpeername")
+  if bad then return nil, bad end
   local ok, msg, code = s.udp:connect(host, port)
   if not ok then return nil, message(msg, code) end
   setmetatable(s, class_of(s, "connected"))
@@ -882,13 +884,9 @@ function udp.sendto(s, data, host, port)
     argerror(2, 2, "sendto", "string expected, got " .. typename(data))
   end
   host = check_host(host, 3, "sendto")
-  if s.unix then
-    port = nil
-    local bad = path_error(host)
-    if bad then return nil, bad end
-  else
-    port = check_port(port, 4, "sendto")
-  end
+  local bad
+  port, bad = dgram_port(s, host, port, 4, "sendto")
+  if bad then return nil, bad end
   if not s.udp then return nil, "closed" end
   arm(s, s.udp, call_timeout(s))
   local n, msg, code = s.udp:sendto(data, host, port)
