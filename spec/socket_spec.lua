@@ -103,13 +103,18 @@ local function norm(v)
   return v
 end
 
-local function script(socket)
+-- A record and the function that adds a line of values to it.
+local function recorder()
   local out = {}
-  local function rec(...)
+  return out, function(...)
     local t = table.pack(...)
     for i = 1, t.n do t[i] = norm(t[i]) end
     out[#out + 1] = t
   end
+end
+
+local function script(socket)
+  local out, rec = recorder()
   -- The message of a raised error, without its position.
   local function raises(f)
     local ok, err = pcall(f)
@@ -253,12 +258,7 @@ end
 -- The same for socket.unix (LuaSocket's Unix-domain module): stream and
 -- datagram sockets on paths under base.
 local function unix_script(unix, base)
-  local out = {}
-  local function rec(...)
-    local t = table.pack(...)
-    for i = 1, t.n do t[i] = norm(t[i]) end
-    out[#out + 1] = t
-  end
+  local out, rec = recorder()
   local path = base .. ".s"
   os.remove(path)
   local m = unix.stream()
