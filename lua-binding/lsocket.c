@@ -5,24 +5,21 @@
 **   buffered(conn) -> n    bytes an ums.net connection has read ahead
 **                          (LuaSocket's dirty(): select must not wait
 **                          for the descriptor while they are there)
-**   ready(fd, what)        whether the descriptor is readable ("r") or
-**                          writable ("w") now, without waiting
-**   wait(fd, what [, t])   parks the task until the descriptor is
-**                          readable ("r") or writable ("w"): true, or
-**                          nil, "timeout" (select's readiness)
 **   select(rfds, wfds [, t])
 **                          LuaSocket's select over descriptors: the
 **                          positions in rfds and in wfds of those that
 **                          are ready, as two arrays; both empty when t
 **                          (seconds, default none) passed first
 **
-** buffered reads the connection's stream (lstream.h); wait is the C
-** modules' ums_lua_wait_fd (ums-lua.h: the runtime's readiness request on
-** the sockets' io_uring poll or epoll set): the task holds no worker
-** while it waits, and a task cancelled or timed out takes nothing from
-** the socket. select looks at every descriptor with one poll(2) and, when
-** none is ready, waits once for all of them:
-**   - one descriptor: the runtime's readiness wait on it;
+** buffered reads the connection's stream (lstream.h). select looks at
+** every descriptor with one poll(2) (so a select that finds something
+** ready, or has a zero timeout, returns without a task switch: the
+** cooperative rule) and, when none is ready, waits once for all of them;
+** the task holds no worker while it waits, and a task cancelled or timed
+** out takes nothing from the sockets:
+**   - one descriptor: the C modules' ums_lua_wait_fd on it (ums-lua.h:
+**     the runtime's readiness request on the sockets' io_uring poll or
+**     epoll set);
 **   - up to SEL_SET_MAX: that wait on an epoll set of them made for the
 **     call (its owner is the call: a userdata on its stack, closed when
 **     the wait ends, and by its finalizer when the task is cancelled
@@ -60,44 +57,6 @@ static int l_buffered(lua_State *L) {
   return 1;
 }
 
-static const char *const whats[] = {"r", "w", NULL};
-static const int events[] = {POLLIN, POLLOUT};
-
-/* poll(2) with a zero timeout: select's first look, and all of a select
-** with a zero timeout. It never parks: a select that finds something
-** ready, or has a zero timeout, returns without a task switch (the
-** cooperative rule: only a call that waits lets other tasks run), and it
-** also works outside a task. */
-static int l_ready(lua_State *L) {
-  struct pollfd p = {(int)luaL_checkinteger(L, 1), 0, 0};
-  p.events = (short)events[luaL_checkoption(L, 2, NULL, whats)];
-  int n;
-  do n = poll(&p, 1, 0); while (n < 0 && errno == EINTR);
-  /* A hang-up or an error is readiness too: the next call reports it. */
-  lua_pushboolean(L, n > 0 && p.revents != 0);
-  return 1;
-}
-
-/* The wait's end: readiness, or the timeout (revents 0). */
-static int wait_done(lua_State *L, int revents, void *ctx) {
-  (void)ctx;
-  if (revents == 0) {
-    lua_pushnil(L);
-    lua_pushliteral(L, "timeout");
-    return 2;
-  }
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
-static int l_wait(lua_State *L) {
-  int fd = (int)luaL_checkinteger(L, 1);
-  int what = luaL_checkoption(L, 2, NULL, whats);
-  double t = luaL_optnumber(L, 3, UMS_LUA_NOTIMEOUT);
-  luaL_argcheck(L, t == t, 3, "timeout is NaN");
-  return ums_lua_wait_fd(L, fd, events[what], t, wait_done, NULL);
-}
-
 /* ---- select ---- */
 
 /* The call's state, a userdata at SEL_STATE of its stack: the poll(2)
@@ -129,10 +88,9 @@ static int sel_gc(lua_State *L) {
   return 0;
 }
 
-/* The descriptors of list (an array of integers) into p; returns the
-** count. */
-static int sel_fds(lua_State *L, int list, struct pollfd *p, short ev) {
-  int n = (int)lua_rawlen(L, list);
+/* The n descriptors of list (an array of integers) into p. */
+static void sel_fds(lua_State *L, int list, int n, struct pollfd *p,
+                    short ev) {
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, list, i + 1);
     int ok;
@@ -141,9 +99,8 @@ static int sel_fds(lua_State *L, int list, struct pollfd *p, short ev) {
       luaL_error(L, "select: descriptor %d of argument #%d is not a "
                  "non-negative integer", i + 1, list);
     lua_pop(L, 1);
-    if (p) p[i] = (struct pollfd){(int)fd, ev, 0};
+    p[i] = (struct pollfd){(int)fd, ev, 0};
   }
-  return n;
 }
 
 /* Pushes the positions of the ready entries of p[from, to) as an array. */
@@ -158,6 +115,14 @@ static void sel_push_ready(lua_State *L, const lselect *s, int from,
     }
 }
 
+/* The call's results from the entries' revents: the ready positions of
+** the read list, then of the write list. */
+static int sel_results(lua_State *L, const lselect *s) {
+  sel_push_ready(L, s, 0, s->nr);
+  sel_push_ready(L, s, s->nr, s->n);
+  return 2;
+}
+
 /* One look at every descriptor (a hang-up, an error or a closed
 ** descriptor counts as ready: the next call reports it). Pushes the two
 ** arrays and returns true when something is ready. */
@@ -166,8 +131,7 @@ static bool sel_look(lua_State *L, lselect *s) {
   do r = poll(s->p, (nfds_t)s->n, 0); while (r < 0 && errno == EINTR);
   if (r < 0) luaL_error(L, "select: %s", strerror(errno));
   if (r == 0) return false;
-  sel_push_ready(L, s, 0, s->nr);
-  sel_push_ready(L, s, s->nr, s->n);
+  sel_results(L, s);
   return true;
 }
 
@@ -237,11 +201,7 @@ static int sel_polled(lua_State *L, int status, void *ud) {
       s->p[i].revents = sw->p[i].revents;
       any |= sw->p[i].revents != 0;
     }
-    if (any) {
-      sel_push_ready(L, s, 0, s->nr);
-      sel_push_ready(L, s, s->nr, s->n);
-      return 2;
-    }
+    if (any) return sel_results(L, s);
   }
   return sel_woken(L, status == UMS_LUA_OK, s);
 }
@@ -301,7 +261,7 @@ static int l_select(lua_State *L) {
   double t = luaL_optnumber(L, 3, UMS_LUA_NOTIMEOUT);
   luaL_argcheck(L, t == t, 3, "timeout is NaN");
   lua_settop(L, 3);
-  int nr = sel_fds(L, 1, NULL, 0), nw = sel_fds(L, 2, NULL, 0);
+  int nr = (int)lua_rawlen(L, 1), nw = (int)lua_rawlen(L, 2);
   lselect *s = lua_newuserdatauv(
       L, sizeof *s + (size_t)(nr + nw) * sizeof(struct pollfd), 0);
   s->ep = -1;
@@ -310,13 +270,12 @@ static int l_select(lua_State *L) {
   s->deadline = t < 0 ? -1.0 : sel_now() + t;
   luaL_setmetatable(L, SEL_MT);
   lua_toclose(L, SEL_STATE);
-  sel_fds(L, 1, s->p, POLLIN);
-  sel_fds(L, 2, s->p + nr, POLLOUT);
+  sel_fds(L, 1, nr, s->p, POLLIN);
+  sel_fds(L, 2, nw, s->p + nr, POLLOUT);
   if (sel_look(L, s)) return 2;
-  if (t == 0 || s->n == 0) {
-    /* Nothing to wait for: select sleeps out its timeout (Lua does). */
-    return sel_timeout(L);
-  }
+  /* A zero timeout only looks; no descriptor, nothing to wait for (the
+  ** Lua side sleeps out LuaSocket's timeout then). */
+  if (t == 0 || s->n == 0) return sel_timeout(L);
   return sel_wait(L, s);
 }
 
@@ -330,9 +289,7 @@ void lums_open_socket(lua_State *L) {
   lua_pop(L, 1);
   static const luaL_Reg fns[] = {
       {"buffered", l_buffered},
-      {"ready", l_ready},
       {"select", l_select},
-      {"wait", l_wait},
       {NULL, NULL}};
   luaL_newlib(L, fns);
   lua_setfield(L, -2, "socket");

@@ -32,7 +32,7 @@
 local ums = require "ums"
 local net = require "ums.net"
 local wq = require "ums.waitq"
--- buffered(conn), ready(fd, what), wait(fd, what, t): lsocket.c.
+-- buffered(conn), select(rfds, wfds, t): lsocket.c.
 local helpers = require("ums.core").socket
 
 local error, getmetatable, ipairs, math_type, pairs, pcall, rawequal,
