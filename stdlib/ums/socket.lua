@@ -237,15 +237,18 @@ local OURS = {}
 for mt in pairs(TCP_ANY) do OURS[mt] = true end
 for mt in pairs(UDP_ANY) do OURS[mt] = true end
 
+-- Whether s is a socket.unix object: its family says so from its
+-- creation on (unix.stream, unix.dgram).
+local function is_unix(s)
+  return s.family == "unix"
+end
+
 -- The class of role `role` for s's kind (IP or Unix).
-local ROLES = {
-  [false] = { client = CLIENT, server = SERVER, connected = CONNECTED },
-  [true] = { client = UCLIENT, server = USERVER, connected = UCONNECTED },
-}
+local IP_ROLES = { client = CLIENT, server = SERVER, connected = CONNECTED }
+local UNIX_ROLES = { client = UCLIENT, server = USERVER,
+                     connected = UCONNECTED }
 local function class_of(s, role)
-  -- (the key computed apart: Lua 5.4.4 miscompiles t[a == b])
-  local unix = s.unix == true
-  return ROLES[unix][role]
+  return (is_unix(s) and UNIX_ROLES or IP_ROLES)[role]
 end
 
 -- Checks that self is of class mt (or of a group: a set of classes).
@@ -255,7 +258,7 @@ local function check(s, want, fname, what)
   then
     return s
   end
-  if type(s) == "table" and s.unix then
+  if type(s) == "table" and is_unix(s) then
     what = gsub(gsub(what, "^tcp", "unixstream"), "^udp", "unixdgram")
   end
   argerror(3, 1, fname, what .. " expected")
@@ -264,7 +267,7 @@ end
 local function new(mt, family)
   return setmetatable({
     -- fd: the descriptor of the ums.net object it holds (conn, server or
-    -- udp), kept beside it for select; nil without one.
+    -- udp), kept beside it (getfd, select); nil without one.
     family = family,     -- "inet", "inet6" or nil (the first that works)
     block = -1, total = -1,
     received = 0, sent = 0, birthday = gettime(),
@@ -415,7 +418,7 @@ end
 -- Unix socket, whose host is its path (then bad is LuaSocket's answer for
 -- a path too long), else the checked port.
 local function dgram_port(s, host, port, narg, fname)
-  if s.unix then return nil, path_error(host) end
+  if is_unix(s) then return nil, path_error(host) end
   return check_port(port, narg, fname)
 end
 
@@ -427,7 +430,7 @@ local function open(s, host, port)
   -- A zero timeout connects all the same (see the header).
   if t == 0 then t = nil end
   local conn, msg, code
-  if s.unix then
+  if is_unix(s) then
     local bad = path_error(host)
     if bad then return nil, bad end
     conn, msg, code = net.connect_unix(host, { timeout = t })
@@ -454,7 +457,7 @@ end
 function tcp.connect(s, host, port)
   check(s, TCP_ANY, "connect", "tcp{any}")
   host = check_host(host, 2, "connect")
-  if not s.unix then port = check_port(port, 3, "connect") end
+  if not is_unix(s) then port = check_port(port, 3, "connect") end
   if s.closed then return nil, "closed" end
   if s.conn then return nil, "already connected" end
   if s.server then return nil, "ums.socket: a bound socket cannot connect" end
@@ -465,11 +468,11 @@ tcp.setpeername = tcp.connect
 function tcp.bind(s, host, port)
   check(s, IS_MASTER, "bind", "tcp{master}")
   host = check_host(host, 2, "bind")
-  if not s.unix then port = check_port(port, 3, "bind") end
+  if not is_unix(s) then port = check_port(port, 3, "bind") end
   if s.server then return nil, "ums.socket: the socket is bound already" end
   if s.closed then return nil, "closed" end
   local server, msg, code
-  if s.unix then
+  if is_unix(s) then
     local bad = path_error(host)
     if bad then return nil, bad end
     server, msg, code = net.listen_unix(host)
@@ -508,7 +511,6 @@ function tcp.accept(s)
   local conn, msg, code = s.server:accept(call_timeout(s))
   if not conn then return nil, message(msg, code) end
   local c = new(class_of(s, "client"), s.family)
-  c.unix = s.unix
   c.conn, c.fd = conn, conn:fileno()
   return c
 end
@@ -651,9 +653,7 @@ end
 
 function tcp.getfd(s)
   check(s, TCP_ANY, "getfd", "tcp{any}")
-  local o = handle(s)
-  if not o then return -1.0 end
-  return (o:fileno() or -1) + 0.0
+  return (s.fd or -1) + 0.0
 end
 
 -- LuaSocket's setfd swaps the descriptor under the object; an ums.net
@@ -808,15 +808,12 @@ M.udp6 = udp_create("inet6")
 -- module is stream()), over ums.net's Unix sockets; addresses are paths.
 local unix = {}
 function unix.stream()
-  local s = new(UMASTER, "unix")
-  s.unix = true
-  return s
+  return new(UMASTER, "unix")
 end
 function unix.dgram()
   local u, msg, code = net.udp_unix()
   if not u then return nil, message(msg, code) end
   local s = new(UUNCONNECTED, "unix")
-  s.unix = true
   s.udp, s.fd = u, u:fileno()
   return s
 end
@@ -841,7 +838,7 @@ function udp.setsockname(s, host, port)
   local bad
   port, bad = dgram_port(s, host, port, 3, "setsockname")
   if bad then return nil, bad end
-  if host == "*" and not s.unix then
+  if host == "*" and not is_unix(s) then
     host = s.family == "inet6" and "::" or "0.0.0.0"
   end
   if not s.udp then return nil, "closed" end
@@ -917,7 +914,7 @@ function udp.receivefrom(s, size)
   local data, host, port = s.udp:recvfrom(size)
   if not data then return nil, message(host, port) end
   -- socket.unix's datagrams come from a path alone.
-  if s.unix then return data, host end
+  if is_unix(s) then return data, host end
   return data, host, port
 end
 
@@ -936,8 +933,7 @@ end
 
 function udp.getfd(s)
   check(s, UDP_ANY, "getfd", "udp{any}")
-  if not s.udp then return -1.0 end
-  return (s.udp:fileno() or -1) + 0.0
+  return (s.fd or -1) + 0.0
 end
 function udp.setfd(s)
   check(s, UDP_ANY, "setfd", "udp{any}")
