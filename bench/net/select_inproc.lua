@@ -6,41 +6,26 @@
 --
 --   lua5.4 bench/net/select_inproc.lua [IDLE [ROUNDS]]
 local ums = require "ums"
+local serve = dofile((arg[0]:match("^(.*/)") or "./") .. "select_loop.lua")
 local NIDLE, NROUND = tonumber(arg[1] or 1000), tonumber(arg[2] or 2000)
 ums.run(function()
   local socket = require "ums.socket"
   local server = assert(socket.bind("127.0.0.1", 0))
-  server:settimeout(0)
   local _, port = server:getsockname()
   local stop = false
-  ums.spawn(function()
-    local recvt = {server}
-    while not stop do
-      local readable = socket.select(recvt, nil, 0.5)
-      for _, s in ipairs(readable) do
-        if s == server then
-          local c = server:accept()
-          if c then c:settimeout(0); recvt[#recvt + 1] = c end
-        else
-          local line, e = s:receive("*l")
-          if line then s:send(line .. "\n")
-          elseif e == "closed" then
-            for i, x in ipairs(recvt) do if x == s then table.remove(recvt, i) break end end
-            s:close()
-          end
-        end
-      end
-    end
-    server:close()
-  end)
+  ums.spawn(serve, socket, server, 0.5, function() return stop end)
   local idle = {}
   for i = 1, NIDLE do idle[i] = assert(socket.connect("127.0.0.1", port)) end
   local c = assert(socket.connect("127.0.0.1", port))
   ums.sleep(0.2)
   local t0 = ums.now()
-  for i = 1, NROUND do assert(c:send("ping\n")); assert(c:receive()) end
+  for _ = 1, NROUND do
+    assert(c:send("ping\n"))
+    assert(c:receive())
+  end
   local dt = ums.now() - t0
-  print(("%d idle, %d round trips: %.1f us each"):format(NIDLE, NROUND, dt / NROUND * 1e6))
+  print(("%d idle, %d round trips: %.1f us each"):format(NIDLE, NROUND,
+                                                       dt / NROUND * 1e6))
   stop = true
   c:close()
   for _, x in ipairs(idle) do x:close() end

@@ -11,38 +11,15 @@ if (mode ~= "luasocket" and mode ~= "ums") or not port then
   os.exit(2)
 end
 
-local function serve(socket)
-  local server = assert(socket.bind("127.0.0.1", port))
-  server:settimeout(0)
-  local recvt = { server }
-  while true do
-    local readable = socket.select(recvt, nil, 5)
-    if #readable == 0 then break end
-    for _, s in ipairs(readable) do
-      if s == server then
-        local c = server:accept()
-        if c then
-          c:settimeout(0)
-          recvt[#recvt + 1] = c
-        end
-      else
-        local line, err = s:receive("*l")
-        if line then
-          s:send(line .. "\n")
-        elseif err == "closed" then
-          for i, x in ipairs(recvt) do
-            if x == s then table.remove(recvt, i) break end
-          end
-          s:close()
-        end
-      end
-    end
-  end
+local serve = dofile((arg[0]:match("^(.*/)") or "./") .. "select_loop.lua")
+
+local function run(socket)
+  serve(socket, assert(socket.bind("127.0.0.1", port)), 5)
 end
 
 if mode == "luasocket" then
-  serve(require "socket")
+  run(require "socket")
 else
   local ums = require "ums"
-  ums.run(function() serve(require "ums.socket") end)
+  ums.run(function() run(require "ums.socket") end)
 end
