@@ -111,9 +111,9 @@ static void check_opts(lua_State *L, int idx, const char *const *names) {
 static const char *const resolve_opts[] = {"family", "socktype", "passive",
                                            "timeout", NULL};
 static const char *const connect_opts[] = {"timeout", "family", "nodelay",
-                                           "io_timeout", NULL};
+                                           "io_timeout", "wait", NULL};
 static const char *const connect_unix_opts[] = {"timeout", "io_timeout",
-                                                NULL};
+                                                "wait", NULL};
 static const char *const listen_opts[] = {"backlog", "reuseaddr", "reuseport",
                                           "family", NULL};
 static const char *const listen_unix_opts[] = {"backlog", NULL};
@@ -283,6 +283,8 @@ typedef struct lnet_op {
   int64_t deadline;         /* the whole call's */
   int64_t last_err;         /* connect: the last address's failure */
   bool nodelay;
+  bool nowait;              /* connect: hand the connection over while it
+                               is being made (opts.wait = false) */
   int64_t io_timeout;       /* the new connection's (ns; -1: none) */
   int backlog;              /* listen */
   bool reuseaddr, reuseport;
@@ -456,6 +458,23 @@ static int connect_next(lua_State *L, lnet_op *op) {
       continue;
     }
     op->fd = fd;
+    if (op->nowait) {
+      /* The connection is handed over while the kernel makes it: its
+      ** reads and writes wait for it as for any data, and fail with its
+      ** error. An interrupted connect(2) goes on in the kernel too. */
+      int e = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+      if (e == 0 || e == EINPROGRESS || e == EINTR) {
+        op->fd = -1;
+        if (a->ai_family != AF_UNIX) set_nodelay(fd, op->nodelay);
+        new_conn(L, fd, op->io_timeout);
+        lua_pushboolean(L, e != 0);  /* still being made */
+        return 2;
+      }
+      close(fd);
+      op->fd = -1;
+      op->last_err = -e;
+      continue;
+    }
     int rc = ums_net_connect_begin(fd, a->ai_addr, a->ai_addrlen,
                                    op->deadline, &op->req);
     if (rc == 0) return lums_park_finish(L, me, (lua_KContext)op,
@@ -515,11 +534,13 @@ static int net_connect(lua_State *L) {
   hints.ai_socktype = SOCK_STREAM;
   int64_t t = opt_seconds(L, 3, "timeout", 3);
   bool nodelay = opt_bool(L, 3, "nodelay", true);
+  bool nowait = !opt_bool(L, 3, "wait", true);
   int64_t io_timeout = opt_seconds(L, 3, "io_timeout", 3);
   lums_need_task(L, "net.connect");
   lnet_op *op = new_op(L, OP_CONNECT);
   op->deadline = ums_deadline(t);
   op->nodelay = nodelay;
+  op->nowait = nowait;
   op->io_timeout = io_timeout;
   return start_resolve(L, op, host, port, &hints);
 }
@@ -531,10 +552,12 @@ static int net_connect_unix(lua_State *L) {
   check_opts(L, 2, connect_unix_opts);
   int64_t t = opt_seconds(L, 2, "timeout", 2);
   int64_t io_timeout = opt_seconds(L, 2, "io_timeout", 2);
+  bool nowait = !opt_bool(L, 2, "wait", true);
   lums_need_task(L, "net.connect_unix");
   lnet_op *op = new_op(L, OP_CONNECT);
   op->deadline = ums_deadline(t);
   op->io_timeout = io_timeout;
+  op->nowait = nowait;
   /* One address, made as getaddrinfo makes its lists (freeaddrinfo frees
   ** each node and its address). */
   struct addrinfo *a = calloc(1, sizeof *a + sizeof un);
@@ -726,6 +749,18 @@ static int server_close(lua_State *L) {
 
 static int server_gc(lua_State *L) {
   return fd_gc(&((lserver *)luaL_checkudata(L, 1, SERVER_MT))->fd);
+}
+
+/* server:setbacklog(n) -> true | nil, msg, code: listen(2) again, which
+** changes the queue of connections not yet accepted. */
+static int server_setbacklog(lua_State *L) {
+  lserver *s = check_server(L, 1);
+  lua_Integer b = luaL_checkinteger(L, 2);
+  luaL_argcheck(L, b >= 0, 2, "backlog must be a non-negative integer");
+  int rc = ums_net_listen(s->fd, b > INT32_MAX ? INT32_MAX : (int)b);
+  if (rc) return net_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 static int server_fileno(lua_State *L) {
@@ -1262,6 +1297,7 @@ void lums_open_net(lua_State *L) {
   static const luaL_Reg server_methods[] = {
       {"accept", server_accept},   {"close", server_close},
       {"fileno", server_fileno},   {"getsockname", server_getsockname},
+      {"setbacklog", server_setbacklog},
       {NULL, NULL}};
   static const luaL_Reg udp_methods[] = {
       {"bind", udp_bind},           {"connect", udp_connect},

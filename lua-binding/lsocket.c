@@ -5,6 +5,11 @@
 **   buffered(conn) -> n    bytes an ums.net connection has read ahead
 **                          (LuaSocket's dirty(): select must not wait
 **                          for the descriptor while they are there)
+**   connected(conn) -> true | false | nil, msg, code
+**                          whether a connection handed over while being
+**                          made (ums.net.connect's wait = false) is made,
+**                          still in progress, or failed (its error,
+**                          which the kernel then forgets); never waits
 **   select(rfds, wfds [, t])
 **                          LuaSocket's select over descriptors: the
 **                          positions in rfds and in wfds of those that
@@ -43,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +61,34 @@ static int l_buffered(lua_State *L) {
     n = f->rlen - f->rpos;
   lua_pushinteger(L, (lua_Integer)n);
   return 1;
+}
+
+static int l_connected(lua_State *L) {
+  lfile *f = lstream_to(L, 1);
+  luaL_argcheck(L, f != NULL && f->sock, 1, "ums.net.conn expected");
+  if (f->fd < 0) return lstream_push_netfail(L, UMS_ECLOSED);
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(f->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (err) return lstream_push_netfail(L, -err);
+  struct sockaddr_storage ss;
+  len = sizeof ss;
+  if (getpeername(f->fd, (struct sockaddr *)&ss, &len) == 0) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  /* Not connected and no error: in progress until the socket becomes
+  ** writable or hung up (an end without an error left to report). */
+  struct pollfd p = {.fd = f->fd, .events = POLLOUT};
+  int n;
+  do n = poll(&p, 1, 0);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return lstream_push_netfail(L, -errno);
+  if (n == 0 || !(p.revents & (POLLOUT | POLLHUP | POLLERR))) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  return lstream_push_netfail(L, -ENOTCONN);
 }
 
 /* ---- select ---- */
@@ -289,6 +323,7 @@ void lums_open_socket(lua_State *L) {
   lua_pop(L, 1);
   static const luaL_Reg fns[] = {
       {"buffered", l_buffered},
+      {"connected", l_connected},
       {"select", l_select},
       {NULL, NULL}};
   luaL_newlib(L, fns);

@@ -548,6 +548,84 @@ describe("ums.net timeouts and cancellation", function()
   end)
 end)
 
+describe("ums.net connect without waiting (wait = false)", function()
+  it("hands the connection over; its reads and writes wait for it",
+     function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      local c, pending = net.connect("127.0.0.1", port, {wait = false})
+      assert.is_true(c ~= nil)
+      -- TCP's connect(2) never ends at once on a non-blocking socket.
+      assert.is_true(pending)
+      assert(c:write("hello\n"))
+      local a = assert(srv:accept(5))
+      assert.equal("hello", a:read("l"))
+      assert(a:write("back\n"))
+      assert.equal("back", c:read("l"))
+      a:close()
+      c:close()
+      srv:close()
+    end)
+  end)
+
+  it("a refused connection fails its first read with the refusal",
+     function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      srv:close()
+      local c = assert(net.connect("127.0.0.1", port, {wait = false}))
+      local v, msg, code = c:read("l")
+      assert.is_nil(v)
+      assert.equal("connection refused", msg)
+      assert.equal(net.errno.ECONNREFUSED, code)
+      c:close()
+    end)
+  end)
+
+  it("a Unix connection is made at once", function()
+    run(function()
+      local path = os.tmpname()
+      os.remove(path)
+      local srv = assert(net.listen_unix(path))
+      local c, pending = net.connect_unix(path, {wait = false})
+      assert.is_false(pending)
+      assert(c:write("x"))
+      local a = assert(srv:accept(5))
+      assert.equal("x", a:read(1))
+      a:close(); c:close(); srv:close()
+      os.remove(path)
+    end)
+  end)
+
+  it("server:setbacklog changes the queue of connections not accepted",
+     function()
+    run(function()
+      local srv = assert(net.listen("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      assert.is_true(srv:setbacklog(0))
+      -- One connection fits a backlog of 0; the next one waits.
+      local held = {}
+      local timed_out
+      for _ = 1, 5 do
+        local c, msg = net.connect("127.0.0.1", port, {timeout = 0.1})
+        if not c then timed_out = msg break end
+        held[#held + 1] = c
+      end
+      assert.equal("timeout", timed_out)
+      assert.is_true(#held <= 2)
+      for _, c in ipairs(held) do c:close() end
+      assert.has_error(function() srv:setbacklog(-1) end,
+        "bad argument #1 to 'setbacklog' (backlog must be a non-negative " ..
+        "integer)")
+      srv:close()
+      assert.has_error(function() srv:setbacklog(1) end,
+        "attempt to use a closed server")
+    end)
+  end)
+end)
+
 -- Descriptors open in this process (the listing's own included, the
 -- same each time).
 local function fd_count()
@@ -1183,7 +1261,7 @@ describe("ums.net arguments", function()
       assert.has_error(function()
         net.connect("127.0.0.1", 1, {timout = 1})
       end, "bad argument #3 to 'connect' (unknown option 'timout' "
-           .. "(options: timeout, family, nodelay, io_timeout))")
+           .. "(options: timeout, family, nodelay, io_timeout, wait))")
       assert.has_error(function() net.udp({[1] = "inet"}) end,
         "bad argument #1 to 'udp' (option names must be strings "
         .. "(options: family, timeout))")
@@ -1193,7 +1271,7 @@ describe("ums.net arguments", function()
       assert.has_error(function()
         net.connect_unix("/nonexistent", {backlog = 1})
       end, "bad argument #2 to 'connect_unix' (unknown option 'backlog' "
-           .. "(options: timeout, io_timeout))")
+           .. "(options: timeout, io_timeout, wait))")
       assert.has_error(function()
         net.listen_unix("/nonexistent", {timeout = 1})
       end, "bad argument #2 to 'listen_unix' (unknown option 'timeout' "

@@ -321,6 +321,58 @@ local function unix_script(unix, base)
 end
 
 -- Where the two records differ, by design (docs/stdlib.md, "ums.socket").
+-- LuaSocket's non-blocking connect (a zero timeout, as copas and other
+-- select loops use it): "timeout" at once, writable once made, then 1;
+-- a refused one; a listener's backlog; a service that does not resolve.
+local function connect_script(socket)
+  local out, rec = recorder()
+  local srv = assert(socket.bind("127.0.0.1", 0))
+  local ip, port = srv:getsockname()
+  local c = socket.tcp()
+  rec(c:settimeout(0))
+  rec(c:connect(ip, port))
+  rec(c, c.class)
+  local _, w = socket.select(nil, { c }, 5)
+  rec(#w)
+  rec(c:connect(ip, port))
+  rec(c:connect(ip, port))
+  rec(c:send("hi\n"))
+  local a = srv:accept()
+  a:settimeout(5)
+  rec(a:receive())
+  a:close()
+  c:close()
+  srv:close()
+  -- Nothing listens on the port now.
+  local d = socket.tcp()
+  d:settimeout(0)
+  rec(d:connect(ip, port))
+  _, w = socket.select(nil, { d }, 5)
+  rec(#w)
+  rec(d:connect(ip, port))
+  rec(d, d:receive())
+  d:close()
+  -- A backlog of 0 holds one connection not accepted; the next waits.
+  local l = socket.tcp()
+  rec(l:bind("127.0.0.1", 0))
+  rec(l:listen(0))
+  local ip2, port2 = l:getsockname()
+  local f1 = socket.tcp()
+  f1:settimeout(5)
+  rec(f1:connect(ip2, port2))
+  local f2 = socket.tcp()
+  f2:settimeout(0.05)
+  rec(f2:connect(ip2, port2))
+  local f3 = socket.tcp()
+  f3:settimeout(0)
+  rec(f3:connect(ip2, port2))
+  f3:settimeout(1)
+  rec(f3:connect(ip2, port2))
+  f1:close(); f2:close(); f3:close(); l:close()
+  rec(socket.connect("127.0.0.1", "no-such-service-ums"))
+  return out
+end
+
 local function known_differences(rec)
   return rec
 end
@@ -361,6 +413,17 @@ describe("ums.socket against LuaSocket", function()
     local got
     run(function() got = script(socket) end)
     want, got = known_differences(want), known_differences(got)
+    same_records(want, got)
+  end)
+
+  it("connects without waiting as LuaSocket does, for select loops", function()
+    if not has_real then
+      pending("Debian's lua-socket is not installed")
+      return
+    end
+    local want = connect_script(real)
+    local got
+    run(function() got = connect_script(socket) end)
     same_records(want, got)
   end)
 

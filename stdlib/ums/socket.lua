@@ -24,15 +24,13 @@
 -- * A master object (tcp()) has no descriptor before connect or bind
 --   (ums.net makes the socket and connects or listens in one call);
 --   options set on it are kept and applied then. bind() already listens
---   (with the system's backlog): listen() turns the object into a server.
--- * connect() with a zero timeout waits for the connection instead of
---   returning "timeout" at once: ums.net has no connection in progress to
---   hand back, and parking the task does not block anyone else.
+--   (with the system's backlog): listen() sets LuaSocket's backlog and
+--   turns the object into a server.
 -- * Every waiting call needs a task, as ums.net's calls do.
 local ums = require "ums"
 local net = require "ums.net"
 local wq = require "ums.waitq"
--- buffered(conn), select(rfds, wfds, t): lsocket.c.
+-- buffered(conn), connected(conn), select(rfds, wfds, t): lsocket.c.
 local helpers = require("ums.core").socket
 
 local error, getmetatable, ipairs, math_type, pairs, pcall, rawequal,
@@ -73,6 +71,22 @@ word(E.EISCONN, "already connected")
 word(E.EACCES, "permission denied")
 word(E.ECONNREFUSED, "connection refused")
 
+-- LuaSocket's words for a failed resolution (socket_gaistrerror), keyed
+-- by ums.net's (gai_strerror's, in lower case); a failure not here is
+-- gai_strerror's as it stands, as LuaSocket's default is.
+local gai_words = {
+  ["name or service not known"] = "host or service not provided, or not known",
+  ["temporary failure in name resolution"] =
+    "temporary failure in name resolution",
+  ["non-recoverable failure in name resolution"] =
+    "non-recoverable failure in name resolution",
+  ["ai_family not supported"] = "ai_family not supported",
+  ["ai_socktype not supported"] = "ai_socktype not supported",
+  ["servname not supported for ai_socktype"] =
+    "service not supported for socket type",
+  ["bad value for ai_flags"] = "invalid value for ai_flags",
+}
+
 local function message(msg, code)
   -- ums.net's end of stream (nil without a message) is LuaSocket's
   -- "closed".
@@ -80,11 +94,15 @@ local function message(msg, code)
   -- ums.net's own words: its timeout, and "closed" for a socket another
   -- task closed.
   if msg == "timeout" or msg == "closed" then return msg end
+  if gai_words[msg] then return gai_words[msg] end
   if not code then return msg end
   -- The other system errors are strerror's words, as LuaSocket gives
   -- them (ums.net's are the same in lower case).
   return words[code] or (gsub(msg, "^%l", string.upper))
 end
+
+-- strerror(ENOTCONN), LuaSocket's answer on a socket not connected.
+local NOTCONN = "Transport endpoint is not connected"
 
 -- LuaSocket answers with lua_pushnumber: floats, in Lua 5.4.
 local ONE = 1.0
@@ -427,21 +445,27 @@ end
 local function open(s, host, port)
   local o = s.options
   local t = call_timeout(s)
-  -- A zero timeout connects all the same (see the header).
-  if t == 0 then t = nil end
+  -- A zero timeout starts the connection and returns "timeout" while the
+  -- kernel makes it, as LuaSocket's non-blocking connect does: the
+  -- object is a client from then on, select() sees it writable once the
+  -- connection is made, and connect() again tells how it went.
+  local wait = t ~= 0
+  if not wait then t = nil end
   local conn, msg, code
   if is_unix(s) then
     local bad = path_error(host)
     if bad then return nil, bad end
-    conn, msg, code = net.connect_unix(host, { timeout = t })
+    conn, msg, code = net.connect_unix(host, { timeout = t, wait = wait })
   else
     local nodelay = o["tcp-nodelay"]
     conn, msg, code = net.connect(host, port, {
-      timeout = t, family = s.family,
+      timeout = t, family = s.family, wait = wait,
       nodelay = nodelay ~= nil and not not nodelay or nil,
     })
   end
   if not conn then return nil, message(msg, code) end
+  -- (a connection handed over: whether the kernel is still making it)
+  local pending = msg == true
   s.conn, s.fd = conn, conn:fileno()
   s.family = select(3, conn:getsockname()) or s.family
   for name, value in pairs(o) do
@@ -451,7 +475,27 @@ local function open(s, host, port)
     end
   end
   setmetatable(s, class_of(s, "client"))
+  if pending then
+    s.connecting = true
+    return nil, "timeout"
+  end
   return ONE
+end
+
+-- connect() again on an object whose connection open() handed over while
+-- being made: the kernel's answers to connect(2) again, as LuaSocket
+-- gives them: in progress, then 1 once made (and "already connected"
+-- after that), or the connection's error.
+local function connect_again(s)
+  local made, msg, code = helpers.connected(s.conn)
+  if made == false then return nil, "Operation already in progress" end
+  s.connecting = nil
+  if made then return ONE end
+  -- The connection failed: the object stays a client without one (its
+  -- socket is not connected) until a connect starts afresh.
+  s.conn:close()
+  s.conn, s.fd, s.unconnected = nil, nil, true
+  return nil, message(msg, code)
 end
 
 function tcp.connect(s, host, port)
@@ -459,7 +503,9 @@ function tcp.connect(s, host, port)
   host = check_host(host, 2, "connect")
   if not is_unix(s) then port = check_port(port, 3, "connect") end
   if s.closed then return nil, "closed" end
+  if s.connecting then return connect_again(s) end
   if s.conn then return nil, "already connected" end
+  s.unconnected = nil
   if s.server then return nil, "ums.socket: a bound socket cannot connect" end
   return open(s, host, port)
 end
@@ -501,6 +547,9 @@ function tcp.listen(s, backlog)
     return nil, "ums.socket: bind before listen (ums.net binds and " ..
       "listens in one call)"
   end
+  -- LuaSocket's default backlog.
+  local ok, msg, code = s.server:setbacklog(backlog and floor(backlog) or 32)
+  if not ok then return nil, message(msg, code) end
   setmetatable(s, class_of(s, "server"))
   return ONE
 end
@@ -553,7 +602,9 @@ function tcp.receive(s, pattern, prefix)
     argerror(2, 2, "receive", "invalid receive pattern")
   end
   local conn = s.conn
-  if not conn then return nil, "closed", prefix end
+  if not conn then
+    return nil, s.unconnected and NOTCONN or "closed", prefix
+  end
   arm(s, conn, call_timeout(s))
   if kind == "line" then
     local line, msg, code = conn:read("L")
@@ -692,7 +743,7 @@ end
 function tcp.getpeername(s)
   check(s, TCP_ANY, "getpeername", "tcp{any}")
   if not s.conn then
-    return nil, s.server and "Transport endpoint is not connected" or
+    return nil, (s.server or s.unconnected) and NOTCONN or
       "Bad file descriptor"
   end
   return names(s, "getpeername")
