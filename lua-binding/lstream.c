@@ -2233,6 +2233,15 @@ static int step_send(lua_State *L, lop *o) {
       o->err = e;
       return 0;
     }
+    /* A call that may not wait (a zero timeout: LuaSocket's non-blocking
+    ** mode) ends here: copying the rest for a request that times out at
+    ** once would cost a copy of up to CHUNK_MAX bytes on every call. */
+    if (o->done < o->srclen && o->deadline != UMS_FOREVER &&
+        o->deadline <= ums_now()) {
+      o->werr = true;
+      o->err = UMS_ETIMEDOUT;
+      return 0;
+    }
   }
   int64_t r = write_chunks(o, o->src, o->srclen, UMS_FS_CUR);
   if (r == AGAIN) return STEP_IO;

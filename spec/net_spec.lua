@@ -730,6 +730,43 @@ describe("ums.net full duplex", function()
     end)
   end)
 
+  it("a send with a zero timeout sends what fits and makes no request",
+     function()
+    run(function()
+      local c, peer, srv = pair()
+      c:setoption("sndbuf", 4096)
+      local big = ("z"):rep(4 * 1024 * 1024)
+      c:settimeout(0)
+      local function requests()
+        local n = 0
+        for _, row in ipairs(ums.stats()) do
+          n = n + (row.io_requests or 0)
+        end
+        return n
+      end
+      -- The first calls fill the socket; the next ones find it full.
+      local total, went = 0, 0
+      local before = requests()
+      for _ = 1, 20 do
+        local v, msg, code, sent = c:send(big)
+        assert.is_nil(v)
+        assert.equal("timeout", msg)
+        assert.equal(net.errno.ETIMEDOUT, code)
+        total = total + sent
+        if sent > 0 then went = went + 1 end
+      end
+      -- Only the sends that went out count as requests: none waited.
+      assert.is_true(went > 0 and went < 20)
+      assert.is_true(requests() - before <= went)
+      c:settimeout(nil)
+      c:shutdown("w")
+      assert.equal(total, #peer:read("a"))
+      peer:close()
+      c:close()
+      srv:close()
+    end)
+  end)
+
   it("recv returns at most max bytes and keeps the rest", function()
     run(function()
       local c, peer, srv = pair()
