@@ -1088,6 +1088,17 @@ static int udp_connect(lua_State *L) {
   return 1;
 }
 
+/* udp:disconnect(): forgets the peer (connect(2) to AF_UNSPEC), so that
+** sendto and recvfrom take any address again. */
+static int udp_disconnect(lua_State *L) {
+  ludp *u = check_udp(L, 1);
+  struct sockaddr sa = {.sa_family = AF_UNSPEC};
+  int rc = connect(u->fd, &sa, sizeof sa) == 0 ? 0 : -errno;
+  if (rc) return net_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int udp_send_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   int64_t r = ums_net_end((ums_fs_req_t *)ctx, NULL, NULL);
@@ -1301,6 +1312,7 @@ void lums_open_net(lua_State *L) {
       {NULL, NULL}};
   static const luaL_Reg udp_methods[] = {
       {"bind", udp_bind},           {"connect", udp_connect},
+      {"disconnect", udp_disconnect},
       {"sendto", udp_sendto},       {"recvfrom", udp_recvfrom},
       {"send", udp_send},           {"recv", udp_recv},
       {"settimeout", udp_settimeout}, {"gettimeout", udp_gettimeout},

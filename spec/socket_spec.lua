@@ -236,6 +236,11 @@ local function script(socket)
   rec(u2:send("two"))
   rec(u:receive())
   rec(u:receive(2) or "none")
+  -- "*" forgets the peer: sendto works again
+  rec(u2:setpeername("*"))
+  rec(u2, u2.class)
+  rec(u2:sendto("three", uip, uport))
+  rec(u:receive())
   rec(u:dirty(), u:getfamily())
   rec(u:close(), u2:close())
   -- the rest of the namespace

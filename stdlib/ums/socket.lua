@@ -262,9 +262,10 @@ local function is_unix(s)
 end
 
 -- The class of role `role` for s's kind (IP or Unix).
-local IP_ROLES = { client = CLIENT, server = SERVER, connected = CONNECTED }
+local IP_ROLES = { client = CLIENT, server = SERVER, connected = CONNECTED,
+                   unconnected = UNCONNECTED }
 local UNIX_ROLES = { client = UCLIENT, server = USERVER,
-                     connected = UCONNECTED }
+                     connected = UCONNECTED, unconnected = UUNCONNECTED }
 local function class_of(s, role)
   return (is_unix(s) and UNIX_ROLES or IP_ROLES)[role]
 end
@@ -903,7 +904,10 @@ function udp.setpeername(s, host, port)
   host = check_host(host, 2, "setpeername")
   if not s.udp then return nil, "closed" end
   if host == "*" then
-    return nil, "ums.socket: ums.net cannot disconnect a UDP socket"
+    local ok, msg, code = s.udp:disconnect()
+    if not ok then return nil, message(msg, code) end
+    setmetatable(s, class_of(s, "unconnected"))
+    return ONE
   end
   local bad
   port, bad = dgram_port(s, host, port, 3, "setpeername")
