@@ -320,12 +320,13 @@ typedef struct lserver {
   int family;            /* AF_INET, AF_INET6, AF_UNIX */
 } lserver;
 
-/* Pushes a server over fd (which it owns from here). */
-static void new_server(lua_State *L, int fd, int family) {
+/* Pushes a server over fd (which it owns from here; -1: set later). */
+static lserver *new_server(lua_State *L, int fd, int family) {
   lserver *s = lua_newuserdatauv(L, sizeof *s, 0);
   s->fd = fd;
   s->family = family;
   luaL_setmetatable(L, SERVER_MT);
+  return s;
 }
 
 /* The resolution has ended. */
@@ -433,9 +434,11 @@ static int connect_k(lua_State *L, int status, lua_KContext ctx) {
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);  /* __gc closes */
   if (r == 0) {
     int fd = op->fd;
-    op->fd = -1;
     if (op->cur->ai_family != AF_UNIX) set_nodelay(fd, op->nodelay);
+    /* op keeps fd until the connection owns it (new_conn may raise for
+    ** memory before). */
     new_conn(L, fd, op->io_timeout);
+    op->fd = -1;
     return 1;
   }
   close(op->fd);
@@ -464,9 +467,9 @@ static int connect_next(lua_State *L, lnet_op *op) {
       ** error. An interrupted connect(2) goes on in the kernel too. */
       int e = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
       if (e == 0 || e == EINPROGRESS || e == EINTR) {
-        op->fd = -1;
         if (a->ai_family != AF_UNIX) set_nodelay(fd, op->nodelay);
         new_conn(L, fd, op->io_timeout);
+        op->fd = -1;
         lua_pushboolean(L, e != 0);  /* still being made */
         return 2;
       }
@@ -515,7 +518,9 @@ static int after_resolve(lua_State *L, lnet_op *op) {
           err = rc;
           continue;
         }
+        op->fd = fd;  /* until the server owns it */
         new_server(L, fd, a->ai_family);
+        op->fd = -1;
         return 1;
       }
       return net_fail(L, err);
@@ -632,6 +637,9 @@ static int net_listen_unix(lua_State *L) {
     backlog = (int)lua_tointeger(L, -1);
   }
   lua_pop(L, 1);
+  /* The server first, so that no allocation can fail once the socket
+  ** exists. */
+  lserver *srv = new_server(L, -1, AF_UNIX);
   int fd = ums_net_socket(AF_UNIX, SOCK_STREAM, 0);
   if (fd < 0) return net_fail(L, fd);
   int rc = ums_net_bind(fd, (struct sockaddr *)&un, len);
@@ -640,7 +648,7 @@ static int net_listen_unix(lua_State *L) {
     close(fd);
     return net_fail(L, rc);
   }
-  new_server(L, fd, AF_UNIX);
+  srv->fd = fd;
   return 1;
 }
 
@@ -669,7 +677,11 @@ static int accept_k(lua_State *L, int status, lua_KContext ctx) {
   if (fd >= 0) {
     lserver *s = lua_touserdata(L, 1);
     if (s->family != AF_UNIX) set_nodelay(fd, true);
-    new_conn(L, fd, -1);
+    /* The connection server_accept made before: nothing to allocate
+    ** with a descriptor in hand. */
+    lfile *f = lua_touserdata(L, 3);
+    f->fd = fd;
+    lua_settop(L, 3);
     return 1;
   }
   if (fd == UMS_EMFILE || fd == UMS_ENFILE) {
@@ -718,6 +730,7 @@ static int server_accept(lua_State *L) {
   laccept *a = lua_newuserdatauv(L, sizeof *a, 0);
   memset(a, 0, sizeof *a);
   a->deadline = deadline;
+  new_conn(L, -1, -1);  /* 3: the connection, given its descriptor then */
   return accept_start(L, a);
 }
 
@@ -1016,13 +1029,16 @@ static ludp *check_udp(lua_State *L, int idx) {
 }
 
 static int new_udp(lua_State *L, int family, int64_t timeout) {
-  int fd = ums_net_socket(family, SOCK_DGRAM, 0);
-  if (fd < 0) return net_fail(L, fd);
+  /* The object first, so that no allocation can fail once the socket
+  ** exists. */
   ludp *u = lua_newuserdatauv(L, sizeof *u, 0);
-  u->fd = fd;
+  u->fd = -1;
   u->family = family;
   u->timeout = timeout;
   luaL_setmetatable(L, UDP_MT);
+  int fd = ums_net_socket(family, SOCK_DGRAM, 0);
+  if (fd < 0) return net_fail(L, fd);
+  u->fd = fd;
   return 1;
 }
 

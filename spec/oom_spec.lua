@@ -220,3 +220,78 @@ describe("a task that cannot get memory", function()
     assert.is_true(failures > 0, "no allocation was made to fail")
   end)
 end)
+
+-- The child of the descriptor case: makes listeners, connections (both
+-- ways of connecting), accepts and datagram sockets with allocations
+-- failing at random (FAILALLOC_ARM), each round in a pcall, then disarms
+-- and prints how many descriptors it holds beyond those it started with.
+local NET_CHILD = [[
+local ums = require "ums"
+local net = ums.net
+local function fds()
+  collectgarbage(); collectgarbage()
+  local n = 0
+  for _ in ums.fs.dir("/proc/self/fd") do n = n + 1 end
+  return n
+end
+local rounds, failed = tonumber(arg[1]), 0
+local base, leaked
+local ok, err = pcall(ums.run, function()
+  base = fds()
+  os.getenv("FAILALLOC_ARM")
+  for i = 1, rounds do
+    local ok = pcall(function()
+      local srv <close> = assert(net.listen("127.0.0.1", 0))
+      local _, port = srv:getsockname()
+      local t = ums.spawn(function()
+        local c = srv:accept(0.2)
+        if c then c:close() end
+      end)
+      local c = net.connect("127.0.0.1", port, {timeout = 0.2,
+                                                wait = i % 2 == 0})
+      if c then c:write("x"); c:close() end
+      t:join()
+      local u = net.udp()
+      if u then u:close() end
+      local path = os.tmpname()
+      os.remove(path)
+      local us = net.listen_unix(path)
+      if us then us:close() end
+      os.remove(path)
+    end)
+    if not ok then failed = failed + 1 end
+  end
+  os.getenv("FAILALLOC_DISARM")
+  ums.sleep(0.05)  -- closes that the runtime finishes after their calls
+  leaked = fds() - base
+end)
+os.getenv("FAILALLOC_DISARM")
+print(("run=%s err=%s failed=%d leaked=%s"):format(tostring(ok),
+      tostring(err):gsub("%s+", " "):sub(1, 80), failed, tostring(leaked)))
+]]
+
+describe("network objects when allocations fail", function()
+  after_each(sp.cleanup)
+
+  it("leave no descriptor open", function()
+    if sanitized then return pending(sanitized) end
+    local lib = os.getenv("UMS_FAILALLOC")
+    assert.is_truthy(lib, "UMS_FAILALLOC names libfailalloc.so")
+    local script = sp.temp(NET_CHILD, ".lua")
+    local failures = 0
+    for seed = 1, 3 do
+      local r = sp.lua_run({script, "200"}, {
+        timeout = 120,
+        env = {LD_PRELOAD = (preload ~= "" and preload .. " " or "") .. lib,
+               FAILALLOC_ARMED = "0",
+               FAILALLOC_SEED = tostring(seed),
+               FAILALLOC_PERMILLE = "20",
+               FAILALLOC_VERBOSE = "1"}})
+      local why = sp.describe(r)
+      sp.assert_exit(r, 0)
+      assert.is_truthy(r.stdout:find("leaked=0", 1, true), why)
+      failures = failures + tonumber(r.stderr:match("(%d+) calls failed"))
+    end
+    assert.is_true(failures > 0, "no allocation was made to fail")
+  end)
+end)
