@@ -322,6 +322,21 @@ local function unix_script(unix, base)
   rec(u1:close(), u2:close())
   os.remove(p1)
   os.remove(p2)
+  -- A zero-timeout connect to a listener whose backlog of 0 is full:
+  -- "timeout", and the object stays a master.
+  local l = unix.stream()
+  rec(l:bind(p1))
+  rec(l:listen(0))
+  local held = {}
+  for i = 1, 3 do
+    held[i] = unix.stream()
+    held[i]:settimeout(0)
+    rec(held[i]:connect(p1))
+    rec(held[i], held[i].class)
+  end
+  for i = 1, 3 do held[i]:close() end
+  rec(l:close())
+  os.remove(p1)
   return out
 end
 

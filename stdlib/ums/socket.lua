@@ -464,7 +464,12 @@ local function open(s, host, port)
       nodelay = nodelay ~= nil and not not nodelay or nil,
     })
   end
-  if not conn then return nil, message(msg, code) end
+  if not conn then
+    -- A Unix listener's full backlog refuses a connect that may not
+    -- wait: LuaSocket's "timeout", and the next connect tries again.
+    if not wait and code == E.EAGAIN then return nil, "timeout" end
+    return nil, message(msg, code)
+  end
   -- (a connection handed over: whether the kernel is still making it)
   local pending = msg == true
   s.conn, s.fd = conn, conn:fileno()
