@@ -156,6 +156,27 @@ local function check(r, n)
   return out
 end
 
+-- Runs child (a script's text) with args once per seed 1..seeds, with
+-- allocations failing at random (libfailalloc.so; env adds its settings),
+-- hands each run to check_run, and asserts that some call failed.
+local function failing_runs(child, args, seeds, env, check_run)
+  local lib = os.getenv("UMS_FAILALLOC")
+  assert.is_truthy(lib, "UMS_FAILALLOC names libfailalloc.so")
+  local script = sp.temp(child, ".lua")
+  local failures = 0
+  for seed = 1, seeds do
+    local e = {LD_PRELOAD = (preload ~= "" and preload .. " " or "") .. lib,
+               FAILALLOC_SEED = tostring(seed), FAILALLOC_VERBOSE = "1"}
+    for k, v in pairs(env) do e[k] = v end
+    local argv = {script}
+    for _, a in ipairs(args) do argv[#argv + 1] = a end
+    local r = sp.lua_run(argv, {timeout = 120, env = e})
+    check_run(r)
+    failures = failures + tonumber(r.stderr:match("(%d+) calls failed"))
+  end
+  assert.is_true(failures > 0, "no allocation was made to fail")
+end
+
 describe("a task that cannot get memory", function()
   after_each(sp.cleanup)
 
@@ -203,21 +224,9 @@ describe("a task that cannot get memory", function()
   it("ends with an error when allocations fail at random during a run",
      function()
     if sanitized then return pending(sanitized) end
-    local lib = os.getenv("UMS_FAILALLOC")
-    assert.is_truthy(lib, "UMS_FAILALLOC names libfailalloc.so")
-    local script = sp.temp(CHILD, ".lua")
-    local failures = 0
-    for seed = 1, 10 do
-      local r = sp.lua_run({script, "300", "0.004", "0.05", "inject"}, {
-        timeout = 120,
-        env = {LD_PRELOAD = (preload ~= "" and preload .. " " or "") .. lib,
-               FAILALLOC_SEED = tostring(seed),
-               FAILALLOC_PERMILLE = "100",
-               FAILALLOC_VERBOSE = "1"}})
-      check(r, 300)
-      failures = failures + tonumber(r.stderr:match("(%d+) calls failed"))
-    end
-    assert.is_true(failures > 0, "no allocation was made to fail")
+    failing_runs(CHILD, {"300", "0.004", "0.05", "inject"}, 10,
+                 {FAILALLOC_PERMILLE = "100"},
+                 function(r) check(r, 300) end)
   end)
 end)
 
@@ -275,23 +284,12 @@ describe("network objects when allocations fail", function()
 
   it("leave no descriptor open", function()
     if sanitized then return pending(sanitized) end
-    local lib = os.getenv("UMS_FAILALLOC")
-    assert.is_truthy(lib, "UMS_FAILALLOC names libfailalloc.so")
-    local script = sp.temp(NET_CHILD, ".lua")
-    local failures = 0
-    for seed = 1, 3 do
-      local r = sp.lua_run({script, "200"}, {
-        timeout = 120,
-        env = {LD_PRELOAD = (preload ~= "" and preload .. " " or "") .. lib,
-               FAILALLOC_ARMED = "0",
-               FAILALLOC_SEED = tostring(seed),
-               FAILALLOC_PERMILLE = "20",
-               FAILALLOC_VERBOSE = "1"}})
-      local why = sp.describe(r)
-      sp.assert_exit(r, 0)
-      assert.is_truthy(r.stdout:find("leaked=0", 1, true), why)
-      failures = failures + tonumber(r.stderr:match("(%d+) calls failed"))
-    end
-    assert.is_true(failures > 0, "no allocation was made to fail")
+    failing_runs(NET_CHILD, {"200"}, 3,
+                 {FAILALLOC_ARMED = "0", FAILALLOC_PERMILLE = "20"},
+                 function(r)
+                   sp.assert_exit(r, 0)
+                   assert.is_truthy(r.stdout:find("leaked=0", 1, true),
+                                    sp.describe(r))
+                 end)
   end)
 end)
