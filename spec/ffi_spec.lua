@@ -32,6 +32,7 @@ int snprintf(char *buf, size_t n, const char *fmt, ...);
 pid_t getpid(void);
 int atoi(const char *);
 int usleep(unsigned int usec);
+int system(const char *command);
 const char *getenv(const char *name);
 char *strerror(int errnum);
 uint16_t htons(uint16_t);
@@ -333,6 +334,21 @@ describe("ums.ffi", function()
     table.sort(gaps)
     assert.is_true(gaps[1] < limit, ("a stall of %.1f ms (limit %.1f ms)")
       :format(gaps[1] * 1e3, limit * 1e3))
+  end)
+
+  it("runs a command with system() while other tasks go on", function()
+    -- docs/lua-api.md's recipe for commands ("What still blocks the
+    -- scheduler"): the command runs on the C-call pool.
+    run(function()
+      local ticks = 0
+      local ticker = ums.spawn(function()
+        for _ = 1, 5 do ums.sleep(0.01); ticks = ticks + 1 end
+      end)
+      local status = C.system("sleep 0.3; exit 3")
+      assert.equal(3, status >> 8)
+      assert.equal(5, ticks)
+      ticker:join()
+    end)
   end)
 
   describe("the two hidden pools", function()
