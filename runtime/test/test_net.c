@@ -1183,13 +1183,29 @@ static void rm_tree(const char *path) {
 /* A receiver whose every call has a deadline of a few microseconds reads
 ** a numbered stream that a sender on the other scheduler writes in
 ** bursts: every timeout races the data. A call that has timed out must
-** leave the socket alone, so the stream arrives whole and in order. */
+** leave the socket alone, so the stream arrives whole and in order; with
+** take set, the calls are receives that take their buffer. */
 enum { LOSS_MSGS = 20000 };
 
 typedef struct loss {
   int rfd, sfd;
+  bool take;
+  _Atomic bool done;
   uint64_t bytes, timeouts;
 } loss_t;
+
+/* Enters the kernel between its yields, on the receiver's scheduler, so
+** that whatever the kernel keeps for that thread to run (the completion
+** work of a ring operation) runs between a receive's timeout and its
+** caller's resumption. */
+static void *loss_busy(void *arg) {
+  loss_t *l = arg;
+  while (!atomic_load(&l->done)) {
+    (void)getppid();
+    CHECK_RC(ums_yield(), 0);
+  }
+  return PTR(1);
+}
 
 static void *loss_sender(void *arg) {
   loss_t *l = arg;
@@ -1211,9 +1227,17 @@ static void *loss_sender(void *arg) {
 
 static void *loss_receiver(void *arg) {
   loss_t *l = arg;
-  ums_buf_t *b = ums_buf_new(4096);
+  ums_buf_t *b = l->take ? NULL : ums_buf_new(4096);
   for (;;) {
-    int64_t n = ums_net_recv(l->rfd, b, 0, 4096, 0, ums_deadline(25 * 1000));
+    int64_t dl = ums_deadline(25 * 1000), n;
+    if (l->take) {
+      ums_buf_release(b);
+      b = NULL;
+      n = ums_net_recv_take(l->rfd, 4096, 0, dl, &b);
+      CHECK(n > 0 ? b != NULL : b == NULL);
+    } else {
+      n = ums_net_recv(l->rfd, b, 0, 4096, 0, dl);
+    }
     if (n == UMS_ETIMEDOUT) {
       l->timeouts++;
       continue;
@@ -1237,19 +1261,28 @@ static void *loss_receiver(void *arg) {
   return PTR(1);
 }
 
-static void test_timeout_takes_nothing(void) {
+static void loss_run(bool take) {
   loss_t l = {0};
+  l.take = take;
   l.rfd = connected(AF_INET, &l.sfd);
   ums_task_t r = spawn_on(0, loss_receiver, &l);
+  ums_task_t busy = spawn_on(0, loss_busy, &l);
   ums_task_t s = spawn_on(1, loss_sender, &l);
   join(s);
   join(r);
+  atomic_store(&l.done, true);
+  join(busy);
   CHECK_EQ(l.bytes, (uint64_t)LOSS_MSGS * 4);
   /* The race was run: calls did time out between the bursts. */
   CHECK_GT(l.timeouts, 0);
   int64_t dl = ums_deadline(10 * SEC);
   CHECK_RC(ums_net_close(l.rfd, dl), 0);
   CHECK_RC(ums_net_close(l.sfd, dl), 0);
+}
+
+static void test_timeout_takes_nothing(void) {
+  loss_run(false);
+  loss_run(true);
 }
 
 /* ====================================================================== */
