@@ -772,6 +772,8 @@ describe("ums.net full duplex", function()
       local c, peer, srv = pair()
       assert.equal(8, peer:send("abcdefgh"))
       assert.equal("abc", c:recv(3))
+      -- the rest, short, in a 4 KiB buffer (ums_net_recv_take)
+      assert.equal(4096, (require "ums.core").stream_buffers(c))
       assert.equal("de", c:recv(2))
       assert.equal("fgh", c:recv())
       peer:close()
@@ -960,6 +962,73 @@ describe("ums.net idle connections", function()
       for _, t in ipairs(servers) do results(t) end
       srv:close()
     end, 60)
+  end)
+end)
+
+describe("ums.net receives around the smallest buffer (4 KiB)", function()
+  local core = require "ums.core"
+  local function rbuf(c) return (core.stream_buffers(c)) end
+  -- n bytes that tell where each of them was
+  local function data(n, seed)
+    local t = {}
+    for i = 1, n do t[i] = string.char((seed + i * 7) % 256) end
+    return table.concat(t)
+  end
+
+  it("recv() returns what is there, up to 64 KiB, in order", function()
+    run(function()
+      local c, peer, srv = pair()
+      for i, n in ipairs{1, 4095, 4096, 4097, 10000, 65536, 70000} do
+        local want = data(n, i)
+        assert.equal(n, peer:send(want))
+        ums.sleep(0.01)
+        -- Up to 10,000 bytes are all there: one recv() takes them all.
+        -- More come in segments the kernel may not have queued yet, but
+        -- one recv() takes more than 4 KiB of them.
+        local first = assert(c:recv())
+        if n <= 10000 then
+          assert.equal(n, #first)
+        else
+          assert.is_true(#first > 4096 and #first <= 65536)
+        end
+        local got = {first}
+        local have = #first
+        while have < n do
+          local more = assert(c:recv())
+          got[#got + 1] = more
+          have = have + #more
+        end
+        assert.is_true(table.concat(got) == want)
+        assert.equal(0, rbuf(c))
+      end
+      c:close()
+      peer:close()
+      srv:close()
+    end)
+  end)
+
+  it("lines, counts and 'a' across the boundary", function()
+    run(function()
+      local c, peer, srv = pair()
+      local long = data(5000, 3):gsub("\n", "x")
+      local t = ums.spawn(function()
+        peer:send("ab\n" .. long .. "\n" .. data(4000, 5))
+        ums.sleep(0.01)
+        peer:send(data(3000, 6))
+        ums.sleep(0.01)
+        peer:send(data(200000, 7))
+        peer:shutdown("w")
+        return true
+      end)
+      assert.equal("ab", c:read("l"))
+      assert.is_true(c:read("l") == long)
+      assert.is_true(c:read(7000) == data(4000, 5) .. data(3000, 6))
+      assert.is_true(c:read("a") == data(200000, 7))
+      assert.is_true(results(t))
+      c:close()
+      peer:close()
+      srv:close()
+    end)
   end)
 end)
 

@@ -1028,8 +1028,10 @@ UMS_API int64_t ums_net_recv(int fd, ums_buf_t *buf, size_t pos, size_t len,
 ** bytes (len > 0) into a new buffer the runtime takes (ums_buf_new(len),
 ** from the scheduler's cache) only once data is there, and hands it to
 ** the caller in *buf (one reference, the caller's; its data starts with
-** the bytes received). Returns what ums_net_recv would; *buf is set only
-** for a count > 0, else NULL. */
+** the bytes received). Up to 4 KiB received with a len above that come
+** in a buffer of 4 KiB (ums_buf_size says so), so that many connections
+** holding a short message each hold no big buffer. Returns what
+** ums_net_recv would; *buf is set only for a count > 0, else NULL. */
 UMS_API int64_t ums_net_recv_take(int fd, size_t len, int flags,
                                   int64_t deadline, ums_buf_t **buf);
 /* Sends up to len bytes of buf's data at [pos, pos + len); returns the

@@ -19,11 +19,12 @@
 #define PAGE 4096
 /* Bytes a class may keep cached per scheduler, and a cap on the count.
 ** The count covers a socket server's receives (ums_net_recv_take), which
-** take a 64 KiB buffer each when their data comes and give it back once
-** their task has taken the data: one pass may hand out one per ready
-** connection. */
+** take a buffer each when their data comes (one of the smallest class
+** for a short message) and give it back once their task has taken the
+** data: one pass may hand out one per ready connection, as many as a
+** ring's completion queue holds (io-uring.c, CQ_ENTRIES). */
 #define CACHE_BYTES_PER_CLASS (8u << 20)
-#define CACHE_MAX_PER_CLASS 128u
+#define CACHE_MAX_PER_CLASS 1024u
 
 static int size_class(size_t size) {
   if (size <= (size_t)1 << UMS__BUF_MIN_SHIFT) return 0;

@@ -133,19 +133,40 @@ static int64_t connect_result(ums__io_req_t *r) {
 ** once per readiness, so a waiting request never holds one. The caller
 ** takes the buffer from a request that ended with data
 ** (ums_net_recv_take_end); one whose caller has gone frees it with the
-** request. */
+** request.
+**
+** What came and fits in the smallest class (TAKE_SMALL) moves to a
+** buffer of that class, and the big one goes back to the cache at once:
+** a scheduler that reaps many ready receives in one pass, each kept
+** until its task runs, then holds that many small buffers instead of as
+** many big ones (more of those than the cache keeps would go to malloc
+** and free on every pass), and the kernel copies every receive into the
+** big buffer at the cache's head, the same few cache lines each time.
+** It is one receive of the asked length all the same, so a datagram is
+** never cut short. */
+#define TAKE_SMALL ((size_t)1 << UMS__BUF_MIN_SHIFT)
+
 static int64_t recv_taking(ums__io_req_t *r) {
   size_t len = r->iov[0].iov_len;
   ums_buf_t *b = ums_buf_new(len);
   if (!b) return UMS_ENOMEM;
   int64_t rc = wait_if_again(NOINTR(SOCK_RECV(r->fd, ums_buf_data(b), len,
                                               r->flags | MSG_DONTWAIT)));
-  if (rc > 0) {
-    r->bufs[0] = b;
-    r->iov[0].iov_base = ums_buf_data(b);
-  } else {
+  if (rc <= 0) {
     ums_buf_release(b);
+    return rc;
   }
+  if ((size_t)rc <= TAKE_SMALL && len > TAKE_SMALL) {
+    /* Out of memory for the small one, the big one serves. */
+    ums_buf_t *small = ums_buf_new(TAKE_SMALL);
+    if (small) {
+      memcpy(ums_buf_data(small), ums_buf_data(b), (size_t)rc);
+      ums_buf_release(b);
+      b = small;
+    }
+  }
+  r->bufs[0] = b;
+  r->iov[0].iov_base = ums_buf_data(b);
   return rc;
 }
 

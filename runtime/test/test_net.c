@@ -1183,13 +1183,29 @@ static void rm_tree(const char *path) {
 /* A receiver whose every call has a deadline of a few microseconds reads
 ** a numbered stream that a sender on the other scheduler writes in
 ** bursts: every timeout races the data. A call that has timed out must
-** leave the socket alone, so the stream arrives whole and in order. */
+** leave the socket alone, so the stream arrives whole and in order; with
+** take set, the calls are receives that take their buffer. */
 enum { LOSS_MSGS = 20000 };
 
 typedef struct loss {
   int rfd, sfd;
+  bool take;
+  _Atomic bool done;
   uint64_t bytes, timeouts;
 } loss_t;
+
+/* Enters the kernel between its yields, on the receiver's scheduler, so
+** that whatever the kernel keeps for that thread to run (the completion
+** work of a ring operation) runs between a receive's timeout and its
+** caller's resumption. */
+static void *loss_busy(void *arg) {
+  loss_t *l = arg;
+  while (!atomic_load(&l->done)) {
+    (void)getppid();
+    CHECK_RC(ums_yield(), 0);
+  }
+  return PTR(1);
+}
 
 static void *loss_sender(void *arg) {
   loss_t *l = arg;
@@ -1211,9 +1227,17 @@ static void *loss_sender(void *arg) {
 
 static void *loss_receiver(void *arg) {
   loss_t *l = arg;
-  ums_buf_t *b = ums_buf_new(4096);
+  ums_buf_t *b = l->take ? NULL : ums_buf_new(4096);
   for (;;) {
-    int64_t n = ums_net_recv(l->rfd, b, 0, 4096, 0, ums_deadline(25 * 1000));
+    int64_t dl = ums_deadline(25 * 1000), n;
+    if (l->take) {
+      ums_buf_release(b);
+      b = NULL;
+      n = ums_net_recv_take(l->rfd, 4096, 0, dl, &b);
+      CHECK(n > 0 ? b != NULL : b == NULL);
+    } else {
+      n = ums_net_recv(l->rfd, b, 0, 4096, 0, dl);
+    }
     if (n == UMS_ETIMEDOUT) {
       l->timeouts++;
       continue;
@@ -1237,19 +1261,28 @@ static void *loss_receiver(void *arg) {
   return PTR(1);
 }
 
-static void test_timeout_takes_nothing(void) {
+static void loss_run(bool take) {
   loss_t l = {0};
+  l.take = take;
   l.rfd = connected(AF_INET, &l.sfd);
   ums_task_t r = spawn_on(0, loss_receiver, &l);
+  ums_task_t busy = spawn_on(0, loss_busy, &l);
   ums_task_t s = spawn_on(1, loss_sender, &l);
   join(s);
   join(r);
+  atomic_store(&l.done, true);
+  join(busy);
   CHECK_EQ(l.bytes, (uint64_t)LOSS_MSGS * 4);
   /* The race was run: calls did time out between the bursts. */
   CHECK_GT(l.timeouts, 0);
   int64_t dl = ums_deadline(10 * SEC);
   CHECK_RC(ums_net_close(l.rfd, dl), 0);
   CHECK_RC(ums_net_close(l.sfd, dl), 0);
+}
+
+static void test_timeout_takes_nothing(void) {
+  loss_run(false);
+  loss_run(true);
 }
 
 /* ====================================================================== */
@@ -1500,6 +1533,55 @@ static void *recv_take_ok(void *arg) {
   return PTR(1);
 }
 
+/* What a receive that takes its buffer hands over, around the smallest
+** buffer class (4 KiB): every byte, in order; what fits in 4 KiB in a
+** 4 KiB buffer, more in one of the asked length; a datagram longer than
+** 4 KiB whole (one receive of the asked length, never cut at 4 KiB). */
+static void *recv_take_sizes(void *arg) {
+  int family = *(int *)arg;
+  int srv;
+  int c = connected(family, &srv);
+  int64_t dl = ums_deadline(10 * SEC);
+  enum { ASK = 65536 };
+  static const size_t sizes[] = {1, 4095, 4096, 4097, 10000, ASK};
+  ums_buf_t *src = ums_buf_new(ASK);
+  static uint8_t got[ASK];
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    size_t n = sizes[i];
+    fill(src, n, (uint8_t)i);
+    CHECK_RC(send_all(c, src, n, dl), 0);
+    size_t have = 0;
+    while (have < n) {
+      ums_buf_t *b = NULL;
+      int64_t k = ums_net_recv_take(srv, ASK, 0, dl, &b);
+      CHECK(k > 0 && have + (size_t)k <= n);
+      CHECK(b != NULL);
+      CHECK_EQ(ums_buf_size(b), (size_t)k <= 4096 ? 4096 : ASK);
+      memcpy(got + have, ums_buf_data(b), (size_t)k);
+      have += (size_t)k;
+      ums_buf_release(b);
+    }
+    CHECK(memcmp(got, ums_buf_data(src), n) == 0);
+  }
+  /* A 6,000-byte datagram. */
+  addr_t ra, sa;
+  int r = bound(family, SOCK_DGRAM, &ra);
+  int s = bound(family, SOCK_DGRAM, &sa);
+  fill(src, 6000, 77);
+  CHECK_EQ(ums_net_sendto(s, src, 0, 6000, 0, (struct sockaddr *)&ra.ss,
+                          ra.len, dl), 6000);
+  ums_buf_t *b = NULL;
+  CHECK_EQ(ums_net_recv_take(r, ASK, 0, dl, &b), 6000);
+  CHECK(same(b, 6000, 77));
+  ums_buf_release(b);
+  ums_buf_release(src);
+  CHECK_RC(ums_net_close(r, dl), 0);
+  CHECK_RC(ums_net_close(s, dl), 0);
+  CHECK_RC(ums_net_close(c, dl), 0);
+  CHECK_RC(ums_net_close(srv, dl), 0);
+  return PTR(1);
+}
+
 /* ums_net_send_now: a send from the caller's bytes that answers now or
 ** not at all. Bytes it counts arrive; a socket without room answers
 ** UMS_EAGAIN having sent nothing. (Its refusals: deferred_refused.) */
@@ -1549,6 +1631,9 @@ static void test_send_now(void) {
 static void test_recv_take(void) {
   for (size_t f = 0; f < sizeof families / sizeof *families; f++)
     CHECK(tu_in_task(rt, 0, recv_take_ok, (void *)&families[f]) == PTR(1));
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    CHECK(tu_in_task(rt, 0, recv_take_sizes, (void *)&families[f]) ==
+          PTR(1));
   CHECK_EQ(io_pending(), 0);
 }
 
