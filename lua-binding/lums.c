@@ -174,11 +174,18 @@ static void grow_slab(lua_State *L, lkept *k) {
 ** memory raises in the caller rather than on r->SL, which no protected
 ** call covers.
 **
+** nvals: the values the caller moves onto the coroutine, which has room
+** for them on return.
+**
 ** lazy (the pool being empty): no coroutine is made; the value below
 ** the handle on L, the task's start (task_new), takes the coroutine's
 ** entry and t->co stays NULL until the task's first step (start_co). */
-static ltask *take_task(lua_State *L, lvmrun *r, bool lazy) {
+static ltask *take_task(lua_State *L, lvmrun *r, int nvals, bool lazy) {
   if (r->npool) {
+    /* lua_xmove does not grow the coroutine's stack, which a failed
+    ** task's end shrank (lua_resetthread). */
+    if (!lua_checkstack(r->pool[r->npool - 1]->co, nvals))
+      luaL_error(L, "ums.spawn: out of memory");
     ltask *t = r->pool[--r->npool];
     lua_xmove(L, t->anchor, 1);
     lua_copy(t->anchor, -1, t->aidx + 1);
@@ -188,8 +195,8 @@ static ltask *take_task(lua_State *L, lvmrun *r, bool lazy) {
   lua_State *co = NULL;
   if (lazy)
     lua_rotate(L, -2, 1);  /* the start above the handle, where co goes */
-  else
-    co = lua_newthread(L);
+  else if (!lua_checkstack(co = lua_newthread(L), nvals))
+    luaL_error(L, "ums.spawn: out of memory");
   /* After lua_newthread, which may run finalizers, and one of them may
   ** spawn and take the free records there were. Nothing below runs any
   ** (grow_slab's own may, but k is read after it), so the slot chosen
@@ -382,6 +389,9 @@ static int keep_protected(lua_State *SL) {
   }
   lums_handle_extras(SL, -1, k->st == LUA_OK ? k->nres : 0);
   if (k->st == LUA_OK) {
+    /* lua_xmove does not grow SL's stack: a task may return more values
+    ** than it has room for. */
+    luaL_checkstack(SL, k->nres, "too many results");
     lua_xmove(co, SL, k->nres);
     /* With i values left above it, the table is at -(i + 1). */
     for (int i = k->nres; i >= 1; i--) lua_rawseti(SL, -(i + 1), i);
@@ -671,7 +681,7 @@ static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
   h->tag = &lums_task_tag;
   lua_pushvalue(L, mt);
   lua_setmetatable(L, -2);
-  ltask *t = take_task(L, r, lazy);
+  ltask *t = take_task(L, r, n + 1, lazy);
   /* The function and arguments go onto the coroutine (or are in the
   ** coroutine's entry already, lazy); the handle, on top of the anchor
   ** thread (take_task), comes back to `first`. */

@@ -413,6 +413,34 @@ describe("ums.spawn and task:join", function()
     require("pool_full").run(ums, false)
   end)
 
+  -- Arguments and results move between stacks that lua_xmove does not
+  -- grow: a new coroutine's, one that a failed task's end shrank, the
+  -- scheduler's own.
+  it("passes and returns more values than a new or reused coroutine holds",
+     function()
+    local vals = {}
+    for i = 1, 480 do vals[i] = i end
+    local function echo(...) return ... end
+    ums.run(function()
+      for round = 1, 3 do
+        -- Failed tasks leave shrunk coroutines in the pool.
+        local fails = {}
+        for i = 1, 8 do fails[i] = ums.spawn(error, "boom", 0) end
+        for i = 1, 8 do assert.is_false((fails[i]:join())) end
+        local hs = {}
+        for i = 1, 8 do
+          hs[i] = ums.spawn(echo, table.unpack(vals, 1, 20 * i * round))
+        end
+        for i = 1, 8 do
+          local r = table.pack(hs[i]:join())
+          assert.equal(1 + 20 * i * round, r.n)
+          assert.is_true(r[1])
+          assert.equal(20 * i * round, r[r.n])
+        end
+      end
+    end)
+  end)
+
   it("does not pass a task's debug hook on to the next task on its coroutine",
      function()
     -- No quantum and no stall detection: under TSan either would set a
