@@ -546,10 +546,12 @@ static void task_finish(ltask *t, int st, int nres) {
 ** not t's, where no wait can begin (the runtime refuses them). */
 static __attribute__((noinline)) void task_fail(ltask *t, int err) {
   bool fresh = t->h->state == T_NEW;
-  /* A lazy spawn's task not started yet gets its coroutine to end on,
-  ** with the error it ends with; without memory for one it ends as out
-  ** of memory. */
-  if (fresh && !t->co) start_co(t->vmrun, t);
+  /* A lazy spawn's task not started yet ends as out of memory with no
+  ** coroutine when that is its error: asking for memory then would only
+  ** make the VM collect in vain (a refused allocation collects in full
+  ** and tries again). For any other error it gets a coroutine to end
+  ** on, with that error. */
+  if (fresh && !t->co && err != UMS_ENOMEM) start_co(t->vmrun, t);
   lua_State *co = t->co;
   /* A task back from a park that a timeout or cancel ended does not
   ** resume, so its continuation cannot take its wait off the queue it
