@@ -767,8 +767,10 @@ static int l_task_info(lua_State *L) {
     if (me && me->vmrun == t->vmrun) {
       if (t == me)
         luaL_traceback(L, L, NULL, 1);
-      else
+      else if (t->co)
         luaL_traceback(L, t->co, NULL, 0);
+      else  /* a lazy spawn's, not started: no frame, as on a new one */
+        lua_pushliteral(L, "stack traceback:");
       lua_setfield(L, -2, "traceback");
     }
     return 1;

@@ -36,7 +36,11 @@ struct ltask {
   lhandle *h;            /* its handle (h->id: its runtime id); NULL while
                             pooled */
   lvmrun *vmrun;         /* its VM's part of a run; NULL while pooled */
-  lua_State *co;         /* its coroutine (kept while pooled) */
+  lua_State *co;         /* its coroutine (kept while pooled); NULL for a
+                            task spawned with none pooled until its first
+                            step (lums.c, start_co), while its coroutine's
+                            anchor entry holds its start: its function, or
+                            a table of it and its nargs arguments */
   lua_State *anchor;     /* [const] the anchor thread of its slab chunk
                             (below): its stack holds co at index aidx
                             and, while the task is live, its handle at
@@ -98,7 +102,8 @@ struct lhandle {
 /* A VM's ltask records are made LTASK_CHUNK at a time (lums.c, struct
 ** lkept), and each chunk has an anchor thread: a Lua thread that never
 ** runs, whose stack holds the values the chunk's records keep from the
-** collector (their coroutines and live tasks' handles) at fixed
+** collector (their coroutines, or a task's start while it has none, and
+** live tasks' handles) at fixed
 ** indices, 2 a record from 2 on, with a nil at LUMS_ANCHOR_NIL that
 ** clears an entry by lua_copy. Storing into a stack slot (lua_xmove
 ** above the top, then lua_copy) costs a fraction of lua_rawseti into a

@@ -172,16 +172,31 @@ static void grow_slab(lua_State *L, lkept *k) {
 ** without a rotation. L is the caller's thread, running protected: the
 ** coroutine and its record are made there, so that running out of
 ** memory raises in the caller rather than on r->SL, which no protected
-** call covers. */
-static ltask *take_task(lua_State *L, lvmrun *r) {
+** call covers.
+**
+** nvals: the values the caller moves onto the coroutine, which has room
+** for them on return.
+**
+** lazy (the pool being empty): no coroutine is made; the value below
+** the handle on L, the task's start (task_new), takes the coroutine's
+** entry and t->co stays NULL until the task's first step (start_co). */
+static ltask *take_task(lua_State *L, lvmrun *r, int nvals, bool lazy) {
   if (r->npool) {
+    /* lua_xmove does not grow the coroutine's stack, which a failed
+    ** task's end shrank (lua_resetthread). */
+    if (!lua_checkstack(r->pool[r->npool - 1]->co, nvals))
+      luaL_error(L, "ums.spawn: out of memory");
     ltask *t = r->pool[--r->npool];
     lua_xmove(L, t->anchor, 1);
     lua_copy(t->anchor, -1, t->aidx + 1);
     return t;
   }
   lkept *k = r->kept;
-  lua_State *co = lua_newthread(L);
+  lua_State *co = NULL;
+  if (lazy)
+    lua_rotate(L, -2, 1);  /* the start above the handle, where co goes */
+  else if (!lua_checkstack(co = lua_newthread(L), nvals))
+    luaL_error(L, "ums.spawn: out of memory");
   /* After lua_newthread, which may run finalizers, and one of them may
   ** spawn and take the free records there were. Nothing below runs any
   ** (grow_slab's own may, but k is read after it), so the slot chosen
@@ -191,8 +206,9 @@ static ltask *take_task(lua_State *L, lvmrun *r) {
   int slot = k->nfree ? k->free[k->nfree - 1] : k->nslots;
   lua_State *A = k->athreads[slot / LTASK_CHUNK];
   int aidx = LUMS_ANCHOR_CO(slot);
-  /* The handle and the coroutine above it, together: the coroutine is
-  ** stored and dropped, the handle stored and left on top. */
+  /* The handle and the coroutine (or the start) above it, together: the
+  ** coroutine is stored and dropped, the handle stored and left on
+  ** top. */
   lua_xmove(L, A, 2);
   lua_copy(A, -1, aidx);
   lua_pop(A, 1);
@@ -244,8 +260,9 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   lfs_task_end(&t->fs);
   /* A full pool (many tasks live at once, then ending): the ltask and its
   ** coroutine go at once, with none of the reset below, which only a
-  ** pooled one needs. */
-  if (r->npool == r->cappool && !grow_pool(r)) {
+  ** pooled one needs. A task that never had a coroutine (start_co
+  ** failed) has nothing to pool: every pooled ltask has one. */
+  if (!t->co || (r->npool == r->cappool && !grow_pool(r))) {
     free_task(r, t);
     return;
   }
@@ -273,6 +290,54 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   lffi_task_reset(&t->ffi);
   lreq_task_reset(&t->req);
   r->pool[r->npool++] = t;
+}
+
+static int new_thread(lua_State *L) {
+  lua_newthread(L);
+  return 1;
+}
+
+/* Gives t, spawned lazily (take_task), its coroutine at its first step:
+** a pooled ltask's, whose record is freed, or a new one. Its start, the
+** function alone or a table of the function and its t->nargs arguments
+** (task_new), moves from its entry onto the coroutine, unpacked, and the
+** coroutine takes the entry. Runs on the scheduler, where only r->SL
+** may allocate, protected. False when out of memory: t keeps no
+** coroutine, and the caller ends it (task_finish reads its end as "out
+** of memory"). */
+static __attribute__((noinline)) bool start_co(lvmrun *r, ltask *t) {
+  lua_State *A = t->anchor, *co;
+  if (r->npool) {
+    ltask *p = r->pool[--r->npool];
+    co = p->co;
+    lums_push_anchored(A, p, p->aidx);
+    free_task(r, p);
+  } else {
+    lua_State *SL = r->SL;
+    if (!lua_checkstack(SL, 2)) return false;
+    lua_pushcfunction(SL, new_thread);
+    if (lua_pcall(SL, 0, 1, 0) != LUA_OK) {
+      lua_pop(SL, 1);  /* a memory error: the only one it raises */
+      return false;
+    }
+    co = lua_tothread(SL, -1);
+    lua_xmove(SL, A, 1);
+  }
+  /* A holds the coroutine one slot above its top, and has room for the
+  ** start above it (ltask.h). */
+  lua_pushvalue(A, t->aidx);
+  lua_xmove(A, co, 1);
+  lua_replace(A, t->aidx);
+  t->co = co;
+  int n = t->nargs;
+  if (n > 0) {
+    /* Many arguments may need memory for co's stack. A failure leaves
+    ** the table on co, which task_fail's end clears. */
+    if (!lua_checkstack(co, n + 1)) return false;
+    for (int i = 1; i <= n + 1; i++) lua_rawgeti(co, 1, i);
+    lua_remove(co, 1);
+  }
+  return true;
 }
 
 /* A task of r's VM was created / has finished: see lvmrun.nlive. */
@@ -324,6 +389,9 @@ static int keep_protected(lua_State *SL) {
   }
   lums_handle_extras(SL, -1, k->st == LUA_OK ? k->nres : 0);
   if (k->st == LUA_OK) {
+    /* lua_xmove does not grow SL's stack: a task may return more values
+    ** than it has room for. */
+    luaL_checkstack(SL, k->nres, "too many results");
     lua_xmove(co, SL, k->nres);
     /* With i values left above it, the table is at -(i + 1). */
     for (int i = k->nres; i >= 1; i--) lua_rawseti(SL, -(i + 1), i);
@@ -412,6 +480,11 @@ static __attribute__((noinline)) void keep_outcome(ltask *t, int st,
     } else {
       return;
     }
+  } else if (!co) {
+    /* A lazy spawn's task that got no coroutine (start_co): nothing was
+    ** kept, and its end reads as "out of memory". */
+    h->ok = false;
+    h->nomem = true;
   } else {
     h->ok = false;
     h->nomem = !keep_run(SL, &k);
@@ -472,18 +545,28 @@ static void task_finish(ltask *t, int st, int nres) {
 ** that its joiner or ums.on_error sees it. This runs on a stack that is
 ** not t's, where no wait can begin (the runtime refuses them). */
 static __attribute__((noinline)) void task_fail(ltask *t, int err) {
-  lua_State *co = t->co;
   bool fresh = t->h->state == T_NEW;
+  /* A lazy spawn's task not started yet ends as out of memory with no
+  ** coroutine when that is its error: asking for memory then would only
+  ** make the VM collect in vain (a refused allocation collects in full
+  ** and tries again). For any other error it gets a coroutine to end
+  ** on, with that error. */
+  if (fresh && !t->co && err != UMS_ENOMEM) start_co(t->vmrun, t);
+  lua_State *co = t->co;
   /* A task back from a park that a timeout or cancel ended does not
   ** resume, so its continuation cannot take its wait off the queue it
   ** was on (lwaitq.h): that is done here, while its coroutine still
   ** holds what it waited on. */
   lums_q_unlink(&t->wait);
-  lums_req_task_failed(t, fresh, ums_strerror(err));
-  if (fresh) {
-    t->h->state = T_LIVE;
-    lua_settop(co, 0);  /* the function and its arguments */
+  if (fresh) t->h->state = T_LIVE;
+  if (!co) {
+    /* Only a lazy spawn's task has none, and it runs no work request
+    ** (lums_task_start's are never lazy). */
+    task_finish(t, LUA_ERRMEM, 0);
+    return;
   }
+  lums_req_task_failed(t, fresh, ums_strerror(err));
+  if (fresh) lua_settop(co, 0);  /* the function and its arguments */
   if (err == UMS_ENOMEM)
     lua_getfield(co, LUA_REGISTRYINDEX, LUMS_NOMEM_KEY);
   else
@@ -517,6 +600,11 @@ static int task_step(void *arg) {
                             memory_order_relaxed))
     lums_quantum_bind_thread(&t->vmrun->q);
   if (t->h->state == T_NEW) {
+    if (!t->co && !start_co(t->vmrun, t)) {
+      task_fail(t, UMS_ENOMEM);
+      lums_cur_task = prev;
+      return UMS_STEP_DONE;
+    }
     t->h->state = T_LIVE;
     if (ums_cancelled()) {
       /* Cancelled before it started: it never runs. */
@@ -576,19 +664,30 @@ static int task_step(void *arg) {
 ** is the caller's thread; mt is the index of the task metatable. The
 ** task runs on r's scheduler, where r's VM lives. */
 static lhandle *task_new(lua_State *L, lvmrun *r, int first, bool joinable,
-                         int mt) {
+                         int mt, bool lazy) {
   int n = lua_gettop(L) - first;  /* arguments */
-  /* The handle first, then the ltask: running out of memory in either
-  ** raises with nothing taken that the collector cannot get back. */
+  /* Lazy, with no pooled coroutine: the task gets one at its first step
+  ** (start_co), so that tasks spawned but not started yet hold none,
+  ** and those that start after others ended reuse theirs. Its start is
+  ** the function alone, or a table of the function and its arguments,
+  ** made first, as the handle: running out of memory in either raises
+  ** with nothing taken that the collector cannot get back. */
+  lazy = lazy && r->npool == 0;
+  if (lazy && n > 0) {
+    lua_createtable(L, n + 1, 0);
+    lua_insert(L, first);
+    for (int i = n + 1; i >= 1; i--) lua_rawseti(L, first, i);
+  }
   lhandle *h = (lhandle *)lua_newuserdatauv(L, sizeof *h, 0);
   memset(h, 0, sizeof *h);
   h->tag = &lums_task_tag;
   lua_pushvalue(L, mt);
   lua_setmetatable(L, -2);
-  ltask *t = take_task(L, r);
-  /* The function and arguments go onto the coroutine; the handle, on top
-  ** of the anchor thread (take_task), comes back to `first`. */
-  lua_xmove(L, t->co, n + 1);
+  ltask *t = take_task(L, r, n + 1, lazy);
+  /* The function and arguments go onto the coroutine (or are in the
+  ** coroutine's entry already, lazy); the handle, on top of the anchor
+  ** thread (take_task), comes back to `first`. */
+  if (t->co) lua_xmove(L, t->co, n + 1);
   lua_xmove(t->anchor, L, 1);
   t->nargs = n;
   h->t = t;
@@ -631,7 +730,7 @@ void lums_task_start(lvmrun *r, int nargs) {
   luaL_checkstack(L, 4, "ums.spawn");  /* the metatable, then task_new's */
   luaL_getmetatable(L, LUMS_TASK_MT);
   lua_insert(L, first);  /* below the function, which moves to first + 1 */
-  task_new(L, r, first + 1, false, first);
+  task_new(L, r, first + 1, false, first, false);
   lua_settop(L, first - 1);
 }
 
@@ -643,7 +742,7 @@ static int l_spawn(lua_State *L) {
     return luaL_error(L, "ums.spawn: not inside a task (call it from a "
                          "function run by ums.run or ums.spawn)");
   lums_monitor_want(&me->vmrun->q);
-  task_new(L, me->vmrun, 1, false, lua_upvalueindex(1));
+  task_new(L, me->vmrun, 1, false, lua_upvalueindex(1), true);
   return 1;  /* the handle, alone on the stack */
 }
 
@@ -1190,7 +1289,7 @@ static int run(lua_State *L, double limit) {
   /* After this the scheduler thread may be running Lua (its collector
   ** walks this thread's stack too): this thread must not touch the VM
   ** until the run is over. task_new leaves the handle alone at index 1. */
-  lhandle *main = task_new(L, r, 1, true, lua_upvalueindex(1));
+  lhandle *main = task_new(L, r, 1, true, lua_upvalueindex(1), false);
   lums_intr_watch(intr, run);
   /* From here until the runtime is shut down, the VM belongs to the
   ** scheduler: this thread runs it (run_here), or only waits. */

@@ -413,6 +413,97 @@ describe("ums.spawn and task:join", function()
     require("pool_full").run(ums, false)
   end)
 
+  -- Arguments and results move between stacks that lua_xmove does not
+  -- grow: a new coroutine's, one that a failed task's end shrank, the
+  -- scheduler's own.
+  it("passes and returns more values than a new or reused coroutine holds",
+     function()
+    local vals = {}
+    for i = 1, 480 do vals[i] = i end
+    local function echo(...) return ... end
+    ums.run(function()
+      for round = 1, 3 do
+        -- Failed tasks leave shrunk coroutines in the pool.
+        local fails = {}
+        for i = 1, 8 do fails[i] = ums.spawn(error, "boom", 0) end
+        for i = 1, 8 do assert.is_false((fails[i]:join())) end
+        local hs = {}
+        for i = 1, 8 do
+          hs[i] = ums.spawn(echo, table.unpack(vals, 1, 20 * i * round))
+        end
+        for i = 1, 8 do
+          local r = table.pack(hs[i]:join())
+          assert.equal(1 + 20 * i * round, r.n)
+          assert.is_true(r[1])
+          assert.equal(20 * i * round, r[r.n])
+        end
+      end
+    end)
+  end)
+
+  -- A task spawned while no finished coroutine is pooled gets its
+  -- coroutine when it first runs: until then it holds its function and
+  -- arguments only, far less than a coroutine.
+  it("tasks spawned before any runs hold no coroutine until they start, "
+     .. "and get their arguments", function()
+    local N = 2000
+    local function lua_bytes()
+      collectgarbage()
+      collectgarbage()
+      return collectgarbage("count") * 1024
+    end
+    local function body(...) return select("#", ...), ... end
+    local many = {}
+    for i = 1, 60 do many[i] = i end
+    local keep = {}
+    local base = lua_bytes()
+    for i = 1, N do keep[i] = coroutine.create(body) end
+    local per_co = (lua_bytes() - base) / N
+    keep = nil
+    ums.config{stall_threshold = 0}
+    local ok, err = pcall(ums.run, function()
+      local hs = {}
+      base = lua_bytes()
+      for i = 1, N do
+        if i % 4 == 0 then
+          hs[i] = ums.spawn(body)
+        elseif i % 4 == 1 then
+          hs[i] = ums.spawn(body, i)
+        elseif i % 4 == 2 then
+          hs[i] = ums.spawn(body, i, nil, "x")
+        else
+          hs[i] = ums.spawn(body, table.unpack(many))
+        end
+      end
+      local per_task = (lua_bytes() - base) / N
+      assert(per_task < per_co / 2, ("%.0f bytes a pending task, %.0f a "
+        .. "coroutine"):format(per_task, per_co))
+      -- One pending task cancelled, one asked about: neither has run.
+      assert.equal("pending", hs[N - 1]:status())
+      assert.equal("stack traceback:", hs[N - 2]:info().traceback)
+      assert.is_true(hs[N - 1]:cancel())
+      for i = 1, N do
+        local r = table.pack(hs[i]:join())
+        if i == N - 1 then
+          assert.is_false(r[1])
+          assert.is_true(rawequal(ums.CANCELLED, r[2]))
+        elseif i % 4 == 0 then
+          assert.same({n = 2, true, 0}, r)
+        elseif i % 4 == 1 then
+          assert.same({n = 3, true, 1, i}, r)
+        elseif i % 4 == 2 then
+          assert.same({n = 5, true, 3, i, nil, "x"}, r)
+        else
+          assert.equal(62, r.n)
+          assert.equal(60, r[2])
+          for k = 1, 60 do assert.equal(k, r[k + 2]) end
+        end
+      end
+    end)
+    restore_config()
+    assert(ok, err)
+  end)
+
   it("does not pass a task's debug hook on to the next task on its coroutine",
      function()
     -- No quantum and no stall detection: under TSan either would set a
