@@ -339,6 +339,11 @@ describe("ums.ffi", function()
   it("runs a command with system() while other tasks go on", function()
     -- docs/lua-api.md's recipe for commands ("What still blocks the
     -- scheduler"): the command runs on the C-call pool.
+    -- Under TSan the shell inherits its LD_PRELOAD and crashes at start
+    -- (status 11), running nothing.
+    if os.getenv("UMS_TSAN") then
+      return pending("TSan's runtime preloaded into /bin/sh crashes it")
+    end
     run(function()
       local ticks = 0
       local ticker = ums.spawn(function()
