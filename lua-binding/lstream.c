@@ -1387,13 +1387,45 @@ static const char *item_bytes(lua_State *L, int i, char *num, size_t *len) {
   return lua_tolstring(L, i, len);
 }
 
-/* Writes s[done, len) in chunks, each copied into the accumulator (a
-** page-aligned buffer the kernel can own), at off + done (off < 0: at the
-** file position). Progress in op.done. */
+/* A task's socket write goes straight from the caller's bytes (which
+** stay on its stack for the whole call) when the socket has room now
+** (ums_net_send_now): no buffer to copy into, no request. What it sends
+** counts as done. Returns 0, or the send's error. */
+static int64_t send_now(lop *o, const char *s, size_t len) {
+  lfile *f = o->f;
+  if (!o->owner || f->closing || o->done == len) return 0;
+  int64_t n = ums_net_send_now(f->fd, s + o->done, len - o->done, 0);
+  if (n == UMS_EAGAIN) return 0;
+  if (n <= 0) {
+    o->werr = true;
+    return n < 0 ? n : UMS_EIO;
+  }
+  o->done += (size_t)n;
+  o->wrote += n;
+  return 0;
+}
+
+/* Writes s[done, len) at off + done (off < 0: at the file position).
+** A socket's bytes go straight from s while it takes them (send_now);
+** the rest goes in chunks, each copied into the accumulator (a
+** page-aligned buffer the kernel can own while a request waits), except
+** in a call that may not wait (a deadline passed: LuaSocket's
+** non-blocking mode), which ends with the timeout instead of copying up
+** to CHUNK_MAX bytes for a request that would time out at its try.
+** Progress in op.done. */
 static int64_t write_chunks(lop *o, const char *s, size_t len,
                             int64_t off) {
   for (;;) {
     if (o->acclen == 0) {
+      if (o->f->sock) {
+        int64_t e = send_now(o, s, len);
+        if (e) return e;
+        if (o->done < len && o->deadline != UMS_FOREVER &&
+            o->deadline <= ums_now()) {
+          o->werr = true;
+          return UMS_ETIMEDOUT;
+        }
+      }
       if (o->done == len) return 0;
       size_t chunk = len - o->done < CHUNK_MAX ? len - o->done : CHUNK_MAX;
       int64_t r = acc_reserve(o, chunk);
@@ -2198,26 +2230,6 @@ static void send_init(lua_State *L, lop *o) {
   o->srclen = j - i + 1;
 }
 
-/* A task's send goes straight from its string (send_init's bytes, which
-** stay on the task's stack for the whole call) when the socket has room
-** now (ums_net_send_now): no buffer to copy into, no request. What it
-** sent counts as done; the rest, all of it when the socket had no room,
-** goes through write_chunks, which copies it into a buffer the request
-** can own while it waits. Returns 0, or the send's error. */
-static int64_t send_now(lop *o) {
-  lfile *f = o->f;
-  if (!o->owner || f->closing || o->srclen == 0) return 0;
-  int64_t n = ums_net_send_now(f->fd, o->src, o->srclen, 0);
-  if (n == UMS_EAGAIN) return 0;
-  if (n <= 0) {
-    o->werr = true;
-    return n < 0 ? n : UMS_EIO;
-  }
-  o->done = (size_t)n;
-  o->wrote = n;
-  return 0;
-}
-
 /* Pending writes first, then the bytes send_init found, unbuffered; the
 ** result counts those bytes only. */
 static int step_send(lua_State *L, lop *o) {
@@ -2225,23 +2237,6 @@ static int step_send(lua_State *L, lop *o) {
     int st = flush_first(o);
     if (st != 1) return st;
     o->wrote = 0;
-  }
-  if (o->phase == 1) {
-    o->phase = 2;
-    int64_t e = send_now(o);
-    if (e) {
-      o->err = e;
-      return 0;
-    }
-    /* A call that may not wait (a zero timeout: LuaSocket's non-blocking
-    ** mode) ends here: copying the rest for a request that times out at
-    ** once would cost a copy of up to CHUNK_MAX bytes on every call. */
-    if (o->done < o->srclen && o->deadline != UMS_FOREVER &&
-        o->deadline <= ums_now()) {
-      o->werr = true;
-      o->err = UMS_ETIMEDOUT;
-      return 0;
-    }
   }
   int64_t r = write_chunks(o, o->src, o->srclen, UMS_FS_CUR);
   if (r == AGAIN) return STEP_IO;
