@@ -48,7 +48,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,11 +68,11 @@ static int l_connected(lua_State *L) {
   if (f->fd < 0) return lstream_push_netfail(L, UMS_ECLOSED);
   int err = 0;
   socklen_t len = sizeof err;
-  if (getsockopt(f->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-  if (err) return lstream_push_netfail(L, -err);
+  int rc = ums_net_getsockopt(f->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (rc || err) return lstream_push_netfail(L, rc ? rc : -err);
   struct sockaddr_storage ss;
   len = sizeof ss;
-  if (getpeername(f->fd, (struct sockaddr *)&ss, &len) == 0) {
+  if (ums_net_getpeername(f->fd, (struct sockaddr *)&ss, &len) == 0) {
     lua_pushboolean(L, 1);
     return 1;
   }
