@@ -131,6 +131,15 @@ static int connected(int family, int *srv) {
   return c;
 }
 
+/* Closes every descriptor listed, each close checked where it is
+** called. */
+#define CLOSE_ALL(dl, ...)                                                   \
+  do {                                                                       \
+    const int fds_[] = {__VA_ARGS__};                                        \
+    for (size_t i_ = 0; i_ < sizeof fds_ / sizeof *fds_; i_++)               \
+      CHECK_RC(ums_net_close(fds_[i_], (dl)), 0);                            \
+  } while (0)
+
 static void fill(ums_buf_t *b, size_t n, uint8_t seed) {
   uint8_t *p = ums_buf_data(b);
   for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed + i * 7);
@@ -998,10 +1007,7 @@ static void *deferred_ok(void *arg) {
   CHECK_RC(ums_wait_fd_begin(r, POLLOUT, dl, &q), 1);
   CHECK_EQ(ums_net_end(q, NULL, NULL), POLLOUT);
   ums_buf_release(b);
-  CHECK_RC(ums_net_close(r, dl), 0);
-  CHECK_RC(ums_net_close(s, dl), 0);
-  CHECK_RC(ums_net_close(c, dl), 0);
-  CHECK_RC(ums_net_close(srv, dl), 0);
+  CLOSE_ALL(dl, r, s, c, srv);
   return PTR(1);
 }
 
@@ -1276,8 +1282,7 @@ static void loss_run(bool take) {
   /* The race was run: calls did time out between the bursts. */
   CHECK_GT(l.timeouts, 0);
   int64_t dl = ums_deadline(10 * SEC);
-  CHECK_RC(ums_net_close(l.rfd, dl), 0);
-  CHECK_RC(ums_net_close(l.sfd, dl), 0);
+  CLOSE_ALL(dl, l.rfd, l.sfd);
 }
 
 static void test_timeout_takes_nothing(void) {
@@ -1386,8 +1391,7 @@ static void test_exchange_waits_first(void) {
   CHECK_GE(calls, 2 * (uint64_t)EXCHANGES);
   CHECK_LT(again, (uint64_t)EXCHANGES / 2);
   int64_t dl = ums_deadline(10 * SEC);
-  CHECK_RC(ums_net_close(x.c, dl), 0);
-  CHECK_RC(ums_net_close(x.srv, dl), 0);
+  CLOSE_ALL(dl, x.c, x.srv);
 }
 
 /* Keeps its scheduler's run queue from emptying until told to stop, so
@@ -1445,8 +1449,7 @@ static void *near_deadline_ok(void *arg) {
   atomic_store(&stop, true);
   CHECK(join(y) == PTR(1));
   ums_buf_release(b);
-  CHECK_RC(ums_net_close(x.c, dl), 0);
-  CHECK_RC(ums_net_close(x.srv, dl), 0);
+  CLOSE_ALL(dl, x.c, x.srv);
   return PTR(1);
 }
 
@@ -1528,8 +1531,7 @@ static void *recv_take_ok(void *arg) {
   CHECK_EQ(ums_net_recv_take(srv, 8, 0, dl, &got), 0);
   CHECK(got == NULL);
   ums_buf_release(b);
-  CHECK_RC(ums_net_close(c, dl), 0);
-  CHECK_RC(ums_net_close(srv, dl), 0);
+  CLOSE_ALL(dl, c, srv);
   return PTR(1);
 }
 
@@ -1575,10 +1577,7 @@ static void *recv_take_sizes(void *arg) {
   CHECK(same(b, 6000, 77));
   ums_buf_release(b);
   ums_buf_release(src);
-  CHECK_RC(ums_net_close(r, dl), 0);
-  CHECK_RC(ums_net_close(s, dl), 0);
-  CHECK_RC(ums_net_close(c, dl), 0);
-  CHECK_RC(ums_net_close(srv, dl), 0);
+  CLOSE_ALL(dl, r, s, c, srv);
   return PTR(1);
 }
 
@@ -1615,8 +1614,7 @@ static void *send_now_in_task(void *arg) {
   }
   CHECK_EQ(got, total);
   ums_buf_release(b);
-  CHECK_RC(ums_net_close(c, dl), 0);
-  CHECK_RC(ums_net_close(srv, dl), 0);
+  CLOSE_ALL(dl, c, srv);
   return PTR(1);
 }
 
