@@ -59,6 +59,28 @@ local kinds = {
 }
 
 -- A server task that accepts one connection and runs handler(conn).
+-- A port on 127.0.0.1 that nothing listens on now (one a listener had).
+-- Call from a task.
+local function closed_port()
+  local srv = assert(net.listen("127.0.0.1", 0))
+  local _, port = srv:getsockname()
+  srv:close()
+  return port
+end
+
+-- Connects to port on 127.0.0.1 (at most n times, timeout t each) until a
+-- connect fails, as one does once a listener that never accepts has a
+-- full backlog: the connections made, and that failure's message.
+local function fill_backlog(port, n, t)
+  local held = {}
+  for _ = 1, n do
+    local c, msg = net.connect("127.0.0.1", port, {timeout = t})
+    if not c then return held, msg end
+    held[#held + 1] = c
+  end
+  return held, nil
+end
+
 local function serve_one(srv, handler)
   return ums.spawn(function()
     local c = assert(srv:accept(10))
@@ -514,15 +536,7 @@ describe("ums.net timeouts and cancellation", function()
       -- it is full the kernel drops new SYNs and connects wait.
       local srv = assert(net.listen("127.0.0.1", 0, {backlog = 0}))
       local _, port = srv:getsockname()
-      local held, timed_out = {}, nil
-      for _ = 1, 20 do
-        local c, msg = net.connect("127.0.0.1", port, {timeout = 0.2})
-        if not c then
-          timed_out = msg
-          break
-        end
-        held[#held + 1] = c
-      end
+      local held, timed_out = fill_backlog(port, 20, 0.2)
       assert.equal("timeout", timed_out)
       local t = ums.spawn(function()
         return net.connect("127.0.0.1", port)
@@ -537,10 +551,7 @@ describe("ums.net timeouts and cancellation", function()
 
   it("connect is refused, and tries every address", function()
     run(function()
-      local srv = assert(net.listen("127.0.0.1", 0))
-      local _, port = srv:getsockname()
-      srv:close()
-      local v, msg, code = net.connect("127.0.0.1", port)
+      local v, msg, code = net.connect("127.0.0.1", closed_port())
       assert.is_nil(v)
       assert.equal("connection refused", msg)
       assert.equal(net.errno.ECONNREFUSED, code)
@@ -572,10 +583,8 @@ describe("ums.net connect without waiting (wait = false)", function()
   it("a refused connection fails its first read with the refusal",
      function()
     run(function()
-      local srv = assert(net.listen("127.0.0.1", 0))
-      local _, port = srv:getsockname()
-      srv:close()
-      local c = assert(net.connect("127.0.0.1", port, {wait = false}))
+      local c = assert(net.connect("127.0.0.1", closed_port(),
+                                   {wait = false}))
       local v, msg, code = c:read("l")
       assert.is_nil(v)
       assert.equal("connection refused", msg)
@@ -586,7 +595,7 @@ describe("ums.net connect without waiting (wait = false)", function()
 
   it("a Unix connection is made at once", function()
     run(function()
-      local path = os.tmpname()
+      local path = unix_path("w")
       os.remove(path)
       local srv = assert(net.listen_unix(path))
       local c, pending = net.connect_unix(path, {wait = false})
@@ -606,13 +615,7 @@ describe("ums.net connect without waiting (wait = false)", function()
       local _, port = srv:getsockname()
       assert.is_true(srv:setbacklog(0))
       -- One connection fits a backlog of 0; the next one waits.
-      local held = {}
-      local timed_out
-      for _ = 1, 5 do
-        local c, msg = net.connect("127.0.0.1", port, {timeout = 0.1})
-        if not c then timed_out = msg break end
-        held[#held + 1] = c
-      end
+      local held, timed_out = fill_backlog(port, 5, 0.1)
       assert.equal("timeout", timed_out)
       assert.is_true(#held <= 2)
       for _, c in ipairs(held) do c:close() end
