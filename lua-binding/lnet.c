@@ -426,6 +426,15 @@ static lfile *new_conn(lua_State *L, int fd, int64_t io_timeout) {
 
 static int connect_next(lua_State *L, lnet_op *op);
 
+/* Pushes op's socket, connected or being connected to op->cur, as the
+** call's connection. op keeps the descriptor until the connection owns
+** it (new_conn may raise for memory before). */
+static void push_connected(lua_State *L, lnet_op *op) {
+  if (op->cur->ai_family != AF_UNIX) set_nodelay(op->fd, op->nodelay);
+  new_conn(L, op->fd, op->io_timeout);
+  op->fd = -1;
+}
+
 static int connect_k(lua_State *L, int status, lua_KContext ctx) {
   (void)status;
   lnet_op *op = (lnet_op *)ctx;
@@ -433,12 +442,7 @@ static int connect_k(lua_State *L, int status, lua_KContext ctx) {
   op->req = NULL;
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);  /* __gc closes */
   if (r == 0) {
-    int fd = op->fd;
-    if (op->cur->ai_family != AF_UNIX) set_nodelay(fd, op->nodelay);
-    /* op keeps fd until the connection owns it (new_conn may raise for
-    ** memory before). */
-    new_conn(L, fd, op->io_timeout);
-    op->fd = -1;
+    push_connected(L, op);
     return 1;
   }
   close(op->fd);
@@ -467,9 +471,7 @@ static int connect_next(lua_State *L, lnet_op *op) {
       ** error. An interrupted connect(2) goes on in the kernel too. */
       int e = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
       if (e == 0 || e == EINPROGRESS || e == EINTR) {
-        if (a->ai_family != AF_UNIX) set_nodelay(fd, op->nodelay);
-        new_conn(L, fd, op->io_timeout);
-        op->fd = -1;
+        push_connected(L, op);
         lua_pushboolean(L, e != 0);  /* still being made */
         return 2;
       }
@@ -1093,26 +1095,28 @@ static int udp_bind(lua_State *L) {
   return 1;
 }
 
-/* A datagram connect never waits (connect(2) only records the peer). */
-static int udp_connect(lua_State *L) {
-  ludp *u = check_udp(L, 1);
-  struct sockaddr_storage ss;
-  socklen_t len = udp_addr(L, u, 2, &ss);
-  int rc = connect(u->fd, (struct sockaddr *)&ss, len) == 0 ? 0 : -errno;
+/* Sets u's peer to sa (AF_UNSPEC: none): true | nil, msg, code. A
+** datagram connect never waits (connect(2) only records the peer). */
+static int udp_set_peer(lua_State *L, ludp *u, const struct sockaddr *sa,
+                        socklen_t len) {
+  int rc = connect(u->fd, sa, len) == 0 ? 0 : -errno;
   if (rc) return net_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
 }
 
+static int udp_connect(lua_State *L) {
+  ludp *u = check_udp(L, 1);
+  struct sockaddr_storage ss;
+  socklen_t len = udp_addr(L, u, 2, &ss);
+  return udp_set_peer(L, u, (struct sockaddr *)&ss, len);
+}
+
 /* udp:disconnect(): forgets the peer (connect(2) to AF_UNSPEC), so that
 ** sendto and recvfrom take any address again. */
 static int udp_disconnect(lua_State *L) {
-  ludp *u = check_udp(L, 1);
   struct sockaddr sa = {.sa_family = AF_UNSPEC};
-  int rc = connect(u->fd, &sa, sizeof sa) == 0 ? 0 : -errno;
-  if (rc) return net_fail(L, rc);
-  lua_pushboolean(L, 1);
-  return 1;
+  return udp_set_peer(L, check_udp(L, 1), &sa, sizeof sa);
 }
 
 static int udp_send_k(lua_State *L, int status, lua_KContext ctx) {
