@@ -296,6 +296,30 @@ describe("ums.applock #virtual", function()
       assert(holder:join())
     end)
 
+    it("does not count a granted request whose task has not run yet",
+       function()
+      local l = assert(applock.acquire("granted", "S"))
+      local order = {}
+      local b = ums.spawn(function()
+        ums.self():name("B")
+        local ix <close> = assert(applock.acquire("granted", "IX"))
+        order[#order + 1] = "B"
+        ums.sleep(1)
+      end)
+      idle()
+      -- B is granted IX here but has not run yet: A's S waits behind that
+      -- grant, and B's request, off the queue, waits for nothing.
+      l:release()
+      local t0 = ums.now()
+      local again, err, why = applock.acquire("granted", "S")
+      assert.is_nil(err, why)
+      order[#order + 1] = "A"
+      assert.is_true(near(ums.now() - t0, 1))
+      assert.same({ "B", "A" }, order)
+      again:release()
+      assert(b:join())
+    end)
+
     it("reports a cycle also when the request has a timeout", function()
       local other = ums.spawn(function()
         local b <close> = assert(applock.acquire("tb", "X"))

@@ -344,6 +344,11 @@ end
 -- of each grant it conflicts with, ("task", t) for each request of
 -- another owner queued before it.
 local function each_blocker(node, f)
+  -- A request off its queue waits for nothing: it was granted (or its
+  -- park ended) and its task has not yet run to take its node out of
+  -- `waiting`. Walking its resource's queue would count every request
+  -- queued there as "before it", a cycle that is not there.
+  if node.q == nil then return false end
   local r = node.res
   local row = COMPAT[node.mode]
   for _, g in ipairs(r.grants) do
