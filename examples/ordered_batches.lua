@@ -67,7 +67,9 @@ ums.run(function()
   q:close()
   local ok, failures = q:wait()
   if not ok then
-    error("a batch failed: " .. tostring(failures[1].traceback))
+    local f = failures[1]
+    error(("batch %s failed: %s\n%s"):format(tostring(f.item), tostring(f.err),
+      tostring(f.traceback)))
   end
 
   print(("readers = %d, %s clock%s"):format(READERS,

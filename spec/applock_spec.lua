@@ -219,6 +219,42 @@ describe("ums.applock #virtual", function()
     end)
   end)
 
+  describe("acquire_now", function()
+    it("grants what acquire(name, mode, 0) grants, and never waits",
+       function()
+      local other = ums.spawn(function()
+        local x <close> = assert(applock.acquire("now", "X"))
+        ums.sleep(1)
+      end)
+      idle()
+      local t0 = ums.now()
+      assert.same({ nil, "timeout" }, { applock.acquire_now("now", "S") })
+      assert.equal(t0, ums.now())
+      assert(other:join())
+      local l = assert(applock.acquire_now("now", "S"))
+      assert.equal("S", l:mode())
+      -- A conversion goes before the queue, as in acquire.
+      local u = assert(applock.acquire_now("now", "X"))
+      u:release()
+      l:release()
+      assert.equal("NoLock", applock.mode("now"))
+    end)
+
+    it("does not yield, also past the quantum", function()
+      -- The virtual clock stands still while tasks compute; the quantum
+      -- counts real time, so a busy loop puts this task past it.
+      local ran = false
+      local t = ums.spawn(function() ran = true end)
+      local c = os.clock()
+      while os.clock() - c < 0.02 do end
+      local l = assert(applock.acquire_now("busy", "X"))
+      assert.is_false(ran)
+      l:release()
+      t:join()
+      assert.is_true(ran)
+    end)
+  end)
+
   describe("deadlocks", function()
     it("detects two tasks waiting for each other: the second one is the "
        .. "victim", function()
@@ -477,6 +513,12 @@ describe("ums.applock #virtual", function()
         applock.acquire, "n", "S", "1")
       fails("bad argument #4 to 'acquire' %(ums.group expected, got "
         .. "string%)", applock.acquire, "n", "S", 0, "Session")
+      fails("bad argument #1 to 'acquire_now' %(name must not be empty%)",
+        applock.acquire_now, "", "S")
+      fails("bad argument #2 to 'acquire_now' %(unknown lock mode 'Q'",
+        applock.acquire_now, "n", "Q")
+      fails("bad argument #3 to 'acquire_now' %(ums.group expected, got "
+        .. "number%)", applock.acquire_now, "n", "S", 3)
       fails("bad argument #1 to 'release' %(ums.applock.lock expected, "
         .. "got table%)", applock.Lock.release, {})
       -- A method call on something else than a lock.
@@ -491,6 +533,8 @@ describe("ums.applock #virtual", function()
     it("outside a task #notask", function()
       fails("ums.applock.acquire: not inside a task", applock.acquire, "n",
         "S")
+      fails("ums.applock.acquire_now: not inside a task",
+        applock.acquire_now, "n", "S")
     end)
   end)
 end)

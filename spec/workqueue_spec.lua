@@ -319,6 +319,33 @@ describe("ums.workqueue", function()
     end)
   end)
 
+  it("takes an item and its phase lock in one step, also past the quantum",
+     function()
+    -- Real clock, the default quantum: item 1 computes past the quantum,
+    -- so its reader is past it when it takes item 2. Were that reader to
+    -- yield before its S on order 100, the other reader would take item
+    -- 3, get IX on 100 from nobody and run an order-200 item first.
+    ums.test(function()
+      local log = {}
+      local q = ums.workqueue { readers = 2 }
+      local function note(id)
+        log[#log + 1] = "start " .. id
+        ums.sleep(0.005)
+        log[#log + 1] = "end " .. id
+      end
+      q:post_ordered(100, function()
+        local t = os.clock()
+        while os.clock() - t < 0.02 do end
+        log[#log + 1] = "end 1"
+      end)
+      q:post_ordered(100, note, 2)
+      q:post_ordered(200, note, 3)
+      q:close()
+      assert.is_true(q:wait())
+      assert.same({ "end 1", "start 2", "end 2", "start 3", "end 3" }, log)
+    end, 20)
+  end)
+
   it("lets the quantum preempt a CPU-bound item (preempt = true)",
      function()
     ums.config{preempt = true}

@@ -5,6 +5,7 @@
 --   local lock, err = ums.applock.acquire(name, mode [, timeout [, owner]])
 --   ...
 --   lock:release()        -- or: local lock <close> = assert(acquire(...))
+--   local lock = ums.applock.acquire_now(name, mode [, owner])  -- no yield
 --
 -- Modes: "IS", "S", "U", "IX", "SIX", "X" (or sp_getapplock's names
 -- "IntentShared", "Shared", "Update", "IntentExclusive", "Exclusive",
@@ -446,6 +447,21 @@ local function check_name(name, narg, fname)
   return name
 end
 
+-- The grant of r in mode for owner if it can be made now, else nil and
+-- whether owner already holds r (a conversion). Never yields.
+local function grant_now(r, owner, mode, me)
+  -- Owners that have ended give up their grants first, here and in the
+  -- rest of the wait-for graph (the deadlock check reads it).
+  reclaim_and_grant(r)
+  for _, n in pairs(waiting) do reclaim_and_grant(n.res) end
+  local conversion = holds(r, owner)
+  if compatible_with_others(r, owner, mode) and
+     (conversion or r.q.head == nil) then
+    return add_grant(r, owner, mode, me)
+  end
+  return nil, conversion
+end
+
 --- Acquires a lock on `name` in `mode` for `owner` (default: the calling
 -- task). @return a lock | nil, "timeout" | nil, "deadlock", description
 function M.acquire(name, mode, timeout, owner)
@@ -457,15 +473,8 @@ function M.acquire(name, mode, timeout, owner)
   quantum_point()
 
   local r = resource(name)
-  -- Owners that have ended give up their grants first, here and in the
-  -- rest of the wait-for graph (the deadlock check below reads it).
-  reclaim_and_grant(r)
-  for _, n in pairs(waiting) do reclaim_and_grant(n.res) end
-  local conversion = holds(r, owner)
-  if compatible_with_others(r, owner, mode) and
-     (conversion or r.q.head == nil) then
-    return add_grant(r, owner, mode, me)
-  end
+  local g, conversion = grant_now(r, owner, mode, me)
+  if g then return g end
   if timeout == 0 then
     drop_if_unused(r)
     return nil, "timeout"
@@ -513,6 +522,22 @@ function M.acquire(name, mode, timeout, owner)
   drop_if_unused(r)
   if not okw then error(outcome, 0) end
   return nil, msg
+end
+
+--- acquire(name, mode, 0, owner) without its yield point: the lock if it
+-- can be granted now, else nil, "timeout". Never yields, so code can take
+-- a lock in the same step as another change of its own state (as
+-- ums.workqueue takes an item and its phase lock).
+function M.acquire_now(name, mode, owner)
+  check_name(name, 1, "acquire_now")
+  mode = check_mode(mode, 2, "acquire_now")
+  local me = need_task("applock.acquire_now")
+  owner = check_owner(owner, 3, "acquire_now", me)
+  local r = resource(name)
+  local g = grant_now(r, owner, mode, me)
+  if g then return g end
+  drop_if_unused(r)
+  return nil, "timeout"
 end
 
 --- Whether acquire(name, mode) for owner would be granted now, without

@@ -211,21 +211,25 @@ local function take(q, me)
       dequeue(q, item)
       item.reader = me
       if item.order_ ~= nil then
-        -- Never waits: no item of a later order has been taken yet, so
-        -- nobody holds or asks IX on this order.
-        item.lock_cur = assert(applock.acquire(lock_name(q, item.order_),
-          "S"))
+        -- Granted in the step that took the item: no item of a later
+        -- order has been taken yet, so nobody holds or asks IX on this
+        -- order. (acquire's yield point would let a reader of the next
+        -- order take IX here first, and its item run before this one.)
+        item.lock_cur = assert(applock.acquire_now(
+          lock_name(q, item.order_), "S"))
         if item.prev_order_ ~= nil then
           item.status_ = "waiting"
-          local ok, lk, msg = pcall(applock.acquire,
+          local ok, lk, msg, why = pcall(applock.acquire,
             lock_name(q, item.prev_order_), "IX")
           if not (ok and lk) then
             -- Cancelled (no timeout is set, and the phase locks alone
-            -- cannot form a cycle): the item ends with the reader.
+            -- cannot form a cycle): the item ends with the reader. Any
+            -- other answer (a deadlock through the caller's own locks)
+            -- keeps acquire's description as the item's traceback.
             local err = ok and msg or lk
             release_locks(item)
             settle(q, item, rawequal(err, CANCELLED) and "cancelled" or
-              "error", false, nil, err, nil)
+              "error", false, nil, err, ok and why or nil)
             reader_stops(q)
             pcall(activate, q)
             error(err, 0)
