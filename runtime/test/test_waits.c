@@ -399,9 +399,14 @@ static void test_signal_wait(void) {
   ums_task_t w = tu_spawn_named(rt, 0, "waiter", event_fn, &o);
   wait_until_waiting(w, UMS_WAIT_EVENT);
   ums_task_t h = tu_spawn_named(rt, 0, "hog", tu_spin_ms, PTR(200));
+  /* The event is set once the hog runs: set earlier (a loaded machine
+  ** may start the hog late), the waiter would run first. */
+  ums_task_info_t info;
+  WAIT_UNTIL(ums_task_info(rt, h, &info) == 0 &&
+                 info.state == UMS_TASK_RUNNING,
+             5000);
   usleep(20 * 1000);
   CHECK_RC(ums_event_set(o.ev), 0);
-  ums_task_info_t info;
   CHECK_RC(ums_task_info(rt, w, &info), 0);
   if (info.state == UMS_TASK_RUNNABLE) CHECK_GE(info.runnable_ns, 0);
   tu_join_ok(rt, h);
