@@ -97,7 +97,7 @@ describe("ums.busted", function()
   describe("runs a test's blocks in one run", function()
     local r
     setup(function()
-      r = busted({"--helper=ums.busted", "-Xhelper", "timeout=0.5",
+      r = busted({"--helper=ums.busted", "-Xhelper", "timeout=1.5",
                   DIR .. "blocks_spec.lua"})
     end)
 
@@ -120,7 +120,7 @@ describe("ums.busted", function()
     end)
 
     it("the timeout of the whole test, once", function()
-      has(r, DIR .. "blocks_spec.lua:71: ums.test: timed out after 0.5 s")
+      has(r, DIR .. "blocks_spec.lua:73: ums.test: timed out after 1.5 s")
       assert.is_nil(r.stdout:find("task cancelled", 1, true), r.stdout)
     end)
   end)

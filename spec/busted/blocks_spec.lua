@@ -1,4 +1,4 @@
--- Run by spec/busted_helper_spec.lua with -Xhelper timeout=0.5: a test's
+-- Run by spec/busted_helper_spec.lua with -Xhelper timeout=1.5: a test's
 -- before_each, body and after_each share one run, and each block ends as
 -- a test does (its tasks waited for, their unjoined failures reported on
 -- it). Lines marked in comments are checked by the parent.
@@ -62,14 +62,16 @@ end)
 describe("the timeout", function()
   local after_ran = false
 
-  before_each(function() ums.sleep(0.3) end)
+  -- Each block takes 0.9 s of the 1.5: the two pass the timeout, one
+  -- alone leaves room for a slow (sanitizer, loaded) start.
+  before_each(function() ums.sleep(0.9) end)
   after_each(function()
     after_ran = true
     ums.sleep(0.001)  -- raises ums.CANCELLED, silently
   end)
 
-  it("covers the whole test", function()  -- line 71
-    ums.sleep(0.3)
+  it("covers the whole test", function()  -- line 73
+    ums.sleep(0.9)
   end)
 
   it("and after_each still ran", function()
