@@ -104,11 +104,11 @@ static int yield_k(lua_State *L, int status, lua_KContext ctx) {
   return 0;
 }
 
-static int l_yield(lua_State *L) {
-  ltask *t = lums_need_task(L, "yield");
+/* ums.yield of task t, the current one, for ums.<fname>. */
+static int task_yield(lua_State *L, ltask *t, const char *fname) {
   if (t->park.begun)
-    return luaL_error(L, "ums.yield: cannot yield between park_begin and "
-                         "park_wait");
+    return luaL_error(L, "ums.%s: cannot yield between park_begin and "
+                         "park_wait", fname);
   if (ums_cancelled()) return lums_raise_cancelled(L);
   if (L == t->co && lua_isyieldable(L)) {
     t->park.parking = false;
@@ -118,6 +118,10 @@ static int l_yield(lua_State *L) {
   lums_become_current(t);
   if (r == UMS_ECANCELED) return lums_raise_cancelled(L);
   return 0;
+}
+
+static int l_yield(lua_State *L) {
+  return task_yield(L, lums_need_task(L, "yield"), "yield");
 }
 
 static int sleep_k(lua_State *L, int status, lua_KContext ctx) {
@@ -132,6 +136,12 @@ static int l_sleep(lua_State *L) {
   luaL_argcheck(L, s == s, 1, "sleep time is NaN, not a number of seconds");
   luaL_argcheck(L, s >= 0, 1, "sleep time must not be negative");
   ltask *t = lums_need_task(L, "sleep");
+  /* A sleep of no time is a yield, to the back of the run queue. As a
+  ** park its timer would be due at once, and a task that a due timer
+  ** wakes goes ahead of the run queue (sched.c): a loop of sleep(0), the
+  ** way Tarantool and cqueues programs let the others run, would keep
+  ** the scheduler to itself for a streak of passes. */
+  if (s == 0) return task_yield(L, t, "sleep");
   ums_park_token_t tok;
   int64_t deadline =
       s > 1e9 ? UMS_FOREVER : ums_deadline((int64_t)(s * 1e9));

@@ -387,10 +387,10 @@ UMS_API int ums_cancelled(void);
 /* Lets other runnable tasks run; the caller stays runnable. Returns 0 or
 ** UMS_ECANCELED. Outside a task: sched_yield(), returns 0. */
 UMS_API int ums_yield(void);
-/* Parks the caller for ns nanoseconds (from a fresh clock reading). Returns
-** 0 or UMS_ECANCELED. Outside a task, sleeps the thread (there,
-** ums_sleep_until(UMS_FOREVER) is refused with UMS_EINVAL: nothing could
-** ever wake it). */
+/* Parks the caller for ns nanoseconds (from a fresh clock reading); ns <= 0
+** is ums_yield(). Returns 0 or UMS_ECANCELED. Outside a task, sleeps the
+** thread (there, ums_sleep_until(UMS_FOREVER) is refused with UMS_EINVAL:
+** nothing could ever wake it). */
 UMS_API int ums_sleep(int64_t ns);
 UMS_API int ums_sleep_until(int64_t deadline);
 /* Parks the calling task until its scheduler is idle: no other task is

@@ -627,7 +627,10 @@ int ums_sleep_until(int64_t deadline) {
 }
 
 int ums_sleep(int64_t ns) {
-  if (ns < 0) ns = 0;
+  /* No time is a yield: as a wait its timer would be due at once, and a
+  ** task that a due timer wakes goes before the run queue, so a loop of
+  ** sleep(0) would keep the scheduler from the others for a streak. */
+  if (ns <= 0) return ums_yield();
   return ums_sleep_until(ums_deadline(ns));
 }
 

@@ -1198,10 +1198,14 @@ static void test_max_workers_fifo(void) {
 static int ylog[3 * YIELD_ROUNDS];
 static int ylog_n;
 
+/* How the yielders let the others run: ums_yield, or a sleep of no time,
+** which must go to the back of the run queue as a yield does. */
+static bool ysleep;
+
 static void *yielder_fn(void *arg) {
   for (int i = 0; i < YIELD_ROUNDS; i++) {
     ylog[ylog_n++] = (int)NUM(arg);
-    CHECK_RC(ums_yield(), 0);
+    CHECK_RC(ysleep ? ums_sleep(0) : ums_yield(), 0);
   }
   return NULL;
 }
@@ -1217,9 +1221,10 @@ static void *yield_parent_fn(void *arg) {
   return NULL;
 }
 
-static void test_yield_round_robin(void) {
+static void yield_round_robin(bool sleep_zero) {
   rt = tu_runtime_new(1);
   ylog_n = 0;
+  ysleep = sleep_zero;
   uint64_t yields = tu_stats(rt, 0).yields;
   join_expect(spawn_any(yield_parent_fn, NULL), NULL, 0);
   CHECK_EQ(ylog_n, 3 * YIELD_ROUNDS);
@@ -1227,6 +1232,9 @@ static void test_yield_round_robin(void) {
   CHECK_EQ(tu_stats(rt, 0).yields - yields, 3 * YIELD_ROUNDS);
   tu_runtime_shutdown(rt);
 }
+
+static void test_yield_round_robin(void) { yield_round_robin(false); }
+static void test_sleep_zero_round_robin(void) { yield_round_robin(true); }
 
 static int wake_order[3];
 static int wake_n;
@@ -1396,6 +1404,7 @@ int main(void) {
   RUN(test_recycled_race);
   RUN(test_max_workers_fifo);
   RUN(test_yield_round_robin);
+  RUN(test_sleep_zero_round_robin);
   RUN(test_sleep_order);
   RUN(test_host_join_and_sleep);
   RUN(test_freed_records_reused);
