@@ -121,13 +121,21 @@ void lums_become_current(ltask *t) {
 ** same at any stack depth: a nopreempt chunk is atomic in its own
 ** functions and in the C functions it calls (a count hook fires in Lua
 ** functions only), not in Lua functions of other chunks it calls.
-** Each VM has its own list (struct lnopreempt), read by its own thread. */
+** Each VM has its own list (struct lnopreempt), read by its own thread.
+** A chunk is known by its source name's text: Lua interns only short
+** strings, so a module loaded again from a path longer than that (an
+** install under /usr/local/share/lua/5.4/, a reload by busted's
+** insulate) has the same name in a new string. */
+static bool same_source(const char *a, const char *b) {
+  return a == b || strcmp(a, b) == 0;
+}
+
 static bool in_nopreempt_chunk(lua_State *L, const lnopreempt *np) {
   lua_Debug d;
   if (!np || np->n == 0 || !lua_getstack(L, 0, &d)) return false;
   lua_getinfo(L, "S", &d);
   for (int i = 0; i < np->n; i++)
-    if (d.source == np->src[i]) return true;
+    if (same_source(d.source, np->src[i])) return true;
   return false;
 }
 
@@ -141,7 +149,7 @@ static int l_nopreempt_chunk(lua_State *L) {
   lua_pop(L, 1);  /* the registry anchors it */
   if (!np) return luaL_error(L, "ums.nopreempt_chunk: ums.core not open");
   for (int i = 0; i < np->n; i++)
-    if (np->src[i] == d.source) return 0;
+    if (same_source(np->src[i], d.source)) return 0;
   if (np->n == NOPREEMPT_MAX)
     return luaL_error(L, "ums.nopreempt_chunk: too many chunks");
   lua_getfield(L, LUA_REGISTRYINDEX, "ums.nopreempt");

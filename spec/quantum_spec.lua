@@ -386,6 +386,44 @@ describe("the quantum and parks", function()
         tostring(how), tostring(code), out:sub(-2000)))
   end
 
+  it("keeps a chunk loaded again under a long name out of preemption",
+     function()
+    -- Lua interns only short strings: each load of a chunk named by a
+    -- long path (an install under /usr/local/share/lua/5.4/, a module
+    -- reloaded by busted's insulate) gets its name in a new string.
+    local prefix = ("/a/long/install/prefix"):rep(3)
+    local code = [[
+      local mark, now = ...
+      if mark then require("ums.core").nopreempt_chunk() end
+      return function(flag)
+        local t0 = now()
+        while now() - t0 < 0.1 do end
+        return flag.v
+      end
+    ]]
+    local hog
+    for _ = 1, 20 do
+      -- A new string each time, as package.searchers make it.
+      hog = assert(load(code, "@" .. prefix .. "/mod.lua"))(true, ums.now)
+    end
+    local plain = assert(load(code, "@plain.lua"))(false, ums.now)
+    ums.config{quantum = 0.004, preempt = true}
+    local function interrupted(f)
+      local got
+      ums.run(function()
+        local flag = { v = false }
+        ums.spawn(function() flag.v = true end)
+        got = f(flag)
+      end)
+      return got
+    end
+    -- The same code in another chunk is preempted (the contrast).
+    assert.equal(1, best_of(1, function()
+      return interrupted(plain) and 1 or 0
+    end))
+    assert.is_false(interrupted(hog))
+  end)
+
   it("does not preempt Lua code between park_begin and park_wait",
      function()
     survives([[
