@@ -1581,6 +1581,42 @@ static void *recv_take_sizes(void *arg) {
   return PTR(1);
 }
 
+/* A stream read in bulk: a receive that waits and then finds more than
+** 4 KiB gets all of it, up to its length, in one buffer of that length
+** (a receive design that waits with a small buffer must not cut a bulk
+** stream into small reads). */
+typedef struct {
+  int fd;
+  size_t n;
+} late_send_t;
+
+static void *send_late(void *arg) {
+  late_send_t *ls = arg;
+  CHECK_RC(ums_sleep(20 * UMS_NSEC_PER_MSEC), 0);
+  ums_buf_t *b = ums_buf_new(ls->n);
+  fill(b, ls->n, 5);
+  CHECK_RC(send_all(ls->fd, b, ls->n, ums_deadline(10 * SEC)), 0);
+  ums_buf_release(b);
+  return NULL;
+}
+
+static void *recv_take_bulk(void *arg) {
+  int family = *(int *)arg;
+  int srv;
+  int c = connected(family, &srv);
+  int64_t dl = ums_deadline(10 * SEC);
+  late_send_t ls = {c, 20000};
+  ums_task_t t = spawn_on(0, send_late, &ls);
+  ums_buf_t *b = NULL;
+  CHECK_EQ(ums_net_recv_take(srv, 65536, 0, dl, &b), 20000);
+  CHECK_EQ(ums_buf_size(b), 65536);
+  CHECK(same(b, 20000, 5));
+  ums_buf_release(b);
+  join(t);
+  CLOSE_ALL(dl, c, srv);
+  return PTR(1);
+}
+
 /* ums_net_send_now: a send from the caller's bytes that answers now or
 ** not at all. Bytes it counts arrive; a socket without room answers
 ** UMS_EAGAIN having sent nothing. (Its refusals: deferred_refused.) */
@@ -1631,6 +1667,9 @@ static void test_recv_take(void) {
     CHECK(tu_in_task(rt, 0, recv_take_ok, (void *)&families[f]) == PTR(1));
   for (size_t f = 0; f < sizeof families / sizeof *families; f++)
     CHECK(tu_in_task(rt, 0, recv_take_sizes, (void *)&families[f]) ==
+          PTR(1));
+  for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+    CHECK(tu_in_task(rt, 0, recv_take_bulk, (void *)&families[f]) ==
           PTR(1));
   CHECK_EQ(io_pending(), 0);
 }
