@@ -10,6 +10,15 @@
 ** cache (a LIFO per class, bounded in bytes), elsewhere it is freed.
 ** Buffers belong to no runtime, so one taken on scheduler A may end in B's
 ** cache; memory is memory.
+**
+** Buffers of the smallest class are carved, BLOCK_BUFS at a time, from
+** one page-aligned block when a scheduler's cache has none: a server
+** whose connections each get a short message at once takes hundreds in
+** one completion pass, and glibc's page-aligned allocation of each
+** (a chunk split per buffer) made a process's first burst of
+** connections several times slower than the next. The block owns the
+** data and the headers of its buffers; it is freed when the last of
+** them is (block->live, atomic: buffers end on any thread).
 */
 #include "internal.h"
 
@@ -25,6 +34,13 @@
 ** ring's completion queue holds (io-uring.c, CQ_ENTRIES). */
 #define CACHE_BYTES_PER_CLASS (8u << 20)
 #define CACHE_MAX_PER_CLASS 1024u
+#define BLOCK_BUFS 16u
+
+struct ums__buf_block {
+  _Atomic uint32_t live; /* [atomic] its buffers not yet freed */
+  void *mem;             /* [const] BLOCK_BUFS smallest-class buffers */
+  ums_buf_t bufs[BLOCK_BUFS];
+};
 
 static int size_class(size_t size) {
   if (size <= (size_t)1 << UMS__BUF_MIN_SHIFT) return 0;
@@ -43,8 +59,43 @@ static uint32_t cache_limit(int cls) {
 
 static void buf_free(ums_buf_t *b) {
   UMS__UNPOISON(b->data, b->cap);
-  free(b->data);
-  free(b);
+  ums__buf_block_t *k = b->block;
+  if (!k) {
+    free(b->data);
+    free(b);
+  } else if (atomic_fetch_sub_explicit(&k->live, 1, memory_order_acq_rel) ==
+             1) {
+    free(k->mem);
+    free(k);
+  }
+}
+
+/* A smallest-class buffer carved from a new block; the block's others go
+** to s's cache (room for them is checked by the caller). NULL when out
+** of memory. */
+static ums_buf_t *carve(ums__sched_t *s) {
+  ums__buf_block_t *k = malloc(sizeof *k);
+  if (!k) return NULL;
+  size_t cap = (size_t)1 << UMS__BUF_MIN_SHIFT;
+  if (posix_memalign(&k->mem, PAGE, cap * BLOCK_BUFS) != 0) {
+    free(k);
+    return NULL;
+  }
+  atomic_init(&k->live, BLOCK_BUFS);
+  for (uint32_t i = 0; i < BLOCK_BUFS; i++) {
+    ums_buf_t *b = &k->bufs[i];
+    b->cls = 0;
+    b->cap = cap;
+    b->data = (char *)k->mem + i * cap;
+    b->block = k;
+    if (i > 0) {
+      UMS__POISON(b->data, b->cap);
+      b->next = s->bufs.head[0];
+      s->bufs.head[0] = b;
+      s->bufs.n[0]++;
+    }
+  }
+  return &k->bufs[0];
 }
 
 ums_buf_t *ums_buf_new(size_t size) {
@@ -56,6 +107,10 @@ ums_buf_t *ums_buf_new(size_t size) {
     s->bufs.head[cls] = b->next;
     s->bufs.n[cls]--;
     UMS__UNPOISON(b->data, b->cap);
+  } else if (s && cls == 0 &&
+             s->bufs.n[0] + BLOCK_BUFS <= cache_limit(0) &&
+             (b = carve(s)) != NULL) {
+    /* carved: its siblings are cached */
   } else {
     size_t cap = cls >= 0 ? (size_t)1 << (UMS__BUF_MIN_SHIFT + cls)
                           : (size + PAGE - 1) & ~(size_t)(PAGE - 1);
@@ -67,6 +122,7 @@ ums_buf_t *ums_buf_new(size_t size) {
     }
     b->cls = cls;
     b->cap = cap;
+    b->block = NULL;
   }
   b->size = size;
   b->next = NULL;

@@ -947,6 +947,7 @@ bool ums__pool_exhausted_hint(ums__pool_t *p);
 #define UMS__BUF_CLASSES 11
 #define UMS__BUF_MIN_SHIFT 12
 
+typedef struct ums__buf_block ums__buf_block_t;
 struct ums_buf {
   _Atomic uint32_t refs;       /* [atomic] */
   int cls;                     /* [const] size class, or -1: not cacheable */
@@ -954,6 +955,9 @@ struct ums_buf {
   size_t cap;                  /* [const] bytes allocated at data */
   void *data;                  /* [const] page-aligned */
   ums_buf_t *next;             /* [owner of the cache] cache link */
+  ums__buf_block_t *block;     /* [const] the block data is carved from (and
+                                  this header lives in), or NULL: data and
+                                  header are allocations of their own */
 };
 
 typedef struct ums__buf_cache {
