@@ -168,6 +168,10 @@ describe("C extensions (ums-lua.h) through examples/cmod/zutil", function()
     assert.equal("x", zutil.uncompress(zutil.compress("x", 1, 0), 1, 0))
   end)
 
+  -- Under TSan fewer: its shadow stack grows with every switch of a run
+  -- and overflows past some 20,000 (CHANGELOG.md, "Known limitations").
+  local ntasks = (os.getenv("LD_PRELOAD") or ""):find("libtsan") and 100
+    or 1000
   it("1,000 other tasks keep running while a slow call runs", function()
     -- The call lasts 50 ms: a scheduler blocked by it would show a gap
     -- of 50 ms or more every time. 20 ms leaves room for a loaded VM
@@ -181,7 +185,7 @@ describe("C extensions (ums-lua.h) through examples/cmod/zutil", function()
       run(function()
         local stop, last = false, ums.now()
         local tasks = {}
-        for i = 1, 1000 do
+        for i = 1, ntasks do
           tasks[i] = ums.spawn(function()
             while not stop do
               local now = ums.now()
@@ -211,7 +215,7 @@ describe("C extensions (ums-lua.h) through examples/cmod/zutil", function()
       assert.equal(lua_crc32(data), crc)
       assert.equal(#data, bytes)
       assert.is_true(took >= 0.05, "the call returned early: " .. took)
-      assert.is_true(steps >= 1000, "the others did not run: " .. steps)
+      assert.is_true(steps >= ntasks, "the others did not run: " .. steps)
       return max_gap
     end
     -- On a shared 2-CPU VM the kernel itself may take the scheduler

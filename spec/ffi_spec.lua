@@ -371,7 +371,7 @@ describe("ums.ffi", function()
         local callers = {}
         for i = 1, 100 do
           callers[i] = ums.spawn(function()
-            C.usleep(1000000)  -- long enough for a slow (sanitizer) read
+            C.usleep(200000)
             finished = finished + 1
           end)
         end
@@ -381,7 +381,7 @@ describe("ums.ffi", function()
         assert.equal("on the other pool", ums.fs.readfile(path))
         local took = ums.now() - t0
         -- The read went through the I/O pool's own threads while every
-        -- C-call thread was still in its one-second call.
+        -- C-call thread was still in its 200 ms call.
         assert.equal(0, finished, ("read after %d calls ended (%.1f ms)")
           :format(finished, took * 1e3))
         -- Queued calls that never started never will: cancelling their
