@@ -57,6 +57,15 @@ static uint32_t cache_limit(int cls) {
   return n > CACHE_MAX_PER_CLASS ? CACHE_MAX_PER_CLASS : (uint32_t)n;
 }
 
+/* Puts b in s's cache (room checked by the caller), poisoned while it is
+** there: a stale pointer into it is reported. */
+static void cache_push(ums__sched_t *s, ums_buf_t *b) {
+  UMS__POISON(b->data, b->cap);
+  b->next = s->bufs.head[b->cls];
+  s->bufs.head[b->cls] = b;
+  s->bufs.n[b->cls]++;
+}
+
 static void buf_free(ums_buf_t *b) {
   UMS__UNPOISON(b->data, b->cap);
   ums__buf_block_t *k = b->block;
@@ -88,12 +97,7 @@ static ums_buf_t *carve(ums__sched_t *s) {
     b->cap = cap;
     b->data = (char *)k->mem + i * cap;
     b->block = k;
-    if (i > 0) {
-      UMS__POISON(b->data, b->cap);
-      b->next = s->bufs.head[0];
-      s->bufs.head[0] = b;
-      s->bufs.n[0]++;
-    }
+    if (i > 0) cache_push(s, b);
   }
   return &k->bufs[0];
 }
@@ -140,11 +144,7 @@ void ums_buf_release(ums_buf_t *b) {
     return;
   ums__sched_t *s = ums__sched_current();
   if (s && b->cls >= 0 && s->bufs.n[b->cls] < cache_limit(b->cls)) {
-    /* Poisoned while cached: a stale pointer into it is reported. */
-    UMS__POISON(b->data, b->cap);
-    b->next = s->bufs.head[b->cls];
-    s->bufs.head[b->cls] = b;
-    s->bufs.n[b->cls]++;
+    cache_push(s, b);
     return;
   }
   buf_free(b);
