@@ -995,6 +995,27 @@ describe("ordering", function()
                  "3:3"}, log)
   end)
 
+  it("a sleep shorter than a switch lets the others run, as ums.yield does",
+     function()
+    -- Its timer is due when it is armed: the task must queue as a yield
+    -- does, not ahead of the run queue.
+    local log = {}
+    ums.run(function()
+      local ts = {}
+      for i = 1, 3 do
+        ts[i] = ums.spawn(function()
+          for r = 1, 3 do
+            log[#log + 1] = i .. ":" .. r
+            if i == 2 then ums.yield() else ums.sleep(1e-9) end
+          end
+        end)
+      end
+      for i = 1, 3 do ts[i]:join() end
+    end)
+    assert.same({"1:1", "2:1", "3:1", "1:2", "2:2", "3:2", "1:3", "2:3",
+                 "3:3"}, log)
+  end)
+
   it("ums.yield lets a task started later run before the yielder resumes",
      function()
     local log = {}

@@ -388,7 +388,10 @@ UMS_API int ums_cancelled(void);
 ** UMS_ECANCELED. Outside a task: sched_yield(), returns 0. */
 UMS_API int ums_yield(void);
 /* Parks the caller for ns nanoseconds (from a fresh clock reading); ns <= 0
-** is ums_yield(). Returns 0 or UMS_ECANCELED. Outside a task, sleeps the
+** is ums_yield(). A task whose timer comes due while others run goes ahead
+** of the run queue; one due already when it parks (a sleep shorter than a
+** task switch) goes to its back, as a yield does. Returns 0 or
+** UMS_ECANCELED. Outside a task, sleeps the
 ** thread (there, ums_sleep_until(UMS_FOREVER) is refused with UMS_EINVAL:
 ** nothing could ever wake it). */
 UMS_API int ums_sleep(int64_t ns);

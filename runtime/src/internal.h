@@ -317,6 +317,8 @@ typedef struct ums__timer_heap {
   ums__timer_t **nodes;      /* [owner] */
   uint32_t n, cap;           /* [owner] */
   uint64_t seq;              /* [owner] arms so far */
+  uint64_t looked;           /* [owner] seq when ums__timer_expire last
+                                began: timers armed from it on are fresh */
 } ums__timer_heap_t;
 
 void ums__timer_heap_init(ums__timer_heap_t *h);
@@ -332,7 +334,10 @@ static inline bool ums__timer_armed(const ums__timer_t *t) {
 static inline int64_t ums__timer_next(const ums__timer_heap_t *h) {
   return h->n ? h->nodes[0]->deadline : UMS_FOREVER;
 }
-/* Pops every timer due at now and runs its callback. Returns how many. */
+/* Pops every timer due at now and runs its callback. Returns how many.
+** A timer armed since the previous call that is due already was due when
+** it was armed (the scheduler looks between every two steps): the task
+** it wakes queues as a yield does, not ahead of the run queue. */
 int ums__timer_expire(ums__sched_t *s, ums__timer_heap_t *h, int64_t now);
 
 /* ====================================================================== */

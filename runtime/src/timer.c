@@ -12,6 +12,7 @@ void ums__timer_heap_init(ums__timer_heap_t *h) {
   h->nodes = NULL;
   h->n = h->cap = 0;
   h->seq = 0;
+  h->looked = 0;
 }
 
 static inline bool before(const ums__timer_t *a, const ums__timer_t *b) {
@@ -92,12 +93,19 @@ void ums__timer_disarm(ums__timer_heap_t *h, ums__timer_t *t) {
 
 int ums__timer_expire(ums__sched_t *s, ums__timer_heap_t *h, int64_t now) {
   int fired = 0;
-  /* Tasks the callbacks wake go to the urgent queue (sched.c). The heap
-  ** may also be used on its own, with no scheduler (s == NULL). */
-  if (s) s->expiring = true;
+  /* Tasks the callbacks wake go to the urgent queue (sched.c): a timer
+  ** that comes due while others run wakes its task on time. One armed
+  ** since the last look and due already was due when it was armed (a
+  ** sleep or a timeout shorter than the switch): its task goes to the back
+  ** of the run queue, as a yield does, or a loop of such sleeps would run
+  ** ahead of every other task for a whole urgent streak. The heap may also
+  ** be used on its own, with no scheduler (s == NULL). */
+  uint64_t fresh = h->looked;
+  h->looked = h->seq;
   while (h->n && h->nodes[0]->deadline <= now) {
     ums__timer_t *t = h->nodes[0];
     ums__timer_disarm(h, t);
+    if (s) s->expiring = t->seq < fresh;
     t->cb(s, t);
     fired++;
   }

@@ -1198,14 +1198,19 @@ static void test_max_workers_fifo(void) {
 static int ylog[3 * YIELD_ROUNDS];
 static int ylog_n;
 
-/* How the yielders let the others run: ums_yield, or a sleep of no time,
-** which must go to the back of the run queue as a yield does. */
-static bool ysleep;
+/* How the yielders let the others run: ums_yield, a sleep of no time,
+** or a sleep shorter than a switch, whose timer is due when it is armed.
+** Each must go to the back of the run queue as a yield does. */
+enum { BY_YIELD, BY_SLEEP_ZERO, BY_SLEEP_NS };
+static int yhow;
 
 static void *yielder_fn(void *arg) {
   for (int i = 0; i < YIELD_ROUNDS; i++) {
     ylog[ylog_n++] = (int)NUM(arg);
-    CHECK_RC(ysleep ? ums_sleep(0) : ums_yield(), 0);
+    CHECK_RC(yhow == BY_YIELD        ? ums_yield()
+             : yhow == BY_SLEEP_ZERO ? ums_sleep(0)
+                                     : ums_sleep(1),
+             0);
   }
   return NULL;
 }
@@ -1221,20 +1226,27 @@ static void *yield_parent_fn(void *arg) {
   return NULL;
 }
 
-static void yield_round_robin(bool sleep_zero) {
+static void yield_round_robin(int how) {
   rt = tu_runtime_new(1);
   ylog_n = 0;
-  ysleep = sleep_zero;
+  yhow = how;
   uint64_t yields = tu_stats(rt, 0).yields;
   join_expect(spawn_any(yield_parent_fn, NULL), NULL, 0);
   CHECK_EQ(ylog_n, 3 * YIELD_ROUNDS);
   for (int i = 0; i < 3 * YIELD_ROUNDS; i++) CHECK_EQ(ylog[i], i % 3);
-  CHECK_EQ(tu_stats(rt, 0).yields - yields, 3 * YIELD_ROUNDS);
+  /* A sleep of some time is a wait, not a yield. */
+  if (how != BY_SLEEP_NS)
+    CHECK_EQ(tu_stats(rt, 0).yields - yields, 3 * YIELD_ROUNDS);
   tu_runtime_shutdown(rt);
 }
 
-static void test_yield_round_robin(void) { yield_round_robin(false); }
-static void test_sleep_zero_round_robin(void) { yield_round_robin(true); }
+static void test_yield_round_robin(void) { yield_round_robin(BY_YIELD); }
+static void test_sleep_zero_round_robin(void) {
+  yield_round_robin(BY_SLEEP_ZERO);
+}
+static void test_sleep_due_round_robin(void) {
+  yield_round_robin(BY_SLEEP_NS);
+}
 
 static int wake_order[3];
 static int wake_n;
@@ -1405,6 +1417,7 @@ int main(void) {
   RUN(test_max_workers_fifo);
   RUN(test_yield_round_robin);
   RUN(test_sleep_zero_round_robin);
+  RUN(test_sleep_due_round_robin);
   RUN(test_sleep_order);
   RUN(test_host_join_and_sleep);
   RUN(test_freed_records_reused);
