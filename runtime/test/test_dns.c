@@ -5,7 +5,10 @@
 ** definition comes first for every caller): it records the thread and the
 ** host of each call, and makes names ending in ".slow.test" a lookup that
 ** takes SLOW_MS, so that timeouts and cancellation meet a lookup that is
-** really in flight; every name is then answered as 127.0.0.1 by the real
+** really in flight ("held.slow.test" runs until the test lets it end, so
+** that a caller's timeout meets it in flight however slowly a loaded
+** machine runs the caller); every name is then answered as 127.0.0.1 by
+** the real
 ** getaddrinfo. Numeric hosts and /etc/hosts names must be answered on the
 ** task's own thread, the rest on the C-call pool's.
 */
@@ -27,7 +30,7 @@ static ums_runtime_t *rt;
 ** running. */
 static _Atomic(pthread_t) last_thread;
 static char last_host[256];        /* [written before calls ends] */
-static atomic_int calls, slow_running, slow_done;
+static atomic_int calls, slow_running, slow_done, held_release;
 static pthread_mutex_t last_lock = PTHREAD_MUTEX_INITIALIZER;
 
 typedef int (*gai_fn)(const char *, const char *, const struct addrinfo *,
@@ -49,7 +52,13 @@ int getaddrinfo(const char *host, const char *service,
   atomic_fetch_add(&calls, 1);
   if (host && ends_with(host, ".slow.test")) {
     atomic_fetch_add(&slow_running, 1);
-    usleep(SLOW_MS * 1000);
+    if (strcmp(host, "held.slow.test") == 0) {
+      /* Bounded, so that a failing test still ends. */
+      for (int i = 0; i < 30000 && !atomic_load(&held_release); i++)
+        usleep(1000);
+    } else {
+      usleep(SLOW_MS * 1000);
+    }
     struct addrinfo h = {0};
     if (hints) h = *hints;
     h.ai_flags |= AI_NUMERICHOST;
@@ -165,11 +174,16 @@ static void *lookup_times_out(void *arg) {
   (void)arg;
   struct addrinfo *res = (struct addrinfo *)1;
   int done = atomic_load(&slow_done);
-  CHECK_RC(ums_net_getaddrinfo("b.slow.test", "80", NULL, &res, NULL,
-                               ums_deadline(50 * MSEC)), UMS_ETIMEDOUT);
+  atomic_store(&held_release, 0);
+  /* The lookup is held, so the deadline ends the wait however late; it
+  ** is long enough for a pool thread to start the lookup first (a call
+  ** given up before it starts is skipped, and slow_done would not move). */
+  CHECK_RC(ums_net_getaddrinfo("held.slow.test", "80", NULL, &res, NULL,
+                               ums_deadline(300 * MSEC)), UMS_ETIMEDOUT);
   /* It gave up while the lookup ran; *res is untouched. */
   CHECK_EQ(atomic_load(&slow_done), done);
   CHECK(res == (struct addrinfo *)1);
+  atomic_store(&held_release, 1);
   return NULL;
 }
 
