@@ -6,10 +6,11 @@
 -- * spec/task_spec.lua requires this file and runs it in every build,
 --   with the targets ending after a short sleep (some may end before all
 --   their joiners wait);
--- * ctest runs this file as a script (spec_pool_full), strictly: every joiner waits in join before any target ends. The ASan
---   build runs it with leak detection on, which specs run through busted
---   cannot have (the interpreter's and busted's own allocations are not
---   ours), so anything the freeing path leaves behind fails it there.
+-- * ctest runs this file as a script (spec_pool_full), strictly: every
+--   joiner waits in join before any target ends. The ASan build runs it
+--   with leak detection on, which specs run through busted cannot have
+--   (the interpreter's and busted's own allocations are not ours), so
+--   anything the freeing path leaves behind fails it there.
 local M = {}
 
 -- Runs the scenario in a run of its own; raises on a wrong outcome.
