@@ -37,8 +37,8 @@
 #include <lauxlib.h>
 #include <limits.h>
 #include <lua.h>
-#include <setjmp.h>
 #include <lualib.h>
+#include <setjmp.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -579,10 +579,10 @@ static __attribute__((noinline)) void task_fail(ltask *t, int err) {
 ** functions it is in by longjmp (a yield from C, an error), and Debian's
 ** interpreter jumps with __longjmp_chk, which TSan does not intercept:
 ** the binding's frames that the jump abandons stay on the fiber's shadow
-** call stack, a few per yield, until TSan's stack depot aborts the
-** process. Here the step's own jump, from after lua_resume back to a
-** setjmp before it, both seen by TSan, unwinds that stack to this frame.
-** The jump is bound to the symbol longjmp itself, which TSan intercepts:
+** call stack, a few per yield, until it overflows and TSan crashes.
+** Here the step's own jump, from after lua_resume back to a setjmp
+** before it, both seen by TSan, unwinds that stack to this frame. The
+** jump is bound to the symbol longjmp itself, which TSan intercepts:
 ** with _FORTIFY_SOURCE the name would mean __longjmp_chk as well. */
 #ifndef __has_feature
 #define __has_feature(x) 0
