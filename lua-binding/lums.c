@@ -38,6 +38,7 @@
 #include <limits.h>
 #include <lua.h>
 #include <lualib.h>
+#include <setjmp.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -574,6 +575,35 @@ static __attribute__((noinline)) void task_fail(ltask *t, int err) {
   task_finish(t, LUA_ERRRUN, 0);
 }
 
+/* lua_resume as ThreadSanitizer must see it. A coroutine leaves the C
+** functions it is in by longjmp (a yield from C, an error), and Debian's
+** interpreter jumps with __longjmp_chk, which TSan does not intercept:
+** the binding's frames that the jump abandons stay on the fiber's shadow
+** call stack, a few per yield, until it overflows and TSan crashes.
+** Here the step's own jump, from after lua_resume back to a setjmp
+** before it, both seen by TSan, unwinds that stack to this frame. The
+** jump is bound to the symbol longjmp itself, which TSan intercepts:
+** with _FORTIFY_SOURCE the name would mean __longjmp_chk as well. */
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_THREAD__) || __has_feature(thread_sanitizer)
+extern void lums_tsan_longjmp(jmp_buf env, int val) __asm__("longjmp")
+    __attribute__((noreturn));
+static __attribute__((noinline)) int resume(lua_State *co, int nargs,
+                                            int *nres) {
+  jmp_buf back;
+  volatile int st = LUA_OK;
+  if (setjmp(back) == 0) {
+    st = lua_resume(co, NULL, nargs, nres);
+    lums_tsan_longjmp(back, 1);
+  }
+  return st;
+}
+#else
+#define resume(co, nargs, nres) lua_resume((co), NULL, (nargs), (nres))
+#endif
+
 static int task_step(void *arg) {
   ltask *t = arg;
   ltask *prev = lums_cur_task;
@@ -623,7 +653,7 @@ static int task_step(void *arg) {
   if ((r->q.preempt && r->q.quantum > 0) || lums_stall_vm_state(&r->stall))
     lums_quantum_poll(t);
 #endif
-  st = lua_resume(t->co, NULL, nargs, &nres);
+  st = resume(t->co, nargs, &nres);
   atomic_store_explicit(&r->q.running_co, NULL, memory_order_relaxed);
   /* A preemption signalled just as the step ended set a hook nobody
   ** needs any more: the user's is put back. */

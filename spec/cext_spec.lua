@@ -168,9 +168,7 @@ describe("C extensions (ums-lua.h) through examples/cmod/zutil", function()
     assert.equal("x", zutil.uncompress(zutil.compress("x", 1, 0), 1, 0))
   end)
 
-  -- Under TSan fewer: its shadow stack grows with every switch of a run
-  -- and overflows past some 20,000 (CHANGELOG.md, "Known limitations").
-  local ntasks = os.getenv("UMS_TSAN") and 100 or 1000
+  local ntasks = 1000
   it("1,000 other tasks keep running while a slow call runs", function()
     -- The call lasts 50 ms: a scheduler blocked by it would show a gap
     -- of 50 ms or more every time. 20 ms leaves room for a loaded VM

@@ -76,8 +76,7 @@ end)
 ums.config { schedulers = 2 }
 ums.run(function()
   local stop = false
-  -- Busy, yielding every millisecond (few yields: TSan builds overflow
-  -- their shadow stack after ~65,000 of one thread).
+  -- Busy, yielding every millisecond.
   local busy = ums.spawn(function()
     while not stop do spin(0.001); ums.yield() end
   end)

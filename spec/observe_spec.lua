@@ -603,8 +603,7 @@ describe("the scheduler monitor", function()
     ums.run(function()
       ums.sleep(1)                      -- idle
       -- Busy for a second: computing in slices of 1 ms, yielding between
-      -- them, and sleeping. (A bounded number of yields: TSan builds
-      -- overflow their shadow stack after ~65,000 yields of one thread.)
+      -- them, and sleeping.
       local stop = false
       local y = ums.spawn(function()
         while not stop do spin_cpu(0.001); ums.yield() end
@@ -696,8 +695,7 @@ describe("the readers", function()
   it("are safe from any task while others run", function()
     ums.config { schedulers = 2 }
     run(function()
-      -- Loops are bounded (N rounds) as well as timed: TSan builds
-      -- overflow their shadow stack after ~65,000 yields of one thread.
+      -- Loops are bounded (N rounds) as well as timed.
       local stop, N = false, 3000
       local ch, m = ums.channel(), ums.mutex()
       ums.ffi.cdef "int usleep(unsigned int usec);"

@@ -5,13 +5,12 @@
 -- One scenario, two users:
 -- * spec/task_spec.lua requires this file and runs it in every build,
 --   with the targets ending after a short sleep (some may end before all
---   their joiners wait: TSan cannot hold 20,000 waits at once, CHANGELOG
---   "Known limitations");
--- * ctest runs this file as a script (spec_pool_full, not under TSan),
---   strictly: every joiner waits in join before any target ends. The ASan
---   build runs it with leak detection on, which specs run through busted
---   cannot have (the interpreter's and busted's own allocations are not
---   ours), so anything the freeing path leaves behind fails it there.
+--   their joiners wait);
+-- * ctest runs this file as a script (spec_pool_full), strictly: every
+--   joiner waits in join before any target ends. The ASan build runs it
+--   with leak detection on, which specs run through busted cannot have
+--   (the interpreter's and busted's own allocations are not ours), so
+--   anything the freeing path leaves behind fails it there.
 local M = {}
 
 -- Runs the scenario in a run of its own; raises on a wrong outcome.

@@ -267,9 +267,7 @@ describe("ums.test with clock = 'virtual'", function()
     ums.config{preempt = true}
     finally(function() ums.config{preempt = false} end)
     -- A loop that computes: virtual time stands still, only the quantum
-    -- interrupts it. (Not a loop of ums.yield: under TSan, some 60,000
-    -- Lua yields in one run overflow TSan's shadow stack; see
-    -- CHANGELOG.md, "Known limitations".)
+    -- interrupts it.
     local ok, err = pcall(ums.test, function()
       local n = 0
       while true do n = n + 1 end

@@ -405,17 +405,8 @@ static int l_calls(lua_State *L) {
   return 1;
 }
 
-/* Tasks with results in test_alloc_cache. Under TSan 20,000 of them end
-** in a TSan CHECK failure (a stack of more than 65,536 frames handed to
-** its stack depot) on a scheduler thread; 2,000 pass. The run's first
-** task parks in each join, and every yield of a Lua task leaks a few of
-** TSan's shadow frames (lua_yieldk longjmps past the binding's function
-** exits): the TSan-only limit in CHANGELOG.md, "Known limitations". */
-#if defined(__SANITIZE_THREAD__)
-#define RESULT_TASKS "2000"
-#else
+/* Tasks with results in test_alloc_cache. */
 #define RESULT_TASKS "20000"
-#endif
 
 /* recycled(): a block freed through the VM's allocator during a run is
 ** the next block of its size handed out, and under ASan it is poisoned

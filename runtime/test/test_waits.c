@@ -584,6 +584,36 @@ static void test_wait_clock(void) {
   tu_runtime_shutdown(rt);
 }
 
+/* A 30 ms sleep, with what its wait is timed against. The wait runs from
+** the park's stamp (t->wait_since), taken after the deadline is computed,
+** to the stamp of the wake that the deadline's timer makes: what the
+** runtime promises is that this end is not before the deadline, not that
+** the wait lasts 30 ms, since the park may come well after the call on a
+** crowded machine. */
+typedef struct timed_sleep {
+  int64_t called;   /* stamp clock: before ums_sleep_until */
+  int64_t deadline; /* the runtime's clock (CLOCK_MONOTONIC) */
+  int64_t parked;   /* stamp clock: the park, where the wait starts */
+  int64_t resumed;  /* stamp clock: once the task runs again */
+  /* The stamp clock minus the runtime's clock, within +- skew: two
+  ** readings of the latter bracket one of the former. Zero on the
+  ** gettime fallback, which is the runtime's clock itself. */
+  int64_t offset, skew;
+} timed_sleep_t;
+
+static void *timed_sleeper(void *arg) {
+  timed_sleep_t *p = arg;
+  p->called = ums__stamp_now();
+  p->deadline = ums_deadline(30 * MS);
+  CHECK_RC(ums_sleep_until(p->deadline), 0);
+  p->resumed = ums__stamp_now();
+  p->parked = atomic_load(&ums__task_current()->wait_since);
+  int64_t c0 = ums_now(), st = ums__stamp_now(), c1 = ums_now();
+  p->offset = st - (c0 + (c1 - c0) / 2);
+  p->skew = (c1 - c0) / 2 + 1;
+  return NULL;
+}
+
 static void test_precise(void) {
   rt = stats_runtime(UMS_STATS_PRECISE);
   check_pingpong_total();
@@ -594,10 +624,19 @@ static void test_precise(void) {
   CHECK_GT(r.count + sd.count, 0);
   CHECK_GT(r.total_ns + sd.total_ns, 0);
   CHECK_LT((r.total_ns + sd.total_ns) / (r.count + sd.count), 1 * MS);
-  tu_join_ok(rt, tu_spawn_named(rt, 0, "sleeper", tu_sleep_ms, PTR(30)));
+  timed_sleep_t p = {0};
+  tu_join_ok(rt, tu_spawn_named(rt, 0, "sleeper", timed_sleeper, &p));
   ums_wait_stats_t w = waits_of(UMS_WAIT_SLEEP);
   CHECK_EQ(w.count, 1);
-  CHECK_GE(w.total_ns, 29 * MS);
+  int64_t ended = p.parked + w.total_ns;
+  printf("   a 30 ms sleep: parked %.3f ms after the call, timed %.3f ms, "
+         "ended %.3f ms after its deadline\n", (p.parked - p.called) / 1e6,
+         w.total_ns / 1e6, (ended - p.offset - p.deadline) / 1e6);
+  /* The wait starts at the park, after the call; it ends at or after
+  ** the deadline (on the stamp clock), and before the task runs again. */
+  CHECK_GE(p.parked, p.called);
+  CHECK_GE(ended, p.deadline + p.offset - p.skew);
+  CHECK_LE(ended, p.resumed);
   tu_runtime_shutdown(rt);
 }
 
