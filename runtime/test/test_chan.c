@@ -699,6 +699,7 @@ static void last_user_frees(void) {
         lc_one(); /* this host thread */
       else
         su_join(rt, su_spawn(rt, 0, lc_party_task, NULL));
+      su_watchdog_progress();
     }
     su_join(rt, w);
     su_watchdog_stop();

@@ -1061,7 +1061,15 @@ static const char *const lifetime_name[L_N] = {
     "cond signal",
     "mutex unlock"};
 
+/* Rounds per kind: LIFETIME_ITERS, or fewer on a machine too loaded to
+** run them in LIFETIME_BUDGET_S (each round waits for wake-ups across
+** threads, which a loaded machine delays), but never fewer than
+** LIFETIME_MIN. The count is the effort spent hunting the race, not an
+** assertion: a touch after the free fails whichever round it happens in,
+** and a hang is the watchdog's, which is stuck only when no round ends. */
 #define LIFETIME_ITERS 20000
+#define LIFETIME_MIN 2000
+#define LIFETIME_BUDGET_S 5
 /* Hand-offs between waiter and waker go through their own channels (not
 ** spins, which crawl on an oversubscribed machine). */
 static ums_chan_t *lt_obj;   /* void *: the object, waiter -> waker */
@@ -1069,10 +1077,12 @@ static ums_sem_t *lt_locked; /* L_MUTEX: the waker holds the mutex */
 static ums_mutex_t *lt_m;    /* L_COND_*: the waiter's mutex */
 static int lt_kind;
 
+/* Serves objects until it is sent NULL, after the last round. */
 static void *lt_waker(void *arg) {
-  for (int i = 0; i < LIFETIME_ITERS; i++) {
+  for (;;) {
     void *o = NULL;
     CHECK_OK(ums_chan_recv(lt_obj, &o, UMS_FOREVER));
+    if (!o) break;
     switch (lt_kind) {
     case L_SEM:
       CHECK_OK(ums_sem_release(o, 1));
@@ -1165,18 +1175,24 @@ static void last_user_frees(void) {
   lt_locked = ums_sem_new(0);
   for (lt_kind = 0; lt_kind < L_N; lt_kind++) {
     int64_t t0 = ums_now();
+    int64_t budget = t0 + (int64_t)LIFETIME_BUDGET_S * UMS_NSEC_PER_SEC;
     su_watchdog_start(lifetime_name[lt_kind], 30);
     ums_task_t w = su_spawn(rt, 1, lt_waker, NULL);
-    for (int i = 0; i < LIFETIME_ITERS; i++) {
+    int i = 0;
+    for (; i < LIFETIME_ITERS; i++) {
+      if (i >= LIFETIME_MIN && ums_now() > budget) break;
       if (i % 2)
         lt_one(); /* this host thread */
       else
         su_join(rt, su_spawn(rt, 0, lt_waiter_task, NULL));
+      su_watchdog_progress();
     }
+    void *none = NULL;
+    CHECK_OK(ums_chan_send(lt_obj, &none, UMS_FOREVER));
     su_join(rt, w);
     su_watchdog_stop();
-    printf("  last user frees: %-36s ok (%.1f ms)\n", lifetime_name[lt_kind],
-           (double)(ums_now() - t0) / 1e6);
+    printf("  last user frees: %-36s ok (%d rounds, %.1f ms)\n",
+           lifetime_name[lt_kind], i, (double)(ums_now() - t0) / 1e6);
   }
   CHECK_OK(ums_chan_delete(lt_obj));
   CHECK_OK(ums_sem_delete(lt_locked));
