@@ -209,6 +209,16 @@ static SU_UNUSED void su_watchdog_progress(void) {
   atomic_store(&su_wd.deadline, ums_deadline(su_wd.period));
 }
 
+/* su_join for a section under the watchdog, which reports progress as
+** it goes: no deadline of its own, since the watchdog is the hang guard
+** and a loaded machine may take longer than any fixed bound to finish
+** the section's work. */
+static SU_UNUSED void su_join_watched(ums_runtime_t *rt, ums_task_t t) {
+  int status = -1;
+  CHECK_OK(ums_task_join(rt, t, UMS_FOREVER, NULL, &status));
+  CHECK_EQ(status, 0);
+}
+
 static SU_UNUSED void su_watchdog_stop(void) {
   atomic_store(&su_wd.armed, 0);
   CHECK_OK(pthread_join(su_wd.thread, NULL));

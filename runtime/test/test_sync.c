@@ -205,6 +205,7 @@ static void mx_body(int iters, int yield_every) {
     mx_counter = v + 1;
     atomic_store(&mx_inside, 0);
     CHECK_OK(ums_mutex_unlock(mx_m));
+    su_watchdog_progress();
   }
 }
 
@@ -218,10 +219,14 @@ static void mutex_exclusion(void) {
   ums_task_t t[MX_TASKS];
   mx_m = ums_mutex_new();
   mx_counter = 0;
+  /* Every hand-off waits for a wake-up across threads, which a loaded
+  ** machine delays: stuck is no hand-off for 30 s. */
+  su_watchdog_start("mutex: exclusion", 30);
   for (int i = 0; i < MX_TASKS; i++)
     t[i] = su_spawn(rt, i % NSCHED, mx_task,
                     (void *)(intptr_t)(MX_TOTAL / MX_TASKS));
-  for (int i = 0; i < MX_TASKS; i++) su_join(rt, t[i]);
+  for (int i = 0; i < MX_TASKS; i++) su_join_watched(rt, t[i]);
+  su_watchdog_stop();
   CHECK_EQ(mx_counter, MX_TOTAL);
   CHECK_OK(ums_mutex_delete(mx_m));
   printf("  %-44s ok (%.1f ms)\n", "mutex: exclusion, 8 tasks x 4 scheds",
@@ -240,13 +245,15 @@ static void mutex_host_contention(void) {
   ums_task_t t[TASKS];
   mx_m = ums_mutex_new();
   mx_counter = 0;
+  su_watchdog_start("mutex: host threads + tasks contending", 30);
   for (int i = 0; i < TASKS; i++)
     t[i] = su_spawn(rt, i % NSCHED, mx_task, (void *)(intptr_t)ITERS);
   for (int i = 0; i < HOSTS; i++)
     CHECK_OK(pthread_create(&th[i], NULL, mx_host, (void *)(intptr_t)ITERS));
   mx_body(ITERS, 29); /* main takes part too */
   for (int i = 0; i < HOSTS; i++) CHECK_OK(pthread_join(th[i], NULL));
-  for (int i = 0; i < TASKS; i++) su_join(rt, t[i]);
+  for (int i = 0; i < TASKS; i++) su_join_watched(rt, t[i]);
+  su_watchdog_stop();
   CHECK_EQ(mx_counter, (long)(HOSTS + TASKS + 1) * ITERS);
   CHECK_OK(ums_mutex_delete(mx_m));
   printf("  %-44s ok (%.1f ms)\n", "mutex: host threads + tasks contending",
