@@ -209,6 +209,15 @@ static SU_UNUSED void su_watchdog_progress(void) {
   atomic_store(&su_wd.deadline, ums_deadline(su_wd.period));
 }
 
+/* Whether a race-hunting loop goes on to round i: up to max rounds, or
+** fewer on a machine too loaded to run them before `until` (a real-time
+** deadline), but never fewer than a tenth of max. The rounds are the
+** effort spent hunting a race, not an assertion: a race fails whichever
+** round it happens in, and a hang is the watchdog's. */
+static SU_UNUSED bool su_more_rounds(int i, int max, int64_t until) {
+  return i < max && (i < max / 10 || ums_now() <= until);
+}
+
 /* su_join for a section under the watchdog, which reports progress as
 ** it goes: no deadline of its own, since the watchdog is the hang guard
 ** and a loaded machine may take longer than any fixed bound to finish

@@ -1068,14 +1068,10 @@ static const char *const lifetime_name[L_N] = {
     "cond signal",
     "mutex unlock"};
 
-/* Rounds per kind: LIFETIME_ITERS, or fewer on a machine too loaded to
-** run them in LIFETIME_BUDGET_S (each round waits for wake-ups across
-** threads, which a loaded machine delays), but never fewer than
-** LIFETIME_MIN. The count is the effort spent hunting the race, not an
-** assertion: a touch after the free fails whichever round it happens in,
-** and a hang is the watchdog's, which is stuck only when no round ends. */
+/* Rounds per kind (su_more_rounds): LIFETIME_ITERS, fewer on a machine
+** too loaded to run them in LIFETIME_BUDGET_S, as each round waits for
+** wake-ups across threads. */
 #define LIFETIME_ITERS 20000
-#define LIFETIME_MIN 2000
 #define LIFETIME_BUDGET_S 5
 /* Hand-offs between waiter and waker go through their own channels (not
 ** spins, which crawl on an oversubscribed machine). */
@@ -1182,12 +1178,11 @@ static void last_user_frees(void) {
   lt_locked = ums_sem_new(0);
   for (lt_kind = 0; lt_kind < L_N; lt_kind++) {
     int64_t t0 = ums_now();
-    int64_t budget = t0 + (int64_t)LIFETIME_BUDGET_S * UMS_NSEC_PER_SEC;
+    int64_t until = t0 + (int64_t)LIFETIME_BUDGET_S * UMS_NSEC_PER_SEC;
     su_watchdog_start(lifetime_name[lt_kind], 30);
     ums_task_t w = su_spawn(rt, 1, lt_waker, NULL);
     int i = 0;
-    for (; i < LIFETIME_ITERS; i++) {
-      if (i >= LIFETIME_MIN && ums_now() > budget) break;
+    for (; su_more_rounds(i, LIFETIME_ITERS, until); i++) {
       if (i % 2)
         lt_one(); /* this host thread */
       else
