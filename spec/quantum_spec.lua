@@ -21,10 +21,25 @@ local function spin(seconds)
   return x
 end
 
--- Runs a hog for HOG_SECONDS next to a light task that sleeps 1 ms in a
--- loop; returns how many iterations the light task made while the hog ran
--- and how many times the hog was interrupted (the light task ran between
--- two of the hog's own clock readings).
+-- A hang guard in CPU seconds for the spins that wait for preemptions to
+-- happen: a preempted spin uses CPU only while it runs, so a loaded
+-- machine makes it take longer but never makes it give up sooner. Only a
+-- quantum that never preempts reaches it.
+local PREEMPT_CPU_BOUND = 10
+
+-- Spins (no ums call at all) until done() is true or the spin has used
+-- PREEMPT_CPU_BOUND seconds of CPU time.
+local function spin_until(done)
+  local c0 = os.clock()
+  local x = 0
+  while not done() and os.clock() - c0 < PREEMPT_CPU_BOUND do x = x + 1 end
+  return x
+end
+
+-- Runs a hog next to a light task that sleeps 1 ms in a loop; returns how
+-- many iterations the light task made while the hog ran (the times the
+-- hog was interrupted: the light task runs only then). hog_body gets a
+-- function that returns that count so far.
 local function hog_and_light(hog_body)
   local light_iters
   ums.run(function()
@@ -38,7 +53,7 @@ local function hog_and_light(hog_body)
     ums.sleep(0.01)  -- the light task is in its loop
     local hog = ums.spawn(function()
       local n0 = n
-      hog_body()
+      hog_body(function() return n - n0 end)
       return n - n0
     end)
     local ok, iters = hog:join()
@@ -51,8 +66,12 @@ local function hog_and_light(hog_body)
 end
 
 -- The machine is shared and noisy (a 2-vCPU VM: a thread may lose the CPU
--- for tens of milliseconds), so the "it is preempted" measurements take the
--- best of a few attempts; the "it is not preempted" ones need no retry.
+-- for tens of milliseconds, and the quantum counts real time), so "it is
+-- preempted" is asserted as "the light task runs so many times while the
+-- hog spins" (the hog spins until it has, spin_until), never as a rate;
+-- "it is not preempted" and "not before its quantum" bound what happens
+-- in a real-time spin, which a loaded machine can only make fewer. A
+-- contrast that needs a real-time spin takes the best of a few attempts.
 local ATTEMPTS = 3
 local function best_of(goal, measure)
   local best
@@ -69,12 +88,12 @@ describe("the quantum", function()
 
   it("lets a light task run every quantum while a CPU hog spins", function()
     ums.config{quantum = 0.004, preempt = true}
-    -- 0.5 s / 4 ms = 125 slices; ask for a fraction of that.
-    local iters = best_of(20, function()
-      return hog_and_light(function() spin(HOG_SECONDS) end)
+    local iters = hog_and_light(function(light)
+      spin_until(function() return light() >= 20 end)
     end)
     assert.is_true(iters >= 20, ("light task ran %d times during the hog's "
-                                 .. "%.1f s"):format(iters, HOG_SECONDS))
+                                 .. "%d s of CPU"):format(iters,
+                                                          PREEMPT_CPU_BOUND))
   end)
 
   it("with quantum = 0 (off) the hog keeps the scheduler to itself",
@@ -90,8 +109,8 @@ describe("the quantum", function()
     for i, q in ipairs{0, 0.004, 0} do
       ums.config{quantum = q, preempt = true}
       if q > 0 then
-        seen[i] = best_of(8, function()
-          return hog_and_light(function() spin(0.2) end)
+        seen[i] = hog_and_light(function(light)
+          spin_until(function() return light() >= 8 end)
         end)
       else
         seen[i] = hog_and_light(function() spin(0.2) end)
@@ -106,10 +125,11 @@ describe("the quantum", function()
     ums.config{quantum = 0.05, preempt = true}
     local long = hog_and_light(function() spin(0.3) end)
     ums.config{quantum = 0.004, preempt = true}
-    local short = best_of(long + 8, function()
-      return hog_and_light(function() spin(0.3) end)
+    local short = hog_and_light(function(light)
+      spin_until(function() return light() >= long + 8 end)
     end)
-    -- 0.3 s / 50 ms = 6 slices at most
+    -- Never before its quantum: 0.3 s / 50 ms = 6 slices at most (a look
+    -- every 25 ms preempts a task seen running for 37.5 ms or more).
     assert.is_true(long <= 10, tostring(long))
     assert.is_true(short >= long + 8,
                    ("short %d, long %d"):format(short, long))
@@ -135,7 +155,7 @@ describe("the quantum", function()
       ums.sleep(0.01)
       local hog = ums.spawn(function()
         local y0, s0 = y, sl
-        spin(0.3)
+        spin_until(function() return y - y0 >= 20 end)
         return y - y0, sl - s0
       end)
       local ok
@@ -177,25 +197,22 @@ describe("the quantum", function()
 
   it("two hogs take turns", function()
     ums.config{quantum = 0.004, preempt = true}
-    local switches = best_of(10, function()
-      local switches
-      ums.run(function()
-        local owner, changes = nil, 0
-        local function hog(id)
-          local t0 = ums.now()
-          while ums.now() - t0 < 0.2 do
-            if owner ~= id then
-              owner = id
-              changes = changes + 1
-            end
+    local switches
+    ums.run(function()
+      local owner, changes = nil, 0
+      local function hog(id)
+        spin_until(function()
+          if owner ~= id then
+            owner = id
+            changes = changes + 1
           end
-        end
-        local a, b = ums.spawn(hog, "a"), ums.spawn(hog, "b")
-        a:join()
-        b:join()
-        switches = changes
-      end)
-      return switches
+          return changes >= 10
+        end)
+      end
+      local a, b = ums.spawn(hog, "a"), ums.spawn(hog, "b")
+      a:join()
+      b:join()
+      switches = changes
     end)
     assert.is_true(switches >= 10, tostring(switches))
   end)
@@ -260,7 +277,7 @@ describe("the quantum where Lua cannot yield", function()
       end)
       result.sorted = table.concat(t, ",")
       local n0 = result.n()
-      spin(0.3)
+      spin_until(function() return result.n() - n0 >= 10 end)
       result.after = result.n() - n0
     end
   end
@@ -269,7 +286,7 @@ describe("the quantum where Lua cannot yield", function()
      .. "once back in yieldable code", function()
     ums.config{quantum = 0.004, preempt = true}
     local in_sort_max = 0
-    local after = best_of(10, function()
+    local after = (function()
       local result = {}
       local n = 0
       result.n = function() return n end
@@ -288,7 +305,7 @@ describe("the quantum where Lua cannot yield", function()
       assert.equal("1,2,3", result.sorted)
       in_sort_max = math.max(in_sort_max, result.in_sort)
       return result.after
-    end)
+    end)()
     -- not preempted inside the comparator: the light task could not run
     assert.is_true(in_sort_max <= 1, tostring(in_sort_max))
     -- preempted once back in the task body

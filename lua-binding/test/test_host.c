@@ -773,6 +773,7 @@ typedef struct race_slot {
   race *r;
   int i;
   _Atomic(ums_lua_req_t *) req;  /* every 4th: a handle, for cancels */
+  _Atomic int accepted;           /* the submit succeeded */
 } race_slot;
 
 static void race_done(ums_lua_req_t *req, const ums_lua_result_t *res,
@@ -809,6 +810,7 @@ static void *race_thread(void *p) {
     if (rc == UMS_ESHUTDOWN) break;
     CHECK_RC(rc, 0);
     atomic_store(&slots[i].req, req);
+    atomic_store(&slots[i].accepted, 1);
     atomic_fetch_add(r->accepted, 1);
     if (i % 8 == 0) usleep(50);
   }
@@ -864,6 +866,10 @@ static void test_shutdown_in_flight(void) {
       CHECK_RC(pthread_create(&th[i], NULL, race_thread, &r[i]), 0);
     }
     CHECK_RC(pthread_create(&canceller, NULL, canceller_thread, NULL), 0);
+    /* The shutdown comes once request 1, which never ends, is in (a
+    ** loaded machine may run the submitting threads late), and a while
+    ** into the race. */
+    WAIT_UNTIL(atomic_load(&slots[1].accepted), 10000);
     usleep(20000 + round * 30000);
     /* A deadline in the past, a short one, then none at all... none would
     ** hang on the never-ending sleeps: cancel at once or shortly. */

@@ -168,7 +168,11 @@ static SU_UNUSED void su_await_idle(ums_runtime_t *rt, int sched) {
 
 /* A watchdog for sections whose failure mode may be a hang (a spin on the
 ** lock of a freed object): past the bound it names the section and ends
-** the process with status 1. */
+** the process with status 1. The bound is on the time without progress:
+** a section that reports each round done (su_watchdog_progress) is stuck
+** only once no round has ended for that long, however slowly a loaded
+** machine runs the rounds; one that reports nothing is bounded as a whole.
+** Either bound catches only a hang, so it is generous. */
 #include <pthread.h>
 #include <unistd.h>
 
@@ -176,12 +180,13 @@ static struct {
   pthread_t thread;
   _Atomic int armed;
   const char *what;
-  int64_t deadline;
+  int64_t period;            /* [const while armed] the bound, ns */
+  _Atomic int64_t deadline;  /* [atomic] stuck past this */
 } su_wd;
 
 static SU_UNUSED void *su_watchdog_main(void *unused) {
   while (atomic_load(&su_wd.armed)) {
-    if (ums_now() > su_wd.deadline) {
+    if (ums_now() > atomic_load(&su_wd.deadline)) {
       fprintf(stderr, "watchdog: %s: stuck\n", su_wd.what);
       fflush(stderr);
       _exit(1);
@@ -193,9 +198,34 @@ static SU_UNUSED void *su_watchdog_main(void *unused) {
 
 static SU_UNUSED void su_watchdog_start(const char *what, int seconds) {
   su_wd.what = what;
-  su_wd.deadline = ums_deadline((int64_t)seconds * UMS_NSEC_PER_SEC);
+  su_wd.period = (int64_t)seconds * UMS_NSEC_PER_SEC;
+  atomic_store(&su_wd.deadline, ums_deadline(su_wd.period));
   atomic_store(&su_wd.armed, 1);
   CHECK_OK(pthread_create(&su_wd.thread, NULL, su_watchdog_main, NULL));
+}
+
+/* The section moved on: it is stuck only a whole bound from now. */
+static SU_UNUSED void su_watchdog_progress(void) {
+  atomic_store(&su_wd.deadline, ums_deadline(su_wd.period));
+}
+
+/* Whether a race-hunting loop goes on to round i: up to max rounds, or
+** fewer on a machine too loaded to run them before `until` (a real-time
+** deadline), but never fewer than a tenth of max. The rounds are the
+** effort spent hunting a race, not an assertion: a race fails whichever
+** round it happens in, and a hang is the watchdog's. */
+static SU_UNUSED bool su_more_rounds(int i, int max, int64_t until) {
+  return i < max && (i < max / 10 || ums_now() <= until);
+}
+
+/* su_join for a section under the watchdog, which reports progress as
+** it goes: no deadline of its own, since the watchdog is the hang guard
+** and a loaded machine may take longer than any fixed bound to finish
+** the section's work. */
+static SU_UNUSED void su_join_watched(ums_runtime_t *rt, ums_task_t t) {
+  int status = -1;
+  CHECK_OK(ums_task_join(rt, t, UMS_FOREVER, NULL, &status));
+  CHECK_EQ(status, 0);
 }
 
 static SU_UNUSED void su_watchdog_stop(void) {

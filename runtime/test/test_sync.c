@@ -205,6 +205,7 @@ static void mx_body(int iters, int yield_every) {
     mx_counter = v + 1;
     atomic_store(&mx_inside, 0);
     CHECK_OK(ums_mutex_unlock(mx_m));
+    su_watchdog_progress();
   }
 }
 
@@ -218,10 +219,14 @@ static void mutex_exclusion(void) {
   ums_task_t t[MX_TASKS];
   mx_m = ums_mutex_new();
   mx_counter = 0;
+  /* Every hand-off waits for a wake-up across threads, which a loaded
+  ** machine delays: stuck is no hand-off for 30 s. */
+  su_watchdog_start("mutex: exclusion", 30);
   for (int i = 0; i < MX_TASKS; i++)
     t[i] = su_spawn(rt, i % NSCHED, mx_task,
                     (void *)(intptr_t)(MX_TOTAL / MX_TASKS));
-  for (int i = 0; i < MX_TASKS; i++) su_join(rt, t[i]);
+  for (int i = 0; i < MX_TASKS; i++) su_join_watched(rt, t[i]);
+  su_watchdog_stop();
   CHECK_EQ(mx_counter, MX_TOTAL);
   CHECK_OK(ums_mutex_delete(mx_m));
   printf("  %-44s ok (%.1f ms)\n", "mutex: exclusion, 8 tasks x 4 scheds",
@@ -240,13 +245,15 @@ static void mutex_host_contention(void) {
   ums_task_t t[TASKS];
   mx_m = ums_mutex_new();
   mx_counter = 0;
+  su_watchdog_start("mutex: host threads + tasks contending", 30);
   for (int i = 0; i < TASKS; i++)
     t[i] = su_spawn(rt, i % NSCHED, mx_task, (void *)(intptr_t)ITERS);
   for (int i = 0; i < HOSTS; i++)
     CHECK_OK(pthread_create(&th[i], NULL, mx_host, (void *)(intptr_t)ITERS));
   mx_body(ITERS, 29); /* main takes part too */
   for (int i = 0; i < HOSTS; i++) CHECK_OK(pthread_join(th[i], NULL));
-  for (int i = 0; i < TASKS; i++) su_join(rt, t[i]);
+  for (int i = 0; i < TASKS; i++) su_join_watched(rt, t[i]);
+  su_watchdog_stop();
   CHECK_EQ(mx_counter, (long)(HOSTS + TASKS + 1) * ITERS);
   CHECK_OK(ums_mutex_delete(mx_m));
   printf("  %-44s ok (%.1f ms)\n", "mutex: host threads + tasks contending",
@@ -1061,7 +1068,11 @@ static const char *const lifetime_name[L_N] = {
     "cond signal",
     "mutex unlock"};
 
+/* Rounds per kind (su_more_rounds): LIFETIME_ITERS, fewer on a machine
+** too loaded to run them in LIFETIME_BUDGET_S, as each round waits for
+** wake-ups across threads. */
 #define LIFETIME_ITERS 20000
+#define LIFETIME_BUDGET_S 5
 /* Hand-offs between waiter and waker go through their own channels (not
 ** spins, which crawl on an oversubscribed machine). */
 static ums_chan_t *lt_obj;   /* void *: the object, waiter -> waker */
@@ -1069,10 +1080,12 @@ static ums_sem_t *lt_locked; /* L_MUTEX: the waker holds the mutex */
 static ums_mutex_t *lt_m;    /* L_COND_*: the waiter's mutex */
 static int lt_kind;
 
+/* Serves objects until it is sent NULL, after the last round. */
 static void *lt_waker(void *arg) {
-  for (int i = 0; i < LIFETIME_ITERS; i++) {
+  for (;;) {
     void *o = NULL;
     CHECK_OK(ums_chan_recv(lt_obj, &o, UMS_FOREVER));
+    if (!o) break;
     switch (lt_kind) {
     case L_SEM:
       CHECK_OK(ums_sem_release(o, 1));
@@ -1165,18 +1178,23 @@ static void last_user_frees(void) {
   lt_locked = ums_sem_new(0);
   for (lt_kind = 0; lt_kind < L_N; lt_kind++) {
     int64_t t0 = ums_now();
+    int64_t until = t0 + (int64_t)LIFETIME_BUDGET_S * UMS_NSEC_PER_SEC;
     su_watchdog_start(lifetime_name[lt_kind], 30);
     ums_task_t w = su_spawn(rt, 1, lt_waker, NULL);
-    for (int i = 0; i < LIFETIME_ITERS; i++) {
+    int i = 0;
+    for (; su_more_rounds(i, LIFETIME_ITERS, until); i++) {
       if (i % 2)
         lt_one(); /* this host thread */
       else
         su_join(rt, su_spawn(rt, 0, lt_waiter_task, NULL));
+      su_watchdog_progress();
     }
+    void *none = NULL;
+    CHECK_OK(ums_chan_send(lt_obj, &none, UMS_FOREVER));
     su_join(rt, w);
     su_watchdog_stop();
-    printf("  last user frees: %-36s ok (%.1f ms)\n", lifetime_name[lt_kind],
-           (double)(ums_now() - t0) / 1e6);
+    printf("  last user frees: %-36s ok (%d rounds, %.1f ms)\n",
+           lifetime_name[lt_kind], i, (double)(ums_now() - t0) / 1e6);
   }
   CHECK_OK(ums_chan_delete(lt_obj));
   CHECK_OK(ums_sem_delete(lt_locked));
