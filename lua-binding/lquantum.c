@@ -203,6 +203,8 @@ void lums_quantum_poll(ltask *t) { hook_arm(t->co, t, QUANTUM_POLL_COUNT); }
 
 void lums_hook_disarm(lua_State *L, ltask *t) {
   t->hook.qsig = 0;
+  t->hook.busy = 0;
+  t->hook.deferred = 0;
   if (lua_gethook(L) == qhook)
     lua_sethook(L, t->hook.uhook, t->hook.umask, t->hook.ucount);
 }
@@ -211,7 +213,15 @@ void lums_hook_disarm(lua_State *L, ltask *t) {
 ** the running task's coroutine, the hook, mask and count the user set
 ** there are read and written, and qhook stays. The debug library's own
 ** functions (upvalue 1) do the work, with the user's hook put back for
-** the time of the call. lums_open installs both in every VM.
+** the time of the call.
+**
+** A C function of the debug library is called in this function's own
+** frame, not through lua_call: Lua code then sees one call, as without
+** ums. A hook set by debug.sethook gets the events Lua gives it (its
+** first is the return from sethook, named "sethook" as the caller named
+** it), an argument error names the function the caller called, and a
+** profiler that counts calls and returns stays balanced. Anything else
+** found in debug.sethook before lums_open is called with lua_pcall.
 **
 ** The quantum's signal handler puts qhook on the task's coroutine
 ** (hook_arm) whenever it fires. While one of these functions is at the
@@ -220,23 +230,46 @@ void lums_hook_disarm(lua_State *L, ltask *t) {
 ** would overwrite the qhook just armed, losing the preemption, or be
 ** interrupted between its stores, leaving a hook with another hook's
 ** mask. The handler runs on this thread, so compiler fences order the
-** flag with the hook's fields. */
+** flag with the hook's fields. A sethook whose arguments it refuses
+** raises before touching the hook: it runs without the flag, so that the
+** error cannot leave the handler deferring. Only a memory error inside
+** the debug library's function can; the step's end clears the flag
+** (lums_hook_disarm), as does the task's end. */
+
+/* Whether debug.sethook, given what is on L's stack, goes as far as
+** setting a hook: its own checks (ldblib.c's db_sethook), in its order. */
+static bool sethook_sets(lua_State *L) {
+  int arg = lua_isthread(L, 1) ? 1 : 0;
+  if (lua_isnoneornil(L, arg + 1)) return true;
+  if (!lua_isstring(L, arg + 2) || !lua_isfunction(L, arg + 1))
+    return false;
+  if (lua_isnoneornil(L, arg + 3)) return true;
+  int isnum;
+  (void)lua_tointegerx(L, arg + 3, &isnum);
+  return isnum;
+}
+
 static int hook_call(lua_State *L, bool setting) {
+  lua_CFunction f = lua_tocfunction(L, lua_upvalueindex(1));
   lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
   ltask *t = lums_cur_task;
   bool own = t && L1 == t->co;
-  if (own) {
-    t->hook.busy = 1;
-    atomic_signal_fence(memory_order_seq_cst);
-  }
-  bool swap = own && lua_gethook(L1) == qhook;
+  if (f && (!own || (setting && !sethook_sets(L)))) return f(L);
+  t->hook.busy = 1;
+  atomic_signal_fence(memory_order_seq_cst);
+  bool swap = lua_gethook(L1) == qhook;
   if (swap) lua_sethook(L1, t->hook.uhook, t->hook.umask, t->hook.ucount);
-  int n = lua_gettop(L);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  /* Protected, so that an error (a bad argument, out of memory) cannot
-  ** leave the handler deferring for good. */
-  int st = lua_pcall(L, n, LUA_MULTRET, 0);
+  int st = LUA_OK, nres;
+  if (f) {
+    nres = f(L);
+  } else {
+    int n = lua_gettop(L);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    /* Protected, so that an error cannot leave the handler deferring. */
+    st = lua_pcall(L, n, LUA_MULTRET, 0);
+    nres = lua_gettop(L);
+  }
   if (swap) {
     /* qhook had an errand (a preemption, a look): it goes on, over
     ** whatever hook the user has now. A gethook leaves the user's hook
@@ -246,19 +279,17 @@ static int hook_call(lua_State *L, bool setting) {
     else if (lua_gethook(L1) == t->hook.uhook)
       hook_set(L1, t);
   }
-  if (own) {
-    atomic_signal_fence(memory_order_seq_cst);
-    t->hook.busy = 0;
-    atomic_signal_fence(memory_order_seq_cst);
-    /* A signal that came during the call: its errand is done now. One
-    ** that comes after the flag was cleared arms qhook itself. */
-    if (t->hook.deferred) {
-      t->hook.deferred = 0;
-      hook_arm(L1, t, 1);
-    }
+  atomic_signal_fence(memory_order_seq_cst);
+  t->hook.busy = 0;
+  atomic_signal_fence(memory_order_seq_cst);
+  /* A signal that came during the call: its errand is done now. One
+  ** that comes after the flag was cleared arms qhook itself. */
+  if (t->hook.deferred) {
+    t->hook.deferred = 0;
+    hook_arm(L1, t, 1);
   }
   if (st != LUA_OK) return lua_error(L);
-  return lua_gettop(L);
+  return nres;
 }
 
 static int l_gethook(lua_State *L) { return hook_call(L, false); }

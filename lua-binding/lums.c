@@ -274,6 +274,7 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   ** coroutine's state is in the cache, not at the next spawn. */
   if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   t->hook.uhook = NULL;
+  t->hook.busy = t->hook.deferred = 0;
   lua_copy(t->anchor, LUMS_ANCHOR_NIL, t->aidx + 1);
   /* Back to what take_task hands out: zero but for the coroutine and its
   ** slot. Field by field, not a memset of the whole ltask plus
