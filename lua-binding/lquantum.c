@@ -201,6 +201,20 @@ static void hook_arm(lua_State *L, ltask *t, int count) {
 void lums_quantum_poll(ltask *t) { hook_arm(t->co, t, QUANTUM_POLL_COUNT); }
 #endif
 
+/* A yield from a hook leaves a mark on the coroutine's running function
+** (Lua's CIST_HOOKYIELD) that tells the count or line hook of the
+** instruction run again at the resume that it was called already; Lua
+** erases it there only if the hook is still on then. After qhook
+** yielded, then, qhook stays (its count ran out: it sees the resumed
+** instruction): a mark left on would swallow the first event of a line
+** or count hook the user sets later in that function. */
+void lums_hook_step_end(lua_State *L, ltask *t) {
+  if (t->hook.yielded)
+    t->hook.yielded = false;
+  else
+    lums_hook_disarm(L, t);
+}
+
 void lums_hook_disarm(lua_State *L, ltask *t) {
   t->hook.qsig = 0;
   t->hook.busy = 0;
@@ -320,7 +334,7 @@ static void wrap_debug_hooks(lua_State *L) {
 ** preempt on and the step past its quantum, a yield. It yields only from
 ** the task's own coroutine, where Lua can yield, outside a begun park and
 ** outside nopreempt chunks; elsewhere it checks again shortly. */
-static void quantum_fire(lua_State *L, ltask *t) {
+static void quantum_fire(lua_State *L, ltask *t, bool at_line) {
   lvmrun *r = t->vmrun;
   if (lums_stall_pending(&r->stall)) r->q.stall_hook(L, t);
   if (!r->q.preempt || !lums_quantum_due(t)) {
@@ -345,12 +359,23 @@ static void quantum_fire(lua_State *L, ltask *t) {
     hook_arm(L, t, QUANTUM_RETRY_COUNT);
     return;
   }
+  /* Lua calls the line hook of an instruction after its count hook, and
+  ** after a yield from either it runs the instruction again with no hook
+  ** at all: a yield at the count event would take the user's line event
+  ** with it. With the user's line hook on, the yield waits for the next
+  ** line event (qsig), which qhook hands to the user's hook first. */
+  if (!at_line && t->hook.uhook && (t->hook.umask & LUA_MASKLINE)) {
+    t->hook.qsig = 1;
+    hook_arm(L, t, QUANTUM_RETRY_COUNT);
+    return;
+  }
   /* qhook stays until the step has ended (task_step puts the user's hook
   ** back): Lua may still call the line hook before it leaves, and only
   ** qhook knows to do nothing then. */
   atomic_fetch_add_explicit(&r->q.preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();
   t->park.parking = false;
+  t->hook.yielded = true;
   lua_yield(L, 0);
 }
 
@@ -367,8 +392,8 @@ static void qhook(lua_State *L, lua_Debug *ar) {
     return;
   }
   /* Lua calls the line hook after a count hook that yielded, before it
-  ** leaves: nothing may run then. The instruction runs again, with its
-  ** events, when the task is resumed. */
+  ** leaves: nothing may run then. Without a line hook of the user's
+  ** nothing is lost (quantum_fire). */
   if (lua_status(L) == LUA_YIELD) return;
   int ran = ar->event == LUA_HOOKCOUNT ? lua_gethookcount(L) : 0;
   if (t->hook.uhook &&
@@ -391,7 +416,7 @@ static void qhook(lua_State *L, lua_Debug *ar) {
     ** hook may). */
     if (ar->event == LUA_HOOKLINE && t->hook.qsig) {
       t->hook.qsig = 0;
-      quantum_fire(L, t);
+      quantum_fire(L, t, true);
     }
     return;
   }
@@ -400,7 +425,7 @@ static void qhook(lua_State *L, lua_Debug *ar) {
     return;
   }
   t->hook.qsig = 0;
-  quantum_fire(L, t);
+  quantum_fire(L, t, false);
 }
 
 int lums_quantum_again_k(lua_State *L, int status, lua_KContext ctx) {

@@ -628,7 +628,8 @@ static int task_step(void *arg) {
   atomic_store_explicit(&r->q.running_co, NULL, memory_order_relaxed);
   /* A preemption signalled just as the step ended set a hook nobody
   ** needs any more: the user's is put back. */
-  if (st == LUA_YIELD) lums_hook_disarm(t->co, t);
+  if (st == LUA_YIELD) lums_hook_step_end(t->co, t);
+  else t->hook.yielded = false;
   if (t->park.begun && !(st == LUA_YIELD && t->park.parking)) {
     /* The step ends (the task ended, or a bare coroutine.yield) between
     ** park_begin and park_wait: end that park on the task's behalf. The
