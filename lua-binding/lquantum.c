@@ -269,9 +269,11 @@ static int hook_call(lua_State *L, bool setting) {
   ltask *t = lums_cur_task;
   bool own = t && L1 == t->co;
   if (f && (!own || (setting && !sethook_sets(L)))) return f(L);
-  t->hook.busy = 1;
-  atomic_signal_fence(memory_order_seq_cst);
-  bool swap = lua_gethook(L1) == qhook;
+  if (own) {
+    t->hook.busy = 1;
+    atomic_signal_fence(memory_order_seq_cst);
+  }
+  bool swap = own && lua_gethook(L1) == qhook;
   if (swap) lua_sethook(L1, t->hook.uhook, t->hook.umask, t->hook.ucount);
   int st = LUA_OK, nres;
   if (f) {
@@ -293,14 +295,16 @@ static int hook_call(lua_State *L, bool setting) {
     else if (lua_gethook(L1) == t->hook.uhook)
       hook_set(L1, t);
   }
-  atomic_signal_fence(memory_order_seq_cst);
-  t->hook.busy = 0;
-  atomic_signal_fence(memory_order_seq_cst);
-  /* A signal that came during the call: its errand is done now. One
-  ** that comes after the flag was cleared arms qhook itself. */
-  if (t->hook.deferred) {
-    t->hook.deferred = 0;
-    hook_arm(L1, t, 1);
+  if (own) {
+    atomic_signal_fence(memory_order_seq_cst);
+    t->hook.busy = 0;
+    atomic_signal_fence(memory_order_seq_cst);
+    /* A signal that came during the call: its errand is done now. One
+    ** that comes after the flag was cleared arms qhook itself. */
+    if (t->hook.deferred) {
+      t->hook.deferred = 0;
+      hook_arm(L1, t, 1);
+    }
   }
   if (st != LUA_OK) return lua_error(L);
   return nres;
