@@ -198,7 +198,12 @@ static void hook_arm(lua_State *L, ltask *t, int count) {
 }
 
 #ifdef LUMS_QUANTUM_POLL
-void lums_quantum_poll(ltask *t) { hook_arm(t->co, t, QUANTUM_POLL_COUNT); }
+/* A qhook left on by its own yield (lums_hook_step_end) stays as it is:
+** setting a hook resets its count, and the resumed instruction must see
+** the count run out to erase Lua's mark. */
+void lums_quantum_poll(ltask *t) {
+  if (lua_gethook(t->co) != qhook) hook_arm(t->co, t, QUANTUM_POLL_COUNT);
+}
 #endif
 
 /* A yield from a hook leaves a mark on the coroutine's running function
