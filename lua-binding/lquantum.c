@@ -198,11 +198,32 @@ static void hook_arm(lua_State *L, ltask *t, int count) {
 }
 
 #ifdef LUMS_QUANTUM_POLL
-void lums_quantum_poll(ltask *t) { hook_arm(t->co, t, QUANTUM_POLL_COUNT); }
+/* A qhook left on by its own yield (lums_hook_step_end) stays as it is:
+** setting a hook resets its count, and the resumed instruction must see
+** the count run out to erase Lua's mark. */
+void lums_quantum_poll(ltask *t) {
+  if (lua_gethook(t->co) != qhook) hook_arm(t->co, t, QUANTUM_POLL_COUNT);
+}
 #endif
+
+/* A yield from a hook leaves a mark on the coroutine's running function
+** (Lua's CIST_HOOKYIELD) that tells the count or line hook of the
+** instruction run again at the resume that it was called already; Lua
+** erases it there only if the hook is still on then. After qhook
+** yielded, then, qhook stays (its count ran out: it sees the resumed
+** instruction): a mark left on would swallow the first event of a line
+** or count hook the user sets later in that function. */
+void lums_hook_step_end(lua_State *L, ltask *t) {
+  if (t->hook.yielded)
+    t->hook.yielded = false;
+  else
+    lums_hook_disarm(L, t);
+}
 
 void lums_hook_disarm(lua_State *L, ltask *t) {
   t->hook.qsig = 0;
+  t->hook.busy = 0;
+  t->hook.deferred = 0;
   if (lua_gethook(L) == qhook)
     lua_sethook(L, t->hook.uhook, t->hook.umask, t->hook.ucount);
 }
@@ -211,7 +232,15 @@ void lums_hook_disarm(lua_State *L, ltask *t) {
 ** the running task's coroutine, the hook, mask and count the user set
 ** there are read and written, and qhook stays. The debug library's own
 ** functions (upvalue 1) do the work, with the user's hook put back for
-** the time of the call. lums_open installs both in every VM.
+** the time of the call.
+**
+** A C function of the debug library is called in this function's own
+** frame, not through lua_call: Lua code then sees one call, as without
+** ums. A hook set by debug.sethook gets the events Lua gives it (its
+** first is the return from sethook, named "sethook" as the caller named
+** it), an argument error names the function the caller called, and a
+** profiler that counts calls and returns stays balanced. Anything else
+** found in debug.sethook before lums_open is called with lua_pcall.
 **
 ** The quantum's signal handler puts qhook on the task's coroutine
 ** (hook_arm) whenever it fires. While one of these functions is at the
@@ -220,23 +249,48 @@ void lums_hook_disarm(lua_State *L, ltask *t) {
 ** would overwrite the qhook just armed, losing the preemption, or be
 ** interrupted between its stores, leaving a hook with another hook's
 ** mask. The handler runs on this thread, so compiler fences order the
-** flag with the hook's fields. */
+** flag with the hook's fields. A sethook whose arguments it refuses
+** raises before touching the hook: it runs without the flag, so that the
+** error cannot leave the handler deferring. Only a memory error inside
+** the debug library's function can; the step's end clears the flag
+** (lums_hook_disarm), as does the task's end. */
+
+/* Whether debug.sethook, given what is on L's stack, goes as far as
+** setting a hook: its own checks (ldblib.c's db_sethook), in its order. */
+static bool sethook_sets(lua_State *L) {
+  int arg = lua_isthread(L, 1) ? 1 : 0;
+  if (lua_isnoneornil(L, arg + 1)) return true;
+  if (!lua_isstring(L, arg + 2) || !lua_isfunction(L, arg + 1))
+    return false;
+  if (lua_isnoneornil(L, arg + 3)) return true;
+  int isnum;
+  (void)lua_tointegerx(L, arg + 3, &isnum);
+  return isnum;
+}
+
 static int hook_call(lua_State *L, bool setting) {
+  lua_CFunction f = lua_tocfunction(L, lua_upvalueindex(1));
   lua_State *L1 = lua_isthread(L, 1) ? lua_tothread(L, 1) : L;
   ltask *t = lums_cur_task;
   bool own = t && L1 == t->co;
+  if (f && (!own || (setting && !sethook_sets(L)))) return f(L);
   if (own) {
     t->hook.busy = 1;
     atomic_signal_fence(memory_order_seq_cst);
   }
   bool swap = own && lua_gethook(L1) == qhook;
   if (swap) lua_sethook(L1, t->hook.uhook, t->hook.umask, t->hook.ucount);
-  int n = lua_gettop(L);
-  lua_pushvalue(L, lua_upvalueindex(1));
-  lua_insert(L, 1);
-  /* Protected, so that an error (a bad argument, out of memory) cannot
-  ** leave the handler deferring for good. */
-  int st = lua_pcall(L, n, LUA_MULTRET, 0);
+  int st = LUA_OK, nres;
+  if (f) {
+    nres = f(L);
+  } else {
+    int n = lua_gettop(L);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    /* Protected, so that an error cannot leave the handler deferring. */
+    st = lua_pcall(L, n, LUA_MULTRET, 0);
+    nres = lua_gettop(L);
+  }
   if (swap) {
     /* qhook had an errand (a preemption, a look): it goes on, over
     ** whatever hook the user has now. A gethook leaves the user's hook
@@ -258,7 +312,7 @@ static int hook_call(lua_State *L, bool setting) {
     }
   }
   if (st != LUA_OK) return lua_error(L);
-  return lua_gettop(L);
+  return nres;
 }
 
 static int l_gethook(lua_State *L) { return hook_call(L, false); }
@@ -289,7 +343,7 @@ static void wrap_debug_hooks(lua_State *L) {
 ** preempt on and the step past its quantum, a yield. It yields only from
 ** the task's own coroutine, where Lua can yield, outside a begun park and
 ** outside nopreempt chunks; elsewhere it checks again shortly. */
-static void quantum_fire(lua_State *L, ltask *t) {
+static void quantum_fire(lua_State *L, ltask *t, bool at_line) {
   lvmrun *r = t->vmrun;
   if (lums_stall_pending(&r->stall)) r->q.stall_hook(L, t);
   if (!r->q.preempt || !lums_quantum_due(t)) {
@@ -314,12 +368,23 @@ static void quantum_fire(lua_State *L, ltask *t) {
     hook_arm(L, t, QUANTUM_RETRY_COUNT);
     return;
   }
+  /* Lua calls the line hook of an instruction after its count hook, and
+  ** after a yield from either it runs the instruction again with no hook
+  ** at all: a yield at the count event would take the user's line event
+  ** with it. With the user's line hook on, the yield waits for the next
+  ** line event (qsig), which qhook hands to the user's hook first. */
+  if (!at_line && t->hook.uhook && (t->hook.umask & LUA_MASKLINE)) {
+    t->hook.qsig = 1;
+    hook_arm(L, t, QUANTUM_RETRY_COUNT);
+    return;
+  }
   /* qhook stays until the step has ended (task_step puts the user's hook
   ** back): Lua may still call the line hook before it leaves, and only
   ** qhook knows to do nothing then. */
   atomic_fetch_add_explicit(&r->q.preemptions, 1, memory_order_relaxed);
   ums_quantum_expired();
   t->park.parking = false;
+  t->hook.yielded = true;
   lua_yield(L, 0);
 }
 
@@ -336,8 +401,8 @@ static void qhook(lua_State *L, lua_Debug *ar) {
     return;
   }
   /* Lua calls the line hook after a count hook that yielded, before it
-  ** leaves: nothing may run then. The instruction runs again, with its
-  ** events, when the task is resumed. */
+  ** leaves: nothing may run then. Without a line hook of the user's
+  ** nothing is lost (quantum_fire). */
   if (lua_status(L) == LUA_YIELD) return;
   int ran = ar->event == LUA_HOOKCOUNT ? lua_gethookcount(L) : 0;
   if (t->hook.uhook &&
@@ -360,7 +425,7 @@ static void qhook(lua_State *L, lua_Debug *ar) {
     ** hook may). */
     if (ar->event == LUA_HOOKLINE && t->hook.qsig) {
       t->hook.qsig = 0;
-      quantum_fire(L, t);
+      quantum_fire(L, t, true);
     }
     return;
   }
@@ -369,7 +434,7 @@ static void qhook(lua_State *L, lua_Debug *ar) {
     return;
   }
   t->hook.qsig = 0;
-  quantum_fire(L, t);
+  quantum_fire(L, t, false);
 }
 
 int lums_quantum_again_k(lua_State *L, int status, lua_KContext ctx) {

@@ -37,6 +37,7 @@ typedef struct lqhook {
                                       the hook: the signal handler leaves
                                       it alone */
   volatile sig_atomic_t deferred;  /* and left hook_arm to that call */
+  bool yielded;  /* the step ends in a yield from qhook (a preemption) */
 } lqhook;
 
 /* One VM's quantum. running_co and step_seq are written by the VM's Lua
@@ -99,6 +100,9 @@ LUMS_HIDDEN void lums_quantum_poll(ltask *t);
 /* After a step that yielded: a preemption signalled just as the step
 ** ended set a hook nobody needs any more, and the user's is put back. */
 LUMS_HIDDEN void lums_hook_disarm(lua_State *L, ltask *t);
+/* At the end of a step that yielded: lums_hook_disarm, unless qhook made
+** the yield (then qhook stays for the resumed instruction). */
+LUMS_HIDDEN void lums_hook_step_end(lua_State *L, ltask *t);
 
 /* Before task t waits on its own worker: the quantum monitor must not see
 ** it as running (it would signal a task that is not running Lua). */

@@ -562,6 +562,61 @@ describe("the user's hooks", function()
     end, 30)
   end)
 
+  -- Lua gives no hook to an instruction run again after a yield from a
+  -- hook: a preemption must not cost the user's line hook the line that
+  -- instruction starts, at the yield or later.
+  it("a line hook sees every line of a task preempted meanwhile", function()
+    ums.config{quantum = 0.001, preempt = true}
+    ums.test(function()
+      local t = ums.spawn(function()
+        local counts = {}
+        local function hook(_, line) counts[line] = (counts[line] or 0) + 1 end
+        local p0, n, x = ums.stats()[1].quantum_expiries, 0, 0
+        local give_up = ums.now() + 30
+        local base = debug.getinfo(1, "l").currentline
+        debug.sethook(hook, "l")
+        repeat
+          n = n + 1
+          x = n * 2
+          x = x + 1
+        until ums.stats()[1].quantum_expiries > p0 + 20 or ums.now() > give_up
+        debug.sethook()
+        return n, counts[base + 3], counts[base + 4], counts[base + 5],
+               ums.stats()[1].quantum_expiries > p0
+      end)
+      local ok, n, a, b, c, preempted = t:join()
+      assert.is_true(ok, n)
+      assert.is_true(preempted, "never preempted")
+      assert.same({n, n, n}, {a, b, c})
+    end, 60)
+  end)
+
+  it("a line hook set after a preemption sees its first line", function()
+    ums.config{quantum = 0.001, preempt = true}
+    ums.test(function()
+      local t = ums.spawn(function()
+        local p0, lost = ums.stats()[1].quantum_expiries, 0
+        local give_up = ums.now() + 30
+        repeat
+          local first
+          local function hook(_, line) first = first or line end
+          local base = debug.getinfo(1, "l").currentline
+          debug.sethook(hook, "l")
+          local y = 0
+          debug.sethook()
+          if first ~= base + 2 then lost = lost + 1 end
+          local x = 0
+          for _ = 1, 5000 do x = x + y end
+        until ums.stats()[1].quantum_expiries > p0 + 20 or ums.now() > give_up
+        return lost, ums.stats()[1].quantum_expiries > p0
+      end)
+      local ok, lost, preempted = t:join()
+      assert.is_true(ok, lost)
+      assert.is_true(preempted, "never preempted")
+      assert.equal(0, lost)
+    end, 60)
+  end)
+
   it("debug.gethook reads the user's hook while the quantum's signal fires", function()
     ums.config{quantum = 0.0002, preempt = true}
     ums.test(function()
