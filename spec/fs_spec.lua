@@ -1566,7 +1566,17 @@ describe("ums.fs reads into a buffer", function()
       local holder = assert(io.open(fifo, "r+"))
       assert(holder:write("abc"):flush())
       local t = ums.spawn(function() return fs.readfile(fifo) end)
-      ums.sleep(0.05)
+      -- Only once the reader has the FIFO open: a reader that opens it
+      -- after the last writer closed would wait for the next writer.
+      local ino = assert(fs.stat(fifo)).ino
+      wait_for(function()
+        local n = 0
+        for name in fs.dir("/proc/self/fd") do
+          local st = fs.stat("/proc/self/fd/" .. name)
+          if st and st.type == "fifo" and st.ino == ino then n = n + 1 end
+        end
+        return n >= 2  -- the holder and the reader
+      end, "the reader to open the FIFO")
       holder:close()  -- the last writer: the reader then finds the end
       assert.equal("abc", results(t))
     end)
