@@ -212,15 +212,21 @@ static void queued_park_basic(void) {
 ** a random spin. Exactly one may win: the grant finds the waiter if and
 ** only if the park's outcome is 0, the park is never left on the queue,
 ** and the parker is stepped once per park (a second queueing would step
-** it while it is parked again: ums_park_result() == UMS_EBUSY). */
+** it while it is parked again: ums_park_result() == UMS_EBUSY). Both
+** outcomes must come up: on a loaded machine one side can win every park
+** of QRACE_ITERS, so the parks go on (up to QRACE_ITERS_MAX) until each
+** has come up once. */
+#define QRACE_ITERS_MAX (QRACE_ITERS * 20)
 typedef struct qrace {
   qobj_t o;
   int i, phase;          /* the parker only */
   uint64_t rng;          /* the parker only */
   _Atomic int posted;    /* parks begun */
   _Atomic int tried;     /* grants tried */
-  int results[QRACE_ITERS];  /* the parker writes */
-  char granted[QRACE_ITERS]; /* the granter writes */
+  int results[QRACE_ITERS_MAX];  /* the parker writes */
+  char granted[QRACE_ITERS_MAX]; /* the granter writes */
+  bool got_grant, got_timeout;   /* the parker: outcomes seen so far */
+  _Atomic int done;              /* the parker has made its last park */
   _Atomic int left;      /* parks that found a waiter left on the queue */
 } qrace_t;
 
@@ -245,6 +251,8 @@ static int qrace_parker(void *arg) {
     CHECK(res != UMS_EBUSY);
     if (qobj_waiters(&r->o)) atomic_fetch_add(&r->left, 1);
     r->results[r->i] = res;
+    if (res == 0) r->got_grant = true;
+    if (res == UMS_ETIMEDOUT) r->got_timeout = true;
     r->phase = 2;
   }
   if (r->phase == 2) {
@@ -253,7 +261,9 @@ static int qrace_parker(void *arg) {
     r->i++;
     r->phase = 0;
   }
-  if (r->i == QRACE_ITERS) {
+  if (r->i >= QRACE_ITERS &&
+      ((r->got_grant && r->got_timeout) || r->i == QRACE_ITERS_MAX)) {
+    atomic_store(&r->done, 1);
     ums_step_set_result(NULL, 0);
     return UMS_STEP_DONE;
   }
@@ -270,8 +280,11 @@ static int qrace_parker(void *arg) {
 static void *qrace_granter(void *arg) {
   qrace_t *r = arg;
   uint64_t rng = 77;
-  for (int i = 0; i < QRACE_ITERS; i++) {
-    while (atomic_load(&r->posted) <= i) CHECK_OK(ums_yield());
+  for (int i = 0;; i++) {
+    while (atomic_load(&r->posted) <= i) {
+      if (atomic_load(&r->done)) return NULL;
+      CHECK_OK(ums_yield());
+    }
     qspin((int64_t)(qrng(&rng) % 40000));
     r->granted[i] = qobj_grant(&r->o, 0);
     atomic_store(&r->tried, i + 1);
@@ -290,7 +303,7 @@ static void queued_park_grant_timeout_race(void) {
   su_join(rt, p);
   su_watchdog_stop();
   int won = 0, timed_out = 0;
-  for (int i = 0; i < QRACE_ITERS; i++) {
+  for (int i = 0; i < r->i; i++) {
     if (r->granted[i] && r->results[i] == 0)
       won++;
     else if (!r->granted[i] && r->results[i] == UMS_ETIMEDOUT)
@@ -726,7 +739,12 @@ static void begin_end_mutex_exclusion(void) {
 ** spin. A grant that found the waiter must be the wait's outcome (0), a
 ** grant that found none must stay with the object (the next wait takes
 ** it at once, or, for a cond signal, is lost: a cond keeps no signal),
-** and nothing is granted twice. */
+** and nothing is granted twice. Both outcomes must come up for the race
+** to have been run: on a loaded machine, where either thread may lose
+** its CPU for longer than the deadline, one side can win PB_ITERS waits
+** in a row, so the waits go on (up to PB_ITERS_MAX) until each outcome
+** has come up once. */
+#define PB_ITERS_MAX (PB_ITERS * 20)
 typedef struct pbrace {
   int kind;
   pbobj_t o;
@@ -736,6 +754,7 @@ typedef struct pbrace {
   _Atomic int posted;    /* waits begun */
   _Atomic int tried;     /* grants made */
   _Atomic int taken;     /* mutex: waits the granter holds it for */
+  _Atomic int done;      /* the parker has made its last wait */
   int granted_at_once, granted, timed_out;  /* the parker writes */
 } pbrace_t;
 
@@ -748,17 +767,23 @@ static void *pbrace_granter(void *arg) {
     CHECK_OK(ums_mutex_lock(r->o.m, UMS_FOREVER));
     atomic_store(&r->taken, 1);
   }
-  for (int i = 0; i < PB_ITERS; i++) {
-    while (atomic_load(&r->posted) <= i) CHECK_OK(ums_yield());
+  for (int i = 0;; i++) {
+    while (atomic_load(&r->posted) <= i) {
+      if (atomic_load(&r->done)) {
+        /* Held for a wait that never came. */
+        if (r->kind == PB_MUTEX) CHECK_OK(ums_mutex_unlock(r->o.m));
+        return NULL;
+      }
+      CHECK_OK(ums_yield());
+    }
     qspin((int64_t)(qrng(&rng) % 40000));
     pb_grant(r->kind, &r->o);
     atomic_store(&r->tried, i + 1);
-    if (r->kind == PB_MUTEX && i + 1 < PB_ITERS) {
+    if (r->kind == PB_MUTEX) {
       CHECK_OK(ums_mutex_lock(r->o.m, UMS_FOREVER));
       atomic_store(&r->taken, i + 2);
     }
   }
-  return NULL;
 }
 
 static int pbrace_parker(void *arg) {
@@ -787,7 +812,9 @@ static int pbrace_parker(void *arg) {
     r->i++;
     w->phase = 4;
   }
-  if (r->i == PB_ITERS) {
+  if (r->i >= PB_ITERS &&
+      ((r->granted > 0 && r->timed_out > 0) || r->i == PB_ITERS_MAX)) {
+    atomic_store(&r->done, 1);
     ums_step_set_result(NULL, 0);
     return UMS_STEP_DONE;
   }
@@ -822,10 +849,10 @@ static void begin_end_races(void) {
     su_join(rt, p);
     su_join(rt, g);
     su_watchdog_stop();
-    CHECK_EQ(r->granted + r->timed_out, PB_ITERS);
+    CHECK_EQ(r->granted + r->timed_out, r->i);
     CHECK(r->granted > 0 && r->timed_out > 0);
     if (kind == PB_SEM || kind == PB_EVENT)
-      CHECK_EQ(r->granted + r->granted_at_once, PB_ITERS);
+      CHECK_EQ(r->granted + r->granted_at_once, r->i);
     CHECK_EQ(ums_sem_value(r->o.s), 0);
     CHECK_EQ(ums_mutex_is_locked(r->o.m), 0);
     CHECK_EQ(ums_mutex_is_locked(r->o.cm), 0);
