@@ -64,8 +64,11 @@
 ** (or a close) may delete it at once. A side between its lock-free move
 ** and the wake-up it owes counts itself in `waking` before the move is
 ** visible and leaves it under the lock, which delete takes and waits on;
-** every other path's last touch of the channel is releasing its lock or
-** publishing a spinner's state, after which it touches only its stack.
+** a receiver that spins for a hand-off (recv_spin) reads the channel
+** until it stops spinning, also after a sender handed it its element, so
+** it counts itself in `spinning` for that time, and delete waits on that
+** too; every other path's last touch of the channel is releasing its lock
+** or publishing a spinner's state, after which it touches only its stack.
 **
 ** Lock order: the channel's lock, then the task locks inside the wait
 ** protocol. No other lock is taken under it.
@@ -154,6 +157,7 @@ struct ums_chan {
   _Atomic size_t nspill;       /* [lock] to write; any thread reads */
   _Atomic size_t waking;       /* [atomic] sides that owe a wake-up and
                                   still touch the channel (top) */
+  _Atomic size_t spinning;     /* [atomic] receivers in recv_spin (top) */
   _Atomic int32_t spin_misses; /* [atomic] how the spins fare (spin_until) */
   _Atomic uint32_t spin_skips; /* [atomic] */
   /* [atomic] the scheduler of the latest sender, NULL before the first
@@ -692,19 +696,26 @@ SLOW bool recv_spin(ums_chan_t *ch, void *dst, int *rc) {
   atomic_init(&sp.state, SPIN_WAITING);
   sp.dst = elem <= SPIN_INLINE ? sp.buf : dst;
   spinner *none = NULL;
+  /* Counted before a sender can see the spinner, left once the spin and
+  ** the withdrawal no longer read the channel. */
+  atomic_fetch_add(&ch->spinning, 1);
   if (!atomic_compare_exchange_strong_explicit(&ch->spinner, &none, &sp,
                                                memory_order_seq_cst,
-                                               memory_order_relaxed))
+                                               memory_order_relaxed)) {
+    atomic_fetch_sub(&ch->spinning, 1);
     return false;
+  }
   /* A sender that parks meanwhile (it found no spinner) is seen by the
   ** spin, and after it the receiver looks for parked senders under the
   ** lock. */
   spin_loop(ch, ready_handed, &sp);
   spinner *mine = &sp;
-  if (atomic_compare_exchange_strong_explicit(&ch->spinner, &mine, NULL,
-                                              memory_order_seq_cst,
-                                              memory_order_relaxed))
-    return false;
+  bool withdrew = atomic_compare_exchange_strong_explicit(
+      &ch->spinner, &mine, NULL, memory_order_seq_cst, memory_order_relaxed);
+  /* The last touch of the channel: a sender that claimed the spinner may
+  ** delete it once its state is published. */
+  atomic_fetch_sub(&ch->spinning, 1);
+  if (withdrew) return false;
   /* Claimed: the claimer publishes state next, holding no lock. */
   int st;
   while ((st = atomic_load_explicit(&sp.state, memory_order_acquire)) ==
@@ -958,8 +969,9 @@ int ums_chan_delete(ums_chan_t *ch) {
   if (!ch) return UMS_EINVAL;
   ums__lock(&ch->lock);
   /* A side that moved its element and owes a wake-up leaves `waking`
-  ** under this lock: wait for it (it holds no other lock). */
-  while (atomic_load(&ch->waking) != 0) {
+  ** under this lock, a receiver done spinning leaves `spinning` without
+  ** it: wait for both (neither holds another lock). */
+  while (atomic_load(&ch->waking) != 0 || atomic_load(&ch->spinning) != 0) {
     ums__unlock(&ch->lock);
     sched_yield();
     ums__lock(&ch->lock);
