@@ -136,11 +136,9 @@ static int l_sleep(lua_State *L) {
   luaL_argcheck(L, s == s, 1, "sleep time is NaN, not a number of seconds");
   luaL_argcheck(L, s >= 0, 1, "sleep time must not be negative");
   ltask *t = lums_need_task(L, "sleep");
-  /* A sleep of no time is a yield, to the back of the run queue. As a
-  ** park its timer would be due at once, and a task that a due timer
-  ** wakes goes ahead of the run queue (sched.c): a loop of sleep(0), the
-  ** way Tarantool and cqueues programs let the others run, would keep
-  ** the scheduler to itself for a streak of passes. */
+  /* A sleep of no time is a yield, to the back of the run queue: where a
+  ** park whose timer is due at once would end too (timer.c), without the
+  ** park and the timer. */
   if (s == 0) return task_yield(L, t, "sleep");
   ums_park_token_t tok;
   int64_t deadline =

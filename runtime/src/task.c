@@ -627,9 +627,8 @@ int ums_sleep_until(int64_t deadline) {
 }
 
 int ums_sleep(int64_t ns) {
-  /* No time is a yield: as a wait its timer would be due at once, and a
-  ** task that a due timer wakes goes before the run queue, so a loop of
-  ** sleep(0) would keep the scheduler from the others for a streak. */
+  /* No time is a yield: the back of the run queue, where a wait whose
+  ** timer is due at once would end too (timer.c), without the wait. */
   if (ns <= 0) return ums_yield();
   return ums_sleep_until(ums_deadline(ns));
 }
