@@ -66,9 +66,10 @@
 ** visible and leaves it under the lock, which delete takes and waits on;
 ** a receiver that spins for a hand-off (recv_spin) reads the channel
 ** until it stops spinning, also after a sender handed it its element, so
-** it counts itself in `spinning` for that time, and delete waits on that
-** too; every other path's last touch of the channel is releasing its lock
-** or publishing a spinner's state, after which it touches only its stack.
+** a sender claims it by leaving SPIN_CLAIMED in ch->spinner, which the
+** receiver clears as its last touch and delete waits on; every other
+** path's last touch of the channel is releasing its lock or publishing a
+** spinner's state, after which it touches only its stack.
 **
 ** Lock order: the channel's lock, then the task locks inside the wait
 ** protocol. No other lock is taken under it.
@@ -111,12 +112,12 @@ typedef struct slot {
 /* A receiver spinning on an unbuffered channel. It registers itself with
 ** a compare-and-swap from NULL, so only while no other receiver spins,
 ** and only when it saw no parked sender and no close. Whoever swaps it
-** out of ch->spinner owns it until it publishes state: a sender (which
-** then moves its element to dst) or close; the receiver owns dst again
-** from the moment it sees SPIN_GOT. A receiver whose spin ends withdraws
-** with the same swap, and if someone else's swap came first it waits for
-** state, which that side publishes right after (it holds no lock
-** meanwhile).
+** out of ch->spinner (to SPIN_CLAIMED) owns it until it publishes state:
+** a sender (which then moves its element to dst) or close; the receiver
+** owns dst again from the moment it sees SPIN_GOT. A receiver whose spin
+** ends withdraws with a swap back to NULL; if someone else's swap came
+** first it clears SPIN_CLAIMED instead and waits for state, which that
+** side publishes right after (it holds no lock meanwhile).
 **
 ** An element of up to SPIN_INLINE bytes goes into the spinner's own buf,
 ** beside the state the sender publishes, so the lines the receiver reads
@@ -133,6 +134,11 @@ typedef struct spinner {
 } spinner;
 
 enum { SPIN_WAITING, SPIN_GOT, SPIN_CLOSED };
+
+/* ch->spinner while a claimed receiver may still read the channel: no
+** spinner to claim or register as, and no delete yet ("Who may free the
+** channel", at the top). */
+#define SPIN_CLAIMED ((spinner *)1)
 
 /* Outcomes of an attempt that does not park. */
 enum { PUT_OK, PUT_FULL, PUT_CLOSED };
@@ -157,7 +163,6 @@ struct ums_chan {
   _Atomic size_t nspill;       /* [lock] to write; any thread reads */
   _Atomic size_t waking;       /* [atomic] sides that owe a wake-up and
                                   still touch the channel (top) */
-  _Atomic size_t spinning;     /* [atomic] receivers in recv_spin (top) */
   _Atomic int32_t spin_misses; /* [atomic] how the spins fare (spin_until) */
   _Atomic uint32_t spin_skips; /* [atomic] */
   /* [atomic] the scheduler of the latest sender, NULL before the first
@@ -604,15 +609,18 @@ static bool ready_handed(ums_chan_t *ch, void *arg) {
 /* Unbuffered hand-offs                                                    */
 /* ---------------------------------------------------------------------- */
 
-/* Takes the spinner of ch, if one is registered, out of the channel: the
-** caller then owns it until it publishes its state. */
+/* Takes the spinner of ch, if one is registered, out of the channel
+** (leaving SPIN_CLAIMED for the receiver to clear): the caller then owns
+** it until it publishes its state. */
 static inline spinner *claim_spinner(ums_chan_t *ch) {
   spinner *sp = atomic_load_explicit(&ch->spinner, memory_order_relaxed);
-  while (sp && !atomic_compare_exchange_weak_explicit(
-                   &ch->spinner, &sp, NULL, memory_order_seq_cst,
-                   memory_order_relaxed)) {
+  while (sp && sp != SPIN_CLAIMED &&
+         !atomic_compare_exchange_weak_explicit(&ch->spinner, &sp,
+                                                SPIN_CLAIMED,
+                                                memory_order_seq_cst,
+                                                memory_order_relaxed)) {
   }
-  return sp;
+  return sp == SPIN_CLAIMED ? NULL : sp;
 }
 
 /* Moves src to sp, a spinner the caller claimed, and publishes it: the
@@ -696,26 +704,22 @@ SLOW bool recv_spin(ums_chan_t *ch, void *dst, int *rc) {
   atomic_init(&sp.state, SPIN_WAITING);
   sp.dst = elem <= SPIN_INLINE ? sp.buf : dst;
   spinner *none = NULL;
-  /* Counted before a sender can see the spinner, left once the spin and
-  ** the withdrawal no longer read the channel. */
-  atomic_fetch_add(&ch->spinning, 1);
   if (!atomic_compare_exchange_strong_explicit(&ch->spinner, &none, &sp,
                                                memory_order_seq_cst,
-                                               memory_order_relaxed)) {
-    atomic_fetch_sub(&ch->spinning, 1);
+                                               memory_order_relaxed))
     return false;
-  }
   /* A sender that parks meanwhile (it found no spinner) is seen by the
   ** spin, and after it the receiver looks for parked senders under the
   ** lock. */
   spin_loop(ch, ready_handed, &sp);
   spinner *mine = &sp;
-  bool withdrew = atomic_compare_exchange_strong_explicit(
-      &ch->spinner, &mine, NULL, memory_order_seq_cst, memory_order_relaxed);
-  /* The last touch of the channel: a sender that claimed the spinner may
-  ** delete it once its state is published. */
-  atomic_fetch_sub(&ch->spinning, 1);
-  if (withdrew) return false;
+  if (atomic_compare_exchange_strong_explicit(&ch->spinner, &mine, NULL,
+                                              memory_order_seq_cst,
+                                              memory_order_relaxed))
+    return false;
+  /* Claimed (mine is SPIN_CLAIMED): the last touch of the channel, after
+  ** which the sender, once it published the state, may delete it. */
+  atomic_store_explicit(&ch->spinner, NULL, memory_order_release);
   /* Claimed: the claimer publishes state next, holding no lock. */
   int st;
   while ((st = atomic_load_explicit(&sp.state, memory_order_acquire)) ==
@@ -969,9 +973,10 @@ int ums_chan_delete(ums_chan_t *ch) {
   if (!ch) return UMS_EINVAL;
   ums__lock(&ch->lock);
   /* A side that moved its element and owes a wake-up leaves `waking`
-  ** under this lock, a receiver done spinning leaves `spinning` without
-  ** it: wait for both (neither holds another lock). */
-  while (atomic_load(&ch->waking) != 0 || atomic_load(&ch->spinning) != 0) {
+  ** under this lock, a claimed spinner clears SPIN_CLAIMED without it:
+  ** wait for both (neither holds another lock). */
+  while (atomic_load(&ch->waking) != 0 ||
+         atomic_load(&ch->spinner) == SPIN_CLAIMED) {
     ums__unlock(&ch->lock);
     sched_yield();
     ums__lock(&ch->lock);
