@@ -206,6 +206,18 @@ static void queued_park_basic(void) {
   printf("  %-44s ok\n", "queued park: grant, timeout, cancel, tokens");
 }
 
+/* Whether a race of grants against deadlines goes on after round i: to
+** `rounds`, then until each outcome (granted, timed out) has come up once,
+** up to RACE_ROUNDS_MAX(rounds). On a loaded machine, where either thread
+** may lose its CPU for longer than a deadline again and again, one side
+** can win every one of `rounds`; a race that never grants or never times
+** out still ends, and fails its check. */
+#define RACE_ROUNDS_MAX(rounds) ((rounds) * 20)
+static bool race_more(int i, int rounds, bool granted, bool timed_out) {
+  return i < rounds ||
+         (!(granted && timed_out) && i < RACE_ROUNDS_MAX(rounds));
+}
+
 /* The race of a grant from another scheduler against the deadline, one
 ** park at a time: a step task on scheduler 0 parks on the queue with a
 ** deadline from now to 30 us ahead; a C task on scheduler 1 grants after
@@ -213,10 +225,8 @@ static void queued_park_basic(void) {
 ** only if the park's outcome is 0, the park is never left on the queue,
 ** and the parker is stepped once per park (a second queueing would step
 ** it while it is parked again: ums_park_result() == UMS_EBUSY). Both
-** outcomes must come up: on a loaded machine one side can win every park
-** of QRACE_ITERS, so the parks go on (up to QRACE_ITERS_MAX) until each
-** has come up once. */
-#define QRACE_ITERS_MAX (QRACE_ITERS * 20)
+** outcomes must come up (race_more). */
+#define QRACE_ITERS_MAX RACE_ROUNDS_MAX(QRACE_ITERS)
 typedef struct qrace {
   qobj_t o;
   int i, phase;          /* the parker only */
@@ -261,8 +271,7 @@ static int qrace_parker(void *arg) {
     r->i++;
     r->phase = 0;
   }
-  if (r->i >= QRACE_ITERS &&
-      ((r->got_grant && r->got_timeout) || r->i == QRACE_ITERS_MAX)) {
+  if (!race_more(r->i, QRACE_ITERS, r->got_grant, r->got_timeout)) {
     atomic_store(&r->done, 1);
     ums_step_set_result(NULL, 0);
     return UMS_STEP_DONE;
@@ -739,12 +748,8 @@ static void begin_end_mutex_exclusion(void) {
 ** spin. A grant that found the waiter must be the wait's outcome (0), a
 ** grant that found none must stay with the object (the next wait takes
 ** it at once, or, for a cond signal, is lost: a cond keeps no signal),
-** and nothing is granted twice. Both outcomes must come up for the race
-** to have been run: on a loaded machine, where either thread may lose
-** its CPU for longer than the deadline, one side can win PB_ITERS waits
-** in a row, so the waits go on (up to PB_ITERS_MAX) until each outcome
-** has come up once. */
-#define PB_ITERS_MAX (PB_ITERS * 20)
+** and nothing is granted twice. Both outcomes must come up (race_more).
+*/
 typedef struct pbrace {
   int kind;
   pbobj_t o;
@@ -812,8 +817,7 @@ static int pbrace_parker(void *arg) {
     r->i++;
     w->phase = 4;
   }
-  if (r->i >= PB_ITERS &&
-      ((r->granted > 0 && r->timed_out > 0) || r->i == PB_ITERS_MAX)) {
+  if (!race_more(r->i, PB_ITERS, r->granted > 0, r->timed_out > 0)) {
     atomic_store(&r->done, 1);
     ums_step_set_result(NULL, 0);
     return UMS_STEP_DONE;
