@@ -276,6 +276,7 @@ static void give_back_task(lvmrun *r, ltask *t, bool empty) {
   if (lua_gethook(t->co)) lua_sethook(t->co, NULL, 0, 0);
   t->hook.uhook = NULL;
   t->hook.busy = t->hook.deferred = 0;
+  t->hook.yielded = false;
   lua_copy(t->anchor, LUMS_ANCHOR_NIL, t->aidx + 1);
   /* Back to what take_task hands out: zero but for the coroutine and its
   ** slot. Field by field, not a memset of the whole ltask plus
@@ -659,7 +660,6 @@ static int task_step(void *arg) {
   /* A preemption signalled just as the step ended set a hook nobody
   ** needs any more: the user's is put back. */
   if (st == LUA_YIELD) lums_hook_step_end(t->co, t);
-  else t->hook.yielded = false;
   if (t->park.begun && !(st == LUA_YIELD && t->park.parking)) {
     /* The step ends (the task ended, or a bare coroutine.yield) between
     ** park_begin and park_wait: end that park on the task's behalf. The
