@@ -118,13 +118,14 @@ static SU_UNUSED ums_task_t su_spawn_step(ums_runtime_t *rt, int sched,
 /* Joins t and returns its result; its status must be 0. The bound turns
 ** a task stuck on a lost wake-up into a failure at the join's line rather
 ** than a ctest timeout. */
-#define su_join(rt, t) su_join_at(__FILE__, __LINE__, (rt), (t))
+#define su_join(rt, t)                                                     \
+  su_join_at(__FILE__, __LINE__, (rt), (t),                                \
+             ums_deadline(60 * UMS_NSEC_PER_SEC))
 static SU_UNUSED void *su_join_at(const char *file, int line, ums_runtime_t *rt,
-                                  ums_task_t t) {
+                                  ums_task_t t, int64_t deadline) {
   void *res = NULL;
   int status = -1;
-  int r =
-      ums_task_join(rt, t, ums_deadline(60 * UMS_NSEC_PER_SEC), &res, &status);
+  int r = ums_task_join(rt, t, deadline, &res, &status);
   if (r != 0) {
     fprintf(stderr, "%s:%d: join: %s\n", file, line, ums_err_name(r));
     fflush(stderr);
@@ -222,11 +223,8 @@ static SU_UNUSED bool su_more_rounds(int i, int max, int64_t until) {
 ** it goes: no deadline of its own, since the watchdog is the hang guard
 ** and a loaded machine may take longer than any fixed bound to finish
 ** the section's work. */
-static SU_UNUSED void su_join_watched(ums_runtime_t *rt, ums_task_t t) {
-  int status = -1;
-  CHECK_OK(ums_task_join(rt, t, UMS_FOREVER, NULL, &status));
-  CHECK_EQ(status, 0);
-}
+#define su_join_watched(rt, t)                                             \
+  su_join_at(__FILE__, __LINE__, (rt), (t), UMS_FOREVER)
 
 static SU_UNUSED void su_watchdog_stop(void) {
   atomic_store(&su_wd.armed, 0);
