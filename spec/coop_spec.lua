@@ -17,6 +17,17 @@ local function spin(seconds)
   return x
 end
 
+-- Runs fn as a task with a 1 ms quantum and preemption on (the run
+-- bounded by `limit` seconds) and returns what it returned, once it
+-- returned without an error.
+local function in_preempted_task(fn, limit)
+  ums.config{quantum = 0.001, preempt = true}
+  local res
+  ums.test(function() res = table.pack(ums.spawn(fn):join()) end, limit)
+  assert.is_true(res[1], res[2])
+  return table.unpack(res, 2, res.n)
+end
+
 -- Four tasks do read -> compute -> write on a shared table, 50 times
 -- each, yielding between updates. The computation lasts a few quanta (of
 -- the 1 ms the callers set), so that a preemption has room to fall in it
@@ -402,60 +413,50 @@ describe("the user's hooks", function()
   -- hook stays on it and retries: debug.gethook still gives the user's.
   it("debug.gethook gives the user's hook while ums's waits to yield",
      function()
-    ums.config{quantum = 0.001, preempt = true}
-    ums.test(function()
-      local t = ums.spawn(function()
-        local function hook() end
-        debug.sethook(hook, "l")
-        local p0 = ums.stats()[1].quantum_expiries
-        local seen = {}
-        table.sort({2, 1}, function(a, b)
-          for _ = 1, 50 do
-            spin(0.01)
-            local h, mask = debug.gethook()
-            if h ~= hook or mask ~= "l" then
-              seen[#seen + 1] = tostring(h) .. " " .. tostring(mask)
-            end
+    local seen, preempted = in_preempted_task(function()
+      local function hook() end
+      debug.sethook(hook, "l")
+      local p0 = ums.stats()[1].quantum_expiries
+      local seen = {}
+      table.sort({2, 1}, function(a, b)
+        for _ = 1, 50 do
+          spin(0.01)
+          local h, mask = debug.gethook()
+          if h ~= hook or mask ~= "l" then
+            seen[#seen + 1] = tostring(h) .. " " .. tostring(mask)
           end
-          return a < b
-        end)
-        local x = 1
-        x = x + 1
-        debug.sethook()
-        return table.concat(seen, ", "),
-               ums.stats()[1].quantum_expiries > p0
+        end
+        return a < b
       end)
-      local ok, seen, preempted = t:join()
-      assert.is_true(ok, seen)
-      assert.equal("", seen)
-      assert.is_true(preempted, "never preempted")
+      local x = 1
+      x = x + 1
+      debug.sethook()
+      return table.concat(seen, ", "),
+             ums.stats()[1].quantum_expiries > p0
     end, 30)
+    assert.equal("", seen)
+    assert.is_true(preempted, "never preempted")
   end)
 
   -- A hook set while a preemption waits for a point where it may yield
   -- becomes the user's hook, and the preemption still comes.
   it("debug.sethook keeps a pending preemption", function()
-    ums.config{quantum = 0.001, preempt = true}
-    ums.test(function()
-      local t = ums.spawn(function()
-        debug.sethook(function() end, "l")
-        local p0 = ums.stats()[1].quantum_expiries
-        local function hook2() end
-        table.sort({2, 1}, function(a, b)
-          spin(0.5)
-          debug.sethook(hook2, "l")
-          return a < b
-        end)
-        spin(0.2)
-        local h = debug.gethook()
-        debug.sethook()
-        return h == hook2, ums.stats()[1].quantum_expiries > p0
+    local same, preempted = in_preempted_task(function()
+      debug.sethook(function() end, "l")
+      local p0 = ums.stats()[1].quantum_expiries
+      local function hook2() end
+      table.sort({2, 1}, function(a, b)
+        spin(0.5)
+        debug.sethook(hook2, "l")
+        return a < b
       end)
-      local ok, same, preempted = t:join()
-      assert.is_true(ok, same)
-      assert.is_true(same, "debug.gethook does not give the hook set")
-      assert.is_true(preempted, "the preemption was lost")
+      spin(0.2)
+      local h = debug.gethook()
+      debug.sethook()
+      return h == hook2, ums.stats()[1].quantum_expiries > p0
     end, 30)
+    assert.is_true(same, "debug.gethook does not give the hook set")
+    assert.is_true(preempted, "the preemption was lost")
   end)
 
   -- A task that keeps setting and reading hooks spends most of its time
@@ -566,55 +567,45 @@ describe("the user's hooks", function()
   -- hook: a preemption must not cost the user's line hook the line that
   -- instruction starts, at the yield or later.
   it("a line hook sees every line of a task preempted meanwhile", function()
-    ums.config{quantum = 0.001, preempt = true}
-    ums.test(function()
-      local t = ums.spawn(function()
-        local counts = {}
-        local function hook(_, line) counts[line] = (counts[line] or 0) + 1 end
-        local p0, n, x = ums.stats()[1].quantum_expiries, 0, 0
-        local give_up = ums.now() + 30
-        local base = debug.getinfo(1, "l").currentline
-        debug.sethook(hook, "l")
-        repeat
-          n = n + 1
-          x = n * 2
-          x = x + 1
-        until ums.stats()[1].quantum_expiries > p0 + 20 or ums.now() > give_up
-        debug.sethook()
-        return n, counts[base + 3], counts[base + 4], counts[base + 5],
-               ums.stats()[1].quantum_expiries > p0
-      end)
-      local ok, n, a, b, c, preempted = t:join()
-      assert.is_true(ok, n)
-      assert.is_true(preempted, "never preempted")
-      assert.same({n, n, n}, {a, b, c})
+    local n, a, b, c, preempted = in_preempted_task(function()
+      local counts = {}
+      local function hook(_, line) counts[line] = (counts[line] or 0) + 1 end
+      local p0, n, x = ums.stats()[1].quantum_expiries, 0, 0
+      local give_up = ums.now() + 30
+      local base = debug.getinfo(1, "l").currentline
+      debug.sethook(hook, "l")
+      repeat
+        n = n + 1
+        x = n * 2
+        x = x + 1
+      until ums.stats()[1].quantum_expiries > p0 + 20 or ums.now() > give_up
+      debug.sethook()
+      return n, counts[base + 3], counts[base + 4], counts[base + 5],
+             ums.stats()[1].quantum_expiries > p0
     end, 60)
+    assert.is_true(preempted, "never preempted")
+    assert.same({n, n, n}, {a, b, c})
   end)
 
   it("a line hook set after a preemption sees its first line", function()
-    ums.config{quantum = 0.001, preempt = true}
-    ums.test(function()
-      local t = ums.spawn(function()
-        local p0, lost = ums.stats()[1].quantum_expiries, 0
-        local give_up = ums.now() + 30
-        repeat
-          local first
-          local function hook(_, line) first = first or line end
-          local base = debug.getinfo(1, "l").currentline
-          debug.sethook(hook, "l")
-          local y = 0
-          debug.sethook()
-          if first ~= base + 2 then lost = lost + 1 end
-          local x = 0
-          for _ = 1, 5000 do x = x + y end
-        until ums.stats()[1].quantum_expiries > p0 + 20 or ums.now() > give_up
-        return lost, ums.stats()[1].quantum_expiries > p0
-      end)
-      local ok, lost, preempted = t:join()
-      assert.is_true(ok, lost)
-      assert.is_true(preempted, "never preempted")
-      assert.equal(0, lost)
+    local lost, preempted = in_preempted_task(function()
+      local p0, lost = ums.stats()[1].quantum_expiries, 0
+      local give_up = ums.now() + 30
+      repeat
+        local first
+        local function hook(_, line) first = first or line end
+        local base = debug.getinfo(1, "l").currentline
+        debug.sethook(hook, "l")
+        local y = 0
+        debug.sethook()
+        if first ~= base + 2 then lost = lost + 1 end
+        local x = 0
+        for _ = 1, 5000 do x = x + y end
+      until ums.stats()[1].quantum_expiries > p0 + 20 or ums.now() > give_up
+      return lost, ums.stats()[1].quantum_expiries > p0
     end, 60)
+    assert.is_true(preempted, "never preempted")
+    assert.equal(0, lost)
   end)
 
   it("debug.gethook reads the user's hook while the quantum's signal fires", function()
